@@ -1,0 +1,191 @@
+//! Wiring: open the store, build the engine, bind the listener, serve until shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+use crate::config::Config;
+use crate::http::{self, AppState};
+use crate::metrics::Metrics;
+use crate::store::elasticsearch::{ElasticsearchStore, EsConfig};
+use crate::store::embedded::EmbeddedStore;
+use crate::store::grouping::GroupingStore;
+use crate::store::instrumented::InstrumentedStore;
+use crate::store::{DynStore, StoreError};
+use crate::transfer::{Engine, EngineConfig};
+
+/// How long shutdown waits for drivers to reach a step boundary.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(8);
+
+/// Most ops the Elasticsearch write coalescer puts in one `_bulk`.
+const MAX_BULK_OPS: usize = 512;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Opens the configured backend: Elasticsearch when `ELASTICSEARCH_URL` is set (migrations
+/// applied, retried in the background until the cluster answers), else the embedded store.
+pub async fn open_store(config: &Config, metrics: &Arc<Metrics>) -> Result<DynStore, StoreError> {
+    let backend: DynStore = match &config.elasticsearch_url {
+        Some(url) => {
+            let store = Arc::new(
+                ElasticsearchStore::connect(EsConfig {
+                    url: url.clone(),
+                    index_prefix: config.index_prefix.clone(),
+                    request_timeout: EngineConfig::from_config(config).request_timeout,
+                })
+                .await?,
+            );
+            if let Err(error) = store.migrate().await {
+                tracing::warn!(%error, "migrations not applied yet; retrying in the background");
+                let retry = store.clone();
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        match retry.migrate().await {
+                            Ok(()) => {
+                                tracing::info!("migrations applied");
+                                break;
+                            }
+                            Err(error) => tracing::warn!(%error, "migrations still failing"),
+                        }
+                    }
+                });
+            }
+            Arc::new(GroupingStore::new(store, MAX_BULK_OPS))
+        }
+        None => Arc::new(EmbeddedStore::open(&config.data_dir)?),
+    };
+    Ok(Arc::new(InstrumentedStore::new(backend, metrics.clone())))
+}
+
+/// A built service: store open, listener bound, not yet serving.
+pub struct Application {
+    listener: TcpListener,
+    addr: SocketAddr,
+    engine: Arc<Engine>,
+    metrics: Arc<Metrics>,
+}
+
+impl Application {
+    pub async fn build(config: Config) -> Result<Self, StartError> {
+        let metrics = Metrics::new();
+        let store = open_store(&config, &metrics).await?;
+        Self::build_with_store(config, store, metrics).await
+    }
+
+    /// Builds on a given store (tests wrap stores to inject faults).
+    pub async fn build_with_store(
+        config: Config,
+        store: DynStore,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, StartError> {
+        let engine = Engine::new(store, EngineConfig::from_config(&config), metrics.clone());
+        let listener = TcpListener::bind(config.listen_addr)
+            .await
+            .map_err(|source| StartError::Listen {
+                addr: config.listen_addr,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| StartError::Listen {
+            addr: config.listen_addr,
+            source,
+        })?;
+        Ok(Self {
+            listener,
+            addr,
+            engine,
+            metrics,
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// Serves until `signal` resolves, then shuts down gracefully: stop accepting, let
+    /// drivers reach a step boundary and release their leases, stop recovery.
+    pub async fn run_until(
+        self,
+        signal: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let engine = self.engine.clone();
+        engine.spawn_recovery_loop();
+        let state = AppState {
+            engine: engine.clone(),
+            metrics: self.metrics.clone(),
+        };
+        let shutdown = engine.shutdown.clone();
+        tracing::info!(addr = %self.addr, store = engine.store.backend(), "serving");
+        let serve =
+            axum::serve(self.listener, http::router(state)).with_graceful_shutdown(async move {
+                tokio::select! {
+                    _ = signal => {}
+                    _ = shutdown.cancelled() => {}
+                }
+                shutdown.cancel();
+            });
+        let result = serve.await;
+        engine.shutdown.cancel();
+        if !engine.wait_idle(SHUTDOWN_GRACE).await {
+            tracing::warn!("workers still running after the grace period; recovery resumes them");
+        }
+        result
+    }
+}
+
+/// Resolves on SIGTERM or ctrl-c.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = terminate => {}
+    }
+    tracing::info!("shutdown signal received");
+}
+
+/// `transfer-service` / `transfer-service serve`: serve until SIGTERM or ctrl-c.
+pub async fn serve(config: Config) -> std::process::ExitCode {
+    let app = match Application::build(config).await {
+        Ok(app) => app,
+        Err(error) => {
+            tracing::error!(%error, "cannot start");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match app.run_until(shutdown_signal()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "server failed");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

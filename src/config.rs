@@ -1,0 +1,103 @@
+//! Configuration: every setting is a command-line flag that is also read from the
+//! environment (DESIGN §7). Durations are humantime (`500ms`, `2m`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// transfer-service: atomic transfers between accounts, by two-phase commit.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "transfer-service", version, about)]
+pub struct Cli {
+    #[command(flatten)]
+    pub config: Config,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Serve HTTP (the default when no command is given).
+    Serve,
+    /// Check every invariant of DESIGN §4 on the configured store; exit 1 on a violation.
+    Audit,
+}
+
+/// Settings shared by every command.
+#[derive(Debug, Clone, Args)]
+pub struct Config {
+    /// HTTP listen address.
+    #[arg(long, env = "LISTEN_ADDR", default_value = "127.0.0.1:8080")]
+    pub listen_addr: SocketAddr,
+
+    /// Use the Elasticsearch backend at this URL; unset: the embedded store in DATA_DIR.
+    #[arg(long, env = "ELASTICSEARCH_URL")]
+    pub elasticsearch_url: Option<String>,
+
+    /// Directory of the embedded store.
+    #[arg(long, env = "DATA_DIR", default_value = "./data")]
+    pub data_dir: PathBuf,
+
+    /// Prefix of every Elasticsearch index the service owns.
+    #[arg(long, env = "INDEX_PREFIX", default_value = "transfer-service-")]
+    pub index_prefix: String,
+
+    /// How often the recovery loop looks for stale transfers.
+    #[arg(long, env = "RECOVERY_INTERVAL", default_value = "1m", value_parser = humantime::parse_duration)]
+    pub recovery_interval: Duration,
+
+    /// A transfer untouched this long is stale and recovery looks at it.
+    #[arg(long, env = "RECOVERY_STALE_AFTER", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub recovery_stale_after: Duration,
+
+    /// How long a worker owns a transfer before others may take it over. A worker stops
+    /// writing before its lease runs out (self-fencing), so this bounds how long a transfer
+    /// waits after its worker died.
+    #[arg(long, env = "LEASE_DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub lease_duration: Duration,
+
+    /// Age after which a transfer that has not committed is rolled back (`timed_out`).
+    #[arg(long, env = "TRANSFER_TIMEOUT", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub transfer_timeout: Duration,
+
+    /// Timeout of one store request (Elasticsearch HTTP call). Part of the self-fencing
+    /// margin: a worker starts a write only if its lease outlives the request.
+    #[arg(long, env = "STORE_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub store_timeout: Duration,
+
+    /// How long an account remembers the ids of transfers settled on it (the tombstones
+    /// that make a late write from a stalled worker a no-op).
+    #[arg(long, env = "SETTLED_RETENTION", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub settled_retention: Duration,
+
+    /// Log format: `pretty` for people, `json` for log pipelines.
+    #[arg(long, env = "LOG_FORMAT", default_value = "pretty")]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
+
+impl Config {
+    /// A configuration for tests: embedded store in `data_dir`, port 0, sub-second timers.
+    pub fn for_tests(data_dir: PathBuf) -> Self {
+        Self {
+            listen_addr: "127.0.0.1:0".parse().expect("valid address"),
+            elasticsearch_url: None,
+            data_dir,
+            index_prefix: "transfer-service-".into(),
+            recovery_interval: Duration::from_millis(200),
+            recovery_stale_after: Duration::from_secs(1),
+            lease_duration: Duration::from_secs(2),
+            transfer_timeout: Duration::from_secs(3600),
+            store_timeout: Duration::from_millis(500),
+            settled_retention: Duration::from_secs(3600),
+            log_format: LogFormat::Pretty,
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! `POST /accounts`, `GET /accounts/{id}`.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Serialize;
+
+use super::{field, ApiError, AppState, JsonObject, Problem};
+use crate::transfer::model::{valid_id, AccountDoc};
+use crate::transfer::service::{Created, NewAccount};
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/accounts", post(create_account))
+        .route("/accounts/{id}", get(get_account))
+}
+
+/// An account as the API shows it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Account {
+    pub id: String,
+    pub balance: i64,
+    /// The lowest balance a debit may leave.
+    pub floor: i64,
+    /// What a transfer out may take now: balance less uncommitted credits and the floor.
+    pub available: i64,
+    /// Transfers applied to the balance and not yet settled.
+    pub pending_transactions: Vec<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl Account {
+    fn from_doc(id: String, doc: AccountDoc) -> Self {
+        Self {
+            id,
+            balance: doc.balance,
+            floor: doc.floor,
+            available: doc.available().unwrap_or(0).max(0),
+            pending_transactions: doc.pending_transactions,
+            created_at: doc.creation_time,
+            updated_at: doc.modification_time,
+        }
+    }
+}
+
+/// The body of `POST /accounts`.
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
+#[allow(dead_code)]
+pub struct CreateAccount {
+    /// 1–128 characters of `[A-Za-z0-9._:-]`.
+    pub id: String,
+    /// Opening balance.
+    pub balance: i64,
+    /// Lowest balance a debit may leave; default 0, at most the opening balance.
+    pub floor: Option<i64>,
+}
+
+/// Opens an account with an opening balance. Replaying the same request answers 200.
+#[utoipa::path(post, path = "/accounts", tag = "accounts", request_body = CreateAccount,
+    responses(
+        (status = 201, description = "Account opened", body = Account),
+        (status = 200, description = "Identical replay", body = Account),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The id exists with other data", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid field", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Store unavailable", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn create_account(
+    State(state): State<AppState>,
+    JsonObject(body): JsonObject,
+) -> Result<Response, ApiError> {
+    let id = field::required_id(&body, "id")?;
+    let balance = field::required_integer(&body, "balance")?;
+    let floor = field::integer(&body, "floor")?.unwrap_or(0);
+    if balance < floor {
+        return Err(ApiError::Invalid(format!(
+            "`balance` ({balance}) must not be below `floor` ({floor})"
+        )));
+    }
+    let new = NewAccount {
+        id: id.clone(),
+        balance,
+        floor,
+    };
+    Ok(match state.engine.create_account(new).await? {
+        Created::New(doc) => {
+            (StatusCode::CREATED, Json(Account::from_doc(id, doc))).into_response()
+        }
+        Created::Replayed(doc) => {
+            (StatusCode::OK, Json(Account::from_doc(id, doc))).into_response()
+        }
+    })
+}
+
+/// An account's balance and pending transfers.
+#[utoipa::path(get, path = "/accounts/{id}", tag = "accounts",
+    params(("id" = String, Path, description = "Account id")),
+    responses(
+        (status = 200, description = "The account", body = Account),
+        (status = 404, description = "No such account", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Store unavailable", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn get_account(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Account>, ApiError> {
+    if !valid_id(&id) {
+        return Err(ApiError::NotFound(format!("no account {id}")));
+    }
+    match state.engine.get_account(&id).await? {
+        Some(doc) => Ok(Json(Account::from_doc(id, doc))),
+        None => Err(ApiError::NotFound(format!("no account {id}"))),
+    }
+}

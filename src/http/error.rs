@@ -1,0 +1,153 @@
+//! The one error type of the API, answered as RFC 9457 `application/problem+json`.
+
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::store::StoreError;
+use crate::transfer::service::ServiceError;
+
+/// An RFC 9457 problem document.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Problem {
+    /// A URI reference naming the kind of problem (`/problems/<kind>`).
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub title: String,
+    pub status: u16,
+    pub detail: String,
+}
+
+/// Every error answer of the API.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 400: the body is not JSON, or a query string cannot be parsed.
+    #[error("{0}")]
+    Malformed(String),
+    /// 404: no such resource or route.
+    #[error("{0}")]
+    NotFound(String),
+    /// 409: the id exists with other data, or the transfer can no longer be cancelled.
+    #[error("{0}")]
+    Conflict(String),
+    /// 413: the body is larger than the limit.
+    #[error("request body is larger than {0} bytes")]
+    TooLarge(usize),
+    /// 415: the body is not `application/json`.
+    #[error("expected Content-Type: application/json")]
+    UnsupportedMediaType,
+    /// 422: well-formed JSON with an invalid field.
+    #[error("{0}")]
+    Invalid(String),
+    /// 503: the store is unreachable or overloaded; retry later.
+    #[error("{0}")]
+    Unavailable(String),
+    /// 500: a fault of ours; the detail is logged, never sent.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+        match self {
+            ApiError::Malformed(_) => (StatusCode::BAD_REQUEST, "malformed", "Malformed request"),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
+            ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict", "Conflict"),
+            ApiError::TooLarge(_) => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too-large",
+                "Request body too large",
+            ),
+            ApiError::UnsupportedMediaType => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported-media-type",
+                "Unsupported media type",
+            ),
+            ApiError::Invalid(_) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid-field",
+                "Invalid field",
+            ),
+            ApiError::Unavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-unavailable",
+                "Store unavailable",
+            ),
+            ApiError::Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "Internal error",
+            ),
+        }
+    }
+
+    pub fn problem(&self) -> Problem {
+        let (status, kind, title) = self.parts();
+        let detail = match self {
+            // Never leak internals; the request span logs them.
+            ApiError::Internal(_) => "an internal error occurred; it has been logged".into(),
+            other => other.to_string(),
+        };
+        Problem {
+            kind: format!("/problems/{kind}"),
+            title: title.into(),
+            status: status.as_u16(),
+            detail,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let ApiError::Internal(detail) = &self {
+            // Logged once, inside the request span.
+            tracing::error!(%detail, "internal error");
+        }
+        let problem = self.problem();
+        let status =
+            StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = serde_json::to_vec(&problem).unwrap_or_default();
+        (
+            status,
+            [(header::CONTENT_TYPE, "application/problem+json")],
+            body,
+        )
+            .into_response()
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Unavailable(detail) => ApiError::Unavailable(detail),
+            StoreError::Permanent(detail) => ApiError::Internal(detail),
+        }
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> Self {
+        match e {
+            ServiceError::Conflict(detail) => ApiError::Conflict(detail),
+            ServiceError::NotFound => ApiError::NotFound("no such resource".into()),
+            ServiceError::Store(e) => e.into(),
+        }
+    }
+}
+
+impl From<BytesRejection> for ApiError {
+    fn from(rejection: BytesRejection) -> Self {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::TooLarge(super::MAX_BODY_BYTES)
+        } else {
+            ApiError::Malformed(rejection.body_text())
+        }
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> Self {
+        ApiError::Invalid(rejection.body_text())
+    }
+}

@@ -1,0 +1,149 @@
+//! Prometheus metrics (DESIGN §8). The names and labels are part of the contract. Every series
+//! is updated where the event happens; a scrape only encodes, it never scans the store.
+//! Labels have bounded cardinality: states, outcomes, store ops, route templates.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
+};
+
+/// Every series the service exports, in its own registry (tests run several apps at once).
+pub struct Metrics {
+    registry: Registry,
+    pub transfers_created_total: IntCounter,
+    /// `outcome` = `finished` | `rolled-back`.
+    pub transfers_completed_total: IntCounterVec,
+    /// `from`, `to` = transfer states.
+    pub transfer_state_transitions_total: IntCounterVec,
+    /// Transfers this process is driving right now.
+    pub transfers_in_flight: IntGauge,
+    /// From `creation_time` to the terminal write.
+    pub transfer_duration_seconds: Histogram,
+    pub recovery_runs_total: IntCounter,
+    /// `state` = the state recovery found the transfer in.
+    pub transfers_recovered_total: IntCounterVec,
+    /// `op` = get | bulk | find_stale | list | ready | refresh; `outcome` = ok | conflict |
+    /// exists | not_found | unavailable | error.
+    pub store_requests_total: IntCounterVec,
+    pub store_request_duration_seconds: HistogramVec,
+    /// `route` is the matched template (`/transfers/{id}`), never the raw path.
+    pub http_requests_total: IntCounterVec,
+    pub http_request_duration_seconds: HistogramVec,
+}
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+const TRANSFER_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0,
+];
+
+impl Metrics {
+    pub fn new() -> Arc<Self> {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("valid metric");
+            registry.register(Box::new(c.clone())).expect("unique");
+            c
+        };
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry.register(Box::new(c.clone())).expect("unique");
+            c
+        };
+        let histogram_vec = |name: &str, help: &str, labels: &[&str], buckets: &[f64]| {
+            let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
+            let h = HistogramVec::new(opts, labels).expect("valid metric");
+            registry.register(Box::new(h.clone())).expect("unique");
+            h
+        };
+        let transfers_in_flight = IntGauge::new(
+            "transfers_in_flight",
+            "Transfers this process is driving now",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(transfers_in_flight.clone()))
+            .expect("unique");
+        let transfer_duration_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "transfer_duration_seconds",
+                "Time from a transfer's creation to its terminal state",
+            )
+            .buckets(TRANSFER_BUCKETS.to_vec()),
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(transfer_duration_seconds.clone()))
+            .expect("unique");
+        let metrics = Self {
+            transfers_created_total: counter(
+                "transfers_created_total",
+                "Transfers accepted with 201",
+            ),
+            transfers_completed_total: counter_vec(
+                "transfers_completed_total",
+                "Transfers that reached a terminal state, by outcome",
+                &["outcome"],
+            ),
+            transfer_state_transitions_total: counter_vec(
+                "transfer_state_transitions_total",
+                "State writes of transfers, by from and to state",
+                &["from", "to"],
+            ),
+            transfers_in_flight,
+            transfer_duration_seconds,
+            recovery_runs_total: counter("recovery_runs_total", "Recovery sweeps run"),
+            transfers_recovered_total: counter_vec(
+                "transfers_recovered_total",
+                "Stale transfers recovery took over, by the state it found them in",
+                &["state"],
+            ),
+            store_requests_total: counter_vec(
+                "store_requests_total",
+                "Store requests, by operation and outcome",
+                &["op", "outcome"],
+            ),
+            store_request_duration_seconds: histogram_vec(
+                "store_request_duration_seconds",
+                "Store request latency, by operation",
+                &["op"],
+                LATENCY_BUCKETS,
+            ),
+            http_requests_total: counter_vec(
+                "http_requests_total",
+                "HTTP requests, by method, route template and status",
+                &["method", "route", "status"],
+            ),
+            http_request_duration_seconds: histogram_vec(
+                "http_request_duration_seconds",
+                "HTTP request latency, by method and route template",
+                &["method", "route"],
+                LATENCY_BUCKETS,
+            ),
+            registry,
+        };
+        Arc::new(metrics)
+    }
+
+    /// The Prometheus text exposition of every series.
+    pub fn encode(&self) -> String {
+        let mut buffer = Vec::new();
+        let encoder = TextEncoder::new();
+        // Encoding into a Vec cannot fail for well-formed metric families.
+        let _ = encoder.encode(&self.registry.gather(), &mut buffer);
+        String::from_utf8(buffer).unwrap_or_default()
+    }
+
+    pub fn store_request(&self, op: &str, outcome: &str, elapsed: Duration) {
+        self.store_requests_total
+            .with_label_values(&[op, outcome])
+            .inc();
+        self.store_request_duration_seconds
+            .with_label_values(&[op])
+            .observe(elapsed.as_secs_f64());
+    }
+}

@@ -1,0 +1,702 @@
+//! The Elasticsearch backend of [`Store`], on the official `elasticsearch` client.
+//!
+//! Every operation is one HTTP request on Elasticsearch's plain document API:
+//!
+//! | store call       | request                                                          |
+//! |------------------|------------------------------------------------------------------|
+//! | `get`            | `GET /{p}{index}/_doc/{id}` (realtime)                          |
+//! | `bulk`           | `POST /_bulk`: `create` actions, `index` actions with `if_seq_no` + `if_primary_term` |
+//! | `find_stale`     | `POST /{p}transactions/_search`, `search_after` on `(modification_time, transaction_id)` |
+//! | `list_transfers` | `POST /{p}transactions/_search`, `search_after` on `(creation_time, transaction_id)` |
+//! | `ready`          | `GET /{p}migrations/_doc/{last migration}`                     |
+//! | `refresh`        | `POST /{p}accounts,{p}transactions/_refresh`                    |
+//!
+//! How answers map to outcomes and errors is in [`reply`] (one table for everything).
+//!
+//! # A missing index
+//!
+//! Before this instance has run [`ElasticsearchStore::migrate`], a missing index reads as
+//! empty (`get` → `None`, searches → an empty page, `refresh` → nothing to do): the store
+//! simply has no documents yet. Once migrations are applied, the indices exist, so a missing
+//! one means someone deleted it or `INDEX_PREFIX` points elsewhere; answering "no such
+//! document" then would make the protocol take wrong decisions (roll transfers back with
+//! `account_not_found`, accept a replayed transfer id as new). After `migrate`, a missing
+//! index is therefore a [`StoreError::Permanent`].
+//!
+//! Writes cannot be guarded the same way: with the default `action.auto_create_index`, a
+//! bulk write to a deleted index re-creates it with dynamic mappings. Operators who want to
+//! rule that out set `action.auto_create_index: "-{prefix}*,+*"` on the cluster.
+//!
+//! # Ids that cannot be written in a URL
+//!
+//! `""`, `"."` and `".."` are valid document ids in a bulk body but cannot be addressed in a
+//! URL path (`/_doc/..` is normalised away by every HTTP client, `%2e%2e` included). A
+//! document created under such an id could never be read back, so this backend refuses them
+//! on writes and reads alike (`Permanent`), before any request.
+
+mod migrations;
+mod reply;
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use elasticsearch::auth::Credentials;
+use elasticsearch::http::headers::{HeaderValue, CONTENT_TYPE};
+use elasticsearch::http::request::JsonBody;
+use elasticsearch::http::transport::{SingleNodeConnectionPool, TransportBuilder};
+use elasticsearch::indices::IndicesRefreshParts;
+use elasticsearch::{BulkParts, Elasticsearch, GetParts, SearchParts};
+use serde_json::{json, Map, Value};
+use url::Url;
+
+use self::reply::Reply;
+use super::{
+    fields, Doc, Index, Page, SortKey, StaleQuery, Store, StoreError, StoreResult, TransferFilter,
+    WriteOp, WriteOutcome,
+};
+
+/// How to reach the cluster.
+#[derive(Clone)]
+pub struct EsConfig {
+    /// Base URL of a node (or of a load balancer in front of the cluster), e.g.
+    /// `http://localhost:9200`. `user:password@` in the URL is sent as basic auth.
+    pub url: String,
+    /// Prepended to every index name the service owns (`INDEX_PREFIX`), so several
+    /// deployments (or test runs) can share a cluster.
+    pub index_prefix: String,
+    /// Upper bound for one HTTP request, connect to last byte. A request that exceeds it is
+    /// `Unavailable` (it may still have been applied).
+    pub request_timeout: Duration,
+}
+
+/// Never prints the password of a URL with credentials.
+impl fmt::Debug for EsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let url = match Url::parse(&self.url) {
+            Ok(mut url) if url.password().is_some() => {
+                let _ = url.set_password(Some("***"));
+                url.to_string()
+            }
+            _ => self.url.clone(),
+        };
+        f.debug_struct("EsConfig")
+            .field("url", &url)
+            .field("index_prefix", &self.index_prefix)
+            .field("request_timeout", &self.request_timeout)
+            .finish()
+    }
+}
+
+/// A [`Store`] on an Elasticsearch 8 cluster.
+pub struct ElasticsearchStore {
+    client: Elasticsearch,
+    index_prefix: String,
+    /// Set once this instance has applied (or found applied) every migration; from then on a
+    /// missing index is an error, not an empty store (see the module docs).
+    migrated: AtomicBool,
+}
+
+impl fmt::Debug for ElasticsearchStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ElasticsearchStore")
+            .field("index_prefix", &self.index_prefix)
+            .field("migrated", &self.migrated.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl ElasticsearchStore {
+    /// Builds the client. Sends nothing: the cluster does not have to be up yet
+    /// ([`Store::ready`] tells when it is). Fails only on a malformed URL or prefix.
+    pub async fn connect(config: EsConfig) -> Result<Self, StoreError> {
+        validate_prefix(&config.index_prefix)?;
+        let mut url = Url::parse(&config.url).map_err(|e| {
+            StoreError::Permanent(format!("ELASTICSEARCH_URL is not a valid URL: {e}"))
+        })?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(StoreError::Permanent(format!(
+                "ELASTICSEARCH_URL must be http or https, not {}",
+                url.scheme()
+            )));
+        }
+        // Credentials in the URL become basic auth; the URL kept by the client has none, so
+        // they never show up in error messages.
+        let credentials = (!url.username().is_empty()).then(|| {
+            Credentials::Basic(
+                url.username().to_owned(),
+                url.password().unwrap_or("").to_owned(),
+            )
+        });
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+
+        // No proxy: HTTP(S)_PROXY set for other traffic must not reroute the store (and a
+        // proxy's own errors would be mistaken for the cluster's).
+        let mut builder = TransportBuilder::new(SingleNodeConnectionPool::new(url))
+            .disable_proxy()
+            .timeout(config.request_timeout);
+        if let Some(credentials) = credentials {
+            builder = builder.auth(credentials);
+        }
+        let transport = builder.build().map_err(|e| {
+            StoreError::Permanent(format!("cannot build the Elasticsearch client: {e}"))
+        })?;
+        Ok(Self {
+            client: Elasticsearch::new(transport),
+            index_prefix: config.index_prefix,
+            migrated: AtomicBool::new(false),
+        })
+    }
+
+    /// Applies the embedded migrations in order, each once; safe when several instances do
+    /// it at the same moment (the argument is in `elasticsearch/migrations.rs`).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        self.apply_migrations().await?;
+        self.migrated.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// The physical name of `index`: `INDEX_PREFIX` + its logical name.
+    pub fn index_name(&self, index: Index) -> String {
+        self.physical_name(index.name())
+    }
+
+    fn physical_name(&self, logical: &str) -> String {
+        format!("{}{}", self.index_prefix, logical)
+    }
+
+    /// What a 404 `index_not_found_exception` means; see "A missing index" in the module docs.
+    fn missing_index(&self, op: &str, reply: Reply) -> StoreResult<()> {
+        if self.migrated.load(Ordering::Acquire) {
+            Err(StoreError::Permanent(format!(
+                "{op}: {} although migrations were applied (deleted index, or wrong INDEX_PREFIX?)",
+                reply::describe(&reply.body)
+            )))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Runs one search on the transactions index and cuts the answer into a [`Page`].
+    async fn search_transactions(&self, op: &str, body: Value, limit: usize) -> StoreResult<Page> {
+        let index = self.index_name(Index::Transactions);
+        let sent = self
+            .client
+            .search(SearchParts::Index(&[&index]))
+            .body(body)
+            .send()
+            .await;
+        let reply = reply::read(op, sent).await?;
+        if reply.status == 404 && reply.error_type() == Some("index_not_found_exception") {
+            self.missing_index(op, reply)?;
+            return Ok(Page {
+                docs: Vec::new(),
+                next: None,
+            });
+        }
+        if !reply.is_success() {
+            return Err(reply.into_error(op));
+        }
+        page_of(op, &reply.body, limit)
+    }
+}
+
+/// Elasticsearch index names are lower case, without `\ / * ? " < > | , #` or spaces, and do
+/// not start with `-`, `_` or `+`. Checking the prefix here turns a typo into a start-up
+/// error instead of a 400 on every request.
+fn validate_prefix(prefix: &str) -> StoreResult<()> {
+    let bad_char = prefix
+        .chars()
+        .find(|c| c.is_uppercase() || c.is_whitespace() || r#"\/*?"<>|,#:"#.contains(*c));
+    if let Some(c) = bad_char {
+        return Err(StoreError::Permanent(format!(
+            "INDEX_PREFIX {prefix:?} contains {c:?}, not allowed in an index name"
+        )));
+    }
+    if prefix.starts_with(['-', '_', '+']) {
+        return Err(StoreError::Permanent(format!(
+            "INDEX_PREFIX {prefix:?} must not start with '-', '_' or '+'"
+        )));
+    }
+    Ok(())
+}
+
+/// See "Ids that cannot be written in a URL" in the module docs.
+fn check_addressable(op: &str, id: &str) -> StoreResult<()> {
+    if matches!(id, "" | "." | "..") {
+        Err(StoreError::Permanent(format!(
+            "{op}: id {id:?} cannot be used with Elasticsearch (not addressable in a URL)"
+        )))
+    } else {
+        Ok(())
+    }
+}
+
+/// The two NDJSON lines of one bulk write. `ReplaceIf` is an `index` action with
+/// `if_seq_no`/`if_primary_term` (a `create` action cannot carry them).
+fn bulk_lines(store: &ElasticsearchStore, op: WriteOp) -> [Value; 2] {
+    match op {
+        WriteOp::Create { index, id, source } => [
+            json!({"create": {"_index": store.index_name(index), "_id": id}}),
+            source,
+        ],
+        WriteOp::ReplaceIf {
+            index,
+            id,
+            source,
+            expected,
+        } => [
+            json!({"index": {
+                "_index": store.index_name(index),
+                "_id": id,
+                "if_seq_no": expected.seq_no,
+                "if_primary_term": expected.primary_term,
+            }}),
+            source,
+        ],
+    }
+}
+
+/// A document from a GET answer or a search hit.
+fn doc_of(op: &str, hit: &Value) -> StoreResult<Doc> {
+    let id = hit
+        .get("_id")
+        .and_then(Value::as_str)
+        .ok_or_else(|| StoreError::Permanent(format!("{op}: document without _id")))?;
+    Ok(Doc {
+        id: id.to_owned(),
+        version: reply::version_of(op, hit)?,
+        source: hit.get("_source").cloned().unwrap_or(Value::Null),
+    })
+}
+
+/// Cuts a search answer into a [`Page`]. Both our sorts are `[<date field>, transaction_id]`,
+/// so each hit's `sort` is `[epoch millis, id]`: the cursor to continue after it.
+fn page_of(op: &str, body: &Value, limit: usize) -> StoreResult<Page> {
+    // A timed-out or partly failed search may have skipped documents: paging on from its
+    // last hit would silently miss them, so the page is refused as a whole.
+    let failed_shards = body
+        .pointer("/_shards/failed")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    if body["timed_out"] == Value::Bool(true) || failed_shards > 0 {
+        return Err(StoreError::Unavailable(format!(
+            "{op}: partial results (timed_out={}, failed shards={failed_shards})",
+            body["timed_out"]
+        )));
+    }
+    let hits = body
+        .pointer("/hits/hits")
+        .and_then(Value::as_array)
+        .ok_or_else(|| StoreError::Permanent(format!("{op}: answer without hits.hits")))?;
+    let docs = hits
+        .iter()
+        .map(|hit| doc_of(op, hit))
+        .collect::<StoreResult<Vec<_>>>()?;
+    let next = match hits.last() {
+        Some(last) if docs.len() == limit => Some(sort_key_of(op, last)?),
+        _ => None,
+    };
+    Ok(Page { docs, next })
+}
+
+fn sort_key_of(op: &str, hit: &Value) -> StoreResult<SortKey> {
+    let sort = hit.get("sort").and_then(Value::as_array);
+    let millis = sort.and_then(|s| s.first()).and_then(Value::as_i64);
+    let id = sort.and_then(|s| s.get(1)).and_then(Value::as_str);
+    match (millis, id) {
+        (Some(millis), Some(id)) => Ok(SortKey {
+            millis,
+            id: id.to_owned(),
+        }),
+        _ => Err(StoreError::Permanent(format!(
+            "{op}: hit without a [millis, id] sort value: {:?}",
+            hit.get("sort")
+        ))),
+    }
+}
+
+/// The search body shared by both listings: versions included (callers may write on them
+/// after a realtime re-read), no total count (nobody reads it; counting costs), a
+/// deterministic sort with a unique tie-breaker, and `search_after` for the cursor.
+fn search_body(
+    filter: Vec<Value>,
+    should: Vec<Value>,
+    sort: Value,
+    after: Option<&SortKey>,
+    limit: usize,
+) -> Value {
+    let mut bool_query = Map::new();
+    bool_query.insert("filter".into(), Value::Array(filter));
+    if !should.is_empty() {
+        bool_query.insert("should".into(), Value::Array(should));
+        // With a filter present, `should` clauses are optional unless we say otherwise.
+        bool_query.insert("minimum_should_match".into(), json!(1));
+    }
+    let mut body = json!({
+        "size": limit,
+        "seq_no_primary_term": true,
+        "track_total_hits": false,
+        "query": { "bool": bool_query },
+        "sort": sort,
+    });
+    if let Some(after) = after {
+        body["search_after"] = json!([after.millis, after.id]);
+    }
+    body
+}
+
+#[async_trait]
+impl Store for ElasticsearchStore {
+    fn backend(&self) -> &'static str {
+        "elasticsearch"
+    }
+
+    async fn get(&self, index: Index, id: &str) -> StoreResult<Option<Doc>> {
+        let op = "get";
+        check_addressable(op, id)?;
+        let name = self.index_name(index);
+        let sent = self
+            .client
+            .get(GetParts::IndexId(&name, id))
+            .realtime(true)
+            .send()
+            .await;
+        let reply = reply::read(op, sent).await?;
+        match reply.status {
+            200 if reply.body["found"] == Value::Bool(true) => doc_of(op, &reply.body).map(Some),
+            404 if reply.body["found"] == Value::Bool(false) => Ok(None),
+            404 if reply.error_type() == Some("index_not_found_exception") => {
+                self.missing_index(op, reply).map(|()| None)
+            }
+            _ => Err(reply.into_error(op)),
+        }
+    }
+
+    async fn bulk(&self, ops: Vec<WriteOp>) -> StoreResult<Vec<StoreResult<WriteOutcome>>> {
+        let op = "bulk";
+        // Unaddressable ids get their error in place; the others go out in one request.
+        let mut results: Vec<Option<StoreResult<WriteOutcome>>> = Vec::with_capacity(ops.len());
+        let mut lines = Vec::with_capacity(ops.len() * 2);
+        for write in ops {
+            match check_addressable(op, write.id()) {
+                Ok(()) => {
+                    results.push(None);
+                    lines.extend(bulk_lines(self, write).map(JsonBody::new));
+                }
+                Err(e) => results.push(Some(Err(e))),
+            }
+        }
+        let sent_count = lines.len() / 2;
+        if sent_count > 0 {
+            // The client ends every line (the last one included) with '\n'.
+            let sent = self
+                .client
+                .bulk(BulkParts::None)
+                .header(
+                    CONTENT_TYPE,
+                    HeaderValue::from_static("application/x-ndjson"),
+                )
+                .body(lines)
+                .send()
+                .await;
+            let reply = reply::read(op, sent).await?;
+            if !reply.is_success() {
+                return Err(reply.into_error(op));
+            }
+            // `errors` only says whether some item failed; each item's status is what counts.
+            let items = reply
+                .body
+                .get("items")
+                .and_then(Value::as_array)
+                .ok_or_else(|| StoreError::Permanent(format!("{op}: answer without items")))?;
+            if items.len() != sent_count {
+                return Err(StoreError::Permanent(format!(
+                    "{op}: {} items answered for {sent_count} sent",
+                    items.len()
+                )));
+            }
+            let mut outcomes = items.iter().map(reply::bulk_item);
+            for slot in results.iter_mut().filter(|slot| slot.is_none()) {
+                *slot = outcomes.next();
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|slot| slot.expect("every slot is filled: counts checked above"))
+            .collect())
+    }
+
+    async fn find_stale(&self, query: &StaleQuery) -> StoreResult<Page> {
+        if query.states.is_empty() {
+            // `terms` with no values matches nothing; skip the round trip.
+            return Ok(Page {
+                docs: Vec::new(),
+                next: None,
+            });
+        }
+        let filter = vec![
+            json!({"terms": {fields::STATE: query.states}}),
+            json!({"range": {fields::MODIFIED: {
+                "lt": query.modified_before,
+                "format": "epoch_millis",
+            }}}),
+        ];
+        let sort = json!([{fields::MODIFIED: "asc"}, {fields::ID: "asc"}]);
+        let body = search_body(filter, Vec::new(), sort, query.after.as_ref(), query.limit);
+        self.search_transactions("find_stale", body, query.limit)
+            .await
+    }
+
+    async fn list_transfers(&self, filter: &TransferFilter) -> StoreResult<Page> {
+        let mut clauses = Vec::new();
+        if let Some(state) = &filter.state {
+            clauses.push(json!({"term": {fields::STATE: state}}));
+        }
+        let should = match &filter.account {
+            Some(account) => vec![
+                json!({"term": {fields::SRC: account}}),
+                json!({"term": {fields::DEST: account}}),
+            ],
+            None => Vec::new(),
+        };
+        let sort = json!([{fields::CREATED: "desc"}, {fields::ID: "desc"}]);
+        let body = search_body(clauses, should, sort, filter.after.as_ref(), filter.limit);
+        self.search_transactions("list_transfers", body, filter.limit)
+            .await
+    }
+
+    /// One realtime GET of the last migration's record: it answers both "reachable" and
+    /// "migrated" (the record is written only after every earlier step is applied).
+    async fn ready(&self) -> StoreResult<()> {
+        let records = self.physical_name(migrations::MIGRATIONS_INDEX);
+        let last = migrations::last_id();
+        if self.migration_recorded(&records, last).await? {
+            Ok(())
+        } else {
+            Err(StoreError::Unavailable(format!(
+                "ready: migration {last} is not applied yet"
+            )))
+        }
+    }
+
+    async fn refresh(&self) -> StoreResult<()> {
+        let op = "refresh";
+        let accounts = self.index_name(Index::Accounts);
+        let transactions = self.index_name(Index::Transactions);
+        let indices = [accounts.as_str(), transactions.as_str()];
+        let sent = self
+            .client
+            .indices()
+            .refresh(IndicesRefreshParts::Index(&indices))
+            .send()
+            .await;
+        let reply = reply::read(op, sent).await?;
+        if reply.status == 404 && reply.error_type() == Some("index_not_found_exception") {
+            // Before migrations nothing may exist yet. Refresh the indices that do exist one
+            // by one (a multi-index refresh fails as a whole on one missing index).
+            self.missing_index(op, reply)?;
+            for index in indices {
+                self.refresh_one(index).await?;
+            }
+            return Ok(());
+        }
+        check_refreshed(op, reply)
+    }
+}
+
+impl ElasticsearchStore {
+    /// Refresh of a single index; a missing one has nothing to refresh.
+    async fn refresh_one(&self, index: &str) -> StoreResult<()> {
+        let op = "refresh";
+        let sent = self
+            .client
+            .indices()
+            .refresh(IndicesRefreshParts::Index(&[index]))
+            .send()
+            .await;
+        let reply = reply::read(op, sent).await?;
+        if reply.status == 404 && reply.error_type() == Some("index_not_found_exception") {
+            return Ok(());
+        }
+        check_refreshed(op, reply)
+    }
+}
+
+/// A refresh whose shards partly failed did not make every write visible.
+fn check_refreshed(op: &str, reply: Reply) -> StoreResult<()> {
+    if !reply.is_success() {
+        return Err(reply.into_error(op));
+    }
+    let failed = reply
+        .body
+        .pointer("/_shards/failed")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    if failed > 0 {
+        return Err(StoreError::Unavailable(format!(
+            "{op}: {failed} shard(s) failed to refresh"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Version;
+
+    async fn store(prefix: &str) -> ElasticsearchStore {
+        ElasticsearchStore::connect(EsConfig {
+            url: "http://127.0.0.1:9".into(),
+            index_prefix: prefix.into(),
+            request_timeout: Duration::from_secs(1),
+        })
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn index_names_carry_the_prefix() {
+        let store = store("ts-test-").await;
+        assert_eq!(store.index_name(Index::Accounts), "ts-test-accounts");
+        assert_eq!(
+            store.index_name(Index::Transactions),
+            "ts-test-transactions"
+        );
+    }
+
+    #[tokio::test]
+    async fn bad_prefixes_and_urls_are_refused_at_connect() {
+        for prefix in ["Upper-", "a b", "a,b", "_x", "x*"] {
+            let config = EsConfig {
+                url: "http://127.0.0.1:9200".into(),
+                index_prefix: prefix.into(),
+                request_timeout: Duration::from_secs(1),
+            };
+            assert!(
+                ElasticsearchStore::connect(config).await.is_err(),
+                "{prefix}"
+            );
+        }
+        for url in ["not a url", "ftp://host/"] {
+            let config = EsConfig {
+                url: url.into(),
+                index_prefix: "x-".into(),
+                request_timeout: Duration::from_secs(1),
+            };
+            assert!(ElasticsearchStore::connect(config).await.is_err(), "{url}");
+        }
+    }
+
+    #[test]
+    fn config_debug_hides_the_password() {
+        let config = EsConfig {
+            url: "https://elastic:secret@es.example:9200".into(),
+            index_prefix: "x-".into(),
+            request_timeout: Duration::from_secs(1),
+        };
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("secret"), "{shown}");
+        assert!(shown.contains("elastic"), "{shown}");
+    }
+
+    #[tokio::test]
+    async fn a_conditional_replace_is_an_index_action_with_seq_no_and_term() {
+        let store = store("p-").await;
+        let [action, source] = bulk_lines(
+            &store,
+            WriteOp::ReplaceIf {
+                index: Index::Accounts,
+                id: "a".into(),
+                source: json!({"balance": 1}),
+                expected: Version {
+                    seq_no: 4,
+                    primary_term: 2,
+                },
+            },
+        );
+        assert_eq!(
+            action,
+            json!({"index": {"_index": "p-accounts", "_id": "a", "if_seq_no": 4, "if_primary_term": 2}})
+        );
+        assert_eq!(source, json!({"balance": 1}));
+        let [action, _] = bulk_lines(
+            &store,
+            WriteOp::Create {
+                index: Index::Transactions,
+                id: "t".into(),
+                source: json!({}),
+            },
+        );
+        assert_eq!(
+            action,
+            json!({"create": {"_index": "p-transactions", "_id": "t"}})
+        );
+    }
+
+    #[test]
+    fn a_full_page_continues_after_its_last_hit() {
+        let body = json!({"timed_out": false, "_shards": {"total":1,"successful":1,"failed":0},
+            "hits": {"hits": [
+                {"_id":"t1","_seq_no":1,"_primary_term":1,"_source":{},"sort":[10,"t1"]},
+                {"_id":"t2","_seq_no":2,"_primary_term":1,"_source":{},"sort":[11,"t2"]}]}});
+        let page = page_of("test", &body, 2).unwrap();
+        assert_eq!(page.docs.len(), 2);
+        assert_eq!(
+            page.next,
+            Some(SortKey {
+                millis: 11,
+                id: "t2".into()
+            })
+        );
+        assert!(page_of("test", &body, 3).unwrap().next.is_none());
+    }
+
+    #[test]
+    fn a_partial_search_is_refused() {
+        let body = json!({"timed_out": true, "hits": {"hits": []}});
+        assert!(page_of("test", &body, 2).unwrap_err().is_retryable());
+    }
+
+    #[test]
+    fn an_account_filter_needs_one_of_its_should_clauses() {
+        let body = search_body(
+            vec![],
+            vec![json!({"term": {"src_acct": "a"}})],
+            json!([]),
+            None,
+            5,
+        );
+        assert_eq!(body["query"]["bool"]["minimum_should_match"], 1);
+        assert!(body.get("search_after").is_none());
+    }
+
+    #[tokio::test]
+    async fn unaddressable_ids_fail_without_a_request() {
+        // Port 9 (discard) is closed: had a request been sent, the error would be
+        // Unavailable, not Permanent.
+        let store = store("p-").await;
+        let error = store.get(Index::Accounts, "..").await.unwrap_err();
+        assert!(!error.is_retryable(), "{error}");
+        let results = store
+            .bulk(vec![WriteOp::Create {
+                index: Index::Accounts,
+                id: ".".into(),
+                source: json!({}),
+            }])
+            .await
+            .unwrap();
+        assert!(!results[0].as_ref().unwrap_err().is_retryable());
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_cluster_is_unavailable() {
+        let store = store("p-").await;
+        let error = store.get(Index::Accounts, "a").await.unwrap_err();
+        assert!(error.is_retryable(), "{error}");
+        assert!(store.ready().await.unwrap_err().is_retryable());
+    }
+}

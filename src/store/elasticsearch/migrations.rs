@@ -1,0 +1,256 @@
+//! Index migrations: the numbered JSON files in `migrations/`, embedded in the binary and
+//! applied in order at start-up by [`ElasticsearchStore::migrate`].
+//!
+//! Each file is one step, `{"description": "...", "create_index": "<logical name>", "body":
+//! {"settings": {...}, "mappings": {...}}}`, and is recorded once applied as the document
+//! `{prefix}migrations/_doc/{file stem}`.
+//!
+//! # Several instances migrating at the same moment
+//!
+//! Nothing here takes a lock; every step is safe to run any number of times, concurrently:
+//! - Creating an index is atomic in the cluster state: exactly one `PUT /{index}` creates it,
+//!   every other one gets `400 resource_already_exists_exception`, which we count as done.
+//!   Both ran the same embedded file, so the index that exists has the body we wanted
+//!   (applied files are never edited: a change is a new file).
+//! - The record is written with `op_type=create` *after* the step succeeded, so a record
+//!   implies an applied step. Two instances may both apply a step (the second is a no-op)
+//!   and both try to record it: one gets 201, the other 409, and there is one record.
+//! - A crash between applying and recording leaves no record; the next start applies the
+//!   step again (a no-op) and records it. That is why every step must be idempotent.
+//! - Each instance walks the list in order and only moves to step N+1 once step N is applied
+//!   and recorded (by itself or by someone else). So the record of the *last* step implies
+//!   all steps are applied, which is what [`Store::ready`](crate::store::Store::ready) checks.
+//!
+//! Adding a migration: add `NNNN_name.json` and a line to [`MIGRATIONS`]; a unit test checks
+//! that the list and the directory agree. A new kind of step (a mapping update, say) needs a
+//! new field in [`Step`] and must be idempotent too.
+
+use elasticsearch::indices::IndicesCreateParts;
+use elasticsearch::{CreateParts, GetParts};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::reply::{self, Reply};
+use super::ElasticsearchStore;
+use crate::store::{StoreError, StoreResult};
+
+/// One embedded migration file.
+pub(super) struct Migration {
+    /// The file stem; also the id of its record in the migrations index.
+    pub id: &'static str,
+    pub json: &'static str,
+}
+
+macro_rules! migration {
+    ($stem:literal) => {
+        Migration {
+            id: $stem,
+            json: include_str!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/migrations/",
+                $stem,
+                ".json"
+            )),
+        }
+    };
+}
+
+/// Every migration, in the order they are applied. Never reorder, edit or remove an entry
+/// that has shipped.
+pub(super) const MIGRATIONS: &[Migration] =
+    &[migration!("0001_accounts"), migration!("0002_transactions")];
+
+/// The logical name of the index holding one record per applied migration.
+pub(super) const MIGRATIONS_INDEX: &str = "migrations";
+
+/// The migrations index itself is created by code, not by a migration (the records of the
+/// migrations live in it). Same choices as the data indices: one shard, nothing dynamic.
+fn migrations_index_body() -> Value {
+    json!({
+        "settings": { "number_of_shards": 1 },
+        "mappings": {
+            "dynamic": false,
+            "properties": {
+                "description": { "type": "text" },
+                "applied_at": { "type": "date" }
+            }
+        }
+    })
+}
+
+/// The content of a migration file. Unknown keys are refused, so a file written for a step
+/// kind this binary does not know fails loudly instead of being skipped.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Step {
+    pub description: String,
+    /// Logical index name (without the prefix) to create with `body`.
+    pub create_index: String,
+    pub body: Value,
+}
+
+impl Migration {
+    pub fn step(&self) -> StoreResult<Step> {
+        serde_json::from_str(self.json).map_err(|e| {
+            StoreError::Permanent(format!("migration {} is not a valid step: {e}", self.id))
+        })
+    }
+}
+
+/// The id of the last migration: its record means the store is fully migrated.
+pub(super) fn last_id() -> &'static str {
+    MIGRATIONS.last().map_or("", |m| m.id)
+}
+
+impl ElasticsearchStore {
+    /// See the module docs for why this is safe to run concurrently from several instances.
+    pub(super) async fn apply_migrations(&self) -> StoreResult<()> {
+        // Parse everything first: a broken file must not leave a half-applied list behind.
+        let steps = MIGRATIONS
+            .iter()
+            .map(|m| Ok((m, m.step()?)))
+            .collect::<StoreResult<Vec<_>>>()?;
+
+        let records = self.physical_name(MIGRATIONS_INDEX);
+        self.create_index_if_absent(&records, migrations_index_body())
+            .await?;
+
+        for (migration, step) in steps {
+            if self.migration_recorded(&records, migration.id).await? {
+                tracing::debug!(migration = migration.id, "migration already applied");
+                continue;
+            }
+            let index = self.physical_name(&step.create_index);
+            self.create_index_if_absent(&index, step.body).await?;
+            self.record_migration(&records, migration.id, &step.description)
+                .await?;
+            tracing::info!(migration = migration.id, %index, "migration applied");
+        }
+        Ok(())
+    }
+
+    /// `PUT /{index}`; an index that already exists counts as created.
+    async fn create_index_if_absent(&self, index: &str, body: Value) -> StoreResult<()> {
+        let op = "migrate: create index";
+        let sent = self
+            .client
+            .indices()
+            .create(IndicesCreateParts::Index(index))
+            .body(body)
+            .send()
+            .await;
+        let reply = reply::read(op, sent).await?;
+        match reply.status {
+            200..=299 if reply.body["acknowledged"] == Value::Bool(false) => {
+                // The master did not confirm in time: the index may or may not exist yet.
+                // The next attempt either creates it or sees it exists.
+                Err(StoreError::Unavailable(format!(
+                    "{op} [{index}]: not acknowledged by the master in time"
+                )))
+            }
+            200..=299 => Ok(()),
+            400 if reply.error_type() == Some("resource_already_exists_exception") => Ok(()),
+            _ => Err(reply.into_error(&format!("{op} [{index}]"))),
+        }
+    }
+
+    /// Realtime GET of the record of migration `id`.
+    pub(super) async fn migration_recorded(&self, records: &str, id: &str) -> StoreResult<bool> {
+        let op = "migrate: read record";
+        let sent = self
+            .client
+            .get(GetParts::IndexId(records, id))
+            .realtime(true)
+            .send()
+            .await;
+        let reply: Reply = reply::read(op, sent).await?;
+        match reply.status {
+            200 => Ok(reply.body["found"] == Value::Bool(true)),
+            404 if reply.body["found"] == Value::Bool(false) => Ok(false),
+            404 if reply.error_type() == Some("index_not_found_exception") => Ok(false),
+            _ => Err(reply.into_error(op)),
+        }
+    }
+
+    /// `PUT /{records}/_create/{id}`: 201 we recorded it, 409 another instance did.
+    async fn record_migration(
+        &self,
+        records: &str,
+        id: &str,
+        description: &str,
+    ) -> StoreResult<()> {
+        let op = "migrate: record";
+        let record = json!({
+            "description": description,
+            "applied_at": crate::store::format_millis(now_millis()),
+        });
+        let sent = self
+            .client
+            .create(CreateParts::IndexId(records, id))
+            .body(record)
+            .send()
+            .await;
+        let reply = reply::read(op, sent).await?;
+        match reply.status {
+            200..=299 | 409 => Ok(()),
+            _ => Err(reply.into_error(op)),
+        }
+    }
+}
+
+fn now_millis() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_file_in_the_directory_is_listed_in_order() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations");
+        let mut stems: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "json"))
+            .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+            .collect();
+        stems.sort();
+        let listed: Vec<&str> = MIGRATIONS.iter().map(|m| m.id).collect();
+        assert_eq!(stems, listed);
+        assert_eq!(last_id(), *listed.last().unwrap());
+    }
+
+    #[test]
+    fn every_migration_parses_and_creates_a_single_shard_non_dynamic_index() {
+        for migration in MIGRATIONS {
+            let step = migration.step().unwrap();
+            assert!(!step.description.is_empty(), "{}", migration.id);
+            assert_eq!(
+                step.body["settings"]["number_of_shards"], 1,
+                "{}",
+                migration.id
+            );
+            assert_eq!(step.body["mappings"]["dynamic"], false, "{}", migration.id);
+        }
+    }
+
+    #[test]
+    fn the_searched_fields_are_mapped_as_keywords_and_dates() {
+        use crate::store::fields;
+        let transactions = MIGRATIONS
+            .iter()
+            .map(|m| m.step().unwrap())
+            .find(|s| s.create_index == "transactions")
+            .unwrap();
+        let properties = &transactions.body["mappings"]["properties"];
+        for field in [fields::STATE, fields::SRC, fields::DEST, fields::ID] {
+            assert_eq!(properties[field]["type"], "keyword", "{field}");
+        }
+        for field in [fields::CREATED, fields::MODIFIED] {
+            assert_eq!(properties[field]["type"], "date", "{field}");
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! Turning Elasticsearch's HTTP answers into store results: the one place where status codes,
+//! error envelopes and bulk items are mapped to [`StoreError`] and [`WriteOutcome`].
+//!
+//! # Whole-request mapping
+//!
+//! | answer                                                   | result                       |
+//! |----------------------------------------------------------|------------------------------|
+//! | connection refused/reset, timeout, body cut off           | `Unavailable`                |
+//! | 429 (rejected execution, circuit breaker, flood stage)   | `Unavailable`                |
+//! | 502, 503, 504 (proxy/LB errors, no master, shards down)  | `Unavailable`                |
+//! | 2xx (or an expected 4xx) without `X-elastic-product`     | `Permanent` (not ES)         |
+//! | 2xx from Elasticsearch                                   | handled by the caller        |
+//! | 4xx the caller expects (GET 404, 400 index exists, ...) | handled by the caller        |
+//! | any other status (400, 401, 403, 404, 500, ...)          | `Permanent`, ES type+reason  |
+//!
+//! The transient statuses are mapped before the product header is checked: a load balancer
+//! answering 503 for a dead node is exactly what `Unavailable` is for, and it never carries
+//! the header. Everything else we only believe when it came from Elasticsearch, because a
+//! 404 from some other HTTP server would otherwise read as "document absent".
+//!
+//! 500 is `Permanent` on purpose: Elasticsearch uses it for unexpected exceptions (bugs, bad
+//! scripts), which a retry does not fix; its transient failures use 429 and 503.
+//!
+//! # Bulk item mapping
+//!
+//! `_bulk` answers 200 even when items fail, so every item's own `status` decides:
+//!
+//! | item status | reason contains                | outcome                       |
+//! |-------------|--------------------------------|-------------------------------|
+//! | 200, 201    |                                | `Written(_seq_no, _primary_term)` |
+//! | 409         | "document already exists"      | `AlreadyExists` (create)      |
+//! | 409         | "but no document was found"    | `NotFound` (CAS on a missing doc) |
+//! | 409         | anything else                  | `Conflict` (CAS mismatch)     |
+//! | 429, 5xx    |                                | `Err(Unavailable)`            |
+//! | other       |                                | `Err(Permanent)`              |
+//!
+//! The 409 reasons are the fixed texts of `VersionConflictEngineException` (see
+//! `shared/es-rest-subset.md` §1 and §3).
+
+use elasticsearch::http::response::Response;
+use serde_json::Value;
+
+use crate::store::{StoreError, StoreResult, Version, WriteOutcome};
+
+/// Statuses that mean "try again later" whoever sent them.
+const TRANSIENT_STATUSES: [u16; 4] = [429, 502, 503, 504];
+
+/// The header every Elasticsearch (7.14+) response carries. The official clients refuse a
+/// 2xx without it; so do we, for every answer we act on.
+const PRODUCT_HEADER: &str = "x-elastic-product";
+const PRODUCT: &str = "Elasticsearch";
+
+/// A decoded answer from Elasticsearch that is not a transient failure.
+#[derive(Debug)]
+pub(super) struct Reply {
+    pub status: u16,
+    /// The JSON body; `Null` when the body was empty.
+    pub body: Value,
+}
+
+impl Reply {
+    pub fn is_success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+
+    /// The `error.type` of an error envelope, if the body is one.
+    pub fn error_type(&self) -> Option<&str> {
+        self.body.pointer("/error/type").and_then(Value::as_str)
+    }
+
+    /// The answer as an error, for statuses the caller does not expect.
+    pub fn into_error(self, op: &str) -> StoreError {
+        let message = format!("{op}: HTTP {} {}", self.status, describe(&self.body));
+        if is_transient(self.status) {
+            StoreError::Unavailable(message)
+        } else {
+            StoreError::Permanent(message)
+        }
+    }
+}
+
+fn is_transient(status: u16) -> bool {
+    TRANSIENT_STATUSES.contains(&status)
+}
+
+/// Reads a response (or the failure to get one) for operation `op`, mapping transport errors
+/// and transient statuses to `Unavailable` and refusing answers that did not come from
+/// Elasticsearch. See the module docs for the table.
+pub(super) async fn read(
+    op: &str,
+    sent: Result<Response, elasticsearch::Error>,
+) -> StoreResult<Reply> {
+    let response = sent.map_err(|e| transport_error(op, &e))?;
+    let status = response.status_code().as_u16();
+    // Read headers ourselves: `Response::content_type()` panics when the header is missing.
+    let from_elasticsearch = response
+        .headers()
+        .get(PRODUCT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v == PRODUCT);
+    let bytes = response
+        .bytes()
+        .await
+        .map_err(|e| transport_error(op, &e))?;
+
+    let body = if bytes.iter().all(u8::is_ascii_whitespace) {
+        Value::Null
+    } else {
+        match serde_json::from_slice::<Value>(&bytes) {
+            Ok(v) => v,
+            // A transient status from a proxy often has an HTML body; the status says enough.
+            Err(_) if is_transient(status) => Value::String(snippet(&bytes)),
+            Err(e) => {
+                return Err(StoreError::Permanent(format!(
+                    "{op}: HTTP {status} with a body that is not JSON ({e}): {}",
+                    snippet(&bytes)
+                )))
+            }
+        }
+    };
+    let reply = Reply { status, body };
+
+    if is_transient(status) {
+        return Err(reply.into_error(op));
+    }
+    if !from_elasticsearch {
+        return Err(StoreError::Permanent(format!(
+            "{op}: HTTP {status} without the header `X-elastic-product: Elasticsearch`; \
+             ELASTICSEARCH_URL does not seem to point at Elasticsearch"
+        )));
+    }
+    Ok(reply)
+}
+
+/// No answer at all: refused or reset connections, DNS failures, timeouts, a body cut off.
+/// The request may or may not have reached the cluster, which is what `Unavailable` says.
+fn transport_error(op: &str, e: &elasticsearch::Error) -> StoreError {
+    if e.is_timeout() {
+        StoreError::Unavailable(format!("{op}: timed out: {e}"))
+    } else {
+        StoreError::Unavailable(format!("{op}: {e}"))
+    }
+}
+
+/// `type: reason` of an error envelope, or a snippet of whatever the body is.
+pub(super) fn describe(body: &Value) -> String {
+    match body.get("error") {
+        Some(Value::Object(error)) => {
+            let kind = error.get("type").and_then(Value::as_str).unwrap_or("error");
+            let reason = error.get("reason").and_then(Value::as_str).unwrap_or("");
+            format!("{kind}: {reason}")
+        }
+        Some(Value::String(text)) => text.clone(),
+        Some(other) => other.to_string(),
+        None => snippet(body.to_string().as_bytes()),
+    }
+}
+
+fn snippet(bytes: &[u8]) -> String {
+    const MAX: usize = 300;
+    let text = String::from_utf8_lossy(bytes);
+    match text.char_indices().nth(MAX) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.into_owned(),
+    }
+}
+
+/// The `(_seq_no, _primary_term)` of a write result, a GET or a search hit.
+pub(super) fn version_of(op: &str, object: &Value) -> StoreResult<Version> {
+    let seq_no = object.get("_seq_no").and_then(Value::as_u64);
+    let primary_term = object.get("_primary_term").and_then(Value::as_u64);
+    match (seq_no, primary_term) {
+        (Some(seq_no), Some(primary_term)) => Ok(Version {
+            seq_no,
+            primary_term,
+        }),
+        _ => Err(StoreError::Permanent(format!(
+            "{op}: answer without _seq_no/_primary_term: {}",
+            snippet(object.to_string().as_bytes())
+        ))),
+    }
+}
+
+/// The outcome of one `_bulk` item (`{"<action>": {...,"status":N}}`); see the module docs.
+pub(super) fn bulk_item(item: &Value) -> StoreResult<WriteOutcome> {
+    let result = item
+        .as_object()
+        .and_then(|o| o.values().next())
+        .ok_or_else(|| StoreError::Permanent(format!("bulk: malformed item {item}")))?;
+    let status = result
+        .get("status")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| StoreError::Permanent(format!("bulk: item without status {item}")))?;
+    let reason = result
+        .pointer("/error/reason")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    match status {
+        200 | 201 => version_of("bulk", result).map(WriteOutcome::Written),
+        409 if reason.contains("document already exists") => Ok(WriteOutcome::AlreadyExists),
+        409 if reason.contains("but no document was found") => Ok(WriteOutcome::NotFound),
+        409 => Ok(WriteOutcome::Conflict),
+        429 | 500..=599 => Err(StoreError::Unavailable(format!(
+            "bulk item: HTTP {status} {}",
+            describe(result)
+        ))),
+        _ => Err(StoreError::Permanent(format!(
+            "bulk item: HTTP {status} {}",
+            describe(result)
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn item(action: &str, body: Value) -> Value {
+        json!({ action: body })
+    }
+
+    #[test]
+    fn written_items_carry_their_new_version() {
+        let created = item(
+            "create",
+            json!({"_index":"a","_id":"1","_version":1,"result":"created","_seq_no":7,"_primary_term":2,"status":201}),
+        );
+        assert_eq!(
+            bulk_item(&created).unwrap(),
+            WriteOutcome::Written(Version {
+                seq_no: 7,
+                primary_term: 2
+            })
+        );
+        let updated = item(
+            "index",
+            json!({"_id":"1","result":"updated","_seq_no":8,"_primary_term":2,"status":200}),
+        );
+        assert_eq!(bulk_item(&updated).unwrap().written().unwrap().seq_no, 8);
+    }
+
+    #[test]
+    fn conflicts_are_told_apart_by_their_reason() {
+        let conflict = |reason: &str| {
+            item(
+                "index",
+                json!({"_id":"1","status":409,"error":{"type":"version_conflict_engine_exception","reason":reason}}),
+            )
+        };
+        assert_eq!(
+            bulk_item(&conflict(
+                "[1]: version conflict, document already exists (current version [1])"
+            ))
+            .unwrap(),
+            WriteOutcome::AlreadyExists
+        );
+        assert_eq!(
+            bulk_item(&conflict(
+                "[1]: version conflict, required seqNo [3], primary term [1]. but no document was found"
+            ))
+            .unwrap(),
+            WriteOutcome::NotFound
+        );
+        assert_eq!(
+            bulk_item(&conflict(
+                "[1]: version conflict, required seqNo [3], primary term [1]. current document has seqNo [4] and primary term [1]"
+            ))
+            .unwrap(),
+            WriteOutcome::Conflict
+        );
+    }
+
+    #[test]
+    fn rejected_and_failed_items_are_errors_of_the_right_kind() {
+        let failed = |status: u16| {
+            item(
+                "create",
+                json!({"_id":"1","status":status,"error":{"type":"x","reason":"y"}}),
+            )
+        };
+        for status in [429, 500, 503] {
+            assert!(
+                bulk_item(&failed(status)).unwrap_err().is_retryable(),
+                "{status}"
+            );
+        }
+        for status in [400, 404] {
+            assert!(
+                !bulk_item(&failed(status)).unwrap_err().is_retryable(),
+                "{status}"
+            );
+        }
+        assert!(!bulk_item(&json!("nonsense")).unwrap_err().is_retryable());
+    }
+
+    #[test]
+    fn errors_name_the_elasticsearch_type_and_reason() {
+        let body = json!({"error":{"root_cause":[],"type":"mapper_parsing_exception","reason":"failed to parse"},"status":400});
+        let error = Reply { status: 400, body }.into_error("bulk");
+        assert!(!error.is_retryable());
+        assert!(
+            error
+                .to_string()
+                .contains("mapper_parsing_exception: failed to parse"),
+            "{error}"
+        );
+    }
+}

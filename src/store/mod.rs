@@ -1,0 +1,292 @@
+//! The document store the protocol runs on.
+//!
+//! The trait offers exactly the single-document operations Elasticsearch gives us and nothing
+//! more: a realtime get by id, create-if-absent (`op_type=create`), a conditional replace on
+//! `(seq_no, primary_term)`, a batched write with per-item outcomes (`_bulk`), and two
+//! near-real-time searches (stale transfers for recovery, a filtered listing for the API).
+//! Every backend keeps Elasticsearch's semantics, so the protocol cannot tell them apart:
+//! `seq_no` increases on every applied write, a failed conditional write changes nothing, and
+//! searches may lag behind writes (decisions are therefore always made on a realtime `get`).
+//!
+//! Backends: [`embedded::EmbeddedStore`] (redb, the default) and
+//! [`elasticsearch::ElasticsearchStore`]. [`faulty`] wraps any store to inject faults in tests.
+
+pub mod elasticsearch;
+pub mod embedded;
+pub mod grouping;
+pub mod instrumented;
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+/// The indices the service owns. Backends map them to physical names (Elasticsearch:
+/// `INDEX_PREFIX` + [`Index::name`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Index {
+    /// `accounts/{id}`: balance, pending transfer ids, settled-id tombstones.
+    Accounts,
+    /// `transactions/{id}`: one document per transfer (the post's name for the index).
+    Transactions,
+}
+
+impl Index {
+    pub const ALL: [Index; 2] = [Index::Accounts, Index::Transactions];
+
+    /// The logical name; Elasticsearch index names are `INDEX_PREFIX` + this.
+    pub fn name(self) -> &'static str {
+        match self {
+            Index::Accounts => "accounts",
+            Index::Transactions => "transactions",
+        }
+    }
+}
+
+/// Elasticsearch's concurrency token: a write is conditional on both numbers matching the
+/// live document. `seq_no` alone is not enough: it can repeat across primary terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Version {
+    pub seq_no: u64,
+    pub primary_term: u64,
+}
+
+/// A document as read from the store, with the token a conditional write must present.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Doc {
+    pub id: String,
+    pub version: Version,
+    pub source: Value,
+}
+
+/// One write of a batch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WriteOp {
+    /// Create the document; fails with [`WriteOutcome::AlreadyExists`] if the id is taken.
+    Create {
+        index: Index,
+        id: String,
+        source: Value,
+    },
+    /// Replace the document only if its live version is `expected`.
+    ReplaceIf {
+        index: Index,
+        id: String,
+        source: Value,
+        expected: Version,
+    },
+}
+
+impl WriteOp {
+    pub fn index(&self) -> Index {
+        match self {
+            WriteOp::Create { index, .. } | WriteOp::ReplaceIf { index, .. } => *index,
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        match self {
+            WriteOp::Create { id, .. } | WriteOp::ReplaceIf { id, .. } => id,
+        }
+    }
+}
+
+/// What a single write did. Only `Written` changed anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// Applied; the document's new version.
+    Written(Version),
+    /// `Create` on an id that exists (Elasticsearch 409 "document already exists").
+    AlreadyExists,
+    /// `ReplaceIf` whose expected version is not the live one (Elasticsearch 409).
+    Conflict,
+    /// `ReplaceIf` on a document that does not exist (Elasticsearch 409 "but no document was
+    /// found").
+    NotFound,
+}
+
+impl WriteOutcome {
+    pub fn written(self) -> Option<Version> {
+        match self {
+            WriteOutcome::Written(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// Store failures. Outcomes that the protocol expects (conflicts, missing documents) are
+/// never errors: they are [`WriteOutcome`]s and `Option`s.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// Transient: rejected under load (429), unavailable (503), timed out, connection
+    /// dropped. The write may or may not have been applied: re-read before deciding again.
+    #[error("store temporarily unavailable: {0}")]
+    Unavailable(String),
+    /// Permanent: a request the store refuses (a bug, a mapping problem, a broken file).
+    /// Retrying the same request will not help.
+    #[error("store error: {0}")]
+    Permanent(String),
+}
+
+impl StoreError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_))
+    }
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Position in a sorted result: the sort timestamp (epoch milliseconds) and the transfer id
+/// as tie-breaker. Pass the last item's key to get the next page.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SortKey {
+    pub millis: i64,
+    pub id: String,
+}
+
+/// Transfers that recovery should look at: in one of `states`, last modified before
+/// `modified_before`, oldest first.
+#[derive(Debug, Clone)]
+pub struct StaleQuery {
+    pub states: Vec<String>,
+    /// Epoch milliseconds; only documents with `modification_time < modified_before`.
+    pub modified_before: i64,
+    /// Continue after this key (exclusive), `(modification_time, id)` ascending.
+    pub after: Option<SortKey>,
+    pub limit: usize,
+}
+
+/// The API's transfer listing: newest first by `(creation_time, id)`.
+#[derive(Debug, Clone, Default)]
+pub struct TransferFilter {
+    /// Transfers where this account is the source or the destination.
+    pub account: Option<String>,
+    pub state: Option<String>,
+    /// Continue after this key (exclusive), `(creation_time, id)` descending.
+    pub after: Option<SortKey>,
+    pub limit: usize,
+}
+
+/// One page of a search. `next` is set when the page was full (there may be more).
+#[derive(Debug, Clone)]
+pub struct Page {
+    pub docs: Vec<Doc>,
+    pub next: Option<SortKey>,
+}
+
+/// The single-document operations the protocol needs, with Elasticsearch's semantics.
+///
+/// Searches (`find_stale`, `list_transfers`) are near-real-time on Elasticsearch: a write may
+/// take up to the refresh interval to show. Never decide on a search hit; `get` it first.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// A short name for logs and metrics ("embedded", "elasticsearch").
+    fn backend(&self) -> &'static str;
+
+    /// Realtime get by id: sees every acknowledged write.
+    async fn get(&self, index: Index, id: &str) -> StoreResult<Option<Doc>>;
+
+    /// Applies the writes in order, each on its own (not atomic as a whole, like `_bulk`),
+    /// in one round trip. The result has one entry per op, in order.
+    async fn bulk(&self, ops: Vec<WriteOp>) -> StoreResult<Vec<StoreResult<WriteOutcome>>>;
+
+    /// Transfers for recovery; see [`StaleQuery`].
+    async fn find_stale(&self, query: &StaleQuery) -> StoreResult<Page>;
+
+    /// The API's listing; see [`TransferFilter`].
+    async fn list_transfers(&self, filter: &TransferFilter) -> StoreResult<Page>;
+
+    /// Reachable and migrated: what `/readyz` reports.
+    async fn ready(&self) -> StoreResult<()>;
+
+    /// Every document of `index` in id order, `limit` at a time, after the id `after`
+    /// (exclusive). Near-real-time on Elasticsearch. The auditor uses it.
+    async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<Vec<Doc>> {
+        // TEMPORARY default while the Elasticsearch backend gains it; removed before commit.
+        let _ = (index, after, limit);
+        Err(StoreError::Permanent(
+            "scan is not implemented by this backend".into(),
+        ))
+    }
+
+    /// Makes every acknowledged write visible to searches (Elasticsearch `_refresh`). Tests
+    /// and the auditor use it; the engine never needs it.
+    async fn refresh(&self) -> StoreResult<()>;
+
+    /// Create-if-absent for one document.
+    async fn create(&self, index: Index, id: &str, source: Value) -> StoreResult<WriteOutcome> {
+        let op = WriteOp::Create {
+            index,
+            id: id.to_owned(),
+            source,
+        };
+        single(self.bulk(vec![op]).await?)
+    }
+
+    /// Conditional replace for one document.
+    async fn replace_if(
+        &self,
+        index: Index,
+        id: &str,
+        source: Value,
+        expected: Version,
+    ) -> StoreResult<WriteOutcome> {
+        let op = WriteOp::ReplaceIf {
+            index,
+            id: id.to_owned(),
+            source,
+            expected,
+        };
+        single(self.bulk(vec![op]).await?)
+    }
+}
+
+fn single(mut results: Vec<StoreResult<WriteOutcome>>) -> StoreResult<WriteOutcome> {
+    match (results.pop(), results.is_empty()) {
+        (Some(result), true) => result,
+        _ => Err(StoreError::Permanent(
+            "bulk answered a different number of items than sent".into(),
+        )),
+    }
+}
+
+/// How the rest of the service holds a store.
+pub type DynStore = Arc<dyn Store>;
+
+impl fmt::Display for Index {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The fields of a transfer document the stores index for their searches. Kept here so both
+/// backends read them the same way.
+pub mod fields {
+    pub const STATE: &str = "transaction_state";
+    pub const SRC: &str = "src_acct";
+    pub const DEST: &str = "dest_acct";
+    pub const CREATED: &str = "creation_time";
+    pub const MODIFIED: &str = "modification_time";
+    /// The transfer id repeated in the source: Elasticsearch 8 cannot sort on `_id`, and
+    /// cursors need a unique tie-breaker.
+    pub const ID: &str = "transaction_id";
+    /// The account id repeated in the account source, for the same reason.
+    pub const ACCOUNT_ID: &str = "account_id";
+}
+
+/// Parses an RFC 3339 timestamp (as the service writes them) to epoch milliseconds.
+pub fn parse_millis(text: &str) -> Option<i64> {
+    let t = humantime::parse_rfc3339_weak(text)
+        .or_else(|_| humantime::parse_rfc3339(text))
+        .ok()?;
+    let d = t.duration_since(std::time::UNIX_EPOCH).ok()?;
+    i64::try_from(d.as_millis()).ok()
+}
+
+/// Formats epoch milliseconds as RFC 3339 UTC with millisecond precision, the form every
+/// timestamp in our documents has (sortable as text, a `date` for Elasticsearch).
+pub fn format_millis(millis: i64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(millis.max(0) as u64);
+    humantime::format_rfc3339_millis(t).to_string()
+}

@@ -1,0 +1,117 @@
+//! The transfer engine: the protocol of seed 003 ([`protocol`], pure), the worker that drives
+//! one transfer through it with leases and conditional writes ([`driver`]), the recovery loop
+//! that resumes what a crash left ([`recovery`]), and the operations the HTTP API calls
+//! ([`service`]).
+//!
+//! # Why it is safe
+//! - Every write is conditional on the version that was read (`if_seq_no`/`if_primary_term`),
+//!   so two workers can never both succeed on the same read.
+//! - Only the holder of a transfer's lease writes its accounts. Leases are taken and renewed by
+//!   conditional writes on the transfer document, with a fresh owner token per worker.
+//! - A worker acts on an account read only if the read completed while it still held the lease
+//!   (minus a clock-skew margin). Another worker can only start after that lease expired, and
+//!   every settle or undo it performs writes the account, so the stale worker's conditional
+//!   write then fails, however long it stalled. Tombstones of settled ids on the account make a
+//!   late re-read refuse as well (defence in depth, and against clock skew beyond the margin).
+
+pub mod driver;
+pub mod model;
+pub mod protocol;
+pub mod recovery;
+pub mod service;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::metrics::Metrics;
+use crate::store::DynStore;
+use protocol::Retention;
+
+/// The engine's timers and bounds.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// How long a worker owns a transfer after each write of it.
+    pub lease: Duration,
+    /// The longest one store request may take; a worker renews its lease rather than start a
+    /// step with less than twice this (plus the skew margin) left.
+    pub request_timeout: Duration,
+    /// Clock skew tolerated between instances: a worker treats its lease as over this much
+    /// before it expires.
+    pub skew_margin: Duration,
+    /// `created`/`pending` transfers older than this roll back with `timed_out`.
+    pub transfer_timeout: Duration,
+    /// How long and how many settled ids an account remembers.
+    pub retention: Retention,
+    /// Conditional writes retried on one account step before the worker gives up and leaves
+    /// the transfer to recovery.
+    pub max_conflicts: u32,
+    /// Attempts of one store request that fails with a retryable error.
+    pub max_store_attempts: u32,
+    pub recovery_interval: Duration,
+    pub recovery_stale_after: Duration,
+    /// Transfers recovery fetches per page.
+    pub recovery_page: usize,
+}
+
+impl EngineConfig {
+    pub fn from_config(config: &crate::config::Config) -> Self {
+        let lease = config.lease_duration;
+        // A request must fit in the lease with room to spare: cap it at a quarter lease.
+        let request_timeout = config.store_timeout.min(lease / 4);
+        Self {
+            lease,
+            request_timeout,
+            skew_margin: (lease / 10).min(Duration::from_secs(1)),
+            transfer_timeout: config.transfer_timeout,
+            retention: Retention {
+                millis: config.settled_retention.as_millis() as i64,
+                max_entries: 1000,
+            },
+            max_conflicts: 200,
+            max_store_attempts: 6,
+            recovery_interval: config.recovery_interval,
+            recovery_stale_after: config.recovery_stale_after,
+            recovery_page: 100,
+        }
+    }
+}
+
+/// What every worker shares.
+pub struct Engine {
+    pub store: DynStore,
+    pub config: EngineConfig,
+    pub metrics: Arc<Metrics>,
+    /// This process's name in lease owner tokens (`<instance>/<worker>`).
+    pub instance: String,
+    /// Stops drivers between steps, and the recovery loop.
+    pub shutdown: CancellationToken,
+    /// Every spawned driver, so shutdown can wait for them.
+    pub tasks: TaskTracker,
+    /// Bumped whenever a transfer this process drives reaches a terminal state; long-polls
+    /// wait on it.
+    pub terminal_events: watch::Sender<u64>,
+}
+
+impl Engine {
+    pub fn new(store: DynStore, config: EngineConfig, metrics: Arc<Metrics>) -> Arc<Self> {
+        let instance = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+        Arc::new(Self {
+            store,
+            config,
+            metrics,
+            instance,
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            terminal_events: watch::channel(0).0,
+        })
+    }
+
+    /// A fresh lease owner token for one worker.
+    pub fn new_owner(&self) -> String {
+        format!("{}/{}", self.instance, uuid::Uuid::new_v4().simple())
+    }
+}

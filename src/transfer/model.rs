@@ -1,0 +1,189 @@
+//! The documents of the protocol, with the post's field names (DESIGN §2), and the validated
+//! values the API accepts.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// The states of seed 003. Arrows: `created → pending → committed → finished`,
+/// `created → rolled-back`, `pending → terminating → rolled-back`. `committed` never rolls
+/// back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum TransferState {
+    Created,
+    Pending,
+    Committed,
+    Finished,
+    Terminating,
+    RolledBack,
+}
+
+impl TransferState {
+    pub const ALL: [TransferState; 6] = [
+        TransferState::Created,
+        TransferState::Pending,
+        TransferState::Committed,
+        TransferState::Finished,
+        TransferState::Terminating,
+        TransferState::RolledBack,
+    ];
+
+    /// States recovery must drive on (the post's recovery query).
+    pub const IN_FLIGHT: [TransferState; 4] = [
+        TransferState::Created,
+        TransferState::Pending,
+        TransferState::Committed,
+        TransferState::Terminating,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransferState::Created => "created",
+            TransferState::Pending => "pending",
+            TransferState::Committed => "committed",
+            TransferState::Finished => "finished",
+            TransferState::Terminating => "terminating",
+            TransferState::RolledBack => "rolled-back",
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, TransferState::Finished | TransferState::RolledBack)
+    }
+
+    /// The arrows of the state machine; every state write is checked against them.
+    pub fn can_move_to(self, next: TransferState) -> bool {
+        use TransferState::*;
+        matches!(
+            (self, next),
+            (Created, Pending)
+                | (Pending, Committed)
+                | (Committed, Finished)
+                | (Created, RolledBack)
+                | (Pending, Terminating)
+                | (Terminating, RolledBack)
+        )
+    }
+}
+
+impl fmt::Display for TransferState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for TransferState {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        TransferState::ALL
+            .into_iter()
+            .find(|state| state.as_str() == s)
+            .ok_or(())
+    }
+}
+
+/// Why a transfer rolled back. Stored in the transfer's `reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RollbackReason {
+    /// The source balance would have gone below its floor.
+    InsufficientFunds,
+    /// The source or the destination account does not exist.
+    AccountNotFound,
+    /// A balance would have overflowed a signed 64-bit integer.
+    BalanceOverflow,
+    /// The client cancelled it (`POST /transfers/{id}/cancel`).
+    Cancelled,
+    /// It had not committed after `TRANSFER_TIMEOUT`.
+    TimedOut,
+}
+
+impl RollbackReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RollbackReason::InsufficientFunds => "insufficient_funds",
+            RollbackReason::AccountNotFound => "account_not_found",
+            RollbackReason::BalanceOverflow => "balance_overflow",
+            RollbackReason::Cancelled => "cancelled",
+            RollbackReason::TimedOut => "timed_out",
+        }
+    }
+}
+
+/// `transactions/{id}`. The id itself is the document id; `transaction_id` repeats it for
+/// sorting (Elasticsearch 8 cannot sort on `_id`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferDoc {
+    pub transaction_id: String,
+    pub src_acct: String,
+    pub dest_acct: String,
+    pub amount: i64,
+    pub transaction_state: TransferState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<RollbackReason>,
+    /// RFC 3339, millisecond precision, UTC.
+    pub creation_time: String,
+    /// RFC 3339; recovery treats a transfer untouched for `RECOVERY_STALE_AFTER` as stale.
+    pub modification_time: String,
+    /// The worker that may act on this transfer until `lease_expires_at` (seed 001's lock
+    /// owner). `None` once the transfer is terminal or its owner released it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_expires_at: Option<String>,
+}
+
+/// One settled transfer id remembered by an account (seed 004's tombstone).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Settled {
+    pub id: String,
+    /// Epoch milliseconds when it was settled on this account.
+    pub at: i64,
+}
+
+/// `accounts/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccountDoc {
+    /// The account id repeated in the source, so the auditor can page accounts in id order
+    /// (Elasticsearch 8 cannot sort on `_id`).
+    pub account_id: String,
+    pub balance: i64,
+    /// The lowest balance a debit may leave (0 unless the account says otherwise).
+    #[serde(default)]
+    pub floor: i64,
+    /// The balance the account was opened with: what an identical `POST /accounts` replay is
+    /// compared against.
+    pub opening_balance: i64,
+    /// Ids of transfers applied to this balance and not yet settled (the post's list).
+    #[serde(default)]
+    pub pending_transactions: Vec<String>,
+    /// Sum of the credits among `pending_transactions`. Credits are not spendable until they
+    /// commit, so rolling one back can never push the balance below the floor.
+    #[serde(default)]
+    pub pending_credits: i64,
+    /// Recently settled (committed and cleaned, or rolled back) transfer ids: a late write
+    /// for one of these is refused. Bounded by age and count.
+    #[serde(default)]
+    pub settled_transactions: Vec<Settled>,
+    pub creation_time: String,
+    pub modification_time: String,
+}
+
+impl AccountDoc {
+    /// What a debit may take: the balance less uncommitted credits and the floor.
+    pub fn available(&self) -> Option<i64> {
+        self.balance
+            .checked_sub(self.pending_credits)?
+            .checked_sub(self.floor)
+    }
+}
+
+/// Transfer and account ids: 1–128 characters of `[A-Za-z0-9._:-]` (DESIGN §5).
+pub fn valid_id(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
