@@ -28,6 +28,9 @@ pub enum ApiError {
     /// 404: no such resource or route.
     #[error("{0}")]
     NotFound(String),
+    /// 405: the route exists but not with this method.
+    #[error("this route does not answer this method")]
+    MethodNotAllowed,
     /// 409: the id exists with other data, or the transfer can no longer be cancelled.
     #[error("{0}")]
     Conflict(String),
@@ -53,6 +56,11 @@ impl ApiError {
         match self {
             ApiError::Malformed(_) => (StatusCode::BAD_REQUEST, "malformed", "Malformed request"),
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
+            ApiError::MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+            ),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict", "Conflict"),
             ApiError::TooLarge(_) => (
                 StatusCode::PAYLOAD_TOO_LARGE,

@@ -49,6 +49,7 @@ pub fn router(state: AppState) -> Router {
         .merge(health::router())
         .merge(openapi::router())
         .fallback(unknown_route)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), track))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(TimeoutLayer::with_status_code(
@@ -81,6 +82,10 @@ pub fn router(state: AppState) -> Router {
 
 async fn unknown_route() -> ApiError {
     ApiError::NotFound("no such route".into())
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
 }
 
 /// Counts and times every request by method, route template and status.

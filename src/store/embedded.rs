@@ -62,8 +62,20 @@ type Reply = oneshot::Sender<StoreResult<Vec<StoreResult<WriteOutcome>>>>;
 /// The redb-backed store. Cheap to clone? No: hold it in an `Arc` (it is a [`Store`]).
 pub struct EmbeddedStore {
     db: Arc<Database>,
-    writes: mpsc::UnboundedSender<(Vec<WriteOp>, Reply)>,
+    writes: Option<mpsc::UnboundedSender<(Vec<WriteOp>, Reply)>>,
+    writer: Option<std::thread::JoinHandle<()>>,
     path: PathBuf,
+}
+
+impl Drop for EmbeddedStore {
+    /// Stops the writer thread and waits for it, so that once the store is dropped the file
+    /// is closed and may be opened again (by this process or another).
+    fn drop(&mut self) {
+        self.writes.take();
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
 }
 
 impl EmbeddedStore {
@@ -90,13 +102,14 @@ impl EmbeddedStore {
 
         let (tx, rx) = mpsc::unbounded_channel();
         let writer_db = db.clone();
-        std::thread::Builder::new()
+        let writer = std::thread::Builder::new()
             .name("redb-writer".into())
             .spawn(move || run_writer(writer_db, rx))
             .map_err(|e| StoreError::Permanent(format!("cannot start writer thread: {e}")))?;
         Ok(Self {
             db,
-            writes: tx,
+            writes: Some(tx),
+            writer: Some(writer),
             path,
         })
     }
@@ -472,6 +485,8 @@ impl Store for EmbeddedStore {
         }
         let (reply, answer) = oneshot::channel();
         self.writes
+            .as_ref()
+            .ok_or_else(|| StoreError::Permanent("embedded store is closed".into()))?
             .send((ops, reply))
             .map_err(|_| StoreError::Permanent("embedded store writer has stopped".into()))?;
         answer

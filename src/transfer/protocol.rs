@@ -330,3 +330,321 @@ pub fn transition(
     }
     Some(next)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transfer::model::TransferState::*;
+
+    const RETAIN: Retention = Retention {
+        millis: 60_000,
+        max_entries: 3,
+    };
+
+    fn now() -> Now {
+        Now::at(1_000_000)
+    }
+
+    fn account(balance: i64) -> AccountDoc {
+        AccountDoc {
+            account_id: "a".into(),
+            balance,
+            floor: 0,
+            opening_balance: balance,
+            pending_transactions: vec![],
+            pending_credits: 0,
+            settled_transactions: vec![],
+            creation_time: "2026-01-01T00:00:00.000Z".into(),
+            modification_time: "2026-01-01T00:00:00.000Z".into(),
+        }
+    }
+
+    fn step(op: AccountOp, side: Side, amount: i64) -> AccountStep<'static> {
+        AccountStep {
+            transfer_id: "t1",
+            amount,
+            side,
+            op,
+        }
+    }
+
+    fn decide(a: &AccountDoc, op: AccountOp, side: Side, amount: i64) -> AccountDecision {
+        decide_account(a, step(op, side, amount), &now(), RETAIN)
+    }
+
+    fn write(decision: AccountDecision) -> AccountDoc {
+        match decision {
+            AccountDecision::Write(doc) => doc,
+            other => panic!("expected a write, got {other:?}"),
+        }
+    }
+
+    fn transfer(state: TransferState) -> TransferDoc {
+        TransferDoc {
+            transaction_id: "t1".into(),
+            src_acct: "a".into(),
+            dest_acct: "b".into(),
+            amount: 10,
+            transaction_state: state,
+            reason: None,
+            creation_time: "2026-01-01T00:00:00.000Z".into(),
+            modification_time: "2026-01-01T00:00:00.000Z".into(),
+            lease_owner: Some("w".into()),
+            lease_expires_at: Some("2026-01-01T00:00:30.000Z".into()),
+        }
+    }
+
+    #[test]
+    fn only_the_arrows_of_the_post_are_allowed() {
+        let allowed = [
+            (Created, Pending),
+            (Pending, Committed),
+            (Committed, Finished),
+            (Created, RolledBack),
+            (Pending, Terminating),
+            (Terminating, RolledBack),
+        ];
+        for from in TransferState::ALL {
+            for to in TransferState::ALL {
+                assert_eq!(
+                    from.can_move_to(to),
+                    allowed.contains(&(from, to)),
+                    "{from} → {to}"
+                );
+                let moved = transition(&transfer(from), to, None, &now(), Some(("w", "x")));
+                assert_eq!(moved.is_some(), allowed.contains(&(from, to)));
+            }
+        }
+    }
+
+    #[test]
+    fn committed_never_rolls_back() {
+        assert!(!Committed.can_move_to(Terminating));
+        assert!(!Committed.can_move_to(RolledBack));
+        let t = transfer(Committed);
+        assert_eq!(timeout_transition(&t, 0, i64::MAX, 1), None);
+    }
+
+    #[test]
+    fn plans_follow_the_post_step_by_step() {
+        use AccountOp::*;
+        use Side::*;
+        assert_eq!(plan(Created), &[Step::SetState(Pending)]);
+        assert_eq!(
+            plan(Pending),
+            &[
+                Step::Account(Apply, Source),
+                Step::Account(Apply, Destination),
+                Step::SetState(Committed)
+            ]
+        );
+        assert_eq!(
+            plan(Committed),
+            &[
+                Step::Account(Remove, Source),
+                Step::Account(Remove, Destination),
+                Step::SetState(Finished)
+            ]
+        );
+        assert_eq!(
+            plan(Terminating),
+            &[
+                Step::Account(Undo, Source),
+                Step::Account(Undo, Destination),
+                Step::SetState(RolledBack)
+            ]
+        );
+        assert!(plan(Finished).is_empty());
+        assert!(plan(RolledBack).is_empty());
+    }
+
+    #[test]
+    fn transition_stamps_time_renews_lease_and_releases_it_when_terminal() {
+        let t = transfer(Pending);
+        let next = transition(&t, Committed, None, &now(), Some(("me", "later"))).unwrap();
+        assert_eq!(next.transaction_state, Committed);
+        assert_eq!(next.modification_time, now().text);
+        assert_eq!(next.lease_owner.as_deref(), Some("me"));
+        assert_eq!(next.lease_expires_at.as_deref(), Some("later"));
+        let done = transition(&next, Finished, None, &now(), Some(("me", "later"))).unwrap();
+        assert_eq!((done.lease_owner, done.lease_expires_at), (None, None));
+    }
+
+    #[test]
+    fn transition_keeps_an_earlier_reason() {
+        let t = transfer(Pending);
+        let t = transition(
+            &t,
+            Terminating,
+            Some(RollbackReason::InsufficientFunds),
+            &now(),
+            None,
+        )
+        .unwrap();
+        let t = transition(&t, RolledBack, None, &now(), None).unwrap();
+        assert_eq!(t.reason, Some(RollbackReason::InsufficientFunds));
+    }
+
+    #[test]
+    fn created_and_pending_time_out_others_do_not() {
+        assert_eq!(
+            timeout_transition(&transfer(Created), 0, 100, 100),
+            Some(RolledBack)
+        );
+        assert_eq!(
+            timeout_transition(&transfer(Pending), 0, 100, 100),
+            Some(Terminating)
+        );
+        assert_eq!(timeout_transition(&transfer(Pending), 0, 99, 100), None);
+        for state in [Committed, Terminating, Finished, RolledBack] {
+            assert_eq!(timeout_transition(&transfer(state), 0, 1_000, 100), None);
+        }
+    }
+
+    #[test]
+    fn apply_debits_source_and_remembers_the_id() {
+        let a = write(decide(&account(100), AccountOp::Apply, Side::Source, 30));
+        assert_eq!(a.balance, 70);
+        assert_eq!(a.pending_transactions, ["t1"]);
+        assert_eq!(a.pending_credits, 0);
+        assert_eq!(a.modification_time, now().text);
+    }
+
+    #[test]
+    fn apply_credits_destination_as_not_yet_spendable() {
+        let a = write(decide(&account(100), AccountOp::Apply, Side::Destination, 30));
+        assert_eq!(a.balance, 130);
+        assert_eq!(a.pending_credits, 30);
+        assert_eq!(a.available(), Some(100));
+    }
+
+    #[test]
+    fn apply_twice_is_a_noop() {
+        let a = write(decide(&account(100), AccountOp::Apply, Side::Source, 30));
+        assert_eq!(
+            decide(&a, AccountOp::Apply, Side::Source, 30),
+            AccountDecision::AlreadyDone
+        );
+    }
+
+    #[test]
+    fn apply_refuses_to_overdraw_the_floor() {
+        let mut a = account(100);
+        assert_eq!(
+            decide(&a, AccountOp::Apply, Side::Source, 101),
+            AccountDecision::Refuse(Refusal::InsufficientFunds)
+        );
+        write(decide(&a, AccountOp::Apply, Side::Source, 100));
+        a.floor = 50;
+        assert_eq!(
+            decide(&a, AccountOp::Apply, Side::Source, 51),
+            AccountDecision::Refuse(Refusal::InsufficientFunds)
+        );
+        a.floor = -20;
+        assert_eq!(
+            write(decide(&a, AccountOp::Apply, Side::Source, 120)).balance,
+            -20
+        );
+    }
+
+    #[test]
+    fn uncommitted_credits_cannot_be_spent() {
+        let a = write(decide(&account(0), AccountOp::Apply, Side::Destination, 50));
+        let step = AccountStep {
+            transfer_id: "t2",
+            amount: 1,
+            side: Side::Source,
+            op: AccountOp::Apply,
+        };
+        assert_eq!(
+            decide_account(&a, step, &now(), RETAIN),
+            AccountDecision::Refuse(Refusal::InsufficientFunds)
+        );
+    }
+
+    #[test]
+    fn apply_refuses_to_overflow() {
+        let a = account(i64::MAX - 5);
+        assert_eq!(
+            decide(&a, AccountOp::Apply, Side::Destination, 6),
+            AccountDecision::Refuse(Refusal::Overflow)
+        );
+        assert_eq!(Refusal::Overflow.rollback_reason(), Some(RollbackReason::BalanceOverflow));
+    }
+
+    #[test]
+    fn apply_after_settlement_is_refused() {
+        let applied = write(decide(&account(100), AccountOp::Apply, Side::Source, 30));
+        let removed = write(decide(&applied, AccountOp::Remove, Side::Source, 30));
+        assert_eq!(
+            decide(&removed, AccountOp::Apply, Side::Source, 30),
+            AccountDecision::Refuse(Refusal::AlreadySettled)
+        );
+        assert_eq!(Refusal::AlreadySettled.rollback_reason(), None);
+    }
+
+    #[test]
+    fn remove_keeps_the_balance_and_tombstones_the_id() {
+        let applied = write(decide(&account(100), AccountOp::Apply, Side::Destination, 30));
+        let removed = write(decide(&applied, AccountOp::Remove, Side::Destination, 30));
+        assert_eq!(removed.balance, 130);
+        assert!(removed.pending_transactions.is_empty());
+        assert_eq!(removed.pending_credits, 0);
+        assert_eq!(removed.settled_transactions[0].id, "t1");
+        assert_eq!(
+            decide(&removed, AccountOp::Remove, Side::Destination, 30),
+            AccountDecision::AlreadyDone
+        );
+    }
+
+    #[test]
+    fn undo_gives_back_what_was_applied() {
+        let applied = write(decide(&account(100), AccountOp::Apply, Side::Source, 30));
+        let undone = write(decide(&applied, AccountOp::Undo, Side::Source, 30));
+        assert_eq!(undone.balance, 100);
+        assert!(undone.pending_transactions.is_empty());
+        let credited = write(decide(&account(100), AccountOp::Apply, Side::Destination, 30));
+        let undone = write(decide(&credited, AccountOp::Undo, Side::Destination, 30));
+        assert_eq!((undone.balance, undone.pending_credits), (100, 0));
+        assert_eq!(
+            decide(&undone, AccountOp::Undo, Side::Destination, 30),
+            AccountDecision::AlreadyDone
+        );
+    }
+
+    #[test]
+    fn undo_of_a_never_applied_transfer_fences_the_account() {
+        let a = account(100);
+        let fenced = write(decide(&a, AccountOp::Undo, Side::Source, 30));
+        assert_eq!(fenced.balance, 100);
+        assert_eq!(fenced.settled_transactions[0].id, "t1");
+        assert_eq!(
+            decide(&fenced, AccountOp::Apply, Side::Source, 30),
+            AccountDecision::Refuse(Refusal::AlreadySettled)
+        );
+    }
+
+    #[test]
+    fn tombstones_are_bounded_by_age_and_count() {
+        let mut a = account(100);
+        a.settled_transactions = (0..3)
+            .map(|i| Settled {
+                id: format!("old{i}"),
+                at: now().millis - RETAIN.millis - 1 + i,
+            })
+            .collect();
+        let fenced = write(decide(&a, AccountOp::Undo, Side::Source, 1));
+        let ids: Vec<_> = fenced.settled_transactions.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(ids, ["old1", "old2", "t1"], "only the expired one dropped");
+        let mut b = account(100);
+        b.settled_transactions = (0..3)
+            .map(|i| Settled {
+                id: format!("s{i}"),
+                at: now().millis,
+            })
+            .collect();
+        let fenced = write(decide(&b, AccountOp::Undo, Side::Source, 1));
+        let ids: Vec<_> = fenced.settled_transactions.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(ids, ["s1", "s2", "t1"], "oldest dropped beyond the count");
+    }
+}

@@ -1,0 +1,382 @@
+//! The engine against real storage (embedded redb), without HTTP: conflict and retry
+//! branches, unknown write outcomes, and a property test of random transfers, replays and
+//! cancels driven by concurrent workers of two "instances" with short leases and random
+//! delays, ending with the invariants of DESIGN §4.
+
+#[path = "support/faulty.rs"]
+mod faulty;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use faulty::{Fault, FaultyStore, Matcher};
+use proptest::prelude::*;
+use tokio::sync::Semaphore;
+use transfer_service::audit::audit;
+use transfer_service::metrics::Metrics;
+use transfer_service::store::embedded::EmbeddedStore;
+use transfer_service::store::instrumented::InstrumentedStore;
+use transfer_service::store::{DynStore, Index};
+use transfer_service::transfer::model::TransferState;
+use transfer_service::transfer::protocol::{now_millis, Retention};
+use transfer_service::transfer::service::{Created, NewAccount, NewTransfer, ServiceError};
+use transfer_service::transfer::{Engine, EngineConfig};
+
+fn config(lease: Duration) -> EngineConfig {
+    EngineConfig {
+        lease,
+        request_timeout: lease / 4,
+        skew_margin: lease / 10,
+        transfer_timeout: Duration::from_secs(3600),
+        retention: Retention {
+            millis: 3_600_000,
+            max_entries: 1000,
+        },
+        max_conflicts: 200,
+        max_store_attempts: 6,
+        recovery_interval: Duration::from_millis(50),
+        recovery_stale_after: Duration::ZERO,
+        recovery_page: 100,
+    }
+}
+
+struct World {
+    base: DynStore,
+    faulty: Arc<FaultyStore>,
+    _dir: tempfile::TempDir,
+}
+
+fn world(seed: u64, jitter: Duration) -> World {
+    let dir = tempfile::tempdir().unwrap();
+    let base: DynStore = Arc::new(EmbeddedStore::open(dir.path()).unwrap());
+    let faulty = FaultyStore::new(base.clone(), seed, jitter);
+    World {
+        base,
+        faulty,
+        _dir: dir,
+    }
+}
+
+fn engine(store: DynStore, lease: Duration) -> Arc<Engine> {
+    let metrics = Metrics::new();
+    let store = Arc::new(InstrumentedStore::new(store, metrics.clone()));
+    Engine::new(store, config(lease), metrics)
+}
+
+async fn open(engine: &Engine, id: &str, balance: i64) {
+    let created = engine
+        .create_account(NewAccount {
+            id: id.into(),
+            balance,
+            floor: 0,
+        })
+        .await
+        .unwrap();
+    assert!(matches!(created, Created::New(_)));
+}
+
+async fn start(engine: &Arc<Engine>, id: &str, from: &str, to: &str, amount: i64) {
+    let created = engine
+        .create_transfer(NewTransfer {
+            id: id.into(),
+            from: from.into(),
+            to: to.into(),
+            amount,
+        })
+        .await
+        .unwrap();
+    assert!(matches!(created, Created::New(_)));
+}
+
+async fn balance(engine: &Engine, id: &str) -> i64 {
+    engine.get_account(id).await.unwrap().unwrap().balance
+}
+
+/// Drives recovery (as another instance would) until every transfer is terminal.
+async fn quiesce(recoverer: &Arc<Engine>, ids: &[String], limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let permits = Arc::new(Semaphore::new(64));
+    loop {
+        let mut open = Vec::new();
+        for id in ids {
+            let t = recoverer.get_transfer(id).await.unwrap().expect("exists");
+            if !t.transaction_state.is_terminal() {
+                open.push((id.clone(), t.transaction_state));
+            }
+        }
+        if open.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "still in flight: {open:?}");
+        recoverer
+            .recover_once(now_millis() + 1, &permits)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn assert_invariants(store: &DynStore) {
+    let report = audit(store.as_ref(), i64::MAX).await.unwrap();
+    assert!(report.is_clean(), "{report}");
+    assert!(report.is_quiescent(), "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_applied_but_unacknowledged_is_not_applied_twice() {
+    let w = world(1, Duration::ZERO);
+    let e = engine(w.faulty.clone(), Duration::from_secs(5));
+    open(&e, "a", 100).await;
+    open(&e, "b", 0).await;
+    // Each account write is applied but answered with an error once: the worker retries the
+    // same conditional write, which conflicts, re-reads and finds the step done.
+    w.faulty.inject(
+        Matcher {
+            op: Some("replace"),
+            index: Some(Index::Accounts),
+            ..Matcher::default()
+        },
+        Fault::FailAfter,
+        4,
+    );
+    start(&e, "t1", "a", "b", 30).await;
+    quiesce(&e, &["t1".into()], Duration::from_secs(20)).await;
+    assert_eq!(w.faulty.fired.load(std::sync::atomic::Ordering::SeqCst), 4);
+    assert_eq!(
+        e.get_transfer("t1").await.unwrap().unwrap().transaction_state,
+        TransferState::Finished
+    );
+    assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (70, 30));
+    assert_invariants(&w.base).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_writes_applied_but_unacknowledged_are_recovered() {
+    let w = world(2, Duration::ZERO);
+    let e = engine(w.faulty.clone(), Duration::from_millis(300));
+    open(&e, "a", 100).await;
+    open(&e, "b", 0).await;
+    w.faulty.inject(
+        Matcher {
+            op: Some("replace"),
+            index: Some(Index::Transactions),
+            ..Matcher::default()
+        },
+        Fault::FailAfter,
+        3,
+    );
+    start(&e, "t1", "a", "b", 30).await;
+    quiesce(&e, &["t1".into()], Duration::from_secs(20)).await;
+    assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (70, 30));
+    assert_invariants(&w.base).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_transfers_on_one_account_conflict_and_retry_to_an_exact_result() {
+    let w = world(3, Duration::from_millis(2));
+    let e = engine(w.faulty.clone(), Duration::from_secs(5));
+    open(&e, "hot", 1_000).await;
+    for i in 0..8 {
+        open(&e, &format!("c{i}"), 0).await;
+    }
+    let ids: Vec<String> = (0..40).map(|i| format!("t{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        start(&e, id, "hot", &format!("c{}", i % 8), 10).await;
+    }
+    quiesce(&e, &ids, Duration::from_secs(60)).await;
+    assert_eq!(balance(&e, "hot").await, 600);
+    let conflicts = e.metrics.encode();
+    let line = conflicts
+        .lines()
+        .find(|l| l.starts_with("store_requests_total{op=\"replace\",outcome=\"conflict\"}"))
+        .expect("conflicts were counted");
+    let n: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(n > 0, "40 concurrent debits of one account must have conflicted");
+    assert_invariants(&w.base).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_during_pending_makes_the_worker_roll_back() {
+    let w = world(4, Duration::ZERO);
+    let e = engine(w.faulty.clone(), Duration::from_secs(5));
+    open(&e, "a", 100).await;
+    open(&e, "b", 0).await;
+    // Hold the destination apply so the cancel lands while the transfer is pending.
+    w.faulty.inject(
+        Matcher {
+            op: Some("get"),
+            index: Some(Index::Accounts),
+            id: Some("b".into()),
+            ..Matcher::default()
+        },
+        Fault::StallBefore(Duration::from_millis(300)),
+        1,
+    );
+    start(&e, "t1", "a", "b", 30).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while e.get_transfer("t1").await.unwrap().unwrap().transaction_state != TransferState::Pending
+    {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let cancelled = e.cancel_transfer("t1").await.unwrap();
+    assert_eq!(cancelled.transaction_state, TransferState::Terminating);
+    quiesce(&e, &["t1".into()], Duration::from_secs(20)).await;
+    let t = e.get_transfer("t1").await.unwrap().unwrap();
+    assert_eq!(t.transaction_state, TransferState::RolledBack);
+    assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (100, 0));
+    assert_invariants(&w.base).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transfers_older_than_the_timeout_roll_back_unless_committed() {
+    let w = world(5, Duration::ZERO);
+    let mut cfg = config(Duration::from_millis(200));
+    cfg.transfer_timeout = Duration::from_millis(1);
+    let e = Engine::new(w.faulty.clone(), cfg, Metrics::new());
+    open(&e, "a", 100).await;
+    open(&e, "b", 0).await;
+    // Created and immediately past its timeout: the worker rolls it back instead of starting.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    start(&e, "t1", "a", "b", 30).await;
+    quiesce(&e, &["t1".into()], Duration::from_secs(20)).await;
+    let t = e.get_transfer("t1").await.unwrap().unwrap();
+    assert_eq!(t.transaction_state, TransferState::RolledBack);
+    assert_eq!(t.reason.map(|r| r.as_str()), Some("timed_out"));
+    assert_eq!(balance(&e, "a").await, 100);
+    assert_invariants(&w.base).await;
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Transfer { from: usize, to: usize, amount: i64 },
+    Replay(usize),
+    Cancel(usize),
+    Recover,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0usize..4, 0usize..4, 1i64..80)
+            .prop_filter("from ≠ to", |(f, t, _)| f != t)
+            .prop_map(|(from, to, amount)| Op::Transfer { from, to, amount }),
+        2 => (0usize..64).prop_map(Op::Replay),
+        2 => (0usize..64).prop_map(Op::Cancel),
+        1 => Just(Op::Recover),
+    ]
+}
+
+async fn run_random_schedule(seed: u64, ops: Vec<Op>) {
+    let w = world(seed, Duration::from_millis(3));
+    // Two instances on one store; leases short enough to expire mid-transfer, so workers go
+    // stale and get taken over while they still run.
+    let lease = Duration::from_millis(40);
+    let a = engine(w.faulty.clone(), lease);
+    let b = engine(w.faulty.clone(), lease);
+    for i in 0..4 {
+        open(&a, &format!("acct{i}"), 100).await;
+    }
+    let mut requests: Vec<(String, usize, usize, i64)> = Vec::new();
+    let mut tasks = Vec::new();
+    let permits = Arc::new(Semaphore::new(64));
+    for (n, op) in ops.into_iter().enumerate() {
+        match op {
+            Op::Transfer { from, to, amount } => {
+                let id = format!("t{n}");
+                requests.push((id.clone(), from, to, amount));
+                let a = a.clone();
+                tasks.push(tokio::spawn(async move {
+                    let new = NewTransfer {
+                        id,
+                        from: format!("acct{from}"),
+                        to: format!("acct{to}"),
+                        amount,
+                    };
+                    a.create_transfer(new).await.map(|_| ())
+                }));
+            }
+            Op::Replay(i) if !requests.is_empty() => {
+                let (id, from, to, amount) = requests[i % requests.len()].clone();
+                let b = b.clone();
+                tasks.push(tokio::spawn(async move {
+                    let new = NewTransfer {
+                        id,
+                        from: format!("acct{from}"),
+                        to: format!("acct{to}"),
+                        amount,
+                    };
+                    match b.create_transfer(new).await {
+                        // The original may still be in flight: a replay can race it.
+                        Ok(Created::Replayed(_)) | Ok(Created::New(_)) => Ok(()),
+                        Err(e) => Err(e),
+                    }
+                }));
+            }
+            Op::Cancel(i) if !requests.is_empty() => {
+                let id = requests[i % requests.len()].0.clone();
+                let b = b.clone();
+                tasks.push(tokio::spawn(async move {
+                    match b.cancel_transfer(&id).await {
+                        Ok(_) | Err(ServiceError::Conflict(_)) | Err(ServiceError::NotFound) => {
+                            Ok(())
+                        }
+                        Err(e) => Err(e),
+                    }
+                }));
+            }
+            Op::Recover => {
+                let b = b.clone();
+                let permits = permits.clone();
+                tasks.push(tokio::spawn(async move {
+                    b.recover_once(now_millis(), &permits)
+                        .await
+                        .map(|_| ())
+                        .map_err(ServiceError::from)
+                }));
+            }
+            _ => {}
+        }
+        if n % 3 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    let ids: Vec<String> = requests.iter().map(|r| r.0.clone()).collect();
+    quiesce(&b, &ids, Duration::from_secs(60)).await;
+    assert_invariants(&w.base).await;
+    // Each id is one transfer with the request it was created with.
+    let mut seen = HashMap::new();
+    for (id, from, to, amount) in &requests {
+        let t = a.get_transfer(id).await.unwrap().unwrap();
+        assert_eq!(
+            (t.src_acct.as_str(), t.dest_acct.as_str(), t.amount),
+            (format!("acct{from}").as_str(), format!("acct{to}").as_str(), *amount)
+        );
+        assert!(seen.insert(id.clone(), t.transaction_state).is_none());
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(16),
+        failure_persistence: None,
+        .. ProptestConfig::default()
+    })]
+
+    #[test]
+    fn random_transfers_replays_and_cancels_keep_every_invariant(
+        seed in any::<u64>(),
+        ops in prop::collection::vec(op(), 1..40),
+    ) {
+        eprintln!("seed {seed}, {} ops", ops.len());
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(run_random_schedule(seed, ops));
+    }
+}

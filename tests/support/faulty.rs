@@ -1,0 +1,228 @@
+//! A fault-injecting [`Store`] wrapper (a test double around a real store).
+//!
+//! - **Jitter**: every request is delayed by a random time from a seeded RNG, which makes
+//!   concurrent workers interleave differently for each seed.
+//! - **Rules**: a request matching a [`Matcher`] gets a [`Fault`]: an error before it is
+//!   applied, an error after it was applied (the outcome is unknown to the caller), a stall
+//!   before or after it is applied, or a crash (the request never answers and the store goes
+//!   dead: every later request fails, as if the process had died mid-request).
+
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+use transfer_service::store::{
+    Doc, DynStore, Index, Page, StaleQuery, Store, StoreError, StoreResult, TransferFilter,
+    WriteOp, WriteOutcome,
+};
+
+/// Which requests a rule applies to.
+#[derive(Debug, Clone, Default)]
+pub struct Matcher {
+    /// `"get"`, `"create"`, `"replace"`; `None`: any.
+    pub op: Option<&'static str>,
+    pub index: Option<Index>,
+    /// Writes whose new source has this `transaction_state`.
+    pub new_state: Option<&'static str>,
+    /// Writes whose new source lists this many `pending_transactions` (on an account with
+    /// nothing else in flight: 1 after an apply, 0 after a remove or an undo).
+    pub pending_len: Option<usize>,
+    /// Requests on this document id.
+    pub id: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Fault {
+    /// Answer `Unavailable` without applying.
+    FailBefore,
+    /// Apply, then answer `Unavailable` (the caller cannot know it was applied).
+    FailAfter,
+    /// Wait, then apply.
+    StallBefore(Duration),
+    /// Apply, then wait before answering.
+    StallAfter(Duration),
+    /// Apply or not (`applied`), then never answer; the store is dead from then on.
+    Crash { applied: bool },
+}
+
+struct Rule {
+    matcher: Matcher,
+    fault: Fault,
+    remaining: usize,
+}
+
+pub struct FaultyStore {
+    inner: DynStore,
+    rng: Mutex<StdRng>,
+    max_jitter: Duration,
+    rules: Mutex<Vec<Rule>>,
+    dead: AtomicBool,
+    /// Faults that fired.
+    pub fired: AtomicU64,
+}
+
+impl FaultyStore {
+    pub fn new(inner: DynStore, seed: u64, max_jitter: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+            max_jitter,
+            rules: Mutex::new(Vec::new()),
+            dead: AtomicBool::new(false),
+            fired: AtomicU64::new(0),
+        })
+    }
+
+    /// Adds a rule that fires on the next `times` matching requests.
+    pub fn inject(&self, matcher: Matcher, fault: Fault, times: usize) {
+        self.rules.lock().unwrap().push(Rule {
+            matcher,
+            fault,
+            remaining: times,
+        });
+    }
+
+    pub fn clear(&self) {
+        self.rules.lock().unwrap().clear();
+    }
+
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::SeqCst)
+    }
+
+    async fn jitter(&self) {
+        if self.max_jitter.is_zero() {
+            return;
+        }
+        let micros = {
+            let mut rng = self.rng.lock().unwrap();
+            rng.random_range(0..=self.max_jitter.as_micros() as u64)
+        };
+        tokio::time::sleep(Duration::from_micros(micros)).await;
+    }
+
+    fn take_fault(&self, op: &str, index: Index, id: &str, source: Option<&Value>) -> Option<Fault> {
+        let mut rules = self.rules.lock().unwrap();
+        for rule in rules.iter_mut() {
+            if rule.remaining == 0 {
+                continue;
+            }
+            let m = &rule.matcher;
+            let state = source.and_then(|s| s.get("transaction_state")).and_then(Value::as_str);
+            let pending = source
+                .and_then(|s| s.get("pending_transactions"))
+                .and_then(Value::as_array)
+                .map(Vec::len);
+            let hit = m.op.is_none_or(|o| o == op)
+                && m.index.is_none_or(|i| i == index)
+                && m.id.as_deref().is_none_or(|i| i == id)
+                && m.new_state.is_none_or(|s| Some(s) == state)
+                && m.pending_len.is_none_or(|n| Some(n) == pending);
+            if hit {
+                rule.remaining -= 1;
+                self.fired.fetch_add(1, Ordering::SeqCst);
+                return Some(rule.fault);
+            }
+        }
+        None
+    }
+
+    fn check_alive(&self) -> StoreResult<()> {
+        if self.is_dead() {
+            Err(StoreError::Unavailable("injected: the process is dead".into()))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Runs `request` under `fault`.
+    async fn with_fault<T, Fut>(&self, fault: Option<Fault>, request: Fut) -> StoreResult<T>
+    where
+        Fut: std::future::Future<Output = StoreResult<T>>,
+    {
+        match fault {
+            None => request.await,
+            Some(Fault::FailBefore) => Err(StoreError::Unavailable("injected: before".into())),
+            Some(Fault::FailAfter) => {
+                let _ = request.await;
+                Err(StoreError::Unavailable("injected: after".into()))
+            }
+            Some(Fault::StallBefore(d)) => {
+                tokio::time::sleep(d).await;
+                request.await
+            }
+            Some(Fault::StallAfter(d)) => {
+                let result = request.await;
+                tokio::time::sleep(d).await;
+                result
+            }
+            Some(Fault::Crash { applied }) => {
+                if applied {
+                    let _ = request.await;
+                }
+                self.dead.store(true, Ordering::SeqCst);
+                std::future::pending().await
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Store for FaultyStore {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+
+    async fn get(&self, index: Index, id: &str) -> StoreResult<Option<Doc>> {
+        self.check_alive()?;
+        self.jitter().await;
+        let fault = self.take_fault("get", index, id, None);
+        self.with_fault(fault, self.inner.get(index, id)).await
+    }
+
+    async fn bulk(&self, ops: Vec<WriteOp>) -> StoreResult<Vec<StoreResult<WriteOutcome>>> {
+        self.check_alive()?;
+        self.jitter().await;
+        // Faults are per request: the first op that matches decides for the whole request.
+        let fault = ops.iter().find_map(|op| {
+            let (kind, source) = match op {
+                WriteOp::Create { source, .. } => ("create", source),
+                WriteOp::ReplaceIf { source, .. } => ("replace", source),
+            };
+            self.take_fault(kind, op.index(), op.id(), Some(source))
+        });
+        let result = self.with_fault(fault, self.inner.bulk(ops)).await;
+        self.check_alive()?;
+        result
+    }
+
+    async fn find_stale(&self, query: &StaleQuery) -> StoreResult<Page> {
+        self.check_alive()?;
+        self.jitter().await;
+        self.inner.find_stale(query).await
+    }
+
+    async fn list_transfers(&self, filter: &TransferFilter) -> StoreResult<Page> {
+        self.check_alive()?;
+        self.inner.list_transfers(filter).await
+    }
+
+    async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<Vec<Doc>> {
+        self.inner.scan(index, after, limit).await
+    }
+
+    async fn ready(&self) -> StoreResult<()> {
+        self.check_alive()?;
+        self.inner.ready().await
+    }
+
+    async fn refresh(&self) -> StoreResult<()> {
+        self.inner.refresh().await
+    }
+}
