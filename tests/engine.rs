@@ -144,7 +144,11 @@ async fn a_write_applied_but_unacknowledged_is_not_applied_twice() {
     quiesce(&e, &["t1".into()], Duration::from_secs(20)).await;
     assert_eq!(w.faulty.fired.load(std::sync::atomic::Ordering::SeqCst), 4);
     assert_eq!(
-        e.get_transfer("t1").await.unwrap().unwrap().transaction_state,
+        e.get_transfer("t1")
+            .await
+            .unwrap()
+            .unwrap()
+            .transaction_state,
         TransferState::Finished
     );
     assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (70, 30));
@@ -192,7 +196,10 @@ async fn concurrent_transfers_on_one_account_conflict_and_retry_to_an_exact_resu
         .find(|l| l.starts_with("store_requests_total{op=\"replace\",outcome=\"conflict\"}"))
         .expect("conflicts were counted");
     let n: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
-    assert!(n > 0, "40 concurrent debits of one account must have conflicted");
+    assert!(
+        n > 0,
+        "40 concurrent debits of one account must have conflicted"
+    );
     assert_invariants(&w.base).await;
 }
 
@@ -215,7 +222,13 @@ async fn a_cancel_during_pending_makes_the_worker_roll_back() {
     );
     start(&e, "t1", "a", "b", 30).await;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while e.get_transfer("t1").await.unwrap().unwrap().transaction_state != TransferState::Pending
+    while e
+        .get_transfer("t1")
+        .await
+        .unwrap()
+        .unwrap()
+        .transaction_state
+        != TransferState::Pending
     {
         assert!(Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -353,7 +366,11 @@ async fn run_random_schedule(seed: u64, ops: Vec<Op>) {
         let t = a.get_transfer(id).await.unwrap().unwrap();
         assert_eq!(
             (t.src_acct.as_str(), t.dest_acct.as_str(), t.amount),
-            (format!("acct{from}").as_str(), format!("acct{to}").as_str(), *amount)
+            (
+                format!("acct{from}").as_str(),
+                format!("acct{to}").as_str(),
+                *amount
+            )
         );
         assert!(seen.insert(id.clone(), t.transaction_state).is_none());
     }

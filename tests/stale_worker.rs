@@ -1,0 +1,189 @@
+//! The stale-worker race of DESIGN §3 item 2, seeded and repeated (1,000 seeds; set
+//! `STALE_WORKER_SEEDS` for more).
+//!
+//! For each seed, a worker of instance A starts a transfer and stalls for several lease
+//! periods at a point the seed picks (before or after a read or a write of either account or
+//! of the transfer). Its lease runs out, instance B's recovery takes the transfer over and
+//! drives it to the end, and then the stalled worker wakes up and carries on. Whatever it
+//! does then, no balance may change a second time: every account must end exact and every
+//! pending list empty.
+//!
+//! All seeds run at once on one embedded store, each on its own pair of accounts.
+
+#[path = "support/faulty.rs"]
+mod faulty;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use faulty::{Fault, FaultyStore, Matcher};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::Semaphore;
+use transfer_service::audit::audit;
+use transfer_service::metrics::Metrics;
+use transfer_service::store::embedded::EmbeddedStore;
+use transfer_service::store::{DynStore, Index};
+use transfer_service::transfer::model::TransferState;
+use transfer_service::transfer::protocol::{now_millis, Retention};
+use transfer_service::transfer::service::{NewAccount, NewTransfer};
+use transfer_service::transfer::{Engine, EngineConfig};
+
+const LEASE: Duration = Duration::from_millis(80);
+
+fn config() -> EngineConfig {
+    EngineConfig {
+        lease: LEASE,
+        request_timeout: LEASE / 4,
+        skew_margin: LEASE / 10,
+        transfer_timeout: Duration::from_secs(3600),
+        retention: Retention {
+            millis: 3_600_000,
+            max_entries: 1000,
+        },
+        max_conflicts: 500,
+        max_store_attempts: 6,
+        recovery_interval: Duration::from_millis(20),
+        recovery_stale_after: Duration::ZERO,
+        recovery_page: 200,
+    }
+}
+
+/// Where the seed makes the first worker stall.
+fn stall_point(seed: u64) -> (Matcher, Fault, &'static str) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let stall = LEASE * rng.random_range(2..6);
+    let account = if rng.random_bool(0.5) { "a" } else { "b" };
+    let id = format!("s{seed}-{account}");
+    let fault = if rng.random_bool(0.5) {
+        Fault::StallBefore(stall)
+    } else {
+        Fault::StallAfter(stall)
+    };
+    match rng.random_range(0..3) {
+        0 => (
+            Matcher {
+                op: Some("get"),
+                index: Some(Index::Accounts),
+                id: Some(id),
+                ..Matcher::default()
+            },
+            fault,
+            "account read",
+        ),
+        1 => (
+            Matcher {
+                op: Some("replace"),
+                index: Some(Index::Accounts),
+                id: Some(id),
+                ..Matcher::default()
+            },
+            fault,
+            "account write",
+        ),
+        _ => {
+            let state = ["pending", "committed", "finished"][rng.random_range(0..3)];
+            (
+                Matcher {
+                    op: Some("replace"),
+                    index: Some(Index::Transactions),
+                    id: Some(format!("s{seed}-t")),
+                    new_state: Some(state),
+                    ..Matcher::default()
+                },
+                fault,
+                "transfer write",
+            )
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_worker_never_applies_a_transfer_twice() {
+    let seeds: u64 = std::env::var("STALE_WORKER_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let dir = tempfile::tempdir().unwrap();
+    let base: DynStore = Arc::new(EmbeddedStore::open(dir.path()).unwrap());
+    let faulty = FaultyStore::new(base.clone(), 7, Duration::from_millis(1));
+    let a = Engine::new(faulty.clone(), config(), Metrics::new());
+    let b = Engine::new(base.clone(), config(), Metrics::new());
+
+    for seed in 0..seeds {
+        for (account, balance) in [("a", 100), ("b", 0)] {
+            a.create_account(NewAccount {
+                id: format!("s{seed}-{account}"),
+                balance,
+                floor: 0,
+            })
+            .await
+            .unwrap();
+        }
+        let (matcher, fault, _) = stall_point(seed);
+        faulty.inject(matcher, fault, 1);
+    }
+    for seed in 0..seeds {
+        a.create_transfer(NewTransfer {
+            id: format!("s{seed}-t"),
+            from: format!("s{seed}-a"),
+            to: format!("s{seed}-b"),
+            amount: 10,
+        })
+        .await
+        .unwrap();
+    }
+
+    // Instance B recovers until everything is terminal and every stalled worker of A has
+    // woken up and stopped.
+    let permits = Arc::new(Semaphore::new(128));
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        b.recover_once(now_millis() + 1, &permits).await.unwrap();
+        let report = audit(base.as_ref(), i64::MAX).await.unwrap();
+        if report.in_flight == 0 && a.tasks.is_empty() && b.tasks.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not quiescent: {} in flight, {} workers of A, {} of B",
+            report.in_flight,
+            a.tasks.len(),
+            b.tasks.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let fired = faulty.fired.load(std::sync::atomic::Ordering::SeqCst);
+    eprintln!("{seeds} seeds, {fired} stalls fired");
+    let report = audit(base.as_ref(), i64::MAX).await.unwrap();
+    assert!(report.is_clean(), "{report}");
+    for seed in 0..seeds {
+        let t = b
+            .get_transfer(&format!("s{seed}-t"))
+            .await
+            .unwrap()
+            .unwrap();
+        let src = b.get_account(&format!("s{seed}-a")).await.unwrap().unwrap();
+        let dest = b.get_account(&format!("s{seed}-b")).await.unwrap().unwrap();
+        let want = match t.transaction_state {
+            TransferState::Finished => (90, 10),
+            TransferState::RolledBack => (100, 0),
+            other => panic!("seed {seed}: transfer left {other}"),
+        };
+        let (_, _, point) = stall_point(seed);
+        assert_eq!(
+            (src.balance, dest.balance),
+            want,
+            "seed {seed} (stall at {point}): transfer {} but balances {} / {}",
+            t.transaction_state,
+            src.balance,
+            dest.balance
+        );
+        assert!(src.pending_transactions.is_empty() && dest.pending_transactions.is_empty());
+    }
+    assert!(
+        fired > seeds / 2,
+        "most stalls must fire ({fired} of {seeds})"
+    );
+}
