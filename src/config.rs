@@ -23,6 +23,10 @@ pub enum Command {
     Serve,
     /// Check every invariant of DESIGN §4 on the configured store; exit 1 on a violation.
     Audit,
+    /// Print the OpenAPI document served at `/openapi.json` and exit (regenerates the
+    /// committed `openapi/openapi.json`).
+    #[command(hide = true)]
+    Openapi,
 }
 
 /// Settings shared by every command.

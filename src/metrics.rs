@@ -10,6 +10,8 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
+use crate::transfer::model::TransferState;
+
 /// Every series the service exports, in its own registry (tests run several apps at once).
 pub struct Metrics {
     registry: Registry,
@@ -25,8 +27,9 @@ pub struct Metrics {
     pub recovery_runs_total: IntCounter,
     /// `state` = the state recovery found the transfer in.
     pub transfers_recovered_total: IntCounterVec,
-    /// `op` = get | bulk | find_stale | list | ready | refresh; `outcome` = ok | conflict |
-    /// exists | not_found | unavailable | error.
+    /// `op` = get | create | replace | find_stale | list | scan | ready | refresh (a `_bulk`
+    /// counts once per item, as `create` or `replace`); `outcome` = ok | conflict | exists |
+    /// not_found | unavailable | error.
     pub store_requests_total: IntCounterVec,
     pub store_request_duration_seconds: HistogramVec,
     /// `route` is the matched template (`/transfers/{id}`), never the raw path.
@@ -126,7 +129,29 @@ impl Metrics {
             ),
             registry,
         };
+        metrics.initialize_known_series();
         Arc::new(metrics)
+    }
+
+    /// Exports the series of every outcome, transition and recovered state at 0 from the
+    /// start, so `rate()`/`increase()` see their first event and alerts on them have data.
+    fn initialize_known_series(&self) {
+        for from in TransferState::ALL {
+            for to in TransferState::ALL {
+                if from.can_move_to(to) {
+                    self.transfer_state_transitions_total
+                        .with_label_values(&[from.as_str(), to.as_str()]);
+                    if to.is_terminal() {
+                        self.transfers_completed_total
+                            .with_label_values(&[to.as_str()]);
+                    }
+                }
+            }
+        }
+        for state in TransferState::IN_FLIGHT {
+            self.transfers_recovered_total
+                .with_label_values(&[state.as_str()]);
+        }
     }
 
     /// The Prometheus text exposition of every series.

@@ -96,6 +96,9 @@ async fn acknowledged_writes_survive_sigkill() {
         }
         // The next round's child appends to the same file.
         drop(store);
-        eprintln!("round {round}: {} acknowledged writes all present", acked.len());
+        eprintln!(
+            "round {round}: {} acknowledged writes all present",
+            acked.len()
+        );
     }
 }

@@ -6,9 +6,12 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
-use serde_json::json;
+use serde::Serialize;
 
 use super::AppState;
+
+/// The content type of the Prometheus text exposition format.
+pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -17,39 +20,72 @@ pub fn router() -> Router<AppState> {
         .route("/metrics", get(metrics))
 }
 
+/// The body of `/healthz`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Health {
+    /// Always `ok`.
+    #[schema(example = "ok")]
+    pub status: String,
+}
+
+/// The body of `/readyz`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Readiness {
+    /// `ready` or `not ready`.
+    #[schema(example = "ready")]
+    pub status: String,
+    /// The backend: `embedded` or `elasticsearch`.
+    #[schema(example = "embedded")]
+    pub store: String,
+    /// Why the store is not ready (absent when ready).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
 /// Liveness: the process answers.
 #[utoipa::path(get, path = "/healthz", tag = "operations",
-    responses((status = 200, description = "Live")))]
-pub async fn healthz() -> impl IntoResponse {
-    Json(json!({"status": "ok"}))
+    responses((status = 200, description = "Live", body = Health)))]
+pub async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+    })
 }
 
 /// Readiness: the store is reachable and migrated.
 #[utoipa::path(get, path = "/readyz", tag = "operations",
-    responses((status = 200, description = "Ready"), (status = 503, description = "Store unreachable or not migrated")))]
-pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+    responses(
+        (status = 200, description = "Ready", body = Readiness),
+        (status = 503, description = "Store unreachable or not migrated", body = Readiness),
+    ))]
+pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) {
     let store = &state.engine.store;
-    match store.ready().await {
-        Ok(()) => (
-            StatusCode::OK,
-            Json(json!({"status": "ready", "store": store.backend()})),
-        ),
-        Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "not ready", "store": store.backend(), "detail": e.to_string()})),
-        ),
-    }
+    let (status, detail) = match store.ready().await {
+        Ok(()) => (StatusCode::OK, None),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, Some(e.to_string())),
+    };
+    let body = Readiness {
+        status: if detail.is_none() {
+            "ready"
+        } else {
+            "not ready"
+        }
+        .into(),
+        store: store.backend().into(),
+        detail,
+    };
+    (status, Json(body))
 }
 
-/// Every metric of DESIGN §8 in the Prometheus text format.
+/// Prometheus metrics.
+///
+/// Every series of the service (transfers, recovery, store requests, HTTP requests) in the
+/// Prometheus text exposition format. Counters and histograms start at zero with the process.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
-    responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
+    responses((status = 200, description = "Prometheus text exposition format (version 0.0.4)",
+        body = String, content_type = "text/plain")))]
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
+        [(header::CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE)],
         state.metrics.encode(),
     )
 }

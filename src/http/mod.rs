@@ -18,6 +18,7 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::Router;
 use serde_json::{Map, Value};
+use tower_http::classify::ServerErrorsFailureClass;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
@@ -58,23 +59,26 @@ pub fn router(state: AppState) -> Router {
         ))
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(
-            TraceLayer::new_for_http().make_span_with(|request: &Request<Body>| {
-                let route = request
-                    .extensions()
-                    .get::<MatchedPath>()
-                    .map(|p| p.as_str().to_owned());
-                let request_id = request
-                    .headers()
-                    .get(REQUEST_ID)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("");
-                tracing::info_span!(
-                    "request",
-                    method = %request.method(),
-                    route = route.as_deref().unwrap_or("unmatched"),
-                    request_id,
-                )
-            }),
+            TraceLayer::new_for_http()
+                .make_span_with(|request: &Request<Body>| {
+                    let route = request
+                        .extensions()
+                        .get::<MatchedPath>()
+                        .map(|p| p.as_str().to_owned());
+                    let request_id = request
+                        .headers()
+                        .get(REQUEST_ID)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("");
+                    tracing::info_span!(
+                        "request",
+                        method = %request.method(),
+                        route = route.as_deref().unwrap_or("unmatched"),
+                        request_id,
+                    )
+                })
+                .on_response(log_response)
+                .on_failure(log_failure),
         )
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
         .with_state(state)
@@ -88,7 +92,8 @@ async fn method_not_allowed() -> ApiError {
     ApiError::MethodNotAllowed
 }
 
-/// Counts and times every request by method, route template and status.
+/// Counts and times every request by method, route template and status. Logging is the
+/// trace layer's (`log_response`), so each request is logged once.
 async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = request.method().as_str().to_owned();
@@ -109,10 +114,35 @@ async fn track(State(state): State<AppState>, request: Request, next: Next) -> R
         .http_request_duration_seconds
         .with_label_values(&[&method, &route])
         .observe(started.elapsed().as_secs_f64());
-    if status.is_server_error() {
-        tracing::warn!(status = status.as_u16(), "request failed");
-    }
     response
+}
+
+/// One line per response, in the request span (method, route, request id): INFO with the
+/// status and latency, or ERROR for a 5xx, so every 5xx yields exactly one error line. A
+/// `500 application/problem+json` is `ApiError::Internal`, which has already logged its
+/// detail at ERROR inside the span: its response line stays at INFO.
+fn log_response(response: &Response, latency: Duration, _span: &tracing::Span) {
+    let status = response.status();
+    let latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+    let logged_by_handler = status == StatusCode::INTERNAL_SERVER_ERROR
+        && response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
+    if status.is_server_error() && !logged_by_handler {
+        tracing::error!(status = status.as_u16(), latency_us, "request failed");
+    } else {
+        tracing::info!(status = status.as_u16(), latency_us, "request finished");
+    }
+}
+
+/// A 5xx status is logged by [`log_response`]; this logs only what has no status line of its
+/// own: an error of the service or of the response body stream.
+fn log_failure(failure: ServerErrorsFailureClass, latency: Duration, _span: &tracing::Span) {
+    if let ServerErrorsFailureClass::Error(error) = failure {
+        let latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        tracing::error!(%error, latency_us, "request failed while streaming");
+    }
 }
 
 /// A JSON object body: 415 unless `Content-Type` is JSON, 413 over the limit, 400 unless the

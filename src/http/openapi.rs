@@ -8,7 +8,14 @@ use super::AppState;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "transfer-service", description = "Atomic transfers between accounts, by two-phase commit."),
+    info(
+        title = "transfer-service",
+        description = "Atomic transfers between accounts, by two-phase commit.\n\n\
+            `POST /transfers` answers `201` with state `created` at once; a background worker \
+            drives the transfer to `finished` or `rolled-back`; poll `GET /transfers/{id}` \
+            (or long-poll with `?wait=5s`). A transfer's `id` is its idempotency key. Every \
+            error is `application/problem+json` (RFC 9457)."
+    ),
     paths(
         super::accounts::create_account, super::accounts::get_account,
         super::transfers::create_transfer, super::transfers::list_transfers,
@@ -16,13 +23,30 @@ use super::AppState;
         super::health::healthz, super::health::readyz, super::health::metrics,
     ),
     components(schemas(super::Problem)),
-    tags((name = "accounts"), (name = "transfers"), (name = "operations")),
+    tags(
+        (name = "accounts", description = "Accounts and their balances"),
+        (name = "transfers", description = "Transfers between two accounts"),
+        (name = "operations", description = "Liveness, readiness and metrics"),
+    ),
 )]
 pub struct ApiDoc;
+
+/// The command that rewrites the committed `openapi/openapi.json` from the code.
+pub const REGENERATE_COMMAND: &str = "cargo run --quiet -- openapi > openapi/openapi.json";
 
 /// The document as served and as committed at `openapi/openapi.json`.
 pub fn document() -> utoipa::openapi::OpenApi {
     ApiDoc::openapi()
+}
+
+/// The document as the committed file holds it: pretty JSON ending with a newline
+/// (`transfer-service openapi` prints it).
+pub fn document_json() -> String {
+    let mut text = document()
+        .to_pretty_json()
+        .expect("the OpenAPI document serializes");
+    text.push('\n');
+    text
 }
 
 pub fn router() -> Router<AppState> {

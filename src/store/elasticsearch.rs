@@ -8,10 +8,12 @@
 //! | `bulk`           | `POST /_bulk`: `create` actions, `index` actions with `if_seq_no` + `if_primary_term` |
 //! | `find_stale`     | `POST /{p}transactions/_search`, `search_after` on `(modification_time, transaction_id)` |
 //! | `list_transfers` | `POST /{p}transactions/_search`, `search_after` on `(creation_time, transaction_id)` |
+//! | `scan`           | `POST /{p}{index}/_search`, `search_after` on `account_id` / `transaction_id` |
 //! | `ready`          | `GET /{p}migrations/_doc/{last migration}`                     |
 //! | `refresh`        | `POST /{p}accounts,{p}transactions/_refresh`                    |
 //!
-//! How answers map to outcomes and errors is in [`reply`] (one table for everything).
+//! How answers map to outcomes and errors is in `elasticsearch/reply.rs` (one table for
+//! everything).
 //!
 //! # A missing index
 //!
@@ -181,25 +183,29 @@ impl ElasticsearchStore {
 
     /// Runs one search on the transactions index and cuts the answer into a [`Page`].
     async fn search_transactions(&self, op: &str, body: Value, limit: usize) -> StoreResult<Page> {
-        let index = self.index_name(Index::Transactions);
+        let hits = self.search(op, Index::Transactions, body).await?;
+        page_of(op, &hits, limit)
+    }
+
+    /// Runs one search on `index` and returns its hits (none if the index does not exist
+    /// before migrations; see the module docs).
+    async fn search(&self, op: &str, index: Index, body: Value) -> StoreResult<Vec<Value>> {
+        let name = self.index_name(index);
         let sent = self
             .client
-            .search(SearchParts::Index(&[&index]))
+            .search(SearchParts::Index(&[&name]))
             .body(body)
             .send()
             .await;
         let reply = reply::read(op, sent).await?;
         if reply.status == 404 && reply.error_type() == Some("index_not_found_exception") {
             self.missing_index(op, reply)?;
-            return Ok(Page {
-                docs: Vec::new(),
-                next: None,
-            });
+            return Ok(Vec::new());
         }
         if !reply.is_success() {
             return Err(reply.into_error(op));
         }
-        page_of(op, &reply.body, limit)
+        hits_of(op, reply.body)
     }
 }
 
@@ -272,11 +278,10 @@ fn doc_of(op: &str, hit: &Value) -> StoreResult<Doc> {
     })
 }
 
-/// Cuts a search answer into a [`Page`]. Both our sorts are `[<date field>, transaction_id]`,
-/// so each hit's `sort` is `[epoch millis, id]`: the cursor to continue after it.
-fn page_of(op: &str, body: &Value, limit: usize) -> StoreResult<Page> {
+/// The hits of a search answer.
+fn hits_of(op: &str, mut body: Value) -> StoreResult<Vec<Value>> {
     // A timed-out or partly failed search may have skipped documents: paging on from its
-    // last hit would silently miss them, so the page is refused as a whole.
+    // last hit would silently miss them, so the answer is refused as a whole.
     let failed_shards = body
         .pointer("/_shards/failed")
         .and_then(Value::as_u64)
@@ -287,10 +292,17 @@ fn page_of(op: &str, body: &Value, limit: usize) -> StoreResult<Page> {
             body["timed_out"]
         )));
     }
-    let hits = body
-        .pointer("/hits/hits")
-        .and_then(Value::as_array)
-        .ok_or_else(|| StoreError::Permanent(format!("{op}: answer without hits.hits")))?;
+    match body.pointer_mut("/hits/hits").map(Value::take) {
+        Some(Value::Array(hits)) => Ok(hits),
+        _ => Err(StoreError::Permanent(format!(
+            "{op}: answer without hits.hits"
+        ))),
+    }
+}
+
+/// Cuts hits into a [`Page`]. Both our sorts are `[<date field>, transaction_id]`, so each
+/// hit's `sort` is `[epoch millis, id]`: the cursor to continue after it.
+fn page_of(op: &str, hits: &[Value], limit: usize) -> StoreResult<Page> {
     let docs = hits
         .iter()
         .map(|hit| doc_of(op, hit))
@@ -482,6 +494,40 @@ impl Store for ElasticsearchStore {
         }
     }
 
+    /// Sorted on the id repeated in the source (`account_id`, `transaction_id`): Elasticsearch
+    /// 8 cannot sort on `_id`. A document without that field cannot be placed in id order;
+    /// rather than skip it (the auditor would miss it) or loop on it, the scan fails.
+    async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<Vec<Doc>> {
+        let op = "scan";
+        let id_field = match index {
+            Index::Accounts => fields::ACCOUNT_ID,
+            Index::Transactions => fields::ID,
+        };
+        let mut body = json!({
+            "size": limit,
+            "seq_no_primary_term": true,
+            "track_total_hits": false,
+            "query": { "match_all": {} },
+            "sort": [{ id_field: "asc" }],
+        });
+        if let Some(after) = after {
+            body["search_after"] = json!([after]);
+        }
+        let hits = self.search(op, index, body).await?;
+        hits.iter()
+            .map(|hit| {
+                let doc = doc_of(op, hit)?;
+                match hit.pointer("/sort/0").and_then(Value::as_str) {
+                    Some(_) => Ok(doc),
+                    None => Err(StoreError::Permanent(format!(
+                        "{op}: {index}/{} has no {id_field}; cannot scan past it",
+                        doc.id
+                    ))),
+                }
+            })
+            .collect()
+    }
+
     async fn refresh(&self) -> StoreResult<()> {
         let op = "refresh";
         let accounts = self.index_name(Index::Accounts);
@@ -643,7 +689,8 @@ mod tests {
             "hits": {"hits": [
                 {"_id":"t1","_seq_no":1,"_primary_term":1,"_source":{},"sort":[10,"t1"]},
                 {"_id":"t2","_seq_no":2,"_primary_term":1,"_source":{},"sort":[11,"t2"]}]}});
-        let page = page_of("test", &body, 2).unwrap();
+        let hits = hits_of("test", body).unwrap();
+        let page = page_of("test", &hits, 2).unwrap();
         assert_eq!(page.docs.len(), 2);
         assert_eq!(
             page.next,
@@ -652,13 +699,13 @@ mod tests {
                 id: "t2".into()
             })
         );
-        assert!(page_of("test", &body, 3).unwrap().next.is_none());
+        assert!(page_of("test", &hits, 3).unwrap().next.is_none());
     }
 
     #[test]
     fn a_partial_search_is_refused() {
         let body = json!({"timed_out": true, "hits": {"hits": []}});
-        assert!(page_of("test", &body, 2).unwrap_err().is_retryable());
+        assert!(hits_of("test", body).unwrap_err().is_retryable());
     }
 
     #[test]

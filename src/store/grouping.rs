@@ -46,7 +46,7 @@ struct Submission {
 }
 
 /// A [`Store`] that coalesces concurrent writes into batches on an inner store; reads,
-/// searches, `ready` and `refresh` go straight to the inner store.
+/// searches, `scan`, `ready` and `refresh` go straight to the inner store.
 pub struct GroupingStore {
     inner: DynStore,
     /// Upper bound of ops per inner `bulk` (a single larger submission still goes whole).
@@ -225,6 +225,10 @@ impl Store for GroupingStore {
 
     async fn ready(&self) -> StoreResult<()> {
         self.inner.ready().await
+    }
+
+    async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<Vec<Doc>> {
+        self.inner.scan(index, after, limit).await
     }
 
     async fn refresh(&self) -> StoreResult<()> {

@@ -512,7 +512,12 @@ mod tests {
 
     #[test]
     fn apply_credits_destination_as_not_yet_spendable() {
-        let a = write(decide(&account(100), AccountOp::Apply, Side::Destination, 30));
+        let a = write(decide(
+            &account(100),
+            AccountOp::Apply,
+            Side::Destination,
+            30,
+        ));
         assert_eq!(a.balance, 130);
         assert_eq!(a.pending_credits, 30);
         assert_eq!(a.available(), Some(100));
@@ -569,7 +574,10 @@ mod tests {
             decide(&a, AccountOp::Apply, Side::Destination, 6),
             AccountDecision::Refuse(Refusal::Overflow)
         );
-        assert_eq!(Refusal::Overflow.rollback_reason(), Some(RollbackReason::BalanceOverflow));
+        assert_eq!(
+            Refusal::Overflow.rollback_reason(),
+            Some(RollbackReason::BalanceOverflow)
+        );
     }
 
     #[test]
@@ -585,7 +593,12 @@ mod tests {
 
     #[test]
     fn remove_keeps_the_balance_and_tombstones_the_id() {
-        let applied = write(decide(&account(100), AccountOp::Apply, Side::Destination, 30));
+        let applied = write(decide(
+            &account(100),
+            AccountOp::Apply,
+            Side::Destination,
+            30,
+        ));
         let removed = write(decide(&applied, AccountOp::Remove, Side::Destination, 30));
         assert_eq!(removed.balance, 130);
         assert!(removed.pending_transactions.is_empty());
@@ -603,7 +616,12 @@ mod tests {
         let undone = write(decide(&applied, AccountOp::Undo, Side::Source, 30));
         assert_eq!(undone.balance, 100);
         assert!(undone.pending_transactions.is_empty());
-        let credited = write(decide(&account(100), AccountOp::Apply, Side::Destination, 30));
+        let credited = write(decide(
+            &account(100),
+            AccountOp::Apply,
+            Side::Destination,
+            30,
+        ));
         let undone = write(decide(&credited, AccountOp::Undo, Side::Destination, 30));
         assert_eq!((undone.balance, undone.pending_credits), (100, 0));
         assert_eq!(
@@ -634,7 +652,11 @@ mod tests {
             })
             .collect();
         let fenced = write(decide(&a, AccountOp::Undo, Side::Source, 1));
-        let ids: Vec<_> = fenced.settled_transactions.iter().map(|s| s.id.as_str()).collect();
+        let ids: Vec<_> = fenced
+            .settled_transactions
+            .iter()
+            .map(|s| s.id.as_str())
+            .collect();
         assert_eq!(ids, ["old1", "old2", "t1"], "only the expired one dropped");
         let mut b = account(100);
         b.settled_transactions = (0..3)
@@ -644,7 +666,11 @@ mod tests {
             })
             .collect();
         let fenced = write(decide(&b, AccountOp::Undo, Side::Source, 1));
-        let ids: Vec<_> = fenced.settled_transactions.iter().map(|s| s.id.as_str()).collect();
+        let ids: Vec<_> = fenced
+            .settled_transactions
+            .iter()
+            .map(|s| s.id.as_str())
+            .collect();
         assert_eq!(ids, ["s1", "s2", "t1"], "oldest dropped beyond the count");
     }
 }

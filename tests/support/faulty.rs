@@ -107,14 +107,22 @@ impl FaultyStore {
         tokio::time::sleep(Duration::from_micros(micros)).await;
     }
 
-    fn take_fault(&self, op: &str, index: Index, id: &str, source: Option<&Value>) -> Option<Fault> {
+    fn take_fault(
+        &self,
+        op: &str,
+        index: Index,
+        id: &str,
+        source: Option<&Value>,
+    ) -> Option<Fault> {
         let mut rules = self.rules.lock().unwrap();
         for rule in rules.iter_mut() {
             if rule.remaining == 0 {
                 continue;
             }
             let m = &rule.matcher;
-            let state = source.and_then(|s| s.get("transaction_state")).and_then(Value::as_str);
+            let state = source
+                .and_then(|s| s.get("transaction_state"))
+                .and_then(Value::as_str);
             let pending = source
                 .and_then(|s| s.get("pending_transactions"))
                 .and_then(Value::as_array)
@@ -135,7 +143,9 @@ impl FaultyStore {
 
     fn check_alive(&self) -> StoreResult<()> {
         if self.is_dead() {
-            Err(StoreError::Unavailable("injected: the process is dead".into()))
+            Err(StoreError::Unavailable(
+                "injected: the process is dead".into(),
+            ))
         } else {
             Ok(())
         }

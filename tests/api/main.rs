@@ -1,0 +1,411 @@
+//! The HTTP contract of DESIGN §5, one test per row and per bad-input class, run against the
+//! embedded store (`embedded::*`) and the Elasticsearch backend on the emulator
+//! (`emulator::*`, a test double of the Elasticsearch REST subset).
+
+#[path = "../support/es_emulator/mod.rs"]
+mod es_emulator;
+mod helpers;
+
+use helpers::{spawn_app, Backend, TestApp};
+use serde_json::{json, Value};
+use transfer_service::store::{format_millis, Index};
+use transfer_service::transfer::protocol::now_millis;
+
+fn assert_problem(status: u16, body: &Value, want: u16) {
+    assert_eq!(status, want, "{body}");
+    assert_eq!(body["status"], want, "{body}");
+    for field in ["type", "title", "detail"] {
+        assert!(body[field].is_string(), "problem without {field}: {body}");
+    }
+}
+
+/// Writes a transfer document straight into the store, as a crashed or live worker would
+/// have left it.
+async fn plant_transfer(app: &TestApp, id: &str, state: &str, lease_owner: Option<&str>, lease_ms: i64) {
+    let now = now_millis();
+    let mut doc = json!({
+        "transaction_id": id, "src_acct": "a", "dest_acct": "b", "amount": 10,
+        "transaction_state": state,
+        "creation_time": format_millis(now), "modification_time": format_millis(now),
+    });
+    if let Some(owner) = lease_owner {
+        doc["lease_owner"] = json!(owner);
+        doc["lease_expires_at"] = json!(format_millis(now + lease_ms));
+    }
+    app.engine.store.create(Index::Transactions, id, doc).await.unwrap();
+}
+
+mod cases {
+    use super::*;
+
+    pub async fn create_account_returns_201_and_the_account(b: Backend) {
+        let app = spawn_app(b).await;
+        let (status, body) = app.post("/accounts", json!({"id": "A", "balance": 500})).await;
+        assert_eq!(status, 201, "{body}");
+        assert_eq!(body["id"], "A");
+        assert_eq!(body["balance"], 500);
+        assert_eq!(body["pending_transactions"], json!([]));
+        let (status, body) = app.get("/accounts/A").await;
+        assert_eq!((status, body["balance"].as_i64()), (200, Some(500)));
+        app.shutdown().await;
+    }
+
+    pub async fn identical_account_replay_returns_200_and_other_data_409(b: Backend) {
+        let app = spawn_app(b).await;
+        app.open_account("A", 500).await;
+        let (status, body) = app.post("/accounts", json!({"id": "A", "balance": 500})).await;
+        assert_eq!((status, body["balance"].as_i64()), (200, Some(500)));
+        let (status, body) = app.post("/accounts", json!({"id": "A", "balance": 501})).await;
+        assert_problem(status, &body, 409);
+        assert_eq!(app.balance("A").await, 500);
+        app.shutdown().await;
+    }
+
+    pub async fn invalid_account_input_is_4xx_and_changes_nothing(b: Backend) {
+        let app = spawn_app(b).await;
+        for body in [
+            json!({"balance": 5}),
+            json!({"id": "A"}),
+            json!({"id": "bad id", "balance": 5}),
+            json!({"id": "", "balance": 5}),
+            json!({"id": "x".repeat(129), "balance": 5}),
+            json!({"id": "A", "balance": 1.5}),
+            json!({"id": "A", "balance": "5"}),
+            json!({"id": "A", "balance": 9_223_372_036_854_775_808u64}),
+            json!({"id": "A", "balance": 5, "floor": 6}),
+            json!([1, 2]),
+        ] {
+            let (status, problem) = app.post("/accounts", body.clone()).await;
+            assert_problem(status, &problem, 422);
+        }
+        let response = app.post_raw("/accounts", Some("application/json"), b"{\"id\":".to_vec()).await;
+        assert_eq!(response.status(), 400);
+        assert_eq!(response.headers()["content-type"], "application/problem+json");
+        assert_eq!(app.get("/accounts/A").await.0, 404);
+        app.shutdown().await;
+    }
+
+    pub async fn unknown_account_is_404(b: Backend) {
+        let app = spawn_app(b).await;
+        let (status, body) = app.get("/accounts/nobody").await;
+        assert_problem(status, &body, 404);
+        let (status, body) = app.get("/accounts/not%20valid").await;
+        assert_problem(status, &body, 404);
+        app.shutdown().await;
+    }
+
+    pub async fn transfer_is_accepted_as_created_then_finishes(b: Backend) {
+        let app = spawn_app(b).await;
+        app.open_account("A", 500).await;
+        app.open_account("B", 500).await;
+        let response = app
+            .client
+            .post(app.url("/transfers"))
+            .json(&json!({"id": "t1", "from": "A", "to": "B", "amount": 100}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201);
+        assert_eq!(response.headers()["location"], "/transfers/t1");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["state"], "created");
+        assert_eq!((body["from"].as_str(), body["to"].as_str()), (Some("A"), Some("B")));
+        let done = app.settled("t1").await;
+        assert_eq!(done["state"], "finished");
+        assert!(done.get("reason").is_none());
+        assert_eq!((app.balance("A").await, app.balance("B").await), (400, 600));
+        let (_, a) = app.get("/accounts/A").await;
+        assert_eq!(a["pending_transactions"], json!([]));
+        app.shutdown().await;
+    }
+
+    pub async fn overdraft_rolls_back_with_insufficient_funds(b: Backend) {
+        let app = spawn_app(b).await;
+        app.open_account("A", 50).await;
+        app.open_account("B", 0).await;
+        assert_eq!(app.transfer("t1", "A", "B", 51).await.0, 201);
+        let done = app.settled("t1").await;
+        assert_eq!((done["state"].as_str(), done["reason"].as_str()), (Some("rolled-back"), Some("insufficient_funds")));
+        assert_eq!((app.balance("A").await, app.balance("B").await), (50, 0));
+        app.shutdown().await;
+    }
+
+    pub async fn unknown_account_rolls_back_with_account_not_found(b: Backend) {
+        let app = spawn_app(b).await;
+        app.open_account("A", 50).await;
+        assert_eq!(app.transfer("t1", "A", "ghost", 10).await.0, 201);
+        assert_eq!(app.transfer("t2", "ghost", "A", 10).await.0, 201);
+        for id in ["t1", "t2"] {
+            let done = app.settled(id).await;
+            assert_eq!(done["reason"], "account_not_found", "{done}");
+        }
+        assert_eq!(app.balance("A").await, 50, "no balance touched");
+        app.shutdown().await;
+    }
+
+    pub async fn overflow_rolls_back_never_wraps(b: Backend) {
+        let app = spawn_app(b).await;
+        app.open_account("A", 10).await;
+        app.open_account("RICH", i64::MAX).await;
+        assert_eq!(app.transfer("t1", "A", "RICH", 1).await.0, 201);
+        let done = app.settled("t1").await;
+        assert_eq!(done["reason"], "balance_overflow", "{done}");
+        assert_eq!((app.balance("A").await, app.balance("RICH").await), (10, i64::MAX));
+        app.shutdown().await;
+    }
+
+    pub async fn identical_transfer_replay_returns_200_with_current_state(b: Backend) {
+        let app = spawn_app(b).await;
+        app.open_account("A", 500).await;
+        app.open_account("B", 0).await;
+        assert_eq!(app.transfer("t1", "A", "B", 100).await.0, 201);
+        app.settled("t1").await;
+        let (status, body) = app.transfer("t1", "A", "B", 100).await;
+        assert_eq!((status, body["state"].as_str()), (200, Some("finished")));
+        assert_eq!((app.balance("A").await, app.balance("B").await), (400, 100), "applied once");
+        app.shutdown().await;
+    }
+
+    pub async fn same_transfer_id_with_another_body_is_409(b: Backend) {
+        let app = spawn_app(b).await;
+        app.open_account("A", 500).await;
+        app.open_account("B", 0).await;
+        app.open_account("C", 0).await;
+        assert_eq!(app.transfer("t1", "A", "B", 100).await.0, 201);
+        for (from, to, amount) in [("A", "B", 101), ("A", "C", 100), ("B", "A", 100)] {
+            let (status, body) = app.transfer("t1", from, to, amount).await;
+            assert_problem(status, &body, 409);
+        }
+        app.settled("t1").await;
+        assert_eq!((app.balance("A").await, app.balance("B").await, app.balance("C").await), (400, 100, 0));
+        app.shutdown().await;
+    }
+
+    pub async fn transfer_without_id_gets_a_uuid_v7(b: Backend) {
+        let app = spawn_app(b).await;
+        app.open_account("A", 5).await;
+        app.open_account("B", 5).await;
+        let (status, body) = app.post("/transfers", json!({"from": "A", "to": "B", "amount": 1})).await;
+        assert_eq!(status, 201, "{body}");
+        let id = body["id"].as_str().unwrap();
+        assert_eq!(uuid::Uuid::parse_str(id).unwrap().get_version_num(), 7);
+        assert_eq!(app.settled(id).await["state"], "finished");
+        app.shutdown().await;
+    }
+
+    pub async fn invalid_transfer_fields_are_422_and_change_nothing(b: Backend) {
+        let app = spawn_app(b).await;
+        app.open_account("A", 500).await;
+        app.open_account("B", 0).await;
+        for body in [
+            json!({"id": "x1", "from": "A", "to": "B", "amount": 0}),
+            json!({"id": "x2", "from": "A", "to": "B", "amount": -5}),
+            json!({"id": "x3", "from": "A", "to": "B", "amount": 1.5}),
+            json!({"id": "x4", "from": "A", "to": "B", "amount": "10"}),
+            json!({"id": "x5", "from": "A", "to": "B", "amount": 9_223_372_036_854_775_808u64}),
+            json!({"id": "x6", "from": "A", "to": "B", "amount": 1e30}),
+            json!({"id": "x7", "from": "A", "to": "A", "amount": 1}),
+            json!({"id": "bad id", "from": "A", "to": "B", "amount": 1}),
+            json!({"id": "x".repeat(129), "from": "A", "to": "B", "amount": 1}),
+            json!({"id": 7, "from": "A", "to": "B", "amount": 1}),
+            json!({"id": "x8", "to": "B", "amount": 1}),
+            json!({"id": "x9", "from": "A", "amount": 1}),
+            json!({"id": "x10", "from": "A", "to": "B"}),
+            json!({"id": "x11", "from": "A/..", "to": "B", "amount": 1}),
+            json!("a string"),
+        ] {
+            let (status, problem) = app.post("/transfers", body.clone()).await;
+            assert_problem(status, &problem, 422);
+        }
+        assert_eq!((app.balance("A").await, app.balance("B").await), (500, 0));
+        app.engine.store.refresh().await.unwrap();
+        let (_, page) = app.get("/transfers").await;
+        assert_eq!(page["items"], json!([]), "no transfer was created");
+        app.shutdown().await;
+    }
+
+    pub async fn malformed_json_is_400_wrong_type_415_too_large_413(b: Backend) {
+        let app = spawn_app(b).await;
+        let cases: Vec<(Option<&str>, Vec<u8>, u16)> = vec![
+            (Some("application/json"), b"{\"from\": \"A\",".to_vec(), 400),
+            (Some("application/json"), b"".to_vec(), 400),
+            (Some("application/json"), b"\xff\xfe".to_vec(), 400),
+            (Some("text/plain"), b"{}".to_vec(), 415),
+            (None, b"{}".to_vec(), 415),
+            (Some("application/json"), format!("{{\"pad\":\"{}\"}}", "a".repeat(1_100_000)).into_bytes(), 413),
+        ];
+        for (content_type, body, want) in cases {
+            let response = app.post_raw("/transfers", content_type, body).await;
+            assert_eq!(response.status().as_u16(), want);
+            assert_eq!(response.headers()["content-type"], "application/problem+json");
+            let problem: Value = response.json().await.unwrap();
+            assert_problem(want, &problem, want);
+        }
+        app.shutdown().await;
+    }
+
+    pub async fn unknown_routes_and_transfers_are_404_problems(b: Backend) {
+        let app = spawn_app(b).await;
+        for path in ["/nope", "/transfers/nobody", "/transfers/a%20b", "/accounts"] {
+            let (status, body) = app.get(path).await;
+            if path == "/accounts" {
+                assert_problem(status, &body, 405);
+                continue;
+            }
+            assert_problem(status, &body, 404);
+        }
+        let (status, body) = app.post("/transfers/nobody/cancel", json!({})).await;
+        assert_problem(status, &body, 404);
+        app.shutdown().await;
+    }
+
+    pub async fn wait_answers_when_terminal_and_rejects_bad_durations(b: Backend) {
+        let app = spawn_app(b).await;
+        app.open_account("A", 5).await;
+        app.open_account("B", 5).await;
+        app.transfer("t1", "A", "B", 5).await;
+        let (status, body) = app.get("/transfers/t1?wait=10s").await;
+        assert_eq!((status, body["state"].as_str()), (200, Some("finished")));
+        let (status, body) = app.get("/transfers/t1?wait=soon").await;
+        assert_problem(status, &body, 422);
+        // A transfer that stays in flight: the wait ends with its current state.
+        plant_transfer(&app, "held", "pending", Some("someone-else"), 60_000).await;
+        let started = std::time::Instant::now();
+        let (status, body) = app.get("/transfers/held?wait=300ms").await;
+        assert_eq!((status, body["state"].as_str()), (200, Some("pending")));
+        assert!(started.elapsed() >= std::time::Duration::from_millis(300));
+        app.shutdown().await;
+    }
+
+    pub async fn cancel_created_rolls_back_at_once(b: Backend) {
+        let app = spawn_app(b).await;
+        plant_transfer(&app, "c1", "created", Some("a-live-worker"), 60_000).await;
+        let (status, body) = app.post("/transfers/c1/cancel", json!({})).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!((body["state"].as_str(), body["reason"].as_str()), (Some("rolled-back"), Some("cancelled")));
+        let (status, body) = app.post("/transfers/c1/cancel", json!({})).await;
+        assert_eq!((status, body["state"].as_str()), (200, Some("rolled-back")), "cancel is idempotent");
+        app.shutdown().await;
+    }
+
+    pub async fn cancel_pending_undoes_the_accounts(b: Backend) {
+        let app = spawn_app(b).await;
+        app.open_account("a", 100).await;
+        app.open_account("b", 0).await;
+        // A pending transfer whose worker died: its lease has run out.
+        plant_transfer(&app, "p1", "pending", Some("dead-worker"), -1).await;
+        let (status, body) = app.post("/transfers/p1/cancel", json!({})).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(["terminating", "rolled-back"].contains(&body["state"].as_str().unwrap()), "{body}");
+        let done = app.settled("p1").await;
+        assert_eq!((done["state"].as_str(), done["reason"].as_str()), (Some("rolled-back"), Some("cancelled")));
+        assert_eq!((app.balance("a").await, app.balance("b").await), (100, 0));
+        app.shutdown().await;
+    }
+
+    pub async fn cancel_after_commit_is_409(b: Backend) {
+        let app = spawn_app(b).await;
+        app.open_account("A", 5).await;
+        app.open_account("B", 5).await;
+        app.transfer("t1", "A", "B", 5).await;
+        app.settled("t1").await;
+        let (status, body) = app.post("/transfers/t1/cancel", json!({})).await;
+        assert_problem(status, &body, 409);
+        plant_transfer(&app, "k1", "committed", Some("a-live-worker"), 60_000).await;
+        let (status, body) = app.post("/transfers/k1/cancel", json!({})).await;
+        assert_problem(status, &body, 409);
+        app.shutdown().await;
+    }
+
+    pub async fn list_filters_by_account_and_state_with_a_cursor(b: Backend) {
+        let app = spawn_app(b).await;
+        for id in ["A", "B", "C"] {
+            app.open_account(id, 100).await;
+        }
+        let plan = [("t1", "A", "B", 10), ("t2", "B", "C", 10), ("t3", "C", "A", 10), ("t4", "A", "C", 1000)];
+        for (id, from, to, amount) in plan {
+            assert_eq!(app.transfer(id, from, to, amount).await.0, 201);
+            app.settled(id).await;
+        }
+        app.engine.store.refresh().await.unwrap();
+        let ids = |page: &Value| -> Vec<String> {
+            page["items"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap().to_owned()).collect()
+        };
+        let (status, page) = app.get("/transfers?account=A").await;
+        assert_eq!(status, 200, "{page}");
+        assert_eq!(ids(&page), ["t4", "t3", "t1"]);
+        let (_, page) = app.get("/transfers?account=A&state=finished").await;
+        assert_eq!(ids(&page), ["t3", "t1"]);
+        let (_, page) = app.get("/transfers?state=rolled-back").await;
+        assert_eq!(ids(&page), ["t4"]);
+        let mut seen = Vec::new();
+        let mut path = "/transfers?limit=3".to_owned();
+        loop {
+            let (status, page) = app.get(&path).await;
+            assert_eq!(status, 200, "{page}");
+            seen.extend(ids(&page));
+            match page["next_cursor"].as_str() {
+                Some(cursor) => path = format!("/transfers?limit=3&cursor={cursor}"),
+                None => break,
+            }
+        }
+        assert_eq!(seen, ["t4", "t3", "t2", "t1"]);
+        for bad in ["limit=0", "limit=1001", "limit=x", "state=done", "cursor=garbage", "account=a%20b", "color=red"] {
+            let (status, body) = app.get(&format!("/transfers?{bad}")).await;
+            assert_problem(status, &body, 422);
+        }
+        app.shutdown().await;
+    }
+
+    pub async fn health_and_readiness_answer_200(b: Backend) {
+        let app = spawn_app(b).await;
+        assert_eq!(app.get("/healthz").await.0, 200);
+        let (status, body) = app.get("/readyz").await;
+        assert_eq!((status, body["status"].as_str()), (200, Some("ready")));
+        app.shutdown().await;
+    }
+}
+
+macro_rules! api_suite {
+    ($($case:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::cases::$case(super::Backend::Embedded).await;
+                }
+            )*
+        }
+        mod emulator {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::cases::$case(super::Backend::Emulator).await;
+                }
+            )*
+        }
+    };
+}
+
+api_suite!(
+    create_account_returns_201_and_the_account,
+    identical_account_replay_returns_200_and_other_data_409,
+    invalid_account_input_is_4xx_and_changes_nothing,
+    unknown_account_is_404,
+    transfer_is_accepted_as_created_then_finishes,
+    overdraft_rolls_back_with_insufficient_funds,
+    unknown_account_rolls_back_with_account_not_found,
+    overflow_rolls_back_never_wraps,
+    identical_transfer_replay_returns_200_with_current_state,
+    same_transfer_id_with_another_body_is_409,
+    transfer_without_id_gets_a_uuid_v7,
+    invalid_transfer_fields_are_422_and_change_nothing,
+    malformed_json_is_400_wrong_type_415_too_large_413,
+    unknown_routes_and_transfers_are_404_problems,
+    wait_answers_when_terminal_and_rejects_bad_durations,
+    cancel_created_rolls_back_at_once,
+    cancel_pending_undoes_the_accounts,
+    cancel_after_commit_is_409,
+    list_filters_by_account_and_state_with_a_cursor,
+    health_and_readiness_answer_200,
+);

@@ -1,0 +1,520 @@
+//! One store test suite, run with the same test names against every backend:
+//! `embedded::*` (redb in a temp dir), `emulator::*` (the Elasticsearch backend against the
+//! in-process emulator, a test double of the REST subset), and `real_es::*` (the
+//! Elasticsearch backend against the cluster at `ELASTICSEARCH_URL`; each of those tests says
+//! it skipped, and why, when the variable is unset).
+
+#[path = "support/es_emulator/mod.rs"]
+mod es_emulator;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use transfer_service::store::elasticsearch::{ElasticsearchStore, EsConfig};
+use transfer_service::store::embedded::EmbeddedStore;
+use transfer_service::store::{
+    format_millis, DynStore, Index, SortKey, StaleQuery, Store, TransferFilter, Version, WriteOp,
+    WriteOutcome,
+};
+
+/// A store under test and whatever keeps it alive.
+pub struct Ctx {
+    pub store: DynStore,
+    _guard: Box<dyn std::any::Any + Send>,
+}
+
+async fn embedded() -> Option<Ctx> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = EmbeddedStore::open(dir.path()).expect("open embedded store");
+    Some(Ctx {
+        store: Arc::new(store),
+        _guard: Box::new(dir),
+    })
+}
+
+static PREFIX_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+async fn es_store(url: &str) -> DynStore {
+    // A prefix per test keeps tests independent on one cluster.
+    let prefix = format!(
+        "store-test-{}-{}-",
+        std::process::id(),
+        PREFIX_COUNTER.fetch_add(1, Ordering::Relaxed)
+    );
+    let store = ElasticsearchStore::connect(EsConfig {
+        url: url.to_owned(),
+        index_prefix: prefix,
+        request_timeout: Duration::from_secs(10),
+    })
+    .await
+    .expect("connect");
+    store.migrate().await.expect("migrate");
+    Arc::new(store)
+}
+
+async fn emulator() -> Option<Ctx> {
+    let emulator = es_emulator::spawn(es_emulator::EmulatorConfig::default()).await;
+    let store = es_store(&emulator.url).await;
+    Some(Ctx {
+        store,
+        _guard: Box::new(emulator),
+    })
+}
+
+async fn real_es() -> Option<Ctx> {
+    let Ok(url) = std::env::var("ELASTICSEARCH_URL") else {
+        eprintln!("skipped: ELASTICSEARCH_URL is not set, so there is no real cluster to test");
+        return None;
+    };
+    Some(Ctx {
+        store: es_store(&url).await,
+        _guard: Box::new(()),
+    })
+}
+
+fn transfer(id: &str, state: &str, src: &str, dest: &str, created: i64, modified: i64) -> Value {
+    json!({
+        "transaction_id": id,
+        "src_acct": src,
+        "dest_acct": dest,
+        "amount": 1,
+        "transaction_state": state,
+        "creation_time": format_millis(created),
+        "modification_time": format_millis(modified),
+    })
+}
+
+fn written(outcome: WriteOutcome) -> Version {
+    match outcome {
+        WriteOutcome::Written(v) => v,
+        other => panic!("expected a write, got {other:?}"),
+    }
+}
+
+/// The tests, one function each, shared by every backend.
+mod suite {
+    use super::*;
+
+    pub async fn get_missing_returns_none(s: &dyn Store) {
+        assert_eq!(s.get(Index::Accounts, "nobody").await.unwrap(), None);
+    }
+
+    pub async fn create_then_get_returns_source_and_version(s: &dyn Store) {
+        let v = written(
+            s.create(Index::Accounts, "a1", json!({"balance": 5}))
+                .await
+                .unwrap(),
+        );
+        let doc = s.get(Index::Accounts, "a1").await.unwrap().expect("found");
+        assert_eq!(doc.id, "a1");
+        assert_eq!(doc.source, json!({"balance": 5}));
+        assert_eq!(doc.version, v);
+        assert!(v.primary_term >= 1);
+    }
+
+    pub async fn create_existing_is_already_exists_and_changes_nothing(s: &dyn Store) {
+        let v = written(s.create(Index::Accounts, "a1", json!({"n": 1})).await.unwrap());
+        let again = s.create(Index::Accounts, "a1", json!({"n": 2})).await.unwrap();
+        assert_eq!(again, WriteOutcome::AlreadyExists);
+        let doc = s.get(Index::Accounts, "a1").await.unwrap().unwrap();
+        assert_eq!(doc.source, json!({"n": 1}));
+        assert_eq!(doc.version, v);
+    }
+
+    pub async fn replace_if_matching_version_writes_and_bumps_seq_no(s: &dyn Store) {
+        let v1 = written(s.create(Index::Accounts, "a1", json!({"n": 1})).await.unwrap());
+        let v2 = written(
+            s.replace_if(Index::Accounts, "a1", json!({"n": 2}), v1)
+                .await
+                .unwrap(),
+        );
+        assert!(v2.seq_no > v1.seq_no, "{v2:?} after {v1:?}");
+        let doc = s.get(Index::Accounts, "a1").await.unwrap().unwrap();
+        assert_eq!((doc.source, doc.version), (json!({"n": 2}), v2));
+    }
+
+    pub async fn replace_if_stale_version_conflicts_and_changes_nothing(s: &dyn Store) {
+        let v1 = written(s.create(Index::Accounts, "a1", json!({"n": 1})).await.unwrap());
+        let v2 = written(
+            s.replace_if(Index::Accounts, "a1", json!({"n": 2}), v1)
+                .await
+                .unwrap(),
+        );
+        let stale = s
+            .replace_if(Index::Accounts, "a1", json!({"n": 3}), v1)
+            .await
+            .unwrap();
+        assert_eq!(stale, WriteOutcome::Conflict);
+        let wrong_term = Version {
+            seq_no: v2.seq_no,
+            primary_term: v2.primary_term + 1,
+        };
+        let stale = s
+            .replace_if(Index::Accounts, "a1", json!({"n": 4}), wrong_term)
+            .await
+            .unwrap();
+        assert_eq!(stale, WriteOutcome::Conflict);
+        let doc = s.get(Index::Accounts, "a1").await.unwrap().unwrap();
+        assert_eq!((doc.source, doc.version), (json!({"n": 2}), v2));
+    }
+
+    pub async fn replace_if_missing_doc_is_not_found(s: &dyn Store) {
+        let v = written(s.create(Index::Accounts, "a1", json!({})).await.unwrap());
+        let outcome = s
+            .replace_if(Index::Accounts, "ghost", json!({"n": 1}), v)
+            .await
+            .unwrap();
+        assert_eq!(outcome, WriteOutcome::NotFound);
+        assert_eq!(s.get(Index::Accounts, "ghost").await.unwrap(), None);
+    }
+
+    pub async fn seq_no_increases_on_every_write_across_documents(s: &dyn Store) {
+        let mut last = None;
+        for i in 0..5 {
+            let v = written(
+                s.create(Index::Accounts, &format!("a{i}"), json!({}))
+                    .await
+                    .unwrap(),
+            );
+            if let Some(prev) = last {
+                assert!(v.seq_no > prev, "seq_no {} after {prev}", v.seq_no);
+            }
+            last = Some(v.seq_no);
+        }
+    }
+
+    pub async fn bulk_reports_each_item_in_order(s: &dyn Store) {
+        let v = written(s.create(Index::Accounts, "x", json!({"n": 0})).await.unwrap());
+        let stale = Version {
+            seq_no: v.seq_no + 100,
+            primary_term: v.primary_term,
+        };
+        let ops = vec![
+            WriteOp::Create {
+                index: Index::Accounts,
+                id: "new".into(),
+                source: json!({"n": 1}),
+            },
+            WriteOp::Create {
+                index: Index::Accounts,
+                id: "x".into(),
+                source: json!({"n": 9}),
+            },
+            WriteOp::ReplaceIf {
+                index: Index::Accounts,
+                id: "x".into(),
+                source: json!({"n": 9}),
+                expected: stale,
+            },
+            WriteOp::ReplaceIf {
+                index: Index::Accounts,
+                id: "missing".into(),
+                source: json!({"n": 9}),
+                expected: v,
+            },
+            WriteOp::ReplaceIf {
+                index: Index::Accounts,
+                id: "x".into(),
+                source: json!({"n": 2}),
+                expected: v,
+            },
+            WriteOp::Create {
+                index: Index::Transactions,
+                id: "t".into(),
+                source: transfer("t", "created", "new", "x", 1, 1),
+            },
+        ];
+        let results = s.bulk(ops).await.unwrap();
+        let outcomes: Vec<_> = results.into_iter().map(Result::unwrap).collect();
+        assert_eq!(outcomes.len(), 6);
+        assert!(matches!(outcomes[0], WriteOutcome::Written(_)));
+        assert_eq!(outcomes[1], WriteOutcome::AlreadyExists);
+        assert_eq!(outcomes[2], WriteOutcome::Conflict);
+        assert_eq!(outcomes[3], WriteOutcome::NotFound);
+        assert!(matches!(outcomes[4], WriteOutcome::Written(_)));
+        assert!(matches!(outcomes[5], WriteOutcome::Written(_)));
+        let x = s.get(Index::Accounts, "x").await.unwrap().unwrap();
+        assert_eq!(x.source, json!({"n": 2}));
+        assert_eq!(
+            s.get(Index::Accounts, "new").await.unwrap().unwrap().source,
+            json!({"n": 1})
+        );
+    }
+
+    pub async fn bulk_two_writes_on_one_version_only_first_wins(s: &dyn Store) {
+        let v = written(s.create(Index::Accounts, "x", json!({"n": 0})).await.unwrap());
+        let op = |n: i64| WriteOp::ReplaceIf {
+            index: Index::Accounts,
+            id: "x".into(),
+            source: json!({ "n": n }),
+            expected: v,
+        };
+        let results = s.bulk(vec![op(1), op(2)]).await.unwrap();
+        assert!(matches!(results[0], Ok(WriteOutcome::Written(_))));
+        assert_eq!(results[1].clone().unwrap(), WriteOutcome::Conflict);
+        let x = s.get(Index::Accounts, "x").await.unwrap().unwrap();
+        assert_eq!(x.source, json!({"n": 1}));
+    }
+
+    pub async fn bulk_of_nothing_answers_nothing(s: &dyn Store) {
+        assert!(s.bulk(Vec::new()).await.unwrap().is_empty());
+    }
+
+    pub async fn find_stale_filters_state_and_time_oldest_first(s: &dyn Store) {
+        let docs = [
+            ("t1", "pending", 300),
+            ("t2", "finished", 100),
+            ("t3", "created", 200),
+            ("t4", "committed", 5_000),
+            ("t5", "terminating", 100),
+            ("t6", "rolled-back", 50),
+        ];
+        for (id, state, modified) in docs {
+            s.create(
+                Index::Transactions,
+                id,
+                transfer(id, state, "a", "b", 1, modified),
+            )
+            .await
+            .unwrap();
+        }
+        s.refresh().await.unwrap();
+        let page = s
+            .find_stale(&StaleQuery {
+                states: ["created", "pending", "committed", "terminating"]
+                    .map(String::from)
+                    .to_vec(),
+                modified_before: 1_000,
+                after: None,
+                limit: 10,
+            })
+            .await
+            .unwrap();
+        let ids: Vec<_> = page.docs.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(ids, ["t5", "t3", "t1"]);
+        assert_eq!(page.next, None);
+        assert!(page.docs.iter().all(|d| d.version.primary_term >= 1));
+    }
+
+    pub async fn find_stale_pages_through_more_than_100(s: &dyn Store) {
+        let ops: Vec<_> = (0..250)
+            .map(|i| {
+                let id = format!("t{i:03}");
+                WriteOp::Create {
+                    index: Index::Transactions,
+                    source: transfer(&id, "pending", "a", "b", 1, 1_000 + i / 3),
+                    id,
+                }
+            })
+            .collect();
+        for result in s.bulk(ops).await.unwrap() {
+            assert!(matches!(result, Ok(WriteOutcome::Written(_))));
+        }
+        s.refresh().await.unwrap();
+        let mut seen = Vec::new();
+        let mut after: Option<SortKey> = None;
+        loop {
+            let page = s
+                .find_stale(&StaleQuery {
+                    states: vec!["pending".into()],
+                    modified_before: 10_000,
+                    after: after.clone(),
+                    limit: 100,
+                })
+                .await
+                .unwrap();
+            assert!(page.docs.len() <= 100);
+            seen.extend(page.docs.iter().map(|d| d.id.clone()));
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        let want: Vec<_> = (0..250).map(|i| format!("t{i:03}")).collect();
+        assert_eq!(seen, want, "every stale transfer once, oldest first");
+    }
+
+    pub async fn list_transfers_filters_and_pages_newest_first(s: &dyn Store) {
+        let docs = [
+            ("t1", "finished", "a", "b", 10),
+            ("t2", "pending", "b", "c", 20),
+            ("t3", "finished", "c", "a", 30),
+            ("t4", "rolled-back", "a", "c", 40),
+            ("t5", "finished", "b", "c", 50),
+        ];
+        for (id, state, src, dest, created) in docs {
+            s.create(
+                Index::Transactions,
+                id,
+                transfer(id, state, src, dest, created, created),
+            )
+            .await
+            .unwrap();
+        }
+        s.refresh().await.unwrap();
+        let list = |account: Option<&str>, state: Option<&str>, after: Option<SortKey>, limit| {
+            TransferFilter {
+                account: account.map(String::from),
+                state: state.map(String::from),
+                after,
+                limit,
+            }
+        };
+        let ids = |page: &transfer_service::store::Page| -> Vec<String> {
+            page.docs.iter().map(|d| d.id.clone()).collect()
+        };
+        let all = s.list_transfers(&list(None, None, None, 10)).await.unwrap();
+        assert_eq!(ids(&all), ["t5", "t4", "t3", "t2", "t1"]);
+        let of_a = s
+            .list_transfers(&list(Some("a"), None, None, 10))
+            .await
+            .unwrap();
+        assert_eq!(ids(&of_a), ["t4", "t3", "t1"]);
+        let finished = s
+            .list_transfers(&list(None, Some("finished"), None, 10))
+            .await
+            .unwrap();
+        assert_eq!(ids(&finished), ["t5", "t3", "t1"]);
+        let a_finished = s
+            .list_transfers(&list(Some("a"), Some("finished"), None, 10))
+            .await
+            .unwrap();
+        assert_eq!(ids(&a_finished), ["t3", "t1"]);
+        // Pages of two, following the cursor.
+        let mut seen = Vec::new();
+        let mut after = None;
+        loop {
+            let page = s
+                .list_transfers(&list(None, None, after.clone(), 2))
+                .await
+                .unwrap();
+            seen.extend(ids(&page));
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        assert_eq!(seen, ["t5", "t4", "t3", "t2", "t1"]);
+    }
+
+    pub async fn scan_pages_every_document_in_id_order(s: &dyn Store) {
+        for i in (0..25).rev() {
+            let id = format!("acct-{i:02}");
+            s.create(Index::Accounts, &id, json!({ "account_id": id }))
+                .await
+                .unwrap();
+        }
+        s.create(Index::Transactions, "t", transfer("t", "created", "a", "b", 1, 1))
+            .await
+            .unwrap();
+        s.refresh().await.unwrap();
+        let mut seen = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = s.scan(Index::Accounts, after.as_deref(), 10).await.unwrap();
+            let full = page.len() == 10;
+            seen.extend(page.into_iter().map(|d| d.id));
+            after = seen.last().cloned();
+            if !full {
+                break;
+            }
+        }
+        let want: Vec<_> = (0..25).map(|i| format!("acct-{i:02}")).collect();
+        assert_eq!(seen, want);
+    }
+
+    /// 32 tasks each add 1 ten times by read → conditional write, retrying on conflicts.
+    pub async fn concurrent_increments_are_exact_and_conflicts_are_seen(store: DynStore) {
+        store
+            .create(Index::Accounts, "counter", json!({"n": 0}))
+            .await
+            .unwrap();
+        let conflicts = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..32 {
+            let store = store.clone();
+            let conflicts = conflicts.clone();
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..10 {
+                    loop {
+                        let doc = store.get(Index::Accounts, "counter").await.unwrap().unwrap();
+                        let n = doc.source["n"].as_i64().unwrap();
+                        match store
+                            .replace_if(Index::Accounts, "counter", json!({ "n": n + 1 }), doc.version)
+                            .await
+                            .unwrap()
+                        {
+                            WriteOutcome::Written(_) => break,
+                            WriteOutcome::Conflict => {
+                                conflicts.fetch_add(1, Ordering::Relaxed);
+                                tokio::task::yield_now().await;
+                            }
+                            other => panic!("unexpected {other:?}"),
+                        }
+                    }
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let doc = store.get(Index::Accounts, "counter").await.unwrap().unwrap();
+        assert_eq!(doc.source["n"], 320, "every increment exactly once");
+        let conflicts = conflicts.load(Ordering::Relaxed);
+        eprintln!("conflicts seen: {conflicts}");
+        assert!(conflicts > 0, "32 concurrent writers must have conflicted");
+    }
+
+    pub async fn ready_answers_ok(s: &dyn Store) {
+        s.ready().await.unwrap();
+    }
+}
+
+macro_rules! store_suite {
+    ($backend:ident, $make:path, [$($test:ident),* $(,)?], [$($shared:ident),* $(,)?]) => {
+        mod $backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let Some(ctx) = $make().await else { return };
+                    super::suite::$test(ctx.store.as_ref()).await;
+                }
+            )*
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $shared() {
+                    let Some(ctx) = $make().await else { return };
+                    super::suite::$shared(ctx.store.clone()).await;
+                }
+            )*
+        }
+    };
+}
+
+macro_rules! all_backends {
+    ($($backend:ident => $make:path),*) => {
+        $(
+            store_suite!($backend, $make, [
+                get_missing_returns_none,
+                create_then_get_returns_source_and_version,
+                create_existing_is_already_exists_and_changes_nothing,
+                replace_if_matching_version_writes_and_bumps_seq_no,
+                replace_if_stale_version_conflicts_and_changes_nothing,
+                replace_if_missing_doc_is_not_found,
+                seq_no_increases_on_every_write_across_documents,
+                bulk_reports_each_item_in_order,
+                bulk_two_writes_on_one_version_only_first_wins,
+                bulk_of_nothing_answers_nothing,
+                find_stale_filters_state_and_time_oldest_first,
+                find_stale_pages_through_more_than_100,
+                list_transfers_filters_and_pages_newest_first,
+                scan_pages_every_document_in_id_order,
+                ready_answers_ok,
+            ], [concurrent_increments_are_exact_and_conflicts_are_seen]);
+        )*
+    };
+}
+
+all_backends!(embedded => super::embedded, emulator => super::emulator, real_es => super::real_es);

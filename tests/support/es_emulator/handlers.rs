@@ -1,0 +1,774 @@
+//! The endpoints. Each takes the decoded request ([`Ctx`]) and answers a response or an
+//! [`EsError`]. The cluster lock is only held in synchronous blocks, never across `.await`.
+
+use std::time::Instant;
+
+use axum::response::Response;
+use serde::Serialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Map, Value};
+
+use super::bulk;
+use super::dates;
+use super::errors::{bytes_response, empty_response, json_response, EsError, NODE_ID};
+use super::routes::{Ctx, Params};
+use super::search::{self, SearchRequest, SourceFilter};
+use super::state::{random_id, WriteKind, WriteRequest};
+use super::Shared;
+
+type Answer = Result<Response, EsError>;
+
+/// The `refresh` parameter of writes (§7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RefreshPolicy {
+    No,
+    Now,
+    WaitFor,
+}
+
+fn refresh_policy(params: &Params) -> Result<RefreshPolicy, EsError> {
+    match params.get("refresh") {
+        None | Some("false") => Ok(RefreshPolicy::No),
+        Some("true" | "") => Ok(RefreshPolicy::Now),
+        Some("wait_for") => Ok(RefreshPolicy::WaitFor),
+        Some(other) => Err(EsError::illegal_argument(format!(
+            "Unknown value for refresh: [{other}]."
+        ))),
+    }
+}
+
+/// A JSON request body; `None` when empty.
+fn json_body(body: &[u8]) -> Result<Option<Value>, EsError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    serde_json::from_slice(body)
+        .map(Some)
+        .map_err(|e| EsError::x_content(&e))
+}
+
+fn check_pipeline(params: &Params) -> Result<(), EsError> {
+    match params.get("pipeline") {
+        None | Some("_none") => Ok(()),
+        Some("") => Err(EsError::validation(&[
+            "pipeline cannot be an empty string".to_owned()
+        ])),
+        Some(other) => Err(EsError::illegal_argument(format!(
+            "pipeline with id [{other}] does not exist"
+        ))),
+    }
+}
+
+fn list_param(params: &Params, name: &str) -> Vec<String> {
+    params
+        .get(name)
+        .map(|v| {
+            v.split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `_source`, `_source_includes`, `_source_excludes` as URL parameters.
+fn source_params(params: &Params, filter: &mut SourceFilter) {
+    match params.get("_source") {
+        None => {}
+        Some("true") => filter.disabled = false,
+        Some("false") => filter.disabled = true,
+        Some(_) => filter.includes = list_param(params, "_source"),
+    }
+    if params.get("_source_includes").is_some() {
+        filter.includes = list_param(params, "_source_includes");
+    }
+    if params.get("_source_excludes").is_some() {
+        filter.excludes = list_param(params, "_source_excludes");
+    }
+}
+
+/// Blocks until every `(index, seq_no)` is searchable (`refresh=wait_for`), following the
+/// refresh schedule and waking on explicit refreshes.
+async fn wait_until_visible(shared: &Shared, targets: &[(String, i64)]) {
+    loop {
+        let notified = shared.refreshed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let next = {
+            let mut cluster = shared.cluster();
+            let default = cluster.default_refresh;
+            let now = Instant::now();
+            let mut waiting = false;
+            let mut next: Option<Instant> = None;
+            for (name, seq_no) in targets {
+                if let Some(index) = cluster.indices.get_mut(name) {
+                    index.catch_up(now, default);
+                    if !index.is_visible(*seq_no) {
+                        waiting = true;
+                        if let Some(at) = index.next_refresh(default) {
+                            next = Some(next.map_or(at, |n| n.min(at)));
+                        }
+                    }
+                }
+            }
+            if !waiting {
+                return;
+            }
+            next
+        };
+        let tick = async {
+            match next {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = &mut notified => {}
+            _ = tick => {}
+            _ = shared.cancel.cancelled() => return,
+        }
+    }
+}
+
+// ---- cluster ---------------------------------------------------------------------------
+
+pub fn info(ctx: &Ctx<'_>) -> Answer {
+    ctx.params.check(ctx.path, &[])?;
+    let uuid = ctx.shared.cluster().uuid.clone();
+    Ok(json_response(
+        200,
+        &json!({
+            "name": NODE_ID,
+            "cluster_name": "es-emulator",
+            "cluster_uuid": uuid,
+            "version": {
+                "number": "8.19.0",
+                "build_flavor": "default",
+                "build_type": "es-emulator (test double)",
+                "build_hash": "0000000000000000000000000000000000000000",
+                "build_date": "2025-01-01T00:00:00.000Z",
+                "build_snapshot": false,
+                "lucene_version": "9.12.2",
+                "minimum_wire_compatibility_version": "7.17.0",
+                "minimum_index_compatibility_version": "7.0.0"
+            },
+            "tagline": "You Know, for Search"
+        }),
+    ))
+}
+
+pub fn health(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
+    ctx.params.check(
+        ctx.path,
+        &[
+            "wait_for_status",
+            "timeout",
+            "level",
+            "local",
+            "master_timeout",
+            "wait_for_nodes",
+            "wait_for_active_shards",
+            "wait_for_events",
+            "wait_for_no_relocating_shards",
+            "wait_for_no_initializing_shards",
+            "expand_wildcards",
+        ],
+    )?;
+    let cluster = ctx.shared.cluster();
+    let names = cluster.resolve(index.unwrap_or("_all"), false)?;
+    let primaries = names.len() as u64;
+    let unassigned: u64 = names
+        .iter()
+        .filter_map(|n| cluster.indices.get(n))
+        .map(|i| i.settings.replicas)
+        .sum();
+    drop(cluster);
+    let status = if unassigned > 0 { "yellow" } else { "green" };
+    let wanted_green = ctx.params.get("wait_for_status") == Some("green");
+    let timed_out = wanted_green && status != "green";
+    let total = primaries + unassigned;
+    let percent = if total == 0 {
+        100.0
+    } else {
+        primaries as f64 * 100.0 / total as f64
+    };
+    let body = json!({
+        "cluster_name": "es-emulator",
+        "status": status,
+        "timed_out": timed_out,
+        "number_of_nodes": 1,
+        "number_of_data_nodes": 1,
+        "active_primary_shards": primaries,
+        "active_shards": primaries,
+        "relocating_shards": 0,
+        "initializing_shards": 0,
+        "unassigned_shards": unassigned,
+        "unassigned_primary_shards": 0,
+        "delayed_unassigned_shards": 0,
+        "number_of_pending_tasks": 0,
+        "number_of_in_flight_fetch": 0,
+        "task_max_waiting_in_queue_millis": 0,
+        "active_shards_percent_as_number": percent,
+    });
+    Ok(json_response(if timed_out { 408 } else { 200 }, &body))
+}
+
+// ---- indices ---------------------------------------------------------------------------
+
+pub fn create_index(ctx: &Ctx<'_>, index: &str) -> Answer {
+    ctx.params.check(
+        ctx.path,
+        &["wait_for_active_shards", "timeout", "master_timeout"],
+    )?;
+    let body = json_body(ctx.body)?.unwrap_or_else(|| json!({}));
+    let answer = ctx
+        .shared
+        .cluster()
+        .create_index(index, &body, Instant::now())?;
+    Ok(json_response(200, &answer))
+}
+
+const INDEX_READ_PARAMS: [&str; 9] = [
+    "allow_no_indices",
+    "expand_wildcards",
+    "ignore_unavailable",
+    "flat_settings",
+    "include_defaults",
+    "local",
+    "master_timeout",
+    "features",
+    "timeout",
+];
+
+pub fn index_exists(ctx: &Ctx<'_>, index: &str) -> Answer {
+    ctx.params.check(ctx.path, &INDEX_READ_PARAMS)?;
+    let found = ctx
+        .shared
+        .cluster()
+        .resolve(index, false)
+        .is_ok_and(|names| !names.is_empty());
+    Ok(empty_response(if found { 200 } else { 404 }))
+}
+
+pub fn get_index(ctx: &Ctx<'_>, index: &str) -> Answer {
+    ctx.params.check(ctx.path, &INDEX_READ_PARAMS)?;
+    let ignore = ctx.params.bool("ignore_unavailable")?.unwrap_or(false);
+    let cluster = ctx.shared.cluster();
+    let mut out = Map::new();
+    for name in cluster.resolve(index, ignore)? {
+        if let Some(Value::Object(described)) = cluster.indices.get(&name).map(|i| i.describe()) {
+            out.extend(described);
+        }
+    }
+    Ok(json_response(200, &Value::Object(out)))
+}
+
+pub fn delete_index(ctx: &Ctx<'_>, index: &str) -> Answer {
+    ctx.params.check(
+        ctx.path,
+        &[
+            "allow_no_indices",
+            "expand_wildcards",
+            "ignore_unavailable",
+            "master_timeout",
+            "timeout",
+        ],
+    )?;
+    if index.contains('*') || index.split(',').any(|p| p == "_all") {
+        return Err(EsError::illegal_argument(
+            "Wildcard expressions or all indices are not allowed",
+        ));
+    }
+    let ignore = ctx.params.bool("ignore_unavailable")?.unwrap_or(false);
+    let mut cluster = ctx.shared.cluster();
+    for name in cluster.resolve(index, ignore)? {
+        cluster.indices.remove(&name);
+    }
+    Ok(json_response(200, &json!({"acknowledged": true})))
+}
+
+pub fn refresh(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
+    ctx.params.check(
+        ctx.path,
+        &["ignore_unavailable", "allow_no_indices", "expand_wildcards"],
+    )?;
+    let ignore = ctx.params.bool("ignore_unavailable")?.unwrap_or(false);
+    let now = Instant::now();
+    let mut cluster = ctx.shared.cluster();
+    let names = cluster.resolve(index.unwrap_or("_all"), ignore)?;
+    let mut total = 0;
+    for name in &names {
+        if let Some(state) = cluster.indices.get_mut(name) {
+            state.refresh(now);
+            total += 1 + state.settings.replicas;
+        }
+    }
+    drop(cluster);
+    ctx.shared.refreshed.notify_waiters();
+    Ok(json_response(
+        200,
+        &json!({"_shards": {"total": total, "successful": names.len(), "failed": 0}}),
+    ))
+}
+
+// ---- documents -------------------------------------------------------------------------
+
+#[derive(Serialize)]
+struct GetOut<'a> {
+    _index: &'a str,
+    _id: &'a str,
+    _version: u64,
+    _seq_no: i64,
+    _primary_term: u64,
+    found: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    _source: Option<Box<RawValue>>,
+}
+
+pub fn get_doc(ctx: &Ctx<'_>, index: &str, id: &str) -> Answer {
+    ctx.params.check(
+        ctx.path,
+        &[
+            "realtime",
+            "refresh",
+            "routing",
+            "preference",
+            "_source",
+            "_source_includes",
+            "_source_excludes",
+            "stored_fields",
+            "version",
+            "version_type",
+        ],
+    )?;
+    let realtime = ctx.params.bool("realtime")?.unwrap_or(true);
+    let refresh = ctx.params.bool("refresh")?.unwrap_or(false);
+    let version = ctx.params.long("version")?;
+    let mut filter = SourceFilter::default();
+    source_params(ctx.params, &mut filter);
+    let now = Instant::now();
+    let doc = {
+        let mut cluster = ctx.shared.cluster();
+        let state = cluster.index(index, now)?;
+        if refresh {
+            state.refresh(now);
+        }
+        let doc = if realtime {
+            state.live(id)
+        } else {
+            state.searchable(id)
+        };
+        let doc = doc.cloned();
+        let uuid = state.uuid.clone();
+        (doc, uuid)
+    };
+    if refresh {
+        ctx.shared.refreshed.notify_waiters();
+    }
+    let (doc, uuid) = doc;
+    let Some(doc) = doc else {
+        return Ok(json_response(
+            404,
+            &json!({"_index": index, "_id": id, "found": false}),
+        ));
+    };
+    if let Some(wanted) = version {
+        if doc.version as i64 != wanted {
+            return Err(EsError::conflict(
+                format!(
+                    "[{id}]: version conflict, current version [{}] is different than the one provided [{wanted}]",
+                    doc.version
+                ),
+                index,
+                &uuid,
+            ));
+        }
+    }
+    let out = GetOut {
+        _index: index,
+        _id: id,
+        _version: doc.version,
+        _seq_no: doc.seq_no,
+        _primary_term: doc.primary_term,
+        found: true,
+        _source: search::filter_source(&doc.raw, &doc.source, &filter),
+    };
+    let bytes =
+        serde_json::to_vec(&out).map_err(|e| EsError::new(500, "exception", e.to_string()))?;
+    Ok(bytes_response(200, bytes))
+}
+
+fn cas_params(params: &Params) -> Result<(Option<i64>, Option<u64>), EsError> {
+    let if_seq_no = params.long("if_seq_no")?;
+    let if_primary_term = params
+        .long("if_primary_term")?
+        .map(|t| {
+            u64::try_from(t).map_err(|_| {
+                EsError::illegal_argument(format!("primary term must be non negative. got [{t}]."))
+            })
+        })
+        .transpose()?;
+    bulk::check_seq_no(if_seq_no)?;
+    Ok((if_seq_no, if_primary_term))
+}
+
+fn reject_external_versioning(params: &Params) -> Result<(), EsError> {
+    if params.get("version").is_some() || params.get("version_type").is_some() {
+        return Err(EsError::unsupported("version / version_type on writes"));
+    }
+    Ok(())
+}
+
+/// `PUT|POST /{i}/_doc/{id}`, `POST /{i}/_doc`, `PUT|POST /{i}/_create/{id}` (§1, §3).
+pub async fn write_doc(ctx: &Ctx<'_>, index: &str, id: Option<&str>, create_route: bool) -> Answer {
+    ctx.params.check(
+        ctx.path,
+        &[
+            "op_type",
+            "if_seq_no",
+            "if_primary_term",
+            "refresh",
+            "routing",
+            "timeout",
+            "version",
+            "version_type",
+            "wait_for_active_shards",
+            "pipeline",
+            "require_alias",
+            "require_data_stream",
+            "include_source_on_error",
+        ],
+    )?;
+    let op_type = ctx.params.get("op_type");
+    let kind = match (create_route, op_type) {
+        (true, None | Some("create")) => WriteKind::Create,
+        (true, Some(other)) => {
+            return Err(EsError::illegal_argument(format!(
+                "opType must be 'create', found: [{other}]"
+            )))
+        }
+        (false, None | Some("index")) => WriteKind::Index,
+        (false, Some("create")) => WriteKind::Create,
+        (false, Some(other)) => {
+            return Err(EsError::illegal_argument(format!(
+                "opType must be 'create' or 'index', found: [{other}]"
+            )))
+        }
+    };
+    reject_external_versioning(ctx.params)?;
+    check_pipeline(ctx.params)?;
+    let (if_seq_no, if_primary_term) = cas_params(ctx.params)?;
+    let refresh = refresh_policy(ctx.params)?;
+    if ctx.body.iter().all(u8::is_ascii_whitespace) {
+        return Err(EsError::parse("request body is required"));
+    }
+    let messages = bulk::validate_write(kind, Some(index), id, if_seq_no, if_primary_term, true);
+    if !messages.is_empty() {
+        return Err(EsError::validation(&messages));
+    }
+    let source = bulk::parse_source(ctx.body)?;
+    let id = id.map_or_else(|| random_id(20), str::to_owned);
+    let now = Instant::now();
+    let (status, body, seq_no) = {
+        let mut cluster = ctx.shared.cluster();
+        let state = cluster.index_for_write(index, now)?;
+        let written = state.apply(
+            WriteRequest {
+                kind,
+                id: id.clone(),
+                source: Some(source),
+                if_seq_no,
+                if_primary_term,
+            },
+            now,
+        )?;
+        let forced = (refresh == RefreshPolicy::Now).then(|| {
+            state.refresh(now);
+            true
+        });
+        let body = bulk::write_body(index, &id, &written, state.shards(), forced);
+        (written.status, body, written.seq_no)
+    };
+    match refresh {
+        RefreshPolicy::Now => ctx.shared.refreshed.notify_waiters(),
+        RefreshPolicy::WaitFor => {
+            wait_until_visible(ctx.shared, &[(index.to_owned(), seq_no)]).await
+        }
+        RefreshPolicy::No => {}
+    }
+    Ok(json_response(status, &Value::Object(body)))
+}
+
+/// `DELETE /{i}/_doc/{id}` (§5).
+pub async fn delete_doc(ctx: &Ctx<'_>, index: &str, id: &str) -> Answer {
+    ctx.params.check(
+        ctx.path,
+        &[
+            "if_seq_no",
+            "if_primary_term",
+            "refresh",
+            "routing",
+            "timeout",
+            "version",
+            "version_type",
+            "wait_for_active_shards",
+        ],
+    )?;
+    reject_external_versioning(ctx.params)?;
+    let (if_seq_no, if_primary_term) = cas_params(ctx.params)?;
+    let refresh = refresh_policy(ctx.params)?;
+    let messages = bulk::validate_write(
+        WriteKind::Delete,
+        Some(index),
+        Some(id),
+        if_seq_no,
+        if_primary_term,
+        true,
+    );
+    if !messages.is_empty() {
+        return Err(EsError::validation(&messages));
+    }
+    let now = Instant::now();
+    let (status, body, seq_no) = {
+        let mut cluster = ctx.shared.cluster();
+        let state = cluster.index(index, now)?;
+        let written = state.apply(
+            WriteRequest {
+                kind: WriteKind::Delete,
+                id: id.to_owned(),
+                source: None,
+                if_seq_no,
+                if_primary_term,
+            },
+            now,
+        )?;
+        let forced = (refresh == RefreshPolicy::Now).then(|| {
+            state.refresh(now);
+            true
+        });
+        let body = bulk::write_body(index, id, &written, state.shards(), forced);
+        (written.status, body, written.seq_no)
+    };
+    match refresh {
+        RefreshPolicy::Now => ctx.shared.refreshed.notify_waiters(),
+        RefreshPolicy::WaitFor => {
+            wait_until_visible(ctx.shared, &[(index.to_owned(), seq_no)]).await
+        }
+        RefreshPolicy::No => {}
+    }
+    Ok(json_response(status, &Value::Object(body)))
+}
+
+/// `POST /_bulk`, `POST /{i}/_bulk` (§6).
+pub async fn bulk(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
+    ctx.params.check(
+        ctx.path,
+        &[
+            "refresh",
+            "routing",
+            "timeout",
+            "wait_for_active_shards",
+            "pipeline",
+            "require_alias",
+            "require_data_stream",
+            "_source",
+            "_source_includes",
+            "_source_excludes",
+            "list_executed_pipelines",
+            "include_source_on_error",
+        ],
+    )?;
+    check_pipeline(ctx.params)?;
+    let refresh = refresh_policy(ctx.params)?;
+    let items = bulk::parse(ctx.body, index)?;
+    let now = Instant::now();
+    let forced = (refresh == RefreshPolicy::Now).then_some(true);
+    let mut results = Vec::with_capacity(items.len());
+    let mut errors = false;
+    let mut written: Vec<(String, i64)> = Vec::new();
+    {
+        let mut cluster = ctx.shared.cluster();
+        for item in items {
+            let result = bulk::apply_item(&mut cluster, item, now, forced);
+            errors |= result.failed;
+            if let Some((name, seq_no)) = result.written {
+                match written.iter_mut().find(|(n, _)| *n == name) {
+                    Some(entry) => entry.1 = entry.1.max(seq_no),
+                    None => written.push((name, seq_no)),
+                }
+            }
+            results.push(result.json);
+        }
+        if refresh == RefreshPolicy::Now {
+            for (name, _) in &written {
+                if let Some(state) = cluster.indices.get_mut(name) {
+                    state.refresh(now);
+                }
+            }
+        }
+    }
+    match refresh {
+        RefreshPolicy::Now => ctx.shared.refreshed.notify_waiters(),
+        RefreshPolicy::WaitFor => wait_until_visible(ctx.shared, &written).await,
+        RefreshPolicy::No => {}
+    }
+    Ok(json_response(
+        200,
+        &json!({"errors": errors, "took": ctx.took(), "items": results}),
+    ))
+}
+
+// ---- search ----------------------------------------------------------------------------
+
+const SEARCH_PARAMS: [&str; 33] = [
+    "size",
+    "from",
+    "sort",
+    "seq_no_primary_term",
+    "version",
+    "track_total_hits",
+    "track_scores",
+    "_source",
+    "_source_includes",
+    "_source_excludes",
+    "rest_total_hits_as_int",
+    "ignore_unavailable",
+    "allow_no_indices",
+    "expand_wildcards",
+    "typed_keys",
+    "request_cache",
+    "preference",
+    "routing",
+    "timeout",
+    "batched_reduce_size",
+    "ccs_minimize_roundtrips",
+    "pre_filter_shard_size",
+    "max_concurrent_shard_requests",
+    "allow_partial_search_results",
+    "search_type",
+    "ignore_throttled",
+    "q",
+    "df",
+    "analyzer",
+    "default_operator",
+    "lenient",
+    "terminate_after",
+    "explain",
+];
+
+/// Resolves the searched indices and runs their scheduled refreshes.
+fn searched_indices(
+    ctx: &Ctx<'_>,
+    cluster: &mut super::state::Cluster,
+    index: Option<&str>,
+    now: Instant,
+) -> Result<Vec<String>, EsError> {
+    let expression = index.unwrap_or("_all");
+    let ignore = ctx.params.bool("ignore_unavailable")?.unwrap_or(false);
+    let allow_none = ctx.params.bool("allow_no_indices")?.unwrap_or(true);
+    let names = cluster.resolve(expression, ignore)?;
+    if names.is_empty() && !allow_none {
+        return Err(EsError::index_not_found(expression));
+    }
+    for name in &names {
+        cluster.index(name, now)?;
+    }
+    Ok(names)
+}
+
+pub fn search(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
+    let params = ctx.params;
+    params.check(ctx.path, &SEARCH_PARAMS)?;
+    for unsupported in [
+        "q",
+        "df",
+        "analyzer",
+        "default_operator",
+        "lenient",
+        "terminate_after",
+    ] {
+        if params.get(unsupported).is_some() {
+            return Err(EsError::unsupported(&format!(
+                "search URL parameter {unsupported}"
+            )));
+        }
+    }
+    let mut request = SearchRequest::default();
+    if let Some(body) = json_body(ctx.body)? {
+        search::parse_body(&body, &mut request)?;
+    }
+    if let Some(size) = params.long("size")? {
+        request.size = size;
+    }
+    if let Some(from) = params.long("from")? {
+        request.from = from;
+    }
+    if let Some(sort) = params.get("sort") {
+        request.sort = search::parse_sort_param(sort)?;
+    }
+    if let Some(v) = params.bool("seq_no_primary_term")? {
+        request.seq_no_primary_term = v;
+    }
+    if let Some(v) = params.bool("version")? {
+        request.version = v;
+    }
+    if let Some(v) = params.bool("track_scores")? {
+        request.track_scores = v;
+    }
+    if let Some(v) = params.get("track_total_hits") {
+        request.track_total = search::parse_track_total(&json!(v))?;
+    }
+    if let Some(v) = params.bool("rest_total_hits_as_int")? {
+        request.total_as_int = v;
+    }
+    source_params(params, &mut request.source);
+    let now = Instant::now();
+    let mut cluster = ctx.shared.cluster();
+    let names = searched_indices(ctx, &mut cluster, index, now)?;
+    let bytes = search::execute(&cluster, &names, &request, dates::now_millis(), ctx.took())?;
+    Ok(bytes_response(200, bytes))
+}
+
+pub fn count(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
+    ctx.params.check(
+        ctx.path,
+        &[
+            "ignore_unavailable",
+            "allow_no_indices",
+            "expand_wildcards",
+            "preference",
+            "routing",
+            "q",
+            "terminate_after",
+            "min_score",
+        ],
+    )?;
+    for unsupported in ["q", "terminate_after", "min_score"] {
+        if ctx.params.get(unsupported).is_some() {
+            return Err(EsError::unsupported(&format!(
+                "_count URL parameter {unsupported}"
+            )));
+        }
+    }
+    let mut query = super::query::Query::MatchAll { boost: 1.0 };
+    if let Some(body) = json_body(ctx.body)? {
+        let Value::Object(map) = &body else {
+            return Err(EsError::parsing("request body must be an object"));
+        };
+        for (key, value) in map {
+            match key.as_str() {
+                "query" => query = super::query::parse(value)?,
+                other => {
+                    return Err(EsError::parsing(format!(
+                        "request does not support [{other}]"
+                    )))
+                }
+            }
+        }
+    }
+    let now = Instant::now();
+    let mut cluster = ctx.shared.cluster();
+    let names = searched_indices(ctx, &mut cluster, index, now)?;
+    let body = search::count(&cluster, &names, &query, dates::now_millis())?;
+    Ok(json_response(200, &body))
+}

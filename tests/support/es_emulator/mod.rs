@@ -1,0 +1,281 @@
+//! **es-emulator: a TEST DOUBLE of Elasticsearch**, not Elasticsearch. It serves, in memory,
+//! the subset of the Elasticsearch 8.x REST API that the service's Elasticsearch backend
+//! (`src/store/elasticsearch.rs`) uses, with the status codes and bodies documented in
+//! `shared/es-rest-subset.md` (the §-numbers below refer to it). Where it and a real cluster
+//! disagree, the real cluster is right and this emulator is the bug.
+//!
+//! Used in-process by the integration tests (`spawn`) and as a separate process by
+//! `cargo run --example es-emulator -- --listen 127.0.0.1:9200 [--refresh-interval 1s|-1]`.
+//!
+//! # Implemented
+//! - §0 every response carries `X-elastic-product: Elasticsearch`; write bodies
+//!   (`_index`, `_id`, `_version`, `result`, `_shards`, `_seq_no`, `_primary_term`,
+//!   `forced_refresh` when `refresh=true`); `_shards` `{"total":1+replicas,"successful":1,
+//!   "failed":0}`; error envelopes with `root_cause`, shard meta (`index_uuid`, `shard`,
+//!   `index`) and `resource.type`/`resource.id`; `Validation Failed: 1: …;` messages.
+//! - §1 create (`PUT|POST /{i}/_create/{id}`, `op_type=create`): 201, 409 "document already
+//!   exists (current version [v])", re-create after delete continues the tombstone's version,
+//!   create + `if_seq_no` and `/_create?op_type=index` refused, ids over 512 bytes and empty
+//!   ids refused, auto-creation of missing indices (index, create, bulk; not delete).
+//! - §2 realtime GET (`found:true|false`, 404 `index_not_found_exception` with resource meta),
+//!   `realtime=false` (refreshed view only), `refresh=true`, `version=N` precondition (409),
+//!   `_source`/`_source_includes`/`_source_excludes`, `HEAD` for existence.
+//! - §3 index with and without `if_seq_no`+`if_primary_term`: 201 created / 200 updated,
+//!   `_version+1` on every write, the two CAS reason strings verbatim, parameter validation.
+//! - §5 delete: 200 deleted, 404 `not_found` write body that still consumes a `_seq_no`, CAS,
+//!   no auto-create. Tombstones keep the version for `index.gc_deletes` (default 60s) and are
+//!   pruned on a refresh after that. A delete of an absent id also leaves a tombstone (so a
+//!   later create gets `_version:2`), as Elasticsearch's version map does.
+//! - §6 `_bulk` and `/{i}/_bulk`: NDJSON (`index` with CAS, `create`, `delete`; `update`
+//!   answers its item with a 400 "not implemented"), final-newline and malformed-action-line
+//!   400s, unknown action parameters, validation errors, per-item results in order with
+//!   `status`, `errors`, sequential application, `?refresh=`.
+//! - §7 `_search` (`GET|POST /_search`, `/{i,j,pattern*}/_search`, `ignore_unavailable`):
+//!   `query` `match_all`, `match_none`, `term`, `terms`, `range` (long, double, keyword and
+//!   date fields; RFC 3339 / epoch-millis / `"format":"epoch_millis"`; date math `now-2m`,
+//!   `now/d`, `date||+1M` with the gt/gte/lt/lte rounding rules, partial dates rounded up for
+//!   gt/lte), `exists`, `ids`, `bool` (`must`/`filter`/`should`/`must_not`,
+//!   `minimum_should_match` as number or percentage), `constant_score`; `sort` (`"f"`,
+//!   `{"f":"asc"}`, `{"f":{"order","missing","unmapped_type","mode","format"}}`, `_score`,
+//!   `_doc`; dates sort as epoch-millis longs; missing values last, as Elasticsearch's
+//!   `Long.MAX_VALUE`/`MIN_VALUE` sentinels for numeric fields and `null` for keywords; errors
+//!   for unmapped, `text` and `_id` sort fields), `search_after` (strictly after, checked
+//!   against the sort), `from`/`size` (default 10, `from+size ≤ max_result_window`),
+//!   `seq_no_primary_term` and `version` (body or URL), `track_total_hits` (`eq`/`gte`/omitted),
+//!   `track_scores`, `_source` filtering, `rest_total_hits_as_int`; `_score`/`max_score` null
+//!   with a field sort. Also `_count`.
+//! - Near-real-time (§7): searches and `realtime=false` GETs see each index as of its last
+//!   refresh. Refreshes happen every `refresh_interval` on the wall clock (index setting,
+//!   else [`EmulatorConfig::refresh_interval`]; computed lazily on access, each scheduled
+//!   refresh exposing only the writes made before its tick), on `POST|GET /_refresh` and
+//!   `/{i,j}/_refresh`, and on writes with `refresh=true`. `refresh=wait_for` blocks until a
+//!   refresh shows the write (forever with refreshes disabled and nobody refreshing).
+//! - §8 `PUT /{i}` with `settings` (flat, nested under `index`, or dotted: `number_of_shards`
+//!   (only 1), `number_of_replicas`, `refresh_interval` (`1s`, `-1`…), `gc_deletes`,
+//!   `max_result_window`; unknown settings refused) and `mappings` (`properties` with types,
+//!   multi-fields, `dynamic` true/false/strict, `enabled:false`, date `format`); documents are
+//!   checked against the mapping (`document_parsing_exception`,
+//!   `strict_dynamic_mapping_exception`) and new fields are mapped dynamically (strings →
+//!   `text` + `.keyword`, or `date` when they look like one). 400
+//!   `resource_already_exists_exception` and `invalid_index_name_exception`. `HEAD /{i}` 200/404
+//!   with an empty body, `GET /{i}`, `DELETE /{i}`.
+//! - §10/§11 `_seq_no` per index (one shard) from 0, +1 per applied op (not for conflicts or
+//!   failed items), `_primary_term` 1, `_version` per document.
+//! - `GET|HEAD /` (cluster info, `version.number` 8.19.0), `GET /_cluster/health` (`green`, or
+//!   `yellow` while some index has replicas, which a one-node cluster cannot assign; a stricter
+//!   `wait_for_status` answers 408 at once instead of waiting).
+//! - Failure injection for tests: [`RunningEmulator::fail_next`],
+//!   [`RunningEmulator::set_unavailable`]; request counters.
+//! - Wrong method on a known path: 405 with Elasticsearch's plain-string `error` and `Allow`;
+//!   unknown paths: 400 "no handler found for uri"; known Elasticsearch APIs this double lacks
+//!   and unrecognized URL parameters: 400 `illegal_argument_exception`; malformed JSON: 400
+//!   `x_content_parse_exception` (request bodies) or `document_parsing_exception` (document
+//!   sources); bodies up to 100 MiB (413 beyond).
+//!
+//! # Not implemented
+//! - §4 the `_update` API and bulk `update` (400), §9 ingest pipelines and stored scripts (a
+//!   `pipeline` other than `_none` is refused as "does not exist", which is what a cluster
+//!   without pipelines answers), `index.default_pipeline`.
+//! - The **search-idle exception** of §7: with the default interval, background refreshes
+//!   never stop, so a search never triggers a refresh by itself.
+//! - Relevance scoring: every matching scoring clause scores `1.0 × boost` (no BM25);
+//!   full-text queries (`match`, `query_string`, …), aggregations, highlighting, scroll, PIT,
+//!   `_mget`, `_msearch`, aliases, templates, external versioning, routing (accepted and
+//!   ignored), more than one shard, replicas that actually exist, time zones other than UTC,
+//!   `filter_path`, `pretty`-printing (accepted, ignored), `Content-Type` enforcement beyond
+//!   refusing obviously non-JSON types, circuit breakers and real back-pressure (use
+//!   `fail_next`).
+//! - Duplicate keys in a source are not refused (the last one wins for queries).
+
+#![allow(dead_code)]
+
+pub mod bulk;
+pub mod dates;
+pub mod errors;
+pub mod handlers;
+pub mod mapping;
+pub mod query;
+pub mod routes;
+pub mod search;
+pub mod state;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// How the emulator behaves.
+#[derive(Clone, Debug)]
+pub struct EmulatorConfig {
+    /// `refresh_interval` of indices that do not set one. `None` is `-1`: only explicit
+    /// refreshes (`_refresh`, `refresh=true`) make writes searchable.
+    pub refresh_interval: Option<Duration>,
+}
+
+impl Default for EmulatorConfig {
+    fn default() -> Self {
+        EmulatorConfig {
+            refresh_interval: Some(Duration::from_secs(1)),
+        }
+    }
+}
+
+/// The request kinds counted by [`RunningEmulator::request_count_of`].
+pub const KINDS: [&str; 10] = [
+    "bulk", "get", "search", "index", "create", "delete", "refresh", "indices", "info", "other",
+];
+
+#[derive(Debug, Default)]
+struct Faults {
+    unavailable: bool,
+    status: u16,
+    remaining: usize,
+}
+
+/// State shared by the request handlers of one emulator.
+#[derive(Debug)]
+pub struct Shared {
+    cluster: Mutex<state::Cluster>,
+    /// Woken on every explicit refresh (for `refresh=wait_for`).
+    pub refreshed: Notify,
+    faults: Mutex<Faults>,
+    total: AtomicU64,
+    per_kind: [AtomicU64; KINDS.len()],
+    /// Cancelled when the emulator stops; ends pending `wait_for` waits.
+    pub cancel: CancellationToken,
+}
+
+impl Shared {
+    fn new(config: &EmulatorConfig, cancel: CancellationToken) -> Self {
+        Shared {
+            cluster: Mutex::new(state::Cluster::new(config.refresh_interval)),
+            refreshed: Notify::new(),
+            faults: Mutex::new(Faults::default()),
+            total: AtomicU64::new(0),
+            per_kind: Default::default(),
+            cancel,
+        }
+    }
+
+    /// The cluster. Never hold the guard across an `.await`.
+    pub fn cluster(&self) -> MutexGuard<'_, state::Cluster> {
+        self.cluster.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn count(&self, kind: &str) {
+        self.total.fetch_add(1, Ordering::Relaxed);
+        let slot = KINDS
+            .iter()
+            .position(|k| *k == kind)
+            .unwrap_or(KINDS.len() - 1);
+        self.per_kind[slot].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The status an injected failure answers this request with, if any.
+    pub fn take_fault(&self) -> Option<u16> {
+        let mut faults = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        if faults.unavailable {
+            return Some(503);
+        }
+        if faults.remaining > 0 {
+            faults.remaining -= 1;
+            return Some(faults.status);
+        }
+        None
+    }
+}
+
+/// An emulator serving on a tokio task. Dropping it stops the server.
+pub struct RunningEmulator {
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    pub addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl RunningEmulator {
+    /// The next `count` requests are answered with `status` without being applied: 429 is an
+    /// `es_rejected_execution_exception`, 503 an `unavailable_shards_exception`, anything else
+    /// a generic envelope of that status.
+    pub fn fail_next(&self, status: u16, count: usize) {
+        let mut faults = self.shared.faults.lock().unwrap_or_else(|e| e.into_inner());
+        faults.status = status;
+        faults.remaining = count;
+    }
+
+    /// While `true`, every request is answered 503 without being applied.
+    pub fn set_unavailable(&self, down: bool) {
+        self.shared
+            .faults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unavailable = down;
+    }
+
+    /// Every request received, failed ones included.
+    pub fn request_count(&self) -> u64 {
+        self.shared.total.load(Ordering::Relaxed)
+    }
+
+    /// Requests of one kind: one of [`KINDS`] (0 for anything else).
+    pub fn request_count_of(&self, kind: &str) -> u64 {
+        KINDS
+            .iter()
+            .position(|k| *k == kind)
+            .map_or(0, |i| self.shared.per_kind[i].load(Ordering::Relaxed))
+    }
+
+    /// Stops serving and waits for the server task to end.
+    pub async fn shutdown(mut self) {
+        self.shared.cancel.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for RunningEmulator {
+    fn drop(&mut self) {
+        self.shared.cancel.cancel();
+    }
+}
+
+/// Binds `127.0.0.1:0` and serves on a tokio task.
+pub async fn spawn(config: EmulatorConfig) -> RunningEmulator {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("es-emulator: bind 127.0.0.1:0");
+    let addr = listener.local_addr().expect("es-emulator: local address");
+    let shared = Arc::new(Shared::new(&config, CancellationToken::new()));
+    let task = tokio::spawn(serve_shared(listener, shared.clone()));
+    RunningEmulator {
+        url: format!("http://{addr}"),
+        addr,
+        shared,
+        task: Some(task),
+    }
+}
+
+/// Serves on `listener` until the process ends (or the listener fails).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    config: EmulatorConfig,
+) -> std::io::Result<()> {
+    let shared = Arc::new(Shared::new(&config, CancellationToken::new()));
+    serve_shared(listener, shared).await
+}
+
+async fn serve_shared(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+) -> std::io::Result<()> {
+    let cancel = shared.cancel.clone();
+    let app = routes::router(shared);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(cancel.cancelled_owned())
+        .await
+}

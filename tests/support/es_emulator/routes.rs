@@ -1,0 +1,369 @@
+//! HTTP routing: one axum fallback handler that decodes the path, counts the request by
+//! kind, applies injected failures, reads the body (up to 100 MiB), checks URL parameters,
+//! and dispatches to [`handlers`](super::handlers). Routing by hand (rather than axum routes)
+//! keeps Elasticsearch's own answers for unknown paths (400), wrong methods (405) and index
+//! names that start with `_`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, Method};
+use axum::response::Response;
+use axum::Router;
+
+use super::errors::{self, EsError};
+use super::handlers;
+use super::Shared;
+
+/// `http.max_content_length` of Elasticsearch.
+pub const MAX_BODY: usize = 100 * 1024 * 1024;
+
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new().fallback(handle).with_state(shared)
+}
+
+/// The URL query parameters of a request, decoded, in order.
+#[derive(Debug, Default)]
+pub struct Params(pub Vec<(String, String)>);
+
+impl Params {
+    pub fn parse(query: Option<&str>) -> Self {
+        Params(
+            query
+                .map(|q| {
+                    url::form_urlencoded::parse(q.as_bytes())
+                        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        )
+    }
+
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// A boolean parameter: `true`, `false`, or present without a value (`true`).
+    pub fn bool(&self, name: &str) -> Result<Option<bool>, EsError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some("true" | "") => Ok(Some(true)),
+            Some("false") => Ok(Some(false)),
+            Some(other) => Err(EsError::illegal_argument(format!(
+                "Failed to parse value [{other}] as only [true] or [false] are allowed."
+            ))),
+        }
+    }
+
+    pub fn long(&self, name: &str) -> Result<Option<i64>, EsError> {
+        self.get(name)
+            .map(|v| {
+                v.parse::<i64>().map_err(|_| {
+                    EsError::illegal_argument(format!(
+                        "Failed to parse long parameter [{name}] with value [{v}]"
+                    ))
+                })
+            })
+            .transpose()
+    }
+
+    /// 400 for any parameter not in `allowed` (nor a parameter every API accepts).
+    pub fn check(&self, path: &str, allowed: &[&str]) -> Result<(), EsError> {
+        const EVERYWHERE: [&str; 4] = ["pretty", "human", "error_trace", "format"];
+        let mut unknown: Vec<&str> = self
+            .0
+            .iter()
+            .map(|(k, _)| k.as_str())
+            .filter(|k| !allowed.contains(k) && !EVERYWHERE.contains(k))
+            .collect();
+        unknown.dedup();
+        match unknown.as_slice() {
+            [] => Ok(()),
+            [one] => Err(EsError::illegal_argument(format!(
+                "request [{path}] contains unrecognized parameter: [{one}]"
+            ))),
+            many => Err(EsError::illegal_argument(format!(
+                "request [{path}] contains unrecognized parameters: [{}]",
+                many.join("], [")
+            ))),
+        }
+    }
+}
+
+/// Everything a handler needs about one request.
+pub struct Ctx<'a> {
+    pub shared: &'a Arc<Shared>,
+    pub method: &'a Method,
+    pub path: &'a str,
+    pub params: &'a Params,
+    pub body: &'a [u8],
+    pub started: Instant,
+}
+
+impl Ctx<'_> {
+    pub fn took(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+}
+
+/// The endpoints.
+#[derive(Debug, Clone)]
+pub enum Route {
+    Info,
+    Health(Option<String>),
+    Bulk(Option<String>),
+    Refresh(Option<String>),
+    Search(Option<String>),
+    Count(Option<String>),
+    Index(String),
+    Doc(String, Option<String>),
+    Create(String, String),
+    /// An Elasticsearch API this double does not implement.
+    Unsupported,
+    NoHandler,
+}
+
+fn percent_decode(segment: &str) -> Result<String, EsError> {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok());
+            match hex {
+                Some(byte) => {
+                    out.push(byte);
+                    i += 3;
+                    continue;
+                }
+                None => {
+                    return Err(EsError::illegal_argument(format!(
+                        "partial escape sequence at end of string: {segment}"
+                    )))
+                }
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8(out).map_err(|_| {
+        EsError::illegal_argument(format!("invalid UTF-8 in path segment [{segment}]"))
+    })
+}
+
+/// Elasticsearch APIs outside the emulated subset (answered 400 "not implemented").
+const KNOWN_APIS: [&str; 34] = [
+    "_update",
+    "_source",
+    "_mget",
+    "_msearch",
+    "_mapping",
+    "_mappings",
+    "_settings",
+    "_cat",
+    "_nodes",
+    "_cluster",
+    "_delete_by_query",
+    "_update_by_query",
+    "_ingest",
+    "_scripts",
+    "_aliases",
+    "_alias",
+    "_index_template",
+    "_template",
+    "_component_template",
+    "_license",
+    "_xpack",
+    "_security",
+    "_snapshot",
+    "_tasks",
+    "_reindex",
+    "_flush",
+    "_forcemerge",
+    "_stats",
+    "_open",
+    "_close",
+    "_explain",
+    "_termvectors",
+    "_pit",
+    "_analyze",
+];
+
+fn route_of(segments: &[String]) -> Route {
+    let s: Vec<&str> = segments.iter().map(String::as_str).collect();
+    let own = |name: &str| Some(name.to_owned());
+    match s.as_slice() {
+        [] => Route::Info,
+        ["_cluster", "health"] => Route::Health(None),
+        ["_cluster", "health", index] => Route::Health(own(index)),
+        ["_bulk"] => Route::Bulk(None),
+        ["_refresh"] => Route::Refresh(None),
+        ["_search"] => Route::Search(None),
+        ["_count"] => Route::Count(None),
+        [first, ..] if first.starts_with('_') => {
+            if KNOWN_APIS.contains(first) || *first == "_search" {
+                Route::Unsupported
+            } else {
+                Route::NoHandler
+            }
+        }
+        [index] => Route::Index((*index).to_owned()),
+        [index, "_bulk"] => Route::Bulk(own(index)),
+        [index, "_refresh"] => Route::Refresh(own(index)),
+        [index, "_search"] => Route::Search(own(index)),
+        [index, "_count"] => Route::Count(own(index)),
+        [index, "_doc"] => Route::Doc((*index).to_owned(), None),
+        [index, "_doc", id] => Route::Doc((*index).to_owned(), own(id)),
+        [index, "_create", id] => Route::Create((*index).to_owned(), (*id).to_owned()),
+        [_, api, ..] if KNOWN_APIS.contains(api) => Route::Unsupported,
+        _ => Route::NoHandler,
+    }
+}
+
+/// The counter a request goes to.
+fn kind_of(route: &Route, method: &Method, params: &Params) -> &'static str {
+    match route {
+        Route::Info | Route::Health(_) => "info",
+        Route::Bulk(_) => "bulk",
+        Route::Refresh(_) => "refresh",
+        Route::Search(_) | Route::Count(_) => "search",
+        Route::Index(_) => "indices",
+        Route::Create(..) => "create",
+        Route::Doc(..) if matches!(*method, Method::GET | Method::HEAD) => "get",
+        Route::Doc(..) if *method == Method::DELETE => "delete",
+        Route::Doc(..) if params.get("op_type") == Some("create") => "create",
+        Route::Doc(..) => "index",
+        Route::Unsupported | Route::NoHandler => "other",
+    }
+}
+
+fn no_handler(path: &str, method: &Method) -> Response {
+    EsError::illegal_argument(format!(
+        "no handler found for uri [{path}] and method [{method}]"
+    ))
+    .into_response()
+}
+
+async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let started = Instant::now();
+    let (parts, body) = request.into_parts();
+    let method = parts.method;
+    let path = parts.uri.path().to_owned();
+    let params = Params::parse(parts.uri.query());
+    let head = method == Method::HEAD;
+
+    let decoded: Result<Vec<String>, EsError> = path
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(percent_decode)
+        .collect();
+    let route = match &decoded {
+        Ok(segments) => route_of(segments),
+        Err(_) => Route::NoHandler,
+    };
+    shared.count(kind_of(&route, &method, &params));
+
+    let response = match shared.take_fault() {
+        Some(status) => EsError::injected(status).into_response(),
+        None => match decoded {
+            Err(error) => error.into_response(),
+            Ok(_) => match read_body(body, &parts.headers).await {
+                Err(response) => response,
+                Ok(bytes) => {
+                    let ctx = Ctx {
+                        shared: &shared,
+                        method: &method,
+                        path: &path,
+                        params: &params,
+                        body: &bytes,
+                        started,
+                    };
+                    dispatch(&ctx, route).await
+                }
+            },
+        },
+    };
+    if head {
+        let (parts, _) = response.into_parts();
+        Response::from_parts(parts, Body::empty())
+    } else {
+        response
+    }
+}
+
+async fn read_body(body: Body, headers: &axum::http::HeaderMap) -> Result<Vec<u8>, Response> {
+    let bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|_| {
+        EsError::new(
+            413,
+            "content_too_long_exception",
+            format!("request body is larger than http.max_content_length [{MAX_BODY}] bytes"),
+        )
+        .into_response()
+    })?;
+    if !bytes.is_empty() {
+        if let Some(content_type) = headers.get(header::CONTENT_TYPE) {
+            let text = content_type.to_str().unwrap_or("").to_ascii_lowercase();
+            // JSON and NDJSON, plain or as `application/vnd.elasticsearch+json`.
+            if !text.contains("json") {
+                let body = serde_json::json!({
+                    "error": format!("Content-Type header [{text}] is not supported"),
+                    "status": 406,
+                });
+                return Err(errors::json_response(406, &body));
+            }
+        }
+    }
+    Ok(bytes.to_vec())
+}
+
+async fn dispatch(ctx: &Ctx<'_>, route: Route) -> Response {
+    use Method as M;
+    let method = ctx.method;
+    let not_allowed =
+        |allowed: &[&str]| errors::method_not_allowed(ctx.path, method.as_str(), allowed);
+    let result = match (&route, method) {
+        (Route::Info, &M::GET | &M::HEAD) => handlers::info(ctx),
+        (Route::Info, _) => return not_allowed(&["GET", "HEAD"]),
+        (Route::Health(index), &M::GET) => handlers::health(ctx, index.as_deref()),
+        (Route::Health(_), _) => return not_allowed(&["GET"]),
+        (Route::Bulk(index), &M::POST | &M::PUT) => handlers::bulk(ctx, index.as_deref()).await,
+        (Route::Bulk(_), _) => return not_allowed(&["POST", "PUT"]),
+        (Route::Refresh(index), &M::POST | &M::GET) => handlers::refresh(ctx, index.as_deref()),
+        (Route::Refresh(_), _) => return not_allowed(&["POST", "GET"]),
+        (Route::Search(index), &M::POST | &M::GET) => handlers::search(ctx, index.as_deref()),
+        (Route::Search(_), _) => return not_allowed(&["POST", "GET"]),
+        (Route::Count(index), &M::POST | &M::GET) => handlers::count(ctx, index.as_deref()),
+        (Route::Count(_), _) => return not_allowed(&["POST", "GET"]),
+        (Route::Index(index), &M::PUT) => handlers::create_index(ctx, index),
+        (Route::Index(index), &M::HEAD) => handlers::index_exists(ctx, index),
+        (Route::Index(index), &M::GET) => handlers::get_index(ctx, index),
+        (Route::Index(index), &M::DELETE) => handlers::delete_index(ctx, index),
+        (Route::Index(_), _) => return not_allowed(&["PUT", "HEAD", "GET", "DELETE"]),
+        (Route::Doc(index, Some(id)), &M::GET | &M::HEAD) => handlers::get_doc(ctx, index, id),
+        (Route::Doc(index, Some(id)), &M::PUT | &M::POST) => {
+            handlers::write_doc(ctx, index, Some(id), false).await
+        }
+        (Route::Doc(index, Some(id)), &M::DELETE) => handlers::delete_doc(ctx, index, id).await,
+        (Route::Doc(_, Some(_)), _) => {
+            return not_allowed(&["PUT", "DELETE", "GET", "POST", "HEAD"])
+        }
+        (Route::Doc(index, None), &M::POST) => handlers::write_doc(ctx, index, None, false).await,
+        (Route::Doc(_, None), _) => return not_allowed(&["POST"]),
+        (Route::Create(index, id), &M::PUT | &M::POST) => {
+            handlers::write_doc(ctx, index, Some(id), true).await
+        }
+        (Route::Create(..), _) => return not_allowed(&["PUT", "POST"]),
+        (Route::Unsupported, _) => Err(EsError::unsupported(&format!("{method} {}", ctx.path))),
+        (Route::NoHandler, _) => return no_handler(ctx.path, method),
+    };
+    result.unwrap_or_else(EsError::into_response)
+}
