@@ -122,7 +122,11 @@ fn histogram_quantile(samples: &HashMap<String, f64>, name: &str, q: f64) -> Opt
         .filter_map(|(k, v)| {
             let le = k.strip_prefix(&format!("{name}_bucket{{le=\""))?;
             let le = le.strip_suffix("\"}")?;
-            let bound = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            let bound = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
             Some((bound, *v))
         })
         .collect();
@@ -138,7 +142,11 @@ fn histogram_quantile(samples: &HashMap<String, f64>, name: &str, q: f64) -> Opt
             if bound.is_infinite() {
                 return Some(prev.0);
             }
-            let within = if count > prev.1 { (rank - prev.1) / (count - prev.1) } else { 1.0 };
+            let within = if count > prev.1 {
+                (rank - prev.1) / (count - prev.1)
+            } else {
+                1.0
+            };
             return Some(prev.0 + (bound - prev.0) * within);
         }
         prev = (bound, count);
@@ -204,7 +212,11 @@ async fn main() {
             .send()
             .await
             .expect("open account");
-        assert!(response.status().is_success(), "open account: {}", response.status());
+        assert!(
+            response.status().is_success(),
+            "open account: {}",
+            response.status()
+        );
     }
 
     let before = metrics(&client, &base).await;
@@ -234,7 +246,12 @@ async fn main() {
                     "amount": 1 + n % 100,
                 });
                 let sent = Instant::now();
-                match client.post(format!("{base}/transfers")).json(&body).send().await {
+                match client
+                    .post(format!("{base}/transfers"))
+                    .json(&body)
+                    .send()
+                    .await
+                {
                     Ok(r) if r.status().as_u16() == 201 => mine.push(sent.elapsed()),
                     _ => *errors.lock().unwrap() += 1,
                 }
@@ -248,7 +265,10 @@ async fn main() {
     let posting = started.elapsed();
     let accepted = latencies.lock().unwrap().len() as f64;
     // Wait until every accepted transfer is terminal.
-    let created_before = before.get("transfers_created_total").copied().unwrap_or(0.0);
+    let created_before = before
+        .get("transfers_created_total")
+        .copied()
+        .unwrap_or(0.0);
     let done_before = sum_of(&before, "transfers_completed_total", &[]);
     let drain_deadline = Instant::now() + Duration::from_secs(300);
     let after = loop {
@@ -262,16 +282,41 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let elapsed = started.elapsed();
-    let finished = sum_of(&after, "transfers_completed_total{outcome=\"finished\"", &[])
-        - sum_of(&before, "transfers_completed_total{outcome=\"finished\"", &[]);
-    let rolled_back = sum_of(&after, "transfers_completed_total{outcome=\"rolled-back\"", &[])
-        - sum_of(&before, "transfers_completed_total{outcome=\"rolled-back\"", &[]);
+    let finished = sum_of(
+        &after,
+        "transfers_completed_total{outcome=\"finished\"",
+        &[],
+    ) - sum_of(
+        &before,
+        "transfers_completed_total{outcome=\"finished\"",
+        &[],
+    );
+    let rolled_back = sum_of(
+        &after,
+        "transfers_completed_total{outcome=\"rolled-back\"",
+        &[],
+    ) - sum_of(
+        &before,
+        "transfers_completed_total{outcome=\"rolled-back\"",
+        &[],
+    );
     let store_ops = |m: &HashMap<String, f64>| {
-        sum_of(m, "store_requests_total", &["op=\"ready\"", "op=\"refresh\"", "op=\"scan\""])
+        sum_of(
+            m,
+            "store_requests_total",
+            &["op=\"ready\"", "op=\"refresh\"", "op=\"scan\""],
+        )
     };
     let store_requests = store_ops(&after) - store_ops(&before);
-    let conflicts = sum_of(&after, "store_requests_total{op=\"replace\",outcome=\"conflict\"", &[])
-        - sum_of(&before, "store_requests_total{op=\"replace\",outcome=\"conflict\"", &[]);
+    let conflicts = sum_of(
+        &after,
+        "store_requests_total{op=\"replace\",outcome=\"conflict\"",
+        &[],
+    ) - sum_of(
+        &before,
+        "store_requests_total{op=\"replace\",outcome=\"conflict\"",
+        &[],
+    );
     let mut sorted = latencies.lock().unwrap().clone();
     sorted.sort();
 

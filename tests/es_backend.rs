@@ -289,9 +289,10 @@ async fn answers_not_from_elasticsearch_are_refused() {
     server.abort();
 }
 
-/// A stand-in for Elasticsearch that answers every request with `status` and `body` (with
-/// the product header) and keeps the bodies it received. For answers the emulator does not
-/// produce on demand, such as bulk items rejected one by one.
+/// A stand-in for Elasticsearch (it sends the product header) that answers `_bulk` with
+/// `status` and `body` and keeps the bulk requests it received; anything else gets a 200
+/// that tells `migrate` all is done. For answers the emulator does not produce on demand,
+/// such as bulk items rejected one by one.
 async fn canned_server(
     status: u16,
     body: Value,
@@ -302,26 +303,34 @@ async fn canned_server(
 ) {
     let received = Arc::new(Mutex::new(Vec::new()));
     let seen = received.clone();
-    let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap, text: String| {
-        let seen = seen.clone();
-        let body = body.clone();
-        async move {
-            let content_type = headers
-                .get("content-type")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_owned();
-            seen.lock().unwrap().push((content_type, text));
-            (
-                axum::http::StatusCode::from_u16(status).unwrap(),
-                [
-                    ("content-type", "application/json"),
-                    ("x-elastic-product", "Elasticsearch"),
-                ],
-                body.to_string(),
-            )
-        }
-    });
+    let app = axum::Router::new().fallback(
+        move |uri: axum::http::Uri, headers: axum::http::HeaderMap, text: String| {
+            let seen = seen.clone();
+            let body = body.clone();
+            async move {
+                let (status, body) = if uri.path() == "/_bulk" {
+                    let content_type = headers
+                        .get("content-type")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_owned();
+                    seen.lock().unwrap().push((content_type, text));
+                    (status, body)
+                } else {
+                    // Index creation acknowledged; migration records found.
+                    (200, json!({"acknowledged": true, "found": true}))
+                };
+                (
+                    axum::http::StatusCode::from_u16(status).unwrap(),
+                    [
+                        ("content-type", "application/json"),
+                        ("x-elastic-product", "Elasticsearch"),
+                    ],
+                    body.to_string(),
+                )
+            }
+        },
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let server = tokio::spawn(async move {
@@ -427,6 +436,7 @@ async fn bulk_items_rejected_one_by_one_are_errors_of_their_own_kind() {
     ]});
     let (url, received, server) = canned_server(200, answer).await;
     let store = store_at(&url, "canned-").await;
+    store.migrate().await.unwrap();
     let version = Version {
         seq_no: 1,
         primary_term: 1,
@@ -485,6 +495,7 @@ async fn a_bulk_answered_with_fewer_items_than_sent_is_permanent() {
     let answer = json!({"took": 1, "errors": false, "items": []});
     let (url, _received, server) = canned_server(200, answer).await;
     let store = store_at(&url, "canned-").await;
+    store.migrate().await.unwrap();
     assert_permanent(
         store
             .bulk(vec![create(Index::Accounts, "a", json!({}))])
@@ -496,7 +507,7 @@ async fn a_bulk_answered_with_fewer_items_than_sent_is_permanent() {
 #[tokio::test]
 async fn an_empty_bulk_sends_nothing() {
     let emulator = emulator().await;
-    let store = store_at(&emulator.url, &unique_prefix()).await;
+    let store = migrated_store(&emulator).await;
     let before = emulator.request_count();
     assert!(store.bulk(Vec::new()).await.unwrap().is_empty());
     assert_eq!(emulator.request_count(), before);
@@ -695,6 +706,36 @@ async fn each_prefix_is_a_separate_store() {
     .await;
     assert_eq!(status, 200);
     assert_eq!(body["_source"]["owner"], "first");
+}
+
+#[tokio::test]
+async fn before_migrations_writes_are_refused_so_no_index_gets_dynamic_mappings() {
+    let emulator = emulator().await;
+    let store = store_at(&emulator.url, &unique_prefix()).await;
+    assert_unavailable(
+        store
+            .create(Index::Transactions, "t", json!({fields::STATE: "pending"}))
+            .await,
+    );
+    // Nothing was sent, so nothing was auto-created.
+    let (status, _) = raw(
+        reqwest::Method::GET,
+        format!(
+            "{}/{}/_doc/t",
+            emulator.url,
+            store.index_name(Index::Transactions)
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    store.migrate().await.unwrap();
+    assert!(store
+        .create(Index::Transactions, "t", json!({fields::STATE: "pending"}))
+        .await
+        .unwrap()
+        .written()
+        .is_some());
 }
 
 #[tokio::test]

@@ -121,7 +121,12 @@ fn audit(env: &[(&str, String)]) -> (bool, String) {
 /// false while no POST of that id got a 200/201 answer.
 type Requests = Arc<Mutex<HashMap<String, (usize, usize, i64, bool)>>>;
 
-async fn post(client: &reqwest::Client, base: &str, path: &str, body: &Value) -> Option<(u16, Value)> {
+async fn post(
+    client: &reqwest::Client,
+    base: &str,
+    path: &str,
+    body: &Value,
+) -> Option<(u16, Value)> {
     let response = client
         .post(format!("{base}{path}"))
         .json(body)
@@ -135,16 +140,27 @@ async fn post(client: &reqwest::Client, base: &str, path: &str, body: &Value) ->
 
 async fn open_accounts(client: &reqwest::Client, base: &str) {
     for i in 0..ACCOUNTS {
-        let (status, body) = post(client, base, "/accounts", &json!({"id": format!("acct{i}"), "balance": OPENING}))
-            .await
-            .expect("open account");
+        let (status, body) = post(
+            client,
+            base,
+            "/accounts",
+            &json!({"id": format!("acct{i}"), "balance": OPENING}),
+        )
+        .await
+        .expect("open account");
         assert!(status == 201 || status == 200, "{status} {body}");
     }
 }
 
 /// `clients` tasks post random transfers (with replays and cancels) to whichever service
 /// `bases` names, until `until`. Every id attempted is recorded, answered or not.
-async fn run_clients(clients: usize, until: Instant, bases: Arc<RwLock<Vec<String>>>, requests: Requests, seed: u64) {
+async fn run_clients(
+    clients: usize,
+    until: Instant,
+    bases: Arc<RwLock<Vec<String>>>,
+    requests: Requests,
+    seed: u64,
+) {
     let mut tasks = Vec::new();
     for c in 0..clients {
         let bases = bases.clone();
@@ -220,7 +236,10 @@ async fn wait_until_nothing_in_flight(base: &str, limit: Duration) -> Duration {
         if in_flight == 0 {
             return started.elapsed();
         }
-        assert!(started.elapsed() < limit, "transfers still in flight after {limit:?}");
+        assert!(
+            started.elapsed() < limit,
+            "transfers still in flight after {limit:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -248,7 +267,7 @@ async fn settle_and_check(base: &str, requests: &Requests) {
             }
         }
     }
-    let mut expected = vec![OPENING; ACCOUNTS];
+    let mut expected = [OPENING; ACCOUNTS];
     let deadline = Instant::now() + Duration::from_secs(60);
     let (mut finished, mut rolled_back) = (0, 0);
     let mut reasons: HashMap<String, usize> = HashMap::new();
@@ -288,7 +307,11 @@ async fn settle_and_check(base: &str, requests: &Requests) {
             .json()
             .await
             .unwrap();
-        assert_eq!(account["balance"].as_i64(), Some(*want), "acct{i}: {account}");
+        assert_eq!(
+            account["balance"].as_i64(),
+            Some(*want),
+            "acct{i}: {account}"
+        );
         assert_eq!(account["pending_transactions"], json!([]), "acct{i}");
     }
     assert_eq!(expected.iter().sum::<i64>(), OPENING * ACCOUNTS as i64);
@@ -313,7 +336,13 @@ async fn kill_dash_nine_and_restart_keep_every_invariant() {
     let bases = Arc::new(RwLock::new(vec![service.base.clone()]));
     let requests: Requests = Arc::default();
     let until = Instant::now() + Duration::from_secs(seconds);
-    let load = tokio::spawn(run_clients(clients, until, bases.clone(), requests.clone(), seed));
+    let load = tokio::spawn(run_clients(
+        clients,
+        until,
+        bases.clone(),
+        requests.clone(),
+        seed,
+    ));
 
     let mut rng = StdRng::seed_from_u64(seed);
     let mut service = Some(service);
@@ -362,7 +391,13 @@ async fn two_instances_on_one_elasticsearch_share_work_and_survive_one_kill() {
     let bases = Arc::new(RwLock::new(vec![first.base.clone(), second.base.clone()]));
     let requests: Requests = Arc::default();
     let until = Instant::now() + Duration::from_secs(seconds);
-    let load = tokio::spawn(run_clients(clients, until, bases.clone(), requests.clone(), seed));
+    let load = tokio::spawn(run_clients(
+        clients,
+        until,
+        bases.clone(),
+        requests.clone(),
+        seed,
+    ));
     tokio::time::sleep(Duration::from_secs(seconds) / 2).await;
     // One instance dies mid-run; the other takes over its transfers once their leases expire.
     first.kill9();

@@ -115,8 +115,15 @@ mod suite {
     }
 
     pub async fn create_existing_is_already_exists_and_changes_nothing(s: &dyn Store) {
-        let v = written(s.create(Index::Accounts, "a1", json!({"n": 1})).await.unwrap());
-        let again = s.create(Index::Accounts, "a1", json!({"n": 2})).await.unwrap();
+        let v = written(
+            s.create(Index::Accounts, "a1", json!({"n": 1}))
+                .await
+                .unwrap(),
+        );
+        let again = s
+            .create(Index::Accounts, "a1", json!({"n": 2}))
+            .await
+            .unwrap();
         assert_eq!(again, WriteOutcome::AlreadyExists);
         let doc = s.get(Index::Accounts, "a1").await.unwrap().unwrap();
         assert_eq!(doc.source, json!({"n": 1}));
@@ -124,7 +131,11 @@ mod suite {
     }
 
     pub async fn replace_if_matching_version_writes_and_bumps_seq_no(s: &dyn Store) {
-        let v1 = written(s.create(Index::Accounts, "a1", json!({"n": 1})).await.unwrap());
+        let v1 = written(
+            s.create(Index::Accounts, "a1", json!({"n": 1}))
+                .await
+                .unwrap(),
+        );
         let v2 = written(
             s.replace_if(Index::Accounts, "a1", json!({"n": 2}), v1)
                 .await
@@ -136,7 +147,11 @@ mod suite {
     }
 
     pub async fn replace_if_stale_version_conflicts_and_changes_nothing(s: &dyn Store) {
-        let v1 = written(s.create(Index::Accounts, "a1", json!({"n": 1})).await.unwrap());
+        let v1 = written(
+            s.create(Index::Accounts, "a1", json!({"n": 1}))
+                .await
+                .unwrap(),
+        );
         let v2 = written(
             s.replace_if(Index::Accounts, "a1", json!({"n": 2}), v1)
                 .await
@@ -186,7 +201,11 @@ mod suite {
     }
 
     pub async fn bulk_reports_each_item_in_order(s: &dyn Store) {
-        let v = written(s.create(Index::Accounts, "x", json!({"n": 0})).await.unwrap());
+        let v = written(
+            s.create(Index::Accounts, "x", json!({"n": 0}))
+                .await
+                .unwrap(),
+        );
         let stale = Version {
             seq_no: v.seq_no + 100,
             primary_term: v.primary_term,
@@ -244,7 +263,11 @@ mod suite {
     }
 
     pub async fn bulk_two_writes_on_one_version_only_first_wins(s: &dyn Store) {
-        let v = written(s.create(Index::Accounts, "x", json!({"n": 0})).await.unwrap());
+        let v = written(
+            s.create(Index::Accounts, "x", json!({"n": 0}))
+                .await
+                .unwrap(),
+        );
         let op = |n: i64| WriteOp::ReplaceIf {
             index: Index::Accounts,
             id: "x".into(),
@@ -406,9 +429,13 @@ mod suite {
                 .await
                 .unwrap();
         }
-        s.create(Index::Transactions, "t", transfer("t", "created", "a", "b", 1, 1))
-            .await
-            .unwrap();
+        s.create(
+            Index::Transactions,
+            "t",
+            transfer("t", "created", "a", "b", 1, 1),
+        )
+        .await
+        .unwrap();
         s.refresh().await.unwrap();
         let mut seen = Vec::new();
         let mut after: Option<String> = None;
@@ -439,10 +466,19 @@ mod suite {
             tasks.push(tokio::spawn(async move {
                 for _ in 0..10 {
                     loop {
-                        let doc = store.get(Index::Accounts, "counter").await.unwrap().unwrap();
+                        let doc = store
+                            .get(Index::Accounts, "counter")
+                            .await
+                            .unwrap()
+                            .unwrap();
                         let n = doc.source["n"].as_i64().unwrap();
                         match store
-                            .replace_if(Index::Accounts, "counter", json!({ "n": n + 1 }), doc.version)
+                            .replace_if(
+                                Index::Accounts,
+                                "counter",
+                                json!({ "n": n + 1 }),
+                                doc.version,
+                            )
                             .await
                             .unwrap()
                         {
@@ -460,7 +496,11 @@ mod suite {
         for task in tasks {
             task.await.unwrap();
         }
-        let doc = store.get(Index::Accounts, "counter").await.unwrap().unwrap();
+        let doc = store
+            .get(Index::Accounts, "counter")
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(doc.source["n"], 320, "every increment exactly once");
         let conflicts = conflicts.load(Ordering::Relaxed);
         eprintln!("conflicts seen: {conflicts}");

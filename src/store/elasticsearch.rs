@@ -25,9 +25,13 @@
 //! `account_not_found`, accept a replayed transfer id as new). After `migrate`, a missing
 //! index is therefore a [`StoreError::Permanent`].
 //!
-//! Writes cannot be guarded the same way: with the default `action.auto_create_index`, a
-//! bulk write to a deleted index re-creates it with dynamic mappings. Operators who want to
-//! rule that out set `action.auto_create_index: "-{prefix}*,+*"` on the cluster.
+//! Writes are stricter. With the default `action.auto_create_index`, a bulk write to a
+//! missing index creates it with *dynamic* mappings (`transaction_state` as analysed text,
+//! say), and a later `migrate` would take that index as already created: searches would be
+//! silently wrong for good. So `bulk` answers `Unavailable` until this instance's `migrate`
+//! has succeeded (the service retries migrations in the background and `/readyz` says not
+//! ready meanwhile). After migrations, a deleted index would still be re-created by a write;
+//! operators who want to rule that out set `action.auto_create_index: "-{prefix}*,+*"`.
 //!
 //! # Ids that cannot be written in a URL
 //!
@@ -389,6 +393,17 @@ impl Store for ElasticsearchStore {
 
     async fn bulk(&self, ops: Vec<WriteOp>) -> StoreResult<Vec<StoreResult<WriteOutcome>>> {
         let op = "bulk";
+        if ops.is_empty() {
+            return Ok(Vec::new());
+        }
+        if !self.migrated.load(Ordering::Acquire) {
+            // See "A missing index" in the module docs: a write now could create an index
+            // with the wrong mappings.
+            return Err(StoreError::Unavailable(format!(
+                "{op}: migrations are not applied yet; refusing writes that would auto-create \
+                 indices with dynamic mappings"
+            )));
+        }
         // Unaddressable ids get their error in place; the others go out in one request.
         let mut results: Vec<Option<StoreResult<WriteOutcome>>> = Vec::with_capacity(ops.len());
         let mut lines = Vec::with_capacity(ops.len() * 2);
@@ -726,6 +741,7 @@ mod tests {
         // Port 9 (discard) is closed: had a request been sent, the error would be
         // Unavailable, not Permanent.
         let store = store("p-").await;
+        store.migrated.store(true, Ordering::Release);
         let error = store.get(Index::Accounts, "..").await.unwrap_err();
         assert!(!error.is_retryable(), "{error}");
         let results = store
@@ -737,6 +753,20 @@ mod tests {
             .await
             .unwrap();
         assert!(!results[0].as_ref().unwrap_err().is_retryable());
+    }
+
+    #[tokio::test]
+    async fn writes_wait_for_migrations() {
+        let store = store("p-").await;
+        let write = || {
+            vec![WriteOp::Create {
+                index: Index::Accounts,
+                id: "a".into(),
+                source: json!({}),
+            }]
+        };
+        assert!(store.bulk(write()).await.unwrap_err().is_retryable());
+        assert!(store.bulk(Vec::new()).await.unwrap().is_empty());
     }
 
     #[tokio::test]

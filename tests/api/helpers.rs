@@ -88,7 +88,12 @@ impl TestApp {
         read(response).await
     }
 
-    pub async fn post_raw(&self, path: &str, content_type: Option<&str>, body: Vec<u8>) -> reqwest::Response {
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        content_type: Option<&str>,
+        body: Vec<u8>,
+    ) -> reqwest::Response {
         let mut request = self.client.post(self.url(path)).body(body);
         if let Some(ct) = content_type {
             request = request.header("content-type", ct);

@@ -21,7 +21,13 @@ fn assert_problem(status: u16, body: &Value, want: u16) {
 
 /// Writes a transfer document straight into the store, as a crashed or live worker would
 /// have left it.
-async fn plant_transfer(app: &TestApp, id: &str, state: &str, lease_owner: Option<&str>, lease_ms: i64) {
+async fn plant_transfer(
+    app: &TestApp,
+    id: &str,
+    state: &str,
+    lease_owner: Option<&str>,
+    lease_ms: i64,
+) {
     let now = now_millis();
     let mut doc = json!({
         "transaction_id": id, "src_acct": "a", "dest_acct": "b", "amount": 10,
@@ -32,7 +38,11 @@ async fn plant_transfer(app: &TestApp, id: &str, state: &str, lease_owner: Optio
         doc["lease_owner"] = json!(owner);
         doc["lease_expires_at"] = json!(format_millis(now + lease_ms));
     }
-    app.engine.store.create(Index::Transactions, id, doc).await.unwrap();
+    app.engine
+        .store
+        .create(Index::Transactions, id, doc)
+        .await
+        .unwrap();
 }
 
 mod cases {
@@ -40,7 +50,9 @@ mod cases {
 
     pub async fn create_account_returns_201_and_the_account(b: Backend) {
         let app = spawn_app(b).await;
-        let (status, body) = app.post("/accounts", json!({"id": "A", "balance": 500})).await;
+        let (status, body) = app
+            .post("/accounts", json!({"id": "A", "balance": 500}))
+            .await;
         assert_eq!(status, 201, "{body}");
         assert_eq!(body["id"], "A");
         assert_eq!(body["balance"], 500);
@@ -53,9 +65,13 @@ mod cases {
     pub async fn identical_account_replay_returns_200_and_other_data_409(b: Backend) {
         let app = spawn_app(b).await;
         app.open_account("A", 500).await;
-        let (status, body) = app.post("/accounts", json!({"id": "A", "balance": 500})).await;
+        let (status, body) = app
+            .post("/accounts", json!({"id": "A", "balance": 500}))
+            .await;
         assert_eq!((status, body["balance"].as_i64()), (200, Some(500)));
-        let (status, body) = app.post("/accounts", json!({"id": "A", "balance": 501})).await;
+        let (status, body) = app
+            .post("/accounts", json!({"id": "A", "balance": 501}))
+            .await;
         assert_problem(status, &body, 409);
         assert_eq!(app.balance("A").await, 500);
         app.shutdown().await;
@@ -78,9 +94,14 @@ mod cases {
             let (status, problem) = app.post("/accounts", body.clone()).await;
             assert_problem(status, &problem, 422);
         }
-        let response = app.post_raw("/accounts", Some("application/json"), b"{\"id\":".to_vec()).await;
+        let response = app
+            .post_raw("/accounts", Some("application/json"), b"{\"id\":".to_vec())
+            .await;
         assert_eq!(response.status(), 400);
-        assert_eq!(response.headers()["content-type"], "application/problem+json");
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json"
+        );
         assert_eq!(app.get("/accounts/A").await.0, 404);
         app.shutdown().await;
     }
@@ -109,7 +130,10 @@ mod cases {
         assert_eq!(response.headers()["location"], "/transfers/t1");
         let body: Value = response.json().await.unwrap();
         assert_eq!(body["state"], "created");
-        assert_eq!((body["from"].as_str(), body["to"].as_str()), (Some("A"), Some("B")));
+        assert_eq!(
+            (body["from"].as_str(), body["to"].as_str()),
+            (Some("A"), Some("B"))
+        );
         let done = app.settled("t1").await;
         assert_eq!(done["state"], "finished");
         assert!(done.get("reason").is_none());
@@ -125,7 +149,10 @@ mod cases {
         app.open_account("B", 0).await;
         assert_eq!(app.transfer("t1", "A", "B", 51).await.0, 201);
         let done = app.settled("t1").await;
-        assert_eq!((done["state"].as_str(), done["reason"].as_str()), (Some("rolled-back"), Some("insufficient_funds")));
+        assert_eq!(
+            (done["state"].as_str(), done["reason"].as_str()),
+            (Some("rolled-back"), Some("insufficient_funds"))
+        );
         assert_eq!((app.balance("A").await, app.balance("B").await), (50, 0));
         app.shutdown().await;
     }
@@ -150,7 +177,10 @@ mod cases {
         assert_eq!(app.transfer("t1", "A", "RICH", 1).await.0, 201);
         let done = app.settled("t1").await;
         assert_eq!(done["reason"], "balance_overflow", "{done}");
-        assert_eq!((app.balance("A").await, app.balance("RICH").await), (10, i64::MAX));
+        assert_eq!(
+            (app.balance("A").await, app.balance("RICH").await),
+            (10, i64::MAX)
+        );
         app.shutdown().await;
     }
 
@@ -162,7 +192,11 @@ mod cases {
         app.settled("t1").await;
         let (status, body) = app.transfer("t1", "A", "B", 100).await;
         assert_eq!((status, body["state"].as_str()), (200, Some("finished")));
-        assert_eq!((app.balance("A").await, app.balance("B").await), (400, 100), "applied once");
+        assert_eq!(
+            (app.balance("A").await, app.balance("B").await),
+            (400, 100),
+            "applied once"
+        );
         app.shutdown().await;
     }
 
@@ -177,7 +211,14 @@ mod cases {
             assert_problem(status, &body, 409);
         }
         app.settled("t1").await;
-        assert_eq!((app.balance("A").await, app.balance("B").await, app.balance("C").await), (400, 100, 0));
+        assert_eq!(
+            (
+                app.balance("A").await,
+                app.balance("B").await,
+                app.balance("C").await
+            ),
+            (400, 100, 0)
+        );
         app.shutdown().await;
     }
 
@@ -185,7 +226,9 @@ mod cases {
         let app = spawn_app(b).await;
         app.open_account("A", 5).await;
         app.open_account("B", 5).await;
-        let (status, body) = app.post("/transfers", json!({"from": "A", "to": "B", "amount": 1})).await;
+        let (status, body) = app
+            .post("/transfers", json!({"from": "A", "to": "B", "amount": 1}))
+            .await;
         assert_eq!(status, 201, "{body}");
         let id = body["id"].as_str().unwrap();
         assert_eq!(uuid::Uuid::parse_str(id).unwrap().get_version_num(), 7);
@@ -232,12 +275,19 @@ mod cases {
             (Some("application/json"), b"\xff\xfe".to_vec(), 400),
             (Some("text/plain"), b"{}".to_vec(), 415),
             (None, b"{}".to_vec(), 415),
-            (Some("application/json"), format!("{{\"pad\":\"{}\"}}", "a".repeat(1_100_000)).into_bytes(), 413),
+            (
+                Some("application/json"),
+                format!("{{\"pad\":\"{}\"}}", "a".repeat(1_100_000)).into_bytes(),
+                413,
+            ),
         ];
         for (content_type, body, want) in cases {
             let response = app.post_raw("/transfers", content_type, body).await;
             assert_eq!(response.status().as_u16(), want);
-            assert_eq!(response.headers()["content-type"], "application/problem+json");
+            assert_eq!(
+                response.headers()["content-type"],
+                "application/problem+json"
+            );
             let problem: Value = response.json().await.unwrap();
             assert_problem(want, &problem, want);
         }
@@ -246,7 +296,12 @@ mod cases {
 
     pub async fn unknown_routes_and_transfers_are_404_problems(b: Backend) {
         let app = spawn_app(b).await;
-        for path in ["/nope", "/transfers/nobody", "/transfers/a%20b", "/accounts"] {
+        for path in [
+            "/nope",
+            "/transfers/nobody",
+            "/transfers/a%20b",
+            "/accounts",
+        ] {
             let (status, body) = app.get(path).await;
             if path == "/accounts" {
                 assert_problem(status, &body, 405);
@@ -282,9 +337,16 @@ mod cases {
         plant_transfer(&app, "c1", "created", Some("a-live-worker"), 60_000).await;
         let (status, body) = app.post("/transfers/c1/cancel", json!({})).await;
         assert_eq!(status, 200, "{body}");
-        assert_eq!((body["state"].as_str(), body["reason"].as_str()), (Some("rolled-back"), Some("cancelled")));
+        assert_eq!(
+            (body["state"].as_str(), body["reason"].as_str()),
+            (Some("rolled-back"), Some("cancelled"))
+        );
         let (status, body) = app.post("/transfers/c1/cancel", json!({})).await;
-        assert_eq!((status, body["state"].as_str()), (200, Some("rolled-back")), "cancel is idempotent");
+        assert_eq!(
+            (status, body["state"].as_str()),
+            (200, Some("rolled-back")),
+            "cancel is idempotent"
+        );
         app.shutdown().await;
     }
 
@@ -296,9 +358,15 @@ mod cases {
         plant_transfer(&app, "p1", "pending", Some("dead-worker"), -1).await;
         let (status, body) = app.post("/transfers/p1/cancel", json!({})).await;
         assert_eq!(status, 200, "{body}");
-        assert!(["terminating", "rolled-back"].contains(&body["state"].as_str().unwrap()), "{body}");
+        assert!(
+            ["terminating", "rolled-back"].contains(&body["state"].as_str().unwrap()),
+            "{body}"
+        );
         let done = app.settled("p1").await;
-        assert_eq!((done["state"].as_str(), done["reason"].as_str()), (Some("rolled-back"), Some("cancelled")));
+        assert_eq!(
+            (done["state"].as_str(), done["reason"].as_str()),
+            (Some("rolled-back"), Some("cancelled"))
+        );
         assert_eq!((app.balance("a").await, app.balance("b").await), (100, 0));
         app.shutdown().await;
     }
@@ -322,14 +390,24 @@ mod cases {
         for id in ["A", "B", "C"] {
             app.open_account(id, 100).await;
         }
-        let plan = [("t1", "A", "B", 10), ("t2", "B", "C", 10), ("t3", "C", "A", 10), ("t4", "A", "C", 1000)];
+        let plan = [
+            ("t1", "A", "B", 10),
+            ("t2", "B", "C", 10),
+            ("t3", "C", "A", 10),
+            ("t4", "A", "C", 1000),
+        ];
         for (id, from, to, amount) in plan {
             assert_eq!(app.transfer(id, from, to, amount).await.0, 201);
             app.settled(id).await;
         }
         app.engine.store.refresh().await.unwrap();
         let ids = |page: &Value| -> Vec<String> {
-            page["items"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap().to_owned()).collect()
+            page["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["id"].as_str().unwrap().to_owned())
+                .collect()
         };
         let (status, page) = app.get("/transfers?account=A").await;
         assert_eq!(status, 200, "{page}");
@@ -350,7 +428,15 @@ mod cases {
             }
         }
         assert_eq!(seen, ["t4", "t3", "t2", "t1"]);
-        for bad in ["limit=0", "limit=1001", "limit=x", "state=done", "cursor=garbage", "account=a%20b", "color=red"] {
+        for bad in [
+            "limit=0",
+            "limit=1001",
+            "limit=x",
+            "state=done",
+            "cursor=garbage",
+            "account=a%20b",
+            "color=red",
+        ] {
             let (status, body) = app.get(&format!("/transfers?{bad}")).await;
             assert_problem(status, &body, 422);
         }

@@ -184,8 +184,20 @@ pub fn health(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
         .sum();
     drop(cluster);
     let status = if unassigned > 0 { "yellow" } else { "green" };
-    let wanted_green = ctx.params.get("wait_for_status") == Some("green");
-    let timed_out = wanted_green && status != "green";
+    // A stricter wanted status than the current one is answered at once as timed out
+    // (Elasticsearch would wait for `timeout` first).
+    let rank = |s: &str| ["green", "yellow", "red"].iter().position(|c| *c == s);
+    let timed_out = match ctx.params.get("wait_for_status") {
+        None => false,
+        Some(wanted) => match rank(wanted) {
+            Some(wanted) => rank(status).is_some_and(|current| current > wanted),
+            None => {
+                return Err(EsError::illegal_argument(format!(
+                    "unknown cluster health status [{wanted}]"
+                )))
+            }
+        },
+    };
     let total = primaries + unassigned;
     let percent = if total == 0 {
         100.0

@@ -78,13 +78,15 @@
 //!   without pipelines answers), `index.default_pipeline`.
 //! - The **search-idle exception** of §7: with the default interval, background refreshes
 //!   never stop, so a search never triggers a refresh by itself.
-//! - Relevance scoring: every matching scoring clause scores `1.0 × boost` (no BM25);
-//!   full-text queries (`match`, `query_string`, …), aggregations, highlighting, scroll, PIT,
-//!   `_mget`, `_msearch`, aliases, templates, external versioning, routing (accepted and
-//!   ignored), more than one shard, replicas that actually exist, time zones other than UTC,
-//!   `filter_path`, `pretty`-printing (accepted, ignored), `Content-Type` enforcement beyond
-//!   refusing obviously non-JSON types, circuit breakers and real back-pressure (use
-//!   `fail_next`).
+//! - Relevance scoring: every matching scoring clause scores `1.0 × boost` (no BM25); an
+//!   empty `bool` is a `match_all`. Full-text queries (`match`, `query_string`, …),
+//!   aggregations, highlighting, scroll, PIT, `_mget`, `_msearch`, aliases, templates,
+//!   external versioning (`version`/`version_type` on writes) and `filter_path` answer 400
+//!   "not implemented". `routing`, `timeout`, `wait_for_active_shards`, `pretty` are accepted
+//!   and ignored. One shard per index, no real replicas, UTC only, no `Content-Type`
+//!   enforcement beyond refusing non-JSON types (406), no circuit breakers or real
+//!   back-pressure (use `fail_next`). `_cluster/health/{index}` of a missing index is a 404
+//!   instead of a wait. Text fields are analyzed by a crude lower-case/non-alphanumeric split.
 //! - Duplicate keys in a source are not refused (the last one wins for queries).
 
 #![allow(dead_code)]

@@ -628,6 +628,10 @@ pub fn compile(query: &Query, mapping: &Mapping, now: i64) -> Result<Compiled, C
             minimum_should_match: msm,
             boost,
         } => {
+            if must.is_empty() && filter.is_empty() && should.is_empty() && must_not.is_empty() {
+                // An empty bool is a match_all.
+                return Ok(Compiled::All(*boost));
+            }
             let all = |list: &Vec<Query>| -> Result<Vec<Compiled>, Cause> {
                 list.iter().map(|q| compile(q, mapping, now)).collect()
             };

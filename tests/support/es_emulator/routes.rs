@@ -75,7 +75,10 @@ impl Params {
 
     /// 400 for any parameter not in `allowed` (nor a parameter every API accepts).
     pub fn check(&self, path: &str, allowed: &[&str]) -> Result<(), EsError> {
-        const EVERYWHERE: [&str; 4] = ["pretty", "human", "error_trace", "format"];
+        const EVERYWHERE: [&str; 3] = ["pretty", "human", "error_trace"];
+        if self.get("filter_path").is_some() {
+            return Err(EsError::unsupported("filter_path"));
+        }
         let mut unknown: Vec<&str> = self
             .0
             .iter()

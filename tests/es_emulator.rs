@@ -1,0 +1,1587 @@
+//! Tests of **es-emulator** itself, the Elasticsearch TEST DOUBLE in
+//! `tests/support/es_emulator/`: each test sends real HTTP requests to an in-process emulator
+//! on a free port and checks statuses and bodies against `shared/es-rest-subset.md` (§n below).
+//! Near-real-time tests use `refresh_interval: None` and explicit refreshes, except one that
+//! waits (with a deadline) for a short scheduled interval.
+
+#[path = "support/es_emulator/mod.rs"]
+mod es_emulator;
+
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use es_emulator::{EmulatorConfig, RunningEmulator};
+
+struct Es {
+    emulator: RunningEmulator,
+    client: reqwest::Client,
+}
+
+struct Reply {
+    status: u16,
+    headers: reqwest::header::HeaderMap,
+    text: String,
+    body: Value,
+}
+
+impl Es {
+    /// An emulator that refreshes only when asked.
+    async fn manual() -> Self {
+        Self::with(EmulatorConfig {
+            refresh_interval: None,
+        })
+        .await
+    }
+
+    async fn with(config: EmulatorConfig) -> Self {
+        Es {
+            emulator: es_emulator::spawn(config).await,
+            client: reqwest::Client::builder().no_proxy().build().unwrap(),
+        }
+    }
+
+    async fn send(&self, method: Method, path: &str, body: Option<Value>) -> Reply {
+        let mut request = self
+            .client
+            .request(method, format!("{}{path}", self.emulator.url));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        Self::reply(request.send().await.expect("the emulator answers")).await
+    }
+
+    async fn ndjson(&self, path: &str, body: &str) -> Reply {
+        let request = self
+            .client
+            .post(format!("{}{path}", self.emulator.url))
+            .header("content-type", "application/x-ndjson")
+            .body(body.to_owned());
+        Self::reply(request.send().await.expect("the emulator answers")).await
+    }
+
+    async fn raw(&self, method: Method, path: &str, body: &str) -> Reply {
+        let request = self
+            .client
+            .request(method, format!("{}{path}", self.emulator.url))
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+        Self::reply(request.send().await.expect("the emulator answers")).await
+    }
+
+    async fn reply(response: reqwest::Response) -> Reply {
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let text = response.text().await.unwrap();
+        let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+        Reply {
+            status,
+            headers,
+            text,
+            body,
+        }
+    }
+
+    async fn get(&self, path: &str) -> Reply {
+        self.send(Method::GET, path, None).await
+    }
+    async fn put(&self, path: &str, body: Value) -> Reply {
+        self.send(Method::PUT, path, Some(body)).await
+    }
+    async fn post(&self, path: &str, body: Value) -> Reply {
+        self.send(Method::POST, path, Some(body)).await
+    }
+    async fn delete(&self, path: &str) -> Reply {
+        self.send(Method::DELETE, path, None).await
+    }
+    async fn refresh(&self, index: &str) {
+        let reply = self
+            .send(Method::POST, &format!("/{index}/_refresh"), None)
+            .await;
+        assert_eq!(reply.status, 200, "{}", reply.text);
+    }
+    async fn search(&self, index: &str, body: Value) -> Reply {
+        self.post(&format!("/{index}/_search"), body).await
+    }
+    /// The ids of a search's hits, in order.
+    async fn ids(&self, index: &str, body: Value) -> Vec<String> {
+        let reply = self.search(index, body).await;
+        assert_eq!(reply.status, 200, "{}", reply.text);
+        hit_ids(&reply.body)
+    }
+}
+
+fn hit_ids(body: &Value) -> Vec<String> {
+    body["hits"]["hits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn shards(total: u64) -> Value {
+    json!({"total": total, "successful": 1, "failed": 0})
+}
+
+/// Asserts an error envelope (§0): status, `error.type`, `error.reason`, and a matching
+/// `root_cause`.
+fn assert_error(reply: &Reply, status: u16, kind: &str, reason: &str) {
+    assert_eq!(reply.status, status, "{}", reply.text);
+    assert_eq!(reply.body["status"], status, "{}", reply.text);
+    assert_eq!(reply.body["error"]["type"], kind, "{}", reply.text);
+    assert_eq!(reply.body["error"]["reason"], reason, "{}", reply.text);
+    let root = &reply.body["error"]["root_cause"][0];
+    assert!(
+        root["type"].is_string() && root["reason"].is_string(),
+        "{}",
+        reply.text
+    );
+}
+
+fn reason(reply: &Reply) -> String {
+    reply.body["error"]["reason"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// Creates `index` with keyword `s`, long `n`, date `ts`.
+async fn typed_index(es: &Es, index: &str) {
+    let reply = es
+        .put(
+            &format!("/{index}"),
+            json!({
+                "settings": {"number_of_shards": 1},
+                "mappings": {"dynamic": false, "properties": {
+                    "s": {"type": "keyword"},
+                    "n": {"type": "long"},
+                    "ts": {"type": "date"},
+                }},
+            }),
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+}
+
+// ---- §0 conventions ----------------------------------------------------------------------
+
+#[tokio::test]
+async fn every_response_carries_the_product_header() {
+    let es = Es::manual().await;
+    let mut replies = vec![
+        es.get("/").await,
+        es.send(Method::HEAD, "/", None).await,
+        es.get("/missing/_doc/1").await,
+        es.put("/Bad", json!({})).await,
+        es.send(Method::PATCH, "/x/_doc/1", None).await,
+        es.get("/_nothing_here").await,
+        es.raw(Method::POST, "/x/_search", "{not json").await,
+    ];
+    es.emulator.fail_next(429, 1);
+    replies.push(es.get("/").await);
+    es.emulator.set_unavailable(true);
+    replies.push(es.get("/").await);
+    for reply in replies {
+        assert_eq!(
+            reply
+                .headers
+                .get("x-elastic-product")
+                .map(|v| v.to_str().unwrap()),
+            Some("Elasticsearch"),
+            "status {} {}",
+            reply.status,
+            reply.text
+        );
+    }
+}
+
+#[tokio::test]
+async fn cluster_info_head_and_health() {
+    let es = Es::manual().await;
+    let info = es.get("/").await;
+    assert_eq!(info.status, 200);
+    assert_eq!(info.body["version"]["number"], "8.19.0");
+    assert_eq!(info.body["tagline"], "You Know, for Search");
+    let head = es.send(Method::HEAD, "/", None).await;
+    assert_eq!((head.status, head.text.as_str()), (200, ""));
+
+    let health = es.get("/_cluster/health").await;
+    assert_eq!(health.status, 200);
+    assert_eq!(health.body["status"], "green");
+    assert_eq!(health.body["timed_out"], false);
+    // One node cannot assign replicas: an index with the default replica makes it yellow.
+    es.put("/with-replica", json!({})).await;
+    assert_eq!(es.get("/_cluster/health").await.body["status"], "yellow");
+}
+
+// ---- §8 indices --------------------------------------------------------------------------
+
+#[tokio::test]
+async fn create_index_is_acknowledged_once() {
+    let es = Es::manual().await;
+    let created = es
+        .put(
+            "/books",
+            json!({"settings": {"number_of_shards": 1}, "mappings": {"properties": {"t": {"type": "keyword"}}}}),
+        )
+        .await;
+    assert_eq!(created.status, 200);
+    assert_eq!(
+        created.body,
+        json!({"acknowledged": true, "shards_acknowledged": true, "index": "books"})
+    );
+
+    let again = es.put("/books", json!({})).await;
+    assert_eq!(again.status, 400);
+    assert_eq!(
+        again.body["error"]["type"],
+        "resource_already_exists_exception"
+    );
+    let uuid = again.body["error"]["index_uuid"].as_str().unwrap();
+    assert_eq!(
+        reason(&again),
+        format!("index [books/{uuid}] already exists")
+    );
+    assert_eq!(again.body["error"]["index"], "books");
+}
+
+#[tokio::test]
+async fn invalid_index_names_are_refused() {
+    let es = Es::manual().await;
+    assert_error(
+        &es.put("/Books", json!({})).await,
+        400,
+        "invalid_index_name_exception",
+        "Invalid index name [Books], must be lowercase",
+    );
+    let underscore = es.put("/-x", json!({})).await;
+    assert_eq!(
+        underscore.body["error"]["type"],
+        "invalid_index_name_exception"
+    );
+    let star = es.put("/a%2Ab", json!({})).await;
+    assert_eq!(star.body["error"]["type"], "invalid_index_name_exception");
+    // Writes to an invalid name cannot auto-create it either.
+    let write = es.put("/Upper/_doc/1", json!({})).await;
+    assert_eq!(write.body["error"]["type"], "invalid_index_name_exception");
+}
+
+#[tokio::test]
+async fn head_index_is_200_or_404_without_a_body() {
+    let es = Es::manual().await;
+    es.put("/present", json!({})).await;
+    let found = es.send(Method::HEAD, "/present", None).await;
+    assert_eq!((found.status, found.text.as_str()), (200, ""));
+    let missing = es.send(Method::HEAD, "/absent", None).await;
+    assert_eq!((missing.status, missing.text.as_str()), (404, ""));
+}
+
+#[tokio::test]
+async fn shards_total_follows_number_of_replicas() {
+    let es = Es::manual().await;
+    es.put(
+        "/one",
+        json!({"settings": {"index": {"number_of_replicas": 0}}}),
+    )
+    .await;
+    let zero = es.put("/one/_doc/1", json!({})).await;
+    assert_eq!(zero.body["_shards"], shards(1));
+    let default = es.put("/two/_doc/1", json!({})).await;
+    assert_eq!(default.body["_shards"], shards(2));
+    let refreshed = es.post("/one,two/_refresh", json!({})).await;
+    assert_eq!(
+        refreshed.body,
+        json!({"_shards": {"total": 3, "successful": 2, "failed": 0}})
+    );
+}
+
+#[tokio::test]
+async fn unknown_settings_and_several_shards_are_refused() {
+    let es = Es::manual().await;
+    let unknown = es
+        .put("/x", json!({"settings": {"index.nonsense": 1}}))
+        .await;
+    assert_eq!(unknown.status, 400);
+    assert_eq!(unknown.body["error"]["type"], "illegal_argument_exception");
+    let shards = es
+        .put("/y", json!({"settings": {"number_of_shards": 3}}))
+        .await;
+    assert_eq!(shards.status, 400);
+    assert!(es.send(Method::HEAD, "/x", None).await.status == 404);
+}
+
+// ---- §1 create ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn create_is_201_then_409_with_the_current_version() {
+    let es = Es::manual().await;
+    let created = es.put("/i/_create/1", json!({"a": 1})).await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    assert_eq!(
+        created.body,
+        json!({"_index": "i", "_id": "1", "_version": 1, "result": "created",
+               "_shards": shards(2), "_seq_no": 0, "_primary_term": 1})
+    );
+    let conflict = es.post("/i/_create/1", json!({"a": 2})).await;
+    assert_error(
+        &conflict,
+        409,
+        "version_conflict_engine_exception",
+        "[1]: version conflict, document already exists (current version [1])",
+    );
+    assert_eq!(conflict.body["error"]["shard"], "0");
+    assert_eq!(conflict.body["error"]["index"], "i");
+    assert!(conflict.body["error"]["index_uuid"].is_string());
+    // Nothing was written.
+    assert_eq!(es.get("/i/_doc/1").await.body["_source"], json!({"a": 1}));
+}
+
+#[tokio::test]
+async fn op_type_create_conflicts_and_op_type_index_then_updates() {
+    let es = Es::manual().await;
+    assert_eq!(
+        es.put("/i/_doc/1?op_type=create", json!({"f": 1}))
+            .await
+            .status,
+        201
+    );
+    let conflict = es.put("/i/_doc/1?op_type=create", json!({"f": 1})).await;
+    assert_eq!(conflict.status, 409);
+    let index = es.put("/i/_doc/1?op_type=index", json!({"f": 1})).await;
+    assert_eq!(index.status, 200);
+    assert_eq!(index.body["_version"], 2);
+    assert_eq!(index.body["result"], "updated");
+}
+
+#[tokio::test]
+async fn invalid_create_combinations_are_400() {
+    let es = Es::manual().await;
+    assert_error(
+        &es.put("/i/_create/1?if_seq_no=0&if_primary_term=1", json!({})).await,
+        400,
+        "action_request_validation_exception",
+        "Validation Failed: 1: create operations do not support compare and set. use index instead;",
+    );
+    assert_error(
+        &es.put("/i/_create/1?op_type=index", json!({})).await,
+        400,
+        "illegal_argument_exception",
+        "opType must be 'create', found: [index]",
+    );
+    let long_id = "x".repeat(513);
+    let too_long = es.put(&format!("/i/_doc/{long_id}"), json!({})).await;
+    assert_eq!(too_long.status, 400);
+    assert_eq!(
+        too_long.body["error"]["type"],
+        "action_request_validation_exception"
+    );
+    let no_body = es.raw(Method::PUT, "/i/_doc/1", "").await;
+    assert_error(&no_body, 400, "parse_exception", "request body is required");
+}
+
+#[tokio::test]
+async fn a_missing_index_is_auto_created_by_writes() {
+    let es = Es::manual().await;
+    assert_eq!(es.send(Method::HEAD, "/auto", None).await.status, 404);
+    assert_eq!(es.put("/auto/_doc/1", json!({"x": 1})).await.status, 201);
+    assert_eq!(es.send(Method::HEAD, "/auto", None).await.status, 200);
+    assert_eq!(
+        es.post("/auto2/_create/1", json!({"x": 1})).await.status,
+        201
+    );
+    let auto_id = es.post("/auto3/_doc", json!({"x": 1})).await;
+    assert_eq!(auto_id.status, 201);
+    assert_eq!(auto_id.body["_id"].as_str().unwrap().len(), 20);
+}
+
+#[tokio::test]
+async fn ids_are_url_decoded() {
+    let es = Es::manual().await;
+    let id = "a/b c+ü?#";
+    let encoded = "a%2Fb%20c%2B%C3%BC%3F%23";
+    let created = es.put(&format!("/i/_create/{encoded}"), json!({})).await;
+    assert_eq!(created.status, 201);
+    assert_eq!(created.body["_id"], id);
+    let found = es.get(&format!("/i/_doc/{encoded}")).await;
+    assert_eq!(found.body["_id"], id);
+    assert_eq!(found.body["found"], true);
+}
+
+// ---- §2 get ------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn get_found_missing_doc_and_missing_index() {
+    let es = Es::manual().await;
+    es.put("/i/_doc/1", json!({"k": "v"})).await;
+    let found = es.get("/i/_doc/1").await;
+    assert_eq!(found.status, 200);
+    assert_eq!(
+        found.body,
+        json!({"_index": "i", "_id": "1", "_version": 1, "_seq_no": 0, "_primary_term": 1,
+               "found": true, "_source": {"k": "v"}})
+    );
+
+    let missing = es.get("/i/_doc/2").await;
+    assert_eq!(missing.status, 404);
+    assert_eq!(
+        missing.body,
+        json!({"_index": "i", "_id": "2", "found": false})
+    );
+
+    let no_index = es.get("/nope/_doc/1").await;
+    assert_error(
+        &no_index,
+        404,
+        "index_not_found_exception",
+        "no such index [nope]",
+    );
+    let error = &no_index.body["error"];
+    assert_eq!(error["resource.type"], "index_or_alias");
+    assert_eq!(error["resource.id"], "nope");
+    assert_eq!(error["index_uuid"], "_na_");
+    assert_eq!(error["index"], "nope");
+}
+
+#[tokio::test]
+async fn get_is_realtime_unless_realtime_false() {
+    let es = Es::manual().await;
+    es.put("/i", json!({"settings": {"refresh_interval": "-1"}}))
+        .await;
+    es.put("/i/_doc/1", json!({"foo": "bar"})).await;
+    assert_eq!(es.get("/i/_doc/1?realtime=false").await.status, 404);
+    assert_eq!(es.get("/i/_doc/1?realtime=true").await.status, 200);
+    let refreshed = es.get("/i/_doc/1?realtime=false&refresh=true").await;
+    assert_eq!(refreshed.status, 200);
+    assert_eq!(refreshed.body["found"], true);
+}
+
+#[tokio::test]
+async fn get_returns_the_source_as_sent_and_filters_it() {
+    let es = Es::manual().await;
+    let source = r#"{"z": 1,  "a": {"b": 2, "c": 3}}"#;
+    es.raw(Method::PUT, "/i/_doc/1", source).await;
+    let found = es.get("/i/_doc/1").await;
+    assert!(found.text.contains(source), "{}", found.text);
+    let filtered = es.get("/i/_doc/1?_source_includes=a.b").await;
+    assert_eq!(filtered.body["_source"], json!({"a": {"b": 2}}));
+    let none = es.get("/i/_doc/1?_source=false").await;
+    assert!(none.body.get("_source").is_none());
+}
+
+#[tokio::test]
+async fn get_with_a_version_is_a_precondition() {
+    let es = Es::manual().await;
+    es.put("/i/_doc/1", json!({})).await;
+    es.put("/i/_doc/1", json!({})).await;
+    assert_eq!(es.get("/i/_doc/1?version=2").await.status, 200);
+    assert_eq!(es.get("/i/_doc/1?version=1").await.status, 409);
+}
+
+// ---- §3 index and compare-and-set --------------------------------------------------------
+
+#[tokio::test]
+async fn index_creates_then_updates_even_with_the_same_body() {
+    let es = Es::manual().await;
+    let first = es.put("/i/_doc/1", json!({"a": 1})).await;
+    assert_eq!(
+        (first.status, &first.body["result"]),
+        (201, &json!("created"))
+    );
+    let second = es.put("/i/_doc/1", json!({"a": 1})).await;
+    assert_eq!(
+        (second.status, &second.body["result"]),
+        (200, &json!("updated"))
+    );
+    assert_eq!(second.body["_version"], 2);
+    assert_eq!(second.body["_seq_no"], 1);
+}
+
+#[tokio::test]
+async fn cas_match_mismatch_and_missing() {
+    let es = Es::manual().await;
+    es.put("/i/_doc/1", json!({"v": 1})).await;
+    let ok = es
+        .put("/i/_doc/1?if_seq_no=0&if_primary_term=1", json!({"v": 2}))
+        .await;
+    assert_eq!(ok.status, 200, "{}", ok.text);
+    assert_eq!(
+        (ok.body["_version"].clone(), ok.body["_seq_no"].clone()),
+        (json!(2), json!(1))
+    );
+
+    assert_error(
+        &es.put("/i/_doc/1?if_seq_no=0&if_primary_term=1", json!({"v": 3})).await,
+        409,
+        "version_conflict_engine_exception",
+        "[1]: version conflict, required seqNo [0], primary term [1]. current document has seqNo [1] and primary term [1]",
+    );
+    assert_error(
+        &es.put("/i/_doc/1?if_seq_no=1&if_primary_term=2", json!({"v": 3})).await,
+        409,
+        "version_conflict_engine_exception",
+        "[1]: version conflict, required seqNo [1], primary term [2]. current document has seqNo [1] and primary term [1]",
+    );
+    assert_error(
+        &es.put("/i/_doc/2?if_seq_no=1&if_primary_term=1", json!({}))
+            .await,
+        409,
+        "version_conflict_engine_exception",
+        "[2]: version conflict, required seqNo [1], primary term [1]. but no document was found",
+    );
+    // Conflicts consume no seq_no.
+    assert_eq!(es.put("/i/_doc/3", json!({})).await.body["_seq_no"], 2);
+}
+
+#[tokio::test]
+async fn cas_parameters_are_validated() {
+    let es = Es::manual().await;
+    es.put("/i/_doc/1", json!({})).await;
+    assert_error(
+        &es.put("/i/_doc/1?if_seq_no=0", json!({})).await,
+        400,
+        "action_request_validation_exception",
+        "Validation Failed: 1: ifSeqNo is set, but primary term is [0];",
+    );
+    assert_error(
+        &es.put("/i/_doc/1?if_seq_no=0&if_primary_term=0", json!({}))
+            .await,
+        400,
+        "action_request_validation_exception",
+        "Validation Failed: 1: ifSeqNo is set, but primary term is [0];",
+    );
+    assert_error(
+        &es.put("/i/_doc/1?if_primary_term=1", json!({})).await,
+        400,
+        "action_request_validation_exception",
+        "Validation Failed: 1: ifSeqNo is unassigned, but primary term is [1];",
+    );
+    assert_error(
+        &es.put("/i/_doc/1?if_seq_no=-1&if_primary_term=1", json!({}))
+            .await,
+        400,
+        "illegal_argument_exception",
+        "sequence numbers must be non negative. got [-1].",
+    );
+}
+
+// ---- §5 delete ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn delete_existing_absent_and_missing_index() {
+    let es = Es::manual().await;
+    es.put("/i/_doc/1", json!({})).await;
+    let deleted = es.delete("/i/_doc/1").await;
+    assert_eq!(deleted.status, 200);
+    assert_eq!(
+        deleted.body,
+        json!({"_index": "i", "_id": "1", "_version": 2, "result": "deleted",
+               "_shards": shards(2), "_seq_no": 1, "_primary_term": 1})
+    );
+    let absent = es.delete("/i/_doc/never").await;
+    assert_eq!(absent.status, 404);
+    assert_eq!(
+        absent.body,
+        json!({"_index": "i", "_id": "never", "_version": 1, "result": "not_found",
+               "_shards": shards(2), "_seq_no": 2, "_primary_term": 1})
+    );
+    assert_eq!(es.get("/i/_doc/1").await.status, 404);
+
+    let no_index = es.delete("/nope/_doc/1").await;
+    assert_error(
+        &no_index,
+        404,
+        "index_not_found_exception",
+        "no such index [nope]",
+    );
+    assert_eq!(es.send(Method::HEAD, "/nope", None).await.status, 404);
+}
+
+#[tokio::test]
+async fn delete_with_cas() {
+    let es = Es::manual().await;
+    es.put("/i/_doc/1", json!({})).await;
+    assert_error(
+        &es.delete("/i/_doc/1?if_seq_no=2&if_primary_term=1").await,
+        409,
+        "version_conflict_engine_exception",
+        "[1]: version conflict, required seqNo [2], primary term [1]. current document has seqNo [0] and primary term [1]",
+    );
+    let ok = es.delete("/i/_doc/1?if_seq_no=0&if_primary_term=1").await;
+    assert_eq!((ok.status, ok.body["_seq_no"].clone()), (200, json!(1)));
+    assert_error(
+        &es.delete("/i/_doc/1?if_seq_no=1&if_primary_term=1").await,
+        409,
+        "version_conflict_engine_exception",
+        "[1]: version conflict, required seqNo [1], primary term [1]. but no document was found",
+    );
+}
+
+#[tokio::test]
+async fn a_tombstone_continues_the_version_until_pruned() {
+    let es = Es::manual().await;
+    es.put("/i/_create/1", json!({})).await;
+    assert_eq!(es.delete("/i/_doc/1").await.body["_version"], 2);
+    let again = es.put("/i/_create/1", json!({})).await;
+    assert_eq!(
+        (again.status, again.body["_version"].clone()),
+        (201, json!(3))
+    );
+
+    // With gc_deletes 0s the tombstone goes at the next refresh.
+    es.put("/g", json!({"settings": {"index.gc_deletes": "0s"}}))
+        .await;
+    es.put("/g/_doc/1", json!({})).await;
+    es.delete("/g/_doc/1").await;
+    es.refresh("g").await;
+    assert_eq!(es.put("/g/_doc/1", json!({})).await.body["_version"], 1);
+}
+
+#[tokio::test]
+async fn a_delete_of_an_absent_id_also_leaves_a_tombstone() {
+    let es = Es::manual().await;
+    es.put("/i", json!({})).await;
+    assert_eq!(es.delete("/i/_doc/1").await.body["_version"], 1);
+    let created = es.put("/i/_create/1", json!({})).await;
+    assert_eq!(
+        (created.status, created.body["_version"].clone()),
+        (201, json!(2))
+    );
+}
+
+// ---- §11 seq_no, primary term, version -------------------------------------------------
+
+#[tokio::test]
+async fn seq_no_is_per_index_and_counts_every_applied_op() {
+    let es = Es::manual().await;
+    let seq = |r: &Reply| r.body["_seq_no"].as_i64().unwrap();
+    assert_eq!(seq(&es.put("/a/_doc/1", json!({})).await), 0);
+    assert_eq!(seq(&es.put("/b/_doc/1", json!({})).await), 0);
+    assert_eq!(seq(&es.put("/a/_doc/2", json!({})).await), 1);
+    assert_eq!(seq(&es.delete("/a/_doc/absent").await), 2);
+    assert_eq!(es.put("/a/_create/1", json!({})).await.status, 409);
+    assert_eq!(seq(&es.put("/a/_doc/1", json!({})).await), 3);
+    let doc = es.get("/a/_doc/1").await;
+    assert_eq!(doc.body["_version"], 2);
+    assert_eq!(doc.body["_primary_term"], 1);
+}
+
+// ---- §6 bulk -----------------------------------------------------------------------------
+
+#[tokio::test]
+async fn bulk_answers_every_item_in_order() {
+    let es = Es::manual().await;
+    es.put("/i/_doc/a", json!({"n": 1})).await;
+    let body = concat!(
+        "{\"create\":{\"_index\":\"i\",\"_id\":\"b\"}}\n{\"n\":2}\n",
+        "{\"create\":{\"_index\":\"i\",\"_id\":\"a\"}}\n{\"n\":9}\n",
+        "{\"index\":{\"_index\":\"i\",\"_id\":\"a\",\"if_seq_no\":0,\"if_primary_term\":1}}\n{\"n\":3}\n",
+        "{\"index\":{\"_index\":\"i\",\"_id\":\"a\",\"if_seq_no\":0,\"if_primary_term\":1}}\n{\"n\":4}\n",
+        "{\"index\":{\"_index\":\"i\",\"_id\":\"m\",\"if_seq_no\":0,\"if_primary_term\":1}}\n{}\n",
+        "{\"delete\":{\"_index\":\"i\",\"_id\":\"gone\"}}\n",
+        "{\"update\":{\"_index\":\"i\",\"_id\":\"a\"}}\n{\"doc\":{\"n\":5}}\n",
+        "{\"index\":{\"_index\":\"other\",\"_id\":\"x\"}}\n{}\n",
+    );
+    let reply = es.ndjson("/_bulk", body).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.body["errors"], true);
+    assert!(reply.body["took"].is_u64());
+    let items = reply.body["items"].as_array().unwrap();
+    assert_eq!(items.len(), 8);
+    assert_eq!(
+        items[0],
+        json!({"create": {"_index": "i", "_id": "b", "_version": 1, "result": "created",
+            "_shards": shards(2), "_seq_no": 1, "_primary_term": 1, "status": 201}})
+    );
+    assert_eq!(items[1]["create"]["status"], 409);
+    assert_eq!(
+        items[1]["create"]["error"]["reason"],
+        "[a]: version conflict, document already exists (current version [1])"
+    );
+    assert_eq!(
+        items[1]["create"]["error"]["type"],
+        "version_conflict_engine_exception"
+    );
+    assert_eq!(items[1]["create"]["error"]["shard"], "0");
+    assert_eq!(items[2]["index"]["status"], 200);
+    assert_eq!(items[2]["index"]["_seq_no"], 2);
+    assert_eq!(items[2]["index"]["_version"], 2);
+    assert_eq!(
+        items[3]["index"]["error"]["reason"],
+        "[a]: version conflict, required seqNo [0], primary term [1]. current document has seqNo [2] and primary term [1]"
+    );
+    assert_eq!(
+        items[4]["index"]["error"]["reason"],
+        "[m]: version conflict, required seqNo [0], primary term [1]. but no document was found"
+    );
+    assert_eq!(items[5]["delete"]["status"], 404);
+    assert_eq!(items[5]["delete"]["result"], "not_found");
+    assert_eq!(items[5]["delete"]["_seq_no"], 3);
+    assert!(items[5]["delete"].get("error").is_none());
+    assert_eq!(items[6]["update"]["status"], 400);
+    assert_eq!(items[7]["index"]["status"], 201);
+    assert_eq!(items[7]["index"]["_index"], "other");
+    assert_eq!(es.get("/i/_doc/a").await.body["_source"], json!({"n": 3}));
+}
+
+#[tokio::test]
+async fn bulk_without_failures_has_errors_false() {
+    let es = Es::manual().await;
+    let reply = es
+        .ndjson(
+            "/i/_bulk",
+            "{\"index\":{\"_id\":\"1\"}}\n{}\n{\"delete\":{\"_id\":\"nope\"}}\n",
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.body["errors"], false);
+    assert_eq!(reply.body["items"][0]["index"]["_index"], "i");
+}
+
+#[tokio::test]
+async fn bulk_request_level_errors() {
+    let es = Es::manual().await;
+    assert_error(
+        &es.ndjson("/_bulk", "{\"index\":{\"_index\":\"i\"}}\n{}")
+            .await,
+        400,
+        "illegal_argument_exception",
+        "The bulk request must be terminated by a newline [\\n]",
+    );
+    assert_error(
+        &es.ndjson("/_bulk", "{\"index\":{\"_index\":\"i\"}}\n{}\n{}\n")
+            .await,
+        400,
+        "illegal_argument_exception",
+        "Malformed action/metadata line [3], expected FIELD_NAME but found [END_OBJECT]",
+    );
+    assert_error(
+        &es.ndjson(
+            "/_bulk",
+            "{\"index\":{\"_index\":\"i\",\"_id\":\"\"}}\n{}\n",
+        )
+        .await,
+        400,
+        "action_request_validation_exception",
+        "Validation Failed: 1: if _id is specified it must not be empty;",
+    );
+    assert_error(
+        &es.ndjson(
+            "/_bulk",
+            "{\"index\":{\"_index\":\"i\",\"_type\":\"t\"}}\n{}\n",
+        )
+        .await,
+        400,
+        "illegal_argument_exception",
+        "Action/metadata line [1] contains an unknown parameter [_type]",
+    );
+    let bad_json = es.ndjson("/_bulk", "{nope\n").await;
+    assert_eq!(bad_json.status, 400);
+    // Nothing of a refused request is applied.
+    assert_eq!(es.send(Method::HEAD, "/i", None).await.status, 404);
+}
+
+#[tokio::test]
+async fn bulk_refresh_true_makes_items_searchable() {
+    let es = Es::manual().await;
+    let reply = es
+        .ndjson(
+            "/_bulk?refresh=true",
+            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\"}}\n{}\n",
+        )
+        .await;
+    assert_eq!(reply.body["items"][0]["index"]["forced_refresh"], true);
+    assert_eq!(es.ids("i", json!({})).await, ["1"]);
+}
+
+// ---- §7 near-real-time search ------------------------------------------------------------
+
+#[tokio::test]
+async fn search_sees_writes_only_after_a_refresh() {
+    let es = Es::manual().await;
+    es.put("/a/_doc/1", json!({})).await;
+    es.put("/b/_doc/1", json!({})).await;
+    assert!(es.ids("a", json!({})).await.is_empty());
+    es.refresh("a").await;
+    assert_eq!(es.ids("a", json!({})).await, ["1"]);
+    assert!(es.ids("b", json!({})).await.is_empty());
+    let all = es.post("/_refresh", json!({})).await;
+    assert_eq!(all.status, 200);
+    assert_eq!(es.ids("b", json!({})).await, ["1"]);
+    // A delete is not visible before the next refresh either.
+    es.delete("/a/_doc/1").await;
+    assert_eq!(es.ids("a", json!({})).await, ["1"]);
+    es.refresh("a").await;
+    assert!(es.ids("a", json!({})).await.is_empty());
+}
+
+#[tokio::test]
+async fn refresh_of_a_missing_index_is_404_unless_ignored() {
+    let es = Es::manual().await;
+    es.put("/a", json!({})).await;
+    let missing = es.post("/a,nope/_refresh", json!({})).await;
+    assert_error(
+        &missing,
+        404,
+        "index_not_found_exception",
+        "no such index [nope]",
+    );
+    let ignored = es
+        .post("/a,nope/_refresh?ignore_unavailable=true", json!({}))
+        .await;
+    assert_eq!(ignored.status, 200);
+}
+
+#[tokio::test]
+async fn a_write_with_refresh_true_is_searchable_at_once() {
+    let es = Es::manual().await;
+    let written = es.put("/i/_doc/1?refresh=true", json!({})).await;
+    assert_eq!(written.body["forced_refresh"], true);
+    let plain = es.put("/i/_doc/2", json!({})).await;
+    assert!(plain.body.get("forced_refresh").is_none());
+    assert_eq!(es.ids("i", json!({})).await, ["1"]);
+    let deleted = es.delete("/i/_doc/1?refresh=true").await;
+    assert_eq!(deleted.body["forced_refresh"], true);
+    assert_eq!(es.ids("i", json!({})).await, ["2"]);
+}
+
+#[tokio::test]
+async fn refresh_wait_for_returns_once_a_refresh_shows_the_write() {
+    let es = Es::manual().await;
+    es.put("/i", json!({})).await;
+    let url = format!("{}/i/_doc/1?refresh=wait_for", es.emulator.url);
+    let client = es.client.clone();
+    let write = tokio::spawn(async move { client.put(url).json(&json!({})).send().await });
+    // The write is applied (a realtime GET sees it) but does not answer before a refresh.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while es.get("/i/_doc/1").await.status != 200 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "write never applied"
+        );
+        tokio::task::yield_now().await;
+    }
+    assert!(!write.is_finished());
+    es.refresh("i").await;
+    let answer = tokio::time::timeout(Duration::from_secs(10), write)
+        .await
+        .expect("wait_for answers after the refresh")
+        .unwrap()
+        .unwrap();
+    assert_eq!(answer.status().as_u16(), 201);
+    let body: Value = answer.json().await.unwrap();
+    assert!(body.get("forced_refresh").is_none(), "{body}");
+    assert_eq!(es.ids("i", json!({})).await, ["1"]);
+}
+
+#[tokio::test]
+async fn scheduled_refreshes_make_writes_searchable() {
+    let es = Es::with(EmulatorConfig {
+        refresh_interval: Some(Duration::from_millis(50)),
+    })
+    .await;
+    es.put("/i/_doc/1", json!({})).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if es.ids("i", json!({})).await == ["1"] {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never refreshed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // An index that disables refreshes keeps its writes invisible.
+    es.put(
+        "/off",
+        json!({"settings": {"index": {"refresh_interval": "-1"}}}),
+    )
+    .await;
+    es.put("/off/_doc/1", json!({})).await;
+    es.put("/i/_doc/2", json!({})).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while es.ids("i", json!({})).await.len() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "never refreshed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(es.ids("off", json!({})).await.is_empty());
+}
+
+// ---- §7 search request and response ------------------------------------------------------
+
+#[tokio::test]
+async fn search_response_shape() {
+    let es = Es::manual().await;
+    es.put("/i/_doc/1?refresh=true", json!({"s": "x"})).await;
+    let all = es.search("i", json!({})).await;
+    assert_eq!(all.status, 200);
+    assert!(all.body["took"].is_u64());
+    assert_eq!(all.body["timed_out"], false);
+    assert_eq!(
+        all.body["_shards"],
+        json!({"total": 1, "successful": 1, "skipped": 0, "failed": 0})
+    );
+    assert_eq!(
+        all.body["hits"]["total"],
+        json!({"value": 1, "relation": "eq"})
+    );
+    assert_eq!(all.body["hits"]["max_score"], 1.0);
+    let hit = &all.body["hits"]["hits"][0];
+    assert_eq!(
+        hit,
+        &json!({"_index": "i", "_id": "1", "_score": 1.0, "_source": {"s": "x"}})
+    );
+    // Filter-only queries score 0.0.
+    let filtered = es
+        .search(
+            "i",
+            json!({"query": {"bool": {"filter": [{"match_all": {}}]}}}),
+        )
+        .await;
+    assert_eq!(filtered.body["hits"]["hits"][0]["_score"], 0.0);
+    assert_eq!(filtered.body["hits"]["max_score"], 0.0);
+}
+
+#[tokio::test]
+async fn term_terms_ids_and_bool_queries() {
+    let es = Es::manual().await;
+    typed_index(&es, "i").await;
+    for (id, s, n) in [("1", "a", 1), ("2", "b", 2), ("3", "c", 3), ("4", "a", 4)] {
+        es.put(&format!("/i/_doc/{id}"), json!({"s": s, "n": n}))
+            .await;
+    }
+    es.refresh("i").await;
+    let sorted = |query: Value| json!({"query": query, "sort": ["n"]});
+    assert_eq!(
+        es.ids("i", sorted(json!({"term": {"s": "a"}}))).await,
+        ["1", "4"]
+    );
+    assert_eq!(
+        es.ids("i", sorted(json!({"term": {"s": {"value": "b"}}})))
+            .await,
+        ["2"]
+    );
+    assert_eq!(
+        es.ids("i", sorted(json!({"term": {"n": "3"}}))).await,
+        ["3"]
+    );
+    assert_eq!(
+        es.ids("i", sorted(json!({"terms": {"s": ["b", "c"]}})))
+            .await,
+        ["2", "3"]
+    );
+    assert_eq!(
+        es.ids("i", sorted(json!({"ids": {"values": ["4", "2", "9"]}})))
+            .await,
+        ["2", "4"]
+    );
+    let bool_query = json!({"bool": {
+        "filter": [{"terms": {"s": ["a", "b"]}}],
+        "must_not": [{"term": {"n": 4}}],
+    }});
+    assert_eq!(es.ids("i", sorted(bool_query)).await, ["1", "2"]);
+    // should-only: at least one must match.
+    let should = json!({"bool": {"should": [{"term": {"s": "c"}}, {"term": {"n": 1}}]}});
+    assert_eq!(es.ids("i", sorted(should)).await, ["1", "3"]);
+    // With a filter, should clauses are optional unless minimum_should_match says otherwise.
+    let optional = json!({"bool": {"filter": [{"range": {"n": {"gte": 2}}}],
+        "should": [{"term": {"s": "c"}}]}});
+    assert_eq!(es.ids("i", sorted(optional)).await, ["2", "3", "4"]);
+    let required = json!({"bool": {"filter": [{"range": {"n": {"gte": 2}}}],
+        "should": [{"term": {"s": "c"}}, {"term": {"s": "a"}}], "minimum_should_match": 1}});
+    assert_eq!(es.ids("i", sorted(required)).await, ["3", "4"]);
+    // An unmapped field matches nothing.
+    assert!(es
+        .ids("i", sorted(json!({"term": {"nowhere": "a"}})))
+        .await
+        .is_empty());
+}
+
+#[tokio::test]
+async fn range_on_longs_and_dates() {
+    let es = Es::manual().await;
+    typed_index(&es, "i").await;
+    let now = es_emulator::dates::now_millis();
+    let docs = [
+        ("old", "2020-01-01T00:00:00Z".to_owned(), 10),
+        ("millis", "1600000000000".to_owned(), 20),
+        ("recent", es_emulator::dates::format_iso(now - 30_000), 30),
+        (
+            "hour",
+            es_emulator::dates::format_iso(now - 2 * 3_600_000),
+            40,
+        ),
+    ];
+    for (id, ts, n) in &docs {
+        es.put(&format!("/i/_doc/{id}"), json!({"ts": ts, "n": n}))
+            .await;
+    }
+    es.refresh("i").await;
+    let find = |range: Value| json!({"query": {"range": range}, "sort": [{"n": "asc"}]});
+    assert_eq!(
+        es.ids("i", find(json!({"n": {"gt": 10, "lte": 30}}))).await,
+        ["millis", "recent"]
+    );
+    assert_eq!(
+        es.ids("i", find(json!({"ts": {"gte": "now-2m"}}))).await,
+        ["recent"]
+    );
+    assert_eq!(
+        es.ids("i", find(json!({"ts": {"lt": "now-1h"}}))).await,
+        ["old", "millis", "hour"]
+    );
+    assert_eq!(
+        es.ids(
+            "i",
+            find(json!({"ts": {"lt": 1_600_000_000_001_i64, "format": "epoch_millis"}}))
+        )
+        .await,
+        ["old", "millis"]
+    );
+    assert_eq!(
+        es.ids(
+            "i",
+            find(json!({"ts": {"lt": "1600000000000", "format": "epoch_millis"}}))
+        )
+        .await,
+        ["old"]
+    );
+    assert_eq!(
+        es.ids(
+            "i",
+            find(json!({"ts": {"gte": "2020-01-01T00:00:00.000Z", "lt": "2021-01-01"}}))
+        )
+        .await,
+        ["old", "millis"]
+    );
+    // lte on a date without time includes that whole day.
+    assert_eq!(
+        es.ids("i", find(json!({"ts": {"lte": "2020-01-01"}})))
+            .await,
+        ["old"]
+    );
+    let bad = es
+        .search("i", find(json!({"ts": {"gte": "yesterday"}})))
+        .await;
+    assert_eq!(bad.status, 400);
+    assert_eq!(
+        bad.body["error"]["type"],
+        "search_phase_execution_exception"
+    );
+}
+
+#[tokio::test]
+async fn sort_by_several_keys_with_missing_values_last() {
+    let es = Es::manual().await;
+    typed_index(&es, "i").await;
+    let docs = [
+        ("a", json!({"ts": "2024-01-01T00:00:01Z", "s": "b"})),
+        ("b", json!({"ts": "2024-01-01T00:00:01Z", "s": "a"})),
+        ("c", json!({"ts": "2024-01-01T00:00:00Z", "s": "z"})),
+        ("d", json!({"s": "m"})),
+    ];
+    for (id, doc) in &docs {
+        es.put(&format!("/i/_doc/{id}"), doc.clone()).await;
+    }
+    es.refresh("i").await;
+    let asc = es
+        .search(
+            "i",
+            json!({"sort": [{"ts": {"order": "asc"}}, {"s": "asc"}]}),
+        )
+        .await;
+    assert_eq!(hit_ids(&asc.body), ["c", "b", "a", "d"]);
+    assert_eq!(asc.body["hits"]["max_score"], Value::Null);
+    let first = &asc.body["hits"]["hits"][0];
+    assert_eq!(first["_score"], Value::Null);
+    assert_eq!(first["sort"], json!([1_704_067_200_000_i64, "z"]));
+    assert_eq!(asc.body["hits"]["hits"][3]["sort"], json!([i64::MAX, "m"]));
+    let desc = es.search("i", json!({"sort": [{"ts": "desc"}, "s"]})).await;
+    assert_eq!(hit_ids(&desc.body), ["b", "a", "c", "d"]);
+    assert_eq!(desc.body["hits"]["hits"][3]["sort"][0], i64::MIN);
+    let keyword_desc = es
+        .search("i", json!({"sort": [{"s": {"order": "desc"}}]}))
+        .await;
+    assert_eq!(hit_ids(&keyword_desc.body), ["c", "d", "a", "b"]);
+}
+
+#[tokio::test]
+async fn sorting_on_unmapped_text_or_id_fields_is_400() {
+    let es = Es::manual().await;
+    typed_index(&es, "i").await;
+    es.put("/dyn/_doc/1", json!({"title": "some text"})).await;
+    let unmapped = es.search("i", json!({"sort": ["nowhere"]})).await;
+    assert_eq!(unmapped.status, 400);
+    assert_eq!(
+        unmapped.body["error"]["type"],
+        "search_phase_execution_exception"
+    );
+    assert_eq!(
+        unmapped.body["error"]["root_cause"][0]["reason"],
+        "No mapping found for [nowhere] in order to sort on"
+    );
+    let tolerated = es
+        .search(
+            "i",
+            json!({"sort": [{"nowhere": {"unmapped_type": "long"}}]}),
+        )
+        .await;
+    assert_eq!(tolerated.status, 200);
+    assert_eq!(
+        es.search("dyn", json!({"sort": ["title"]})).await.status,
+        400
+    );
+    assert_eq!(
+        es.search("dyn", json!({"sort": ["title.keyword"]}))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(es.search("i", json!({"sort": ["_id"]})).await.status, 400);
+}
+
+#[tokio::test]
+async fn search_after_pages_through_ties() {
+    let es = Es::manual().await;
+    typed_index(&es, "i").await;
+    for n in 0..7 {
+        es.put(
+            &format!("/i/_doc/t{n}"),
+            json!({"ts": 1_000 + n / 3, "s": format!("t{n}")}),
+        )
+        .await;
+    }
+    es.refresh("i").await;
+    let mut after: Option<Value> = None;
+    let mut seen = Vec::new();
+    loop {
+        let mut body = json!({"size": 3, "sort": [{"ts": "asc"}, {"s": "asc"}]});
+        if let Some(after) = &after {
+            body["search_after"] = after.clone();
+        }
+        let page = es.search("i", body).await;
+        assert_eq!(page.status, 200, "{}", page.text);
+        let hits = page.body["hits"]["hits"].as_array().unwrap().clone();
+        if hits.is_empty() {
+            break;
+        }
+        seen.extend(hit_ids(&page.body));
+        after = Some(hits.last().unwrap()["sort"].clone());
+    }
+    assert_eq!(seen, ["t0", "t1", "t2", "t3", "t4", "t5", "t6"]);
+    let wrong = es
+        .search("i", json!({"sort": ["ts", "s"], "search_after": [1]}))
+        .await;
+    assert_eq!(wrong.status, 400);
+    let with_from = es
+        .search("i", json!({"from": 1, "sort": ["ts"], "search_after": [1]}))
+        .await;
+    assert_eq!(with_from.status, 400);
+}
+
+#[tokio::test]
+async fn seq_no_primary_term_and_version_in_hits() {
+    let es = Es::manual().await;
+    es.put("/i/_doc/1", json!({})).await;
+    es.put("/i/_doc/1?refresh=true", json!({})).await;
+    let plain = es.search("i", json!({})).await;
+    let hit = &plain.body["hits"]["hits"][0];
+    assert!(hit.get("_seq_no").is_none() && hit.get("_version").is_none());
+    let body = es
+        .search("i", json!({"seq_no_primary_term": true, "version": true}))
+        .await;
+    let hit = &body.body["hits"]["hits"][0];
+    assert_eq!(
+        (&hit["_seq_no"], &hit["_primary_term"], &hit["_version"]),
+        (&json!(1), &json!(1), &json!(2))
+    );
+    let url = es
+        .post("/i/_search?seq_no_primary_term=true", json!({}))
+        .await;
+    assert_eq!(url.body["hits"]["hits"][0]["_seq_no"], 1);
+}
+
+#[tokio::test]
+async fn track_total_hits_and_size_limits() {
+    let es = Es::manual().await;
+    for n in 0..5 {
+        es.put(&format!("/i/_doc/{n}"), json!({})).await;
+    }
+    es.refresh("i").await;
+    let off = es.search("i", json!({"track_total_hits": false})).await;
+    assert!(off.body["hits"].get("total").is_none(), "{}", off.text);
+    let capped = es.search("i", json!({"track_total_hits": 3})).await;
+    assert_eq!(
+        capped.body["hits"]["total"],
+        json!({"value": 3, "relation": "gte"})
+    );
+    let exact = es
+        .search("i", json!({"track_total_hits": true, "size": 2}))
+        .await;
+    assert_eq!(exact.body["hits"]["total"]["value"], 5);
+    assert_eq!(exact.body["hits"]["hits"].as_array().unwrap().len(), 2);
+    let default_size = es.search("i", json!({"from": 3})).await;
+    assert_eq!(
+        default_size.body["hits"]["hits"].as_array().unwrap().len(),
+        2
+    );
+
+    let window = es.search("i", json!({"from": 9_990, "size": 11})).await;
+    assert_eq!(window.status, 400);
+    assert_eq!(
+        window.body["error"]["type"],
+        "search_phase_execution_exception"
+    );
+    assert!(
+        window.body["error"]["root_cause"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("Result window is too large, from + size must be less than or equal to: [10000] but was [10001]"),
+        "{}",
+        window.text
+    );
+    assert_eq!(
+        es.search("i", json!({"from": 9_990, "size": 10}))
+            .await
+            .status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn source_filtering_in_hits() {
+    let es = Es::manual().await;
+    es.put(
+        "/i/_doc/1?refresh=true",
+        json!({"a": 1, "b": {"c": 2, "d": 3}}),
+    )
+    .await;
+    let source = |body: Value| async {
+        let reply = es.search("i", body).await;
+        reply.body["hits"]["hits"][0].get("_source").cloned()
+    };
+    assert_eq!(source(json!({"_source": false})).await, None);
+    assert_eq!(
+        source(json!({"_source": ["b.c"]})).await,
+        Some(json!({"b": {"c": 2}}))
+    );
+    assert_eq!(
+        source(json!({"_source": {"excludes": ["b"]}})).await,
+        Some(json!({"a": 1}))
+    );
+}
+
+#[tokio::test]
+async fn searching_several_or_missing_indices() {
+    let es = Es::manual().await;
+    es.put("/logs-a/_doc/1?refresh=true", json!({})).await;
+    es.put("/logs-b/_doc/2?refresh=true", json!({})).await;
+    let both = es.search("logs-a,logs-b", json!({})).await;
+    assert_eq!(both.body["hits"]["total"]["value"], 2);
+    assert_eq!(both.body["_shards"]["total"], 2);
+    assert_eq!(
+        es.search("logs-*", json!({})).await.body["hits"]["total"]["value"],
+        2
+    );
+    let missing = es.search("logs-a,nope", json!({})).await;
+    assert_error(
+        &missing,
+        404,
+        "index_not_found_exception",
+        "no such index [nope]",
+    );
+    let ignored = es
+        .post("/logs-a,nope/_search?ignore_unavailable=true", json!({}))
+        .await;
+    assert_eq!(ignored.status, 200);
+    assert_eq!(ignored.body["hits"]["total"]["value"], 1);
+    let get = es.get("/logs-a/_search").await;
+    assert_eq!(get.status, 200);
+}
+
+#[tokio::test]
+async fn count_counts_searchable_matches() {
+    let es = Es::manual().await;
+    typed_index(&es, "i").await;
+    es.put("/i/_doc/1", json!({"s": "a"})).await;
+    es.put("/i/_doc/2", json!({"s": "b"})).await;
+    es.refresh("i").await;
+    let count = es
+        .post("/i/_count", json!({"query": {"term": {"s": "a"}}}))
+        .await;
+    assert_eq!(count.status, 200);
+    assert_eq!(count.body["count"], 1);
+}
+
+// ---- mappings ----------------------------------------------------------------------------
+
+#[tokio::test]
+async fn documents_are_checked_against_the_mapping() {
+    let es = Es::manual().await;
+    typed_index(&es, "i").await;
+    let bad_long = es.put("/i/_doc/1", json!({"n": "abc"})).await;
+    assert_eq!(bad_long.status, 400);
+    assert_eq!(bad_long.body["error"]["type"], "document_parsing_exception");
+    let bad_date = es.put("/i/_doc/1", json!({"ts": "not a date"})).await;
+    assert_eq!(bad_date.status, 400);
+    // dynamic:false stores unmapped fields without indexing them.
+    assert_eq!(
+        es.put("/i/_doc/1", json!({"other": {"x": 1}})).await.status,
+        201
+    );
+    es.refresh("i").await;
+    assert!(es
+        .ids("i", json!({"query": {"term": {"other.x": 1}}}))
+        .await
+        .is_empty());
+
+    es.put(
+        "/strict",
+        json!({"mappings": {"dynamic": "strict", "properties": {"a": {"type": "keyword"}}}}),
+    )
+    .await;
+    let strict = es.put("/strict/_doc/1", json!({"b": 1})).await;
+    assert_eq!(strict.status, 400);
+    assert_eq!(
+        strict.body["error"]["type"],
+        "strict_dynamic_mapping_exception"
+    );
+}
+
+#[tokio::test]
+async fn dynamic_mapping_infers_types() {
+    let es = Es::manual().await;
+    es.put(
+        "/d/_doc/1?refresh=true",
+        json!({"when": "2024-05-01T10:00:00Z", "name": "Hello World", "n": 5}),
+    )
+    .await;
+    let mapping = es.get("/d").await;
+    let properties = &mapping.body["d"]["mappings"]["properties"];
+    assert_eq!(properties["when"]["type"], "date");
+    assert_eq!(properties["name"]["type"], "text");
+    assert_eq!(properties["name"]["fields"]["keyword"]["type"], "keyword");
+    assert_eq!(properties["n"]["type"], "long");
+    assert_eq!(
+        es.ids(
+            "d",
+            json!({"query": {"term": {"name.keyword": "Hello World"}}})
+        )
+        .await,
+        ["1"]
+    );
+    assert_eq!(
+        es.ids("d", json!({"query": {"term": {"name": "hello"}}}))
+            .await,
+        ["1"]
+    );
+    assert_eq!(
+        es.ids(
+            "d",
+            json!({"query": {"range": {"when": {"gte": "2024-05-01"}}}})
+        )
+        .await,
+        ["1"]
+    );
+}
+
+// ---- errors ------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn malformed_json_is_400() {
+    let es = Es::manual().await;
+    let search = es.raw(Method::POST, "/i/_search", "{\"query\":").await;
+    assert_eq!(search.status, 400);
+    assert_eq!(search.body["error"]["type"], "x_content_parse_exception");
+    let index = es.raw(Method::PUT, "/x", "{oops").await;
+    assert_eq!(index.body["error"]["type"], "x_content_parse_exception");
+    let doc = es.raw(Method::PUT, "/i/_doc/1", "{\"a\":").await;
+    assert_eq!(doc.status, 400);
+    assert_eq!(doc.body["error"]["type"], "document_parsing_exception");
+    let unknown_query = es.search("i", json!({"query": {"nonsense": {}}})).await;
+    assert_eq!(unknown_query.body["error"]["type"], "parsing_exception");
+}
+
+#[tokio::test]
+async fn unknown_paths_methods_and_parameters() {
+    let es = Es::manual().await;
+    assert_error(
+        &es.get("/_nonsense").await,
+        400,
+        "illegal_argument_exception",
+        "no handler found for uri [/_nonsense] and method [GET]",
+    );
+    let wrong = es.send(Method::PATCH, "/i/_doc/1", None).await;
+    assert_eq!(wrong.status, 405);
+    assert!(wrong.body["error"]
+        .as_str()
+        .unwrap()
+        .starts_with("Incorrect HTTP method for uri [/i/_doc/1] and method [PATCH]"));
+    assert!(wrong.headers.get("allow").is_some());
+    let param = es.get("/i/_doc/1?bogus=1").await;
+    assert_error(
+        &param,
+        400,
+        "illegal_argument_exception",
+        "request [/i/_doc/1] contains unrecognized parameter: [bogus]",
+    );
+    let unsupported = es.post("/i/_update/1", json!({"doc": {}})).await;
+    assert_eq!(unsupported.status, 400);
+    assert!(reason(&unsupported).contains("es-emulator"));
+}
+
+#[tokio::test]
+async fn bodies_larger_than_axum_defaults_are_accepted() {
+    let es = Es::manual().await;
+    let big = "x".repeat(3 * 1024 * 1024);
+    let body = format!("{{\"index\":{{\"_index\":\"i\",\"_id\":\"1\"}}}}\n{{\"big\":\"{big}\"}}\n");
+    let reply = es.ndjson("/_bulk", &body).await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        &reply.text[..200.min(reply.text.len())]
+    );
+    assert_eq!(reply.body["errors"], false);
+}
+
+#[tokio::test]
+async fn hits_carry_the_source_as_sent() {
+    let es = Es::manual().await;
+    let source = r#"{"zeta":1,"alpha":{"y":2,"b":3}}"#;
+    es.raw(Method::PUT, "/i/_doc/1?refresh=true", source).await;
+    let reply = es.search("i", json!({})).await;
+    assert!(reply.text.contains(source), "{}", reply.text);
+}
+
+// ---- failure injection, counters, lifecycle ----------------------------------------------
+
+#[tokio::test]
+async fn injected_failures_are_not_applied() {
+    let es = Es::manual().await;
+    es.emulator.fail_next(429, 2);
+    let rejected = es.put("/i/_doc/1", json!({})).await;
+    assert_eq!(rejected.status, 429);
+    assert_eq!(
+        rejected.body["error"]["type"],
+        "es_rejected_execution_exception"
+    );
+    assert_eq!(es.get("/").await.status, 429);
+    assert_eq!(es.get("/").await.status, 200);
+    assert_eq!(es.send(Method::HEAD, "/i", None).await.status, 404);
+
+    es.emulator.fail_next(503, 1);
+    let unavailable = es.put("/i/_doc/1", json!({})).await;
+    assert_eq!(unavailable.status, 503);
+    assert_eq!(
+        unavailable.body["error"]["type"],
+        "unavailable_shards_exception"
+    );
+    es.emulator.fail_next(500, 1);
+    let generic = es.get("/").await;
+    assert_eq!(generic.status, 500);
+    assert_eq!(generic.body["status"], 500);
+
+    es.emulator.set_unavailable(true);
+    assert_eq!(es.get("/").await.status, 503);
+    assert_eq!(es.put("/i/_doc/1", json!({})).await.status, 503);
+    es.emulator.set_unavailable(false);
+    assert_eq!(es.get("/i/_doc/1").await.status, 404);
+    assert_eq!(es.put("/i/_doc/1", json!({})).await.body["_version"], 1);
+}
+
+#[tokio::test]
+async fn requests_are_counted_by_kind() {
+    let es = Es::manual().await;
+    es.get("/").await;
+    es.put("/i", json!({})).await;
+    es.put("/i/_doc/1", json!({})).await;
+    es.put("/i/_doc/2?op_type=create", json!({})).await;
+    es.put("/i/_create/3", json!({})).await;
+    es.get("/i/_doc/1").await;
+    es.delete("/i/_doc/1").await;
+    es.ndjson("/_bulk", "{\"delete\":{\"_index\":\"i\",\"_id\":\"2\"}}\n")
+        .await;
+    es.refresh("i").await;
+    es.search("i", json!({})).await;
+    es.get("/_nonsense").await;
+    let count = |kind| es.emulator.request_count_of(kind);
+    assert_eq!(
+        [
+            count("info"),
+            count("indices"),
+            count("index"),
+            count("create"),
+            count("get"),
+            count("delete"),
+            count("bulk"),
+            count("refresh"),
+            count("search"),
+            count("other"),
+        ],
+        [1, 1, 1, 2, 1, 1, 1, 1, 1, 1]
+    );
+    assert_eq!(es.emulator.request_count(), 11);
+    assert_eq!(count("no such kind"), 0);
+}
+
+#[tokio::test]
+async fn shutdown_and_drop_stop_serving() {
+    let es = Es::manual().await;
+    let url = es.emulator.url.clone();
+    let client = es.client.clone();
+    assert!(client.get(&url).send().await.is_ok());
+    es.emulator.shutdown().await;
+    assert!(client.get(&url).send().await.is_err());
+
+    let dropped = es_emulator::spawn(EmulatorConfig::default()).await;
+    let url = dropped.url.clone();
+    drop(dropped);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while client.get(&url).send().await.is_ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still serving after drop"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn serve_runs_on_a_given_listener() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(es_emulator::serve(listener, EmulatorConfig::default()));
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let info = client.get(&url).send().await.unwrap();
+    assert_eq!(info.status().as_u16(), 200);
+    server.abort();
+}
+
+// ---- dates -------------------------------------------------------------------------------
+
+#[test]
+fn date_parsing_and_math() {
+    use es_emulator::dates::{eval_math, format_iso, parse_with};
+    assert_eq!(format_iso(0), "1970-01-01T00:00:00.000Z");
+    assert_eq!(parse_with("1970-01-02", None, false), Ok(86_400_000));
+    assert_eq!(parse_with("1970-01-02", None, true), Ok(2 * 86_400_000 - 1));
+    assert_eq!(parse_with("1970-01-01T01:00:00+01:00", None, false), Ok(0));
+    assert_eq!(
+        parse_with("2024-02-29T12:00:00.5Z", None, false),
+        Ok(1_709_208_000_500)
+    );
+    assert_eq!(parse_with("1234", Some("epoch_millis"), false), Ok(1234));
+    assert!(parse_with("2023-02-29", None, false).is_err());
+    let minute = 60_000;
+    assert_eq!(eval_math("now-1m", 2 * minute, None, false), Ok(minute));
+    assert_eq!(eval_math("now/m", 90_000, None, false), Ok(minute));
+    assert_eq!(eval_math("now/m", 90_000, None, true), Ok(2 * minute - 1));
+    assert_eq!(
+        eval_math("2024-01-31||+1M", 0, None, false),
+        parse_with("2024-02-29", None, false)
+    );
+    assert_eq!(
+        eval_math("now-1h", 3 * 3_600_000, None, false),
+        Ok(2 * 3_600_000)
+    );
+}
