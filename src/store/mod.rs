@@ -117,7 +117,7 @@ impl WriteOutcome {
 
 /// Store failures. Outcomes that the protocol expects (conflicts, missing documents) are
 /// never errors: they are [`WriteOutcome`]s and `Option`s.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
     /// Transient: rejected under load (429), unavailable (503), timed out, connection
     /// dropped. The write may or may not have been applied: re-read before deciding again.

@@ -10,11 +10,9 @@ use rand::Rng;
 use serde_json::Value;
 use tracing::{debug, info, warn, Instrument};
 
-use super::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
-use super::protocol::{
-    self, decide_account, plan, timeout_transition, AccountDecision, AccountOp, AccountStep, Now,
-    Refusal, Side, Step,
-};
+use super::accounts::{StepRequest, StepResult};
+use super::model::{RollbackReason, TransferDoc, TransferState};
+use super::protocol::{self, plan, timeout_transition, AccountOp, Now, Refusal, Side, Step};
 use super::Engine;
 use crate::store::{format_millis, parse_millis, Index, StoreError, Version, WriteOutcome};
 
@@ -69,11 +67,6 @@ impl From<StopReason> for Interrupt {
 pub fn parse_transfer(source: Value) -> Result<TransferDoc, StopReason> {
     serde_json::from_value(source)
         .map_err(|e| StopReason::Permanent(format!("unreadable transfer document: {e}")))
-}
-
-fn parse_account(source: Value) -> Result<AccountDoc, StopReason> {
-    serde_json::from_value(source)
-        .map_err(|e| StopReason::Permanent(format!("unreadable account document: {e}")))
 }
 
 fn to_source<T: serde::Serialize>(doc: &T) -> Value {
@@ -183,7 +176,8 @@ impl Engine {
         Ok(())
     }
 
-    /// One account step (core 2/3/5/6, rollback 2/3), retried on conflicts.
+    /// One account step (core 2/3/5/6, rollback 2/3), merged with the other steps waiting
+    /// for the same account (see [`super::accounts`]).
     async fn account_step(
         &self,
         owner: &str,
@@ -192,41 +186,37 @@ impl Engine {
         side: Side,
     ) -> Result<(), Interrupt> {
         let account_id = side.account(&held.doc).to_owned();
-        for attempt in 0..self.config.max_conflicts {
-            if attempt > 0 {
-                tokio::time::sleep(jitter(Duration::from_millis(1 << attempt.min(5)))).await;
-            }
+        for _ in 0..self.config.max_conflicts {
             self.ensure_lease(owner, held).await?;
-            let read = self
-                .with_retries(held, || self.store.get(Index::Accounts, &account_id))
-                .await?;
-            // Self-fencing: act on this read only if it completed while we held the lease.
-            // Whoever takes over after the lease expires writes this account when it settles
-            // or undoes the transfer, so our conditional write below can then only fail.
-            if !self.lease_left(held, Duration::ZERO) {
-                continue;
-            }
-            let Some(doc) = read else {
-                return match op {
-                    AccountOp::Apply => Err(Interrupt::Rollback(RollbackReason::AccountNotFound)),
-                    // Nothing was applied to an account that does not exist.
-                    AccountOp::Remove | AccountOp::Undo => Ok(()),
-                };
+            let Some(expires) = held.doc.lease_expires_at.as_deref().and_then(parse_millis) else {
+                return Err(StopReason::LeaseLost.into());
             };
-            let account = parse_account(doc.source)?;
-            let step = AccountStep {
-                transfer_id: &held.doc.transaction_id,
+            let request = StepRequest {
+                transfer_id: held.doc.transaction_id.clone(),
                 amount: held.doc.amount,
                 side,
                 op,
+                deadline: expires - self.config.skew_margin.as_millis() as i64,
             };
-            let next = match decide_account(&account, step, &Now::system(), self.config.retention) {
-                AccountDecision::AlreadyDone => return Ok(()),
-                AccountDecision::Refuse(Refusal::AlreadySettled) => {
+            match self.accounts.run(&account_id, request).await {
+                StepResult::Done => {
+                    debug!(account = %account_id, ?op, side = side.as_str(), "account step done");
+                    return Ok(());
+                }
+                StepResult::Missing => {
+                    return match op {
+                        AccountOp::Apply => {
+                            Err(Interrupt::Rollback(RollbackReason::AccountNotFound))
+                        }
+                        // Nothing was applied to an account that does not exist.
+                        AccountOp::Remove | AccountOp::Undo => Ok(()),
+                    };
+                }
+                StepResult::Refused(Refusal::AlreadySettled) => {
                     warn!(account = %account_id, "account has already settled this transfer; re-reading it");
                     return Err(Interrupt::Reread);
                 }
-                AccountDecision::Refuse(refusal) => {
+                StepResult::Refused(refusal) => {
                     return match (op, refusal.rollback_reason()) {
                         (AccountOp::Apply, Some(reason)) => Err(Interrupt::Rollback(reason)),
                         _ => Err(StopReason::Permanent(format!(
@@ -235,22 +225,16 @@ impl Engine {
                         .into()),
                     };
                 }
-                AccountDecision::Write(next) => next,
-            };
-            let source = to_source(&next);
-            let outcome = self
-                .with_retries(held, || {
-                    self.store
-                        .replace_if(Index::Accounts, &account_id, source.clone(), doc.version)
-                })
-                .await?;
-            match outcome {
-                WriteOutcome::Written(_) => {
-                    debug!(account = %account_id, ?op, side = side.as_str(), "account step written");
-                    return Ok(());
+                // Renew (or find out we lost it) and try again.
+                StepResult::LeaseExpired => continue,
+                StepResult::Contention => return Err(StopReason::Contention.into()),
+                StepResult::Failed(StoreError::Unavailable(e)) => {
+                    warn!(error = %e, "store unavailable; leaving the transfer to recovery");
+                    return Err(StopReason::StoreUnavailable.into());
                 }
-                // Someone else wrote the account meanwhile: read again, decide again.
-                WriteOutcome::Conflict | WriteOutcome::NotFound | WriteOutcome::AlreadyExists => {}
+                StepResult::Failed(StoreError::Permanent(e)) => {
+                    return Err(StopReason::Permanent(e).into())
+                }
             }
         }
         Err(StopReason::Contention.into())

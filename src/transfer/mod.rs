@@ -14,6 +14,7 @@
 //!   write then fails, however long it stalled. Tombstones of settled ids on the account make a
 //!   late re-read refuse as well (defence in depth, and against clock skew beyond the margin).
 
+pub mod accounts;
 pub mod driver;
 pub mod model;
 pub mod protocol;
@@ -94,12 +95,21 @@ pub struct Engine {
     /// Bumped whenever a transfer this process drives reaches a terminal state; long-polls
     /// wait on it.
     pub terminal_events: watch::Sender<u64>,
+    /// Account steps, merged per account.
+    pub accounts: Arc<accounts::AccountSteps>,
 }
 
 impl Engine {
     pub fn new(store: DynStore, config: EngineConfig, metrics: Arc<Metrics>) -> Arc<Self> {
         let instance = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+        let accounts = accounts::AccountSteps::new(
+            store.clone(),
+            config.retention,
+            config.max_conflicts,
+            config.max_store_attempts,
+        );
         Arc::new(Self {
+            accounts,
             store,
             config,
             metrics,

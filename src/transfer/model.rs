@@ -180,9 +180,12 @@ impl AccountDoc {
     }
 }
 
-/// Transfer and account ids: 1–128 characters of `[A-Za-z0-9._:-]` (DESIGN §5).
+/// Transfer and account ids: 1–128 characters of `[A-Za-z0-9._:-]` (DESIGN §5), except `.`
+/// and `..`, which no Elasticsearch document URL can address.
 pub fn valid_id(id: &str) -> bool {
     (1..=128).contains(&id.len())
+        && id != "."
+        && id != ".."
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))

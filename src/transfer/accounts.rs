@@ -1,0 +1,282 @@
+//! Account steps, merged per account (DESIGN §6).
+//!
+//! Every account step of every worker in this process goes through here. Steps waiting for
+//! the same account are decided one after the other on one copy of the account and written
+//! with **one** conditional write, instead of each worker reading, writing and conflicting
+//! with the others. The version of the last write is remembered, so the next batch for a busy
+//! account is written without reading it first; a conflict (another instance wrote it)
+//! drops the remembered copy and the batch is read and decided again.
+//!
+//! # Self-fencing, per step
+//! Each step carries the moment its worker's lease stops being safe to act on
+//! (`lease_expires_at` minus the clock-skew margin). A step is decided only if the account
+//! copy it is decided on was observed before that moment: the copy was read (or our own
+//! write of it was acknowledged) at or before "now", and the step's deadline is after "now".
+//! A worker that takes the transfer over can only act after that deadline, and it writes the
+//! account when it settles or undoes the transfer, so the merged conditional write fails if
+//! it raced ahead of us — the batch is then re-read, and the late step finds its deadline
+//! passed. That is why a stall of any length cannot apply a transfer twice (see `transfer`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+
+use super::model::AccountDoc;
+use super::protocol::{
+    decide_account, now_millis, AccountDecision, AccountOp, AccountStep, Now, Refusal, Retention,
+    Side,
+};
+use crate::store::{DynStore, Index, StoreError, Version, WriteOutcome};
+
+/// One account step of one transfer, owned.
+#[derive(Debug, Clone)]
+pub struct StepRequest {
+    pub transfer_id: String,
+    pub amount: i64,
+    pub side: Side,
+    pub op: AccountOp,
+    /// Epoch milliseconds after which this step must not be decided.
+    pub deadline: i64,
+}
+
+/// What became of a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepResult {
+    /// Written, or already done before.
+    Done,
+    /// The account does not exist.
+    Missing,
+    Refused(Refusal),
+    /// The worker's lease was too close to its end when the account was observed.
+    LeaseExpired,
+    /// Conditional writes kept conflicting.
+    Contention,
+    /// The store failed (after retries for retryable errors), or a document was unreadable.
+    Failed(StoreError),
+}
+
+struct Waiting {
+    request: StepRequest,
+    reply: oneshot::Sender<StepResult>,
+}
+
+/// Most accounts whose last written copy is remembered.
+const CACHE_LIMIT: usize = 10_000;
+
+/// The per-account combiner. One flusher task per busy account; idle accounts cost nothing
+/// but their remembered copy.
+pub struct AccountSteps {
+    store: DynStore,
+    retention: Retention,
+    max_conflicts: u32,
+    max_store_attempts: u32,
+    queues: Mutex<HashMap<String, Vec<Waiting>>>,
+    /// The last copy of each account this process wrote, with its version.
+    cache: Mutex<HashMap<String, (Version, AccountDoc)>>,
+}
+
+impl AccountSteps {
+    pub fn new(
+        store: DynStore,
+        retention: Retention,
+        max_conflicts: u32,
+        max_store_attempts: u32,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            retention,
+            max_conflicts,
+            max_store_attempts,
+            queues: Mutex::new(HashMap::new()),
+            cache: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Queues a step on `account` and waits for its result.
+    pub async fn run(self: &Arc<Self>, account: &str, request: StepRequest) -> StepResult {
+        let (reply, result) = oneshot::channel();
+        let start_flusher = {
+            let mut queues = self.queues.lock().expect("queues lock");
+            match queues.get_mut(account) {
+                Some(queue) => {
+                    queue.push(Waiting { request, reply });
+                    false
+                }
+                None => {
+                    queues.insert(account.to_owned(), vec![Waiting { request, reply }]);
+                    true
+                }
+            }
+        };
+        if start_flusher {
+            let this = self.clone();
+            let account = account.to_owned();
+            // Its own task, so a worker that stops waiting cannot strand the queue.
+            tokio::spawn(async move { this.flush(account).await });
+        }
+        result.await.unwrap_or_else(|_| {
+            StepResult::Failed(StoreError::Permanent("account step was dropped".into()))
+        })
+    }
+
+    /// Serves the account's queue until it is empty.
+    async fn flush(&self, account: String) {
+        loop {
+            let batch = {
+                let mut queues = self.queues.lock().expect("queues lock");
+                let queue = queues
+                    .get_mut(&account)
+                    .expect("queue exists while flushing");
+                if queue.is_empty() {
+                    queues.remove(&account);
+                    return;
+                }
+                std::mem::take(queue)
+            };
+            let results = self.settle_batch(&account, &batch).await;
+            for (waiting, result) in batch.into_iter().zip(results) {
+                let _ = waiting.reply.send(result);
+            }
+        }
+    }
+
+    /// Decides and writes one batch, retrying on conflicts; one result per step.
+    async fn settle_batch(&self, account: &str, batch: &[Waiting]) -> Vec<StepResult> {
+        let mut use_cache = true;
+        for attempt in 0..self.max_conflicts {
+            if attempt > 1 {
+                tokio::time::sleep(super::driver::backoff(attempt.min(6))).await;
+            }
+            let cached = if use_cache {
+                self.cache.lock().expect("cache lock").get(account).cloned()
+            } else {
+                None
+            };
+            let (version, doc) = match cached {
+                Some(copy) => (Some(copy.0), Some(copy.1)),
+                None => match self.read(account).await {
+                    Ok(Some((version, doc))) => (Some(version), Some(doc)),
+                    Ok(None) => (None, None),
+                    Err(result) => return vec![result; batch.len()],
+                },
+            };
+            // Everything below is decided on a copy observed no later than now.
+            let now = Now::at(now_millis());
+            let Some(mut current) = doc else {
+                return batch
+                    .iter()
+                    .map(|w| {
+                        if w.request.deadline <= now.millis {
+                            StepResult::LeaseExpired
+                        } else {
+                            StepResult::Missing
+                        }
+                    })
+                    .collect();
+            };
+            let mut results = Vec::with_capacity(batch.len());
+            let mut changed = false;
+            for waiting in batch {
+                let r = &waiting.request;
+                if r.deadline <= now.millis {
+                    results.push(StepResult::LeaseExpired);
+                    continue;
+                }
+                let step = AccountStep {
+                    transfer_id: &r.transfer_id,
+                    amount: r.amount,
+                    side: r.side,
+                    op: r.op,
+                };
+                results.push(match decide_account(&current, step, &now, self.retention) {
+                    AccountDecision::Write(next) => {
+                        current = next;
+                        changed = true;
+                        StepResult::Done
+                    }
+                    AccountDecision::AlreadyDone => StepResult::Done,
+                    AccountDecision::Refuse(refusal) => StepResult::Refused(refusal),
+                });
+            }
+            if !changed {
+                return results;
+            }
+            let version = version.expect("a document has a version");
+            let source = serde_json::to_value(&current).expect("documents serialize");
+            match self.write(account, source, version).await {
+                Ok(WriteOutcome::Written(new_version)) => {
+                    let mut cache = self.cache.lock().expect("cache lock");
+                    if cache.len() >= CACHE_LIMIT && !cache.contains_key(account) {
+                        cache.clear();
+                    }
+                    cache.insert(account.to_owned(), (new_version, current));
+                    return results;
+                }
+                Ok(_) => {
+                    // Someone else wrote the account: forget our copy, read it again.
+                    self.cache.lock().expect("cache lock").remove(account);
+                    use_cache = false;
+                }
+                Err(result) => {
+                    // The outcome is unknown: the next decision must start from a fresh read.
+                    self.cache.lock().expect("cache lock").remove(account);
+                    return vec![result; batch.len()];
+                }
+            }
+        }
+        vec![StepResult::Contention; batch.len()]
+    }
+
+    async fn read(&self, account: &str) -> Result<Option<(Version, AccountDoc)>, StepResult> {
+        let doc = self
+            .retrying(|| self.store.get(Index::Accounts, account))
+            .await?;
+        match doc {
+            None => Ok(None),
+            Some(doc) => match serde_json::from_value(doc.source) {
+                Ok(parsed) => Ok(Some((doc.version, parsed))),
+                Err(e) => Err(StepResult::Failed(StoreError::Permanent(format!(
+                    "unreadable account document {account}: {e}"
+                )))),
+            },
+        }
+    }
+
+    async fn write(
+        &self,
+        account: &str,
+        source: serde_json::Value,
+        version: Version,
+    ) -> Result<WriteOutcome, StepResult> {
+        self.retrying(|| {
+            self.store
+                .replace_if(Index::Accounts, account, source.clone(), version)
+        })
+        .await
+    }
+
+    /// Retries retryable store errors with backoff and jitter.
+    async fn retrying<T, F, Fut>(&self, request: F) -> Result<T, StepResult>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
+    {
+        let mut attempt = 0;
+        loop {
+            match request().await {
+                Ok(value) => return Ok(value),
+                Err(e) if e.is_retryable() && attempt + 1 < self.max_store_attempts => {
+                    attempt += 1;
+                    tokio::time::sleep(super::driver::backoff(attempt)).await;
+                }
+                Err(e) => return Err(StepResult::Failed(e)),
+            }
+        }
+    }
+
+    /// Forgets every remembered copy (tests use it to simulate another process).
+    pub fn forget(&self) {
+        self.cache.lock().expect("cache lock").clear();
+    }
+}
