@@ -76,6 +76,11 @@ pub struct Config {
     #[arg(long, env = "SETTLED_RETENTION", default_value = "10m", value_parser = humantime::parse_duration)]
     pub settled_retention: Duration,
 
+    /// The most settled ids an account remembers (the oldest are forgotten first). Bounds the
+    /// account document: about 60 bytes an entry.
+    #[arg(long, env = "SETTLED_MAX", default_value_t = 100)]
+    pub settled_max: usize,
+
     /// Log format: `pretty` for people, `json` for log pipelines.
     #[arg(long, env = "LOG_FORMAT", default_value = "pretty")]
     pub log_format: LogFormat,
@@ -101,6 +106,7 @@ impl Config {
             transfer_timeout: Duration::from_secs(3600),
             store_timeout: Duration::from_millis(500),
             settled_retention: Duration::from_secs(3600),
+            settled_max: 1000,
             log_format: LogFormat::Pretty,
         }
     }

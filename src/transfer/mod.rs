@@ -70,7 +70,7 @@ impl EngineConfig {
             transfer_timeout: config.transfer_timeout,
             retention: Retention {
                 millis: config.settled_retention.as_millis() as i64,
-                max_entries: 1000,
+                max_entries: config.settled_max,
             },
             max_conflicts: 200,
             max_store_attempts: 6,
