@@ -2,9 +2,10 @@
 //! (JSON, spans, exactly one error line per 5xx), the committed OpenAPI document, and the
 //! Swagger UI served from the binary with no network.
 //!
-//! Every test starts the real application on port 0 with the embedded store in a temp dir.
-//! Logs of every app in this binary go, as JSON, to one in-memory buffer; each test finds
-//! its own lines by request id or transfer id.
+//! Every test starts the real application on port 0 with the embedded store in a temp dir
+//! (the timeout test, the service's router with a short request timeout). Logs of every app
+//! in this binary go, as JSON, to one in-memory buffer; each test finds its own lines by
+//! request id or transfer id.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -14,12 +15,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tracing_subscriber::EnvFilter;
-use transfer_service::app::Application;
+use transfer_service::app::{open_store, Application};
 use transfer_service::config::{Config, LogFormat};
-use transfer_service::http::openapi;
-use transfer_service::store::Index;
+use transfer_service::http::{self, openapi, AppState};
+use transfer_service::metrics::Metrics;
+use transfer_service::store::{format_millis, Index};
 use transfer_service::telemetry;
-use transfer_service::transfer::Engine;
+use transfer_service::transfer::protocol::now_millis;
+use transfer_service::transfer::{Engine, EngineConfig};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -819,6 +822,110 @@ async fn an_unavailable_store_is_logged_once_per_request() {
 
     app.shutdown().await;
     dead_task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_cut_off_by_the_timeout_is_counted_and_logged_once() {
+    // The service's router with a 300 ms request timeout instead of 45 s: same layers, same
+    // order, served like the application serves it.
+    capture_logs();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = Config::for_tests(dir.path().join("data"));
+    let metrics = Metrics::new();
+    let store = open_store(&config, &metrics).await.expect("open store");
+    let engine = Engine::new(store, EngineConfig::from_config(&config), metrics.clone());
+    let router = http::router_with_timeout(
+        AppState {
+            engine: engine.clone(),
+            metrics,
+        },
+        Duration::from_millis(300),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("address"));
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    let app = App {
+        base,
+        client: reqwest::Client::new(),
+        engine,
+        server,
+        _dir: dir,
+    };
+
+    // A pending transfer whose (live) worker is elsewhere: a long-poll on it waits its whole
+    // `wait`, longer than the timeout.
+    let now = now_millis();
+    app.engine
+        .store
+        .create(
+            Index::Transactions,
+            "obs-held",
+            json!({
+                "transaction_id": "obs-held", "src_acct": "a", "dest_acct": "b", "amount": 1,
+                "transaction_state": "pending",
+                "creation_time": format_millis(now), "modification_time": format_millis(now),
+                "lease_owner": "a-live-worker", "lease_expires_at": format_millis(now + 60_000),
+            }),
+        )
+        .await
+        .expect("store write");
+    let started = Instant::now();
+    let response = app
+        .client
+        .get(app.url("/transfers/obs-held?wait=10s"))
+        .header("x-request-id", "obs-timeout")
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(response.status(), 503);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "answered by the timeout, not the wait: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(response.headers()["x-request-id"], "obs-timeout");
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+    let problem: Value = response.json().await.expect("problem");
+    assert_eq!(problem["type"], "/problems/timeout", "{problem}");
+    assert_eq!(problem["status"], 503, "{problem}");
+
+    // Counted, by its route template, with its status.
+    let m = app.scrape().await;
+    assert_eq!(
+        m.value(
+            "http_requests_total",
+            &[
+                ("method", "GET"),
+                ("route", "/transfers/{id}"),
+                ("status", "503")
+            ]
+        ),
+        1.0
+    );
+    assert_eq!(
+        m.value(
+            "http_request_duration_seconds_count",
+            &[("method", "GET"), ("route", "/transfers/{id}")]
+        ),
+        1.0
+    );
+
+    // Logged: one response line, at ERROR, and no other ERROR line.
+    let line = response_line("obs-timeout").await;
+    assert_eq!(line["level"], "ERROR", "{line}");
+    assert_eq!(line["message"], "request failed", "{line}");
+    assert_eq!(line["status"], 503, "{line}");
+    assert_eq!(line["span"]["route"], "/transfers/{id}", "{line}");
+    let errors = error_lines("obs-timeout");
+    assert_eq!(errors.len(), 1, "exactly one ERROR line: {errors:#?}");
+
+    app.engine.shutdown.cancel();
+    app.server.abort();
 }
 
 // ---------------------------------------------------------------------------------------------

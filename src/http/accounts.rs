@@ -1,14 +1,14 @@
 //! `POST /accounts`, `GET /accounts/{id}`.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
 
-use super::{field, ApiError, AppState, JsonObject, Problem};
-use crate::transfer::model::{valid_id, AccountDoc};
+use super::{field, ApiError, AppState, JsonObject, PathId, Problem};
+use crate::transfer::model::AccountDoc;
 use crate::transfer::service::{Created, NewAccount};
 
 pub fn router() -> Router<AppState> {
@@ -28,7 +28,11 @@ pub struct Account {
     pub available: i64,
     /// Transfers applied to the balance and not yet settled.
     pub pending_transactions: Vec<String>,
+    /// When it was opened: RFC 3339, UTC, millisecond precision.
+    #[schema(format = DateTime)]
     pub created_at: String,
+    /// When it was last written (RFC 3339, UTC).
+    #[schema(format = DateTime)]
     pub updated_at: String,
 }
 
@@ -38,7 +42,7 @@ impl Account {
             id,
             balance: doc.balance,
             floor: doc.floor,
-            available: doc.available().unwrap_or(0).max(0),
+            available: doc.available().clamp(0, i64::MAX as i128) as i64,
             pending_transactions: doc.pending_transactions,
             created_at: doc.creation_time,
             updated_at: doc.modification_time,
@@ -50,7 +54,8 @@ impl Account {
 #[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
 #[allow(dead_code)]
 pub struct CreateAccount {
-    /// 1–128 characters of `[A-Za-z0-9._:-]`.
+    /// 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`.
+    #[schema(pattern = "^[A-Za-z0-9._:-]{1,128}$")]
     pub id: String,
     /// Opening balance.
     pub balance: i64,
@@ -99,7 +104,8 @@ pub async fn create_account(
 
 /// An account's balance and pending transfers.
 #[utoipa::path(get, path = "/accounts/{id}", tag = "accounts",
-    params(("id" = String, Path, description = "Account id")),
+    params(("id" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$",
+        description = "Account id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`; any other value is 404)")),
     responses(
         (status = 200, description = "The account", body = Account),
         (status = 404, description = "No such account", body = Problem, content_type = "application/problem+json"),
@@ -107,11 +113,11 @@ pub async fn create_account(
     ))]
 pub async fn get_account(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<Account>, ApiError> {
-    if !valid_id(&id) {
-        return Err(ApiError::NotFound(format!("no account {id}")));
-    }
+    let Some(id) = id else {
+        return Err(ApiError::NotFound("no account with this id".into()));
+    };
     match state.engine.get_account(&id).await? {
         Some(doc) => Ok(Json(Account::from_doc(id, doc))),
         None => Err(ApiError::NotFound(format!("no account {id}"))),

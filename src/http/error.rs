@@ -19,6 +19,13 @@ pub struct Problem {
     pub detail: String,
 }
 
+/// A response extension set by [`ApiError::into_response`] when it has already logged the
+/// error at ERROR, with its detail, inside the request span. The response line of the trace
+/// layer then stays at INFO, so every 5xx yields exactly one ERROR line whatever its body or
+/// content type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorLogged;
+
 /// Every error answer of the API.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -46,6 +53,9 @@ pub enum ApiError {
     /// 503: the store is unreachable or overloaded; retry later.
     #[error("{0}")]
     Unavailable(String),
+    /// 503: the request did not complete within the request timeout; retry later.
+    #[error("the request did not complete within {}", humantime::format_duration(*.0))]
+    Timeout(std::time::Duration),
     /// 500: a fault of ours; the detail is logged, never sent.
     #[error("{0}")]
     Internal(String),
@@ -82,6 +92,11 @@ impl ApiError {
                 "store-unavailable",
                 "Store unavailable",
             ),
+            ApiError::Timeout(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "timeout",
+                "Request timed out",
+            ),
             ApiError::Internal(_) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
@@ -108,20 +123,27 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if let ApiError::Internal(detail) = &self {
-            // Logged once, inside the request span.
+        let logged = if let ApiError::Internal(detail) = &self {
+            // Logged once, inside the request span; the marker keeps the response line at INFO.
             tracing::error!(%detail, "internal error");
-        }
+            true
+        } else {
+            false
+        };
         let problem = self.problem();
         let status =
             StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let body = serde_json::to_vec(&problem).unwrap_or_default();
-        (
+        let mut response = (
             status,
             [(header::CONTENT_TYPE, "application/problem+json")],
             body,
         )
-            .into_response()
+            .into_response();
+        if logged {
+            response.extensions_mut().insert(ErrorLogged);
+        }
+        response
     }
 }
 

@@ -8,24 +8,29 @@ pub mod health;
 pub mod openapi;
 pub mod transfers;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, FromRequest, MatchedPath, Request, State};
-use axum::http::{header, HeaderName, StatusCode};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{
+    DefaultBodyLimit, FromRequest, FromRequestParts, MatchedPath, Path, Query, Request, State,
+};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderName};
 use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::Router;
 use serde_json::{Map, Value};
 use tower_http::classify::ServerErrorsFailureClass;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
 use crate::metrics::Metrics;
+use crate::transfer::model::valid_id;
 use crate::transfer::Engine;
-pub use error::{ApiError, Problem};
+pub use error::{ApiError, ErrorLogged, Problem};
 
 /// Bodies larger than this are refused with 413.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -40,10 +45,26 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
 }
 
+/// A request still running after this is answered 503 (and counted and logged as such).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(MAX_WAIT.as_secs() + 15);
+
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The whole API.
 pub fn router(state: AppState) -> Router {
+    router_with_timeout(state, REQUEST_TIMEOUT)
+}
+
+/// The whole API with another request timeout than [`REQUEST_TIMEOUT`] (tests use a short
+/// one to see a request cut off).
+///
+/// Every layer is added with `Router::layer`, so it runs after routing and sees the route
+/// template (`MatchedPath`); unknown paths reach the fallback, whose template is
+/// `unmatched`. From the innermost: the body limit, the timeout (a problem+json 503),
+/// `track` (metrics: outside the timeout, so a request the timeout cuts off is counted with
+/// its 503), request-id propagation, the trace span and response line, and the request-id
+/// generator.
+pub fn router_with_timeout(state: AppState, request_timeout: Duration) -> Router {
     Router::new()
         .merge(accounts::router())
         .merge(transfers::router())
@@ -51,12 +72,9 @@ pub fn router(state: AppState) -> Router {
         .merge(openapi::router())
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(state.clone(), track))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::SERVICE_UNAVAILABLE,
-            MAX_WAIT + Duration::from_secs(15),
-        ))
+        .layer(middleware::from_fn_with_state(request_timeout, timeout))
+        .layer(middleware::from_fn_with_state(state.clone(), track))
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(
             TraceLayer::new_for_http()
@@ -92,8 +110,18 @@ async fn method_not_allowed() -> ApiError {
     ApiError::MethodNotAllowed
 }
 
-/// Counts and times every request by method, route template and status. Logging is the
-/// trace layer's (`log_response`), so each request is logged once.
+/// Answers 503 (`ApiError::Timeout`, problem+json like every other error) when the request
+/// has not completed within `limit`; the handler's future is dropped.
+async fn timeout(State(limit): State<Duration>, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::Timeout(limit).into_response(),
+    }
+}
+
+/// Counts and times every request by method, route template and status, including the 503 of
+/// a request the timeout layer (inside this one) cut off. Logging is the trace layer's
+/// (`log_response`), so each request is logged once.
 async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = request.method().as_str().to_owned();
@@ -119,16 +147,12 @@ async fn track(State(state): State<AppState>, request: Request, next: Next) -> R
 
 /// One line per response, in the request span (method, route, request id): INFO with the
 /// status and latency, or ERROR for a 5xx, so every 5xx yields exactly one error line. A
-/// `500 application/problem+json` is `ApiError::Internal`, which has already logged its
-/// detail at ERROR inside the span: its response line stays at INFO.
+/// response carrying [`ErrorLogged`] (`ApiError::Internal`) has already logged its detail at
+/// ERROR inside the span: its response line stays at INFO.
 fn log_response(response: &Response, latency: Duration, _span: &tracing::Span) {
     let status = response.status();
     let latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
-    let logged_by_handler = status == StatusCode::INTERNAL_SERVER_ERROR
-        && response
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
+    let logged_by_handler = response.extensions().get::<ErrorLogged>().is_some();
     if status.is_server_error() && !logged_by_handler {
         tracing::error!(status = status.as_u16(), latency_us, "request failed");
     } else {
@@ -173,6 +197,62 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
             Value::Object(map) => Ok(JsonObject(map)),
             _ => Err(ApiError::Invalid("body must be a JSON object".into())),
         }
+    }
+}
+
+/// The `{id}` of a route: `Some` only for a valid id (see `valid_id`). Anything else (odd
+/// characters, `.` or `..`, too long, not UTF-8 once percent-decoded) cannot name a
+/// resource, so handlers answer 404 without asking the store.
+pub struct PathId(pub Option<String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for PathId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Path::<String>::from_request_parts(parts, state).await {
+            Ok(Path(id)) => Ok(PathId(valid_id(&id).then_some(id))),
+            // A client's path that does not decode to a string (e.g. `%FF`): no id is that.
+            Err(PathRejection::FailedToDeserializePathParams(e))
+                if e.status().is_client_error() =>
+            {
+                Ok(PathId(None))
+            }
+            // A route without exactly one parameter: a fault of ours.
+            Err(other) => Err(ApiError::Internal(other.body_text())),
+        }
+    }
+}
+
+/// The query string as name → value. A name given twice is refused (422): which value would
+/// win is a guess. Percent-decoding never fails: bytes that are not UTF-8 become U+FFFD, which
+/// no parameter accepts.
+pub struct QueryParams(pub HashMap<String, String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for QueryParams {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Query(pairs) = Query::<Vec<(String, String)>>::from_request_parts(parts, state).await?;
+        let mut params = HashMap::with_capacity(pairs.len());
+        for (name, value) in pairs {
+            if params.contains_key(&name) {
+                return Err(ApiError::Invalid(format!(
+                    "query parameter `{}` is given more than once",
+                    shorten(&name)
+                )));
+            }
+            params.insert(name, value);
+        }
+        Ok(QueryParams(params))
+    }
+}
+
+/// At most 64 characters of a client's text, for an error detail.
+pub(crate) fn shorten(text: &str) -> String {
+    const MAX: usize = 64;
+    match text.char_indices().nth(MAX) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
     }
 }
 

@@ -1,17 +1,17 @@
 //! `POST /transfers`, `GET /transfers`, `GET /transfers/{id}`, `POST /transfers/{id}/cancel`.
 
-use std::collections::HashMap;
-
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
 
-use super::{field, ApiError, AppState, JsonObject, Problem, MAX_WAIT};
+use super::{
+    field, shorten, ApiError, AppState, JsonObject, PathId, Problem, QueryParams, MAX_WAIT,
+};
 use crate::store::{SortKey, TransferFilter};
-use crate::transfer::model::{valid_id, TransferDoc, TransferState};
+use crate::transfer::model::{self, valid_id, TransferDoc, TransferState};
 use crate::transfer::service::{Created, NewTransfer};
 
 pub fn router() -> Router<AppState> {
@@ -25,16 +25,52 @@ pub fn router() -> Router<AppState> {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Transfer {
     pub id: String,
+    /// Source account id.
     pub from: String,
+    /// Destination account id.
     pub to: String,
     pub amount: i64,
     pub state: TransferState,
-    /// Why it rolled back: `insufficient_funds`, `account_not_found`, `balance_overflow`,
-    /// `cancelled` or `timed_out`.
+    /// Why it rolled back; present only in `terminating` and `rolled-back`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    #[schema(nullable = false)]
+    pub reason: Option<RollbackReason>,
+    /// When it was accepted: RFC 3339, UTC, millisecond precision.
+    #[schema(format = DateTime)]
     pub created_at: String,
+    /// When it was last written (RFC 3339, UTC): a state change, or a worker taking it over.
+    #[schema(format = DateTime)]
     pub updated_at: String,
+}
+
+/// Why a transfer rolled back.
+///
+/// - `insufficient_funds`: the source balance would have gone below its floor;
+/// - `account_not_found`: the source or the destination account does not exist;
+/// - `balance_overflow`: a balance would have overflowed a signed 64-bit integer;
+/// - `cancelled`: a client cancelled it (`POST /transfers/{id}/cancel`);
+/// - `timed_out`: it had not committed after the service's transfer timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RollbackReason {
+    InsufficientFunds,
+    AccountNotFound,
+    BalanceOverflow,
+    Cancelled,
+    TimedOut,
+}
+
+impl From<model::RollbackReason> for RollbackReason {
+    fn from(reason: model::RollbackReason) -> Self {
+        // Exhaustive: a new reason in the model does not compile until the API shows it.
+        match reason {
+            model::RollbackReason::InsufficientFunds => RollbackReason::InsufficientFunds,
+            model::RollbackReason::AccountNotFound => RollbackReason::AccountNotFound,
+            model::RollbackReason::BalanceOverflow => RollbackReason::BalanceOverflow,
+            model::RollbackReason::Cancelled => RollbackReason::Cancelled,
+            model::RollbackReason::TimedOut => RollbackReason::TimedOut,
+        }
+    }
 }
 
 impl From<TransferDoc> for Transfer {
@@ -45,7 +81,7 @@ impl From<TransferDoc> for Transfer {
             to: doc.dest_acct,
             amount: doc.amount,
             state: doc.transaction_state,
-            reason: doc.reason.map(|r| r.as_str().to_owned()),
+            reason: doc.reason.map(RollbackReason::from),
             created_at: doc.creation_time,
             updated_at: doc.modification_time,
         }
@@ -56,14 +92,18 @@ impl From<TransferDoc> for Transfer {
 #[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
 #[allow(dead_code)]
 pub struct CreateTransfer {
-    /// Idempotency key: 1–128 characters of `[A-Za-z0-9._:-]`. The server makes a UUIDv7
-    /// when absent (then a retry is a new transfer).
+    /// Idempotency key: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`. The server
+    /// makes a UUIDv7 when absent (then a retry is a new transfer).
+    #[schema(pattern = "^[A-Za-z0-9._:-]{1,128}$")]
     pub id: Option<String>,
-    /// Source account id.
+    /// Source account id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`).
+    #[schema(pattern = "^[A-Za-z0-9._:-]{1,128}$")]
     pub from: String,
-    /// Destination account id (not `from`).
+    /// Destination account id (same rules; not `from`).
+    #[schema(pattern = "^[A-Za-z0-9._:-]{1,128}$")]
     pub to: String,
     /// Units to move, 1 to 2^63-1.
+    #[schema(minimum = 1)]
     pub amount: i64,
 }
 
@@ -125,32 +165,25 @@ pub async fn create_transfer(
 
 /// A transfer; with `?wait=5s`, answers as soon as it is terminal or when the wait ends.
 #[utoipa::path(get, path = "/transfers/{id}", tag = "transfers",
-    params(("id" = String, Path, description = "Transfer id"),
-        ("wait" = Option<String>, Query, description = "Long-poll up to this long (e.g. `5s`, at most 30s) for a terminal state")),
+    params(("id" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$",
+            description = "Transfer id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`; any other value is 404)"),
+        ("wait" = Option<String>, Query, example = "5s",
+            description = "Long-poll up to this long for a terminal state: a duration such as `5s` or `500ms`; `0s` answers at once, more than 30s waits 30s")),
     responses(
         (status = 200, description = "The transfer", body = Transfer),
         (status = 404, description = "No such transfer", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid `wait`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid `wait`, or a query parameter given twice", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Store unavailable", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn get_transfer(
     State(state): State<AppState>,
-    Path(id): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
+    PathId(id): PathId,
+    QueryParams(query): QueryParams,
 ) -> Result<Json<Transfer>, ApiError> {
-    let wait = match query.get("wait") {
-        None => None,
-        Some(text) => Some(
-            humantime::parse_duration(text)
-                .map_err(|_| {
-                    ApiError::Invalid("`wait` must be a duration like 5s or 500ms".into())
-                })?
-                .min(MAX_WAIT),
-        ),
+    let wait = query.get("wait").map(|text| parse_wait(text)).transpose()?;
+    let Some(id) = id else {
+        return Err(ApiError::NotFound("no transfer with this id".into()));
     };
-    if !valid_id(&id) {
-        return Err(ApiError::NotFound(format!("no transfer {id}")));
-    }
     let found = match wait {
         Some(wait) => state.engine.wait_transfer(&id, wait).await?,
         None => state.engine.get_transfer(&id).await?,
@@ -160,9 +193,18 @@ pub async fn get_transfer(
         .ok_or_else(|| ApiError::NotFound(format!("no transfer {id}")))
 }
 
+/// `?wait=`: a humantime duration (`5s`, `500ms`, `1m 30s`), capped at [`MAX_WAIT`]; a
+/// negative, empty or overflowing one is 422.
+fn parse_wait(text: &str) -> Result<std::time::Duration, ApiError> {
+    humantime::parse_duration(text.trim())
+        .map(|wait| wait.min(MAX_WAIT))
+        .map_err(|_| ApiError::Invalid("`wait` must be a duration like 5s or 500ms".into()))
+}
+
 /// Cancels a transfer that has not committed.
 #[utoipa::path(post, path = "/transfers/{id}/cancel", tag = "transfers",
-    params(("id" = String, Path, description = "Transfer id")),
+    params(("id" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$",
+        description = "Transfer id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`; any other value is 404)")),
     responses(
         (status = 200, description = "`terminating` (rollback under way) or `rolled-back`", body = Transfer),
         (status = 404, description = "No such transfer", body = Problem, content_type = "application/problem+json"),
@@ -171,11 +213,11 @@ pub async fn get_transfer(
     ))]
 pub async fn cancel_transfer(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<Transfer>, ApiError> {
-    if !valid_id(&id) {
-        return Err(ApiError::NotFound(format!("no transfer {id}")));
-    }
+    let Some(id) = id else {
+        return Err(ApiError::NotFound("no transfer with this id".into()));
+    };
     Ok(Json(Transfer::from(
         state.engine.cancel_transfer(&id).await?,
     )))
@@ -188,19 +230,20 @@ const MAX_LIMIT: usize = 1000;
 /// Elasticsearch: a transfer may take up to a second to appear.
 #[utoipa::path(get, path = "/transfers", tag = "transfers",
     params(
-        ("account" = Option<String>, Query, description = "Only transfers from or to this account"),
+        ("account" = Option<String>, Query, pattern = "^[A-Za-z0-9._:-]{1,128}$",
+            description = "Only transfers from or to this account (an account id: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`)"),
         ("state" = Option<TransferState>, Query, description = "Only transfers in this state"),
-        ("limit" = Option<usize>, Query, description = "Page size, 1–1000, default 50"),
+        ("limit" = Option<usize>, Query, minimum = 1, maximum = 1000, description = "Page size, 1–1000, default 50"),
         ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page"),
     ),
     responses(
         (status = 200, description = "A page", body = TransferPage),
-        (status = 422, description = "Bad parameter", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Bad, unknown or repeated parameter", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Store unavailable", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn list_transfers(
     State(state): State<AppState>,
-    Query(query): Query<HashMap<String, String>>,
+    QueryParams(query): QueryParams,
 ) -> Result<Json<TransferPage>, ApiError> {
     let mut filter = TransferFilter {
         limit: DEFAULT_LIMIT,
@@ -209,10 +252,16 @@ pub async fn list_transfers(
     for (key, value) in &query {
         match key.as_str() {
             "account" if valid_id(value) => filter.account = Some(value.clone()),
+            "account" => {
+                return Err(ApiError::Invalid(
+                    "`account` must be 1–128 characters of A-Z a-z 0-9 . _ : - (not . or ..)"
+                        .into(),
+                ))
+            }
             "state" => {
-                let s: TransferState = value
-                    .parse()
-                    .map_err(|_| ApiError::Invalid(format!("unknown state `{value}`")))?;
+                let s: TransferState = value.parse().map_err(|_| {
+                    ApiError::Invalid(format!("unknown state `{}`", shorten(value)))
+                })?;
                 filter.state = Some(s.as_str().to_owned());
             }
             "limit" => {
@@ -223,12 +272,12 @@ pub async fn list_transfers(
                     .ok_or_else(|| ApiError::Invalid(format!("`limit` must be 1–{MAX_LIMIT}")))?;
             }
             "cursor" => filter.after = Some(decode_cursor(value)?),
-            "account" => {
-                return Err(ApiError::Invalid(
-                    "`account` must be 1–128 characters of A-Z a-z 0-9 . _ : -".into(),
-                ))
+            other => {
+                return Err(ApiError::Invalid(format!(
+                    "unknown parameter `{}`",
+                    shorten(other)
+                )))
             }
-            other => return Err(ApiError::Invalid(format!("unknown parameter `{other}`"))),
         }
     }
     let (docs, next) = state.engine.list_transfers(filter).await?;
@@ -238,15 +287,65 @@ pub async fn list_transfers(
     }))
 }
 
+/// The latest creation time a cursor may carry: 9999-12-31T23:59:59.999Z, the last instant
+/// an RFC 3339 date (and an Elasticsearch `date`) can hold.
+const MAX_CURSOR_MILLIS: i64 = 253_402_300_799_999;
+
+/// `<creation millis>~<id>`, as [`list_transfers`] issues them. A cursor it cannot have issued
+/// (a negative or far-future time, a bad id) is 422, never passed to the store.
 fn decode_cursor(text: &str) -> Result<SortKey, ApiError> {
     let invalid = || ApiError::Invalid("`cursor` is not one this service issued".into());
     let (millis, id) = text.split_once('~').ok_or_else(invalid)?;
-    let millis = millis.parse().map_err(|_| invalid())?;
-    if !valid_id(id) {
+    let millis: i64 = millis.parse().map_err(|_| invalid())?;
+    if !(0..=MAX_CURSOR_MILLIS).contains(&millis) || !valid_id(id) {
         return Err(invalid());
     }
     Ok(SortKey {
         millis,
         id: id.to_owned(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rollback_reasons_are_shown_as_the_model_names_them() {
+        for reason in [
+            model::RollbackReason::InsufficientFunds,
+            model::RollbackReason::AccountNotFound,
+            model::RollbackReason::BalanceOverflow,
+            model::RollbackReason::Cancelled,
+            model::RollbackReason::TimedOut,
+        ] {
+            assert_eq!(
+                serde_json::to_value(RollbackReason::from(reason)).unwrap(),
+                serde_json::to_value(reason).unwrap(),
+            );
+            assert_eq!(
+                serde_json::to_value(RollbackReason::from(reason)).unwrap(),
+                reason.as_str()
+            );
+        }
+    }
+
+    #[test]
+    fn cursors_round_trip_and_odd_ones_are_refused() {
+        let key = decode_cursor("1700000000000~t-1").unwrap();
+        assert_eq!((key.millis, key.id.as_str()), (1_700_000_000_000, "t-1"));
+        for bad in [
+            "",
+            "~",
+            "1~",
+            "~a",
+            "-1~a",
+            "253402300800000~a",
+            "9223372036854775808~a",
+            "1~a~b",
+            "1~..",
+        ] {
+            assert!(decode_cursor(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -168,6 +168,29 @@ fn run_writer(db: Arc<Database>, mut rx: mpsc::UnboundedReceiver<(Vec<WriteOp>, 
     }
 }
 
+/// The tables one write transaction touches, opened once per group.
+struct Tables<'txn> {
+    docs: Table<'txn, (&'static str, &'static str), &'static [u8]>,
+    meta: Table<'txn, &'static str, u64>,
+    by_state_modified: Table<'txn, (&'static str, i64, &'static str), ()>,
+    by_created: Table<'txn, (i64, &'static str), ()>,
+    by_state_created: Table<'txn, (&'static str, i64, &'static str), ()>,
+    by_account: Table<'txn, (&'static str, i64, &'static str), ()>,
+}
+
+impl<'txn> Tables<'txn> {
+    fn open(txn: &'txn WriteTransaction) -> StoreResult<Self> {
+        Ok(Self {
+            docs: txn.open_table(DOCS).map_err(permanent)?,
+            meta: txn.open_table(META).map_err(permanent)?,
+            by_state_modified: txn.open_table(TX_BY_STATE_MODIFIED).map_err(permanent)?,
+            by_created: txn.open_table(TX_BY_CREATED).map_err(permanent)?,
+            by_state_created: txn.open_table(TX_BY_STATE_CREATED).map_err(permanent)?,
+            by_account: txn.open_table(TX_BY_ACCOUNT).map_err(permanent)?,
+        })
+    }
+}
+
 fn apply_group(
     db: &Database,
     group: &[(Vec<WriteOp>, Reply)],
@@ -176,9 +199,12 @@ fn apply_group(
     txn.set_durability(Durability::Immediate)
         .map_err(permanent)?;
     let mut results = Vec::new();
-    for (batch, _) in group {
-        for op in batch {
-            results.push(Ok(apply_op(&txn, op)?));
+    {
+        let mut tables = Tables::open(&txn)?;
+        for (batch, _) in group {
+            for op in batch {
+                results.push(Ok(apply_op(&mut tables, op)?));
+            }
         }
     }
     // Only now is anything acknowledged: until commit returns, a crash loses the whole group
@@ -187,11 +213,10 @@ fn apply_group(
     Ok(results)
 }
 
-fn apply_op(txn: &WriteTransaction, op: &WriteOp) -> StoreResult<WriteOutcome> {
+fn apply_op(tables: &mut Tables<'_>, op: &WriteOp) -> StoreResult<WriteOutcome> {
     let index = op.index();
     let id = op.id();
-    let mut docs = txn.open_table(DOCS).map_err(permanent)?;
-    let current = match docs.get((index.name(), id)).map_err(permanent)? {
+    let current = match tables.docs.get((index.name(), id)).map_err(permanent)? {
         Some(bytes) => Some(decode(id, bytes.value())?),
         None => None,
     };
@@ -212,24 +237,25 @@ fn apply_op(txn: &WriteTransaction, op: &WriteOp) -> StoreResult<WriteOutcome> {
         }
     };
     let bytes = serde_json::to_vec(source).map_err(permanent)?;
-    let mut meta = txn.open_table(META).map_err(permanent)?;
-    let counter = format!("seq:{}", index.name());
-    let seq_no = match meta.get(counter.as_str()).map_err(permanent)? {
+    let counter = match index {
+        Index::Accounts => "seq:accounts",
+        Index::Transactions => "seq:transactions",
+    };
+    let seq_no = match tables.meta.get(counter).map_err(permanent)? {
         Some(last) => last.value() + 1,
         None => 0,
     };
-    meta.insert(counter.as_str(), seq_no).map_err(permanent)?;
+    tables.meta.insert(counter, seq_no).map_err(permanent)?;
     let mut value = Vec::with_capacity(8 + bytes.len());
     value.extend_from_slice(&seq_no.to_le_bytes());
     value.extend_from_slice(&bytes);
-    docs.insert((index.name(), id), value.as_slice())
+    tables
+        .docs
+        .insert((index.name(), id), value.as_slice())
         .map_err(permanent)?;
-    drop(docs);
     if index == Index::Transactions {
-        if let Some(old) = &current {
-            update_transfer_indexes(txn, id, &old.source, false)?;
-        }
-        update_transfer_indexes(txn, id, source, true)?;
+        let old = current.as_ref().map(|doc| transfer_keys(&doc.source));
+        update_transfer_indexes(tables, id, old.as_ref(), &transfer_keys(source))?;
     }
     Ok(WriteOutcome::Written(Version {
         seq_no,
@@ -238,6 +264,7 @@ fn apply_op(txn: &WriteTransaction, op: &WriteOp) -> StoreResult<WriteOutcome> {
 }
 
 /// The secondary-index keys of one transfer document.
+#[derive(PartialEq, Eq)]
 struct TransferKeys<'a> {
     state: &'a str,
     modified: i64,
@@ -264,36 +291,49 @@ fn transfer_keys(source: &Value) -> TransferKeys<'_> {
     }
 }
 
+/// Moves a transfer's index entries from `old` keys (if it existed) to `new` keys, touching
+/// only the entries whose keys changed.
 fn update_transfer_indexes(
-    txn: &WriteTransaction,
+    t: &mut Tables<'_>,
     id: &str,
-    source: &Value,
-    insert: bool,
+    old: Option<&TransferKeys<'_>>,
+    new: &TransferKeys<'_>,
 ) -> StoreResult<()> {
-    let k = transfer_keys(source);
-    let mut by_state_modified = txn.open_table(TX_BY_STATE_MODIFIED).map_err(permanent)?;
-    let mut by_created = txn.open_table(TX_BY_CREATED).map_err(permanent)?;
-    let mut by_state_created = txn.open_table(TX_BY_STATE_CREATED).map_err(permanent)?;
-    let mut by_account = txn.open_table(TX_BY_ACCOUNT).map_err(permanent)?;
-    fn put<K: redb::Key + 'static>(
-        table: &mut Table<K, ()>,
-        key: K::SelfType<'_>,
-        insert: bool,
-    ) -> StoreResult<()> {
-        if insert {
-            table.insert(key, ()).map_err(permanent)?;
-        } else {
-            table.remove(key).map_err(permanent)?;
+    let e = permanent;
+    if let Some(old) = old {
+        if (old.state, old.modified) != (new.state, new.modified) {
+            t.by_state_modified
+                .remove((old.state, old.modified, id))
+                .map_err(e)?;
         }
-        Ok(())
+        if old.created != new.created {
+            t.by_created.remove((old.created, id)).map_err(e)?;
+        }
+        if (old.state, old.created) != (new.state, new.created) {
+            t.by_state_created
+                .remove((old.state, old.created, id))
+                .map_err(e)?;
+        }
+        if (old.src, old.dest, old.created) != (new.src, new.dest, new.created) {
+            t.by_account.remove((old.src, old.created, id)).map_err(e)?;
+            t.by_account
+                .remove((old.dest, old.created, id))
+                .map_err(e)?;
+        }
     }
-    put(&mut by_state_modified, (k.state, k.modified, id), insert)?;
-    put(&mut by_created, (k.created, id), insert)?;
-    put(&mut by_state_created, (k.state, k.created, id), insert)?;
-    put(&mut by_account, (k.src, k.created, id), insert)?;
-    if k.dest != k.src {
-        put(&mut by_account, (k.dest, k.created, id), insert)?;
-    }
+    t.by_state_modified
+        .insert((new.state, new.modified, id), ())
+        .map_err(e)?;
+    t.by_created.insert((new.created, id), ()).map_err(e)?;
+    t.by_state_created
+        .insert((new.state, new.created, id), ())
+        .map_err(e)?;
+    t.by_account
+        .insert((new.src, new.created, id), ())
+        .map_err(e)?;
+    t.by_account
+        .insert((new.dest, new.created, id), ())
+        .map_err(e)?;
     Ok(())
 }
 

@@ -6,9 +6,17 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-/// The states of seed 003. Arrows: `created → pending → committed → finished`,
-/// `created → rolled-back`, `pending → terminating → rolled-back`. `committed` never rolls
-/// back.
+/// The state of a transfer. A background worker moves it along
+/// `created → pending → committed → finished`, or rolls it back along
+/// `created → rolled-back` or `pending → terminating → rolled-back`.
+///
+/// - `created`: accepted; no account has changed yet.
+/// - `pending`: being applied to the two accounts (units received are not spendable yet).
+/// - `committed`: both balances have changed; it will finish, and can no longer be
+///   cancelled or rolled back.
+/// - `finished` (final): done; the units have moved and both accounts are settled.
+/// - `terminating`: rolling back; what was applied to the accounts is being undone.
+/// - `rolled-back` (final): no unit moved; `reason` says why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum TransferState {
@@ -172,11 +180,10 @@ pub struct AccountDoc {
 }
 
 impl AccountDoc {
-    /// What a debit may take: the balance less uncommitted credits and the floor.
-    pub fn available(&self) -> Option<i64> {
-        self.balance
-            .checked_sub(self.pending_credits)?
-            .checked_sub(self.floor)
+    /// What a debit may take: the balance less uncommitted credits and the floor (in i128,
+    /// so extreme floors cannot overflow).
+    pub fn available(&self) -> i128 {
+        self.balance as i128 - self.pending_credits as i128 - self.floor as i128
     }
 }
 

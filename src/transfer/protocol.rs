@@ -228,21 +228,17 @@ pub fn decide_account(
             if settled {
                 return AccountDecision::Refuse(Refusal::AlreadySettled);
             }
+            // Spendable = balance − uncommitted credits − floor, so that undoing any pending
+            // credit later can never leave the balance below the floor.
+            if side == Side::Source && account.available() < amount as i128 {
+                return AccountDecision::Refuse(Refusal::InsufficientFunds);
+            }
             let (Some(balance), Some(pending_credits)) = (
                 account.balance.checked_add(delta),
                 account.pending_credits.checked_add(credit),
             ) else {
                 return AccountDecision::Refuse(Refusal::Overflow);
             };
-            if side == Side::Source {
-                // Spendable = balance − uncommitted credits − floor, so that undoing any
-                // pending credit later can never leave the balance below the floor.
-                match account.available() {
-                    Some(available) if available >= amount => {}
-                    Some(_) => return AccountDecision::Refuse(Refusal::InsufficientFunds),
-                    None => return AccountDecision::Refuse(Refusal::Overflow),
-                }
-            }
             next.balance = balance;
             next.pending_credits = pending_credits;
             next.pending_transactions.push(transfer_id.to_owned());
@@ -520,7 +516,7 @@ mod tests {
         ));
         assert_eq!(a.balance, 130);
         assert_eq!(a.pending_credits, 30);
-        assert_eq!(a.available(), Some(100));
+        assert_eq!(a.available(), 100);
     }
 
     #[test]
@@ -563,6 +559,20 @@ mod tests {
         };
         assert_eq!(
             decide_account(&a, step, &now(), RETAIN),
+            AccountDecision::Refuse(Refusal::InsufficientFunds)
+        );
+    }
+
+    #[test]
+    fn extreme_floors_neither_overflow_nor_overdraw() {
+        let mut a = account(i64::MAX);
+        a.floor = i64::MIN;
+        let debited = write(decide(&a, AccountOp::Apply, Side::Source, i64::MAX));
+        assert_eq!(debited.balance, 0);
+        let mut b = account(i64::MIN + 10);
+        b.floor = i64::MIN;
+        assert_eq!(
+            decide(&b, AccountOp::Apply, Side::Source, 11),
             AccountDecision::Refuse(Refusal::InsufficientFunds)
         );
     }

@@ -101,6 +101,42 @@ impl TestApp {
         request.send().await.expect("POST")
     }
 
+    /// Sends `<method> <target>` with an empty body exactly as written (no URL
+    /// normalisation: `.`, `..`, `%2E` and raw bytes reach the server as they are) over a
+    /// fresh connection; returns the status, the `content-type` and the body.
+    pub async fn raw(&self, method: &str, target: &[u8]) -> (u16, String, Vec<u8>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = self.base.trim_start_matches("http://");
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut request = format!("{method} ").into_bytes();
+        request.extend_from_slice(target);
+        request.extend_from_slice(
+            b" HTTP/1.1\r\nhost: test\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        );
+        stream.write_all(&request).await.expect("send");
+        let mut reply = Vec::new();
+        stream.read_to_end(&mut reply).await.expect("read");
+        let end = reply
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("a complete head");
+        let head = String::from_utf8_lossy(&reply[..end]).into_owned();
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no status in {head:?}"));
+        let content_type = head
+            .lines()
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("content-type")
+                    .then(|| value.trim().to_owned())
+            })
+            .unwrap_or_default();
+        (status, content_type, reply[end + 4..].to_vec())
+    }
+
     pub async fn open_account(&self, id: &str, balance: i64) {
         let (status, body) = self
             .post("/accounts", json!({"id": id, "balance": balance}))

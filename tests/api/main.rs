@@ -255,6 +255,8 @@ mod cases {
             json!({"id": "x9", "from": "A", "amount": 1}),
             json!({"id": "x10", "from": "A", "to": "B"}),
             json!({"id": "x11", "from": "A/..", "to": "B", "amount": 1}),
+            json!({"id": "..", "from": "A", "to": "B", "amount": 1}),
+            json!({"id": ".", "from": "A", "to": "B", "amount": 1}),
             json!("a string"),
         ] {
             let (status, problem) = app.post("/transfers", body.clone()).await;
@@ -443,6 +445,328 @@ mod cases {
         app.shutdown().await;
     }
 
+    /// Path ids that cannot be ids (dot segments, encoded slashes, bytes that are not UTF-8,
+    /// control characters, too long) are 404 problems on every route that takes an id, and
+    /// never reach the store.
+    pub async fn odd_path_ids_are_404_problems(b: Backend) {
+        let app = spawn_app(b).await;
+        let mut ids: Vec<String> = [
+            ".",
+            "..",
+            "%2E",
+            "%2e%2E",
+            "a%2Fb",
+            "%2F",
+            "%FF",
+            "%C3%28",
+            "%00",
+            "a%0Ab",
+            "%C3%A9",
+            "a%20b",
+            "%25",
+            "%",
+            "%ZZ",
+            "a;b",
+            "*",
+            "~",
+            "%E2%80%AE",
+            "a%3Fwait=1s",
+        ]
+        .map(String::from)
+        .to_vec();
+        ids.push("x".repeat(129));
+        ids.push("y".repeat(20_000));
+        let routes = [
+            ("GET", "/accounts/{}"),
+            ("GET", "/transfers/{}"),
+            ("GET", "/transfers/{}?wait=5s"),
+            ("POST", "/transfers/{}/cancel"),
+        ];
+        for id in &ids {
+            for (method, route) in routes {
+                let target = route.replace("{}", id);
+                let (status, content_type, body) = app.raw(method, target.as_bytes()).await;
+                let problem: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                assert_eq!(status, 404, "{method} {target}: {problem}");
+                assert_eq!(
+                    content_type, "application/problem+json",
+                    "{method} {target}"
+                );
+                assert_problem(status, &problem, 404);
+            }
+        }
+        // Raw bytes a URL may not hold are refused by the HTTP parser, never with a 5xx.
+        for target in [
+            &b"/accounts/\xff"[..],
+            b"/transfers/a\x7fb",
+            b"/transfers/a b",
+        ] {
+            let (status, _, _) = app.raw("GET", target).await;
+            assert!((400..500).contains(&status), "{target:?}: {status}");
+        }
+        app.shutdown().await;
+    }
+
+    /// Ids that are valid but look like path syntax or Elasticsearch endpoints work end to end
+    /// on every backend: accounts, transfers, long-polls, listing, cancelling.
+    pub async fn unusual_valid_ids_work_end_to_end(b: Backend) {
+        let app = spawn_app(b).await;
+        let long = "x".repeat(128);
+        let ids = [
+            "_",
+            "-",
+            ":",
+            "...",
+            "a..b",
+            "..a",
+            "_doc",
+            "_search",
+            "_bulk",
+            "_create",
+            ".kibana",
+            "A:B.C-D_E",
+            long.as_str(),
+        ];
+        for id in ids {
+            app.open_account(id, 100).await;
+        }
+        for pair in ids.windows(2) {
+            let (from, to) = (pair[0], pair[1]);
+            let (status, body) = app.transfer(from, from, to, 10).await;
+            assert_eq!(status, 201, "{from} -> {to}: {body}");
+            assert_eq!(body["id"], from, "the transfer id is the one given: {body}");
+        }
+        for pair in ids.windows(2) {
+            let done = app.settled(pair[0]).await;
+            assert_eq!(done["state"], "finished", "{done}");
+            let (status, body) = app
+                .post(&format!("/transfers/{}/cancel", pair[0]), json!({}))
+                .await;
+            assert_problem(status, &body, 409);
+        }
+        // Every account but the ends sent 10 and received 10.
+        assert_eq!(app.balance(ids[0]).await, 90);
+        assert_eq!(app.balance(ids[ids.len() - 1]).await, 110);
+        for id in &ids[1..ids.len() - 1] {
+            let (status, body) = app.get(&format!("/accounts/{id}")).await;
+            assert_eq!(status, 200, "{id}: {body}");
+            assert_eq!(body["id"], *id);
+            assert_eq!(body["balance"], 100, "{id}: {body}");
+        }
+        app.engine.store.refresh().await.unwrap();
+        let (status, page) = app.get("/transfers?account=_search").await;
+        assert_eq!(status, 200, "{page}");
+        let listed: Vec<&str> = page["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["id"].as_str().unwrap())
+            .collect();
+        let mut listed_sorted = listed.clone();
+        listed_sorted.sort_unstable();
+        assert_eq!(listed_sorted, ["_doc", "_search"], "{page}");
+        app.shutdown().await;
+    }
+
+    /// `?wait=` edge values: zero answers at once, huge values are capped at 30 s, anything
+    /// that is not a non-negative duration (or is given twice) is 422.
+    pub async fn wait_edge_values_are_capped_or_422(b: Backend) {
+        let app = spawn_app(b).await;
+        app.open_account("A", 5).await;
+        app.open_account("B", 5).await;
+        app.transfer("t1", "A", "B", 5).await;
+        app.settled("t1").await;
+        plant_transfer(&app, "held", "pending", Some("someone-else"), 60_000).await;
+        for wait in [
+            "0s",
+            "0ms",
+            "1ns",
+            "  2ms",
+            "99999999999999s",
+            "18446744073709551615s",
+        ] {
+            let path = format!("/transfers/t1?wait={}", wait.replace(' ', "%20"));
+            let (status, body) = app.get(&path).await;
+            assert_eq!(
+                (status, body["state"].as_str()),
+                (200, Some("finished")),
+                "{path}"
+            );
+        }
+        let started = std::time::Instant::now();
+        let (status, body) = app.get("/transfers/held?wait=0s").await;
+        assert_eq!((status, body["state"].as_str()), (200, Some("pending")));
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        for wait in [
+            "",
+            "-1s",
+            "-0s",
+            "5",
+            "1e3s",
+            "5 parsecs",
+            "99999999999999999999999s",
+            "18446744073709551616s",
+            "%FF",
+            "5s%00",
+            "5s&wait=6s",
+            "x".repeat(10_000).as_str(),
+        ] {
+            let path = format!("/transfers/held?wait={wait}");
+            let (status, body) = app.get(&path).await;
+            assert_problem(status, &body, 422);
+        }
+        // An unknown or impossible id with a valid wait is 404 at once.
+        let (status, body) = app.get("/transfers/nobody?wait=10s").await;
+        assert_problem(status, &body, 404);
+        app.shutdown().await;
+    }
+
+    /// Listing parameters that are repeated, not UTF-8, out of range, or cursors the service
+    /// cannot have issued are 422, never a 5xx.
+    pub async fn odd_list_queries_are_422(b: Backend) {
+        let app = spawn_app(b).await;
+        app.open_account("A", 100).await;
+        app.open_account("B", 0).await;
+        assert_eq!(app.transfer("t1", "A", "B", 10).await.0, 201);
+        app.settled("t1").await;
+        app.engine.store.refresh().await.unwrap();
+        let long = "z".repeat(30_000);
+        let bad: Vec<String> = [
+            "limit=1&limit=2",
+            "state=finished&state=pending",
+            "account=A&account=B",
+            "limit=18446744073709551616",
+            "limit=-1",
+            "limit=",
+            "state=",
+            "state=%FF",
+            "account=",
+            "account=%FF",
+            "account=.",
+            "account=..",
+            "account=a%2Fb",
+            "%FF=1",
+            "cursor=",
+            "cursor=~",
+            "cursor=1~",
+            "cursor=~t1",
+            "cursor=1~a~b",
+            "cursor=-1~t1",
+            "cursor=-9223372036854775808~t1",
+            "cursor=9223372036854775807~t1",
+            "cursor=253402300800000~t1",
+            "cursor=99999999999999999999~t1",
+            "cursor=1.5~t1",
+            "cursor=1~..",
+            "cursor=%FF~t1",
+        ]
+        .map(String::from)
+        .into_iter()
+        .chain([format!("color={long}"), format!("account={long}")])
+        .collect();
+        for query in &bad {
+            let (status, body) = app.get(&format!("/transfers?{query}")).await;
+            assert_problem(status, &body, 422);
+        }
+        // Odd but valid: empty pages or the one transfer.
+        for (query, count) in [
+            ("cursor=0~t1", 0),
+            ("cursor=253402300799999~zzz", 1),
+            ("limit=%2B1", 1),
+            ("limit=1000&state=finished&account=A", 1),
+            ("account=_search", 0),
+            ("", 1),
+            ("&&", 1),
+        ] {
+            let (status, page) = app.get(&format!("/transfers?{query}")).await;
+            assert_eq!(status, 200, "{query}: {page}");
+            assert_eq!(
+                page["items"].as_array().map(Vec::len),
+                Some(count),
+                "{query}: {page}"
+            );
+        }
+        app.shutdown().await;
+    }
+
+    /// Bodies built to trip a parser: deep nesting, lone surrogates, numbers out of range,
+    /// NUL bytes in ids, duplicate keys. 4xx, never a 5xx, and nothing is created.
+    pub async fn hostile_bodies_are_4xx(b: Backend) {
+        let app = spawn_app(b).await;
+        app.open_account("A", 100).await;
+        app.open_account("B", 0).await;
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        let deep_object = format!(
+            "{{\"id\":\"d\",\"from\":\"A\",\"to\":\"B\",\"amount\":1,\"x\":{}1{}}}",
+            "{\"a\":".repeat(10_000),
+            "}".repeat(10_000)
+        );
+        let cases: Vec<(&str, Vec<u8>, u16)> = vec![
+            ("/transfers", deep.clone().into_bytes(), 400),
+            ("/accounts", deep.into_bytes(), 400),
+            ("/transfers", deep_object.into_bytes(), 400),
+            (
+                "/transfers",
+                br#"{"id":"\ud800","from":"A","to":"B","amount":1}"#.to_vec(),
+                400,
+            ),
+            (
+                "/transfers",
+                br#"{"id":"n1","from":"A","to":"B","amount":1e400}"#.to_vec(),
+                400,
+            ),
+            (
+                "/transfers",
+                br#"{"id":"n2","from":"A","to":"B","amount":-0}"#.to_vec(),
+                422,
+            ),
+            (
+                "/transfers",
+                br#"{"id":"n3","from":"A","to":"B","amount":1.0}"#.to_vec(),
+                422,
+            ),
+            (
+                "/transfers",
+                br#"{"id":"n4","from":"A","to":"B","amount":1,"amount":-1}"#.to_vec(),
+                422,
+            ),
+            (
+                "/transfers",
+                br#"{"id":"a\u0000b","from":"A","to":"B","amount":1}"#.to_vec(),
+                422,
+            ),
+            (
+                "/transfers",
+                br#"{"id":"n5","from":"A\n","to":"B","amount":1}"#.to_vec(),
+                422,
+            ),
+            (
+                "/transfers",
+                "{\"id\":\"é\",\"from\":\"A\",\"to\":\"B\",\"amount\":1}".into(),
+                422,
+            ),
+            ("/transfers", b"\xef\xbb\xbf{}".to_vec(), 400),
+            ("/transfers", b"null".to_vec(), 422),
+            (
+                "/accounts",
+                br#"{"id":"C","balance":1,"floor":-9223372036854775809}"#.to_vec(),
+                422,
+            ),
+            ("/accounts", br#"{"id":"%2E","balance":1}"#.to_vec(), 422),
+        ];
+        for (path, body, want) in cases {
+            let response = app.post_raw(path, Some("application/json"), body).await;
+            let status = response.status().as_u16();
+            let problem: Value = response.json().await.unwrap_or(Value::Null);
+            assert_problem(status, &problem, want);
+        }
+        assert_eq!((app.balance("A").await, app.balance("B").await), (100, 0));
+        app.engine.store.refresh().await.unwrap();
+        let (_, page) = app.get("/transfers").await;
+        assert_eq!(page["items"], json!([]), "no transfer was created");
+        app.shutdown().await;
+    }
+
     pub async fn health_and_readiness_answer_200(b: Backend) {
         let app = spawn_app(b).await;
         assert_eq!(app.get("/healthz").await.0, 200);
@@ -493,5 +817,10 @@ api_suite!(
     cancel_pending_undoes_the_accounts,
     cancel_after_commit_is_409,
     list_filters_by_account_and_state_with_a_cursor,
+    odd_path_ids_are_404_problems,
+    unusual_valid_ids_work_end_to_end,
+    wait_edge_values_are_capped_or_422,
+    odd_list_queries_are_422,
+    hostile_bodies_are_4xx,
     health_and_readiness_answer_200,
 );
