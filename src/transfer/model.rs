@@ -171,6 +171,10 @@ pub struct AccountDoc {
     /// commit, so rolling one back can never push the balance below the floor.
     #[serde(default)]
     pub pending_credits: i64,
+    /// Sum of the debits among `pending_transactions`. Any of them may be undone, so a credit
+    /// must leave room for all of them: undoing a debit can then never overflow.
+    #[serde(default)]
+    pub pending_debits: i64,
     /// Recently settled (committed and cleaned, or rolled back) transfer ids: a late write
     /// for one of these is refused. Bounded by age and count.
     #[serde(default)]

@@ -219,6 +219,7 @@ pub fn decide_account(
         .any(|s| s.id == transfer_id);
     let delta = side.delta(amount);
     let credit = if side == Side::Destination { amount } else { 0 };
+    let debit = if side == Side::Source { amount } else { 0 };
     let mut next = account.clone();
     match op {
         AccountOp::Apply => {
@@ -233,14 +234,21 @@ pub fn decide_account(
             if side == Side::Source && account.available() < amount as i128 {
                 return AccountDecision::Refuse(Refusal::InsufficientFunds);
             }
-            let (Some(balance), Some(pending_credits)) = (
+            let (Some(balance), Some(pending_credits), Some(pending_debits)) = (
                 account.balance.checked_add(delta),
                 account.pending_credits.checked_add(credit),
+                account.pending_debits.checked_add(debit),
             ) else {
                 return AccountDecision::Refuse(Refusal::Overflow);
             };
+            // A credit must leave room to undo every pending debit: the balance they would
+            // restore has to fit too.
+            if i64::try_from(balance as i128 + pending_debits as i128).is_err() {
+                return AccountDecision::Refuse(Refusal::Overflow);
+            }
             next.balance = balance;
             next.pending_credits = pending_credits;
+            next.pending_debits = pending_debits;
             next.pending_transactions.push(transfer_id.to_owned());
         }
         AccountOp::Remove => {
@@ -248,19 +256,22 @@ pub fn decide_account(
                 return AccountDecision::AlreadyDone;
             }
             next.pending_credits -= credit;
+            next.pending_debits -= debit;
             next.pending_transactions.retain(|id| id != transfer_id);
             remember(&mut next, transfer_id, now_millis);
         }
         AccountOp::Undo => {
             if pending {
-                let (Some(balance), Some(pending_credits)) = (
+                let (Some(balance), Some(pending_credits), Some(pending_debits)) = (
                     account.balance.checked_sub(delta),
                     account.pending_credits.checked_sub(credit),
+                    account.pending_debits.checked_sub(debit),
                 ) else {
                     return AccountDecision::Refuse(Refusal::Overflow);
                 };
                 next.balance = balance;
                 next.pending_credits = pending_credits;
+                next.pending_debits = pending_debits;
                 next.pending_transactions.retain(|id| id != transfer_id);
             } else if settled {
                 return AccountDecision::AlreadyDone;
@@ -349,6 +360,7 @@ mod tests {
             opening_balance: balance,
             pending_transactions: vec![],
             pending_credits: 0,
+            pending_debits: 0,
             settled_transactions: vec![],
             creation_time: "2026-01-01T00:00:00.000Z".into(),
             modification_time: "2026-01-01T00:00:00.000Z".into(),
@@ -575,6 +587,31 @@ mod tests {
             decide(&b, AccountOp::Apply, Side::Source, 11),
             AccountDecision::Refuse(Refusal::InsufficientFunds)
         );
+    }
+
+    #[test]
+    fn a_credit_leaves_room_to_undo_pending_debits() {
+        let a = write(decide(&account(100), AccountOp::Apply, Side::Source, 100));
+        assert_eq!((a.balance, a.pending_debits), (0, 100));
+        let credit = AccountStep {
+            transfer_id: "t2",
+            amount: i64::MAX,
+            side: Side::Destination,
+            op: AccountOp::Apply,
+        };
+        assert_eq!(
+            decide_account(&a, credit, &now(), RETAIN),
+            AccountDecision::Refuse(Refusal::Overflow),
+            "undoing t1 afterwards would overflow"
+        );
+        let fits = AccountStep {
+            amount: i64::MAX - 100,
+            ..credit
+        };
+        let credited = write(decide_account(&a, fits, &now(), RETAIN));
+        let undone = write(decide(&credited, AccountOp::Undo, Side::Source, 100));
+        assert_eq!(undone.balance, i64::MAX);
+        assert_eq!(undone.pending_debits, 0);
     }
 
     #[test]

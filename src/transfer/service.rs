@@ -66,6 +66,7 @@ impl Engine {
             opening_balance: new.balance,
             pending_transactions: Vec::new(),
             pending_credits: 0,
+            pending_debits: 0,
             settled_transactions: Vec::new(),
             creation_time: now.text.clone(),
             modification_time: now.text,
