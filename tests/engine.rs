@@ -428,3 +428,127 @@ proptest! {
         runtime.block_on(run_random_schedule(seed, ops));
     }
 }
+
+/// Waits for a transfer to be terminal without running recovery.
+async fn terminal_without_recovery(e: &Engine, id: &str) -> TransferState {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let state = e.get_transfer(id).await.unwrap().unwrap().transaction_state;
+        if state.is_terminal() {
+            return state;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id} left in {state} (no worker?)"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Review finding: an instance must not settle a transfer on its remembered copy of an
+/// account when nothing would be written (nothing would check the copy). Instance A caches
+/// both accounts; instance B commits `t` and dies before cleaning the accounts; A recovers
+/// `t` and must really remove the pending ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_does_not_trust_a_remembered_account_copy_without_writing() {
+    let w = world(6, Duration::ZERO);
+    let a = engine(w.base.clone(), Duration::from_millis(300));
+    open(&a, "a", 100).await;
+    open(&a, "b", 0).await;
+    start(&a, "warm", "a", "b", 1).await;
+    assert_eq!(
+        terminal_without_recovery(&a, "warm").await,
+        TransferState::Finished
+    );
+    // Instance B crashes right before core step 5 (remove from the source).
+    let b = engine(w.faulty.clone(), Duration::from_millis(300));
+    w.faulty.inject(
+        Matcher {
+            op: Some("replace"),
+            index: Some(Index::Accounts),
+            id: Some("a".into()),
+            pending_len: Some(0),
+            ..Matcher::default()
+        },
+        Fault::Crash { applied: false },
+        1,
+    );
+    start(&b, "t", "a", "b", 10).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !w.faulty.is_dead() {
+        assert!(Instant::now() < deadline, "B never reached core step 5");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    quiesce(&a, &["t".into()], Duration::from_secs(20)).await;
+    assert_eq!(
+        a.get_transfer("t")
+            .await
+            .unwrap()
+            .unwrap()
+            .transaction_state,
+        TransferState::Finished
+    );
+    assert_invariants(&w.base).await;
+}
+
+/// Review finding: a debit refused on a remembered copy that another instance has since
+/// credited must be decided again on a fresh read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_is_never_decided_on_a_stale_remembered_copy() {
+    let w = world(7, Duration::ZERO);
+    let a = engine(w.base.clone(), Duration::from_secs(5));
+    let b = engine(w.base.clone(), Duration::from_secs(5));
+    open(&a, "poor", 0).await;
+    open(&a, "rich", 100).await;
+    open(&a, "other", 0).await;
+    // A remembers `poor` at balance 0 after crediting it once and spending it.
+    start(&a, "in", "rich", "poor", 5).await;
+    terminal_without_recovery(&a, "in").await;
+    start(&a, "out", "poor", "other", 5).await;
+    terminal_without_recovery(&a, "out").await;
+    // B credits `poor` with 50; A then debits 5 from it.
+    start(&b, "credit", "rich", "poor", 50).await;
+    terminal_without_recovery(&b, "credit").await;
+    start(&a, "debit", "poor", "other", 5).await;
+    assert_eq!(
+        terminal_without_recovery(&a, "debit").await,
+        TransferState::Finished
+    );
+    assert_eq!(balance(&a, "poor").await, 45);
+    assert_invariants(&w.base).await;
+}
+
+/// Review finding: when the answer to the create is lost but the write happened, the retry
+/// finds our own document: it is a new transfer (201) and this request's worker drives it at
+/// once, instead of leaving it to recovery minutes later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_answer_was_lost_is_still_driven_at_once() {
+    let w = world(8, Duration::ZERO);
+    let e = engine(w.faulty.clone(), Duration::from_secs(30));
+    open(&e, "a", 100).await;
+    open(&e, "b", 0).await;
+    w.faulty.inject(
+        Matcher {
+            op: Some("create"),
+            index: Some(Index::Transactions),
+            ..Matcher::default()
+        },
+        Fault::FailAfter,
+        1,
+    );
+    let created = e
+        .create_transfer(NewTransfer {
+            id: "t".into(),
+            from: "a".into(),
+            to: "b".into(),
+            amount: 10,
+        })
+        .await
+        .unwrap();
+    assert!(matches!(created, Created::New(_)), "{created:?}");
+    assert_eq!(
+        terminal_without_recovery(&e, "t").await,
+        TransferState::Finished
+    );
+    assert_invariants(&w.base).await;
+}

@@ -31,7 +31,7 @@ use transfer_service::transfer::{Engine, EngineConfig};
 
 const LEASE: Duration = Duration::from_millis(80);
 
-fn config() -> EngineConfig {
+fn config(tombstones: usize) -> EngineConfig {
     EngineConfig {
         lease: LEASE,
         request_timeout: LEASE / 4,
@@ -39,7 +39,7 @@ fn config() -> EngineConfig {
         transfer_timeout: Duration::from_secs(3600),
         retention: Retention {
             millis: 3_600_000,
-            max_entries: 1000,
+            max_entries: tombstones,
         },
         max_conflicts: 500,
         max_store_attempts: 6,
@@ -98,8 +98,20 @@ fn stall_point(seed: u64) -> (Matcher, Fault, &'static str) {
     }
 }
 
+/// The production defence: lease-fenced conditional writes, and tombstones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_worker_never_applies_a_transfer_twice() {
+    run_seeds(1000).await;
+}
+
+/// The lease fence alone, with tombstones switched off (`SETTLED_MAX=0`): what protects a
+/// busy account whose tombstones have been pruned, and what fails if the fence is broken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_fence_alone_prevents_double_applies() {
+    run_seeds(0).await;
+}
+
+async fn run_seeds(tombstones: usize) {
     let seeds: u64 = std::env::var("STALE_WORKER_SEEDS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -107,8 +119,8 @@ async fn a_stalled_worker_never_applies_a_transfer_twice() {
     let dir = tempfile::tempdir().unwrap();
     let base: DynStore = Arc::new(EmbeddedStore::open(dir.path()).unwrap());
     let faulty = FaultyStore::new(base.clone(), 7, Duration::from_millis(1));
-    let a = Engine::new(faulty.clone(), config(), Metrics::new());
-    let b = Engine::new(base.clone(), config(), Metrics::new());
+    let a = Engine::new(faulty.clone(), config(tombstones), Metrics::new());
+    let b = Engine::new(base.clone(), config(tombstones), Metrics::new());
 
     for seed in 0..seeds {
         for (account, balance) in [("a", 100), ("b", 0)] {

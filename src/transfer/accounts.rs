@@ -19,6 +19,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use tokio::sync::oneshot;
 
@@ -36,8 +37,8 @@ pub struct StepRequest {
     pub amount: i64,
     pub side: Side,
     pub op: AccountOp,
-    /// Epoch milliseconds after which this step must not be decided.
-    pub deadline: i64,
+    /// The worker's lease deadline (monotonic): after it, this step must not be decided.
+    pub deadline: Instant,
 }
 
 /// What became of a step.
@@ -59,6 +60,26 @@ pub enum StepResult {
 struct Waiting {
     request: StepRequest,
     reply: oneshot::Sender<StepResult>,
+}
+
+struct FlushGuard<'a> {
+    steps: &'a AccountSteps,
+    account: &'a str,
+    armed: bool,
+}
+
+impl Drop for FlushGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut queues = self.steps.queues.lock().unwrap_or_else(|e| e.into_inner());
+            queues.remove(self.account);
+            self.steps
+                .cache
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(self.account);
+        }
+    }
 }
 
 /// Most accounts whose last written copy is remembered.
@@ -97,7 +118,7 @@ impl AccountSteps {
     pub async fn run(self: &Arc<Self>, account: &str, request: StepRequest) -> StepResult {
         let (reply, result) = oneshot::channel();
         let start_flusher = {
-            let mut queues = self.queues.lock().expect("queues lock");
+            let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
             match queues.get_mut(account) {
                 Some(queue) => {
                     queue.push(Waiting { request, reply });
@@ -122,14 +143,23 @@ impl AccountSteps {
 
     /// Serves the account's queue until it is empty.
     async fn flush(&self, account: String) {
+        // Should this task panic, the guard removes the account's queue (failing the steps in
+        // it: their workers see a dropped reply), so the next step starts a new flusher
+        // instead of waiting forever behind a dead one.
+        let mut guard = FlushGuard {
+            steps: self,
+            account: &account,
+            armed: true,
+        };
         loop {
             let batch = {
-                let mut queues = self.queues.lock().expect("queues lock");
+                let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
                 let queue = queues
                     .get_mut(&account)
                     .expect("queue exists while flushing");
                 if queue.is_empty() {
                     queues.remove(&account);
+                    guard.armed = false;
                     return;
                 }
                 std::mem::take(queue)
@@ -149,10 +179,15 @@ impl AccountSteps {
                 tokio::time::sleep(super::driver::backoff(attempt.min(6))).await;
             }
             let cached = if use_cache {
-                self.cache.lock().expect("cache lock").get(account).cloned()
+                self.cache
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(account)
+                    .cloned()
             } else {
                 None
             };
+            let from_cache = cached.is_some();
             let (version, doc) = match cached {
                 Some(copy) => (Some(copy.0), Some(copy.1)),
                 None => match self.read(account).await {
@@ -162,12 +197,13 @@ impl AccountSteps {
                 },
             };
             // Everything below is decided on a copy observed no later than now.
+            let observed = Instant::now();
             let now = Now::at(now_millis());
             let Some(mut current) = doc else {
                 return batch
                     .iter()
                     .map(|w| {
-                        if w.request.deadline <= now.millis {
+                        if w.request.deadline <= observed {
                             StepResult::LeaseExpired
                         } else {
                             StepResult::Missing
@@ -179,7 +215,7 @@ impl AccountSteps {
             let mut changed = false;
             for waiting in batch {
                 let r = &waiting.request;
-                if r.deadline <= now.millis {
+                if r.deadline <= observed {
                     results.push(StepResult::LeaseExpired);
                     continue;
                 }
@@ -200,13 +236,20 @@ impl AccountSteps {
                 });
             }
             if !changed {
+                if from_cache {
+                    // Nothing to write means nothing would check the remembered copy against
+                    // the store (another instance may have changed the account): decide
+                    // again on a fresh read.
+                    use_cache = false;
+                    continue;
+                }
                 return results;
             }
             let version = version.expect("a document has a version");
             let source = serde_json::to_value(&current).expect("documents serialize");
             match self.write(account, source, version).await {
                 Ok(WriteOutcome::Written(new_version)) => {
-                    let mut cache = self.cache.lock().expect("cache lock");
+                    let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
                     if cache.len() >= CACHE_LIMIT && !cache.contains_key(account) {
                         cache.clear();
                     }
@@ -215,12 +258,18 @@ impl AccountSteps {
                 }
                 Ok(_) => {
                     // Someone else wrote the account: forget our copy, read it again.
-                    self.cache.lock().expect("cache lock").remove(account);
+                    self.cache
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(account);
                     use_cache = false;
                 }
                 Err(result) => {
                     // The outcome is unknown: the next decision must start from a fresh read.
-                    self.cache.lock().expect("cache lock").remove(account);
+                    self.cache
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(account);
                     return vec![result; batch.len()];
                 }
             }
@@ -277,6 +326,6 @@ impl AccountSteps {
 
     /// Forgets every remembered copy (tests use it to simulate another process).
     pub fn forget(&self) {
-        self.cache.lock().expect("cache lock").clear();
+        self.cache.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 }

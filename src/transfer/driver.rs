@@ -4,7 +4,7 @@
 //! runs out and stops at a step boundary when the process shuts down.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::Rng;
 use serde_json::Value;
@@ -21,6 +21,11 @@ use crate::store::{format_millis, parse_millis, Index, StoreError, Version, Writ
 pub struct Held {
     pub doc: TransferDoc,
     pub version: Version,
+    /// When this worker must stop acting on the transfer: the moment the write that gave it
+    /// the lease was *sent*, plus the lease, minus the clock-skew margin. Measured on the
+    /// monotonic clock, so neither this host's wall clock nor the stored `lease_expires_at`
+    /// (written with it) can stretch it. In the past for documents merely read.
+    pub deadline: Instant,
 }
 
 /// How a worker ended.
@@ -188,15 +193,12 @@ impl Engine {
         let account_id = side.account(&held.doc).to_owned();
         for _ in 0..self.config.max_conflicts {
             self.ensure_lease(owner, held).await?;
-            let Some(expires) = held.doc.lease_expires_at.as_deref().and_then(parse_millis) else {
-                return Err(StopReason::LeaseLost.into());
-            };
             let request = StepRequest {
                 transfer_id: held.doc.transaction_id.clone(),
                 amount: held.doc.amount,
                 side,
                 op,
-                deadline: expires - self.config.skew_margin.as_millis() as i64,
+                deadline: held.deadline,
             };
             match self.accounts.run(&account_id, request).await {
                 StepResult::Done => {
@@ -259,6 +261,7 @@ impl Engine {
         let source = to_source(&next);
         let id = held.doc.transaction_id.clone();
         let version = held.version;
+        let sent = Instant::now();
         let outcome = self
             .with_retries(held, || {
                 self.store
@@ -268,7 +271,11 @@ impl Engine {
         match outcome {
             WriteOutcome::Written(version) => {
                 self.record_transition(&next, from, to, now.millis);
-                *held = Held { doc: next, version };
+                *held = Held {
+                    doc: next,
+                    version,
+                    deadline: self.lease_deadline(sent),
+                };
                 Ok(())
             }
             _ => Err(Interrupt::Reread),
@@ -323,23 +330,29 @@ impl Engine {
         if transfer.lease_owner.as_deref() != Some(owner) {
             return Err(DriveOutcome::Stopped(StopReason::LeaseLost));
         }
+        // Still ours (a cancel keeps a live holder's lease). Our deadline is unchanged: we did
+        // not write. If it is near, the next step renews the lease by a conditional write,
+        // which fails if anyone else has written the transfer since this read.
         *held = Held {
             doc: transfer,
             version: doc.version,
+            deadline: held.deadline,
         };
-        if !self.lease_left(held, Duration::ZERO) {
-            return Err(DriveOutcome::Stopped(StopReason::LeaseLost));
-        }
         Ok(())
     }
 
-    /// Whether our lease has more than `need` (plus the skew margin) left.
+    /// Whether our lease has more than `need` left before its deadline.
     fn lease_left(&self, held: &Held, need: Duration) -> bool {
-        let Some(expires) = held.doc.lease_expires_at.as_deref().and_then(parse_millis) else {
-            return false;
-        };
-        let need = (need + self.config.skew_margin).as_millis() as i64;
-        expires - protocol::now_millis() > need
+        held.deadline
+            .checked_duration_since(Instant::now())
+            .is_some_and(|left| left > need)
+    }
+
+    /// The deadline of a lease whose write was sent at `sent`.
+    pub(crate) fn lease_deadline(&self, sent: Instant) -> Instant {
+        (sent + self.config.lease)
+            .checked_sub(self.config.skew_margin)
+            .unwrap_or(sent)
     }
 
     /// Renews the lease unless it has room for a whole step (two requests).
@@ -357,6 +370,7 @@ impl Engine {
         let source = to_source(&next);
         let id = held.doc.transaction_id.clone();
         let version = held.version;
+        let sent = Instant::now();
         // A renewal is a conditional write on the transfer: it fails if anyone took the
         // transfer over or changed it, so it is safe even when our lease already ran out.
         let outcome = self
@@ -365,7 +379,11 @@ impl Engine {
             .await;
         match outcome {
             Ok(WriteOutcome::Written(version)) => {
-                *held = Held { doc: next, version };
+                *held = Held {
+                    doc: next,
+                    version,
+                    deadline: self.lease_deadline(sent),
+                };
                 Ok(())
             }
             Ok(_) => Err(Interrupt::Reread),

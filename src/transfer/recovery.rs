@@ -15,7 +15,7 @@ use tokio::sync::Semaphore;
 use tracing::{info, warn, Instrument};
 
 use super::driver::{parse_transfer, Held};
-use super::model::TransferState;
+use super::model::{TransferDoc, TransferState};
 use super::protocol::{now_millis, Now};
 use super::Engine;
 use crate::store::{format_millis, parse_millis, Index, SortKey, StaleQuery, StoreResult};
@@ -27,6 +27,8 @@ pub struct RecoveryReport {
     pub candidates: usize,
     /// Transfers this sweep took over and resumed.
     pub resumed: usize,
+    /// Candidates it could not take over because of a store error (retried next sweep).
+    pub errors: usize,
 }
 
 /// Most transfers recovery drives at once in this process.
@@ -93,7 +95,16 @@ impl Engine {
                 let Ok(permit) = permits.clone().acquire_owned().await else {
                     return Ok(report);
                 };
-                if let Some((owner, held)) = self.take_over(&doc.id).await? {
+                let taken = match self.take_over(&doc.id).await {
+                    Ok(taken) => taken,
+                    Err(error) => {
+                        // One candidate's failure must not end the sweep for the others.
+                        warn!(transfer_id = %doc.id, %error, "cannot take the transfer over; next sweep retries");
+                        report.errors += 1;
+                        continue;
+                    }
+                };
+                if let Some((owner, held)) = taken {
                     report.resumed += 1;
                     self.metrics
                         .transfers_recovered_total
@@ -139,12 +150,7 @@ impl Engine {
             return Ok(None);
         }
         let now = Now::system();
-        let live = transfer
-            .lease_expires_at
-            .as_deref()
-            .and_then(parse_millis)
-            .is_some_and(|expires| transfer.lease_owner.is_some() && expires > now.millis);
-        if live {
+        if self.lease_may_be_live(&transfer, now.millis) {
             return Ok(None);
         }
         let owner = self.new_owner();
@@ -155,15 +161,37 @@ impl Engine {
         ));
         next.modification_time = now.text;
         let source = serde_json::to_value(&next).expect("documents serialize");
+        let sent = Instant::now();
         match self
             .store
             .replace_if(Index::Transactions, id, source, doc.version)
             .await?
             .written()
         {
-            Some(version) => Ok(Some((owner, Held { doc: next, version }))),
+            Some(version) => Ok(Some((
+                owner,
+                Held {
+                    doc: next,
+                    version,
+                    deadline: self.lease_deadline(sent),
+                },
+            ))),
             None => Ok(None),
         }
+    }
+
+    /// Whether a transfer's lease may still be held: it names an owner and its expiry, plus
+    /// the clock-skew margin, is not yet past on this host's clock. Taking over only after
+    /// the margin, while holders stop a margin before their own deadline, tolerates clock
+    /// differences between instances of up to twice the margin.
+    pub(crate) fn lease_may_be_live(&self, transfer: &TransferDoc, now_millis: i64) -> bool {
+        let margin = self.config.skew_margin.as_millis() as i64;
+        transfer.lease_owner.is_some()
+            && transfer
+                .lease_expires_at
+                .as_deref()
+                .and_then(parse_millis)
+                .is_some_and(|expires| expires + margin > now_millis)
     }
 
     /// Waits until every driver and the recovery loop have stopped, at most `limit`.

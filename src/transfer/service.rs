@@ -3,15 +3,13 @@
 //! to a spawned worker that already holds its lease.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::driver::{parse_transfer, Held};
 use super::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
 use super::protocol::{self, Now};
 use super::Engine;
-use crate::store::{
-    format_millis, parse_millis, Index, SortKey, StoreError, TransferFilter, WriteOutcome,
-};
+use crate::store::{format_millis, Index, SortKey, StoreError, TransferFilter, WriteOutcome};
 
 /// Failures the API maps to answers.
 #[derive(Debug, thiserror::Error)]
@@ -127,6 +125,7 @@ impl Engine {
             )),
         };
         let source = serde_json::to_value(&doc).expect("documents serialize");
+        let sent = Instant::now();
         match self
             .create_with_retries(Index::Transactions, &new.id, source)
             .await?
@@ -134,15 +133,31 @@ impl Engine {
             WriteOutcome::Written(version) => {
                 self.metrics.transfers_created_total.inc();
                 let shown = doc.clone();
-                self.spawn_driver(owner, Held { doc, version });
+                let deadline = self.lease_deadline(sent);
+                self.spawn_driver(
+                    owner,
+                    Held {
+                        doc,
+                        version,
+                        deadline,
+                    },
+                );
                 Ok(Created::New(shown))
             }
             _ => {
-                // Either a replay, or our own earlier attempt whose answer was lost: the
-                // lease we wrote lets recovery resume it if no worker did.
-                let existing = self.get_transfer(&new.id).await?.ok_or_else(|| {
+                let held = self.get_transfer_held(&new.id).await?.ok_or_else(|| {
                     StoreError::Unavailable("transfer exists but cannot be read yet".into())
                 })?;
+                if held.doc.lease_owner.as_deref() == Some(owner.as_str()) {
+                    // Our own earlier attempt, whose answer was lost: it is new, and ours to
+                    // drive (the lease in it is ours, taken no earlier than `sent`).
+                    self.metrics.transfers_created_total.inc();
+                    let shown = held.doc.clone();
+                    let deadline = self.lease_deadline(sent);
+                    self.spawn_driver(owner, Held { deadline, ..held });
+                    return Ok(Created::New(shown));
+                }
+                let existing = held.doc;
                 if existing.src_acct == new.from
                     && existing.dest_acct == new.to
                     && existing.amount == new.amount
@@ -189,6 +204,8 @@ impl Engine {
                 Ok(Some(Held {
                     doc: transfer,
                     version: doc.version,
+                    // Read, not leased: no deadline to act by.
+                    deadline: Instant::now(),
                 }))
             }
             None => Ok(None),
@@ -242,13 +259,11 @@ impl Engine {
                 }
             };
             let now = Now::system();
-            let live_owner = held.doc.lease_owner.clone().filter(|_| {
-                held.doc
-                    .lease_expires_at
-                    .as_deref()
-                    .and_then(parse_millis)
-                    .is_some_and(|expires| expires > now.millis)
-            });
+            let live_owner = held
+                .doc
+                .lease_owner
+                .clone()
+                .filter(|_| self.lease_may_be_live(&held.doc, now.millis));
             // Keep a live holder's lease (it will see the new state at its next write and roll
             // back); otherwise take the lease for a worker of our own.
             let (owner, expires, spawn) = match (&live_owner, to) {
@@ -274,6 +289,7 @@ impl Engine {
                 continue;
             };
             let source = serde_json::to_value(&next).expect("documents serialize");
+            let sent = Instant::now();
             match self
                 .store
                 .replace_if(Index::Transactions, id, source, held.version)
@@ -287,6 +303,7 @@ impl Engine {
                             Held {
                                 doc: next.clone(),
                                 version,
+                                deadline: self.lease_deadline(sent),
                             },
                         );
                     }
