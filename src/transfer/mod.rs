@@ -8,11 +8,22 @@
 //!   so two workers can never both succeed on the same read.
 //! - Only the holder of a transfer's lease writes its accounts. Leases are taken and renewed by
 //!   conditional writes on the transfer document, with a fresh owner token per worker.
-//! - A worker acts on an account read only if the read completed while it still held the lease
-//!   (minus a clock-skew margin). Another worker can only start after that lease expired, and
-//!   every settle or undo it performs writes the account, so the stale worker's conditional
-//!   write then fails, however long it stalled. Tombstones of settled ids on the account make a
-//!   late re-read refuse as well (defence in depth, and against clock skew beyond the margin).
+//! - A holder acts on an account copy only if the copy was observed before its deadline: the
+//!   moment it *sent* the write that gave it the lease, plus the lease, minus the skew margin,
+//!   on the monotonic clock. Another worker takes over only once `lease_expires_at` plus the
+//!   margin has passed on its own clock, and every settle or undo it performs writes the
+//!   account, so the stale holder's conditional write then fails, however long it stalled.
+//! - Tombstones of settled ids on the account (seed 004) make a late re-read refuse as well:
+//!   a second line of defence, bounded by `SETTLED_RETENTION` and `SETTLED_MAX`.
+//!
+//! # What it assumes
+//! Wall clocks of instances sharing a store differ by less than twice the skew margin
+//! (`min(LEASE_DURATION / 10, 1 s)` each side), as NTP keeps them. Beyond that, a takeover can
+//! start while a stalled holder still believes its lease is live; the tombstones still refuse
+//! that holder's late apply unless more than `SETTLED_MAX` other transfers settled on the
+//! account meanwhile. The bound of the protection is therefore: any stall, under the clock
+//! assumption; otherwise `SETTLED_RETENTION` and the last `SETTLED_MAX` settlements per
+//! account.
 
 pub mod accounts;
 pub mod driver;
