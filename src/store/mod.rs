@@ -9,7 +9,9 @@
 //! searches may lag behind writes (decisions are therefore always made on a realtime `get`).
 //!
 //! Backends: [`embedded::EmbeddedStore`] (redb, the default) and
-//! [`elasticsearch::ElasticsearchStore`]. [`faulty`] wraps any store to inject faults in tests.
+//! [`elasticsearch::ElasticsearchStore`], with [`grouping::GroupingStore`] coalescing its writes and
+//! [`instrumented::InstrumentedStore`] counting requests for `/metrics`. Tests wrap stores in
+//! a fault injector (`tests/support/faulty.rs`).
 
 pub mod elasticsearch;
 pub mod embedded;

@@ -1,5 +1,5 @@
 //! The worker that drives one transfer through the protocol: read, decide (in
-//! [`protocol`](super::protocol)), conditional write; on a conflict, read again and decide
+//! [`super::protocol`]), conditional write; on a conflict, read again and decide
 //! again. One worker holds the transfer's lease at a time; it stops writing before the lease
 //! runs out and stops at a step boundary when the process shuts down.
 
