@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
+use transfer_service::store::embedded::EmbeddedStore;
+use transfer_service::store::{Index, Store};
 
 const BIN: &str = env!("CARGO_BIN_EXE_transfer-service");
 const ACCOUNTS: usize = 20;
@@ -204,8 +206,9 @@ async fn run_clients(
                     Some((201 | 200, _)) => {
                         requests.lock().unwrap().get_mut(&id).unwrap().3 = true;
                     }
-                    // No answer (the process died) or 503: the outcome is unknown.
-                    None | Some((503, _)) => {}
+                    // No answer (the process died) or 503: the outcome is unknown. Back off a
+                    // little rather than spin while the service is down.
+                    None | Some((503, _)) => tokio::time::sleep(Duration::from_millis(20)).await,
                     Some((status, body)) => panic!("unexpected answer {status}: {body}"),
                 }
             }
@@ -409,4 +412,67 @@ async fn two_instances_on_one_elasticsearch_share_work_and_survive_one_kill() {
     assert!(clean, "audit found violations:\n{report}");
     let (status, _) = second.terminate();
     assert!(status.success());
+}
+
+/// SIGTERM under load: the process stops accepting, lets its workers reach a step boundary,
+/// releases their leases and exits within 10 s. With 30 s leases, the next process resumes
+/// the interrupted transfers at once only because those leases were released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_exits_promptly_and_releases_leases() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = vec![
+        ("DATA_DIR", dir.path().display().to_string()),
+        ("LEASE_DURATION", "30s".to_owned()),
+        ("RECOVERY_STALE_AFTER", "60s".to_owned()),
+    ];
+    let service = Service::start(&env);
+    let client = reqwest::Client::new();
+    open_accounts(&client, &service.base).await;
+    let requests: Requests = Arc::default();
+    let bases = Arc::new(RwLock::new(vec![service.base.clone()]));
+    let until = Instant::now() + Duration::from_millis(1500);
+    let load = tokio::spawn(run_clients(16, until, bases, requests.clone(), 7));
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let (status, took) = service.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    assert!(took < Duration::from_secs(10), "exit took {took:?}");
+    load.await.unwrap();
+    // Every transfer the stopped process left in flight has its lease released.
+    let in_flight = {
+        let store = EmbeddedStore::open(dir.path()).expect("open the store after exit");
+        let mut in_flight = 0;
+        let mut after: Option<String> = None;
+        loop {
+            let page = store
+                .scan(Index::Transactions, after.as_deref(), 500)
+                .await
+                .unwrap();
+            let full = page.len() == 500;
+            for doc in page {
+                let state = doc.source["transaction_state"].as_str().unwrap_or("");
+                if !["finished", "rolled-back"].contains(&state) {
+                    in_flight += 1;
+                    assert!(
+                        doc.source.get("lease_owner").is_none(),
+                        "{} left in {state} with its lease held: {}",
+                        doc.id,
+                        doc.source
+                    );
+                }
+                after = Some(doc.id);
+            }
+            if !full {
+                break in_flight;
+            }
+        }
+    };
+    let service = Service::start(&env);
+    // Far less than the 30 s lease: only released leases can be resumed this fast.
+    let resumed = wait_until_nothing_in_flight(&service.base, Duration::from_secs(10)).await;
+    eprintln!(
+        "exit {took:?} after SIGTERM; {in_flight} transfers left in flight, leases released, \
+         resumed within {resumed:?} of the restart"
+    );
+    settle_and_check(&service.base, &requests).await;
+    service.terminate();
 }
