@@ -11,7 +11,7 @@ use super::{
     field, shorten, ApiError, AppState, JsonObject, PathId, Problem, QueryParams, MAX_WAIT,
 };
 use crate::store::{SortKey, TransferFilter};
-use crate::transfer::model::{self, valid_id, TransferDoc, TransferState};
+use crate::transfer::model::{valid_id, RollbackReason, TransferDoc, TransferState};
 use crate::transfer::service::{Created, NewTransfer};
 
 pub fn router() -> Router<AppState> {
@@ -43,36 +43,6 @@ pub struct Transfer {
     pub updated_at: String,
 }
 
-/// Why a transfer rolled back.
-///
-/// - `insufficient_funds`: the source balance would have gone below its floor;
-/// - `account_not_found`: the source or the destination account does not exist;
-/// - `balance_overflow`: a balance would have overflowed a signed 64-bit integer;
-/// - `cancelled`: a client cancelled it (`POST /transfers/{id}/cancel`);
-/// - `timed_out`: it had not committed after the service's transfer timeout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RollbackReason {
-    InsufficientFunds,
-    AccountNotFound,
-    BalanceOverflow,
-    Cancelled,
-    TimedOut,
-}
-
-impl From<model::RollbackReason> for RollbackReason {
-    fn from(reason: model::RollbackReason) -> Self {
-        // Exhaustive: a new reason in the model does not compile until the API shows it.
-        match reason {
-            model::RollbackReason::InsufficientFunds => RollbackReason::InsufficientFunds,
-            model::RollbackReason::AccountNotFound => RollbackReason::AccountNotFound,
-            model::RollbackReason::BalanceOverflow => RollbackReason::BalanceOverflow,
-            model::RollbackReason::Cancelled => RollbackReason::Cancelled,
-            model::RollbackReason::TimedOut => RollbackReason::TimedOut,
-        }
-    }
-}
-
 impl From<TransferDoc> for Transfer {
     fn from(doc: TransferDoc) -> Self {
         Self {
@@ -81,7 +51,7 @@ impl From<TransferDoc> for Transfer {
             to: doc.dest_acct,
             amount: doc.amount,
             state: doc.transaction_state,
-            reason: doc.reason.map(RollbackReason::from),
+            reason: doc.reason,
             created_at: doc.creation_time,
             updated_at: doc.modification_time,
         }
@@ -311,22 +281,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rollback_reasons_are_shown_as_the_model_names_them() {
+    fn rollback_reasons_are_shown_by_their_names() {
         for reason in [
-            model::RollbackReason::InsufficientFunds,
-            model::RollbackReason::AccountNotFound,
-            model::RollbackReason::BalanceOverflow,
-            model::RollbackReason::Cancelled,
-            model::RollbackReason::TimedOut,
+            RollbackReason::InsufficientFunds,
+            RollbackReason::AccountNotFound,
+            RollbackReason::BalanceOverflow,
+            RollbackReason::Cancelled,
+            RollbackReason::TimedOut,
         ] {
-            assert_eq!(
-                serde_json::to_value(RollbackReason::from(reason)).unwrap(),
-                serde_json::to_value(reason).unwrap(),
-            );
-            assert_eq!(
-                serde_json::to_value(RollbackReason::from(reason)).unwrap(),
-                reason.as_str()
-            );
+            assert_eq!(serde_json::to_value(reason).unwrap(), reason.as_str());
         }
     }
 

@@ -28,6 +28,7 @@ use super::protocol::{
     decide_account, now_millis, AccountDecision, AccountOp, AccountStep, Now, Refusal, Retention,
     Side,
 };
+use super::retry::{backoff, retry};
 use crate::store::{DynStore, Index, StoreError, Version, WriteOutcome};
 
 /// One account step of one transfer, owned.
@@ -176,7 +177,7 @@ impl AccountSteps {
         let mut use_cache = true;
         for attempt in 0..self.max_conflicts {
             if attempt > 1 {
-                tokio::time::sleep(super::driver::backoff(attempt.min(6))).await;
+                tokio::time::sleep(backoff(attempt.min(6))).await;
             }
             let cached = if use_cache {
                 self.cache
@@ -305,23 +306,14 @@ impl AccountSteps {
         .await
     }
 
-    /// Retries retryable store errors with backoff and jitter.
     async fn retrying<T, F, Fut>(&self, request: F) -> Result<T, StepResult>
     where
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<T, StoreError>>,
     {
-        let mut attempt = 0;
-        loop {
-            match request().await {
-                Ok(value) => return Ok(value),
-                Err(e) if e.is_retryable() && attempt + 1 < self.max_store_attempts => {
-                    attempt += 1;
-                    tokio::time::sleep(super::driver::backoff(attempt)).await;
-                }
-                Err(e) => return Err(StepResult::Failed(e)),
-            }
-        }
+        retry(self.max_store_attempts, || true, request)
+            .await
+            .map_err(StepResult::Failed)
     }
 
     /// Forgets every remembered copy (tests use it to simulate another process).

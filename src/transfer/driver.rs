@@ -6,13 +6,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rand::Rng;
 use serde_json::Value;
 use tracing::{debug, info, warn, Instrument};
 
 use super::accounts::{StepRequest, StepResult};
 use super::model::{RollbackReason, TransferDoc, TransferState};
 use super::protocol::{self, plan, timeout_transition, AccountOp, Now, Refusal, Side, Step};
+use super::retry::retry;
 use super::Engine;
 use crate::store::{format_millis, parse_millis, Index, StoreError, Version, WriteOutcome};
 
@@ -311,17 +311,16 @@ impl Engine {
     /// Reads the transfer again after a conflict; keeps going only if we still hold it.
     async fn reload(&self, owner: &str, held: &mut Held) -> Result<(), DriveOutcome> {
         let id = held.doc.transaction_id.clone();
-        let mut attempt = 0;
-        let doc = loop {
-            match self.store.get(Index::Transactions, &id).await {
-                Ok(Some(doc)) => break doc,
-                Ok(None) => return Err(DriveOutcome::Stopped(StopReason::NotFound)),
-                Err(e) if e.is_retryable() && attempt + 1 < self.config.max_store_attempts => {
-                    attempt += 1;
-                    tokio::time::sleep(backoff(attempt)).await;
-                }
-                Err(_) => return Err(DriveOutcome::Stopped(StopReason::StoreUnavailable)),
-            }
+        let read = retry(
+            self.config.max_store_attempts,
+            || true,
+            || self.store.get(Index::Transactions, &id),
+        )
+        .await;
+        let doc = match read {
+            Ok(Some(doc)) => doc,
+            Ok(None) => return Err(DriveOutcome::Stopped(StopReason::NotFound)),
+            Err(_) => return Err(DriveOutcome::Stopped(StopReason::StoreUnavailable)),
         };
         let transfer = parse_transfer(doc.source).map_err(DriveOutcome::Stopped)?;
         if transfer.transaction_state.is_terminal() {
@@ -400,22 +399,14 @@ impl Engine {
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<T, StoreError>>,
     {
-        let mut attempt = 0;
-        loop {
-            match request().await {
-                Ok(value) => return Ok(value),
-                Err(StoreError::Permanent(e)) => return Err(StopReason::Permanent(e).into()),
-                Err(StoreError::Unavailable(e)) => {
-                    attempt += 1;
-                    if attempt >= self.config.max_store_attempts
-                        || self.shutdown.is_cancelled()
-                        || !self.lease_left(held, self.config.request_timeout)
-                    {
-                        warn!(error = %e, attempts = attempt, "store unavailable; leaving the transfer to recovery");
-                        return Err(StopReason::StoreUnavailable.into());
-                    }
-                    tokio::time::sleep(backoff(attempt)).await;
-                }
+        let go_on =
+            || !self.shutdown.is_cancelled() && self.lease_left(held, self.config.request_timeout);
+        match retry(self.config.max_store_attempts, go_on, request).await {
+            Ok(value) => Ok(value),
+            Err(StoreError::Permanent(e)) => Err(StopReason::Permanent(e).into()),
+            Err(StoreError::Unavailable(e)) => {
+                warn!(error = %e, "store unavailable; leaving the transfer to recovery");
+                Err(StopReason::StoreUnavailable.into())
             }
         }
     }
@@ -440,15 +431,4 @@ impl Engine {
             )
             .await;
     }
-}
-
-/// Exponential backoff with full jitter: up to 10 ms × 2^attempt, capped at 1 s.
-pub fn backoff(attempt: u32) -> Duration {
-    let cap = Duration::from_millis(10u64 << attempt.min(7)).min(Duration::from_secs(1));
-    jitter(cap)
-}
-
-fn jitter(cap: Duration) -> Duration {
-    let micros = cap.as_micros().max(1) as u64;
-    Duration::from_micros(rand::rng().random_range(micros / 2..=micros))
 }

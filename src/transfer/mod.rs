@@ -30,6 +30,7 @@ pub mod driver;
 pub mod model;
 pub mod protocol;
 pub mod recovery;
+pub mod retry;
 pub mod service;
 
 use std::sync::Arc;

@@ -92,8 +92,14 @@ impl FromStr for TransferState {
     }
 }
 
-/// Why a transfer rolled back. Stored in the transfer's `reason`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// Why a transfer rolled back.
+///
+/// - `insufficient_funds`: the source balance would have gone below its floor;
+/// - `account_not_found`: the source or the destination account does not exist;
+/// - `balance_overflow`: a balance would have overflowed a signed 64-bit integer;
+/// - `cancelled`: a client cancelled it (`POST /transfers/{id}/cancel`);
+/// - `timed_out`: it had not committed after the service's transfer timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RollbackReason {
     /// The source balance would have gone below its floor.

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use super::driver::{parse_transfer, Held};
 use super::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
 use super::protocol::{self, Now};
+use super::retry::retry;
 use super::Engine;
 use crate::store::{format_millis, Index, SortKey, StoreError, TransferFilter, WriteOutcome};
 
@@ -179,16 +180,12 @@ impl Engine {
         id: &str,
         source: serde_json::Value,
     ) -> Result<WriteOutcome, StoreError> {
-        let mut attempt = 0;
-        loop {
-            match self.store.create(index, id, source.clone()).await {
-                Err(e) if e.is_retryable() && attempt + 1 < CREATE_ATTEMPTS => {
-                    attempt += 1;
-                    tokio::time::sleep(super::driver::backoff(attempt)).await;
-                }
-                other => return other,
-            }
-        }
+        retry(
+            CREATE_ATTEMPTS,
+            || true,
+            || self.store.create(index, id, source.clone()),
+        )
+        .await
     }
 
     pub async fn get_transfer(&self, id: &str) -> Result<Option<TransferDoc>, ServiceError> {
