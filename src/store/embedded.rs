@@ -9,12 +9,19 @@
 //!   that is waiting (up to [`MAX_GROUP_OPS`] ops), applies them one by one in a single
 //!   transaction and commits once, then answers every caller. Concurrent writers therefore
 //!   share one fsync instead of paying one each. Each op is checked on its own, so a
-//!   conflicting op changes nothing and does not affect the others (like `_bulk`).
+//!   conflicting op changes nothing and does not affect the others (like `_bulk`); an op that
+//!   cannot be applied (its stored document does not decode) fails alone, `Permanent`, having
+//!   written nothing. Only a failure of the transaction itself fails the whole group.
+//! - **Errors.** An I/O failure of the running store (starting a write transaction, a table
+//!   access, a commit) is `Unavailable`: the outcome is unknown to the callers, who re-read
+//!   and retry or leave the transfer to recovery. Corruption and other refusals are
+//!   `Permanent`, as is any failure to open the file.
 //! - **Versions.** `seq_no` is per index and increases on every applied write, like a
 //!   single-shard Elasticsearch index; the primary term is always 1 (there is no failover).
 //! - **Searches** use secondary index tables kept in the same transaction as the documents, so
 //!   they are realtime (stricter than Elasticsearch's near-real-time; the engine relies on
-//!   neither).
+//!   neither). A stored transfer that does not decode is skipped by them (with a warning), so
+//!   recovery and the listing page past it instead of stopping there.
 //! - One process holds the file at a time (redb locks it); a second one fails to open it.
 
 use std::path::{Path, PathBuf};
@@ -87,6 +94,11 @@ impl EmbeddedStore {
         let path = dir.join(FILE_NAME);
         let db = Database::create(&path)
             .map_err(|e| StoreError::Permanent(format!("cannot open {}: {e}", path.display())))?;
+        Self::start(db, path)
+    }
+
+    /// Creates the tables if needed and starts the writer thread.
+    fn start(db: Database, path: PathBuf) -> StoreResult<Self> {
         let db = Arc::new(db);
         // Create every table up front so readers never meet a missing one.
         let txn = db.begin_write().map_err(permanent)?;
@@ -135,6 +147,23 @@ fn permanent(e: impl std::fmt::Display) -> StoreError {
     StoreError::Permanent(format!("embedded store: {e}"))
 }
 
+/// A redb error on the running store. An I/O failure is transient from the caller's point of
+/// view (the write's outcome is unknown, the disk may recover, a restart may be needed):
+/// `Unavailable`, so the API answers 503 and the engine retries or leaves the transfer to
+/// recovery. Anything else (corruption, a value too large, a bug) is `Permanent`. Opening the
+/// file keeps every failure `Permanent` ([`permanent`]): the service cannot start on it.
+fn storage(e: impl Into<redb::Error>) -> StoreError {
+    let e: redb::Error = e.into();
+    match e {
+        redb::Error::Io(_)
+        | redb::Error::PreviousIo
+        | redb::Error::DatabaseClosed
+        | redb::Error::TransactionInProgress
+        | redb::Error::WouldBlock => StoreError::Unavailable(format!("embedded store: {e}")),
+        _ => StoreError::Permanent(format!("embedded store: {e}")),
+    }
+}
+
 /// The writer thread: drains waiting batches into one transaction, commits once, answers all.
 /// It ends when every sender (the store) is gone.
 fn run_writer(db: Arc<Database>, mut rx: mpsc::UnboundedReceiver<(Vec<WriteOp>, Reply)>) {
@@ -181,49 +210,68 @@ struct Tables<'txn> {
 impl<'txn> Tables<'txn> {
     fn open(txn: &'txn WriteTransaction) -> StoreResult<Self> {
         Ok(Self {
-            docs: txn.open_table(DOCS).map_err(permanent)?,
-            meta: txn.open_table(META).map_err(permanent)?,
-            by_state_modified: txn.open_table(TX_BY_STATE_MODIFIED).map_err(permanent)?,
-            by_created: txn.open_table(TX_BY_CREATED).map_err(permanent)?,
-            by_state_created: txn.open_table(TX_BY_STATE_CREATED).map_err(permanent)?,
-            by_account: txn.open_table(TX_BY_ACCOUNT).map_err(permanent)?,
+            docs: txn.open_table(DOCS).map_err(storage)?,
+            meta: txn.open_table(META).map_err(storage)?,
+            by_state_modified: txn.open_table(TX_BY_STATE_MODIFIED).map_err(storage)?,
+            by_created: txn.open_table(TX_BY_CREATED).map_err(storage)?,
+            by_state_created: txn.open_table(TX_BY_STATE_CREATED).map_err(storage)?,
+            by_account: txn.open_table(TX_BY_ACCOUNT).map_err(storage)?,
         })
     }
 }
 
+/// Applies a group in one write transaction. An op that cannot be applied (its stored
+/// document does not decode, its source does not serialize) fails alone, having written
+/// nothing; the group fails as a whole only when the transaction does (a storage error, a
+/// failed commit), and then no op of it was acknowledged.
 fn apply_group(
     db: &Database,
     group: &[(Vec<WriteOp>, Reply)],
 ) -> StoreResult<Vec<StoreResult<WriteOutcome>>> {
-    let mut txn = db.begin_write().map_err(permanent)?;
-    txn.set_durability(Durability::Immediate)
-        .map_err(permanent)?;
+    let mut txn = db.begin_write().map_err(storage)?;
+    txn.set_durability(Durability::Immediate).map_err(storage)?;
     let mut results = Vec::new();
     {
         let mut tables = Tables::open(&txn)?;
         for (batch, _) in group {
             for op in batch {
-                results.push(Ok(apply_op(&mut tables, op)?));
+                results.push(apply_op(&mut tables, op)?);
             }
         }
     }
     // Only now is anything acknowledged: until commit returns, a crash loses the whole group
-    // and no caller has been told it was written.
-    txn.commit().map_err(permanent)?;
+    // and no caller has been told it was written. A failed commit leaves the outcome unknown
+    // to the callers (they re-read before deciding again), whatever redb's reason.
+    txn.commit().map_err(|e| {
+        StoreError::Unavailable(format!(
+            "embedded store: commit failed, the writes may or may not be applied: {e}"
+        ))
+    })?;
     Ok(results)
 }
 
-fn apply_op(tables: &mut Tables<'_>, op: &WriteOp) -> StoreResult<WriteOutcome> {
+/// Applies one op. The inner result is the op's own outcome; an inner error is returned only
+/// before the op wrote anything (every check and the serialization come first). The outer
+/// error is a storage error, which fails the whole transaction (redb poisons a transaction
+/// that failed part-way through a change).
+fn apply_op(tables: &mut Tables<'_>, op: &WriteOp) -> StoreResult<StoreResult<WriteOutcome>> {
     let index = op.index();
     let id = op.id();
-    let current = match tables.docs.get((index.name(), id)).map_err(permanent)? {
-        Some(bytes) => Some(decode(id, bytes.value())?),
+    let current = match tables.docs.get((index.name(), id)).map_err(storage)? {
+        // A create only needs to know that the id is taken, whatever is stored there.
+        Some(_) if matches!(op, WriteOp::Create { .. }) => {
+            return Ok(Ok(WriteOutcome::AlreadyExists))
+        }
+        Some(bytes) => match decode(id, bytes.value()) {
+            Ok(doc) => Some(doc),
+            Err(e) => return Ok(Err(e)),
+        },
         None => None,
     };
     let source = match (op, &current) {
-        (WriteOp::Create { .. }, Some(_)) => return Ok(WriteOutcome::AlreadyExists),
+        (WriteOp::Create { .. }, Some(_)) => return Ok(Ok(WriteOutcome::AlreadyExists)),
         (WriteOp::Create { source, .. }, None) => source,
-        (WriteOp::ReplaceIf { .. }, None) => return Ok(WriteOutcome::NotFound),
+        (WriteOp::ReplaceIf { .. }, None) => return Ok(Ok(WriteOutcome::NotFound)),
         (
             WriteOp::ReplaceIf {
                 source, expected, ..
@@ -231,36 +279,40 @@ fn apply_op(tables: &mut Tables<'_>, op: &WriteOp) -> StoreResult<WriteOutcome> 
             Some(doc),
         ) => {
             if doc.version != *expected {
-                return Ok(WriteOutcome::Conflict);
+                return Ok(Ok(WriteOutcome::Conflict));
             }
             source
         }
     };
-    let bytes = serde_json::to_vec(source).map_err(permanent)?;
+    let bytes = match serde_json::to_vec(source) {
+        Ok(bytes) => bytes,
+        Err(e) => return Ok(Err(permanent(format_args!("document {id}: {e}")))),
+    };
     let counter = match index {
         Index::Accounts => "seq:accounts",
         Index::Transactions => "seq:transactions",
     };
-    let seq_no = match tables.meta.get(counter).map_err(permanent)? {
+    let seq_no = match tables.meta.get(counter).map_err(storage)? {
         Some(last) => last.value() + 1,
         None => 0,
     };
-    tables.meta.insert(counter, seq_no).map_err(permanent)?;
+    // Every check passed: from here on, only writes.
+    tables.meta.insert(counter, seq_no).map_err(storage)?;
     let mut value = Vec::with_capacity(8 + bytes.len());
     value.extend_from_slice(&seq_no.to_le_bytes());
     value.extend_from_slice(&bytes);
     tables
         .docs
         .insert((index.name(), id), value.as_slice())
-        .map_err(permanent)?;
+        .map_err(storage)?;
     if index == Index::Transactions {
         let old = current.as_ref().map(|doc| transfer_keys(&doc.source));
         update_transfer_indexes(tables, id, old.as_ref(), &transfer_keys(source))?;
     }
-    Ok(WriteOutcome::Written(Version {
+    Ok(Ok(WriteOutcome::Written(Version {
         seq_no,
         primary_term: PRIMARY_TERM,
-    }))
+    })))
 }
 
 /// The secondary-index keys of one transfer document.
@@ -299,7 +351,7 @@ fn update_transfer_indexes(
     old: Option<&TransferKeys<'_>>,
     new: &TransferKeys<'_>,
 ) -> StoreResult<()> {
-    let e = permanent;
+    let e = storage;
     if let Some(old) = old {
         if (old.state, old.modified) != (new.state, new.modified) {
             t.by_state_modified
@@ -357,38 +409,53 @@ fn decode(id: &str, bytes: &[u8]) -> StoreResult<Doc> {
 }
 
 fn read_doc(db: &Database, index: Index, id: &str) -> StoreResult<Option<Doc>> {
-    let txn = db.begin_read().map_err(permanent)?;
-    let docs = txn.open_table(DOCS).map_err(permanent)?;
-    match docs.get((index.name(), id)).map_err(permanent)? {
+    let txn = db.begin_read().map_err(storage)?;
+    let docs = txn.open_table(DOCS).map_err(storage)?;
+    match docs.get((index.name(), id)).map_err(storage)? {
         Some(bytes) => Ok(Some(decode(id, bytes.value())?)),
         None => Ok(None),
     }
 }
 
-/// Loads the transfers named by `keys` (in that order) from one read transaction.
+/// Loads the transfers named by `keys` (in that order) from one read transaction, up to
+/// `limit` of those `filter` keeps. `next` is the last key taken when the page is full.
+///
+/// A stored document that does not decode is skipped with a warning rather than failing the
+/// page: otherwise recovery would stop at the oldest broken document forever, and the listing
+/// could not page past it. Skipped keys count as examined: callers that cut their key scan
+/// set `next` to the last key, so the cursor still moves past them.
 fn load_transfers(
     db: &Database,
     keys: Vec<SortKey>,
     limit: usize,
     filter: impl Fn(&Doc) -> bool,
 ) -> StoreResult<Page> {
-    let txn = db.begin_read().map_err(permanent)?;
-    let docs = txn.open_table(DOCS).map_err(permanent)?;
+    let txn = db.begin_read().map_err(storage)?;
+    let docs = txn.open_table(DOCS).map_err(storage)?;
     let mut out = Vec::new();
     let mut last = None;
     for key in keys {
         if out.len() == limit {
             break;
         }
-        if let Some(bytes) = docs
+        let Some(bytes) = docs
             .get((Index::Transactions.name(), key.id.as_str()))
-            .map_err(permanent)?
-        {
-            let doc = decode(&key.id, bytes.value())?;
-            if filter(&doc) {
-                out.push(doc);
-                last = Some(key);
+            .map_err(storage)?
+        else {
+            continue;
+        };
+        match decode(&key.id, bytes.value()) {
+            Ok(doc) => {
+                if filter(&doc) {
+                    out.push(doc);
+                    last = Some(key);
+                }
             }
+            Err(error) => tracing::warn!(
+                transfer_id = %key.id,
+                %error,
+                "skipping a stored transfer that does not decode"
+            ),
         }
     }
     let next = if out.len() == limit && limit > 0 {
@@ -400,10 +467,13 @@ fn load_transfers(
 }
 
 fn find_stale_blocking(db: &Database, q: &StaleQuery) -> StoreResult<Page> {
-    let txn = db.begin_read().map_err(permanent)?;
-    let table = txn.open_table(TX_BY_STATE_MODIFIED).map_err(permanent)?;
+    let txn = db.begin_read().map_err(storage)?;
+    let table = txn.open_table(TX_BY_STATE_MODIFIED).map_err(storage)?;
     // Up to `limit` candidates from each state, merged by (modification_time, id).
     let mut keys = Vec::new();
+    // The lowest last candidate among the states whose scan stopped at its bound: beyond it,
+    // that state's keys were not looked at, so the merged page must not go past it.
+    let mut horizon: Option<SortKey> = None;
     for state in &q.states {
         let (from_millis, from_id) = match &q.after {
             Some(k) => (k.millis, k.id.as_str()),
@@ -414,34 +484,59 @@ fn find_stale_blocking(db: &Database, q: &StaleQuery) -> StoreResult<Page> {
         }
         let range = table
             .range((state.as_str(), from_millis, from_id)..(state.as_str(), q.modified_before, ""))
-            .map_err(permanent)?;
+            .map_err(storage)?;
+        let mut seen = 0;
+        let mut last = None;
         for entry in range.take(q.limit + 1) {
-            let (key, _) = entry.map_err(permanent)?;
+            let (key, _) = entry.map_err(storage)?;
             let (_, millis, id) = key.value();
             let key = SortKey {
                 millis,
                 id: id.to_owned(),
             };
+            seen += 1;
+            last = Some(key.clone());
             if q.after.as_ref() != Some(&key) {
                 keys.push(key);
             }
         }
+        if seen == q.limit + 1 {
+            horizon = match (horizon, last) {
+                (Some(h), Some(l)) => Some(h.min(l)),
+                (h, l) => h.or(l),
+            };
+        }
     }
     keys.sort();
+    if let Some(horizon) = &horizon {
+        keys.retain(|key| key <= horizon);
+    }
     drop(table);
     drop(txn);
-    load_transfers(db, keys, q.limit, |_| true)
+    // Not full although a state was cut: every key up to the horizon was examined (some did
+    // not decode), so continue after the last one.
+    let cut = horizon
+        .filter(|_| q.limit > 0)
+        .and_then(|_| keys.last().cloned());
+    let mut page = load_transfers(db, keys, q.limit, |_| true)?;
+    if page.next.is_none() {
+        page.next = cut;
+    }
+    Ok(page)
 }
 
 fn list_blocking(db: &Database, f: &TransferFilter) -> StoreResult<Page> {
-    let txn = db.begin_read().map_err(permanent)?;
+    let txn = db.begin_read().map_err(storage)?;
     // Newest first: walk an index backwards from the cursor (exclusive).
     let (to_millis, to_id) = match &f.after {
         Some(k) => (k.millis, k.id.clone()),
         None => (i64::MAX, String::new()),
     };
     let mut keys = Vec::new();
+    // Index entries looked at, the cursor's own included.
+    let mut scanned = 0;
     let mut push = |millis: i64, id: &str| {
+        scanned += 1;
         let key = SortKey {
             millis,
             id: id.to_owned(),
@@ -463,32 +558,32 @@ fn list_blocking(db: &Database, f: &TransferFilter) -> StoreResult<Page> {
         &to_id
     };
     if let Some(account) = &f.account {
-        let table = txn.open_table(TX_BY_ACCOUNT).map_err(permanent)?;
+        let table = txn.open_table(TX_BY_ACCOUNT).map_err(storage)?;
         let range = table
             .range((account.as_str(), i64::MIN, "")..=(account.as_str(), to_millis, upper_id))
-            .map_err(permanent)?;
+            .map_err(storage)?;
         for entry in range.rev().take(scan) {
-            let (key, _) = entry.map_err(permanent)?;
+            let (key, _) = entry.map_err(storage)?;
             let (_, millis, id) = key.value();
             push(millis, id);
         }
     } else if let Some(state) = &f.state {
-        let table = txn.open_table(TX_BY_STATE_CREATED).map_err(permanent)?;
+        let table = txn.open_table(TX_BY_STATE_CREATED).map_err(storage)?;
         let range = table
             .range((state.as_str(), i64::MIN, "")..=(state.as_str(), to_millis, upper_id))
-            .map_err(permanent)?;
+            .map_err(storage)?;
         for entry in range.rev().take(scan) {
-            let (key, _) = entry.map_err(permanent)?;
+            let (key, _) = entry.map_err(storage)?;
             let (_, millis, id) = key.value();
             push(millis, id);
         }
     } else {
-        let table = txn.open_table(TX_BY_CREATED).map_err(permanent)?;
+        let table = txn.open_table(TX_BY_CREATED).map_err(storage)?;
         let range = table
             .range((i64::MIN, "")..=(to_millis, upper_id))
-            .map_err(permanent)?;
+            .map_err(storage)?;
         for entry in range.rev().take(scan) {
-            let (key, _) = entry.map_err(permanent)?;
+            let (key, _) = entry.map_err(storage)?;
             let (millis, id) = key.value();
             push(millis, id);
         }
@@ -496,7 +591,10 @@ fn list_blocking(db: &Database, f: &TransferFilter) -> StoreResult<Page> {
     drop(txn);
     // When the scan stopped at its bound, say where it stopped even if the page is not full,
     // so a client paging through a busy account never mistakes "not scanned" for "none".
-    let scan_cut = (keys.len() >= scan).then(|| keys.last().cloned()).flatten();
+    // (Keys whose document does not decode are skipped by `load_transfers`, so the page may
+    // be short for that reason too: counting entries scanned, not keys kept, still moves the
+    // cursor past them.)
+    let scan_cut = (scanned >= scan).then(|| keys.last().cloned()).flatten();
     let state = f.state.clone();
     let mut page = load_transfers(db, keys, f.limit, move |doc| match &state {
         Some(s) => doc.source.get(fields::STATE).and_then(Value::as_str) == Some(s.as_str()),
@@ -547,12 +645,12 @@ impl Store for EmbeddedStore {
     async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<Vec<Doc>> {
         let after = after.map(str::to_owned);
         self.read(move |db| {
-            let txn = db.begin_read().map_err(permanent)?;
-            let docs = txn.open_table(DOCS).map_err(permanent)?;
+            let txn = db.begin_read().map_err(storage)?;
+            let docs = txn.open_table(DOCS).map_err(storage)?;
             let start = after.as_deref().unwrap_or("");
             let mut out = Vec::new();
-            for entry in docs.range((index.name(), start)..).map_err(permanent)? {
-                let (key, value) = entry.map_err(permanent)?;
+            for entry in docs.range((index.name(), start)..).map_err(storage)? {
+                let (key, value) = entry.map_err(storage)?;
                 let (doc_index, id) = key.value();
                 if doc_index != index.name() || out.len() == limit {
                     break;
@@ -569,8 +667,8 @@ impl Store for EmbeddedStore {
 
     async fn ready(&self) -> StoreResult<()> {
         self.read(|db| {
-            let txn = db.begin_read().map_err(permanent)?;
-            txn.open_table(DOCS).map_err(permanent)?;
+            let txn = db.begin_read().map_err(storage)?;
+            txn.open_table(DOCS).map_err(storage)?;
             Ok(())
         })
         .await
@@ -578,5 +676,403 @@ impl Store for EmbeddedStore {
 
     async fn refresh(&self) -> StoreResult<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::store::format_millis;
+
+    fn open() -> (tempfile::TempDir, EmbeddedStore) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open(dir.path()).expect("open");
+        (dir, store)
+    }
+
+    fn transfer(id: &str, state: &str, modified: i64) -> Value {
+        json!({
+            "transaction_id": id,
+            "src_acct": "a",
+            "dest_acct": "b",
+            "amount": 1,
+            "transaction_state": state,
+            "creation_time": format_millis(modified),
+            "modification_time": format_millis(modified),
+        })
+    }
+
+    /// Overwrites a stored document with bytes that do not decode, leaving its version
+    /// prefix and its index entries in place (as a torn or foreign write would).
+    fn break_doc(db: &Database, index: Index, id: &str) {
+        let txn = db.begin_write().unwrap();
+        {
+            let mut docs = txn.open_table(DOCS).unwrap();
+            let mut value = 42u64.to_le_bytes().to_vec();
+            value.extend_from_slice(b"{\"not json");
+            docs.insert((index.name(), id), value.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+
+    fn raw(db: &Database, index: Index, id: &str) -> Option<Vec<u8>> {
+        let txn = db.begin_read().unwrap();
+        let docs = txn.open_table(DOCS).unwrap();
+        let value = docs.get((index.name(), id)).unwrap();
+        value.map(|v| v.value().to_vec())
+    }
+
+    fn created_index_ids(db: &Database) -> Vec<String> {
+        let txn = db.begin_read().unwrap();
+        let table = txn.open_table(TX_BY_CREATED).unwrap();
+        let ids = table
+            .iter()
+            .unwrap()
+            .map(|entry| entry.unwrap().0.value().1.to_owned())
+            .collect();
+        ids
+    }
+
+    fn replace(id: &str, source: Value, seq_no: u64) -> WriteOp {
+        WriteOp::ReplaceIf {
+            index: Index::Transactions,
+            id: id.into(),
+            source,
+            expected: Version {
+                seq_no,
+                primary_term: PRIMARY_TERM,
+            },
+        }
+    }
+
+    fn create(id: &str, source: Value) -> WriteOp {
+        WriteOp::Create {
+            index: Index::Transactions,
+            id: id.into(),
+            source,
+        }
+    }
+
+    fn written(result: &StoreResult<WriteOutcome>) -> u64 {
+        match result {
+            Ok(WriteOutcome::Written(v)) => v.seq_no,
+            other => panic!("expected a write, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_op_on_an_undecodable_document_fails_alone_and_writes_nothing() {
+        let (_dir, store) = open();
+        store
+            .create(
+                Index::Transactions,
+                "bad",
+                transfer("bad", "created", 1_000),
+            )
+            .await
+            .unwrap();
+        break_doc(&store.db, Index::Transactions, "bad");
+        let before = raw(&store.db, Index::Transactions, "bad");
+
+        let results = store
+            .bulk(vec![
+                create("one", transfer("one", "created", 2_000)),
+                replace("bad", transfer("bad", "pending", 3_000), 42),
+                create("bad", transfer("bad", "pending", 3_000)),
+                create("two", transfer("two", "created", 4_000)),
+            ])
+            .await
+            .expect("the group commits");
+        assert_eq!(results.len(), 4);
+        let one = written(&results[0]);
+        assert!(
+            matches!(results[1], Err(StoreError::Permanent(_))),
+            "{:?}",
+            results[1]
+        );
+        assert_eq!(
+            results[2],
+            Ok(WriteOutcome::AlreadyExists),
+            "the id is taken"
+        );
+        // No sequence number was spent on the failed ops: nothing of theirs was written.
+        assert_eq!(written(&results[3]), one + 1);
+        assert_eq!(raw(&store.db, Index::Transactions, "bad"), before);
+        let mut indexed = created_index_ids(&store.db);
+        indexed.sort();
+        assert_eq!(
+            indexed,
+            ["bad", "one", "two"],
+            "bad keeps its one old entry"
+        );
+        assert!(store
+            .get(Index::Transactions, "one")
+            .await
+            .unwrap()
+            .is_some());
+        assert!(store
+            .get(Index::Transactions, "two")
+            .await
+            .unwrap()
+            .is_some());
+    }
+
+    #[test]
+    fn in_a_group_of_callers_only_the_failing_op_fails() {
+        let (_dir, store) = open();
+        break_doc(&store.db, Index::Accounts, "bad");
+        let reply = || oneshot::channel().0;
+        let group = vec![
+            (
+                vec![create("first", transfer("first", "created", 1))],
+                reply(),
+            ),
+            (
+                vec![WriteOp::ReplaceIf {
+                    index: Index::Accounts,
+                    id: "bad".into(),
+                    source: json!({}),
+                    expected: Version {
+                        seq_no: 42,
+                        primary_term: PRIMARY_TERM,
+                    },
+                }],
+                reply(),
+            ),
+            (
+                vec![create("third", transfer("third", "created", 3))],
+                reply(),
+            ),
+        ];
+        let results = apply_group(&store.db, &group).expect("the group commits");
+        assert_eq!(results.len(), 3);
+        assert_eq!(written(&results[0]) + 1, written(&results[2]));
+        assert!(matches!(results[1], Err(StoreError::Permanent(_))));
+        assert!(raw(&store.db, Index::Transactions, "first").is_some());
+        assert!(raw(&store.db, Index::Transactions, "third").is_some());
+    }
+
+    async fn stale_ids(store: &EmbeddedStore, states: &[&str], limit: usize) -> Vec<String> {
+        let mut after = None;
+        let mut ids = Vec::new();
+        for _ in 0..100 {
+            let page = store
+                .find_stale(&StaleQuery {
+                    states: states.iter().map(|s| s.to_string()).collect(),
+                    modified_before: 1_000_000,
+                    after: after.clone(),
+                    limit,
+                })
+                .await
+                .expect("a broken document does not fail the page");
+            ids.extend(page.docs.into_iter().map(|d| d.id));
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return ids,
+            }
+        }
+        panic!("paging does not end: {ids:?}");
+    }
+
+    #[tokio::test]
+    async fn find_stale_skips_undecodable_documents_and_pages_past_them() {
+        let (_dir, store) = open();
+        // Two states, interleaved in time, so pages merge candidates of both.
+        let mut all = Vec::new();
+        for i in 0..12 {
+            let (id, state) = if i % 2 == 0 {
+                (format!("c{i:02}"), "created")
+            } else {
+                (format!("p{i:02}"), "pending")
+            };
+            store
+                .create(Index::Transactions, &id, transfer(&id, state, 1_000 + i))
+                .await
+                .unwrap();
+            all.push(id);
+        }
+        // Broken: the two oldest (a whole first page), and a run in the middle.
+        let broken = ["c00", "p01", "c04", "p05", "c06"];
+        for id in broken {
+            break_doc(&store.db, Index::Transactions, id);
+        }
+        let good: Vec<_> = all
+            .iter()
+            .filter(|id| !broken.contains(&id.as_str()))
+            .cloned()
+            .collect();
+        for limit in [1, 2, 3, 5, 20] {
+            assert_eq!(
+                stale_ids(&store, &["created", "pending"], limit).await,
+                good,
+                "limit {limit}"
+            );
+        }
+        let created: Vec<_> = good
+            .iter()
+            .filter(|id| id.starts_with('c'))
+            .cloned()
+            .collect();
+        assert_eq!(stale_ids(&store, &["created"], 1).await, created);
+    }
+
+    #[tokio::test]
+    async fn find_stale_pages_are_unchanged_without_broken_documents() {
+        let (_dir, store) = open();
+        for i in 0..7 {
+            let id = format!("t{i}");
+            let state = if i % 3 == 0 { "pending" } else { "created" };
+            store
+                .create(Index::Transactions, &id, transfer(&id, state, 1_000 + i))
+                .await
+                .unwrap();
+        }
+        let page = store
+            .find_stale(&StaleQuery {
+                states: vec!["created".into(), "pending".into()],
+                modified_before: 1_000_000,
+                after: None,
+                limit: 3,
+            })
+            .await
+            .unwrap();
+        let ids: Vec<_> = page.docs.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(ids, ["t0", "t1", "t2"]);
+        assert_eq!(page.next.map(|k| k.id).as_deref(), Some("t2"));
+        let all = stale_ids(&store, &["created", "pending"], 3).await;
+        assert_eq!(all, ["t0", "t1", "t2", "t3", "t4", "t5", "t6"]);
+    }
+
+    #[tokio::test]
+    async fn list_transfers_skips_undecodable_documents_and_pages_past_them() {
+        let (_dir, store) = open();
+        for i in 0..6 {
+            let id = format!("t{i}");
+            store
+                .create(
+                    Index::Transactions,
+                    &id,
+                    transfer(&id, "created", 1_000 + i),
+                )
+                .await
+                .unwrap();
+        }
+        for id in ["t5", "t4", "t2"] {
+            break_doc(&store.db, Index::Transactions, id);
+        }
+        for filter in [
+            TransferFilter::default(),
+            TransferFilter {
+                state: Some("created".into()),
+                ..Default::default()
+            },
+            TransferFilter {
+                account: Some("a".into()),
+                ..Default::default()
+            },
+        ] {
+            for limit in [1, 2, 10] {
+                let mut after = None;
+                let mut ids = Vec::new();
+                for _ in 0..100 {
+                    let page = store
+                        .list_transfers(&TransferFilter {
+                            after: after.clone(),
+                            limit,
+                            ..filter.clone()
+                        })
+                        .await
+                        .expect("a broken document does not fail the page");
+                    ids.extend(page.docs.into_iter().map(|d| d.id));
+                    after = page.next;
+                    if after.is_none() {
+                        break;
+                    }
+                }
+                assert_eq!(ids, ["t3", "t1", "t0"], "{filter:?}, limit {limit}");
+            }
+        }
+    }
+
+    /// An in-memory redb backend whose writes and syncs fail while `failing` is set.
+    #[derive(Debug, Default)]
+    struct FlakyDisk {
+        inner: redb::backends::InMemoryBackend,
+        failing: Arc<AtomicBool>,
+    }
+
+    impl FlakyDisk {
+        fn check(&self) -> std::io::Result<()> {
+            if self.failing.load(Ordering::SeqCst) {
+                Err(std::io::Error::other("injected I/O error"))
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    impl redb::StorageBackend for FlakyDisk {
+        fn len(&self) -> std::io::Result<u64> {
+            self.inner.len()
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+            self.inner.read(offset, out)
+        }
+        fn set_len(&self, len: u64) -> std::io::Result<()> {
+            self.check()?;
+            self.inner.set_len(len)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            self.check()?;
+            self.inner.sync_data()
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+            self.check()?;
+            self.inner.write(offset, data)
+        }
+    }
+
+    #[tokio::test]
+    async fn an_io_error_in_the_group_commit_is_unavailable_not_permanent() {
+        let disk = FlakyDisk::default();
+        let failing = disk.failing.clone();
+        let db = redb::Builder::new().create_with_backend(disk).unwrap();
+        let store = EmbeddedStore::start(db, PathBuf::from("memory")).unwrap();
+        let ok = store
+            .create(Index::Accounts, "a", json!({ "n": 1 }))
+            .await
+            .unwrap();
+        assert!(matches!(ok, WriteOutcome::Written(_)));
+
+        failing.store(true, Ordering::SeqCst);
+        let failed = store.create(Index::Accounts, "b", json!({ "n": 2 })).await;
+        assert!(
+            matches!(&failed, Err(StoreError::Unavailable(_))),
+            "{failed:?}"
+        );
+        // redb refuses further writes after an I/O error (until reopened): still transient
+        // from the callers' point of view, never a refusal of their request.
+        failing.store(false, Ordering::SeqCst);
+        let after = store.create(Index::Accounts, "c", json!({ "n": 3 })).await;
+        assert!(
+            matches!(
+                &after,
+                Ok(WriteOutcome::Written(_)) | Err(StoreError::Unavailable(_))
+            ),
+            "{after:?}"
+        );
+    }
+
+    #[test]
+    fn storage_errors_are_classified() {
+        let io = redb::StorageError::Io(std::io::Error::other("disk"));
+        assert!(storage(io).is_retryable());
+        assert!(storage(redb::StorageError::PreviousIo).is_retryable());
+        assert!(!storage(redb::StorageError::Corrupted("bad page".into())).is_retryable());
+        assert!(!storage(redb::StorageError::ValueTooLarge(1 << 40)).is_retryable());
     }
 }

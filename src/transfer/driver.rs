@@ -98,7 +98,9 @@ impl Engine {
         self.metrics.transfers_in_flight.inc();
         let outcome = self.drive_inner(owner, &mut held).await;
         self.metrics.transfers_in_flight.dec();
-        if outcome == DriveOutcome::Stopped(StopReason::Shutdown) {
+        // Shutting down: whatever stopped this worker, give the lease back so the next
+        // process (or another instance) resumes the transfer at once.
+        if matches!(outcome, DriveOutcome::Stopped(_)) && self.shutdown.is_cancelled() {
             self.release_lease(owner, &held).await;
         }
         match &outcome {
@@ -413,22 +415,40 @@ impl Engine {
 
     /// Gives the lease up (shutdown), so another instance or the next start resumes at once.
     async fn release_lease(&self, owner: &str, held: &Held) {
-        if held.doc.lease_owner.as_deref() != Some(owner)
-            || held.doc.transaction_state.is_terminal()
-        {
-            return;
+        let mut current = held.clone();
+        // A cancel may have written the transfer (keeping our lease) since we last did: on a
+        // conflict, read it again and release it if it is still ours.
+        for _ in 0..3 {
+            if current.doc.lease_owner.as_deref() != Some(owner)
+                || current.doc.transaction_state.is_terminal()
+            {
+                return;
+            }
+            let mut next = current.doc.clone();
+            next.lease_owner = None;
+            next.lease_expires_at = None;
+            let id = &current.doc.transaction_id;
+            match self
+                .store
+                .replace_if(Index::Transactions, id, to_source(&next), current.version)
+                .await
+            {
+                Ok(WriteOutcome::Conflict) => match self.store.get(Index::Transactions, id).await {
+                    Ok(Some(doc)) => match parse_transfer(doc.source) {
+                        Ok(doc_now) => {
+                            current = Held {
+                                doc: doc_now,
+                                version: doc.version,
+                                deadline: current.deadline,
+                            }
+                        }
+                        Err(_) => return,
+                    },
+                    _ => return,
+                },
+                // Released, gone, or the store is down (the lease then simply runs out).
+                _ => return,
+            }
         }
-        let mut next = held.doc.clone();
-        next.lease_owner = None;
-        next.lease_expires_at = None;
-        let _ = self
-            .store
-            .replace_if(
-                Index::Transactions,
-                &held.doc.transaction_id,
-                to_source(&next),
-                held.version,
-            )
-            .await;
     }
 }

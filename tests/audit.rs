@@ -1,0 +1,510 @@
+//! The auditor against the embedded store, on documents written directly: a clean world, every
+//! intermediate state of the protocol (no false positives), and each class of violation
+//! detected once (each test names the exact kinds it expects, so it fails if that check is
+//! removed, and also if a single fault is reported twice).
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use transfer_service::audit::{audit, AuditReport, ViolationKind};
+use transfer_service::store::embedded::EmbeddedStore;
+use transfer_service::store::{format_millis, Index, Store, WriteOutcome};
+use transfer_service::transfer::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
+use transfer_service::transfer::protocol::{
+    decide_account, now_millis, plan, transition, AccountDecision, AccountStep, Now, Retention,
+    Side, Step,
+};
+
+use TransferState::*;
+use ViolationKind::*;
+
+/// In flight longer than this is stuck (the fresh documents here are milliseconds old).
+const STUCK_AFTER: i64 = 60_000;
+
+struct World {
+    store: Arc<EmbeddedStore>,
+    _dir: tempfile::TempDir,
+}
+
+impl World {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = Arc::new(EmbeddedStore::open(dir.path()).expect("open"));
+        World { store, _dir: dir }
+    }
+
+    /// Creates or replaces a document, whatever its current version.
+    async fn put(&self, index: Index, id: &str, source: Value) {
+        let outcome = match self.store.get(index, id).await.unwrap() {
+            Some(doc) => self
+                .store
+                .replace_if(index, id, source, doc.version)
+                .await
+                .unwrap(),
+            None => self.store.create(index, id, source).await.unwrap(),
+        };
+        assert!(matches!(outcome, WriteOutcome::Written(_)), "{outcome:?}");
+    }
+
+    async fn account(&self, a: &AccountDoc) {
+        let source = serde_json::to_value(a).unwrap();
+        self.put(Index::Accounts, &a.account_id, source).await;
+    }
+
+    async fn transfer(&self, t: &TransferDoc) {
+        let source = serde_json::to_value(t).unwrap();
+        self.put(Index::Transactions, &t.transaction_id, source)
+            .await;
+    }
+
+    async fn audit(&self) -> AuditReport {
+        audit(self.store.as_ref(), STUCK_AFTER).await.unwrap()
+    }
+}
+
+fn now_text() -> String {
+    format_millis(now_millis())
+}
+
+fn account(id: &str, opening: i64) -> AccountDoc {
+    AccountDoc {
+        account_id: id.into(),
+        balance: opening,
+        floor: 0,
+        opening_balance: opening,
+        pending_transactions: vec![],
+        pending_credits: 0,
+        pending_debits: 0,
+        settled_transactions: vec![],
+        creation_time: now_text(),
+        modification_time: now_text(),
+    }
+}
+
+/// `account` with a balance and a pending list; the pending sums are given as (credits, debits).
+fn account_with(
+    id: &str,
+    opening: i64,
+    balance: i64,
+    pending: &[&str],
+    (credits, debits): (i64, i64),
+) -> AccountDoc {
+    AccountDoc {
+        balance,
+        pending_transactions: pending.iter().map(|s| s.to_string()).collect(),
+        pending_credits: credits,
+        pending_debits: debits,
+        ..account(id, opening)
+    }
+}
+
+fn transfer(id: &str, src: &str, dest: &str, amount: i64, state: TransferState) -> TransferDoc {
+    TransferDoc {
+        transaction_id: id.into(),
+        src_acct: src.into(),
+        dest_acct: dest.into(),
+        amount,
+        transaction_state: state,
+        reason: None,
+        creation_time: now_text(),
+        modification_time: now_text(),
+        lease_owner: None,
+        lease_expires_at: None,
+    }
+}
+
+/// Asserts the exact kinds found (sorted, with repeats).
+fn assert_kinds(report: &AuditReport, expected: &[ViolationKind]) {
+    assert_eq!(report.kinds(), expected, "{report}");
+}
+
+// ---------------------------------------------------------------- no false positives
+
+#[tokio::test]
+async fn a_clean_quiescent_world_is_clean() {
+    let w = World::new();
+    let mut a = account("a", 100);
+    let mut b = account("b", 5);
+    b.floor = -50;
+    let c = account("c", 0);
+    w.transfer(&transfer("t1", "a", "b", 30, Finished)).await;
+    w.transfer(&transfer("t2", "b", "c", 80, Finished)).await;
+    let mut rolled = transfer("t3", "a", "c", 1_000, RolledBack);
+    rolled.reason = Some(RollbackReason::InsufficientFunds);
+    w.transfer(&rolled).await;
+    a.balance = 70;
+    b.balance = 5 + 30 - 80;
+    w.account(&a).await;
+    w.account(&b).await;
+    w.account(&AccountDoc { balance: 80, ..c }).await;
+    let report = w.audit().await;
+    assert_kinds(&report, &[]);
+    assert!(report.is_quiescent(), "{report}");
+    assert_eq!(
+        (
+            report.accounts,
+            report.transfers,
+            report.finished,
+            report.rolled_back
+        ),
+        (3, 3, 2, 1)
+    );
+    assert_eq!((report.total_balance, report.total_opening), (105, 105));
+}
+
+#[tokio::test]
+async fn a_committed_transfer_half_cleaned_is_no_violation() {
+    // After core step 5: the source's pending id is removed, the destination's is not yet.
+    let w = World::new();
+    w.transfer(&transfer("t", "a", "b", 30, Committed)).await;
+    w.account(&account_with("a", 100, 70, &[], (0, 0))).await;
+    w.account(&account_with("b", 0, 30, &["t"], (30, 0))).await;
+    let report = w.audit().await;
+    assert_kinds(&report, &[]);
+    assert!(!report.is_quiescent());
+}
+
+/// Drives transfers through the real protocol decisions, step by step (interleaved as
+/// `script` says), auditing after every write: every state the protocol passes through is
+/// clean.
+async fn walk(accounts: &[(&str, i64)], transfers: &[TransferDoc], script: &[(usize, Step)]) {
+    let w = World::new();
+    let now = Now::at(now_millis());
+    let retention = Retention {
+        millis: 3_600_000,
+        max_entries: 100,
+    };
+    let mut docs: Vec<AccountDoc> = accounts.iter().map(|(id, o)| account(id, *o)).collect();
+    for a in &docs {
+        w.account(a).await;
+    }
+    let mut ts = transfers.to_vec();
+    for t in &ts {
+        w.transfer(t).await;
+    }
+    assert_kinds(&w.audit().await, &[]);
+    for (i, (k, step)) in script.iter().enumerate() {
+        let t = &mut ts[*k];
+        match *step {
+            Step::SetState(to) => {
+                let reason = (to == Terminating).then_some(RollbackReason::Cancelled);
+                *t = transition(t, to, reason, &now, None).expect("an allowed arrow");
+                w.transfer(t).await;
+            }
+            Step::Account(op, side) => {
+                let id = side.account(t).to_owned();
+                let a = docs.iter_mut().find(|a| a.account_id == id).unwrap();
+                let step = AccountStep {
+                    transfer_id: &t.transaction_id,
+                    amount: t.amount,
+                    side,
+                    op,
+                };
+                match decide_account(a, step, &now, retention) {
+                    AccountDecision::Write(next) => {
+                        *a = next;
+                        w.account(a).await;
+                    }
+                    AccountDecision::AlreadyDone => {}
+                    refused => panic!("step {i} refused: {refused:?}"),
+                }
+            }
+        }
+        assert_kinds(&w.audit().await, &[]);
+    }
+    let report = w.audit().await;
+    assert!(report.is_quiescent(), "{report}");
+}
+
+fn steps(k: usize, states: &[TransferState]) -> Vec<(usize, Step)> {
+    states
+        .iter()
+        .flat_map(|s| plan(*s).iter().map(move |step| (k, *step)))
+        .collect()
+}
+
+#[tokio::test]
+async fn every_state_of_a_commit_is_clean() {
+    let t = transfer("t", "a", "b", 30, Created);
+    walk(
+        &[("a", 100), ("b", 0)],
+        &[t],
+        &steps(0, &[Created, Pending, Committed]),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn every_state_of_a_rollback_is_clean() {
+    use transfer_service::transfer::protocol::AccountOp::*;
+    let t = || transfer("t", "a", "b", 30, Created);
+    // Nothing applied; only the source applied; both applied.
+    for applied in [
+        vec![],
+        vec![Step::Account(Apply, Side::Source)],
+        vec![
+            Step::Account(Apply, Side::Source),
+            Step::Account(Apply, Side::Destination),
+        ],
+    ] {
+        let mut script = vec![(0, Step::SetState(Pending))];
+        script.extend(applied.into_iter().map(|s| (0, s)));
+        script.push((0, Step::SetState(Terminating)));
+        script.extend(steps(0, &[Terminating]));
+        walk(&[("a", 100), ("b", 0)], &[t()], &script).await;
+    }
+    // Created → rolled-back directly.
+    walk(
+        &[("a", 100), ("b", 0)],
+        &[t()],
+        &[(0, Step::SetState(RolledBack))],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn interleaved_transfers_on_shared_accounts_are_clean_at_every_step() {
+    // a → b and b → a at once, one committing, the other rolling back, steps interleaved.
+    use transfer_service::transfer::protocol::AccountOp::*;
+    let t0 = transfer("t0", "a", "b", 30, Created);
+    let t1 = transfer("t1", "b", "a", 20, Created);
+    let mut script = Vec::new();
+    let c0 = steps(0, &[Created, Pending, Committed]);
+    let r1 = [
+        (1, Step::SetState(Pending)),
+        (1, Step::Account(Apply, Side::Source)),
+        (1, Step::Account(Apply, Side::Destination)),
+        (1, Step::SetState(Terminating)),
+        (1, Step::Account(Undo, Side::Source)),
+        (1, Step::Account(Undo, Side::Destination)),
+        (1, Step::SetState(RolledBack)),
+    ];
+    let (mut x, mut y) = (c0.into_iter(), r1.into_iter());
+    loop {
+        match (x.next(), y.next()) {
+            (None, None) => break,
+            (p, q) => script.extend(p.into_iter().chain(q)),
+        }
+    }
+    walk(&[("a", 100), ("b", 50)], &[t0, t1], &script).await;
+}
+
+#[tokio::test]
+async fn a_rolled_back_transfer_may_name_a_missing_account() {
+    let w = World::new();
+    let mut t = transfer("t", "a", "ghost", 30, RolledBack);
+    t.reason = Some(RollbackReason::AccountNotFound);
+    w.transfer(&t).await;
+    // In flight, it may too: it will roll back.
+    w.transfer(&transfer("u", "ghost", "a", 5, Pending)).await;
+    w.account(&account("a", 100)).await;
+    assert_kinds(&w.audit().await, &[]);
+}
+
+// ---------------------------------------------------------------- each violation class
+
+#[tokio::test]
+async fn a_balance_mismatch_is_detected() {
+    // Units moved between two accounts with no transfer: totals still agree.
+    let w = World::new();
+    w.account(&account_with("a", 100, 90, &[], (0, 0))).await;
+    w.account(&account_with("b", 0, 10, &[], (0, 0))).await;
+    assert_kinds(&w.audit().await, &[BalanceMismatch, BalanceMismatch]);
+}
+
+#[tokio::test]
+async fn a_balance_mismatch_against_in_flight_amounts_is_detected() {
+    // The source's pending id says 30 are off its balance, but the balance did not move.
+    let w = World::new();
+    w.transfer(&transfer("t", "a", "b", 30, Pending)).await;
+    w.account(&account_with("a", 100, 100, &["t"], (0, 30)))
+        .await;
+    w.account(&account("b", 0)).await;
+    assert_kinds(&w.audit().await, &[BalanceMismatch, Conservation]);
+}
+
+#[tokio::test]
+async fn a_conservation_violation_is_detected() {
+    let w = World::new();
+    w.account(&account_with("a", 100, 110, &[], (0, 0))).await;
+    w.account(&account("b", 0)).await;
+    let report = w.audit().await;
+    assert_kinds(&report, &[BalanceMismatch, Conservation]);
+    assert_eq!((report.total_balance, report.total_opening), (110, 100));
+}
+
+#[tokio::test]
+async fn a_balance_below_its_floor_is_detected() {
+    let w = World::new();
+    // The debit of t is applied (consistently), but it took a below its floor of 0.
+    w.transfer(&transfer("t", "a", "b", 15, Pending)).await;
+    w.account(&account_with("a", 10, -5, &["t"], (0, 15))).await;
+    w.account(&account("b", 0)).await;
+    assert_kinds(&w.audit().await, &[BelowFloor]);
+}
+
+#[tokio::test]
+async fn spending_uncommitted_credits_is_detected() {
+    // b received 30 (not committed) and sent 10 of them: its balance is above the floor, but
+    // undoing the credit would take it below.
+    let w = World::new();
+    w.transfer(&transfer("t1", "a", "b", 30, Pending)).await;
+    w.transfer(&transfer("t2", "b", "c", 10, Pending)).await;
+    w.account(&account_with("a", 100, 70, &["t1"], (0, 30)))
+        .await;
+    w.account(&account_with("b", 0, 20, &["t1", "t2"], (30, 10)))
+        .await;
+    w.account(&account("c", 0)).await;
+    assert_kinds(&w.audit().await, &[UnspendableCredits]);
+}
+
+#[tokio::test]
+async fn pending_credits_drift_is_detected() {
+    let w = World::new();
+    w.transfer(&transfer("t", "a", "b", 30, Pending)).await;
+    w.account(&account_with("a", 100, 70, &["t"], (0, 30)))
+        .await;
+    w.account(&account_with("b", 0, 30, &["t"], (0, 0))).await;
+    assert_kinds(&w.audit().await, &[PendingCreditsDrift]);
+}
+
+#[tokio::test]
+async fn pending_debits_drift_is_detected() {
+    let w = World::new();
+    w.transfer(&transfer("t", "a", "b", 30, Pending)).await;
+    w.account(&account_with("a", 100, 70, &["t"], (0, 0))).await;
+    w.account(&account_with("b", 0, 30, &["t"], (30, 0))).await;
+    assert_kinds(&w.audit().await, &[PendingDebitsDrift]);
+}
+
+#[tokio::test]
+async fn a_pending_id_of_a_finished_transfer_is_reported_once() {
+    let w = World::new();
+    w.transfer(&transfer("t", "a", "b", 30, Finished)).await;
+    w.account(&account_with("a", 100, 70, &["t"], (0, 30)))
+        .await;
+    w.account(&account_with("b", 0, 30, &[], (0, 0))).await;
+    let report = w.audit().await;
+    assert_kinds(&report, &[PendingNotInFlight]);
+    assert!(
+        report.violations[0].message.contains("finished"),
+        "{report}"
+    );
+}
+
+#[tokio::test]
+async fn a_pending_id_of_a_rolled_back_transfer_is_reported_once() {
+    // The source's undo never happened: the id and its 30 are still there.
+    let w = World::new();
+    let mut t = transfer("t", "a", "b", 30, RolledBack);
+    t.reason = Some(RollbackReason::Cancelled);
+    w.transfer(&t).await;
+    w.account(&account_with("a", 100, 70, &["t"], (0, 30)))
+        .await;
+    w.account(&account("b", 0)).await;
+    assert_kinds(&w.audit().await, &[PendingNotInFlight]);
+}
+
+#[tokio::test]
+async fn a_pending_id_of_an_unknown_transfer_is_detected() {
+    let w = World::new();
+    w.account(&account_with("a", 100, 100, &["ghost"], (0, 0)))
+        .await;
+    assert_kinds(&w.audit().await, &[PendingUnknown]);
+}
+
+#[tokio::test]
+async fn a_pending_id_of_an_unrelated_transfer_or_twice_is_detected() {
+    let w = World::new();
+    w.transfer(&transfer("t", "a", "b", 30, Pending)).await;
+    w.account(&account_with("a", 100, 70, &["t", "t"], (0, 30)))
+        .await;
+    w.account(&account("b", 0)).await;
+    w.account(&account_with("c", 0, 0, &["t"], (0, 0))).await;
+    assert_kinds(&w.audit().await, &[PendingUnrelated, PendingDuplicate]);
+}
+
+#[tokio::test]
+async fn a_committed_or_finished_transfer_needs_both_accounts() {
+    let w = World::new();
+    w.transfer(&transfer("t", "a", "ghost", 30, Finished)).await;
+    w.transfer(&transfer("u", "nobody", "a", 5, Committed))
+        .await;
+    w.account(&account_with("a", 100, 75, &[], (0, 0))).await;
+    let report = w.audit().await;
+    // The units that left a landed nowhere: conservation says so too.
+    assert_kinds(&report, &[Conservation, MissingAccount, MissingAccount]);
+}
+
+#[tokio::test]
+async fn a_stuck_transfer_is_detected() {
+    let w = World::new();
+    let mut t = transfer("t", "a", "b", 30, Pending);
+    t.creation_time = format_millis(now_millis() - 2 * STUCK_AFTER);
+    w.transfer(&t).await;
+    // Old but settled: not stuck.
+    let mut done = transfer("old", "a", "b", 1, RolledBack);
+    done.creation_time = t.creation_time.clone();
+    w.transfer(&done).await;
+    w.account(&account("a", 100)).await;
+    w.account(&account("b", 0)).await;
+    let report = w.audit().await;
+    assert_kinds(&report, &[Stuck]);
+    assert!(
+        report.violations[0].message.contains("transfer t "),
+        "{report}"
+    );
+}
+
+#[tokio::test]
+async fn an_unreadable_creation_time_is_detected() {
+    let w = World::new();
+    let mut t = transfer("t", "a", "b", 30, Created);
+    t.creation_time = "last tuesday".into();
+    w.transfer(&t).await;
+    w.account(&account("a", 100)).await;
+    w.account(&account("b", 0)).await;
+    assert_kinds(&w.audit().await, &[UnreadableTime]);
+}
+
+#[tokio::test]
+async fn an_unreadable_document_is_reported_once() {
+    let w = World::new();
+    // An account without a balance, and a transfer without an amount that an account lists.
+    w.put(Index::Accounts, "x", json!({ "account_id": "x" }))
+        .await;
+    w.put(
+        Index::Transactions,
+        "t",
+        json!({ "transaction_id": "t", "transaction_state": "pending" }),
+    )
+    .await;
+    w.account(&account_with("a", 100, 70, &["t"], (0, 30)))
+        .await;
+    let report = w.audit().await;
+    assert_kinds(&report, &[UnreadableDocument, UnreadableDocument]);
+    assert_eq!((report.accounts, report.transfers), (2, 1));
+}
+
+#[tokio::test]
+async fn malformed_transfers_and_id_mismatches_are_detected() {
+    let w = World::new();
+    let mut t = transfer("t", "a", "a", 0, RolledBack);
+    t.transaction_id = "other".into();
+    w.transfer_as("t", &t).await;
+    let mut a = account("a", 100);
+    a.account_id = "b".into();
+    w.put(Index::Accounts, "a", serde_json::to_value(&a).unwrap())
+        .await;
+    assert_kinds(
+        &w.audit().await,
+        &[IdMismatch, IdMismatch, MalformedTransfer],
+    );
+}
+
+impl World {
+    async fn transfer_as(&self, id: &str, t: &TransferDoc) {
+        self.put(Index::Transactions, id, serde_json::to_value(t).unwrap())
+            .await;
+    }
+}
