@@ -3,14 +3,17 @@
 //!
 //! # Layout
 //! - [`store`]: the document store trait with Elasticsearch's single-document semantics, and
-//!   its backends (`embedded` on redb, `elasticsearch` on the official client), plus a write
-//!   coalescer (`grouping`).
-//! - [`transfer`]: the engine: the protocol as pure decisions (`protocol`), the worker that
-//!   drives a transfer with leases (`driver`), the recovery loop (`recovery`), and the
-//!   operations the API calls (`service`).
-//! - [`http`]: the axum API, one module per resource, problem+json errors, OpenAPI.
+//!   its backends (`embedded` on redb, `elasticsearch` on the official client with its
+//!   `migrations`), a write coalescer (`grouping`) and a metrics wrapper (`instrumented`).
+//! - [`transfer`]: the engine: the protocol as pure decisions (`protocol`), the documents
+//!   (`model`), the worker that drives a transfer with leases (`driver`), account steps
+//!   merged per account (`accounts`), the recovery loop (`recovery`), store retries
+//!   (`retry`), and the operations the API calls (`service`).
+//! - [`http`]: the axum API, one module per resource (`accounts`, `transfers`, `health`),
+//!   problem+json errors (`error`), OpenAPI and Swagger UI (`openapi`).
 //! - [`app`]: wiring and graceful shutdown; [`config`]: flags and environment;
-//!   [`metrics`]: Prometheus series; [`telemetry`]: logging; [`audit`]: the invariant check.
+//!   [`metrics`]: Prometheus series; [`telemetry`]: logging; [`audit`]: the invariant check
+//!   behind `transfer-service audit`.
 
 pub mod app;
 pub mod audit;
