@@ -388,8 +388,11 @@ impl Engine {
                 Ok(())
             }
             Ok(_) => Err(Interrupt::Reread),
-            Err(e) if e.is_retryable() => Err(Interrupt::Reread),
-            Err(e) => Err(StopReason::Permanent(e.to_string()).into()),
+            Err(StoreError::Unavailable(e)) => {
+                warn!(error = %e, "cannot renew the lease; leaving the transfer to recovery");
+                Err(StopReason::StoreUnavailable.into())
+            }
+            Err(StoreError::Permanent(e)) => Err(StopReason::Permanent(e).into()),
         }
     }
 
