@@ -27,7 +27,7 @@ use transfer_service::transfer::protocol::{now_millis, Retention};
 use transfer_service::transfer::service::{NewAccount, NewTransfer};
 use transfer_service::transfer::{Engine, EngineConfig};
 
-const LEASE: Duration = Duration::from_millis(300);
+const LEASE: Duration = Duration::from_secs(1);
 
 fn config() -> EngineConfig {
     EngineConfig {
@@ -126,7 +126,7 @@ const FAULTS: &[(&str, Fault)] = &[
     ("crash after", Fault::Crash { applied: true }),
     (
         "stall beyond the lease",
-        Fault::StallBefore(Duration::from_millis(900)),
+        Fault::StallBefore(Duration::from_millis(3000)),
     ),
 ];
 
@@ -201,7 +201,8 @@ async fn every_step_survives_errors_crashes_and_stalls() {
             };
             // A create that fails is answered 503 and leaves nothing, or (applied, then
             // failed or crashed) leaves a transfer recovery must finish.
-            let _ = tokio::time::timeout(Duration::from_secs(2), worker.create_transfer(new)).await;
+            let _ =
+                tokio::time::timeout(Duration::from_secs(10), worker.create_transfer(new)).await;
         }));
     }
     for create in creates {
