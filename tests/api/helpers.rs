@@ -15,7 +15,21 @@ pub enum Backend {
     Embedded,
     /// The Elasticsearch backend against the in-process emulator (a test double).
     Emulator,
+    /// The Elasticsearch backend against the cluster at `ELASTICSEARCH_URL`, with an index
+    /// prefix of its own per test.
+    RealEs,
 }
+
+/// The real cluster to test against, if any; says why a `real_es` test skips otherwise.
+pub fn real_cluster() -> Option<String> {
+    let url = std::env::var("ELASTICSEARCH_URL").ok();
+    if url.is_none() {
+        eprintln!("skipped: ELASTICSEARCH_URL is not set, so there is no real cluster to test");
+    }
+    url
+}
+
+static PREFIXES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 pub struct TestApp {
     pub base: String,
@@ -44,6 +58,15 @@ pub async fn spawn_app_with(backend: Backend, tweak: impl FnOnce(&mut Config)) -
             let emulator = es_emulator::spawn(es_emulator::EmulatorConfig::default()).await;
             config.elasticsearch_url = Some(emulator.url.clone());
             Some(emulator)
+        }
+        Backend::RealEs => {
+            config.elasticsearch_url = real_cluster();
+            config.index_prefix = format!(
+                "api-test-{}-{}-",
+                std::process::id(),
+                PREFIXES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            );
+            None
         }
     };
     tweak(&mut config);

@@ -1,6 +1,7 @@
 //! The HTTP contract of DESIGN §5, one test per row and per bad-input class, run against the
-//! embedded store (`embedded::*`) and the Elasticsearch backend on the emulator
-//! (`emulator::*`, a test double of the Elasticsearch REST subset).
+//! embedded store (`embedded::*`), the Elasticsearch backend on the emulator (`emulator::*`,
+//! a test double of the Elasticsearch REST subset), and the same backend on the real cluster
+//! at `ELASTICSEARCH_URL` (`real_es::*`, which say they skipped, and why, when it is unset).
 
 #[path = "../support/es_emulator/mod.rs"]
 mod es_emulator;
@@ -791,6 +792,17 @@ macro_rules! api_suite {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
                     super::cases::$case(super::Backend::Emulator).await;
+                }
+            )*
+        }
+        mod real_es {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    if super::helpers::real_cluster().is_none() {
+                        return;
+                    }
+                    super::cases::$case(super::Backend::RealEs).await;
                 }
             )*
         }
