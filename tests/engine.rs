@@ -19,27 +19,9 @@ use transfer_service::store::embedded::EmbeddedStore;
 use transfer_service::store::instrumented::InstrumentedStore;
 use transfer_service::store::{DynStore, Index};
 use transfer_service::transfer::model::TransferState;
-use transfer_service::transfer::protocol::{now_millis, Retention};
+use transfer_service::transfer::protocol::now_millis;
 use transfer_service::transfer::service::{Created, NewAccount, NewTransfer, ServiceError};
 use transfer_service::transfer::{Engine, EngineConfig};
-
-fn config(lease: Duration) -> EngineConfig {
-    EngineConfig {
-        lease,
-        request_timeout: lease / 4,
-        skew_margin: lease / 10,
-        transfer_timeout: Duration::from_secs(3600),
-        retention: Retention {
-            millis: 3_600_000,
-            max_entries: 1000,
-        },
-        max_conflicts: 200,
-        max_store_attempts: 6,
-        recovery_interval: Duration::from_millis(50),
-        recovery_stale_after: Duration::ZERO,
-        recovery_page: 100,
-    }
-}
 
 struct World {
     base: DynStore,
@@ -61,7 +43,7 @@ fn world(seed: u64, jitter: Duration) -> World {
 fn engine(store: DynStore, lease: Duration) -> Arc<Engine> {
     let metrics = Metrics::new();
     let store = Arc::new(InstrumentedStore::new(store, metrics.clone()));
-    Engine::new(store, config(lease), metrics)
+    Engine::new(store, EngineConfig::with_lease(lease), metrics)
 }
 
 async fn open(engine: &Engine, id: &str, balance: i64) {
@@ -276,7 +258,7 @@ async fn a_cancel_during_pending_makes_the_worker_roll_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transfers_older_than_the_timeout_roll_back_unless_committed() {
     let w = world(5, Duration::ZERO);
-    let mut cfg = config(Duration::from_millis(200));
+    let mut cfg = EngineConfig::with_lease(Duration::from_millis(200));
     cfg.transfer_timeout = Duration::ZERO;
     let e = Engine::new(w.faulty.clone(), cfg, Metrics::new());
     open(&e, "a", 100).await;

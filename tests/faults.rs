@@ -23,7 +23,7 @@ use transfer_service::metrics::Metrics;
 use transfer_service::store::embedded::EmbeddedStore;
 use transfer_service::store::{DynStore, Index};
 use transfer_service::transfer::model::TransferState;
-use transfer_service::transfer::protocol::{now_millis, Retention};
+use transfer_service::transfer::protocol::now_millis;
 use transfer_service::transfer::service::{NewAccount, NewTransfer};
 use transfer_service::transfer::{Engine, EngineConfig};
 
@@ -31,19 +31,9 @@ const LEASE: Duration = Duration::from_secs(1);
 
 fn config() -> EngineConfig {
     EngineConfig {
-        lease: LEASE,
-        request_timeout: LEASE / 4,
-        skew_margin: LEASE / 10,
-        transfer_timeout: Duration::from_secs(3600),
-        retention: Retention {
-            millis: 3_600_000,
-            max_entries: 1000,
-        },
-        max_conflicts: 200,
         max_store_attempts: 3,
-        recovery_interval: Duration::from_millis(50),
-        recovery_stale_after: Duration::ZERO,
         recovery_page: 200,
+        ..EngineConfig::with_lease(LEASE)
     }
 }
 

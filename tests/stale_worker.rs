@@ -25,28 +25,21 @@ use transfer_service::metrics::Metrics;
 use transfer_service::store::embedded::EmbeddedStore;
 use transfer_service::store::{DynStore, Index};
 use transfer_service::transfer::model::TransferState;
-use transfer_service::transfer::protocol::{now_millis, Retention};
+use transfer_service::transfer::protocol::now_millis;
 use transfer_service::transfer::service::{NewAccount, NewTransfer};
 use transfer_service::transfer::{Engine, EngineConfig};
 
 const LEASE: Duration = Duration::from_millis(80);
 
 fn config(tombstones: usize) -> EngineConfig {
-    EngineConfig {
-        lease: LEASE,
-        request_timeout: LEASE / 4,
-        skew_margin: LEASE / 10,
-        transfer_timeout: Duration::from_secs(3600),
-        retention: Retention {
-            millis: 3_600_000,
-            max_entries: tombstones,
-        },
+    let mut config = EngineConfig {
         max_conflicts: 500,
-        max_store_attempts: 6,
         recovery_interval: Duration::from_millis(20),
-        recovery_stale_after: Duration::ZERO,
         recovery_page: 200,
-    }
+        ..EngineConfig::with_lease(LEASE)
+    };
+    config.retention.max_entries = tombstones;
+    config
 }
 
 /// Where the seed makes the first worker stall.

@@ -93,6 +93,29 @@ impl EngineConfig {
     }
 }
 
+impl EngineConfig {
+    /// Timers scaled to `lease` (request timeout a quarter, skew margin a tenth), recovery
+    /// every 50 ms acting on any transfer whose lease ran out, tombstones kept for an hour:
+    /// what engine-level tests start from.
+    pub fn with_lease(lease: Duration) -> Self {
+        Self {
+            lease,
+            request_timeout: lease / 4,
+            skew_margin: lease / 10,
+            transfer_timeout: Duration::from_secs(3600),
+            retention: Retention {
+                millis: 3_600_000,
+                max_entries: 1000,
+            },
+            max_conflicts: 200,
+            max_store_attempts: 6,
+            recovery_interval: Duration::from_millis(50),
+            recovery_stale_after: Duration::ZERO,
+            recovery_page: 100,
+        }
+    }
+}
+
 /// What every worker shares.
 pub struct Engine {
     pub store: DynStore,
