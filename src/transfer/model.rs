@@ -199,6 +199,16 @@ impl AccountDoc {
 
 /// Transfer and account ids: 1–128 characters of `[A-Za-z0-9._:-]` (DESIGN §5), except `.`
 /// and `..`, which no Elasticsearch document URL can address.
+///
+/// ```
+/// use transfer_service::transfer::model::valid_id;
+/// assert!(valid_id("t-2026.11:22_01"));
+/// assert!(valid_id(&"x".repeat(128)));
+/// assert!(!valid_id(""));
+/// assert!(!valid_id(&"x".repeat(129)));
+/// assert!(!valid_id("a b") && !valid_id("a/b") && !valid_id("é"));
+/// assert!(!valid_id(".") && !valid_id(".."));
+/// ```
 pub fn valid_id(id: &str) -> bool {
     (1..=128).contains(&id.len())
         && id != "."
