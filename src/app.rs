@@ -34,9 +34,22 @@ pub enum StartError {
     },
 }
 
-/// Opens the configured backend: Elasticsearch when `ELASTICSEARCH_URL` is set (migrations
-/// applied, retried in the background until the cluster answers), else the embedded store.
-pub async fn open_store(config: &Config, metrics: &Arc<Metrics>) -> Result<DynStore, StoreError> {
+/// What opening an Elasticsearch store does about migrations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Migrations {
+    /// Apply them (retried in the background until the cluster answers): the service.
+    Apply,
+    /// Only check they were applied, writing nothing; fail otherwise: the auditor.
+    Verify,
+}
+
+/// Opens the configured backend: Elasticsearch when `ELASTICSEARCH_URL` is set, else the
+/// embedded store.
+pub async fn open_store(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    migrations: Migrations,
+) -> Result<DynStore, StoreError> {
     let backend: DynStore = match &config.elasticsearch_url {
         Some(url) => {
             let store = Arc::new(
@@ -47,7 +60,9 @@ pub async fn open_store(config: &Config, metrics: &Arc<Metrics>) -> Result<DynSt
                 })
                 .await?,
             );
-            if let Err(error) = store.migrate().await {
+            if migrations == Migrations::Verify {
+                store.verify_migrated().await?;
+            } else if let Err(error) = store.migrate().await {
                 tracing::warn!(%error, "migrations not applied yet; retrying in the background");
                 let retry = store.clone();
                 tokio::spawn(async move {
@@ -81,7 +96,7 @@ pub struct Application {
 impl Application {
     pub async fn build(config: Config) -> Result<Self, StartError> {
         let metrics = Metrics::new();
-        let store = open_store(&config, &metrics).await?;
+        let store = open_store(&config, &metrics, Migrations::Apply).await?;
         Self::build_with_store(config, store, metrics).await
     }
 

@@ -214,9 +214,7 @@ async fn load_all<T: serde::de::DeserializeOwned>(
     let mut after: Option<String> = None;
     loop {
         let page = store.scan(index, after.as_deref(), PAGE).await?;
-        let full = page.len() == PAGE;
-        for doc in page {
-            after = Some(doc.id.clone());
+        for doc in page.docs {
             match serde_json::from_value(doc.source) {
                 Ok(parsed) => {
                     out.docs.insert(doc.id, parsed);
@@ -230,8 +228,9 @@ async fn load_all<T: serde::de::DeserializeOwned>(
                 }
             }
         }
-        if !full {
-            return Ok(out);
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return Ok(out),
         }
     }
 }
@@ -474,13 +473,14 @@ pub async fn audit(store: &dyn Store, stuck_after_millis: i64) -> StoreResult<Au
 /// The `audit` command.
 pub async fn run(config: Config) -> ExitCode {
     let metrics = Metrics::new();
-    let store = match crate::app::open_store(&config, &metrics).await {
-        Ok(store) => store,
-        Err(error) => {
-            eprintln!("audit: cannot open the store: {error}");
-            return ExitCode::from(2);
-        }
-    };
+    let store =
+        match crate::app::open_store(&config, &metrics, crate::app::Migrations::Verify).await {
+            Ok(store) => store,
+            Err(error) => {
+                eprintln!("audit: cannot open the store: {error}");
+                return ExitCode::from(2);
+            }
+        };
     let stuck = (config.transfer_timeout + config.recovery_stale_after * 2).as_millis() as i64;
     let mut result = audit(store.as_ref(), stuck).await;
     // A live, shared store is not scanned as one snapshot (see the module doc): look again

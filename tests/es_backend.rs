@@ -220,11 +220,14 @@ async fn rejected_and_unavailable_answers_are_unavailable() {
 }
 
 #[tokio::test]
-async fn other_error_statuses_are_permanent() {
+async fn a_500_is_unavailable_other_error_statuses_are_permanent() {
     let emulator = emulator().await;
     let store = migrated_store(&emulator).await;
     emulator.fail_next(500, 1);
-    assert_permanent(store.get(Index::Accounts, "a").await);
+    assert!(matches!(
+        store.get(Index::Accounts, "a").await,
+        Err(StoreError::Unavailable(_))
+    ));
     emulator.fail_next(400, 1);
     assert_permanent(
         store
@@ -782,8 +785,12 @@ async fn after_migrations_a_missing_index_is_an_error_not_an_empty_store() {
     );
     assert_permanent(store.scan(Index::Accounts, None, 10).await);
     assert_permanent(store.refresh().await);
-    // The migration records are still there: readiness cannot see this, the errors do.
+    // Readiness sees it too, although the migration records are still there ...
+    assert!(store.ready().await.is_err());
+    // ... and migrating again re-creates the index with its mappings.
+    store.migrate().await.unwrap();
     store.ready().await.unwrap();
+    assert!(store.scan(Index::Accounts, None, 10).await.is_ok());
 }
 
 #[tokio::test]
@@ -802,13 +809,58 @@ async fn scan_pages_accounts_by_their_id_field() {
 
     let first = store.scan(Index::Accounts, None, 10).await.unwrap();
     let rest = store
-        .scan(Index::Accounts, Some(&first.last().unwrap().id), 10)
+        .scan(Index::Accounts, first.next.as_deref(), 10)
         .await
         .unwrap();
-    let ids: Vec<String> = first.iter().chain(&rest).map(|d| d.id.clone()).collect();
+    assert_eq!(rest.next, None);
+    let ids: Vec<String> = first
+        .docs
+        .iter()
+        .chain(&rest.docs)
+        .map(|d| d.id.clone())
+        .collect();
     let want: Vec<String> = (0..15).map(|n| format!("acct-{n:02}")).collect();
     assert_eq!(ids, want);
-    assert!(first.iter().all(|d| d.version.primary_term >= 1));
+    assert!(first.docs.iter().all(|d| d.version.primary_term >= 1));
+}
+
+/// The scan's cursor is the sort value, so a document whose repeated id differs from its
+/// `_id` (corruption the auditor must report) neither loops the scan nor hides others.
+#[tokio::test]
+async fn scan_pages_past_a_document_whose_id_field_differs_from_its_id() {
+    let emulator = emulator().await;
+    let store = migrated_store(&emulator).await;
+    let mut ops: Vec<_> = (0..11)
+        .map(|n| {
+            let id = format!("acct-{n:02}");
+            create(Index::Accounts, &id, json!({fields::ACCOUNT_ID: id}))
+        })
+        .collect();
+    // Sorts as "acct-04a" (the fifth place), but its `_id` sorts last.
+    ops.push(create(
+        Index::Accounts,
+        "zz",
+        json!({fields::ACCOUNT_ID: "acct-04a"}),
+    ));
+    store.bulk(ops).await.unwrap();
+    store.refresh().await.unwrap();
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    for _ in 0..10 {
+        let page = store
+            .scan(Index::Accounts, after.as_deref(), 5)
+            .await
+            .unwrap();
+        seen.extend(page.docs.into_iter().map(|d| d.id));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    seen.sort();
+    let mut want: Vec<String> = (0..11).map(|n| format!("acct-{n:02}")).collect();
+    want.push("zz".into());
+    assert_eq!(seen, want, "every document exactly once");
 }
 
 #[tokio::test]
@@ -825,4 +877,35 @@ async fn scan_refuses_a_document_without_its_id_field() {
         .unwrap();
     store.refresh().await.unwrap();
     assert_permanent(store.scan(Index::Accounts, None, 10).await);
+}
+
+/// Readiness means this instance can write: an instance whose migration attempt failed is
+/// not ready even though another instance recorded every migration.
+#[tokio::test]
+async fn an_instance_that_has_not_migrated_is_not_ready() {
+    let emulator = emulator().await;
+    let first = migrated_store(&emulator).await;
+    first.ready().await.unwrap();
+    let second = ElasticsearchStore::connect(EsConfig {
+        url: emulator.url.clone(),
+        index_prefix: first
+            .index_name(Index::Accounts)
+            .trim_end_matches("accounts")
+            .to_owned(),
+        request_timeout: Duration::from_secs(5),
+    })
+    .await
+    .unwrap();
+    emulator.fail_next(500, 1);
+    assert!(second.migrate().await.is_err());
+    assert!(
+        second.ready().await.is_err(),
+        "not ready before its migrate succeeded"
+    );
+    assert!(second
+        .bulk(vec![create(Index::Accounts, "x", json!({}))])
+        .await
+        .is_err());
+    second.migrate().await.unwrap();
+    second.ready().await.unwrap();
 }

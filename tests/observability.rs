@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tracing_subscriber::EnvFilter;
-use transfer_service::app::{open_store, Application};
+use transfer_service::app::{open_store, Application, Migrations};
 use transfer_service::config::{Config, LogFormat};
 use transfer_service::http::{self, openapi, AppState};
 use transfer_service::metrics::Metrics;
@@ -832,7 +832,9 @@ async fn a_request_cut_off_by_the_timeout_is_counted_and_logged_once() {
     let dir = tempfile::tempdir().expect("temp dir");
     let config = Config::for_tests(dir.path().join("data"));
     let metrics = Metrics::new();
-    let store = open_store(&config, &metrics).await.expect("open store");
+    let store = open_store(&config, &metrics, Migrations::Apply)
+        .await
+        .expect("open store");
     let engine = Engine::new(store, EngineConfig::from_config(&config), metrics.clone());
     let router = http::router_with_timeout(
         AppState {

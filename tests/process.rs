@@ -447,8 +447,7 @@ async fn sigterm_exits_promptly_and_releases_leases() {
                 .scan(Index::Transactions, after.as_deref(), 500)
                 .await
                 .unwrap();
-            let full = page.len() == 500;
-            for doc in page {
+            for doc in page.docs {
                 let state = doc.source["transaction_state"].as_str().unwrap_or("");
                 if !["finished", "rolled-back"].contains(&state) {
                     in_flight += 1;
@@ -459,10 +458,10 @@ async fn sigterm_exits_promptly_and_releases_leases() {
                         doc.source
                     );
                 }
-                after = Some(doc.id);
             }
-            if !full {
-                break in_flight;
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break in_flight,
             }
         }
     };

@@ -441,11 +441,11 @@ mod suite {
         let mut after: Option<String> = None;
         loop {
             let page = s.scan(Index::Accounts, after.as_deref(), 10).await.unwrap();
-            let full = page.len() == 10;
-            seen.extend(page.into_iter().map(|d| d.id));
-            after = seen.last().cloned();
-            if !full {
-                break;
+            assert!(page.docs.len() <= 10);
+            seen.extend(page.docs.into_iter().map(|d| d.id));
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
             }
         }
         let want: Vec<_> = (0..25).map(|i| format!("acct-{i:02}")).collect();

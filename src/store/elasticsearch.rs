@@ -9,7 +9,7 @@
 //! | `find_stale`     | `POST /{p}transactions/_search`, `search_after` on `(modification_time, transaction_id)` |
 //! | `list_transfers` | `POST /{p}transactions/_search`, `search_after` on `(creation_time, transaction_id)` |
 //! | `scan`           | `POST /{p}{index}/_search`, `search_after` on `account_id` / `transaction_id` |
-//! | `ready`          | `GET /{p}migrations/_doc/{last migration}`                     |
+//! | `ready`          | this instance migrated; `HEAD` of every index; `GET /{p}migrations/_doc/{last migration}` |
 //! | `refresh`        | `POST /{p}accounts,{p}transactions/_refresh`                    |
 //!
 //! How answers map to outcomes and errors is in `elasticsearch/reply.rs` (one table for
@@ -31,7 +31,9 @@
 //! silently wrong for good. So `bulk` answers `Unavailable` until this instance's `migrate`
 //! has succeeded (the service retries migrations in the background and `/readyz` says not
 //! ready meanwhile). After migrations, a deleted index would still be re-created by a write;
-//! operators who want to rule that out set `action.auto_create_index: "-{prefix}*,+*"`.
+//! `/readyz` then reports the missing index (it checks every index exists), `migrate` at the
+//! next start re-creates missing indices with their mappings, and operators who want to rule
+//! it out entirely set `action.auto_create_index: "-{prefix}*,+*"`.
 //!
 //! # Ids that cannot be written in a URL
 //!
@@ -59,8 +61,8 @@ use url::Url;
 
 use self::reply::Reply;
 use super::{
-    fields, Doc, Index, Page, SortKey, StaleQuery, Store, StoreError, StoreResult, TransferFilter,
-    WriteOp, WriteOutcome,
+    fields, Doc, Index, Page, ScanPage, SortKey, StaleQuery, Store, StoreError, StoreResult,
+    TransferFilter, WriteOp, WriteOutcome,
 };
 
 /// How to reach the cluster.
@@ -160,6 +162,15 @@ impl ElasticsearchStore {
     /// it at the same moment (the argument is in `elasticsearch/migrations.rs`).
     pub async fn migrate(&self) -> Result<(), StoreError> {
         self.apply_migrations().await?;
+        self.migrated.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Checks, without writing anything, that the store is migrated (every index exists, the
+    /// last migration is recorded), and from then on treats a missing index as an error.
+    /// For read-only users of the store such as the auditor.
+    pub async fn verify_migrated(&self) -> Result<(), StoreError> {
+        self.verify_migrations().await?;
         self.migrated.store(true, Ordering::Release);
         Ok(())
     }
@@ -498,21 +509,20 @@ impl Store for ElasticsearchStore {
     /// One realtime GET of the last migration's record: it answers both "reachable" and
     /// "migrated" (the record is written only after every earlier step is applied).
     async fn ready(&self) -> StoreResult<()> {
-        let records = self.physical_name(migrations::MIGRATIONS_INDEX);
-        let last = migrations::last_id();
-        if self.migration_recorded(&records, last).await? {
-            Ok(())
-        } else {
-            Err(StoreError::Unavailable(format!(
-                "ready: migration {last} is not applied yet"
-            )))
+        // Ready means this instance can write: it has applied (or verified) the migrations,
+        // and the indices are still there.
+        if !self.migrated.load(Ordering::Acquire) {
+            return Err(StoreError::Unavailable(
+                "ready: this instance has not applied the migrations yet".into(),
+            ));
         }
+        self.verify_migrations().await
     }
 
     /// Sorted on the id repeated in the source (`account_id`, `transaction_id`): Elasticsearch
     /// 8 cannot sort on `_id`. A document without that field cannot be placed in id order;
     /// rather than skip it (the auditor would miss it) or loop on it, the scan fails.
-    async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<Vec<Doc>> {
+    async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<ScanPage> {
         let op = "scan";
         let id_field = match index {
             Index::Accounts => fields::ACCOUNT_ID,
@@ -529,18 +539,25 @@ impl Store for ElasticsearchStore {
             body["search_after"] = json!([after]);
         }
         let hits = self.search(op, index, body).await?;
-        hits.iter()
-            .map(|hit| {
-                let doc = doc_of(op, hit)?;
-                match hit.pointer("/sort/0").and_then(Value::as_str) {
-                    Some(_) => Ok(doc),
-                    None => Err(StoreError::Permanent(format!(
+        let mut docs = Vec::with_capacity(hits.len());
+        let mut last_sort = None;
+        for hit in &hits {
+            let doc = doc_of(op, hit)?;
+            // The cursor is the sort value, not `_id`: a corrupt document whose repeated id
+            // differs from its `_id` must neither send the scan backwards nor skip others.
+            match hit.pointer("/sort/0").and_then(Value::as_str) {
+                Some(sort) => last_sort = Some(sort.to_owned()),
+                None => {
+                    return Err(StoreError::Permanent(format!(
                         "{op}: {index}/{} has no {id_field}; cannot scan past it",
                         doc.id
-                    ))),
+                    )))
                 }
-            })
-            .collect()
+            }
+            docs.push(doc);
+        }
+        let next = if docs.len() == limit { last_sort } else { None };
+        Ok(ScanPage { docs, next })
     }
 
     async fn refresh(&self) -> StoreResult<()> {

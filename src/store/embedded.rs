@@ -35,8 +35,8 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    fields, parse_millis, Doc, Index, Page, SortKey, StaleQuery, Store, StoreError, StoreResult,
-    TransferFilter, Version, WriteOp, WriteOutcome,
+    fields, parse_millis, Doc, Index, Page, ScanPage, SortKey, StaleQuery, Store, StoreError,
+    StoreResult, TransferFilter, Version, WriteOp, WriteOutcome,
 };
 
 /// `(index, id)` → `seq_no` (8 bytes, little endian) followed by the JSON source.
@@ -642,7 +642,7 @@ impl Store for EmbeddedStore {
         self.read(move |db| list_blocking(db, &filter)).await
     }
 
-    async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<Vec<Doc>> {
+    async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<ScanPage> {
         let after = after.map(str::to_owned);
         self.read(move |db| {
             let txn = db.begin_read().map_err(storage)?;
@@ -660,7 +660,10 @@ impl Store for EmbeddedStore {
                 }
                 out.push(decode(id, value.value())?);
             }
-            Ok(out)
+            let next = (out.len() == limit)
+                .then(|| out.last().map(|d| d.id.clone()))
+                .flatten();
+            Ok(ScanPage { docs: out, next })
         })
         .await
     }

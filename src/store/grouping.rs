@@ -33,8 +33,8 @@ use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    Doc, DynStore, Index, Page, StaleQuery, Store, StoreError, StoreResult, TransferFilter,
-    WriteOp, WriteOutcome,
+    Doc, DynStore, Index, Page, ScanPage, StaleQuery, Store, StoreError, StoreResult,
+    TransferFilter, WriteOp, WriteOutcome,
 };
 
 type BulkResult = StoreResult<Vec<StoreResult<WriteOutcome>>>;
@@ -227,7 +227,7 @@ impl Store for GroupingStore {
         self.inner.ready().await
     }
 
-    async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<Vec<Doc>> {
+    async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<ScanPage> {
         self.inner.scan(index, after, limit).await
     }
 
@@ -330,6 +330,13 @@ mod tests {
                 limit: 0,
             })
             .await
+        }
+
+        async fn scan(&self, _: Index, _: Option<&str>, _: usize) -> StoreResult<ScanPage> {
+            Ok(ScanPage {
+                docs: Vec::new(),
+                next: None,
+            })
         }
 
         async fn ready(&self) -> StoreResult<()> {

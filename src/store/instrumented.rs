@@ -7,8 +7,8 @@ use std::time::Instant;
 use async_trait::async_trait;
 
 use super::{
-    Doc, DynStore, Index, Page, StaleQuery, Store, StoreError, StoreResult, TransferFilter,
-    WriteOp, WriteOutcome,
+    Doc, DynStore, Index, Page, ScanPage, StaleQuery, Store, StoreError, StoreResult,
+    TransferFilter, WriteOp, WriteOutcome,
 };
 use crate::metrics::Metrics;
 
@@ -107,7 +107,7 @@ impl Store for InstrumentedStore {
         result
     }
 
-    async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<Vec<Doc>> {
+    async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<ScanPage> {
         let started = Instant::now();
         let result = self.inner.scan(index, after, limit).await;
         self.record("scan", started, &result);

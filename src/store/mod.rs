@@ -170,6 +170,15 @@ pub struct TransferFilter {
     pub limit: usize,
 }
 
+/// One page of a [`Store::scan`]. `next` is the cursor to pass for the following page, set
+/// when the page was full (there may be more). It is opaque: Elasticsearch sorts on the id
+/// repeated in the source, which a corrupt document may not share with its `_id`.
+#[derive(Debug, Clone)]
+pub struct ScanPage {
+    pub docs: Vec<Doc>,
+    pub next: Option<String>,
+}
+
 /// One page of a search. `next` is set when the page was full (there may be more).
 #[derive(Debug, Clone)]
 pub struct Page {
@@ -202,15 +211,10 @@ pub trait Store: Send + Sync + 'static {
     /// Reachable and migrated: what `/readyz` reports.
     async fn ready(&self) -> StoreResult<()>;
 
-    /// Every document of `index` in id order, `limit` at a time, after the id `after`
-    /// (exclusive). Near-real-time on Elasticsearch. The auditor uses it.
-    async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<Vec<Doc>> {
-        // TEMPORARY default while the Elasticsearch backend gains it; removed before commit.
-        let _ = (index, after, limit);
-        Err(StoreError::Permanent(
-            "scan is not implemented by this backend".into(),
-        ))
-    }
+    /// Every document of `index` in id order, `limit` at a time, continuing from the cursor
+    /// `after` (a previous page's `next`). Near-real-time on Elasticsearch. The auditor uses
+    /// it.
+    async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<ScanPage>;
 
     /// Makes every acknowledged write visible to searches (Elasticsearch `_refresh`). Tests
     /// and the auditor use it; the engine never needs it.

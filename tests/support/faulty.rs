@@ -18,8 +18,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 use transfer_service::store::{
-    Doc, DynStore, Index, Page, StaleQuery, Store, StoreError, StoreResult, TransferFilter,
-    WriteOp, WriteOutcome,
+    Doc, DynStore, Index, Page, ScanPage, StaleQuery, Store, StoreError, StoreResult,
+    TransferFilter, WriteOp, WriteOutcome,
 };
 
 /// Which requests a rule applies to.
@@ -223,7 +223,7 @@ impl Store for FaultyStore {
         self.inner.list_transfers(filter).await
     }
 
-    async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<Vec<Doc>> {
+    async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<ScanPage> {
         self.inner.scan(index, after, limit).await
     }
 

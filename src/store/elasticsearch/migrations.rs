@@ -25,7 +25,7 @@
 //! that the list and the directory agree. A new kind of step (a mapping update, say) needs a
 //! new field in [`Step`] and must be idempotent too.
 
-use elasticsearch::indices::IndicesCreateParts;
+use elasticsearch::indices::{IndicesCreateParts, IndicesExistsParts};
 use elasticsearch::{CreateParts, GetParts};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -116,12 +116,16 @@ impl ElasticsearchStore {
             .await?;
 
         for (migration, step) in steps {
+            let index = self.physical_name(&step.create_index);
+            // Even when recorded, the index must exist: one deleted after its migration would
+            // otherwise be re-created by the first write with dynamic mappings, on which
+            // searches and sorts fail for good. `create_index_if_absent` only asks (HEAD)
+            // when it is there, so an instance without index-creation rights still starts.
+            self.create_index_if_absent(&index, step.body).await?;
             if self.migration_recorded(&records, migration.id).await? {
                 tracing::debug!(migration = migration.id, "migration already applied");
                 continue;
             }
-            let index = self.physical_name(&step.create_index);
-            self.create_index_if_absent(&index, step.body).await?;
             self.record_migration(&records, migration.id, &step.description)
                 .await?;
             tracing::info!(migration = migration.id, %index, "migration applied");
@@ -129,8 +133,55 @@ impl ElasticsearchStore {
         Ok(())
     }
 
-    /// `PUT /{index}`; an index that already exists counts as created.
+    /// Whether every index the migrations create exists and the last migration is recorded:
+    /// the store is migrated, without writing anything.
+    pub(super) async fn verify_migrations(&self) -> StoreResult<()> {
+        for migration in MIGRATIONS {
+            let step = migration.step()?;
+            let index = self.physical_name(&step.create_index);
+            if !self.index_exists(&index).await? {
+                return Err(StoreError::Unavailable(format!(
+                    "index {index} does not exist (not migrated, or wrong INDEX_PREFIX?)"
+                )));
+            }
+        }
+        let records = self.physical_name(MIGRATIONS_INDEX);
+        if !self.migration_recorded(&records, last_id()).await? {
+            return Err(StoreError::Unavailable(format!(
+                "migration {} is not recorded yet",
+                last_id()
+            )));
+        }
+        Ok(())
+    }
+
+    /// `HEAD /{index}`.
+    pub(super) async fn index_exists(&self, index: &str) -> StoreResult<bool> {
+        let sent = self
+            .client
+            .indices()
+            .exists(IndicesExistsParts::Index(&[index]))
+            .send()
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("HEAD {index}: {e}")))?;
+        match sent.status_code().as_u16() {
+            200 => Ok(true),
+            404 => Ok(false),
+            429 | 502 | 503 | 504 => Err(StoreError::Unavailable(format!(
+                "HEAD {index}: status {}",
+                sent.status_code()
+            ))),
+            status => Err(StoreError::Permanent(format!(
+                "HEAD {index}: status {status}"
+            ))),
+        }
+    }
+
+    /// `PUT /{index}` unless it exists; one that appears meanwhile counts as created.
     async fn create_index_if_absent(&self, index: &str, body: Value) -> StoreResult<()> {
+        if self.index_exists(index).await? {
+            return Ok(());
+        }
         let op = "migrate: create index";
         let sent = self
             .client

@@ -7,19 +7,23 @@
 //! |----------------------------------------------------------|------------------------------|
 //! | connection refused/reset, timeout, body cut off           | `Unavailable`                |
 //! | 429 (rejected execution, circuit breaker, flood stage)   | `Unavailable`                |
-//! | 502, 503, 504 (proxy/LB errors, no master, shards down)  | `Unavailable`                |
+//! | 500, 502, 503, 504 (node closing, proxy/LB errors, no master, shards down) | `Unavailable` |
 //! | 2xx (or an expected 4xx) without `X-elastic-product`     | `Permanent` (not ES)         |
 //! | 2xx from Elasticsearch                                   | handled by the caller        |
 //! | 4xx the caller expects (GET 404, 400 index exists, ...) | handled by the caller        |
-//! | any other status (400, 401, 403, 404, 500, ...)          | `Permanent`, ES type+reason  |
+//! | any other status (400, 401, 403, 404, ...)               | `Permanent`, ES type+reason  |
 //!
 //! The transient statuses are mapped before the product header is checked: a load balancer
 //! answering 503 for a dead node is exactly what `Unavailable` is for, and it never carries
 //! the header. Everything else we only believe when it came from Elasticsearch, because a
 //! 404 from some other HTTP server would otherwise read as "document absent".
 //!
-//! 500 is `Permanent` on purpose: Elasticsearch uses it for unexpected exceptions (bugs, bad
-//! scripts), which a retry does not fix; its transient failures use 429 and 503.
+//! 500 is `Unavailable`: Elasticsearch answers it for unexpected exceptions, and among them
+//! transient ones (a coordinating node closing during a rolling restart throws
+//! `NodeClosedException`, which carries no status of its own); a `_bulk` answered 500 may
+//! also have applied some items. Retries are bounded and conditional writes make them safe,
+//! so treating a 500 as "outcome unknown, try again later" costs little and never answers a
+//! client 500 for a cluster hiccup.
 //!
 //! # Bulk item mapping
 //!
@@ -43,7 +47,7 @@ use serde_json::Value;
 use crate::store::{StoreError, StoreResult, Version, WriteOutcome};
 
 /// Statuses that mean "try again later" whoever sent them.
-const TRANSIENT_STATUSES: [u16; 4] = [429, 502, 503, 504];
+const TRANSIENT_STATUSES: [u16; 5] = [429, 500, 502, 503, 504];
 
 /// The header every Elasticsearch (7.14+) response carries. The official clients refuse a
 /// 2xx without it; so do we, for every answer we act on.
