@@ -78,12 +78,20 @@ pub struct Config {
 
     /// The most settled ids an account remembers (the oldest are forgotten first). Bounds the
     /// account document: about 60 bytes an entry.
-    #[arg(long, env = "SETTLED_MAX", default_value_t = 100)]
+    #[arg(long, env = "SETTLED_MAX", default_value_t = 100, value_parser = parse_settled_max)]
     pub settled_max: usize,
 
     /// Log format: `pretty` for people, `json` for log pipelines.
     #[arg(long, env = "LOG_FORMAT", default_value = "pretty")]
     pub log_format: LogFormat,
+}
+
+/// At most 10,000 tombstones per account (about 600 KB rewritten with every account write).
+fn parse_settled_max(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n <= 10_000 => Ok(n),
+        _ => Err("a whole number from 0 to 10000".into()),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

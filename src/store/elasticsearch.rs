@@ -104,6 +104,10 @@ pub struct ElasticsearchStore {
     /// Set once this instance has applied (or found applied) every migration; from then on a
     /// missing index is an error, not an empty store (see the module docs).
     migrated: AtomicBool,
+    /// The server-side `timeout` of a `_bulk` (half the client's): an unavailable shard then
+    /// fails its own items with 503 while the rest of the batch is applied, instead of the
+    /// whole request timing out on the client while the server keeps executing it.
+    bulk_timeout: String,
 }
 
 impl fmt::Debug for ElasticsearchStore {
@@ -155,6 +159,7 @@ impl ElasticsearchStore {
             client: Elasticsearch::new(transport),
             index_prefix: config.index_prefix,
             migrated: AtomicBool::new(false),
+            bulk_timeout: format!("{}ms", (config.request_timeout / 2).as_millis().max(1)),
         })
     }
 
@@ -433,6 +438,7 @@ impl Store for ElasticsearchStore {
             let sent = self
                 .client
                 .bulk(BulkParts::None)
+                .timeout(&self.bulk_timeout)
                 .header(
                     CONTENT_TYPE,
                     HeaderValue::from_static("application/x-ndjson"),
