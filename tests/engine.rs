@@ -534,3 +534,41 @@ async fn a_create_whose_answer_was_lost_is_still_driven_at_once() {
     );
     assert_invariants(&w.base).await;
 }
+
+/// Review finding: a takeover write whose answer is lost but which was applied leaves our
+/// lease in the transfer; recovery must drive it then, not leave it for a lease period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_whose_answer_was_lost_is_driven_at_once() {
+    let w = world(9, Duration::ZERO);
+    let e = engine(w.faulty.clone(), Duration::from_secs(30));
+    open(&e, "a", 100).await;
+    open(&e, "b", 0).await;
+    // A pending transfer whose worker died (its lease ran out).
+    let now = now_millis();
+    let doc = serde_json::json!({
+        "transaction_id": "t", "src_acct": "a", "dest_acct": "b", "amount": 10,
+        "transaction_state": "pending",
+        "creation_time": transfer_service::store::format_millis(now),
+        "modification_time": transfer_service::store::format_millis(now - 60_000),
+        "lease_owner": "dead", "lease_expires_at": transfer_service::store::format_millis(now - 60_000),
+    });
+    w.base.create(Index::Transactions, "t", doc).await.unwrap();
+    w.faulty.inject(
+        Matcher {
+            op: Some("replace"),
+            index: Some(Index::Transactions),
+            id: Some("t".into()),
+            ..Matcher::default()
+        },
+        Fault::FailAfter,
+        1,
+    );
+    let permits = Arc::new(Semaphore::new(4));
+    let report = e.recover_once(now_millis(), &permits).await.unwrap();
+    assert_eq!(report.resumed, 1, "{report:?}");
+    assert_eq!(
+        terminal_without_recovery(&e, "t").await,
+        TransferState::Finished
+    );
+    assert_invariants(&w.base).await;
+}

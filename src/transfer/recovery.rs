@@ -162,22 +162,39 @@ impl Engine {
         next.modification_time = now.text;
         let source = serde_json::to_value(&next).expect("documents serialize");
         let sent = Instant::now();
-        match self
+        let taken = match self
             .store
             .replace_if(Index::Transactions, id, source, doc.version)
-            .await?
-            .written()
+            .await
         {
-            Some(version) => Ok(Some((
+            Ok(outcome) => outcome.written().map(|version| (next, version)),
+            // The outcome is unknown: if our lease is in the document now, the write was
+            // applied and the transfer is ours to drive (otherwise it would sit until the
+            // lease and the stale period ran out). Continue from the document as read, not
+            // as we meant to write it: a cancel may have changed it since.
+            Err(error) if error.is_retryable() => {
+                let Some(now_doc) = self.store.get(Index::Transactions, id).await? else {
+                    return Err(error);
+                };
+                match parse_transfer(now_doc.source) {
+                    Ok(t) if t.lease_owner.as_deref() == Some(owner.as_str()) => {
+                        Some((t, now_doc.version))
+                    }
+                    _ => return Err(error),
+                }
+            }
+            Err(error) => return Err(error),
+        };
+        Ok(taken.map(|(doc, version)| {
+            (
                 owner,
                 Held {
-                    doc: next,
+                    doc,
                     version,
                     deadline: self.lease_deadline(sent),
                 },
-            ))),
-            None => Ok(None),
-        }
+            )
+        }))
     }
 
     /// Whether a transfer's lease may still be held: it names an owner and its expiry, plus
