@@ -572,3 +572,41 @@ async fn a_takeover_whose_answer_was_lost_is_driven_at_once() {
     );
     assert_invariants(&w.base).await;
 }
+
+/// Review finding: a cancel whose answer is lost but which was applied (and took the lease
+/// for a worker of its own) drives the rollback at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_whose_answer_was_lost_is_driven_at_once() {
+    let w = world(10, Duration::ZERO);
+    let e = engine(w.faulty.clone(), Duration::from_secs(30));
+    open(&e, "a", 100).await;
+    open(&e, "b", 0).await;
+    let now = now_millis();
+    let doc = serde_json::json!({
+        "transaction_id": "t", "src_acct": "a", "dest_acct": "b", "amount": 10,
+        "transaction_state": "pending",
+        "creation_time": transfer_service::store::format_millis(now),
+        "modification_time": transfer_service::store::format_millis(now - 60_000),
+        "lease_owner": "dead", "lease_expires_at": transfer_service::store::format_millis(now - 60_000),
+    });
+    w.base.create(Index::Transactions, "t", doc).await.unwrap();
+    w.faulty.inject(
+        Matcher {
+            op: Some("replace"),
+            index: Some(Index::Transactions),
+            id: Some("t".into()),
+            new_state: Some("terminating"),
+            ..Matcher::default()
+        },
+        Fault::FailAfter,
+        1,
+    );
+    let cancelled = e.cancel_transfer("t").await.unwrap();
+    assert_eq!(cancelled.transaction_state, TransferState::Terminating);
+    assert_eq!(
+        terminal_without_recovery(&e, "t").await,
+        TransferState::RolledBack
+    );
+    assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (100, 0));
+    assert_invariants(&w.base).await;
+}

@@ -290,9 +290,9 @@ impl Engine {
             match self
                 .store
                 .replace_if(Index::Transactions, id, source, held.version)
-                .await?
+                .await
             {
-                WriteOutcome::Written(version) => {
+                Ok(WriteOutcome::Written(version)) => {
                     self.record_transition(&next, state, to, now.millis);
                     if spawn {
                         self.spawn_driver(
@@ -307,7 +307,23 @@ impl Engine {
                     return Ok(next);
                 }
                 // The transfer moved meanwhile: decide again on what it is now.
-                _ => continue,
+                Ok(_) => continue,
+                // The outcome is unknown. If our lease is in the document, our write was
+                // applied: drive it now rather than leave it until the lease runs out.
+                Err(error) if error.is_retryable() && spawn => {
+                    match self.get_transfer_held(id).await? {
+                        Some(now) if now.doc.lease_owner.as_deref() == Some(owner.as_str()) => {
+                            // Our owner token is unique: the transition was ours.
+                            self.record_transition(&now.doc, state, to, protocol::now_millis());
+                            let shown = now.doc.clone();
+                            let deadline = self.lease_deadline(sent);
+                            self.spawn_driver(owner, Held { deadline, ..now });
+                            return Ok(shown);
+                        }
+                        _ => return Err(error.into()),
+                    }
+                }
+                Err(error) => return Err(error.into()),
             }
         }
     }
