@@ -23,6 +23,18 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(8);
 /// Most ops the Elasticsearch write coalescer puts in one `_bulk`.
 const MAX_BULK_OPS: usize = 512;
 
+/// What one `_bulk` may carry, well under Elasticsearch's default `http.max_content_length`
+/// (100 MB).
+const MAX_BULK_BYTES: usize = 32 * 1024 * 1024;
+
+/// Ops per `_bulk` such that even batches of the largest account documents (every tombstone
+/// kept, up to ~160 bytes each with 128-character ids, plus ~2 KB for the rest) stay under
+/// [`MAX_BULK_BYTES`].
+fn bulk_ops_limit(settled_max: usize) -> usize {
+    let largest_doc = 2048 + settled_max * 160;
+    (MAX_BULK_BYTES / largest_doc).clamp(1, MAX_BULK_OPS)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error(transparent)]
@@ -78,7 +90,10 @@ pub async fn open_store(
                     }
                 });
             }
-            Arc::new(GroupingStore::new(store, MAX_BULK_OPS))
+            Arc::new(GroupingStore::new(
+                store,
+                bulk_ops_limit(config.settled_max),
+            ))
         }
         None => Arc::new(EmbeddedStore::open(&config.data_dir)?),
     };
@@ -201,6 +216,24 @@ pub async fn serve(config: Config) -> std::process::ExitCode {
         Err(error) => {
             tracing::error!(%error, "server failed");
             std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bulk_batches_stay_under_the_size_limit_whatever_the_tombstones() {
+        assert_eq!(bulk_ops_limit(100), MAX_BULK_OPS);
+        for settled_max in [0, 100, 1_000, 10_000] {
+            let ops = bulk_ops_limit(settled_max);
+            assert!(ops >= 1);
+            assert!(
+                ops * (2048 + settled_max * 160) <= MAX_BULK_BYTES,
+                "{settled_max}"
+            );
         }
     }
 }
