@@ -77,7 +77,7 @@ pub struct Config {
     pub settled_retention: Duration,
 
     /// The most settled ids an account remembers (the oldest are forgotten first). Bounds the
-    /// account document: about 60 bytes an entry.
+    /// account document: 60–160 bytes an entry, by id length.
     #[arg(long, env = "SETTLED_MAX", default_value_t = 100, value_parser = parse_settled_max)]
     pub settled_max: usize,
 
