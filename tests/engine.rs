@@ -535,24 +535,30 @@ async fn a_create_whose_answer_was_lost_is_still_driven_at_once() {
     assert_invariants(&w.base).await;
 }
 
+/// Accounts `a` (100) and `b` (0), and a transfer `t` of 10 left `pending` by a worker that
+/// died a minute ago (its lease ran out), with nothing applied yet.
+async fn abandoned_pending_transfer(e: &Engine, store: &DynStore) {
+    open(e, "a", 100).await;
+    open(e, "b", 0).await;
+    let now = now_millis();
+    let long_ago = transfer_service::store::format_millis(now - 60_000);
+    let doc = serde_json::json!({
+        "transaction_id": "t", "src_acct": "a", "dest_acct": "b", "amount": 10,
+        "transaction_state": "pending",
+        "creation_time": transfer_service::store::format_millis(now),
+        "modification_time": long_ago,
+        "lease_owner": "dead", "lease_expires_at": long_ago,
+    });
+    store.create(Index::Transactions, "t", doc).await.unwrap();
+}
+
 /// Review finding: a takeover write whose answer is lost but which was applied leaves our
 /// lease in the transfer; recovery must drive it then, not leave it for a lease period.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_takeover_whose_answer_was_lost_is_driven_at_once() {
     let w = world(9, Duration::ZERO);
     let e = engine(w.faulty.clone(), Duration::from_secs(30));
-    open(&e, "a", 100).await;
-    open(&e, "b", 0).await;
-    // A pending transfer whose worker died (its lease ran out).
-    let now = now_millis();
-    let doc = serde_json::json!({
-        "transaction_id": "t", "src_acct": "a", "dest_acct": "b", "amount": 10,
-        "transaction_state": "pending",
-        "creation_time": transfer_service::store::format_millis(now),
-        "modification_time": transfer_service::store::format_millis(now - 60_000),
-        "lease_owner": "dead", "lease_expires_at": transfer_service::store::format_millis(now - 60_000),
-    });
-    w.base.create(Index::Transactions, "t", doc).await.unwrap();
+    abandoned_pending_transfer(&e, &w.base).await;
     w.faulty.inject(
         Matcher {
             op: Some("replace"),
@@ -579,17 +585,7 @@ async fn a_takeover_whose_answer_was_lost_is_driven_at_once() {
 async fn a_cancel_whose_answer_was_lost_is_driven_at_once() {
     let w = world(10, Duration::ZERO);
     let e = engine(w.faulty.clone(), Duration::from_secs(30));
-    open(&e, "a", 100).await;
-    open(&e, "b", 0).await;
-    let now = now_millis();
-    let doc = serde_json::json!({
-        "transaction_id": "t", "src_acct": "a", "dest_acct": "b", "amount": 10,
-        "transaction_state": "pending",
-        "creation_time": transfer_service::store::format_millis(now),
-        "modification_time": transfer_service::store::format_millis(now - 60_000),
-        "lease_owner": "dead", "lease_expires_at": transfer_service::store::format_millis(now - 60_000),
-    });
-    w.base.create(Index::Transactions, "t", doc).await.unwrap();
+    abandoned_pending_transfer(&e, &w.base).await;
     w.faulty.inject(
         Matcher {
             op: Some("replace"),
