@@ -160,8 +160,8 @@ impl Application {
             engine: engine.clone(),
             metrics: self.metrics.clone(),
         };
-        let shutdown = engine.shutdown.clone();
-        tracing::info!(addr = %self.addr, store = engine.store.backend(), "serving");
+        let shutdown = engine.shutdown_token();
+        tracing::info!(addr = %self.addr, store = engine.store().backend(), "serving");
         let serve =
             axum::serve(self.listener, http::router(state)).with_graceful_shutdown(async move {
                 tokio::select! {
@@ -171,7 +171,7 @@ impl Application {
                 shutdown.cancel();
             });
         let result = serve.await;
-        engine.shutdown.cancel();
+        engine.shut_down();
         if !engine.wait_idle(SHUTDOWN_GRACE).await {
             tracing::warn!("workers still running after the grace period; recovery resumes them");
         }

@@ -53,8 +53,8 @@ use std::time::Duration;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::store::{parse_millis, Index, Store, StoreResult};
+use crate::transfer::clock::{Clock, SystemClock};
 use crate::transfer::model::{AccountDoc, TransferDoc, TransferState};
-use crate::transfer::protocol::now_millis;
 
 /// What kind of invariant a [`Violation`] breaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -262,7 +262,7 @@ pub async fn audit(store: &dyn Store, stuck_after_millis: i64) -> StoreResult<Au
         .iter()
         .map(|(id, a)| (id.as_str(), a.opening_balance as i128))
         .collect();
-    let now = now_millis();
+    let now = SystemClock.wall_millis();
     for (id, t) in &transfers.docs {
         let state = t.transaction_state;
         match state {

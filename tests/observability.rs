@@ -21,7 +21,7 @@ use transfer_service::http::{self, openapi, AppState};
 use transfer_service::metrics::Metrics;
 use transfer_service::store::{format_millis, Index};
 use transfer_service::telemetry;
-use transfer_service::transfer::protocol::now_millis;
+use transfer_service::transfer::clock::{Clock, SystemClock};
 use transfer_service::transfer::{Engine, EngineConfig};
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -140,7 +140,7 @@ impl App {
     }
 
     async fn shutdown(self) {
-        self.engine.shutdown.cancel();
+        self.engine.shut_down();
         let _ = tokio::time::timeout(Duration::from_secs(15), self.server).await;
     }
 }
@@ -739,7 +739,7 @@ async fn an_internal_error_is_logged_once_with_its_detail() {
     let app = spawn_app().await;
     // An account document the service cannot read: a fault of ours, answered 500.
     app.engine
-        .store
+        .store()
         .create(
             Index::Accounts,
             "obs-corrupt",
@@ -858,9 +858,9 @@ async fn a_request_cut_off_by_the_timeout_is_counted_and_logged_once() {
 
     // A pending transfer whose (live) worker is elsewhere: a long-poll on it waits its whole
     // `wait`, longer than the timeout.
-    let now = now_millis();
+    let now = SystemClock.wall_millis();
     app.engine
-        .store
+        .store()
         .create(
             Index::Transactions,
             "obs-held",
@@ -926,7 +926,7 @@ async fn a_request_cut_off_by_the_timeout_is_counted_and_logged_once() {
     let errors = error_lines("obs-timeout");
     assert_eq!(errors.len(), 1, "exactly one ERROR line: {errors:#?}");
 
-    app.engine.shutdown.cancel();
+    app.engine.shut_down();
     app.server.abort();
 }
 

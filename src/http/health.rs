@@ -58,7 +58,7 @@ pub async fn healthz() -> Json<Health> {
         (status = 503, description = "Store unreachable or not migrated", body = Readiness),
     ))]
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) {
-    let store = &state.engine.store;
+    let store = state.engine.store();
     let (status, detail) = match store.ready().await {
         Ok(()) => (StatusCode::OK, None),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, Some(e.to_string())),

@@ -5,9 +5,12 @@
 //!
 //! - **Durability.** Every write transaction commits with [`Durability::Immediate`]: when a
 //!   write is acknowledged, redb has fsynced it, so it survives `kill -9` and power loss.
-//! - **Group commit.** One writer thread owns all write transactions. It takes every batch
-//!   that is waiting (up to [`MAX_GROUP_OPS`] ops), applies them one by one in a single
-//!   transaction and commits once, then answers every caller. Concurrent writers therefore
+//! - **Group commit.** One committer at a time owns the write transactions: the caller that
+//!   finds nobody committing becomes it, on tokio's blocking pool, and while it commits the
+//!   others queue. It takes every batch that is waiting (up to [`MAX_GROUP_OPS`] ops),
+//!   applies them one by one in a single transaction and commits once, answers every caller,
+//!   and goes on until the queue is empty. (On the blocking pool, tokio knows work is under
+//!   way: tests on paused time do not see the clock jump while a commit runs.) Concurrent writers therefore
 //!   share one fsync instead of paying one each. Each op is checked on its own, so a
 //!   conflicting op changes nothing and does not affect the others (like `_bulk`); an op that
 //!   cannot be applied (its stored document does not decode) fails alone, `Permanent`, having
@@ -25,14 +28,14 @@
 //! - One process holds the file at a time (redb locks it); a second one fails to open it.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 
 use async_trait::async_trait;
 use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, Table, TableDefinition, WriteTransaction,
 };
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::{
     fields, parse_millis, Doc, Index, Page, ScanPage, SortKey, StaleQuery, Store, StoreError,
@@ -66,23 +69,46 @@ pub const FILE_NAME: &str = "transfer-service.redb";
 
 type Reply = oneshot::Sender<StoreResult<Vec<StoreResult<WriteOutcome>>>>;
 
-/// The redb-backed store. Cheap to clone? No: hold it in an `Arc` (it is a [`Store`]).
+/// Writes waiting for the committer, and whether one is running.
+#[derive(Default)]
+struct CommitQueue {
+    waiting: Vec<(Vec<WriteOp>, Reply)>,
+    committing: bool,
+    closed: bool,
+}
+
+/// The queue, and a signal for whoever waits for the committer to finish.
+#[derive(Default)]
+struct Committer {
+    queue: Mutex<CommitQueue>,
+    idle: Condvar,
+}
+
+/// The redb-backed store. Hold it in an `Arc` (it is a [`Store`]).
 pub struct EmbeddedStore {
     db: Arc<Database>,
-    writes: Option<mpsc::UnboundedSender<(Vec<WriteOp>, Reply)>>,
-    writer: Option<std::thread::JoinHandle<()>>,
+    committer: Arc<Committer>,
     path: PathBuf,
 }
 
 impl Drop for EmbeddedStore {
-    /// Stops the writer thread and waits for it, so that once the store is dropped the file
-    /// is closed and may be opened again (by this process or another).
+    /// Refuses new writes and waits for the committer to finish, so that once the store is
+    /// dropped the file is closed and may be opened again (by this process or another).
     fn drop(&mut self) {
-        self.writes.take();
-        if let Some(writer) = self.writer.take() {
-            let _ = writer.join();
+        let mut queue = lock(&self.committer.queue);
+        queue.closed = true;
+        while queue.committing {
+            queue = self
+                .committer
+                .idle
+                .wait(queue)
+                .unwrap_or_else(|e| e.into_inner());
         }
     }
+}
+
+fn lock(queue: &Mutex<CommitQueue>) -> std::sync::MutexGuard<'_, CommitQueue> {
+    queue.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl EmbeddedStore {
@@ -97,7 +123,7 @@ impl EmbeddedStore {
         Self::start(db, path)
     }
 
-    /// Creates the tables if needed and starts the writer thread.
+    /// Creates the tables if needed.
     fn start(db: Database, path: PathBuf) -> StoreResult<Self> {
         let db = Arc::new(db);
         // Create every table up front so readers never meet a missing one.
@@ -111,17 +137,9 @@ impl EmbeddedStore {
             txn.open_table(TX_BY_ACCOUNT).map_err(permanent)?;
         }
         txn.commit().map_err(permanent)?;
-
-        let (tx, rx) = mpsc::unbounded_channel();
-        let writer_db = db.clone();
-        let writer = std::thread::Builder::new()
-            .name("redb-writer".into())
-            .spawn(move || run_writer(writer_db, rx))
-            .map_err(|e| StoreError::Permanent(format!("cannot start writer thread: {e}")))?;
         Ok(Self {
             db,
-            writes: Some(tx),
-            writer: Some(writer),
+            committer: Arc::default(),
             path,
         })
     }
@@ -164,23 +182,41 @@ fn storage(e: impl Into<redb::Error>) -> StoreError {
     }
 }
 
-/// The writer thread: drains waiting batches into one transaction, commits once, answers all.
-/// It ends when every sender (the store) is gone.
-fn run_writer(db: Arc<Database>, mut rx: mpsc::UnboundedReceiver<(Vec<WriteOp>, Reply)>) {
-    while let Some(first) = rx.blocking_recv() {
-        let mut group = vec![first];
-        let mut ops = group[0].0.len();
-        while ops < MAX_GROUP_OPS {
-            match rx.try_recv() {
-                Ok(batch) => {
-                    ops += batch.0.len();
-                    group.push(batch);
-                }
-                Err(_) => break,
-            }
+/// One committer's turn. Should it end abnormally (a panic, or the runtime dropping the
+/// blocking task before it ran), dropping it fails the waiting writes (their callers get an
+/// error instead of waiting forever) and lets the next write start a new committer.
+struct CommitterTurn {
+    committer: Arc<Committer>,
+    finished: bool,
+}
+
+impl Drop for CommitterTurn {
+    fn drop(&mut self) {
+        if !self.finished {
+            let mut queue = lock(&self.committer.queue);
+            queue.committing = false;
+            queue.waiting.clear();
+            self.committer.idle.notify_all();
         }
-        let outcome = apply_group(&db, &group);
-        match outcome {
+    }
+}
+
+/// The committer: drains waiting batches into one transaction, commits once, answers all;
+/// again until nothing waits. Runs on the blocking pool.
+fn run_commits(db: &Database, mut turn: CommitterTurn) {
+    let committer = turn.committer.clone();
+    loop {
+        let group = {
+            let mut queue = lock(&committer.queue);
+            if queue.waiting.is_empty() {
+                queue.committing = false;
+                turn.finished = true;
+                committer.idle.notify_all();
+                return;
+            }
+            take_group(&mut queue.waiting)
+        };
+        match apply_group(db, &group) {
             Ok(mut results) => {
                 // `results` is in group order; hand each caller its own slice.
                 for (batch, reply) in group.into_iter().rev() {
@@ -195,6 +231,20 @@ fn run_writer(db: Arc<Database>, mut rx: mpsc::UnboundedReceiver<(Vec<WriteOp>, 
             }
         }
     }
+}
+
+/// The oldest waiting batches, up to [`MAX_GROUP_OPS`] ops (at least one batch).
+fn take_group(waiting: &mut Vec<(Vec<WriteOp>, Reply)>) -> Vec<(Vec<WriteOp>, Reply)> {
+    let mut ops = 0;
+    let mut count = 0;
+    for (batch, _) in waiting.iter() {
+        if count > 0 && ops + batch.len() > MAX_GROUP_OPS {
+            break;
+        }
+        ops += batch.len();
+        count += 1;
+    }
+    waiting.drain(..count).collect()
 }
 
 /// The tables one write transaction touches, opened once per group.
@@ -622,14 +672,25 @@ impl Store for EmbeddedStore {
             return Ok(Vec::new());
         }
         let (reply, answer) = oneshot::channel();
-        self.writes
-            .as_ref()
-            .ok_or_else(|| StoreError::Permanent("embedded store is closed".into()))?
-            .send((ops, reply))
-            .map_err(|_| StoreError::Permanent("embedded store writer has stopped".into()))?;
+        let start_committer = {
+            let mut queue = lock(&self.committer.queue);
+            if queue.closed {
+                return Err(StoreError::Permanent("embedded store is closed".into()));
+            }
+            queue.waiting.push((ops, reply));
+            !std::mem::replace(&mut queue.committing, true)
+        };
+        if start_committer {
+            let db = self.db.clone();
+            let turn = CommitterTurn {
+                committer: self.committer.clone(),
+                finished: false,
+            };
+            tokio::task::spawn_blocking(move || run_commits(&db, turn));
+        }
         answer
             .await
-            .map_err(|_| StoreError::Permanent("embedded store writer has stopped".into()))?
+            .map_err(|_| StoreError::Permanent("embedded store committer has stopped".into()))?
     }
 
     async fn find_stale(&self, query: &StaleQuery) -> StoreResult<Page> {

@@ -1,4 +1,4 @@
-//! Account steps, merged per account (DESIGN §6).
+//! Account steps, merged per account (`docs/design.md §6`).
 //!
 //! Every account step of every worker in this process goes through here. Steps waiting for
 //! the same account are decided one after the other on one copy of the account and written
@@ -19,17 +19,18 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
+use super::clock::DynClock;
+use super::documents::{Documents, Versioned};
 use super::model::AccountDoc;
 use super::protocol::{
-    decide_account, now_millis, AccountDecision, AccountOp, AccountStep, Now, Refusal, Retention,
-    Side,
+    decide_account, AccountDecision, AccountOp, AccountStep, Refusal, Retention, Side,
 };
 use super::retry::{backoff, retry};
-use crate::store::{DynStore, Index, StoreError, Version, WriteOutcome};
+use crate::store::{StoreError, Version, WriteOutcome};
 
 /// One account step of one transfer, owned.
 #[derive(Debug, Clone)]
@@ -89,24 +90,27 @@ const CACHE_LIMIT: usize = 10_000;
 /// The per-account combiner. One flusher task per busy account; idle accounts cost nothing
 /// but their remembered copy.
 pub struct AccountSteps {
-    store: DynStore,
+    docs: Documents,
+    clock: DynClock,
     retention: Retention,
     max_conflicts: u32,
     max_store_attempts: u32,
     queues: Mutex<HashMap<String, Vec<Waiting>>>,
     /// The last copy of each account this process wrote, with its version.
-    cache: Mutex<HashMap<String, (Version, AccountDoc)>>,
+    cache: Mutex<HashMap<String, Versioned<AccountDoc>>>,
 }
 
 impl AccountSteps {
     pub fn new(
-        store: DynStore,
+        docs: Documents,
+        clock: DynClock,
         retention: Retention,
         max_conflicts: u32,
         max_store_attempts: u32,
     ) -> Arc<Self> {
         Arc::new(Self {
-            store,
+            docs,
+            clock,
             retention,
             max_conflicts,
             max_store_attempts,
@@ -180,63 +184,23 @@ impl AccountSteps {
                 tokio::time::sleep(backoff(attempt.min(6))).await;
             }
             let cached = if use_cache {
-                self.cache
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(account)
-                    .cloned()
+                self.remembered(account)
             } else {
                 None
             };
             let from_cache = cached.is_some();
-            let (version, doc) = match cached {
-                Some(copy) => (Some(copy.0), Some(copy.1)),
+            let copy = match cached {
+                Some(copy) => Some(copy),
                 None => match self.read(account).await {
-                    Ok(Some((version, doc))) => (Some(version), Some(doc)),
-                    Ok(None) => (None, None),
+                    Ok(copy) => copy,
                     Err(result) => return vec![result; batch.len()],
                 },
             };
-            // Everything below is decided on a copy observed no later than now.
-            let observed = Instant::now();
-            let now = Now::at(now_millis());
-            let Some(mut current) = doc else {
-                return batch
-                    .iter()
-                    .map(|w| {
-                        if w.request.deadline <= observed {
-                            StepResult::LeaseExpired
-                        } else {
-                            StepResult::Missing
-                        }
-                    })
-                    .collect();
+            let Some(copy) = copy else {
+                return self.missing(batch);
             };
-            let mut results = Vec::with_capacity(batch.len());
-            let mut changed = false;
-            for waiting in batch {
-                let r = &waiting.request;
-                if r.deadline <= observed {
-                    results.push(StepResult::LeaseExpired);
-                    continue;
-                }
-                let step = AccountStep {
-                    transfer_id: &r.transfer_id,
-                    amount: r.amount,
-                    side: r.side,
-                    op: r.op,
-                };
-                results.push(match decide_account(&current, step, &now, self.retention) {
-                    AccountDecision::Write(next) => {
-                        current = next;
-                        changed = true;
-                        StepResult::Done
-                    }
-                    AccountDecision::AlreadyDone => StepResult::Done,
-                    AccountDecision::Refuse(refusal) => StepResult::Refused(refusal),
-                });
-            }
-            if !changed {
+            let (results, decided) = self.decide_batch(copy.doc, batch);
+            let Some(next) = decided else {
                 if from_cache {
                     // Nothing to write means nothing would check the remembered copy against
                     // the store (another instance may have changed the account): decide
@@ -245,32 +209,20 @@ impl AccountSteps {
                     continue;
                 }
                 return results;
-            }
-            let version = version.expect("a document has a version");
-            let source = serde_json::to_value(&current).expect("documents serialize");
-            match self.write(account, source, version).await {
-                Ok(WriteOutcome::Written(new_version)) => {
-                    let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-                    if cache.len() >= CACHE_LIMIT && !cache.contains_key(account) {
-                        cache.clear();
-                    }
-                    cache.insert(account.to_owned(), (new_version, current));
+            };
+            match self.write(&next, copy.version).await {
+                Ok(WriteOutcome::Written(version)) => {
+                    self.remember(account, Versioned { doc: next, version });
                     return results;
                 }
                 Ok(_) => {
                     // Someone else wrote the account: forget our copy, read it again.
-                    self.cache
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(account);
+                    self.forget_one(account);
                     use_cache = false;
                 }
                 Err(result) => {
                     // The outcome is unknown: the next decision must start from a fresh read.
-                    self.cache
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(account);
+                    self.forget_one(account);
                     return vec![result; batch.len()];
                 }
             }
@@ -278,32 +230,88 @@ impl AccountSteps {
         vec![StepResult::Contention; batch.len()]
     }
 
-    async fn read(&self, account: &str) -> Result<Option<(Version, AccountDoc)>, StepResult> {
-        let doc = self
-            .retrying(|| self.store.get(Index::Accounts, account))
-            .await?;
-        match doc {
-            None => Ok(None),
-            Some(doc) => match serde_json::from_value(doc.source) {
-                Ok(parsed) => Ok(Some((doc.version, parsed))),
-                Err(e) => Err(StepResult::Failed(StoreError::Permanent(format!(
-                    "unreadable account document {account}: {e}"
-                )))),
-            },
-        }
+    /// Decides every step of the batch, in order, on one copy of the account observed no
+    /// later than now; a step whose worker's deadline has passed is not decided. Returns the
+    /// results and the account to write, if any step changed it.
+    fn decide_batch(
+        &self,
+        mut current: AccountDoc,
+        batch: &[Waiting],
+    ) -> (Vec<StepResult>, Option<AccountDoc>) {
+        let observed = self.clock.instant();
+        let now = self.clock.now();
+        let mut changed = false;
+        let results = batch
+            .iter()
+            .map(|waiting| {
+                let r = &waiting.request;
+                if r.deadline <= observed {
+                    return StepResult::LeaseExpired;
+                }
+                let step = AccountStep {
+                    transfer_id: &r.transfer_id,
+                    amount: r.amount,
+                    side: r.side,
+                    op: r.op,
+                };
+                match decide_account(&current, step, &now, self.retention) {
+                    AccountDecision::Write(next) => {
+                        current = next;
+                        changed = true;
+                        StepResult::Done
+                    }
+                    AccountDecision::AlreadyDone => StepResult::Done,
+                    AccountDecision::Refuse(refusal) => StepResult::Refused(refusal),
+                }
+            })
+            .collect();
+        (results, changed.then_some(current))
     }
 
-    async fn write(
-        &self,
-        account: &str,
-        source: serde_json::Value,
-        version: Version,
-    ) -> Result<WriteOutcome, StepResult> {
-        self.retrying(|| {
-            self.store
-                .replace_if(Index::Accounts, account, source.clone(), version)
-        })
-        .await
+    /// The results for a batch on an account that does not exist.
+    fn missing(&self, batch: &[Waiting]) -> Vec<StepResult> {
+        let observed = self.clock.instant();
+        batch
+            .iter()
+            .map(|w| {
+                if w.request.deadline <= observed {
+                    StepResult::LeaseExpired
+                } else {
+                    StepResult::Missing
+                }
+            })
+            .collect()
+    }
+
+    fn remembered(&self, account: &str) -> Option<Versioned<AccountDoc>> {
+        self.cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(account)
+            .cloned()
+    }
+
+    fn remember(&self, account: &str, copy: Versioned<AccountDoc>) {
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= CACHE_LIMIT && !cache.contains_key(account) {
+            cache.clear();
+        }
+        cache.insert(account.to_owned(), copy);
+    }
+
+    fn forget_one(&self, account: &str) {
+        self.cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(account);
+    }
+
+    async fn read(&self, account: &str) -> Result<Option<Versioned<AccountDoc>>, StepResult> {
+        self.retrying(|| self.docs.get::<AccountDoc>(account)).await
+    }
+
+    async fn write(&self, next: &AccountDoc, version: Version) -> Result<WriteOutcome, StepResult> {
+        self.retrying(|| self.docs.replace_if(next, version)).await
     }
 
     async fn retrying<T, F, Fut>(&self, request: F) -> Result<T, StepResult>

@@ -4,29 +4,15 @@
 //! runs out and stops at a step boundary when the process shuts down.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use tracing::{debug, info, warn, Instrument};
 
 use super::accounts::{StepRequest, StepResult};
+use super::lease::{Held, Reread};
 use super::model::{RollbackReason, TransferDoc, TransferState};
-use super::protocol::{self, plan, timeout_transition, AccountOp, Now, Refusal, Side, Step};
-use super::retry::retry;
+use super::protocol::{self, plan, timeout_transition, AccountOp, Refusal, Side, Step};
 use super::Engine;
-use crate::store::{format_millis, parse_millis, Index, StoreError, Version, WriteOutcome};
-
-/// A transfer document with the version it was read or written at.
-#[derive(Debug, Clone)]
-pub struct Held {
-    pub doc: TransferDoc,
-    pub version: Version,
-    /// When this worker must stop acting on the transfer: the moment the write that gave it
-    /// the lease was *sent*, plus the lease, minus the clock-skew margin. Measured on the
-    /// monotonic clock, so neither this host's wall clock nor the stored `lease_expires_at`
-    /// (written with it) can stretch it. In the past for documents merely read.
-    pub deadline: Instant,
-}
+use crate::store::{parse_millis, StoreError};
 
 /// How a worker ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,40 +54,48 @@ impl From<StopReason> for Interrupt {
     }
 }
 
-/// Parses a stored transfer document; a document we cannot read is a permanent problem.
-pub fn parse_transfer(source: Value) -> Result<TransferDoc, StopReason> {
-    serde_json::from_value(source)
-        .map_err(|e| StopReason::Permanent(format!("unreadable transfer document: {e}")))
+impl From<StoreError> for StopReason {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::Unavailable(e) => {
+                warn!(error = %e, "store unavailable; leaving the transfer to recovery");
+                StopReason::StoreUnavailable
+            }
+            StoreError::Permanent(e) => StopReason::Permanent(e),
+        }
+    }
 }
 
-fn to_source<T: serde::Serialize>(doc: &T) -> Value {
-    serde_json::to_value(doc).expect("documents serialize")
+impl From<StoreError> for Interrupt {
+    fn from(error: StoreError) -> Self {
+        Interrupt::Stop(error.into())
+    }
 }
 
 impl Engine {
-    /// Spawns a tracked task that drives `held` (whose lease `owner` holds) to the end.
-    pub fn spawn_driver(self: &Arc<Self>, owner: String, held: Held) {
+    /// Spawns a tracked task that drives `held` (whose lease it holds) to the end.
+    pub(crate) fn spawn_driver(self: &Arc<Self>, held: Held) {
         let engine = self.clone();
         let span = tracing::info_span!("transfer", transfer_id = %held.doc.transaction_id);
         self.tasks.spawn(
             async move {
-                let outcome = engine.drive(&owner, held).await;
+                let outcome = engine.drive(held).await;
                 debug!(?outcome, "worker done");
             }
             .instrument(span),
         );
     }
 
-    /// Drives a transfer whose lease `owner` holds until it is terminal or the worker must
+    /// Drives a transfer whose lease `held` holds until it is terminal or the worker must
     /// stop. Never panics on store answers; every exit leaves the transfer resumable.
-    pub async fn drive(&self, owner: &str, mut held: Held) -> DriveOutcome {
+    pub async fn drive(&self, mut held: Held) -> DriveOutcome {
         self.metrics.transfers_in_flight.inc();
-        let outcome = self.drive_inner(owner, &mut held).await;
+        let outcome = self.drive_inner(&mut held).await;
         self.metrics.transfers_in_flight.dec();
         // Shutting down: whatever stopped this worker, give the lease back so the next
         // process (or another instance) resumes the transfer at once.
         if matches!(outcome, DriveOutcome::Stopped(_)) && self.shutdown.is_cancelled() {
-            self.release_lease(owner, &held).await;
+            self.leases.release(&held).await;
         }
         match &outcome {
             DriveOutcome::Stopped(StopReason::Permanent(why)) => {
@@ -113,7 +107,7 @@ impl Engine {
         outcome
     }
 
-    async fn drive_inner(&self, owner: &str, held: &mut Held) -> DriveOutcome {
+    async fn drive_inner(&self, held: &mut Held) -> DriveOutcome {
         let mut rereads_without_change = 0u32;
         let mut next_interrupt: Option<Interrupt> = None;
         loop {
@@ -124,7 +118,7 @@ impl Engine {
                     if state.is_terminal() {
                         return DriveOutcome::Terminal(state);
                     }
-                    match self.run_state(owner, held).await {
+                    match self.run_state(held).await {
                         Ok(()) => continue,
                         Err(interrupt) => interrupt,
                     }
@@ -135,13 +129,13 @@ impl Engine {
                 Interrupt::Rollback(reason) => {
                     // An apply was refused (only in `pending`): rollback step 1.
                     let result = self
-                        .write_state(owner, held, TransferState::Terminating, Some(reason))
+                        .write_state(held, TransferState::Terminating, Some(reason))
                         .await;
                     next_interrupt = result.err();
                 }
                 Interrupt::Reread => {
                     let before = held.version;
-                    if let Err(outcome) = self.reload(owner, held).await {
+                    if let Err(outcome) = self.reread(held).await {
                         return outcome;
                     }
                     if held.version == before {
@@ -161,14 +155,14 @@ impl Engine {
     }
 
     /// Runs the remaining steps of the current state, ending with its state write.
-    async fn run_state(&self, owner: &str, held: &mut Held) -> Result<(), Interrupt> {
-        let now = Now::system();
-        let created = parse_millis(&held.doc.creation_time).unwrap_or(now.millis);
+    async fn run_state(&self, held: &mut Held) -> Result<(), Interrupt> {
+        let now = self.clock.wall_millis();
+        let created = parse_millis(&held.doc.creation_time).unwrap_or(now);
         let timeout = self.config.transfer_timeout.as_millis() as i64;
-        if let Some(to) = timeout_transition(&held.doc, created, now.millis, timeout) {
+        if let Some(to) = timeout_transition(&held.doc, created, now, timeout) {
             info!(to = %to, "transfer timed out before committing; rolling back");
             return self
-                .write_state(owner, held, to, Some(RollbackReason::TimedOut))
+                .write_state(held, to, Some(RollbackReason::TimedOut))
                 .await;
         }
         for step in plan(held.doc.transaction_state) {
@@ -176,8 +170,8 @@ impl Engine {
                 return Err(StopReason::Shutdown.into());
             }
             match *step {
-                Step::Account(op, side) => self.account_step(owner, held, op, side).await?,
-                Step::SetState(to) => self.write_state(owner, held, to, None).await?,
+                Step::Account(op, side) => self.account_step(held, op, side).await?,
+                Step::SetState(to) => self.write_state(held, to, None).await?,
             }
         }
         Ok(())
@@ -187,58 +181,24 @@ impl Engine {
     /// for the same account (see [`super::accounts`]).
     async fn account_step(
         &self,
-        owner: &str,
         held: &mut Held,
         op: AccountOp,
         side: Side,
     ) -> Result<(), Interrupt> {
         let account_id = side.account(&held.doc).to_owned();
         for _ in 0..self.config.max_conflicts {
-            self.ensure_lease(owner, held).await?;
+            self.ensure_lease(held).await?;
             let request = StepRequest {
                 transfer_id: held.doc.transaction_id.clone(),
                 amount: held.doc.amount,
                 side,
                 op,
-                deadline: held.deadline,
+                deadline: held.deadline(),
             };
             match self.accounts.run(&account_id, request).await {
-                StepResult::Done => {
-                    debug!(account = %account_id, ?op, side = side.as_str(), "account step done");
-                    return Ok(());
-                }
-                StepResult::Missing => {
-                    return match op {
-                        AccountOp::Apply => {
-                            Err(Interrupt::Rollback(RollbackReason::AccountNotFound))
-                        }
-                        // Nothing was applied to an account that does not exist.
-                        AccountOp::Remove | AccountOp::Undo => Ok(()),
-                    };
-                }
-                StepResult::Refused(Refusal::AlreadySettled) => {
-                    warn!(account = %account_id, "account has already settled this transfer; re-reading it");
-                    return Err(Interrupt::Reread);
-                }
-                StepResult::Refused(refusal) => {
-                    return match (op, refusal.rollback_reason()) {
-                        (AccountOp::Apply, Some(reason)) => Err(Interrupt::Rollback(reason)),
-                        _ => Err(StopReason::Permanent(format!(
-                            "{op:?} on {account_id} refused: {refusal:?}"
-                        ))
-                        .into()),
-                    };
-                }
                 // Renew (or find out we lost it) and try again.
                 StepResult::LeaseExpired => continue,
-                StepResult::Contention => return Err(StopReason::Contention.into()),
-                StepResult::Failed(StoreError::Unavailable(e)) => {
-                    warn!(error = %e, "store unavailable; leaving the transfer to recovery");
-                    return Err(StopReason::StoreUnavailable.into());
-                }
-                StepResult::Failed(StoreError::Permanent(e)) => {
-                    return Err(StopReason::Permanent(e).into())
-                }
+                result => return step_outcome(result, op, side, &account_id),
             }
         }
         Err(StopReason::Contention.into())
@@ -248,40 +208,21 @@ impl Engine {
     /// terminal). On a conflict the caller re-reads.
     async fn write_state(
         &self,
-        owner: &str,
         held: &mut Held,
         to: TransferState,
         reason: Option<RollbackReason>,
     ) -> Result<(), Interrupt> {
         let from = held.doc.transaction_state;
-        let now = Now::system();
-        let expires = format_millis(now.millis + self.config.lease.as_millis() as i64);
-        let Some(next) = protocol::transition(&held.doc, to, reason, &now, Some((owner, &expires)))
-        else {
+        let now = self.clock.now();
+        let Some(next) = protocol::transition(&held.doc, to, reason, &now) else {
             return Err(StopReason::Permanent(format!("illegal transition {from} → {to}")).into());
         };
-        let source = to_source(&next);
-        let id = held.doc.transaction_id.clone();
-        let version = held.version;
-        let sent = Instant::now();
-        let outcome = self
-            .with_retries(held, || {
-                self.store
-                    .replace_if(Index::Transactions, &id, source.clone(), version)
-            })
-            .await?;
-        match outcome {
-            WriteOutcome::Written(version) => {
-                self.record_transition(&next, from, to, now.millis);
-                *held = Held {
-                    doc: next,
-                    version,
-                    deadline: self.lease_deadline(sent),
-                };
-                Ok(())
-            }
-            _ => Err(Interrupt::Reread),
+        let going = || !self.shutdown.is_cancelled();
+        if !self.leases.write(held, next, going).await? {
+            return Err(Interrupt::Reread);
         }
+        self.record_transition(&held.doc, from, to, now.millis);
+        Ok(())
     }
 
     /// Metrics and long-poll wake-ups for a state write that succeeded.
@@ -310,148 +251,61 @@ impl Engine {
         }
     }
 
-    /// Reads the transfer again after a conflict; keeps going only if we still hold it.
-    async fn reload(&self, owner: &str, held: &mut Held) -> Result<(), DriveOutcome> {
-        let id = held.doc.transaction_id.clone();
-        let read = retry(
-            self.config.max_store_attempts,
-            || true,
-            || self.store.get(Index::Transactions, &id),
-        )
-        .await;
-        let doc = match read {
-            Ok(Some(doc)) => doc,
-            Ok(None) => return Err(DriveOutcome::Stopped(StopReason::NotFound)),
-            Err(_) => return Err(DriveOutcome::Stopped(StopReason::StoreUnavailable)),
-        };
-        let transfer = parse_transfer(doc.source).map_err(DriveOutcome::Stopped)?;
-        if transfer.transaction_state.is_terminal() {
-            return Err(DriveOutcome::Terminal(transfer.transaction_state));
+    /// Reads the transfer again after a conflict; keeps going only if we still hold it. If
+    /// our deadline is near, the next step renews the lease by a conditional write, which
+    /// fails if anyone else has written the transfer since this read.
+    async fn reread(&self, held: &mut Held) -> Result<(), DriveOutcome> {
+        match self.leases.reread(held).await {
+            Ok(Reread::StillHeld) => Ok(()),
+            Ok(Reread::Terminal(state)) => Err(DriveOutcome::Terminal(state)),
+            Ok(Reread::Lost) => Err(DriveOutcome::Stopped(StopReason::LeaseLost)),
+            Ok(Reread::NotFound) => Err(DriveOutcome::Stopped(StopReason::NotFound)),
+            Err(error) => Err(DriveOutcome::Stopped(error.into())),
         }
-        if transfer.lease_owner.as_deref() != Some(owner) {
-            return Err(DriveOutcome::Stopped(StopReason::LeaseLost));
-        }
-        // Still ours (a cancel keeps a live holder's lease). Our deadline is unchanged: we did
-        // not write. If it is near, the next step renews the lease by a conditional write,
-        // which fails if anyone else has written the transfer since this read.
-        *held = Held {
-            doc: transfer,
-            version: doc.version,
-            deadline: held.deadline,
-        };
-        Ok(())
-    }
-
-    /// Whether our lease has more than `need` left before its deadline.
-    fn lease_left(&self, held: &Held, need: Duration) -> bool {
-        held.deadline
-            .checked_duration_since(Instant::now())
-            .is_some_and(|left| left > need)
-    }
-
-    /// The deadline of a lease whose write was sent at `sent`.
-    pub(crate) fn lease_deadline(&self, sent: Instant) -> Instant {
-        (sent + self.config.lease)
-            .checked_sub(self.config.skew_margin)
-            .unwrap_or(sent)
     }
 
     /// Renews the lease unless it has room for a whole step (two requests).
-    async fn ensure_lease(&self, owner: &str, held: &mut Held) -> Result<(), Interrupt> {
-        if self.lease_left(held, self.config.request_timeout * 2) {
+    async fn ensure_lease(&self, held: &mut Held) -> Result<(), Interrupt> {
+        if self.leases.has_left(held, self.config.request_timeout * 2) {
             return Ok(());
         }
-        let now = Now::system();
-        let mut next = held.doc.clone();
-        next.lease_owner = Some(owner.to_owned());
-        next.lease_expires_at = Some(format_millis(
-            now.millis + self.config.lease.as_millis() as i64,
-        ));
-        next.modification_time = now.text;
-        let source = to_source(&next);
-        let id = held.doc.transaction_id.clone();
-        let version = held.version;
-        let sent = Instant::now();
-        // A renewal is a conditional write on the transfer: it fails if anyone took the
-        // transfer over or changed it, so it is safe even when our lease already ran out.
-        let outcome = self
-            .store
-            .replace_if(Index::Transactions, &id, source, version)
-            .await;
-        match outcome {
-            Ok(WriteOutcome::Written(version)) => {
-                *held = Held {
-                    doc: next,
-                    version,
-                    deadline: self.lease_deadline(sent),
-                };
-                Ok(())
-            }
-            Ok(_) => Err(Interrupt::Reread),
-            Err(StoreError::Unavailable(e)) => {
-                warn!(error = %e, "cannot renew the lease; leaving the transfer to recovery");
-                Err(StopReason::StoreUnavailable.into())
-            }
-            Err(StoreError::Permanent(e)) => Err(StopReason::Permanent(e).into()),
+        if self.leases.renew(held).await? {
+            Ok(())
+        } else {
+            Err(Interrupt::Reread)
         }
     }
+}
 
-    /// Runs a store request, retrying retryable failures with backoff and jitter while the
-    /// lease lasts. A write whose outcome is unknown is simply sent again: it is conditional,
-    /// so if the first one was applied the second conflicts and the caller re-reads.
-    async fn with_retries<T, F, Fut>(&self, held: &Held, request: F) -> Result<T, Interrupt>
-    where
-        F: Fn() -> Fut,
-        Fut: std::future::Future<Output = Result<T, StoreError>>,
-    {
-        let go_on =
-            || !self.shutdown.is_cancelled() && self.lease_left(held, self.config.request_timeout);
-        match retry(self.config.max_store_attempts, go_on, request).await {
-            Ok(value) => Ok(value),
-            Err(StoreError::Permanent(e)) => Err(StopReason::Permanent(e).into()),
-            Err(StoreError::Unavailable(e)) => {
-                warn!(error = %e, "store unavailable; leaving the transfer to recovery");
-                Err(StopReason::StoreUnavailable.into())
-            }
+/// What an account step's result means for the worker.
+fn step_outcome(
+    result: StepResult,
+    op: AccountOp,
+    side: Side,
+    account_id: &str,
+) -> Result<(), Interrupt> {
+    match result {
+        StepResult::Done => {
+            debug!(account = %account_id, ?op, side = side.as_str(), "account step done");
+            Ok(())
         }
-    }
-
-    /// Gives the lease up (shutdown), so another instance or the next start resumes at once.
-    async fn release_lease(&self, owner: &str, held: &Held) {
-        let mut current = held.clone();
-        // A cancel may have written the transfer (keeping our lease) since we last did: on a
-        // conflict, read it again and release it if it is still ours.
-        for _ in 0..3 {
-            if current.doc.lease_owner.as_deref() != Some(owner)
-                || current.doc.transaction_state.is_terminal()
-            {
-                return;
-            }
-            let mut next = current.doc.clone();
-            next.lease_owner = None;
-            next.lease_expires_at = None;
-            let id = &current.doc.transaction_id;
-            match self
-                .store
-                .replace_if(Index::Transactions, id, to_source(&next), current.version)
-                .await
-            {
-                Ok(WriteOutcome::Conflict) => match self.store.get(Index::Transactions, id).await {
-                    Ok(Some(doc)) => match parse_transfer(doc.source) {
-                        Ok(doc_now) => {
-                            current = Held {
-                                doc: doc_now,
-                                version: doc.version,
-                                deadline: current.deadline,
-                            }
-                        }
-                        Err(_) => return,
-                    },
-                    _ => return,
-                },
-                // Released, gone, or the store is down (the lease then simply runs out).
-                _ => return,
-            }
+        StepResult::Missing => match op {
+            AccountOp::Apply => Err(Interrupt::Rollback(RollbackReason::AccountNotFound)),
+            // Nothing was applied to an account that does not exist.
+            AccountOp::Remove | AccountOp::Undo => Ok(()),
+        },
+        StepResult::Refused(Refusal::AlreadySettled) => {
+            warn!(account = %account_id, "account has already settled this transfer; re-reading it");
+            Err(Interrupt::Reread)
         }
+        StepResult::Refused(refusal) => match (op, refusal.rollback_reason()) {
+            (AccountOp::Apply, Some(reason)) => Err(Interrupt::Rollback(reason)),
+            _ => Err(
+                StopReason::Permanent(format!("{op:?} on {account_id} refused: {refusal:?}"))
+                    .into(),
+            ),
+        },
+        StepResult::LeaseExpired | StepResult::Contention => Err(StopReason::Contention.into()),
+        StepResult::Failed(error) => Err(error.into()),
     }
 }

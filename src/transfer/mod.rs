@@ -1,9 +1,11 @@
-//! The transfer engine: the protocol of seed 003 ([`protocol`], pure), the worker that drives
-//! one transfer through it with leases and conditional writes ([`driver`]), the recovery loop
+//! The transfer engine: the protocol of Elastic's post as pure decisions ([`protocol`]), the
+//! worker that drives one transfer through it ([`driver`]), the lease that says which worker
+//! may act ([`lease`]), account steps merged per account ([`accounts`]), the recovery loop
 //! that resumes what a crash left ([`recovery`]), and the operations the HTTP API calls
-//! ([`service`]).
+//! ([`service`]). The engine is given its clock ([`clock`]) and reads and writes documents
+//! only through [`documents`].
 //!
-//! # Why it is safe
+//! # Why it is safe (`docs/design.md §9`)
 //! - Every write is conditional on the version that was read (`if_seq_no`/`if_primary_term`),
 //!   so two workers can never both succeed on the same read.
 //! - Only the holder of a transfer's lease writes its accounts. Leases are taken and renewed by
@@ -13,20 +15,23 @@
 //!   on the monotonic clock. Another worker takes over only once `lease_expires_at` plus the
 //!   margin has passed on its own clock, and every settle or undo it performs writes the
 //!   account, so the stale holder's conditional write then fails, however long it stalled.
-//! - Tombstones of settled ids on the account (seed 004) make a late re-read refuse as well:
-//!   a second line of defence, bounded by `SETTLED_RETENTION` and `SETTLED_MAX`.
+//! - Tombstones of settled ids on the account make a late re-read refuse as well: a second
+//!   line of defence, bounded by `SETTLED_RETENTION` and `SETTLED_MAX`.
 //!
 //! # What it assumes
 //! Wall clocks of instances sharing a store differ by less than twice the skew margin
-//! (`min(LEASE_DURATION / 10, 1 s)` each side), as NTP keeps them. Beyond that, a takeover can
-//! start while a stalled holder still believes its lease is live; the tombstones still refuse
-//! that holder's late apply unless more than `SETTLED_MAX` other transfers settled on the
-//! account meanwhile. The bound of the protection is therefore: any stall, under the clock
-//! assumption; otherwise `SETTLED_RETENTION` and the last `SETTLED_MAX` settlements per
-//! account.
+//! (`min(LEASE_DURATION / 10, 1 s)` each side), as NTP keeps them, and the monotonic clock
+//! counts while the process is suspended. Beyond that, a takeover can start while a stalled
+//! holder still believes its lease is live; the tombstones still refuse that holder's late
+//! apply unless more than `SETTLED_MAX` other transfers settled on the account meanwhile.
+//! The bound of the protection is therefore: any stall, under the clock assumption;
+//! otherwise `SETTLED_RETENTION` and the last `SETTLED_MAX` settlements per account.
 
 pub mod accounts;
+pub mod clock;
+pub mod documents;
 pub mod driver;
+pub mod lease;
 pub mod model;
 pub mod protocol;
 pub mod recovery;
@@ -42,6 +47,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::metrics::Metrics;
 use crate::store::DynStore;
+use clock::{DynClock, SystemClock};
+use documents::Documents;
+use lease::{LeaseTimes, Leases};
 use protocol::Retention;
 
 /// The engine's timers and bounds.
@@ -116,47 +124,102 @@ impl EngineConfig {
     }
 }
 
-/// What every worker shares.
+/// What every worker shares. Built once per process (tests build one per simulated
+/// instance); every field is the engine's own.
 pub struct Engine {
-    pub store: DynStore,
-    pub config: EngineConfig,
-    pub metrics: Arc<Metrics>,
-    /// This process's name in lease owner tokens (`<instance>/<worker>`).
-    pub instance: String,
+    store: DynStore,
+    docs: Documents,
+    leases: Leases,
+    config: EngineConfig,
+    clock: DynClock,
+    metrics: Arc<Metrics>,
     /// Stops drivers between steps, and the recovery loop.
-    pub shutdown: CancellationToken,
+    shutdown: CancellationToken,
     /// Every spawned driver, so shutdown can wait for them.
-    pub tasks: TaskTracker,
+    tasks: TaskTracker,
     /// Bumped whenever a transfer this process drives reaches a terminal state; long-polls
     /// wait on it.
-    pub terminal_events: watch::Sender<u64>,
+    terminal_events: watch::Sender<u64>,
     /// Account steps, merged per account.
-    pub accounts: Arc<accounts::AccountSteps>,
+    accounts: Arc<accounts::AccountSteps>,
 }
 
 impl Engine {
+    /// An engine on the host's clocks.
     pub fn new(store: DynStore, config: EngineConfig, metrics: Arc<Metrics>) -> Arc<Self> {
-        let instance = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+        Self::with_clock(store, config, metrics, Arc::new(SystemClock))
+    }
+
+    /// An engine on a given clock (tests: a [`clock::TestClock`] on paused time).
+    pub fn with_clock(
+        store: DynStore,
+        config: EngineConfig,
+        metrics: Arc<Metrics>,
+        clock: DynClock,
+    ) -> Arc<Self> {
+        let docs = Documents::new(store.clone());
+        let leases = Leases::new(
+            LeaseTimes {
+                duration: config.lease,
+                skew_margin: config.skew_margin,
+                request_timeout: config.request_timeout,
+                attempts: config.max_store_attempts,
+            },
+            clock.clone(),
+            docs.clone(),
+        );
         let accounts = accounts::AccountSteps::new(
-            store.clone(),
+            docs.clone(),
+            clock.clone(),
             config.retention,
             config.max_conflicts,
             config.max_store_attempts,
         );
         Arc::new(Self {
-            accounts,
             store,
+            docs,
+            leases,
+            accounts,
             config,
+            clock,
             metrics,
-            instance,
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
             terminal_events: watch::channel(0).0,
         })
     }
 
-    /// A fresh lease owner token for one worker.
-    pub fn new_owner(&self) -> String {
-        format!("{}/{}", self.instance, uuid::Uuid::new_v4().simple())
+    /// The store, for what the engine does not cover (readiness, refreshes in tests).
+    pub fn store(&self) -> &DynStore {
+        &self.store
+    }
+
+    pub fn clock(&self) -> &DynClock {
+        &self.clock
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Asks every driver to stop at its next step boundary (releasing its lease) and the
+    /// recovery loop to end.
+    pub fn shut_down(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// The token [`Engine::shut_down`] cancels, for the HTTP server to stop with.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Drivers and loops running in this engine.
+    pub fn running_tasks(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Forgets every remembered account copy (tests: as a restarted process would).
+    pub fn forget_account_copies(&self) {
+        self.accounts.forget();
     }
 }

@@ -1,9 +1,9 @@
-//! The two-phase commit of seed 003 as pure decisions: given the documents, what is the next
+//! The two-phase commit of Elastic's post (`docs/design.md §3`) as pure decisions: given the documents, what is the next
 //! write? No I/O here; the driver performs what these functions decide.
 //!
 //! A transfer's state says which steps remain:
 //!
-//! | state         | steps (seed 003)                                               |
+//! | state         | steps (the post's numbering)                                   |
 //! |---------------|----------------------------------------------------------------|
 //! | `created`     | core 1: → `pending`                                            |
 //! | `pending`     | core 2: apply to source, core 3: apply to destination, core 4: → `committed` |
@@ -17,10 +17,11 @@
 //!   that have not committed as not spendable), and any step refuses to overflow;
 //! - settling (core 5/6, rollback 2/3) leaves the id in `settled_transactions`, and an apply
 //!   for a settled id is refused: a late worker cannot apply a finished or rolled-back
-//!   transfer again (seed 004's tombstones);
+//!   transfer again (tombstones, as in the Searchlight deletion-journaling spec);
 //! - rollback 2/3 write the tombstone even when the amount was never applied, so that write
 //!   also changes the account's version and fences out a stalled worker's conditional write.
 
+pub use super::clock::Now;
 use super::model::{AccountDoc, RollbackReason, Settled, TransferDoc, TransferState};
 
 /// Which account of the transfer a step touches.
@@ -157,35 +158,6 @@ pub struct Retention {
     pub max_entries: usize,
 }
 
-/// The current time, as both forms the documents use.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Now {
-    pub millis: i64,
-    /// RFC 3339, millisecond precision, UTC.
-    pub text: String,
-}
-
-impl Now {
-    pub fn at(millis: i64) -> Self {
-        Self {
-            millis,
-            text: crate::store::format_millis(millis),
-        }
-    }
-
-    pub fn system() -> Self {
-        Self::at(now_millis())
-    }
-}
-
-/// Wall-clock epoch milliseconds.
-pub fn now_millis() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
 /// One account step of one transfer.
 #[derive(Debug, Clone, Copy)]
 pub struct AccountStep<'a> {
@@ -208,7 +180,6 @@ pub fn decide_account(
         side,
         op,
     } = step;
-    let now_millis = now.millis;
     let pending = account
         .pending_transactions
         .iter()
@@ -217,74 +188,150 @@ pub fn decide_account(
         .settled_transactions
         .iter()
         .any(|s| s.id == transfer_id);
-    let delta = side.delta(amount);
-    let credit = if side == Side::Destination { amount } else { 0 };
-    let debit = if side == Side::Source { amount } else { 0 };
-    let mut next = account.clone();
-    match op {
-        AccountOp::Apply => {
-            if pending {
-                return AccountDecision::AlreadyDone;
-            }
-            if settled {
-                return AccountDecision::Refuse(Refusal::AlreadySettled);
-            }
-            // Spendable = balance − uncommitted credits − floor, so that undoing any pending
-            // credit later can never leave the balance below the floor.
-            if side == Side::Source && account.available() < amount as i128 {
-                return AccountDecision::Refuse(Refusal::InsufficientFunds);
-            }
-            let (Some(balance), Some(pending_credits), Some(pending_debits)) = (
-                account.balance.checked_add(delta),
-                account.pending_credits.checked_add(credit),
-                account.pending_debits.checked_add(debit),
-            ) else {
-                return AccountDecision::Refuse(Refusal::Overflow);
-            };
-            // A credit must leave room to undo every pending debit: the balance they would
-            // restore has to fit too.
-            if i64::try_from(balance as i128 + pending_debits as i128).is_err() {
-                return AccountDecision::Refuse(Refusal::Overflow);
-            }
-            next.balance = balance;
-            next.pending_credits = pending_credits;
-            next.pending_debits = pending_debits;
-            next.pending_transactions.push(transfer_id.to_owned());
+    let change = Change::of(side, amount);
+    let decided = match op {
+        AccountOp::Apply if pending => return AccountDecision::AlreadyDone,
+        AccountOp::Apply if settled => return AccountDecision::Refuse(Refusal::AlreadySettled),
+        AccountOp::Apply => apply(account, transfer_id, change),
+        AccountOp::Remove if !pending => return AccountDecision::AlreadyDone,
+        AccountOp::Remove => Ok(remove(account, transfer_id, change, now.millis)),
+        AccountOp::Undo if !pending && settled => return AccountDecision::AlreadyDone,
+        AccountOp::Undo => undo(account, transfer_id, change, pending, now.millis),
+    };
+    match decided {
+        Ok(mut next) => {
+            prune_settled(&mut next, now.millis, retention);
+            next.modification_time = now.text.clone();
+            debug_assert_consistent(&next, transfer_id, op);
+            AccountDecision::Write(next)
         }
-        AccountOp::Remove => {
-            if !pending {
-                return AccountDecision::AlreadyDone;
-            }
-            next.pending_credits -= credit;
-            next.pending_debits -= debit;
-            next.pending_transactions.retain(|id| id != transfer_id);
-            remember(&mut next, transfer_id, now_millis);
-        }
-        AccountOp::Undo => {
-            if pending {
-                let (Some(balance), Some(pending_credits), Some(pending_debits)) = (
-                    account.balance.checked_sub(delta),
-                    account.pending_credits.checked_sub(credit),
-                    account.pending_debits.checked_sub(debit),
-                ) else {
-                    return AccountDecision::Refuse(Refusal::Overflow);
-                };
-                next.balance = balance;
-                next.pending_credits = pending_credits;
-                next.pending_debits = pending_debits;
-                next.pending_transactions.retain(|id| id != transfer_id);
-            } else if settled {
-                return AccountDecision::AlreadyDone;
-            }
-            // Not applied and not yet fenced: write the tombstone anyway. A worker that
-            // stalled before its apply will then either fail its conditional write (the
-            // version moved) or read the tombstone and refuse.
-            remember(&mut next, transfer_id, now_millis);
+        Err(refusal) => AccountDecision::Refuse(refusal),
+    }
+}
+
+/// What one transfer does to one account: the balance delta and the pending sums it moves.
+#[derive(Debug, Clone, Copy)]
+struct Change {
+    /// Whether this side is the source (a debit, checked against the floor).
+    debits: bool,
+    delta: i64,
+    credit: i64,
+    debit: i64,
+}
+
+impl Change {
+    fn of(side: Side, amount: i64) -> Self {
+        let (credit, debit) = match side {
+            Side::Destination => (amount, 0),
+            Side::Source => (0, amount),
+        };
+        Self {
+            debits: side == Side::Source,
+            delta: side.delta(amount),
+            credit,
+            debit,
         }
     }
-    prune_settled(&mut next, now_millis, retention);
-    next.modification_time = now.text.clone();
-    AccountDecision::Write(next)
+}
+
+/// Core steps 2/3: add the delta, remember the id as pending.
+fn apply(account: &AccountDoc, transfer_id: &str, change: Change) -> Result<AccountDoc, Refusal> {
+    // Spendable = balance − uncommitted credits − floor, so that undoing any pending credit
+    // later can never leave the balance below the floor.
+    if change.debits && account.available() < change.debit as i128 {
+        return Err(Refusal::InsufficientFunds);
+    }
+    let (Some(balance), Some(pending_credits), Some(pending_debits)) = (
+        account.balance.checked_add(change.delta),
+        account.pending_credits.checked_add(change.credit),
+        account.pending_debits.checked_add(change.debit),
+    ) else {
+        return Err(Refusal::Overflow);
+    };
+    // A credit must leave room to undo every pending debit: the balance they would restore
+    // has to fit too.
+    if i64::try_from(balance as i128 + pending_debits as i128).is_err() {
+        return Err(Refusal::Overflow);
+    }
+    let mut next = account.clone();
+    next.balance = balance;
+    next.pending_credits = pending_credits;
+    next.pending_debits = pending_debits;
+    next.pending_transactions.push(transfer_id.to_owned());
+    debug_assert!(
+        !change.debits || next.available() >= 0,
+        "a debit left {} below its floor {} (pending credits {})",
+        next.balance,
+        next.floor,
+        next.pending_credits
+    );
+    Ok(next)
+}
+
+/// Core steps 5/6: forget the pending id (the balance stays), remember it as settled.
+fn remove(account: &AccountDoc, transfer_id: &str, change: Change, now_millis: i64) -> AccountDoc {
+    let mut next = account.clone();
+    next.pending_credits -= change.credit;
+    next.pending_debits -= change.debit;
+    next.pending_transactions.retain(|id| id != transfer_id);
+    remember(&mut next, transfer_id, now_millis);
+    next
+}
+
+/// Rollback steps 2/3: take the delta back if it was applied; remember the id as settled.
+fn undo(
+    account: &AccountDoc,
+    transfer_id: &str,
+    change: Change,
+    pending: bool,
+    now_millis: i64,
+) -> Result<AccountDoc, Refusal> {
+    let mut next = account.clone();
+    if pending {
+        let (Some(balance), Some(pending_credits), Some(pending_debits)) = (
+            account.balance.checked_sub(change.delta),
+            account.pending_credits.checked_sub(change.credit),
+            account.pending_debits.checked_sub(change.debit),
+        ) else {
+            return Err(Refusal::Overflow);
+        };
+        next.balance = balance;
+        next.pending_credits = pending_credits;
+        next.pending_debits = pending_debits;
+        next.pending_transactions.retain(|id| id != transfer_id);
+    }
+    // Applied or not, write the tombstone. Not applied and not yet fenced: a worker that
+    // stalled before its apply will then either fail its conditional write (the version
+    // moved) or read the tombstone and refuse.
+    remember(&mut next, transfer_id, now_millis);
+    Ok(next)
+}
+
+/// The account invariants every decision keeps (checked in debug builds, after each one):
+/// pending sums are never negative and are zero with nothing pending, and an id is never
+/// both pending and settled on the same account.
+fn debug_assert_consistent(account: &AccountDoc, transfer_id: &str, op: AccountOp) {
+    debug_assert!(
+        account.pending_credits >= 0 && account.pending_debits >= 0,
+        "{op:?} of {transfer_id} left negative pending sums on {}: credits {}, debits {}",
+        account.account_id,
+        account.pending_credits,
+        account.pending_debits
+    );
+    debug_assert!(
+        !account.pending_transactions.is_empty()
+            || (account.pending_credits == 0 && account.pending_debits == 0),
+        "{op:?} of {transfer_id} left pending sums on {} with nothing pending",
+        account.account_id
+    );
+    debug_assert!(
+        !account
+            .pending_transactions
+            .iter()
+            .any(|id| account.settled_transactions.iter().any(|s| &s.id == id)),
+        "{op:?} of {transfer_id} left an id both pending and settled on {}",
+        account.account_id
+    );
 }
 
 fn remember(account: &mut AccountDoc, transfer_id: &str, now_millis: i64) {
@@ -308,13 +355,12 @@ fn prune_settled(account: &mut AccountDoc, now_millis: i64, retention: Retention
 }
 
 /// The transfer document after a state write: checked against the arrows, stamped with the
-/// time, the reason kept or set, and the lease renewed (or released when terminal).
+/// time, the reason kept or set. The lease fields are left to [`super::lease`].
 pub fn transition(
     transfer: &TransferDoc,
     to: TransferState,
     reason: Option<RollbackReason>,
     now: &Now,
-    lease: Option<(&str, &str)>,
 ) -> Option<TransferDoc> {
     if !transfer.transaction_state.can_move_to(to) {
         return None;
@@ -325,16 +371,6 @@ pub fn transition(
         next.reason = reason;
     }
     next.modification_time = now.text.clone();
-    match lease {
-        Some((owner, expires)) if !to.is_terminal() => {
-            next.lease_owner = Some(owner.to_owned());
-            next.lease_expires_at = Some(expires.to_owned());
-        }
-        _ => {
-            next.lease_owner = None;
-            next.lease_expires_at = None;
-        }
-    }
     Some(next)
 }
 
@@ -419,7 +455,7 @@ mod tests {
                     allowed.contains(&(from, to)),
                     "{from} → {to}"
                 );
-                let moved = transition(&transfer(from), to, None, &now(), Some(("w", "x")));
+                let moved = transition(&transfer(from), to, None, &now());
                 assert_eq!(moved.is_some(), allowed.contains(&(from, to)));
             }
         }
@@ -467,15 +503,16 @@ mod tests {
     }
 
     #[test]
-    fn transition_stamps_time_renews_lease_and_releases_it_when_terminal() {
+    fn transition_stamps_time_and_leaves_the_lease_alone() {
         let t = transfer(Pending);
-        let next = transition(&t, Committed, None, &now(), Some(("me", "later"))).unwrap();
+        let next = transition(&t, Committed, None, &now()).unwrap();
         assert_eq!(next.transaction_state, Committed);
         assert_eq!(next.modification_time, now().text);
-        assert_eq!(next.lease_owner.as_deref(), Some("me"));
-        assert_eq!(next.lease_expires_at.as_deref(), Some("later"));
-        let done = transition(&next, Finished, None, &now(), Some(("me", "later"))).unwrap();
-        assert_eq!((done.lease_owner, done.lease_expires_at), (None, None));
+        assert_eq!(
+            (next.lease_owner, next.lease_expires_at),
+            (t.lease_owner, t.lease_expires_at),
+            "the lease is the lease module's to write"
+        );
     }
 
     #[test]
@@ -486,10 +523,9 @@ mod tests {
             Terminating,
             Some(RollbackReason::InsufficientFunds),
             &now(),
-            None,
         )
         .unwrap();
-        let t = transition(&t, RolledBack, None, &now(), None).unwrap();
+        let t = transition(&t, RolledBack, None, &now()).unwrap();
         assert_eq!(t.reason, Some(RollbackReason::InsufficientFunds));
     }
 

@@ -1,4 +1,4 @@
-//! The recovery loop of seed 003, with leases: every `RECOVERY_INTERVAL` it pages through all
+//! The recovery loop of Elastic's post, with leases: every `RECOVERY_INTERVAL` it pages through all
 //! transfers in `created|pending|committed|terminating` last modified before
 //! `now - RECOVERY_STALE_AFTER`, oldest first, and resumes each whose lease has run out at the
 //! step its state calls for (the driver's plan is the post's recovery table: `created` → core
@@ -9,16 +9,15 @@
 //! live worker renewing) exactly one wins.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::Semaphore;
 use tracing::{info, warn, Instrument};
 
-use super::driver::{parse_transfer, Held};
+use super::lease::{Claim, ClaimWrite, Held};
 use super::model::{TransferDoc, TransferState};
-use super::protocol::{now_millis, Now};
 use super::Engine;
-use crate::store::{format_millis, parse_millis, Index, SortKey, StaleQuery, StoreResult};
+use crate::store::{SortKey, StaleQuery, StoreResult};
 
 /// What one sweep did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -41,16 +40,17 @@ impl Engine {
     /// left is resumed as soon as its leases run out rather than minutes later.
     pub fn spawn_recovery_loop(self: &Arc<Self>) {
         let engine = self.clone();
-        let started = Instant::now();
+        let started = self.clock.instant();
         let permits = Arc::new(Semaphore::new(MAX_CONCURRENT_RECOVERIES));
         self.tasks.spawn(
             async move {
                 let startup = engine.config.lease + engine.config.recovery_interval;
                 loop {
-                    let bound = if started.elapsed() < startup {
-                        now_millis()
+                    let now = engine.clock.wall_millis();
+                    let bound = if engine.clock.instant() - started < startup {
+                        now
                     } else {
-                        now_millis() - engine.config.recovery_stale_after.as_millis() as i64
+                        now - engine.config.recovery_stale_after.as_millis() as i64
                     };
                     match engine.recover_once(bound, &permits).await {
                         Ok(report) if report.resumed > 0 => info!(?report, "recovery sweep"),
@@ -104,7 +104,7 @@ impl Engine {
                         continue;
                     }
                 };
-                if let Some((owner, held)) = taken {
+                if let Some(held) = taken {
                     report.resumed += 1;
                     self.metrics
                         .transfers_recovered_total
@@ -115,7 +115,7 @@ impl Engine {
                     self.tasks.spawn(
                         async move {
                             let _permit = permit;
-                            engine.drive(&owner, held).await;
+                            engine.drive(held).await;
                         }
                         .instrument(span),
                     );
@@ -130,85 +130,25 @@ impl Engine {
 
     /// Takes the lease of a transfer whose lease has run out (or was released), by a
     /// conditional write decided on a realtime GET. `None` if it is terminal, leased by a
-    /// live worker, or someone else won the race.
-    pub async fn take_over(&self, id: &str) -> StoreResult<Option<(String, Held)>> {
-        let Some(doc) = self.store.get(Index::Transactions, id).await? else {
+    /// live worker, or someone else won the race. A takeover whose answer was lost but which
+    /// was applied continues from the document as read (a cancel may have changed it since).
+    pub async fn take_over(&self, id: &str) -> StoreResult<Option<Held>> {
+        let Some(current) = self.docs.get::<TransferDoc>(id).await? else {
             return Ok(None);
         };
-        let transfer = match parse_transfer(doc.source) {
-            Ok(t) => t,
-            Err(reason) => {
-                warn!(
-                    transfer_id = id,
-                    ?reason,
-                    "cannot recover an unreadable transfer"
-                );
-                return Ok(None);
-            }
-        };
-        if transfer.transaction_state.is_terminal() {
+        if current.doc.transaction_state.is_terminal() || self.leases.may_be_live(&current.doc) {
             return Ok(None);
         }
-        let now = Now::system();
-        if self.lease_may_be_live(&transfer, now.millis) {
-            return Ok(None);
-        }
-        let owner = self.new_owner();
-        let mut next = transfer;
-        next.lease_owner = Some(owner.clone());
-        next.lease_expires_at = Some(format_millis(
-            now.millis + self.config.lease.as_millis() as i64,
-        ));
-        next.modification_time = now.text;
-        let source = serde_json::to_value(&next).expect("documents serialize");
-        let sent = Instant::now();
-        let taken = match self
-            .store
-            .replace_if(Index::Transactions, id, source, doc.version)
-            .await
+        let mut next = current.doc;
+        next.modification_time = self.clock.now().text;
+        match self
+            .leases
+            .claim(next, ClaimWrite::ReplaceAt(current.version))
+            .await?
         {
-            Ok(outcome) => outcome.written().map(|version| (next, version)),
-            // The outcome is unknown: if our lease is in the document now, the write was
-            // applied and the transfer is ours to drive (otherwise it would sit until the
-            // lease and the stale period ran out). Continue from the document as read, not
-            // as we meant to write it: a cancel may have changed it since.
-            Err(error) if error.is_retryable() => {
-                let Some(now_doc) = self.store.get(Index::Transactions, id).await? else {
-                    return Err(error);
-                };
-                match parse_transfer(now_doc.source) {
-                    Ok(t) if t.lease_owner.as_deref() == Some(owner.as_str()) => {
-                        Some((t, now_doc.version))
-                    }
-                    _ => return Err(error),
-                }
-            }
-            Err(error) => return Err(error),
-        };
-        Ok(taken.map(|(doc, version)| {
-            (
-                owner,
-                Held {
-                    doc,
-                    version,
-                    deadline: self.lease_deadline(sent),
-                },
-            )
-        }))
-    }
-
-    /// Whether a transfer's lease may still be held: it names an owner and its expiry, plus
-    /// the clock-skew margin, is not yet past on this host's clock. Taking over only after
-    /// the margin, while holders stop a margin before their own deadline, tolerates clock
-    /// differences between instances of up to twice the margin.
-    pub(crate) fn lease_may_be_live(&self, transfer: &TransferDoc, now_millis: i64) -> bool {
-        let margin = self.config.skew_margin.as_millis() as i64;
-        transfer.lease_owner.is_some()
-            && transfer
-                .lease_expires_at
-                .as_deref()
-                .and_then(parse_millis)
-                .is_some_and(|expires| expires + margin > now_millis)
+            Claim::Won(held) => Ok(Some(held)),
+            Claim::Lost(_) => Ok(None),
+        }
     }
 
     /// Waits until every driver and the recovery loop have stopped, at most `limit`.

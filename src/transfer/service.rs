@@ -3,14 +3,15 @@
 //! to a spawned worker that already holds its lease.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::driver::{parse_transfer, Held};
+use super::documents::{decode, Versioned};
+use super::lease::{Claim, ClaimWrite, Held};
 use super::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
-use super::protocol::{self, Now};
+use super::protocol;
 use super::retry::retry;
 use super::Engine;
-use crate::store::{format_millis, Index, SortKey, StoreError, TransferFilter, WriteOutcome};
+use crate::store::{SortKey, StoreError, TransferFilter, WriteOutcome};
 
 /// Failures the API maps to answers.
 #[derive(Debug, thiserror::Error)]
@@ -52,12 +53,20 @@ pub enum Created<T> {
 
 const CREATE_ATTEMPTS: u32 = 3;
 
+/// What a cancel does to a transfer in the state it was read in.
+enum CancelPlan {
+    /// Nothing to write: answer with the transfer as it is.
+    Answer(TransferDoc),
+    /// Write this state.
+    Move(TransferState),
+}
+
 impl Engine {
     pub async fn create_account(
         &self,
         new: NewAccount,
     ) -> Result<Created<AccountDoc>, ServiceError> {
-        let now = Now::system();
+        let now = self.clock.now();
         let doc = AccountDoc {
             account_id: new.id.clone(),
             balance: new.balance,
@@ -70,35 +79,25 @@ impl Engine {
             creation_time: now.text.clone(),
             modification_time: now.text,
         };
-        let source = serde_json::to_value(&doc).expect("documents serialize");
-        match self
-            .create_with_retries(Index::Accounts, &new.id, source)
-            .await?
-        {
-            WriteOutcome::Written(_) => Ok(Created::New(doc)),
-            _ => {
-                let existing = self.get_account(&new.id).await?.ok_or_else(|| {
-                    StoreError::Unavailable("account exists but cannot be read yet".into())
-                })?;
-                if existing.opening_balance == new.balance && existing.floor == new.floor {
-                    Ok(Created::Replayed(existing))
-                } else {
-                    Err(ServiceError::Conflict(format!(
-                        "account {} exists with another opening balance or floor",
-                        new.id
-                    )))
-                }
-            }
+        let created = retry(CREATE_ATTEMPTS, || true, || self.docs.create(&doc)).await?;
+        if let WriteOutcome::Written(_) = created {
+            return Ok(Created::New(doc));
+        }
+        let existing = self.get_account(&new.id).await?.ok_or_else(|| {
+            StoreError::Unavailable("account exists but cannot be read yet".into())
+        })?;
+        if existing.opening_balance == new.balance && existing.floor == new.floor {
+            Ok(Created::Replayed(existing))
+        } else {
+            Err(ServiceError::Conflict(format!(
+                "account {} exists with another opening balance or floor",
+                new.id
+            )))
         }
     }
 
     pub async fn get_account(&self, id: &str) -> Result<Option<AccountDoc>, ServiceError> {
-        match self.store.get(Index::Accounts, id).await? {
-            Some(doc) => Ok(Some(serde_json::from_value(doc.source).map_err(|e| {
-                StoreError::Permanent(format!("unreadable account document {id}: {e}"))
-            })?)),
-            None => Ok(None),
-        }
+        Ok(self.docs.get::<AccountDoc>(id).await?.map(|v| v.doc))
     }
 
     /// Persists the transfer in `created` with a lease for a new worker, spawns that worker,
@@ -109,8 +108,7 @@ impl Engine {
         self: &Arc<Self>,
         new: NewTransfer,
     ) -> Result<Created<TransferDoc>, ServiceError> {
-        let now = Now::system();
-        let owner = self.new_owner();
+        let now = self.clock.now();
         let doc = TransferDoc {
             transaction_id: new.id.clone(),
             src_acct: new.from.clone(),
@@ -119,94 +117,39 @@ impl Engine {
             transaction_state: TransferState::Created,
             reason: None,
             creation_time: now.text.clone(),
-            modification_time: now.text.clone(),
-            lease_owner: Some(owner.clone()),
-            lease_expires_at: Some(format_millis(
-                now.millis + self.config.lease.as_millis() as i64,
-            )),
+            modification_time: now.text,
+            lease_owner: None,
+            lease_expires_at: None,
         };
-        let source = serde_json::to_value(&doc).expect("documents serialize");
-        let sent = Instant::now();
-        match self
-            .create_with_retries(Index::Transactions, &new.id, source)
-            .await?
-        {
-            WriteOutcome::Written(version) => {
+        // A create whose answer was lost is still ours (the claim finds our token): it is
+        // new, and ours to drive.
+        let existing = match self.leases.claim(doc, ClaimWrite::Create).await? {
+            Claim::Won(held) => {
                 self.metrics.transfers_created_total.inc();
-                let shown = doc.clone();
-                let deadline = self.lease_deadline(sent);
-                self.spawn_driver(
-                    owner,
-                    Held {
-                        doc,
-                        version,
-                        deadline,
-                    },
-                );
-                Ok(Created::New(shown))
+                let shown = held.doc.clone();
+                self.spawn_driver(held);
+                return Ok(Created::New(shown));
             }
-            _ => {
-                let held = self.get_transfer_held(&new.id).await?.ok_or_else(|| {
-                    StoreError::Unavailable("transfer exists but cannot be read yet".into())
-                })?;
-                if held.doc.lease_owner.as_deref() == Some(owner.as_str()) {
-                    // Our own earlier attempt, whose answer was lost: it is new, and ours to
-                    // drive (the lease in it is ours, taken no earlier than `sent`).
-                    self.metrics.transfers_created_total.inc();
-                    let shown = held.doc.clone();
-                    let deadline = self.lease_deadline(sent);
-                    self.spawn_driver(owner, Held { deadline, ..held });
-                    return Ok(Created::New(shown));
-                }
-                let existing = held.doc;
-                if existing.src_acct == new.from
-                    && existing.dest_acct == new.to
-                    && existing.amount == new.amount
-                {
-                    Ok(Created::Replayed(existing))
-                } else {
-                    Err(ServiceError::Conflict(format!(
-                        "transfer {} exists with another from, to or amount",
-                        new.id
-                    )))
-                }
-            }
+            Claim::Lost(existing) => existing.ok_or_else(|| {
+                StoreError::Unavailable("transfer exists but cannot be read yet".into())
+            })?,
+        };
+        let existing = existing.doc;
+        if existing.src_acct == new.from
+            && existing.dest_acct == new.to
+            && existing.amount == new.amount
+        {
+            Ok(Created::Replayed(existing))
+        } else {
+            Err(ServiceError::Conflict(format!(
+                "transfer {} exists with another from, to or amount",
+                new.id
+            )))
         }
-    }
-
-    async fn create_with_retries(
-        &self,
-        index: Index,
-        id: &str,
-        source: serde_json::Value,
-    ) -> Result<WriteOutcome, StoreError> {
-        retry(
-            CREATE_ATTEMPTS,
-            || true,
-            || self.store.create(index, id, source.clone()),
-        )
-        .await
     }
 
     pub async fn get_transfer(&self, id: &str) -> Result<Option<TransferDoc>, ServiceError> {
-        Ok(self.get_transfer_held(id).await?.map(|h| h.doc))
-    }
-
-    async fn get_transfer_held(&self, id: &str) -> Result<Option<Held>, ServiceError> {
-        match self.store.get(Index::Transactions, id).await? {
-            Some(doc) => {
-                let transfer = parse_transfer(doc.source).map_err(|reason| {
-                    StoreError::Permanent(format!("transfer {id}: {reason:?}"))
-                })?;
-                Ok(Some(Held {
-                    doc: transfer,
-                    version: doc.version,
-                    // Read, not leased: no deadline to act by.
-                    deadline: Instant::now(),
-                }))
-            }
-            None => Ok(None),
-        }
+        Ok(self.docs.get::<TransferDoc>(id).await?.map(|v| v.doc))
     }
 
     /// The transfer as soon as it is terminal, or as it is when `wait` ends. Wakes on this
@@ -240,92 +183,75 @@ impl Engine {
     /// holder, or a new worker if none is alive, then undoes the accounts). `terminating` and
     /// `rolled-back` answer as they are; `committed` and `finished` are a conflict.
     pub async fn cancel_transfer(self: &Arc<Self>, id: &str) -> Result<TransferDoc, ServiceError> {
+        let mut read = self.docs.get::<TransferDoc>(id).await?;
         loop {
-            let Some(held) = self.get_transfer_held(id).await? else {
+            let Some(current) = read else {
                 return Err(ServiceError::NotFound);
             };
-            let state = held.doc.transaction_state;
-            let to = match state {
-                TransferState::Created => TransferState::RolledBack,
-                TransferState::Pending => TransferState::Terminating,
-                TransferState::Terminating | TransferState::RolledBack => return Ok(held.doc),
-                TransferState::Committed | TransferState::Finished => {
-                    return Err(ServiceError::Conflict(format!(
-                        "transfer {id} is {state}; a committed transfer cannot be cancelled"
-                    )))
-                }
+            let to = match cancel_plan(&current.doc)? {
+                CancelPlan::Answer(doc) => return Ok(doc),
+                CancelPlan::Move(to) => to,
             };
-            let now = Now::system();
-            let live_owner = held
-                .doc
-                .lease_owner
-                .clone()
-                .filter(|_| self.lease_may_be_live(&held.doc, now.millis));
-            // Keep a live holder's lease (it will see the new state at its next write and roll
-            // back); otherwise take the lease for a worker of our own.
-            let (owner, expires, spawn) = match (&live_owner, to) {
-                (Some(owner), _) => (
-                    owner.clone(),
-                    held.doc.lease_expires_at.clone().unwrap_or_default(),
-                    false,
-                ),
-                (None, TransferState::Terminating) => (
-                    self.new_owner(),
-                    format_millis(now.millis + self.config.lease.as_millis() as i64),
-                    true,
-                ),
-                (None, _) => (String::new(), String::new(), false),
-            };
-            let Some(next) = protocol::transition(
-                &held.doc,
-                to,
-                Some(RollbackReason::Cancelled),
-                &now,
-                Some((&owner, &expires)),
-            ) else {
-                continue;
-            };
-            let source = serde_json::to_value(&next).expect("documents serialize");
-            let sent = Instant::now();
-            match self
-                .store
-                .replace_if(Index::Transactions, id, source, held.version)
-                .await
-            {
-                Ok(WriteOutcome::Written(version)) => {
-                    self.record_transition(&next, state, to, now.millis);
-                    if spawn {
-                        self.spawn_driver(
-                            owner,
-                            Held {
-                                doc: next.clone(),
-                                version,
-                                deadline: self.lease_deadline(sent),
-                            },
-                        );
-                    }
-                    return Ok(next);
-                }
+            match self.cancel_once(current, to).await? {
+                Ok(done) => return Ok(done),
                 // The transfer moved meanwhile: decide again on what it is now.
-                Ok(_) => continue,
-                // The outcome is unknown. If our lease is in the document, our write was
-                // applied: drive it now rather than leave it until the lease runs out.
-                Err(error) if error.is_retryable() && spawn => {
-                    match self.get_transfer_held(id).await? {
-                        Some(now) if now.doc.lease_owner.as_deref() == Some(owner.as_str()) => {
-                            // Our owner token is unique: the transition was ours.
-                            self.record_transition(&now.doc, state, to, protocol::now_millis());
-                            let shown = now.doc.clone();
-                            let deadline = self.lease_deadline(sent);
-                            self.spawn_driver(owner, Held { deadline, ..now });
-                            return Ok(shown);
-                        }
-                        _ => return Err(error.into()),
-                    }
-                }
-                Err(error) => return Err(error.into()),
+                Err(now) => read = now,
             }
         }
+    }
+
+    /// One attempt at moving `current` to `to` with reason `cancelled`. A live holder keeps
+    /// its lease (it sees the new state at its next write and rolls back); otherwise a
+    /// `terminating` transfer is claimed for a worker of our own. `Err` carries the transfer
+    /// as it is now, when the attempt lost a race.
+    async fn cancel_once(
+        self: &Arc<Self>,
+        current: Versioned<TransferDoc>,
+        to: TransferState,
+    ) -> Result<Result<TransferDoc, Option<Versioned<TransferDoc>>>, ServiceError> {
+        let from = current.doc.transaction_state;
+        let now = self.clock.now();
+        let Some(next) =
+            protocol::transition(&current.doc, to, Some(RollbackReason::Cancelled), &now)
+        else {
+            // `cancel_plan` only moves along arrows: this is a bug, not a race.
+            return Err(StoreError::Permanent(format!("cannot cancel: {from} → {to}")).into());
+        };
+        let live = self.leases.may_be_live(&current.doc);
+        if live || to.is_terminal() {
+            let outcome = self
+                .leases
+                .write_keeping_lease(next.clone(), current.version)
+                .await?;
+            return Ok(match outcome {
+                WriteOutcome::Written(_) => {
+                    self.record_transition(&next, from, to, now.millis);
+                    Ok(next)
+                }
+                _ => Err(self.docs.get::<TransferDoc>(&next.transaction_id).await?),
+            });
+        }
+        match self
+            .leases
+            .claim(next, ClaimWrite::ReplaceAt(current.version))
+            .await?
+        {
+            Claim::Won(held) => Ok(Ok(self.start_cancelled(held, from, to))),
+            Claim::Lost(now) => Ok(Err(now)),
+        }
+    }
+
+    /// Records a cancel that took the lease and spawns the worker that rolls it back.
+    fn start_cancelled(
+        self: &Arc<Self>,
+        held: Held,
+        from: TransferState,
+        to: TransferState,
+    ) -> TransferDoc {
+        self.record_transition(&held.doc, from, to, self.clock.wall_millis());
+        let shown = held.doc.clone();
+        self.spawn_driver(held);
+        shown
     }
 
     /// One page of the listing, newest first, and the key to continue after.
@@ -334,15 +260,27 @@ impl Engine {
         filter: TransferFilter,
     ) -> Result<(Vec<TransferDoc>, Option<SortKey>), ServiceError> {
         let page = self.store.list_transfers(&filter).await?;
-        let mut items = Vec::with_capacity(page.docs.len());
-        for doc in page.docs {
-            let id = doc.id.clone();
-            items.push(
-                parse_transfer(doc.source).map_err(|reason| {
-                    StoreError::Permanent(format!("transfer {id}: {reason:?}"))
-                })?,
-            );
-        }
+        let items = page
+            .docs
+            .into_iter()
+            .map(|doc| decode::<TransferDoc>(doc).map(|v| v.doc))
+            .collect::<Result<_, _>>()?;
         Ok((items, page.next))
+    }
+}
+
+/// What a cancel does to a transfer in its current state.
+fn cancel_plan(doc: &TransferDoc) -> Result<CancelPlan, ServiceError> {
+    let state = doc.transaction_state;
+    match state {
+        TransferState::Created => Ok(CancelPlan::Move(TransferState::RolledBack)),
+        TransferState::Pending => Ok(CancelPlan::Move(TransferState::Terminating)),
+        TransferState::Terminating | TransferState::RolledBack => {
+            Ok(CancelPlan::Answer(doc.clone()))
+        }
+        TransferState::Committed | TransferState::Finished => Err(ServiceError::Conflict(format!(
+            "transfer {} is {state}; a committed transfer cannot be cancelled",
+            doc.transaction_id
+        ))),
     }
 }

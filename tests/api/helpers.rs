@@ -196,7 +196,7 @@ impl TestApp {
     }
 
     pub async fn shutdown(self) {
-        self.engine.shutdown.cancel();
+        self.engine.shut_down();
         let _ = tokio::time::timeout(Duration::from_secs(15), self.server).await;
     }
 }

@@ -10,7 +10,7 @@ mod helpers;
 use helpers::{spawn_app, Backend, TestApp};
 use serde_json::{json, Value};
 use transfer_service::store::{format_millis, Index};
-use transfer_service::transfer::protocol::now_millis;
+use transfer_service::transfer::clock::{Clock, SystemClock};
 
 fn assert_problem(status: u16, body: &Value, want: u16) {
     assert_eq!(status, want, "{body}");
@@ -29,7 +29,7 @@ async fn plant_transfer(
     lease_owner: Option<&str>,
     lease_ms: i64,
 ) {
-    let now = now_millis();
+    let now = SystemClock.wall_millis();
     let mut doc = json!({
         "transaction_id": id, "src_acct": "a", "dest_acct": "b", "amount": 10,
         "transaction_state": state,
@@ -40,7 +40,7 @@ async fn plant_transfer(
         doc["lease_expires_at"] = json!(format_millis(now + lease_ms));
     }
     app.engine
-        .store
+        .store()
         .create(Index::Transactions, id, doc)
         .await
         .unwrap();
@@ -264,7 +264,7 @@ mod cases {
             assert_problem(status, &problem, 422);
         }
         assert_eq!((app.balance("A").await, app.balance("B").await), (500, 0));
-        app.engine.store.refresh().await.unwrap();
+        app.engine.store().refresh().await.unwrap();
         let (_, page) = app.get("/transfers").await;
         assert_eq!(page["items"], json!([]), "no transfer was created");
         app.shutdown().await;
@@ -403,7 +403,7 @@ mod cases {
             assert_eq!(app.transfer(id, from, to, amount).await.0, 201);
             app.settled(id).await;
         }
-        app.engine.store.refresh().await.unwrap();
+        app.engine.store().refresh().await.unwrap();
         let ids = |page: &Value| -> Vec<String> {
             page["items"]
                 .as_array()
@@ -554,7 +554,7 @@ mod cases {
             assert_eq!(body["id"], *id);
             assert_eq!(body["balance"], 100, "{id}: {body}");
         }
-        app.engine.store.refresh().await.unwrap();
+        app.engine.store().refresh().await.unwrap();
         let (status, page) = app.get("/transfers?account=_search").await;
         assert_eq!(status, 200, "{page}");
         let listed: Vec<&str> = page["items"]
@@ -630,7 +630,7 @@ mod cases {
         app.open_account("B", 0).await;
         assert_eq!(app.transfer("t1", "A", "B", 10).await.0, 201);
         app.settled("t1").await;
-        app.engine.store.refresh().await.unwrap();
+        app.engine.store().refresh().await.unwrap();
         let long = "z".repeat(30_000);
         let bad: Vec<String> = [
             "limit=1&limit=2",
@@ -762,7 +762,7 @@ mod cases {
             assert_problem(status, &problem, want);
         }
         assert_eq!((app.balance("A").await, app.balance("B").await), (100, 0));
-        app.engine.store.refresh().await.unwrap();
+        app.engine.store().refresh().await.unwrap();
         let (_, page) = app.get("/transfers").await;
         assert_eq!(page["items"], json!([]), "no transfer was created");
         app.shutdown().await;

@@ -7,8 +7,6 @@
 //!   before or after it is applied, or a crash (the request never answers and the store goes
 //!   dead: every later request fails, as if the process had died mid-request).
 
-#![allow(dead_code)]
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

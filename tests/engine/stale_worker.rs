@@ -10,24 +10,17 @@
 //!
 //! All seeds run at once on one embedded store, each on its own pair of accounts.
 
-#[path = "support/faulty.rs"]
-mod faulty;
+use std::time::Duration;
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use faulty::{Fault, FaultyStore, Matcher};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tokio::sync::Semaphore;
-use transfer_service::audit::audit;
-use transfer_service::metrics::Metrics;
-use transfer_service::store::embedded::EmbeddedStore;
 use transfer_service::store::{DynStore, Index};
 use transfer_service::transfer::model::TransferState;
-use transfer_service::transfer::protocol::now_millis;
 use transfer_service::transfer::service::{NewAccount, NewTransfer};
-use transfer_service::transfer::{Engine, EngineConfig};
+use transfer_service::transfer::EngineConfig;
+
+use crate::support::engine::*;
+use crate::support::faulty::{Fault, Matcher};
 
 const LEASE: Duration = Duration::from_millis(80);
 
@@ -92,14 +85,14 @@ fn stall_point(seed: u64) -> (Matcher, Fault, &'static str) {
 }
 
 /// The production defence: lease-fenced conditional writes, and tombstones.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_stalled_worker_never_applies_a_transfer_twice() {
     run_seeds(1000).await;
 }
 
 /// The lease fence alone, with tombstones switched off (`SETTLED_MAX=0`): what protects a
 /// busy account whose tombstones have been pruned, and what fails if the fence is broken.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn the_lease_fence_alone_prevents_double_applies() {
     run_seeds(0).await;
 }
@@ -109,11 +102,10 @@ async fn run_seeds(tombstones: usize) {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1000);
-    let dir = tempfile::tempdir().unwrap();
-    let base: DynStore = Arc::new(EmbeddedStore::open(dir.path()).unwrap());
-    let faulty = FaultyStore::new(base.clone(), 7, Duration::from_millis(1));
-    let a = Engine::new(faulty.clone(), config(tombstones), Metrics::new());
-    let b = Engine::new(base.clone(), config(tombstones), Metrics::new());
+    let w = world(7, Duration::from_millis(1));
+    let (base, faulty): (DynStore, _) = (w.base.clone(), w.faulty.clone());
+    let a = w.instance(faulty.clone(), config(tombstones));
+    let b = w.instance(base.clone(), config(tombstones));
 
     for seed in 0..seeds {
         for (account, balance) in [("a", 100), ("b", 0)] {
@@ -141,28 +133,11 @@ async fn run_seeds(tombstones: usize) {
 
     // Instance B recovers until everything is terminal and every stalled worker of A has
     // woken up and stopped.
-    let permits = Arc::new(Semaphore::new(128));
-    let deadline = Instant::now() + Duration::from_secs(240);
-    loop {
-        b.recover_once(now_millis() + 1, &permits).await.unwrap();
-        let report = audit(base.as_ref(), i64::MAX).await.unwrap();
-        if report.in_flight == 0 && a.tasks.is_empty() && b.tasks.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not quiescent: {} in flight, {} workers of A, {} of B",
-            report.in_flight,
-            a.tasks.len(),
-            b.tasks.len()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    recover_until_quiescent(&w, &b, || a.running_tasks(), Duration::from_secs(240)).await;
 
     let fired = faulty.fired.load(std::sync::atomic::Ordering::SeqCst);
     eprintln!("{seeds} seeds, {fired} stalls fired");
-    let report = audit(base.as_ref(), i64::MAX).await.unwrap();
-    assert!(report.is_clean(), "{report}");
+    assert_invariants(&base).await;
     for seed in 0..seeds {
         let t = b
             .get_transfer(&format!("s{seed}-t"))

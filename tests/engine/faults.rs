@@ -10,22 +10,15 @@
 //! The commit path moves 10 from `src` to `dest`. The rollback path sends 10 to an account
 //! one unit below overflow, so the destination apply refuses and the transfer rolls back.
 
-#[path = "support/faulty.rs"]
-mod faulty;
+use std::time::Duration;
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use faulty::{Fault, FaultyStore, Matcher};
-use tokio::sync::Semaphore;
-use transfer_service::audit::audit;
-use transfer_service::metrics::Metrics;
-use transfer_service::store::embedded::EmbeddedStore;
 use transfer_service::store::{DynStore, Index};
 use transfer_service::transfer::model::TransferState;
-use transfer_service::transfer::protocol::now_millis;
 use transfer_service::transfer::service::{NewAccount, NewTransfer};
-use transfer_service::transfer::{Engine, EngineConfig};
+use transfer_service::transfer::EngineConfig;
+
+use crate::support::engine::*;
+use crate::support::faulty::{Fault, FaultyStore, Matcher};
 
 const LEASE: Duration = Duration::from_secs(1);
 
@@ -146,11 +139,11 @@ fn matcher(case: &str, step: Step) -> Matcher {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn every_step_survives_errors_crashes_and_stalls() {
-    let dir = tempfile::tempdir().unwrap();
-    let base: DynStore = Arc::new(EmbeddedStore::open(dir.path()).unwrap());
-    let recoverer = Engine::new(base.clone(), config(), Metrics::new());
+    let w = world(0, Duration::ZERO);
+    let base: DynStore = w.base.clone();
+    let recoverer = w.instance(base.clone(), config());
     let mut cases = Vec::new();
     let mut workers = Vec::new();
     for (s, (step_name, path, step)) in STEPS.iter().enumerate() {
@@ -173,8 +166,8 @@ async fn every_step_survives_errors_crashes_and_stalls() {
             // Each case has its own instance A, whose store can die alone.
             let faulty = FaultyStore::new(base.clone(), s as u64 * 10 + f as u64, Duration::ZERO);
             faulty.inject(matcher(&case, *step), *fault, 1);
-            let worker = Engine::new(faulty.clone(), config(), Metrics::new());
-            workers.push((worker.clone(), faulty));
+            let worker = w.instance(faulty.clone(), config());
+            workers.push((worker.engine.clone(), faulty));
             cases.push((case, *step_name, *fault_name, *path));
         }
     }
@@ -199,31 +192,16 @@ async fn every_step_survives_errors_crashes_and_stalls() {
         create.await.unwrap();
     }
 
-    let permits = Arc::new(Semaphore::new(128));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        recoverer
-            .recover_once(now_millis() + 1, &permits)
-            .await
-            .unwrap();
-        let report = audit(base.as_ref(), i64::MAX).await.unwrap();
-        let busy = workers
+    // Workers whose store crashed never answer again: they are dead processes, not busy ones.
+    let live_workers = || {
+        workers
             .iter()
-            .filter(|(w, f)| !f.is_dead() && !w.tasks.is_empty())
-            .count();
-        if report.in_flight == 0 && busy == 0 && recoverer.tasks.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not quiescent: {} in flight, {busy} live workers",
-            report.in_flight
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+            .filter(|(worker, faulty)| !faulty.is_dead() && worker.running_tasks() > 0)
+            .count()
+    };
+    recover_until_quiescent(&w, &recoverer, live_workers, Duration::from_secs(60)).await;
 
-    let report = audit(base.as_ref(), i64::MAX).await.unwrap();
-    assert!(report.is_clean(), "{report}");
+    assert_invariants(&base).await;
     for ((case, step, fault, path), (_, faulty)) in cases.iter().zip(&workers) {
         let fired = faulty.fired.load(std::sync::atomic::Ordering::SeqCst);
         assert_eq!(fired, 1, "{step} / {fault}: the fault did not fire");

@@ -3,114 +3,36 @@
 //! cancels driven by concurrent workers of two "instances" with short leases and random
 //! delays, ending with the invariants of DESIGN §4.
 
-#[path = "support/faulty.rs"]
-mod faulty;
-
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use faulty::{Fault, FaultyStore, Matcher};
 use proptest::prelude::*;
 use tokio::sync::Semaphore;
-use transfer_service::audit::audit;
-use transfer_service::metrics::Metrics;
-use transfer_service::store::embedded::EmbeddedStore;
-use transfer_service::store::instrumented::InstrumentedStore;
 use transfer_service::store::{DynStore, Index};
 use transfer_service::transfer::model::TransferState;
-use transfer_service::transfer::protocol::now_millis;
-use transfer_service::transfer::service::{Created, NewAccount, NewTransfer, ServiceError};
-use transfer_service::transfer::{Engine, EngineConfig};
+use transfer_service::transfer::service::{Created, NewTransfer, ServiceError};
+use transfer_service::transfer::EngineConfig;
 
-struct World {
-    base: DynStore,
-    faulty: Arc<FaultyStore>,
-    _dir: tempfile::TempDir,
-}
+use crate::support::engine::*;
+use crate::support::faulty::{Fault, Matcher};
 
-fn world(seed: u64, jitter: Duration) -> World {
-    let dir = tempfile::tempdir().unwrap();
-    let base: DynStore = Arc::new(EmbeddedStore::open(dir.path()).unwrap());
-    let faulty = FaultyStore::new(base.clone(), seed, jitter);
-    World {
-        base,
-        faulty,
-        _dir: dir,
-    }
-}
-
-fn engine(store: DynStore, lease: Duration) -> Arc<Engine> {
-    let metrics = Metrics::new();
-    let store = Arc::new(InstrumentedStore::new(store, metrics.clone()));
-    Engine::new(store, EngineConfig::with_lease(lease), metrics)
-}
-
-async fn open(engine: &Engine, id: &str, balance: i64) {
-    let created = engine
-        .create_account(NewAccount {
-            id: id.into(),
-            balance,
-            floor: 0,
-        })
-        .await
-        .unwrap();
-    assert!(matches!(created, Created::New(_)));
-}
-
-async fn start(engine: &Arc<Engine>, id: &str, from: &str, to: &str, amount: i64) {
-    let created = engine
-        .create_transfer(NewTransfer {
-            id: id.into(),
-            from: from.into(),
-            to: to.into(),
-            amount,
-        })
-        .await
-        .unwrap();
-    assert!(matches!(created, Created::New(_)));
-}
-
-async fn balance(engine: &Engine, id: &str) -> i64 {
-    engine.get_account(id).await.unwrap().unwrap().balance
+/// An instance with timers scaled to `lease`.
+fn instance(w: &World, store: DynStore, lease: Duration) -> Instance {
+    w.instance(store, EngineConfig::with_lease(lease))
 }
 
 /// Drives recovery (as another instance would) until every transfer is terminal.
-async fn quiesce(recoverer: &Arc<Engine>, ids: &[String], limit: Duration) {
-    let deadline = Instant::now() + limit;
-    let permits = Arc::new(Semaphore::new(64));
-    loop {
-        let mut open = Vec::new();
-        for id in ids {
-            let t = recoverer.get_transfer(id).await.unwrap().expect("exists");
-            if !t.transaction_state.is_terminal() {
-                open.push((id.clone(), t.transaction_state));
-            }
-        }
-        if open.is_empty() {
-            return;
-        }
-        assert!(Instant::now() < deadline, "still in flight: {open:?}");
-        recoverer
-            .recover_once(now_millis() + 1, &permits)
-            .await
-            .unwrap();
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+async fn quiesce(w: &World, recoverer: &Instance, limit: Duration) {
+    recover_until_quiescent(w, recoverer, || 0, limit).await;
 }
 
-async fn assert_invariants(store: &DynStore) {
-    let report = audit(store.as_ref(), i64::MAX).await.unwrap();
-    assert!(report.is_clean(), "{report}");
-    assert!(report.is_quiescent(), "{report}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_write_applied_but_unacknowledged_is_not_applied_twice() {
     let w = world(1, Duration::ZERO);
-    let e = engine(w.faulty.clone(), Duration::from_secs(5));
-    open(&e, "a", 100).await;
-    open(&e, "b", 0).await;
+    let e = instance(&w, w.faulty.clone(), Duration::from_secs(5));
+    open_account(&e, "a", 100).await;
+    open_account(&e, "b", 0).await;
     // Each account write is applied but answered with an error once: the worker retries the
     // same conditional write, which conflicts, re-reads and finds the step done.
     w.faulty.inject(
@@ -122,8 +44,8 @@ async fn a_write_applied_but_unacknowledged_is_not_applied_twice() {
         Fault::FailAfter,
         4,
     );
-    start(&e, "t1", "a", "b", 30).await;
-    quiesce(&e, &["t1".into()], Duration::from_secs(20)).await;
+    start_transfer(&e, "t1", "a", "b", 30).await;
+    quiesce(&w, &e, Duration::from_secs(20)).await;
     assert_eq!(w.faulty.fired.load(std::sync::atomic::Ordering::SeqCst), 4);
     assert_eq!(
         e.get_transfer("t1")
@@ -137,12 +59,12 @@ async fn a_write_applied_but_unacknowledged_is_not_applied_twice() {
     assert_invariants(&w.base).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn state_writes_applied_but_unacknowledged_are_recovered() {
     let w = world(2, Duration::ZERO);
-    let e = engine(w.faulty.clone(), Duration::from_millis(300));
-    open(&e, "a", 100).await;
-    open(&e, "b", 0).await;
+    let e = instance(&w, w.faulty.clone(), Duration::from_millis(300));
+    open_account(&e, "a", 100).await;
+    open_account(&e, "b", 0).await;
     w.faulty.inject(
         Matcher {
             op: Some("replace"),
@@ -152,33 +74,23 @@ async fn state_writes_applied_but_unacknowledged_are_recovered() {
         Fault::FailAfter,
         3,
     );
-    start(&e, "t1", "a", "b", 30).await;
-    quiesce(&e, &["t1".into()], Duration::from_secs(20)).await;
+    start_transfer(&e, "t1", "a", "b", 30).await;
+    quiesce(&w, &e, Duration::from_secs(20)).await;
     assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (70, 30));
     assert_invariants(&w.base).await;
-}
-
-fn sample(engine: &Engine, series: &str) -> u64 {
-    engine
-        .metrics
-        .encode()
-        .lines()
-        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
-        .unwrap_or(0)
 }
 
 /// Two instances debit one hot account concurrently. Within an instance the steps for the
 /// account are merged into fewer writes; between instances the merged writes conflict and
 /// are read, decided and written again. The result is exact.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn concurrent_transfers_on_one_account_merge_conflict_and_retry_to_an_exact_result() {
     let w = world(3, Duration::from_millis(2));
-    let a = engine(w.faulty.clone(), Duration::from_secs(5));
-    let b = engine(w.faulty.clone(), Duration::from_secs(5));
-    open(&a, "hot", 1_000).await;
+    let a = instance(&w, w.faulty.clone(), Duration::from_secs(5));
+    let b = instance(&w, w.faulty.clone(), Duration::from_secs(5));
+    open_account(&a, "hot", 1_000).await;
     for i in 0..8 {
-        open(&a, &format!("c{i}"), 0).await;
+        open_account(&a, &format!("c{i}"), 0).await;
     }
     let ids: Vec<String> = (0..60).map(|i| format!("t{i}")).collect();
     let mut starts = Vec::new();
@@ -186,23 +98,17 @@ async fn concurrent_transfers_on_one_account_merge_conflict_and_retry_to_an_exac
         let e = if i % 2 == 0 { a.clone() } else { b.clone() };
         let id = id.clone();
         starts.push(tokio::spawn(async move {
-            start(&e, &id, "hot", &format!("c{}", i % 8), 10).await;
+            start_transfer(&e, &id, "hot", &format!("c{}", i % 8), 10).await;
         }));
     }
     for s in starts {
         s.await.unwrap();
     }
-    quiesce(&a, &ids, Duration::from_secs(60)).await;
+    quiesce(&w, &a, Duration::from_secs(60)).await;
     assert_eq!(balance(&a, "hot").await, 400);
-    let conflicts = sample(
-        &a,
-        r#"store_requests_total{op="replace",outcome="conflict"}"#,
-    ) + sample(
-        &b,
-        r#"store_requests_total{op="replace",outcome="conflict"}"#,
-    );
-    let writes = sample(&a, r#"store_requests_total{op="replace",outcome="ok"}"#)
-        + sample(&b, r#"store_requests_total{op="replace",outcome="ok"}"#);
+    let conflicts =
+        a.store_requests("replace", "conflict") + b.store_requests("replace", "conflict");
+    let writes = a.store_requests("replace", "ok") + b.store_requests("replace", "ok");
     eprintln!("{writes} conditional writes, {conflicts} conflicts");
     assert!(
         conflicts > 0,
@@ -216,12 +122,12 @@ async fn concurrent_transfers_on_one_account_merge_conflict_and_retry_to_an_exac
     assert_invariants(&w.base).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_cancel_during_pending_makes_the_worker_roll_back() {
     let w = world(4, Duration::ZERO);
-    let e = engine(w.faulty.clone(), Duration::from_secs(5));
-    open(&e, "a", 100).await;
-    open(&e, "b", 0).await;
+    let e = instance(&w, w.faulty.clone(), Duration::from_secs(5));
+    open_account(&e, "a", 100).await;
+    open_account(&e, "b", 0).await;
     // Hold the destination apply so the cancel lands while the transfer is pending.
     w.faulty.inject(
         Matcher {
@@ -233,40 +139,32 @@ async fn a_cancel_during_pending_makes_the_worker_roll_back() {
         Fault::StallBefore(Duration::from_millis(1500)),
         1,
     );
-    start(&e, "t1", "a", "b", 30).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while e
-        .get_transfer("t1")
-        .await
-        .unwrap()
-        .unwrap()
-        .transaction_state
-        != TransferState::Pending
-    {
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    start_transfer(&e, "t1", "a", "b", 30).await;
+    until("t1 to be pending", Duration::from_secs(10), || async {
+        state(&e, "t1").await == TransferState::Pending
+    })
+    .await;
     let cancelled = e.cancel_transfer("t1").await.unwrap();
     assert_eq!(cancelled.transaction_state, TransferState::Terminating);
-    quiesce(&e, &["t1".into()], Duration::from_secs(20)).await;
+    quiesce(&w, &e, Duration::from_secs(20)).await;
     let t = e.get_transfer("t1").await.unwrap().unwrap();
     assert_eq!(t.transaction_state, TransferState::RolledBack);
     assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (100, 0));
     assert_invariants(&w.base).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn transfers_older_than_the_timeout_roll_back_unless_committed() {
     let w = world(5, Duration::ZERO);
     let mut cfg = EngineConfig::with_lease(Duration::from_millis(200));
     cfg.transfer_timeout = Duration::ZERO;
-    let e = Engine::new(w.faulty.clone(), cfg, Metrics::new());
-    open(&e, "a", 100).await;
-    open(&e, "b", 0).await;
+    let e = w.instance(w.faulty.clone(), cfg);
+    open_account(&e, "a", 100).await;
+    open_account(&e, "b", 0).await;
     // A zero timeout: every transfer is past it, so the worker rolls it back instead of
     // starting.
-    start(&e, "t1", "a", "b", 30).await;
-    quiesce(&e, &["t1".into()], Duration::from_secs(20)).await;
+    start_transfer(&e, "t1", "a", "b", 30).await;
+    quiesce(&w, &e, Duration::from_secs(20)).await;
     let t = e.get_transfer("t1").await.unwrap().unwrap();
     assert_eq!(t.transaction_state, TransferState::RolledBack);
     assert_eq!(t.reason.map(|r| r.as_str()), Some("timed_out"));
@@ -298,10 +196,10 @@ async fn run_random_schedule(seed: u64, ops: Vec<Op>) {
     // Two instances on one store; leases short enough to expire mid-transfer, so workers go
     // stale and get taken over while they still run.
     let lease = Duration::from_millis(40);
-    let a = engine(w.faulty.clone(), lease);
-    let b = engine(w.faulty.clone(), lease);
+    let a = instance(&w, w.faulty.clone(), lease);
+    let b = instance(&w, w.faulty.clone(), lease);
     for i in 0..4 {
-        open(&a, &format!("acct{i}"), 100).await;
+        open_account(&a, &format!("acct{i}"), 100).await;
     }
     let mut requests: Vec<(String, usize, usize, i64)> = Vec::new();
     let mut tasks = Vec::new();
@@ -355,7 +253,7 @@ async fn run_random_schedule(seed: u64, ops: Vec<Op>) {
                 let b = b.clone();
                 let permits = permits.clone();
                 tasks.push(tokio::spawn(async move {
-                    b.recover_once(now_millis(), &permits)
+                    b.recover_once(b.clock().wall_millis(), &permits)
                         .await
                         .map(|_| ())
                         .map_err(ServiceError::from)
@@ -370,8 +268,7 @@ async fn run_random_schedule(seed: u64, ops: Vec<Op>) {
     for task in tasks {
         task.await.unwrap().unwrap();
     }
-    let ids: Vec<String> = requests.iter().map(|r| r.0.clone()).collect();
-    quiesce(&b, &ids, Duration::from_secs(60)).await;
+    quiesce(&w, &b, Duration::from_secs(60)).await;
     assert_invariants(&w.base).await;
     // Each id is one transfer with the request it was created with.
     let mut seen = HashMap::new();
@@ -402,28 +299,12 @@ proptest! {
         ops in prop::collection::vec(op(), 1..40),
     ) {
         eprintln!("seed {seed}, {} ops", ops.len());
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+        let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
+            .start_paused(true)
             .build()
             .unwrap();
         runtime.block_on(run_random_schedule(seed, ops));
-    }
-}
-
-/// Waits for a transfer to be terminal without running recovery.
-async fn terminal_without_recovery(e: &Engine, id: &str) -> TransferState {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let state = e.get_transfer(id).await.unwrap().unwrap().transaction_state;
-        if state.is_terminal() {
-            return state;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{id} left in {state} (no worker?)"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -431,19 +312,19 @@ async fn terminal_without_recovery(e: &Engine, id: &str) -> TransferState {
 /// account when nothing would be written (nothing would check the copy). Instance A caches
 /// both accounts; instance B commits `t` and dies before cleaning the accounts; A recovers
 /// `t` and must really remove the pending ids.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn recovery_does_not_trust_a_remembered_account_copy_without_writing() {
     let w = world(6, Duration::ZERO);
-    let a = engine(w.base.clone(), Duration::from_millis(300));
-    open(&a, "a", 100).await;
-    open(&a, "b", 0).await;
-    start(&a, "warm", "a", "b", 1).await;
+    let a = instance(&w, w.base.clone(), Duration::from_millis(300));
+    open_account(&a, "a", 100).await;
+    open_account(&a, "b", 0).await;
+    start_transfer(&a, "warm", "a", "b", 1).await;
     assert_eq!(
         terminal_without_recovery(&a, "warm").await,
         TransferState::Finished
     );
     // Instance B crashes right before core step 5 (remove from the source).
-    let b = engine(w.faulty.clone(), Duration::from_millis(300));
+    let b = instance(&w, w.faulty.clone(), Duration::from_millis(300));
     w.faulty.inject(
         Matcher {
             op: Some("replace"),
@@ -455,13 +336,14 @@ async fn recovery_does_not_trust_a_remembered_account_copy_without_writing() {
         Fault::Crash { applied: false },
         1,
     );
-    start(&b, "t", "a", "b", 10).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !w.faulty.is_dead() {
-        assert!(Instant::now() < deadline, "B never reached core step 5");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    quiesce(&a, &["t".into()], Duration::from_secs(20)).await;
+    start_transfer(&b, "t", "a", "b", 10).await;
+    until(
+        "B to reach core step 5",
+        Duration::from_secs(10),
+        || async { w.faulty.is_dead() },
+    )
+    .await;
+    quiesce(&w, &a, Duration::from_secs(20)).await;
     assert_eq!(
         a.get_transfer("t")
             .await
@@ -475,23 +357,23 @@ async fn recovery_does_not_trust_a_remembered_account_copy_without_writing() {
 
 /// Review finding: a debit refused on a remembered copy that another instance has since
 /// credited must be decided again on a fresh read.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_refusal_is_never_decided_on_a_stale_remembered_copy() {
     let w = world(7, Duration::ZERO);
-    let a = engine(w.base.clone(), Duration::from_secs(5));
-    let b = engine(w.base.clone(), Duration::from_secs(5));
-    open(&a, "poor", 0).await;
-    open(&a, "rich", 100).await;
-    open(&a, "other", 0).await;
+    let a = instance(&w, w.base.clone(), Duration::from_secs(5));
+    let b = instance(&w, w.base.clone(), Duration::from_secs(5));
+    open_account(&a, "poor", 0).await;
+    open_account(&a, "rich", 100).await;
+    open_account(&a, "other", 0).await;
     // A remembers `poor` at balance 0 after crediting it once and spending it.
-    start(&a, "in", "rich", "poor", 5).await;
+    start_transfer(&a, "in", "rich", "poor", 5).await;
     terminal_without_recovery(&a, "in").await;
-    start(&a, "out", "poor", "other", 5).await;
+    start_transfer(&a, "out", "poor", "other", 5).await;
     terminal_without_recovery(&a, "out").await;
     // B credits `poor` with 50; A then debits 5 from it.
-    start(&b, "credit", "rich", "poor", 50).await;
+    start_transfer(&b, "credit", "rich", "poor", 50).await;
     terminal_without_recovery(&b, "credit").await;
-    start(&a, "debit", "poor", "other", 5).await;
+    start_transfer(&a, "debit", "poor", "other", 5).await;
     assert_eq!(
         terminal_without_recovery(&a, "debit").await,
         TransferState::Finished
@@ -503,12 +385,12 @@ async fn a_refusal_is_never_decided_on_a_stale_remembered_copy() {
 /// Review finding: when the answer to the create is lost but the write happened, the retry
 /// finds our own document: it is a new transfer (201) and this request's worker drives it at
 /// once, instead of leaving it to recovery minutes later.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_create_whose_answer_was_lost_is_still_driven_at_once() {
     let w = world(8, Duration::ZERO);
-    let e = engine(w.faulty.clone(), Duration::from_secs(30));
-    open(&e, "a", 100).await;
-    open(&e, "b", 0).await;
+    let e = instance(&w, w.faulty.clone(), Duration::from_secs(30));
+    open_account(&e, "a", 100).await;
+    open_account(&e, "b", 0).await;
     w.faulty.inject(
         Matcher {
             op: Some("create"),
@@ -537,10 +419,10 @@ async fn a_create_whose_answer_was_lost_is_still_driven_at_once() {
 
 /// Accounts `a` (100) and `b` (0), and a transfer `t` of 10 left `pending` by a worker that
 /// died a minute ago (its lease ran out), with nothing applied yet.
-async fn abandoned_pending_transfer(e: &Engine, store: &DynStore) {
-    open(e, "a", 100).await;
-    open(e, "b", 0).await;
-    let now = now_millis();
+async fn abandoned_pending_transfer(e: &Instance, store: &DynStore) {
+    open_account(e, "a", 100).await;
+    open_account(e, "b", 0).await;
+    let now = e.clock().wall_millis();
     let long_ago = transfer_service::store::format_millis(now - 60_000);
     let doc = serde_json::json!({
         "transaction_id": "t", "src_acct": "a", "dest_acct": "b", "amount": 10,
@@ -554,10 +436,10 @@ async fn abandoned_pending_transfer(e: &Engine, store: &DynStore) {
 
 /// Review finding: a takeover write whose answer is lost but which was applied leaves our
 /// lease in the transfer; recovery must drive it then, not leave it for a lease period.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_takeover_whose_answer_was_lost_is_driven_at_once() {
     let w = world(9, Duration::ZERO);
-    let e = engine(w.faulty.clone(), Duration::from_secs(30));
+    let e = instance(&w, w.faulty.clone(), Duration::from_secs(30));
     abandoned_pending_transfer(&e, &w.base).await;
     w.faulty.inject(
         Matcher {
@@ -570,7 +452,10 @@ async fn a_takeover_whose_answer_was_lost_is_driven_at_once() {
         1,
     );
     let permits = Arc::new(Semaphore::new(4));
-    let report = e.recover_once(now_millis(), &permits).await.unwrap();
+    let report = e
+        .recover_once(e.clock().wall_millis(), &permits)
+        .await
+        .unwrap();
     assert_eq!(report.resumed, 1, "{report:?}");
     assert_eq!(
         terminal_without_recovery(&e, "t").await,
@@ -581,10 +466,10 @@ async fn a_takeover_whose_answer_was_lost_is_driven_at_once() {
 
 /// Review finding: a cancel whose answer is lost but which was applied (and took the lease
 /// for a worker of its own) drives the rollback at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_cancel_whose_answer_was_lost_is_driven_at_once() {
     let w = world(10, Duration::ZERO);
-    let e = engine(w.faulty.clone(), Duration::from_secs(30));
+    let e = instance(&w, w.faulty.clone(), Duration::from_secs(30));
     abandoned_pending_transfer(&e, &w.base).await;
     w.faulty.inject(
         Matcher {

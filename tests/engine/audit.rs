@@ -9,10 +9,10 @@ use serde_json::{json, Value};
 use transfer_service::audit::{audit, AuditReport, ViolationKind};
 use transfer_service::store::embedded::EmbeddedStore;
 use transfer_service::store::{format_millis, Index, Store, WriteOutcome};
+use transfer_service::transfer::clock::{Clock, SystemClock};
 use transfer_service::transfer::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
 use transfer_service::transfer::protocol::{
-    decide_account, now_millis, plan, transition, AccountDecision, AccountStep, Now, Retention,
-    Side, Step,
+    decide_account, plan, transition, AccountDecision, AccountStep, Now, Retention, Side, Step,
 };
 
 use TransferState::*;
@@ -63,7 +63,7 @@ impl World {
 }
 
 fn now_text() -> String {
-    format_millis(now_millis())
+    format_millis(SystemClock.wall_millis())
 }
 
 fn account(id: &str, opening: i64) -> AccountDoc {
@@ -169,7 +169,7 @@ async fn a_committed_transfer_half_cleaned_is_no_violation() {
 /// clean.
 async fn walk(accounts: &[(&str, i64)], transfers: &[TransferDoc], script: &[(usize, Step)]) {
     let w = World::new();
-    let now = Now::at(now_millis());
+    let now = Now::at(SystemClock.wall_millis());
     let retention = Retention {
         millis: 3_600_000,
         max_entries: 100,
@@ -188,7 +188,7 @@ async fn walk(accounts: &[(&str, i64)], transfers: &[TransferDoc], script: &[(us
         match *step {
             Step::SetState(to) => {
                 let reason = (to == Terminating).then_some(RollbackReason::Cancelled);
-                *t = transition(t, to, reason, &now, None).expect("an allowed arrow");
+                *t = transition(t, to, reason, &now).expect("an allowed arrow");
                 w.transfer(t).await;
             }
             Step::Account(op, side) => {
@@ -440,7 +440,7 @@ async fn a_committed_or_finished_transfer_needs_both_accounts() {
 async fn a_stuck_transfer_is_detected() {
     let w = World::new();
     let mut t = transfer("t", "a", "b", 30, Pending);
-    t.creation_time = format_millis(now_millis() - 2 * STUCK_AFTER);
+    t.creation_time = format_millis(SystemClock.wall_millis() - 2 * STUCK_AFTER);
     w.transfer(&t).await;
     // Old but settled: not stuck.
     let mut done = transfer("old", "a", "b", 1, RolledBack);

@@ -1,0 +1,104 @@
+//! Typed document I/O: the one place transfer and account documents are decoded from what the
+//! store returns and encoded for a write. Callers see [`TransferDoc`] and [`AccountDoc`],
+//! never the store's JSON.
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::model::{AccountDoc, TransferDoc};
+use crate::store::{Doc, DynStore, Index, StoreError, StoreResult, Version, WriteOutcome};
+
+/// A document with the version it was read or written at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Versioned<T> {
+    pub doc: T,
+    pub version: Version,
+}
+
+/// A document type and the index it lives in.
+pub trait Document: Serialize + DeserializeOwned {
+    const INDEX: Index;
+    /// What the type is called in error messages.
+    const KIND: &'static str;
+    fn id(&self) -> &str;
+}
+
+impl Document for TransferDoc {
+    const INDEX: Index = Index::Transactions;
+    const KIND: &'static str = "transfer";
+    fn id(&self) -> &str {
+        &self.transaction_id
+    }
+}
+
+impl Document for AccountDoc {
+    const INDEX: Index = Index::Accounts;
+    const KIND: &'static str = "account";
+    fn id(&self) -> &str {
+        &self.account_id
+    }
+}
+
+/// Typed reads and writes over a store.
+#[derive(Clone)]
+pub struct Documents {
+    store: DynStore,
+}
+
+impl Documents {
+    pub fn new(store: DynStore) -> Self {
+        Self { store }
+    }
+
+    /// A realtime read. A document that does not decode is a permanent error: only a person
+    /// can repair it, and acting on a guess could move money.
+    pub async fn get<T: Document>(&self, id: &str) -> StoreResult<Option<Versioned<T>>> {
+        match self.store.get(T::INDEX, id).await? {
+            Some(doc) => decode(doc).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Create-if-absent (`op_type=create`).
+    pub async fn create<T: Document>(&self, doc: &T) -> StoreResult<WriteOutcome> {
+        self.store.create(T::INDEX, doc.id(), encode(doc)?).await
+    }
+
+    /// A write conditional on `version` (`if_seq_no` + `if_primary_term`).
+    pub async fn replace_if<T: Document>(
+        &self,
+        doc: &T,
+        version: Version,
+    ) -> StoreResult<WriteOutcome> {
+        self.store
+            .replace_if(T::INDEX, doc.id(), encode(doc)?, version)
+            .await
+    }
+}
+
+/// Decodes a document the store returned.
+pub fn decode<T: Document>(doc: Doc) -> StoreResult<Versioned<T>> {
+    match serde_json::from_value(doc.source) {
+        Ok(parsed) => Ok(Versioned {
+            doc: parsed,
+            version: doc.version,
+        }),
+        Err(e) => Err(StoreError::Permanent(format!(
+            "unreadable {} document {}: {e}",
+            T::KIND,
+            doc.id
+        ))),
+    }
+}
+
+/// Encodes a document for a write. Our documents are plain structs of strings and integers,
+/// which always serialize; should one ever fail, the write fails and nothing is written.
+fn encode<T: Document>(doc: &T) -> StoreResult<serde_json::Value> {
+    serde_json::to_value(doc).map_err(|e| {
+        StoreError::Permanent(format!(
+            "cannot encode {} document {}: {e}",
+            T::KIND,
+            doc.id()
+        ))
+    })
+}

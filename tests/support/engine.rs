@@ -1,0 +1,208 @@
+//! The engine without HTTP, on real storage (embedded redb in a temp dir) behind a
+//! fault-injecting wrapper, on a [`TestClock`]: tests run on tokio's paused time
+//! (`#[tokio::test(start_paused = true)]`), so leases, timeouts and recovery cost no real
+//! waiting and a "minute" is a minute of virtual time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use transfer_service::audit::{audit, AuditReport};
+use transfer_service::metrics::Metrics;
+use transfer_service::store::embedded::EmbeddedStore;
+use transfer_service::store::instrumented::InstrumentedStore;
+use transfer_service::store::DynStore;
+use transfer_service::transfer::clock::{Clock, TestClock};
+use transfer_service::transfer::model::{TransferDoc, TransferState};
+use transfer_service::transfer::service::{Created, NewAccount, NewTransfer};
+use transfer_service::transfer::{Engine, EngineConfig};
+
+use super::faulty::FaultyStore;
+
+/// One store, seen directly (`base`) and through a fault injector (`faulty`), and the
+/// timeline every instance's clock follows.
+pub struct World {
+    pub base: DynStore,
+    pub faulty: Arc<FaultyStore>,
+    pub clock: Arc<TestClock>,
+    _dir: tempfile::TempDir,
+}
+
+/// A world whose fault injector delays every request by up to `jitter` (seeded).
+pub fn world(seed: u64, jitter: Duration) -> World {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let base: DynStore = Arc::new(EmbeddedStore::open(dir.path()).expect("open store"));
+    let faulty = FaultyStore::new(base.clone(), seed, jitter);
+    World {
+        base,
+        faulty,
+        clock: TestClock::new(),
+        _dir: dir,
+    }
+}
+
+/// An engine: one simulated service instance, with its own metrics.
+pub struct Instance {
+    pub engine: Arc<Engine>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl std::ops::Deref for Instance {
+    type Target = Arc<Engine>;
+    fn deref(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+}
+
+impl World {
+    /// An instance on `store` (`base` or `faulty`) with this world's clock.
+    pub fn instance(&self, store: DynStore, config: EngineConfig) -> Instance {
+        self.instance_with_clock(store, config, self.clock.clone())
+    }
+
+    /// An instance with a clock of its own (e.g. [`TestClock::skewed`]).
+    pub fn instance_with_clock(
+        &self,
+        store: DynStore,
+        config: EngineConfig,
+        clock: Arc<TestClock>,
+    ) -> Instance {
+        let metrics = Metrics::new();
+        let store = Arc::new(InstrumentedStore::new(store, metrics.clone()));
+        let engine = Engine::with_clock(store, config, metrics.clone(), clock);
+        Instance { engine, metrics }
+    }
+
+    /// Wall-clock milliseconds on this world's timeline.
+    pub fn now_millis(&self) -> i64 {
+        self.clock.wall_millis()
+    }
+}
+
+impl Instance {
+    /// How many store requests of `op` ended with `outcome`.
+    pub fn store_requests(&self, op: &str, outcome: &str) -> u64 {
+        self.metrics
+            .store_requests_total
+            .with_label_values(&[op, outcome])
+            .get()
+    }
+}
+
+pub async fn open_account(engine: &Engine, id: &str, balance: i64) {
+    let created = engine
+        .create_account(NewAccount {
+            id: id.into(),
+            balance,
+            floor: 0,
+        })
+        .await
+        .expect("account opens");
+    assert!(matches!(created, Created::New(_)), "{id} already existed");
+}
+
+pub fn transfer(id: &str, from: &str, to: &str, amount: i64) -> NewTransfer {
+    NewTransfer {
+        id: id.into(),
+        from: from.into(),
+        to: to.into(),
+        amount,
+    }
+}
+
+pub async fn start_transfer(engine: &Arc<Engine>, id: &str, from: &str, to: &str, amount: i64) {
+    let created = engine
+        .create_transfer(transfer(id, from, to, amount))
+        .await
+        .expect("transfer accepted");
+    assert!(matches!(created, Created::New(_)), "{id} already existed");
+}
+
+pub async fn balance(engine: &Engine, id: &str) -> i64 {
+    engine
+        .get_account(id)
+        .await
+        .expect("read")
+        .expect("account exists")
+        .balance
+}
+
+pub async fn transfer_doc(engine: &Engine, id: &str) -> TransferDoc {
+    engine
+        .get_transfer(id)
+        .await
+        .expect("read")
+        .expect("transfer exists")
+}
+
+pub async fn state(engine: &Engine, id: &str) -> TransferState {
+    transfer_doc(engine, id).await.transaction_state
+}
+
+/// Waits (in virtual time, polling) until `check` holds; fails with `what` after `limit`.
+pub async fn until<F, Fut>(what: &str, limit: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits for a transfer to be terminal without running recovery (its own worker drives it).
+pub async fn terminal_without_recovery(engine: &Engine, id: &str) -> TransferState {
+    until(
+        &format!("{id} to end by its own worker"),
+        Duration::from_secs(10),
+        || async { state(engine, id).await.is_terminal() },
+    )
+    .await;
+    state(engine, id).await
+}
+
+/// Runs `recoverer`'s recovery (acting on any expired lease) until the store holds nothing
+/// in flight, `recoverer` has no worker left and `busy_elsewhere()` (workers of the other
+/// instances) is zero, at most `limit`.
+pub async fn recover_until_quiescent(
+    world: &World,
+    recoverer: &Arc<Engine>,
+    busy_elsewhere: impl Fn() -> usize,
+    limit: Duration,
+) {
+    let deadline = Instant::now() + limit;
+    let permits = Arc::new(Semaphore::new(128));
+    loop {
+        recoverer
+            .recover_once(world.now_millis() + 1, &permits)
+            .await
+            .expect("recovery sweep");
+        let busy = busy_elsewhere() + recoverer.running_tasks();
+        // The audit reads every document: only worth it once no worker is running.
+        let in_flight = if busy == 0 {
+            let report = audit(world.base.as_ref(), i64::MAX).await.expect("audit");
+            if report.in_flight == 0 {
+                return;
+            }
+            report.in_flight
+        } else {
+            0
+        };
+        assert!(
+            Instant::now() < deadline,
+            "not quiescent: {busy} workers running, {in_flight} transfers in flight"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The invariants of `docs/design.md §4`, at a quiescent point.
+pub async fn assert_invariants(store: &DynStore) -> AuditReport {
+    let report = audit(store.as_ref(), i64::MAX).await.expect("audit");
+    assert!(report.is_clean(), "{report}");
+    assert!(report.is_quiescent(), "{report}");
+    report
+}
