@@ -1,4 +1,4 @@
-//! `transfer-service audit`: checks the invariants of DESIGN §4 on the configured store and
+//! `transfer-service audit`: checks the invariants (docs/design.md §4) on the configured store and
 //! exits non-zero with a readable report on any violation.
 //!
 //! The model follows the protocol (src/transfer/protocol.rs): a transfer id in an account's

@@ -1,5 +1,5 @@
 //! Configuration: every setting is a command-line flag that is also read from the
-//! environment (DESIGN §7). Durations are humantime (`500ms`, `2m`).
+//! environment (docs/design.md §7). Durations are humantime (`500ms`, `2m`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -21,7 +21,7 @@ pub struct Cli {
 pub enum Command {
     /// Serve HTTP (the default when no command is given).
     Serve,
-    /// Check every invariant of DESIGN §4 on the configured store; exit 1 on a violation.
+    /// Check every invariant of docs/design.md §4 on the configured store; exit 1 on a violation.
     Audit,
     /// Print the OpenAPI document served at `/openapi.json` and exit (regenerates the
     /// committed `openapi/openapi.json`).

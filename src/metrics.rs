@@ -1,4 +1,4 @@
-//! Prometheus metrics (DESIGN §8). The names and labels are part of the contract. Every series
+//! Prometheus metrics (docs/design.md §8). Names and labels are part of the contract. Every series
 //! is updated where the event happens; a scrape only encodes, it never scans the store.
 //! Labels have bounded cardinality: states, outcomes, store ops, route templates.
 

@@ -1,4 +1,4 @@
-//! The HTTP API (DESIGN §5). Each resource module exposes `router()`; [`router`] merges them
+//! The HTTP API (docs/design.md §5). Each resource module has a `router()`; [`router`] merges them
 //! and adds the layers every request passes: request id, tracing span, metrics, timeout, body
 //! limit, and a problem+json 404 for unknown routes.
 

@@ -1,4 +1,4 @@
-//! Write coalescing (DESIGN §6): concurrent [`Store::bulk`] calls share one inner `bulk`.
+//! Write coalescing (docs/design.md §6): concurrent [`Store::bulk`] calls share one inner `bulk`.
 //!
 //! Every caller hands its ops to a single flusher task through a channel and waits for its
 //! own answer on a oneshot. The flusher runs one inner `bulk` at a time; whatever queued up

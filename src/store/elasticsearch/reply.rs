@@ -39,7 +39,7 @@
 //! | other       |                                | `Err(Permanent)`              |
 //!
 //! The 409 reasons are the fixed texts of `VersionConflictEngineException` (see
-//! `shared/es-rest-subset.md` §1 and §3).
+//! `docs/elasticsearch.md` §1 and §3).
 
 use elasticsearch::http::response::Response;
 use serde_json::Value;
