@@ -202,6 +202,13 @@ struct Loaded<T> {
     unreadable: BTreeSet<String>,
 }
 
+impl<T> Loaded<T> {
+    /// Documents, readable or not.
+    fn len(&self) -> usize {
+        self.docs.len() + self.unreadable.len()
+    }
+}
+
 async fn load_all<T: serde::de::DeserializeOwned>(
     store: &dyn Store,
     index: Index,
@@ -246,228 +253,369 @@ fn deltas(t: &TransferDoc) -> [(&'static str, &str, i128); 2] {
 
 /// Audits the store. `stuck_after_millis`: an in-flight transfer older than this is reported.
 pub async fn audit(store: &dyn Store, stuck_after_millis: i64) -> StoreResult<AuditReport> {
-    use TransferState::*;
-    use ViolationKind::*;
-
     store.refresh().await?;
     let mut report = AuditReport::default();
     let accounts: Loaded<AccountDoc> = load_all(store, Index::Accounts, &mut report).await?;
     let transfers: Loaded<TransferDoc> = load_all(store, Index::Transactions, &mut report).await?;
-    report.accounts = accounts.docs.len() + accounts.unreadable.len();
-    report.transfers = transfers.docs.len() + transfers.unreadable.len();
+    report.accounts = accounts.len();
+    report.transfers = transfers.len();
 
-    // Per account: opening + Σ deltas of the committed and finished transfers.
+    let now = SystemClock.wall_millis();
+    for (id, t) in &transfers.docs {
+        check_transfer(&mut report, id, t, now, stuck_after_millis);
+    }
+    let settled = settled_balances(&mut report, &accounts, &transfers.docs);
+
+    // Conservation needs every balance and every in-flight amount: `None` once one is missing.
+    let mut in_flight_delta = accounts.unreadable.is_empty().then_some(0);
+    for (id, a) in &accounts.docs {
+        let listed = check_account(&mut report, id, a, &settled, &transfers);
+        in_flight_delta = in_flight_delta
+            .zip(listed)
+            .map(|(sum, listed)| sum + listed);
+    }
+    if let Some(in_flight_delta) = in_flight_delta {
+        check_conservation(&mut report, in_flight_delta);
+    }
+    report.violations.sort();
+    Ok(report)
+}
+
+/// Counts the transfer by state and checks what holds for it alone: its id, its shape, and
+/// that it is not stuck.
+fn check_transfer(
+    report: &mut AuditReport,
+    id: &str,
+    t: &TransferDoc,
+    now: i64,
+    stuck_after_millis: i64,
+) {
+    use TransferState::*;
+    use ViolationKind::*;
+
+    match t.transaction_state {
+        Finished => report.finished += 1,
+        RolledBack => report.rolled_back += 1,
+        Created | Pending | Committed | Terminating => report.in_flight += 1,
+    }
+    if t.transaction_id != id {
+        report.violation(
+            IdMismatch,
+            format!("transfer {id} says its id is {}", t.transaction_id),
+        );
+    }
+    if t.amount <= 0 || t.src_acct == t.dest_acct {
+        report.violation(
+            MalformedTransfer,
+            format!(
+                "transfer {id} moves {} from {} to {}: no request can create it",
+                t.amount, t.src_acct, t.dest_acct
+            ),
+        );
+    }
+    if !t.transaction_state.is_terminal() {
+        check_not_stuck(report, id, t, now, stuck_after_millis);
+    }
+}
+
+/// An in-flight transfer must not be older than `stuck_after_millis`, and its age must be
+/// readable.
+fn check_not_stuck(
+    report: &mut AuditReport,
+    id: &str,
+    t: &TransferDoc,
+    now: i64,
+    stuck_after_millis: i64,
+) {
+    let state = t.transaction_state;
+    match parse_millis(&t.creation_time) {
+        Some(created) if now.saturating_sub(created) > stuck_after_millis => report.violation(
+            ViolationKind::Stuck,
+            format!(
+                "transfer {id} is stuck in {state} since {}",
+                t.creation_time
+            ),
+        ),
+        Some(_) => {}
+        None => report.violation(
+            ViolationKind::UnreadableTime,
+            format!(
+                "transfer {id} is {state} and its creation_time {:?} does not parse: \
+                 cannot tell whether it is stuck",
+                t.creation_time
+            ),
+        ),
+    }
+}
+
+/// Per readable account: opening + Σ deltas of the committed and finished transfers. A
+/// committed or finished transfer whose account does not exist is reported.
+fn settled_balances<'a>(
+    report: &mut AuditReport,
+    accounts: &'a Loaded<AccountDoc>,
+    transfers: &BTreeMap<String, TransferDoc>,
+) -> BTreeMap<&'a str, i128> {
     let mut settled: BTreeMap<&str, i128> = accounts
         .docs
         .iter()
         .map(|(id, a)| (id.as_str(), a.opening_balance as i128))
         .collect();
-    let now = SystemClock.wall_millis();
-    for (id, t) in &transfers.docs {
+    for (id, t) in transfers {
         let state = t.transaction_state;
-        match state {
-            Finished => report.finished += 1,
-            RolledBack => report.rolled_back += 1,
-            Created | Pending | Committed | Terminating => report.in_flight += 1,
+        if !matches!(state, TransferState::Committed | TransferState::Finished) {
+            continue;
         }
-        if t.transaction_id != *id {
-            report.violation(
-                IdMismatch,
-                format!("transfer {id} says its id is {}", t.transaction_id),
-            );
-        }
-        if t.amount <= 0 || t.src_acct == t.dest_acct {
-            report.violation(
-                MalformedTransfer,
-                format!(
-                    "transfer {id} moves {} from {} to {}: no request can create it",
-                    t.amount, t.src_acct, t.dest_acct
-                ),
-            );
-        }
-        if matches!(state, Committed | Finished) {
-            for (side, account, delta) in deltas(t) {
-                match settled.get_mut(account) {
-                    Some(sum) => *sum += delta,
-                    // Already reported as unreadable.
-                    None if accounts.unreadable.contains(account) => {}
-                    None => report.violation(
-                        MissingAccount,
-                        format!("transfer {id} is {state} but its {side} account {account} does not exist"),
-                    ),
-                }
-            }
-        }
-        if !state.is_terminal() {
-            match parse_millis(&t.creation_time) {
-                Some(created) if now.saturating_sub(created) > stuck_after_millis => report
-                    .violation(
-                        Stuck,
-                        format!(
-                            "transfer {id} is stuck in {state} since {}",
-                            t.creation_time
-                        ),
-                    ),
-                Some(_) => {}
+        for (side, account, delta) in deltas(t) {
+            match settled.get_mut(account) {
+                Some(sum) => *sum += delta,
+                // Already reported as unreadable.
+                None if accounts.unreadable.contains(account) => {}
                 None => report.violation(
-                    UnreadableTime,
+                    ViolationKind::MissingAccount,
                     format!(
-                        "transfer {id} is {state} and its creation_time {:?} does not parse: \
-                         cannot tell whether it is stuck",
-                        t.creation_time
+                        "transfer {id} is {state} but its {side} account {account} does not exist"
                     ),
                 ),
             }
         }
     }
+    settled
+}
 
-    // Conservation needs every balance and every in-flight amount.
-    let mut conservation_checked = accounts.unreadable.is_empty();
-    let mut in_flight_delta: i128 = 0;
-    for (id, a) in &accounts.docs {
-        if a.account_id != *id {
-            report.violation(
-                IdMismatch,
-                format!("account {id} says its id is {}", a.account_id),
-            );
-        }
-        let balance = a.balance as i128;
-        let floor = a.floor as i128;
-        report.total_balance += balance;
-        report.total_opening += a.opening_balance as i128;
-        report.pending_entries += a.pending_transactions.len();
-
-        // What the pending list says: amounts on the balance not counted by a transfer's
-        // state, and the credits and debits it holds.
-        let mut listed: i128 = 0;
-        let mut credits: i128 = 0;
-        let mut debits: i128 = 0;
-        let mut countable = true;
-        let mut seen = BTreeSet::new();
-        for tid in &a.pending_transactions {
-            if !seen.insert(tid.as_str()) {
-                report.violation(
-                    PendingDuplicate,
-                    format!("account {id} lists {tid} as pending twice"),
-                );
-                continue;
-            }
-            if transfers.unreadable.contains(tid) {
-                countable = false; // the transfer is reported as unreadable
-                continue;
-            }
-            let Some(t) = transfers.docs.get(tid) else {
-                report.violation(
-                    PendingUnknown,
-                    format!(
-                        "account {id} has pending id {tid} of no transfer \
-                         (its balance, pending sums and conservation are not checked)"
-                    ),
-                );
-                countable = false;
-                continue;
-            };
-            let amount = t.amount as i128;
-            let delta = if t.src_acct == *id {
-                debits += amount;
-                -amount
-            } else if t.dest_acct == *id {
-                credits += amount;
-                amount
-            } else {
-                report.violation(
-                    PendingUnrelated,
-                    format!(
-                        "account {id} has {tid} pending, but the transfer moves {} from {} to {} \
-                         (its balance, pending sums and conservation are not checked)",
-                        t.amount, t.src_acct, t.dest_acct
-                    ),
-                );
-                countable = false;
-                continue;
-            };
-            match t.transaction_state {
-                Pending | Terminating => listed += delta,
-                Committed => {} // counted by its state
-                Finished => report.violation(
-                    PendingNotInFlight,
-                    format!("account {id} still has {tid} pending, but the transfer is finished"),
-                ),
-                Created | RolledBack => {
-                    report.violation(
-                        PendingNotInFlight,
-                        format!(
-                            "account {id} has {tid} pending (so its {delta:+} is counted on the \
-                             balance), but the transfer is {}",
-                            t.transaction_state
-                        ),
-                    );
-                    listed += delta;
-                }
-            }
-        }
-
-        if countable {
-            in_flight_delta += listed;
-            let from_transfers = settled.get(id.as_str()).copied().unwrap_or_default();
-            let want = from_transfers + listed;
-            if balance != want {
-                report.violation(
-                    BalanceMismatch,
-                    format!(
-                        "account {id}: balance {balance}, but opening and committed/finished \
-                         transfers give {from_transfers} and its pending ids {listed:+}: {want}"
-                    ),
-                );
-            }
-            if a.pending_credits as i128 != credits {
-                report.violation(
-                    PendingCreditsDrift,
-                    format!(
-                        "account {id}: pending_credits {} but its pending credits sum to {credits}",
-                        a.pending_credits
-                    ),
-                );
-            }
-            if a.pending_debits as i128 != debits {
-                report.violation(
-                    PendingDebitsDrift,
-                    format!(
-                        "account {id}: pending_debits {} but its pending debits sum to {debits}",
-                        a.pending_debits
-                    ),
-                );
-            }
-        } else {
-            conservation_checked = false;
-            credits = a.pending_credits as i128;
-        }
-        if balance < floor {
-            report.violation(
-                BelowFloor,
-                format!("account {id}: balance {balance} below floor {floor}"),
-            );
-        } else if balance - credits < floor {
-            report.violation(
-                UnspendableCredits,
-                format!(
-                    "account {id}: balance {balance} less pending credits {credits} is below \
-                     floor {floor} (undoing those credits would break it)"
-                ),
-            );
-        }
-    }
-    if conservation_checked && report.total_balance != report.total_opening + in_flight_delta {
+/// Checks one account: its id, its pending list, its balance, its pending sums and its floor,
+/// and adds it to the report's totals. Returns the amount its pending list puts on the balance
+/// beyond what the transfers' states count, or `None` when that cannot be counted (then
+/// neither this account's exactness and pending sums nor conservation are checked).
+fn check_account(
+    report: &mut AuditReport,
+    id: &str,
+    a: &AccountDoc,
+    settled: &BTreeMap<&str, i128>,
+    transfers: &Loaded<TransferDoc>,
+) -> Option<i128> {
+    if a.account_id != id {
         report.violation(
-            Conservation,
+            ViolationKind::IdMismatch,
+            format!("account {id} says its id is {}", a.account_id),
+        );
+    }
+    report.total_balance += a.balance as i128;
+    report.total_opening += a.opening_balance as i128;
+    report.pending_entries += a.pending_transactions.len();
+
+    let pending = read_pending_list(report, id, a, transfers);
+    let credits = if pending.countable {
+        let from_transfers = settled.get(id).copied().unwrap_or_default();
+        check_exactness(report, id, a, from_transfers, pending.listed);
+        check_pending_sums(report, id, a, &pending);
+        pending.credits
+    } else {
+        a.pending_credits as i128
+    };
+    check_floors(report, id, a, credits);
+    pending.countable.then_some(pending.listed)
+}
+
+/// What an account's pending list says.
+struct PendingList {
+    /// Σ deltas on the balance not counted by their transfer's state.
+    listed: i128,
+    /// Σ amounts of the pending ids where the account is the destination.
+    credits: i128,
+    /// Σ amounts of the pending ids where the account is the source.
+    debits: i128,
+    /// False when some pending id's amount cannot be counted (it names no transfer, an
+    /// unreadable one, or one that does not involve the account).
+    countable: bool,
+}
+
+/// Reads an account's pending list, reporting each id that breaks a rule of its own.
+fn read_pending_list(
+    report: &mut AuditReport,
+    id: &str,
+    a: &AccountDoc,
+    transfers: &Loaded<TransferDoc>,
+) -> PendingList {
+    let mut list = PendingList {
+        listed: 0,
+        credits: 0,
+        debits: 0,
+        countable: true,
+    };
+    let mut seen = BTreeSet::new();
+    for tid in &a.pending_transactions {
+        if !seen.insert(tid.as_str()) {
+            report.violation(
+                ViolationKind::PendingDuplicate,
+                format!("account {id} lists {tid} as pending twice"),
+            );
+            continue;
+        }
+        let Some(t) = pending_transfer(report, id, tid, transfers) else {
+            list.countable = false;
+            continue;
+        };
+        let amount = t.amount as i128;
+        let delta = if t.src_acct == id {
+            list.debits += amount;
+            -amount
+        } else {
+            list.credits += amount;
+            amount
+        };
+        list.listed += counted_on_balance(report, id, tid, t, delta);
+    }
+    list
+}
+
+/// The transfer a pending id of account `id` names, when it involves the account; `None` when
+/// its amount cannot be counted (the transfer is unreadable, which is already reported, or the
+/// pending id is reported here).
+fn pending_transfer<'t>(
+    report: &mut AuditReport,
+    id: &str,
+    tid: &str,
+    transfers: &'t Loaded<TransferDoc>,
+) -> Option<&'t TransferDoc> {
+    if transfers.unreadable.contains(tid) {
+        return None;
+    }
+    let Some(t) = transfers.docs.get(tid) else {
+        report.violation(
+            ViolationKind::PendingUnknown,
+            format!(
+                "account {id} has pending id {tid} of no transfer \
+                 (its balance, pending sums and conservation are not checked)"
+            ),
+        );
+        return None;
+    };
+    if t.src_acct != id && t.dest_acct != id {
+        report.violation(
+            ViolationKind::PendingUnrelated,
+            format!(
+                "account {id} has {tid} pending, but the transfer moves {} from {} to {} \
+                 (its balance, pending sums and conservation are not checked)",
+                t.amount, t.src_acct, t.dest_acct
+            ),
+        );
+        return None;
+    }
+    Some(t)
+}
+
+/// How much of a pending id's `delta` the balance holds beyond what its transfer's state
+/// counts. Only a `pending` or `terminating` transfer may be listed; a `created` or
+/// `rolled-back` one that is listed anyway is counted as the list says (on the balance), a
+/// `finished` one as its state says, so that the fault is reported once, here.
+fn counted_on_balance(
+    report: &mut AuditReport,
+    id: &str,
+    tid: &str,
+    t: &TransferDoc,
+    delta: i128,
+) -> i128 {
+    use TransferState::*;
+    match t.transaction_state {
+        Pending | Terminating => delta,
+        Committed => 0, // counted by its state
+        Finished => {
+            report.violation(
+                ViolationKind::PendingNotInFlight,
+                format!("account {id} still has {tid} pending, but the transfer is finished"),
+            );
+            0
+        }
+        Created | RolledBack => {
+            report.violation(
+                ViolationKind::PendingNotInFlight,
+                format!(
+                    "account {id} has {tid} pending (so its {delta:+} is counted on the \
+                     balance), but the transfer is {}",
+                    t.transaction_state
+                ),
+            );
+            delta
+        }
+    }
+}
+
+/// `balance = opening + Σ committed/finished deltas + Σ listed pending deltas`.
+fn check_exactness(
+    report: &mut AuditReport,
+    id: &str,
+    a: &AccountDoc,
+    from_transfers: i128,
+    listed: i128,
+) {
+    let balance = a.balance as i128;
+    let want = from_transfers + listed;
+    if balance != want {
+        report.violation(
+            ViolationKind::BalanceMismatch,
+            format!(
+                "account {id}: balance {balance}, but opening and committed/finished \
+                 transfers give {from_transfers} and its pending ids {listed:+}: {want}"
+            ),
+        );
+    }
+}
+
+/// `pending_credits` and `pending_debits` are the sums of the pending list.
+fn check_pending_sums(report: &mut AuditReport, id: &str, a: &AccountDoc, list: &PendingList) {
+    if a.pending_credits as i128 != list.credits {
+        report.violation(
+            ViolationKind::PendingCreditsDrift,
+            format!(
+                "account {id}: pending_credits {} but its pending credits sum to {}",
+                a.pending_credits, list.credits
+            ),
+        );
+    }
+    if a.pending_debits as i128 != list.debits {
+        report.violation(
+            ViolationKind::PendingDebitsDrift,
+            format!(
+                "account {id}: pending_debits {} but its pending debits sum to {}",
+                a.pending_debits, list.debits
+            ),
+        );
+    }
+}
+
+/// `balance ≥ floor`, and `balance − pending credits ≥ floor` (credits are not spendable until
+/// they commit, so undoing all of them must never break the floor).
+fn check_floors(report: &mut AuditReport, id: &str, a: &AccountDoc, credits: i128) {
+    let balance = a.balance as i128;
+    let floor = a.floor as i128;
+    if balance < floor {
+        report.violation(
+            ViolationKind::BelowFloor,
+            format!("account {id}: balance {balance} below floor {floor}"),
+        );
+    } else if balance - credits < floor {
+        report.violation(
+            ViolationKind::UnspendableCredits,
+            format!(
+                "account {id}: balance {balance} less pending credits {credits} is below \
+                 floor {floor} (undoing those credits would break it)"
+            ),
+        );
+    }
+}
+
+/// `Σ balance = Σ opening + Σ in-flight deltas`: a committed or finished transfer moves units
+/// between two accounts, so it changes no total.
+fn check_conservation(report: &mut AuditReport, in_flight_delta: i128) {
+    if report.total_balance != report.total_opening + in_flight_delta {
+        report.violation(
+            ViolationKind::Conservation,
             format!(
                 "conservation: total balance {} ≠ total opening {} + in-flight {in_flight_delta:+}",
                 report.total_balance, report.total_opening
             ),
         );
     }
-    report.violations.sort();
-    Ok(report)
 }
 
 /// The `audit` command.

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus::core::Collector;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
     Registry, TextEncoder,
@@ -44,44 +45,34 @@ const TRANSFER_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0,
 ];
 
+/// Registers a collector; its definition must be valid and its name unique in the registry.
+fn register<C: Collector + Clone + 'static>(
+    registry: &Registry,
+    collector: prometheus::Result<C>,
+) -> C {
+    let collector = collector.expect("valid metric");
+    registry
+        .register(Box::new(collector.clone()))
+        .expect("unique");
+    collector
+}
+
 impl Metrics {
     pub fn new() -> Arc<Self> {
         let registry = Registry::new();
-        let counter = |name: &str, help: &str| {
-            let c = IntCounter::new(name, help).expect("valid metric");
-            registry.register(Box::new(c.clone())).expect("unique");
-            c
-        };
+        let counter = |name: &str, help: &str| register(&registry, IntCounter::new(name, help));
         let counter_vec = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry.register(Box::new(c.clone())).expect("unique");
-            c
+            register(&registry, IntCounterVec::new(Opts::new(name, help), labels))
+        };
+        let gauge = |name: &str, help: &str| register(&registry, IntGauge::new(name, help));
+        let histogram = |name: &str, help: &str, buckets: &[f64]| {
+            let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
+            register(&registry, Histogram::with_opts(opts))
         };
         let histogram_vec = |name: &str, help: &str, labels: &[&str], buckets: &[f64]| {
             let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
-            let h = HistogramVec::new(opts, labels).expect("valid metric");
-            registry.register(Box::new(h.clone())).expect("unique");
-            h
+            register(&registry, HistogramVec::new(opts, labels))
         };
-        let transfers_in_flight = IntGauge::new(
-            "transfers_in_flight",
-            "Transfers this process is driving now",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(transfers_in_flight.clone()))
-            .expect("unique");
-        let transfer_duration_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "transfer_duration_seconds",
-                "Time from a transfer's creation to its terminal state",
-            )
-            .buckets(TRANSFER_BUCKETS.to_vec()),
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(transfer_duration_seconds.clone()))
-            .expect("unique");
         let metrics = Self {
             transfers_created_total: counter(
                 "transfers_created_total",
@@ -97,8 +88,15 @@ impl Metrics {
                 "State writes of transfers, by from and to state",
                 &["from", "to"],
             ),
-            transfers_in_flight,
-            transfer_duration_seconds,
+            transfers_in_flight: gauge(
+                "transfers_in_flight",
+                "Transfers this process is driving now",
+            ),
+            transfer_duration_seconds: histogram(
+                "transfer_duration_seconds",
+                "Time from a transfer's creation to its terminal state",
+                TRANSFER_BUCKETS,
+            ),
             recovery_runs_total: counter("recovery_runs_total", "Recovery sweeps run"),
             transfers_recovered_total: counter_vec(
                 "transfers_recovered_total",

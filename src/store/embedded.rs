@@ -32,7 +32,8 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use async_trait::async_trait;
 use redb::{
-    Database, Durability, ReadableDatabase, ReadableTable, Table, TableDefinition, WriteTransaction,
+    Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, Table, TableDefinition,
+    WriteTransaction,
 };
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -576,25 +577,6 @@ fn find_stale_blocking(db: &Database, q: &StaleQuery) -> StoreResult<Page> {
 }
 
 fn list_blocking(db: &Database, f: &TransferFilter) -> StoreResult<Page> {
-    let txn = db.begin_read().map_err(storage)?;
-    // Newest first: walk an index backwards from the cursor (exclusive).
-    let (to_millis, to_id) = match &f.after {
-        Some(k) => (k.millis, k.id.clone()),
-        None => (i64::MAX, String::new()),
-    };
-    let mut keys = Vec::new();
-    // Index entries looked at, the cursor's own included.
-    let mut scanned = 0;
-    let mut push = |millis: i64, id: &str| {
-        scanned += 1;
-        let key = SortKey {
-            millis,
-            id: id.to_owned(),
-        };
-        if f.after.is_none() || Some(&key) < f.after.as_ref() {
-            keys.push(key);
-        }
-    };
     // How many index entries to look at: with an account and a state we filter by state after
     // the account index, so look further (bounded, to keep one request cheap).
     let scan = if f.account.is_some() && f.state.is_some() {
@@ -602,43 +584,7 @@ fn list_blocking(db: &Database, f: &TransferFilter) -> StoreResult<Page> {
     } else {
         f.limit + 1
     };
-    let upper_id: &str = if f.after.is_none() {
-        "\u{10FFFF}"
-    } else {
-        &to_id
-    };
-    if let Some(account) = &f.account {
-        let table = txn.open_table(TX_BY_ACCOUNT).map_err(storage)?;
-        let range = table
-            .range((account.as_str(), i64::MIN, "")..=(account.as_str(), to_millis, upper_id))
-            .map_err(storage)?;
-        for entry in range.rev().take(scan) {
-            let (key, _) = entry.map_err(storage)?;
-            let (_, millis, id) = key.value();
-            push(millis, id);
-        }
-    } else if let Some(state) = &f.state {
-        let table = txn.open_table(TX_BY_STATE_CREATED).map_err(storage)?;
-        let range = table
-            .range((state.as_str(), i64::MIN, "")..=(state.as_str(), to_millis, upper_id))
-            .map_err(storage)?;
-        for entry in range.rev().take(scan) {
-            let (key, _) = entry.map_err(storage)?;
-            let (_, millis, id) = key.value();
-            push(millis, id);
-        }
-    } else {
-        let table = txn.open_table(TX_BY_CREATED).map_err(storage)?;
-        let range = table
-            .range((i64::MIN, "")..=(to_millis, upper_id))
-            .map_err(storage)?;
-        for entry in range.rev().take(scan) {
-            let (key, _) = entry.map_err(storage)?;
-            let (millis, id) = key.value();
-            push(millis, id);
-        }
-    }
-    drop(txn);
+    let (keys, scanned) = keys_before_cursor(db, f, scan)?;
     // When the scan stopped at its bound, say where it stopped even if the page is not full,
     // so a client paging through a busy account never mistakes "not scanned" for "none".
     // (Keys whose document does not decode are skipped by `load_transfers`, so the page may
@@ -654,6 +600,69 @@ fn list_blocking(db: &Database, f: &TransferFilter) -> StoreResult<Page> {
         page.next = scan_cut;
     }
     Ok(page)
+}
+
+/// Newest first: the keys of up to `scan` entries of the index that serves `f`, walked
+/// backwards from the cursor (exclusive), and how many entries were looked at, the cursor's
+/// own included.
+fn keys_before_cursor(
+    db: &Database,
+    f: &TransferFilter,
+    scan: usize,
+) -> StoreResult<(Vec<SortKey>, usize)> {
+    let txn = db.begin_read().map_err(storage)?;
+    let upper = match &f.after {
+        Some(k) => (k.millis, k.id.as_str()),
+        None => (i64::MAX, "\u{10FFFF}"),
+    };
+    let mut keys = Vec::new();
+    let mut scanned = 0;
+    let mut push = |millis: i64, id: &str| {
+        scanned += 1;
+        let key = SortKey {
+            millis,
+            id: id.to_owned(),
+        };
+        if f.after.is_none() || Some(&key) < f.after.as_ref() {
+            keys.push(key);
+        }
+    };
+    if let Some(account) = &f.account {
+        walk_back_within(&txn, TX_BY_ACCOUNT, account, upper, scan, &mut push)?;
+    } else if let Some(state) = &f.state {
+        walk_back_within(&txn, TX_BY_STATE_CREATED, state, upper, scan, &mut push)?;
+    } else {
+        let table = txn.open_table(TX_BY_CREATED).map_err(storage)?;
+        let range = table.range((i64::MIN, "")..=upper).map_err(storage)?;
+        for entry in range.rev().take(scan) {
+            let (key, _) = entry.map_err(storage)?;
+            let (millis, id) = key.value();
+            push(millis, id);
+        }
+    }
+    Ok((keys, scanned))
+}
+
+/// Walks the entries of `prefix` in a `(prefix, millis, id)` index backwards from `upper`
+/// (inclusive), passing up to `scan` of them to `push`.
+fn walk_back_within(
+    txn: &ReadTransaction,
+    index: TableDefinition<'static, (&'static str, i64, &'static str), ()>,
+    prefix: &str,
+    (to_millis, to_id): (i64, &str),
+    scan: usize,
+    push: &mut impl FnMut(i64, &str),
+) -> StoreResult<()> {
+    let table = txn.open_table(index).map_err(storage)?;
+    let range = table
+        .range((prefix, i64::MIN, "")..=(prefix, to_millis, to_id))
+        .map_err(storage)?;
+    for entry in range.rev().take(scan) {
+        let (key, _) = entry.map_err(storage)?;
+        let (_, millis, id) = key.value();
+        push(millis, id);
+    }
+    Ok(())
 }
 
 #[async_trait]
