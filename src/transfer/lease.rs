@@ -363,3 +363,312 @@ fn release(doc: &mut TransferDoc) {
     doc.lease_owner = None;
     doc.lease_expires_at = None;
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::store::embedded::EmbeddedStore;
+    use crate::store::{
+        Doc, DynStore, Index, Page, ScanPage, StaleQuery, Store, StoreError, TransferFilter,
+        WriteOp,
+    };
+    use crate::transfer::clock::{Clock, TestClock};
+
+    const LEASE: Duration = Duration::from_secs(10);
+    const MARGIN: Duration = Duration::from_secs(1);
+
+    /// A store that applies the next `lose` writes and then answers them with an error, as
+    /// a timeout or a dropped connection would.
+    struct LosingAnswers {
+        inner: DynStore,
+        lose: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Store for LosingAnswers {
+        fn backend(&self) -> &'static str {
+            "test"
+        }
+        async fn get(&self, index: Index, id: &str) -> StoreResult<Option<Doc>> {
+            self.inner.get(index, id).await
+        }
+        async fn bulk(&self, ops: Vec<WriteOp>) -> StoreResult<Vec<StoreResult<WriteOutcome>>> {
+            let answer = self.inner.bulk(ops).await;
+            let lost = self
+                .lose
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if lost {
+                return Err(StoreError::Unavailable("answer lost".into()));
+            }
+            answer
+        }
+        async fn find_stale(&self, query: &StaleQuery) -> StoreResult<Page> {
+            self.inner.find_stale(query).await
+        }
+        async fn list_transfers(&self, filter: &TransferFilter) -> StoreResult<Page> {
+            self.inner.list_transfers(filter).await
+        }
+        async fn ready(&self) -> StoreResult<()> {
+            self.inner.ready().await
+        }
+        async fn scan(
+            &self,
+            index: Index,
+            after: Option<&str>,
+            limit: usize,
+        ) -> StoreResult<ScanPage> {
+            self.inner.scan(index, after, limit).await
+        }
+        async fn refresh(&self) -> StoreResult<()> {
+            self.inner.refresh().await
+        }
+    }
+
+    struct Fixture {
+        leases: Leases,
+        store: Arc<LosingAnswers>,
+        clock: Arc<TestClock>,
+        _dir: tempfile::TempDir,
+    }
+
+    fn fixture() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let inner: DynStore = Arc::new(EmbeddedStore::open(dir.path()).unwrap());
+        let store = Arc::new(LosingAnswers {
+            inner,
+            lose: AtomicUsize::new(0),
+        });
+        let clock = TestClock::new();
+        let times = LeaseTimes {
+            duration: LEASE,
+            skew_margin: MARGIN,
+            request_timeout: Duration::from_secs(2),
+            attempts: 3,
+        };
+        let leases = Leases::new(times, clock.clone(), Documents::new(store.clone()));
+        Fixture {
+            leases,
+            store,
+            clock,
+            _dir: dir,
+        }
+    }
+
+    fn created(f: &Fixture, id: &str) -> TransferDoc {
+        let now = f.clock.now();
+        TransferDoc {
+            transaction_id: id.into(),
+            src_acct: "a".into(),
+            dest_acct: "b".into(),
+            amount: 1,
+            transaction_state: TransferState::Created,
+            reason: None,
+            creation_time: now.text.clone(),
+            modification_time: now.text,
+            lease_owner: None,
+            lease_expires_at: None,
+        }
+    }
+
+    async fn claim_new(f: &Fixture, id: &str) -> Held {
+        match f
+            .leases
+            .claim(created(f, id), ClaimWrite::Create)
+            .await
+            .unwrap()
+        {
+            Claim::Won(held) => held,
+            Claim::Lost(other) => panic!("lost to {other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_stamps_a_fresh_owner_and_an_expiry_one_lease_ahead() {
+        let f = fixture();
+        let held = claim_new(&f, "t").await;
+        assert_eq!(held.doc.lease_owner.as_deref(), Some(held.owner().as_str()));
+        let expires = parse_millis(held.doc.lease_expires_at.as_deref().unwrap()).unwrap();
+        assert_eq!(expires, f.clock.wall_millis() + LEASE.as_millis() as i64);
+        assert_ne!(
+            f.leases.new_owner(),
+            f.leases.new_owner(),
+            "tokens are unique"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_holder_stops_a_margin_before_the_lease_ends() {
+        let f = fixture();
+        let held = claim_new(&f, "t").await;
+        assert_eq!(held.deadline(), f.clock.instant() + LEASE - MARGIN);
+        assert!(f
+            .leases
+            .has_left(&held, LEASE - MARGIN - Duration::from_millis(1)));
+        tokio::time::sleep(LEASE - MARGIN).await;
+        assert_eq!(f.leases.left(&held), None);
+        assert!(!f.leases.has_left(&held, Duration::ZERO));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn another_worker_may_take_over_only_a_margin_after_the_expiry() {
+        let f = fixture();
+        let held = claim_new(&f, "t").await;
+        assert!(f.leases.may_be_live(&held.doc));
+        tokio::time::sleep(LEASE + MARGIN - Duration::from_millis(1)).await;
+        assert!(f.leases.may_be_live(&held.doc), "still within the margin");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(!f.leases.may_be_live(&held.doc));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_clock_ahead_by_more_than_the_margin_sees_a_live_lease_as_free() {
+        // The assumption of `docs/design.md §9`, shown: within twice the margin the holder's
+        // deadline comes before any taker's view of the expiry; beyond it, it does not.
+        let f = fixture();
+        let held = claim_new(&f, "t").await;
+        let skewed = f.clock.skewed(2 * MARGIN.as_millis() as i64 + 2);
+        let taker = Leases::new(f.leases.times, skewed, Documents::new(f.store.clone()));
+        let in_step = f.clock.skewed(2 * MARGIN.as_millis() as i64);
+        let careful = Leases::new(f.leases.times, in_step, Documents::new(f.store.clone()));
+        tokio::time::sleep(LEASE - MARGIN - Duration::from_millis(1)).await;
+        assert!(
+            careful.may_be_live(&held.doc),
+            "a skew of twice the margin is tolerated"
+        );
+        assert!(
+            f.leases.has_left(&held, Duration::ZERO),
+            "the holder still acts"
+        );
+        assert!(
+            !taker.may_be_live(&held.doc),
+            "and the skewed taker may take over"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_transfer_without_an_owner_or_an_expiry_is_free() {
+        let f = fixture();
+        let mut doc = created(&f, "t");
+        assert!(!f.leases.may_be_live(&doc));
+        doc.lease_expires_at = Some(format_millis(f.clock.wall_millis() + 60_000));
+        assert!(!f.leases.may_be_live(&doc), "an expiry without an owner");
+        doc.lease_owner = Some("w".into());
+        doc.lease_expires_at = Some("not a date".into());
+        assert!(!f.leases.may_be_live(&doc), "an unreadable expiry");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_loses_to_an_existing_transfer_and_returns_it() {
+        let f = fixture();
+        let first = claim_new(&f, "t").await;
+        match f
+            .leases
+            .claim(created(&f, "t"), ClaimWrite::Create)
+            .await
+            .unwrap()
+        {
+            Claim::Lost(Some(existing)) => assert_eq!(existing.doc, first.doc),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_whose_answer_was_lost_is_won_by_its_owner_token() {
+        let f = fixture();
+        f.store.lose.store(1, Ordering::SeqCst);
+        let held = claim_new(&f, "t").await;
+        assert_eq!(held.doc.lease_owner.as_deref(), Some(held.owner().as_str()));
+        // A takeover applied but answered with an error, then refused on the retry.
+        tokio::time::sleep(LEASE + MARGIN * 2).await;
+        f.store.lose.store(1, Ordering::SeqCst);
+        let taken = f
+            .leases
+            .claim(held.doc.clone(), ClaimWrite::ReplaceAt(held.version))
+            .await
+            .unwrap();
+        let Claim::Won(taken) = taken else {
+            panic!("{taken:?}")
+        };
+        assert_ne!(taken.owner(), held.owner());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_state_write_renews_the_lease_and_a_terminal_one_releases_it() {
+        let f = fixture();
+        let mut held = claim_new(&f, "t").await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let mut next = held.doc.clone();
+        next.transaction_state = TransferState::Pending;
+        assert!(f.leases.write(&mut held, next, || true).await.unwrap());
+        assert_eq!(
+            held.deadline(),
+            f.clock.instant() + LEASE - MARGIN,
+            "renewed"
+        );
+        let mut done = held.doc.clone();
+        done.transaction_state = TransferState::RolledBack;
+        assert!(f.leases.write(&mut held, done, || true).await.unwrap());
+        assert_eq!(
+            (held.doc.lease_owner, held.doc.lease_expires_at),
+            (None, None)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_fails_once_anyone_else_wrote_the_transfer() {
+        let f = fixture();
+        let mut stale = claim_new(&f, "t").await;
+        let mut other = stale.clone();
+        assert!(f.leases.renew(&mut other).await.unwrap());
+        assert!(!f.leases.renew(&mut stale).await.unwrap());
+        assert!(matches!(
+            f.leases.reread(&mut stale).await.unwrap(),
+            Reread::StillHeld
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reread_tells_lost_from_still_held() {
+        let f = fixture();
+        let mut held = claim_new(&f, "t").await;
+        tokio::time::sleep(LEASE + MARGIN * 2).await;
+        let taken = f
+            .leases
+            .claim(held.doc.clone(), ClaimWrite::ReplaceAt(held.version))
+            .await
+            .unwrap();
+        assert!(matches!(taken, Claim::Won(_)));
+        assert!(matches!(
+            f.leases.reread(&mut held).await.unwrap(),
+            Reread::Lost
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn release_clears_our_lease_so_another_worker_can_take_over_at_once() {
+        let f = fixture();
+        let held = claim_new(&f, "t").await;
+        f.leases.release(&held).await;
+        let now = f
+            .leases
+            .docs
+            .get::<TransferDoc>("t")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (
+                now.doc.lease_owner.clone(),
+                now.doc.lease_expires_at.clone()
+            ),
+            (None, None)
+        );
+        assert!(!f.leases.may_be_live(&now.doc));
+    }
+}

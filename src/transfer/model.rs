@@ -1,4 +1,4 @@
-//! The documents of the protocol, with the post's field names (DESIGN §2), and the validated
+//! The documents of the protocol, with the post's field names (`docs/design.md §2`), and the validated
 //! values the API accepts.
 
 use std::fmt;
@@ -141,15 +141,17 @@ pub struct TransferDoc {
     pub creation_time: String,
     /// RFC 3339; recovery treats a transfer untouched for `RECOVERY_STALE_AFTER` as stale.
     pub modification_time: String,
-    /// The worker that may act on this transfer until `lease_expires_at` (seed 001's lock
-    /// owner). `None` once the transfer is terminal or its owner released it.
+    /// The worker that may act on this transfer until `lease_expires_at` (the lock owner of
+    /// the Kestra lock post; see `docs/design.md §9`). Written only by
+    /// [`crate::transfer::lease`]. `None` once the transfer is terminal or its owner released
+    /// it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_owner: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_expires_at: Option<String>,
 }
 
-/// One settled transfer id remembered by an account (seed 004's tombstone).
+/// One settled transfer id remembered by an account (a tombstone, `docs/design.md §9`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Settled {
     pub id: String,
@@ -197,7 +199,7 @@ impl AccountDoc {
     }
 }
 
-/// Transfer and account ids: 1–128 characters of `[A-Za-z0-9._:-]` (DESIGN §5), except `.`
+/// Transfer and account ids: 1–128 characters of `[A-Za-z0-9._:-]` (`docs/design.md §5`), except `.`
 /// and `..`, which no Elasticsearch document URL can address.
 ///
 /// ```

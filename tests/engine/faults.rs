@@ -12,10 +12,12 @@
 
 use std::time::Duration;
 
-use transfer_service::store::{DynStore, Index};
+use std::sync::Arc;
+
+use transfer_service::store::Index;
 use transfer_service::transfer::model::TransferState;
-use transfer_service::transfer::service::{NewAccount, NewTransfer};
-use transfer_service::transfer::EngineConfig;
+use transfer_service::transfer::service::NewAccount;
+use transfer_service::transfer::{Engine, EngineConfig};
 
 use crate::support::engine::*;
 use crate::support::faulty::{Fault, FaultyStore, Matcher};
@@ -139,16 +141,49 @@ fn matcher(case: &str, step: Step) -> Matcher {
     }
 }
 
+/// One step boundary under one fault: its accounts, and instance A whose store injects it.
+struct Case {
+    name: String,
+    step: &'static str,
+    fault: &'static str,
+    path: Path,
+    worker: Arc<Engine>,
+    faulty: Arc<FaultyStore>,
+}
+
 #[tokio::test(start_paused = true)]
 async fn every_step_survives_errors_crashes_and_stalls() {
     let w = world(0, Duration::ZERO);
-    let base: DynStore = w.base.clone();
-    let recoverer = w.instance(base.clone(), config());
+    let recoverer = w.instance(w.base.clone(), config());
+    let cases = arrange_cases(&w, &recoverer).await;
+    start_every_case(&cases).await;
+    // Workers whose store crashed never answer again: they are dead processes, not busy ones.
+    let live_workers = || {
+        cases
+            .iter()
+            .filter(|c| !c.faulty.is_dead() && c.worker.running_tasks() > 0)
+            .count()
+    };
+    recover_until_quiescent(&w, &recoverer, live_workers, Duration::from_secs(60)).await;
+
+    assert_invariants(&w.base).await;
+    for case in &cases {
+        assert_case_ended_as_its_path_says(&recoverer, case).await;
+    }
+    eprintln!(
+        "{} step boundaries × {} faults: all terminal, exact, audit clean",
+        STEPS.len(),
+        FAULTS.len()
+    );
+}
+
+/// Every step × every fault, each on its own accounts with its own instance A, whose store
+/// can die alone.
+async fn arrange_cases(w: &World, recoverer: &Engine) -> Vec<Case> {
     let mut cases = Vec::new();
-    let mut workers = Vec::new();
     for (s, (step_name, path, step)) in STEPS.iter().enumerate() {
         for (f, (fault_name, fault)) in FAULTS.iter().enumerate() {
-            let case = format!("c{s}-{f}");
+            let name = format!("c{s}-{f}");
             let dest_balance = match path {
                 Path::Commit => 0,
                 Path::Rollback => i64::MAX - 5,
@@ -156,34 +191,43 @@ async fn every_step_survives_errors_crashes_and_stalls() {
             for (account, balance) in [("src", 100), ("dest", dest_balance)] {
                 recoverer
                     .create_account(NewAccount {
-                        id: format!("{case}-{account}"),
+                        id: format!("{name}-{account}"),
                         balance,
                         floor: 0,
                     })
                     .await
                     .unwrap();
             }
-            // Each case has its own instance A, whose store can die alone.
-            let faulty = FaultyStore::new(base.clone(), s as u64 * 10 + f as u64, Duration::ZERO);
-            faulty.inject(matcher(&case, *step), *fault, 1);
-            let worker = w.instance(faulty.clone(), config());
-            workers.push((worker.engine.clone(), faulty));
-            cases.push((case, *step_name, *fault_name, *path));
+            let faulty = FaultyStore::new(w.base.clone(), s as u64 * 10 + f as u64, Duration::ZERO);
+            faulty.inject(matcher(&name, *step), *fault, 1);
+            let worker = w.instance(faulty.clone(), config()).engine;
+            cases.push(Case {
+                name,
+                step: step_name,
+                fault: fault_name,
+                path: *path,
+                worker,
+                faulty,
+            });
         }
     }
+    cases
+}
+
+/// Each case's instance A accepts its transfer (all at once). A create that fails is answered
+/// 503 and leaves nothing, or (applied, then failed or crashed) leaves a transfer recovery
+/// must finish.
+async fn start_every_case(cases: &[Case]) {
     let mut creates = Vec::new();
-    for ((case, ..), (worker, _)) in cases.iter().zip(&workers) {
-        let worker = worker.clone();
-        let case = case.clone();
+    for case in cases {
+        let worker = case.worker.clone();
+        let new = transfer(
+            &format!("{}-t", case.name),
+            &format!("{}-src", case.name),
+            &format!("{}-dest", case.name),
+            10,
+        );
         creates.push(tokio::spawn(async move {
-            let new = NewTransfer {
-                id: format!("{case}-t"),
-                from: format!("{case}-src"),
-                to: format!("{case}-dest"),
-                amount: 10,
-            };
-            // A create that fails is answered 503 and leaves nothing, or (applied, then
-            // failed or crashed) leaves a transfer recovery must finish.
             let _ =
                 tokio::time::timeout(Duration::from_secs(10), worker.create_transfer(new)).await;
         }));
@@ -191,77 +235,68 @@ async fn every_step_survives_errors_crashes_and_stalls() {
     for create in creates {
         create.await.unwrap();
     }
+}
 
-    // Workers whose store crashed never answer again: they are dead processes, not busy ones.
-    let live_workers = || {
-        workers
-            .iter()
-            .filter(|(worker, faulty)| !faulty.is_dead() && worker.running_tasks() > 0)
-            .count()
+/// The fault fired, the transfer ended as its path says, the balances are exact and the
+/// pending lists empty.
+async fn assert_case_ended_as_its_path_says(recoverer: &Engine, case: &Case) {
+    let (step, fault) = (case.step, case.fault);
+    let fired = case.faulty.fired.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(fired, 1, "{step} / {fault}: the fault did not fire");
+    let t = recoverer
+        .get_transfer(&format!("{}-t", case.name))
+        .await
+        .unwrap();
+    let src = recoverer
+        .get_account(&format!("{}-src", case.name))
+        .await
+        .unwrap()
+        .unwrap();
+    let dest = recoverer
+        .get_account(&format!("{}-dest", case.name))
+        .await
+        .unwrap()
+        .unwrap();
+    let moved = match (&t, case.path) {
+        // Only a create that never reached the store leaves no transfer (the client got no
+        // answer and would retry with the same id).
+        (None, _) => {
+            assert_eq!(
+                (step, fault),
+                ("create", "crash before"),
+                "transfer missing"
+            );
+            false
+        }
+        (Some(t), Path::Commit) => {
+            assert_eq!(
+                t.transaction_state,
+                TransferState::Finished,
+                "{step} / {fault}"
+            );
+            true
+        }
+        (Some(t), Path::Rollback) => {
+            assert_eq!(
+                t.transaction_state,
+                TransferState::RolledBack,
+                "{step} / {fault}"
+            );
+            assert_eq!(t.reason.map(|r| r.as_str()), Some("balance_overflow"));
+            false
+        }
     };
-    recover_until_quiescent(&w, &recoverer, live_workers, Duration::from_secs(60)).await;
-
-    assert_invariants(&base).await;
-    for ((case, step, fault, path), (_, faulty)) in cases.iter().zip(&workers) {
-        let fired = faulty.fired.load(std::sync::atomic::Ordering::SeqCst);
-        assert_eq!(fired, 1, "{step} / {fault}: the fault did not fire");
-        let t = recoverer.get_transfer(&format!("{case}-t")).await.unwrap();
-        let src = recoverer
-            .get_account(&format!("{case}-src"))
-            .await
-            .unwrap()
-            .unwrap();
-        let dest = recoverer
-            .get_account(&format!("{case}-dest"))
-            .await
-            .unwrap()
-            .unwrap();
-        let moved = match (&t, path) {
-            // Only a create that never reached the store leaves no transfer (the client got
-            // no answer and would retry with the same id).
-            (None, _) => {
-                assert_eq!(
-                    (*step, *fault),
-                    ("create", "crash before"),
-                    "transfer missing"
-                );
-                false
-            }
-            (Some(t), Path::Commit) => {
-                assert_eq!(
-                    t.transaction_state,
-                    TransferState::Finished,
-                    "{step} / {fault}"
-                );
-                true
-            }
-            (Some(t), Path::Rollback) => {
-                assert_eq!(
-                    t.transaction_state,
-                    TransferState::RolledBack,
-                    "{step} / {fault}"
-                );
-                assert_eq!(t.reason.map(|r| r.as_str()), Some("balance_overflow"));
-                false
-            }
-        };
-        let dest_opening = dest.opening_balance;
-        let want = if moved {
-            (90, dest_opening + 10)
-        } else {
-            (100, dest_opening)
-        };
-        assert_eq!(
-            (src.balance, dest.balance),
-            want,
-            "{step} / {fault}: balances"
-        );
-        assert!(src.pending_transactions.is_empty(), "{step} / {fault}");
-        assert!(dest.pending_transactions.is_empty(), "{step} / {fault}");
-    }
-    eprintln!(
-        "{} step boundaries × {} faults: all terminal, exact, audit clean",
-        STEPS.len(),
-        FAULTS.len()
+    let dest_opening = dest.opening_balance;
+    let want = if moved {
+        (90, dest_opening + 10)
+    } else {
+        (100, dest_opening)
+    };
+    assert_eq!(
+        (src.balance, dest.balance),
+        want,
+        "{step} / {fault}: balances"
     );
+    assert!(src.pending_transactions.is_empty(), "{step} / {fault}");
+    assert!(dest.pending_transactions.is_empty(), "{step} / {fault}");
 }

@@ -1,7 +1,7 @@
 //! The engine against real storage (embedded redb), without HTTP: conflict and retry
 //! branches, unknown write outcomes, and a property test of random transfers, replays and
 //! cancels driven by concurrent workers of two "instances" with short leases and random
-//! delays, ending with the invariants of DESIGN §4.
+//! delays, ending with the invariants of `docs/design.md §4`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -191,6 +191,11 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// A transfer request of the schedule: id, from, to, amount.
+type Request = (String, usize, usize, i64);
+
+type OpTask = tokio::task::JoinHandle<Result<(), ServiceError>>;
+
 async fn run_random_schedule(seed: u64, ops: Vec<Op>) {
     let w = world(seed, Duration::from_millis(3));
     // Two instances on one store; leases short enough to expire mid-transfer, so workers go
@@ -201,66 +206,11 @@ async fn run_random_schedule(seed: u64, ops: Vec<Op>) {
     for i in 0..4 {
         open_account(&a, &format!("acct{i}"), 100).await;
     }
-    let mut requests: Vec<(String, usize, usize, i64)> = Vec::new();
+    let mut requests: Vec<Request> = Vec::new();
     let mut tasks = Vec::new();
     let permits = Arc::new(Semaphore::new(64));
     for (n, op) in ops.into_iter().enumerate() {
-        match op {
-            Op::Transfer { from, to, amount } => {
-                let id = format!("t{n}");
-                requests.push((id.clone(), from, to, amount));
-                let a = a.clone();
-                tasks.push(tokio::spawn(async move {
-                    let new = NewTransfer {
-                        id,
-                        from: format!("acct{from}"),
-                        to: format!("acct{to}"),
-                        amount,
-                    };
-                    a.create_transfer(new).await.map(|_| ())
-                }));
-            }
-            Op::Replay(i) if !requests.is_empty() => {
-                let (id, from, to, amount) = requests[i % requests.len()].clone();
-                let b = b.clone();
-                tasks.push(tokio::spawn(async move {
-                    let new = NewTransfer {
-                        id,
-                        from: format!("acct{from}"),
-                        to: format!("acct{to}"),
-                        amount,
-                    };
-                    match b.create_transfer(new).await {
-                        // The original may still be in flight: a replay can race it.
-                        Ok(Created::Replayed(_)) | Ok(Created::New(_)) => Ok(()),
-                        Err(e) => Err(e),
-                    }
-                }));
-            }
-            Op::Cancel(i) if !requests.is_empty() => {
-                let id = requests[i % requests.len()].0.clone();
-                let b = b.clone();
-                tasks.push(tokio::spawn(async move {
-                    match b.cancel_transfer(&id).await {
-                        Ok(_) | Err(ServiceError::Conflict(_)) | Err(ServiceError::NotFound) => {
-                            Ok(())
-                        }
-                        Err(e) => Err(e),
-                    }
-                }));
-            }
-            Op::Recover => {
-                let b = b.clone();
-                let permits = permits.clone();
-                tasks.push(tokio::spawn(async move {
-                    b.recover_once(b.clock().wall_millis(), &permits)
-                        .await
-                        .map(|_| ())
-                        .map_err(ServiceError::from)
-                }));
-            }
-            _ => {}
-        }
+        tasks.extend(spawn_op(n, op, &mut requests, &a, &b, &permits));
         if n % 3 == 0 {
             tokio::task::yield_now().await;
         }
@@ -270,10 +220,65 @@ async fn run_random_schedule(seed: u64, ops: Vec<Op>) {
     }
     quiesce(&w, &b, Duration::from_secs(60)).await;
     assert_invariants(&w.base).await;
-    // Each id is one transfer with the request it was created with.
+    assert_each_id_is_one_transfer_as_requested(&a, &requests).await;
+}
+
+/// Starts one operation of the schedule: transfers on instance A, replays, cancels and
+/// recovery sweeps on instance B.
+fn spawn_op(
+    n: usize,
+    op: Op,
+    requests: &mut Vec<Request>,
+    a: &Instance,
+    b: &Instance,
+    permits: &Arc<Semaphore>,
+) -> Option<OpTask> {
+    let account = |i: usize| format!("acct{i}");
+    let b = b.engine.clone();
+    Some(match op {
+        Op::Transfer { from, to, amount } => {
+            let id = format!("t{n}");
+            requests.push((id.clone(), from, to, amount));
+            let (a, new) = (
+                a.engine.clone(),
+                transfer(&id, &account(from), &account(to), amount),
+            );
+            tokio::spawn(async move { a.create_transfer(new).await.map(|_| ()) })
+        }
+        Op::Replay(i) if !requests.is_empty() => {
+            let (id, from, to, amount) = requests[i % requests.len()].clone();
+            let new = transfer(&id, &account(from), &account(to), amount);
+            // The original may still be in flight: a replay can race it.
+            tokio::spawn(async move { b.create_transfer(new).await.map(|_| ()) })
+        }
+        Op::Cancel(i) if !requests.is_empty() => {
+            let id = requests[i % requests.len()].0.clone();
+            tokio::spawn(async move {
+                match b.cancel_transfer(&id).await {
+                    Ok(_) | Err(ServiceError::Conflict(_)) | Err(ServiceError::NotFound) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            })
+        }
+        Op::Recover => {
+            let permits = permits.clone();
+            tokio::spawn(async move {
+                let now = b.clock().wall_millis();
+                b.recover_once(now, &permits)
+                    .await
+                    .map(|_| ())
+                    .map_err(ServiceError::from)
+            })
+        }
+        _ => return None,
+    })
+}
+
+/// Each id is one transfer with the request it was created with.
+async fn assert_each_id_is_one_transfer_as_requested(a: &Instance, requests: &[Request]) {
     let mut seen = HashMap::new();
-    for (id, from, to, amount) in &requests {
-        let t = a.get_transfer(id).await.unwrap().unwrap();
+    for (id, from, to, amount) in requests {
+        let t = transfer_doc(a, id).await;
         assert_eq!(
             (t.src_acct.as_str(), t.dest_acct.as_str(), t.amount),
             (

@@ -1,4 +1,4 @@
-//! The stale-worker race of DESIGN §3 item 2, seeded and repeated (1,000 seeds; set
+//! The stale-worker race of `docs/design.md §3`, seeded and repeated (1,000 seeds; set
 //! `STALE_WORKER_SEEDS` for more).
 //!
 //! For each seed, a worker of instance A starts a transfer and stalls for several lease
