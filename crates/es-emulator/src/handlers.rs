@@ -8,13 +8,13 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use super::bulk;
-use super::dates;
-use super::errors::{bytes_response, empty_response, json_response, EsError, NODE_ID};
-use super::routes::{Ctx, Params};
-use super::search::{self, SearchRequest, SourceFilter};
-use super::state::{random_id, WriteKind, WriteRequest};
-use super::Shared;
+use crate::bulk;
+use crate::dates;
+use crate::errors::{bytes_response, empty_response, json_response, EsError, NODE_ID};
+use crate::routes::{Ctx, Params};
+use crate::search::{self, SearchRequest, SourceFilter};
+use crate::state::{random_id, WriteKind, WriteRequest};
+use crate::Shared;
 
 type Answer = Result<Response, EsError>;
 
@@ -671,7 +671,7 @@ const SEARCH_PARAMS: [&str; 33] = [
 /// Resolves the searched indices and runs their scheduled refreshes.
 fn searched_indices(
     ctx: &Ctx<'_>,
-    cluster: &mut super::state::Cluster,
+    cluster: &mut crate::state::Cluster,
     index: Option<&str>,
     now: Instant,
 ) -> Result<Vec<String>, EsError> {
@@ -762,14 +762,14 @@ pub fn count(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
             )));
         }
     }
-    let mut query = super::query::Query::MatchAll { boost: 1.0 };
+    let mut query = crate::query::Query::MatchAll { boost: 1.0 };
     if let Some(body) = json_body(ctx.body)? {
         let Value::Object(map) = &body else {
             return Err(EsError::parsing("request body must be an object"));
         };
         for (key, value) in map {
             match key.as_str() {
-                "query" => query = super::query::parse(value)?,
+                "query" => query = crate::query::parse(value)?,
                 other => {
                     return Err(EsError::parsing(format!(
                         "request does not support [{other}]"

@@ -1,11 +1,8 @@
-//! Tests of **es-emulator** itself, the Elasticsearch TEST DOUBLE in
-//! `tests/support/es_emulator/`: each test sends real HTTP requests to an in-process emulator
-//! on a free port and checks statuses and bodies against `shared/es-rest-subset.md` (§n below).
+//! Tests of **es-emulator** itself, the Elasticsearch TEST DOUBLE of this crate: each test
+//! sends real HTTP requests to an in-process emulator on a free port and checks statuses and
+//! bodies against the service's `docs/elasticsearch.md` (§n below).
 //! Near-real-time tests use `refresh_interval: None` and explicit refreshes, except one that
 //! waits (with a deadline) for a short scheduled interval.
-
-#[path = "support/es_emulator/mod.rs"]
-mod es_emulator;
 
 use std::time::Duration;
 

@@ -1,11 +1,12 @@
 //! **es-emulator: a TEST DOUBLE of Elasticsearch**, not Elasticsearch. It serves, in memory,
 //! the subset of the Elasticsearch 8.x REST API that the service's Elasticsearch backend
-//! (`src/store/elasticsearch.rs`) uses, with the status codes and bodies documented in
-//! `shared/es-rest-subset.md` (the §-numbers below refer to it). Where it and a real cluster
-//! disagree, the real cluster is right and this emulator is the bug.
+//! (`src/store/elasticsearch.rs` of `transfer-service`) uses, with the status codes and bodies
+//! documented in the service's `docs/elasticsearch.md` (the §-numbers below refer to it). Where
+//! it and a real cluster disagree, the real cluster is right and this emulator is the bug.
 //!
-//! Used in-process by the integration tests (`spawn`) and as a separate process by
-//! `cargo run --example es-emulator -- --listen 127.0.0.1:9200 [--refresh-interval 1s|-1]`.
+//! A workspace crate of its own, compiled once: the service's tests use it in-process
+//! ([`spawn`]), and its binary runs it as a separate process:
+//! `cargo run -p es-emulator -- --listen 127.0.0.1:9200 [--refresh-interval 1s|-1]`.
 //!
 //! # Implemented
 //! - §0 every response carries `X-elastic-product: Elasticsearch`; write bodies
@@ -89,17 +90,15 @@
 //!   instead of a wait. Text fields are analyzed by a crude lower-case/non-alphanumeric split.
 //! - Duplicate keys in a source are not refused (the last one wins for queries).
 
-#![allow(dead_code)]
-
-pub mod bulk;
+mod bulk;
 pub mod dates;
-pub mod errors;
-pub mod handlers;
-pub mod mapping;
-pub mod query;
-pub mod routes;
-pub mod search;
-pub mod state;
+mod errors;
+mod handlers;
+mod mapping;
+mod query;
+mod routes;
+mod search;
+mod state;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

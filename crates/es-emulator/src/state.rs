@@ -2,7 +2,7 @@
 //! realtime GET sees), the searchable view (what the last refresh exposed), per-index
 //! `_seq_no`, per-document `_version`, delete tombstones, and the refresh schedule.
 //!
-//! One primary shard per index, so `_seq_no` is per index (es-rest-subset.md §11).
+//! One primary shard per index, so `_seq_no` is per index (`docs/elasticsearch.md` §11).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use super::errors::EsError;
-use super::mapping::Mapping;
+use crate::errors::EsError;
+use crate::mapping::Mapping;
 
 /// One version of a document.
 #[derive(Debug)]
@@ -123,7 +123,7 @@ impl IndexState {
         IndexState {
             name: name.to_owned(),
             uuid: random_id(22),
-            creation_date: super::dates::now_millis(),
+            creation_date: crate::dates::now_millis(),
             settings,
             mapping,
             next_seq_no: 0,

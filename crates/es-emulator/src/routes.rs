@@ -1,6 +1,6 @@
 //! HTTP routing: one axum fallback handler that decodes the path, counts the request by
 //! kind, applies injected failures, reads the body (up to 100 MiB), checks URL parameters,
-//! and dispatches to [`handlers`](super::handlers). Routing by hand (rather than axum routes)
+//! and dispatches to [`handlers`](crate::handlers). Routing by hand (rather than axum routes)
 //! keeps Elasticsearch's own answers for unknown paths (400), wrong methods (405) and index
 //! names that start with `_`.
 
@@ -13,9 +13,9 @@ use axum::http::{header, Method};
 use axum::response::Response;
 use axum::Router;
 
-use super::errors::{self, EsError};
-use super::handlers;
-use super::Shared;
+use crate::errors::{self, EsError};
+use crate::handlers;
+use crate::Shared;
 
 /// `http.max_content_length` of Elasticsearch.
 pub const MAX_BODY: usize = 100 * 1024 * 1024;

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value};
 
-use super::dates;
-use super::errors::{Cause, EsError};
+use crate::dates;
+use crate::errors::{Cause, EsError};
 
 /// How a field is searched and sorted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,14 +1,14 @@
-//! `_bulk` (§6): NDJSON parsing with Elasticsearch's whole-request errors, request
-//! validation shared with the single-document APIs (§1, §3), and sequential application with
-//! one result per item, in order.
+//! `_bulk` (`docs/elasticsearch.md` §6): NDJSON parsing with Elasticsearch's whole-request errors,
+//! request validation shared with the single-document APIs (§1, §3), and sequential application
+//! with one result per item, in order.
 
 use std::time::Instant;
 
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use super::errors::EsError;
-use super::state::{random_id, Cluster, WriteKind, WriteRequest, Written};
+use crate::errors::EsError;
+use crate::state::{random_id, Cluster, WriteKind, WriteRequest, Written};
 
 /// The longest document id Elasticsearch accepts, in bytes.
 const MAX_ID_BYTES: usize = 512;
