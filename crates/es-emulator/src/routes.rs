@@ -73,6 +73,33 @@ impl Params {
             .transpose()
     }
 
+    /// Refuses, as not implemented by this test double, a parameter given with a value other
+    /// than those that change nothing on the emulated one-node, one-shard cluster.
+    pub fn refuse_unless(&self, name: &str, harmless: &[&str]) -> Result<(), EsError> {
+        match self.get(name) {
+            Some(value) if !harmless.contains(&value) => {
+                Err(EsError::unsupported(&format!("{name}={value}")))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// `expand_wildcards`: the emulator has only open, visible indices, so any value that
+    /// includes `open` (or `all`) resolves as the default does; the others are refused.
+    pub fn check_expand_wildcards(&self) -> Result<(), EsError> {
+        let Some(value) = self.get("expand_wildcards") else {
+            return Ok(());
+        };
+        let words: Vec<&str> = value.split(',').collect();
+        let known = words
+            .iter()
+            .all(|w| matches!(*w, "open" | "all" | "closed" | "hidden" | "none"));
+        if known && words.iter().any(|w| matches!(*w, "open" | "all")) {
+            return Ok(());
+        }
+        Err(EsError::unsupported(&format!("expand_wildcards={value}")))
+    }
+
     /// 400 for any parameter not in `allowed` (nor a parameter every API accepts).
     pub fn check(&self, path: &str, allowed: &[&str]) -> Result<(), EsError> {
         const EVERYWHERE: [&str; 3] = ["pretty", "human", "error_trace"];

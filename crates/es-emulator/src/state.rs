@@ -478,10 +478,16 @@ pub fn parse_settings(value: Option<&Value>) -> Result<Settings, EsError> {
             }
             "max_result_window" => settings.max_result_window = count_setting(key, v)? as usize,
             "default_pipeline" | "final_pipeline" if v == "_none" => {}
-            "auto_expand_replicas" | "codec" | "search.idle.after" | "routing_partition_size"
-            | "hidden" | "priority" => {}
+            "codec" | "search.idle.after" | "routing_partition_size" | "priority" => {}
+            "auto_expand_replicas" | "hidden" if v == "false" || v == &Value::Bool(false) => {}
+            k if k.starts_with("blocks.") && (v == "false" || v == &Value::Bool(false)) => {}
+            // Index blocks, hidden indices and replicas that follow the node count change
+            // what the emulator answers; it does not model them.
+            k if k == "auto_expand_replicas" || k == "hidden" || k.starts_with("blocks.") => {
+                return Err(EsError::unsupported(&format!("index.{k} [{v}]")))
+            }
             k if k.starts_with("mapping.") || k.starts_with("analysis.") || k.starts_with("routing.") => {}
-            k if k.starts_with("blocks.") || k.starts_with("translog.") || k.starts_with("merge.") => {}
+            k if k.starts_with("translog.") || k.starts_with("merge.") => {}
             "default_pipeline" | "final_pipeline" => {
                 return Err(EsError::illegal_argument(format!(
                     "pipeline with id [{}] does not exist",
