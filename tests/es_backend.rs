@@ -1,12 +1,9 @@
 //! Tests of the Elasticsearch backend that only make sense for it: migrations, HTTP error
 //! mapping, bulk item outcomes, paging through many hits, index prefixes.
 //!
-//! They run against the Elasticsearch **emulator** in `tests/support/es_emulator/mod.rs`, a test
-//! double of the REST subset the backend uses (`shared/es-rest-subset.md`), not a real
+//! They run against the Elasticsearch **emulator** (the `es-emulator` workspace crate), a test
+//! double of the REST subset the backend uses (`docs/elasticsearch.md`), not a real
 //! cluster. The shared store suite (`tests/store.rs`) runs against a real cluster as well.
-
-#[path = "support/es_emulator/mod.rs"]
-mod es_emulator;
 
 use std::collections::BTreeSet;
 use std::future::Future;

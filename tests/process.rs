@@ -5,9 +5,6 @@
 //! Lengths are kept short for `cargo test`; the acceptance runs of the README set
 //! `CRASH_SECONDS`, `CRASH_CLIENTS` and `CRASH_KILLS` (e.g. 20, 16, 10).
 
-#[path = "support/es_emulator/mod.rs"]
-mod es_emulator;
-
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

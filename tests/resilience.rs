@@ -6,9 +6,6 @@
 //! - a transfer whose steps keep failing is left for recovery and finished after the outage;
 //! - rejected (429) requests are retried with backoff and the transfer still finishes.
 
-#[path = "support/es_emulator/mod.rs"]
-mod es_emulator;
-
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};

@@ -4,9 +4,6 @@
 //! Elasticsearch backend against the cluster at `ELASTICSEARCH_URL`; each of those tests says
 //! it skipped, and why, when the variable is unset).
 
-#[path = "support/es_emulator/mod.rs"]
-mod es_emulator;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

@@ -8,8 +8,6 @@ use transfer_service::app::Application;
 use transfer_service::config::Config;
 use transfer_service::transfer::Engine;
 
-use crate::es_emulator;
-
 #[derive(Debug, Clone, Copy)]
 pub enum Backend {
     Embedded,

@@ -3,8 +3,6 @@
 //! a test double of the Elasticsearch REST subset), and the same backend on the real cluster
 //! at `ELASTICSEARCH_URL` (`real_es::*`, which say they skipped, and why, when it is unset).
 
-#[path = "../support/es_emulator/mod.rs"]
-mod es_emulator;
 mod helpers;
 
 use helpers::{spawn_app, Backend, TestApp};

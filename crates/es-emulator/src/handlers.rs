@@ -8,13 +8,13 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use super::bulk;
-use super::dates;
-use super::errors::{bytes_response, empty_response, json_response, EsError, NODE_ID};
-use super::routes::{Ctx, Params};
-use super::search::{self, SearchRequest, SourceFilter};
-use super::state::{random_id, WriteKind, WriteRequest};
-use super::Shared;
+use crate::bulk;
+use crate::dates;
+use crate::errors::{bytes_response, empty_response, json_response, EsError, NODE_ID};
+use crate::routes::{Ctx, Params};
+use crate::search::{self, SearchRequest, SourceFilter};
+use crate::state::{random_id, WriteKind, WriteRequest};
+use crate::Shared;
 
 type Answer = Result<Response, EsError>;
 
@@ -174,6 +174,12 @@ pub fn health(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
             "expand_wildcards",
         ],
     )?;
+    ctx.params.check_expand_wildcards()?;
+    ctx.params.refuse_unless("level", &["cluster"])?;
+    ctx.params
+        .refuse_unless("wait_for_nodes", &["1", ">=1", "<=1", "ge(1)", "le(1)"])?;
+    ctx.params
+        .refuse_unless("wait_for_active_shards", &["0", "1"])?;
     let cluster = ctx.shared.cluster();
     let names = cluster.resolve(index.unwrap_or("_all"), false)?;
     let primaries = names.len() as u64;
@@ -232,6 +238,7 @@ pub fn create_index(ctx: &Ctx<'_>, index: &str) -> Answer {
         ctx.path,
         &["wait_for_active_shards", "timeout", "master_timeout"],
     )?;
+    refuse_more_active_shards(ctx.params)?;
     let body = json_body(ctx.body)?.unwrap_or_else(|| json!({}));
     let answer = ctx
         .shared
@@ -252,8 +259,17 @@ const INDEX_READ_PARAMS: [&str; 9] = [
     "timeout",
 ];
 
-pub fn index_exists(ctx: &Ctx<'_>, index: &str) -> Answer {
+/// `GET|HEAD /{index}` parameters: those that reshape the answer are not implemented.
+fn check_index_read(ctx: &Ctx<'_>) -> Result<(), EsError> {
     ctx.params.check(ctx.path, &INDEX_READ_PARAMS)?;
+    ctx.params.check_expand_wildcards()?;
+    ctx.params.refuse_unless("flat_settings", &["false"])?;
+    ctx.params.refuse_unless("include_defaults", &["false"])?;
+    ctx.params.refuse_unless("features", &[])
+}
+
+pub fn index_exists(ctx: &Ctx<'_>, index: &str) -> Answer {
+    check_index_read(ctx)?;
     let found = ctx
         .shared
         .cluster()
@@ -263,7 +279,7 @@ pub fn index_exists(ctx: &Ctx<'_>, index: &str) -> Answer {
 }
 
 pub fn get_index(ctx: &Ctx<'_>, index: &str) -> Answer {
-    ctx.params.check(ctx.path, &INDEX_READ_PARAMS)?;
+    check_index_read(ctx)?;
     let ignore = ctx.params.bool("ignore_unavailable")?.unwrap_or(false);
     let cluster = ctx.shared.cluster();
     let mut out = Map::new();
@@ -304,10 +320,16 @@ pub fn refresh(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
         ctx.path,
         &["ignore_unavailable", "allow_no_indices", "expand_wildcards"],
     )?;
+    ctx.params.check_expand_wildcards()?;
     let ignore = ctx.params.bool("ignore_unavailable")?.unwrap_or(false);
+    let allow_none = ctx.params.bool("allow_no_indices")?.unwrap_or(true);
     let now = Instant::now();
     let mut cluster = ctx.shared.cluster();
-    let names = cluster.resolve(index.unwrap_or("_all"), ignore)?;
+    let expression = index.unwrap_or("_all");
+    let names = cluster.resolve(expression, ignore)?;
+    if names.is_empty() && !allow_none {
+        return Err(EsError::index_not_found(expression));
+    }
     let mut total = 0;
     for name in &names {
         if let Some(state) = cluster.indices.get_mut(name) {
@@ -353,6 +375,8 @@ pub fn get_doc(ctx: &Ctx<'_>, index: &str, id: &str) -> Answer {
             "version_type",
         ],
     )?;
+    ctx.params.refuse_unless("stored_fields", &[])?;
+    ctx.params.refuse_unless("version_type", &["internal"])?;
     let realtime = ctx.params.bool("realtime")?.unwrap_or(true);
     let refresh = ctx.params.bool("refresh")?.unwrap_or(false);
     let version = ctx.params.long("version")?;
@@ -424,6 +448,27 @@ fn cas_params(params: &Params) -> Result<(Option<i64>, Option<u64>), EsError> {
     Ok((if_seq_no, if_primary_term))
 }
 
+/// `wait_for_active_shards` above one copy: a one-node cluster never has the replicas, so
+/// Elasticsearch would wait for the timeout; the emulator refuses instead.
+fn refuse_more_active_shards(params: &Params) -> Result<(), EsError> {
+    params.refuse_unless("wait_for_active_shards", &["0", "1"])
+}
+
+/// Write parameters that change what is stored or checked, which the emulator does not
+/// model: a custom `routing` (stored as `_routing`), `require_alias` (there are no aliases),
+/// `require_data_stream` (no data streams), `list_executed_pipelines` (no pipelines).
+fn refuse_unmodelled_write_params(params: &Params) -> Result<(), EsError> {
+    params.refuse_unless("routing", &[""])?;
+    for flag in [
+        "require_alias",
+        "require_data_stream",
+        "list_executed_pipelines",
+    ] {
+        params.refuse_unless(flag, &["false"])?;
+    }
+    refuse_more_active_shards(params)
+}
+
 fn reject_external_versioning(params: &Params) -> Result<(), EsError> {
     if params.get("version").is_some() || params.get("version_type").is_some() {
         return Err(EsError::unsupported("version / version_type on writes"));
@@ -468,6 +513,7 @@ pub async fn write_doc(ctx: &Ctx<'_>, index: &str, id: Option<&str>, create_rout
         }
     };
     reject_external_versioning(ctx.params)?;
+    refuse_unmodelled_write_params(ctx.params)?;
     check_pipeline(ctx.params)?;
     let (if_seq_no, if_primary_term) = cas_params(ctx.params)?;
     let refresh = refresh_policy(ctx.params)?;
@@ -527,6 +573,7 @@ pub async fn delete_doc(ctx: &Ctx<'_>, index: &str, id: &str) -> Answer {
         ],
     )?;
     reject_external_versioning(ctx.params)?;
+    refuse_more_active_shards(ctx.params)?;
     let (if_seq_no, if_primary_term) = cas_params(ctx.params)?;
     let refresh = refresh_policy(ctx.params)?;
     let messages = bulk::validate_write(
@@ -590,6 +637,7 @@ pub async fn bulk(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
             "include_source_on_error",
         ],
     )?;
+    refuse_unmodelled_write_params(ctx.params)?;
     check_pipeline(ctx.params)?;
     let refresh = refresh_policy(ctx.params)?;
     let items = bulk::parse(ctx.body, index)?;
@@ -671,7 +719,7 @@ const SEARCH_PARAMS: [&str; 33] = [
 /// Resolves the searched indices and runs their scheduled refreshes.
 fn searched_indices(
     ctx: &Ctx<'_>,
-    cluster: &mut super::state::Cluster,
+    cluster: &mut crate::state::Cluster,
     index: Option<&str>,
     now: Instant,
 ) -> Result<Vec<String>, EsError> {
@@ -691,6 +739,8 @@ fn searched_indices(
 pub fn search(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
     let params = ctx.params;
     params.check(ctx.path, &SEARCH_PARAMS)?;
+    params.check_expand_wildcards()?;
+    params.refuse_unless("explain", &["false"])?;
     for unsupported in [
         "q",
         "df",
@@ -755,6 +805,7 @@ pub fn count(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
             "min_score",
         ],
     )?;
+    ctx.params.check_expand_wildcards()?;
     for unsupported in ["q", "terminate_after", "min_score"] {
         if ctx.params.get(unsupported).is_some() {
             return Err(EsError::unsupported(&format!(
@@ -762,14 +813,14 @@ pub fn count(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
             )));
         }
     }
-    let mut query = super::query::Query::MatchAll { boost: 1.0 };
+    let mut query = crate::query::Query::MatchAll { boost: 1.0 };
     if let Some(body) = json_body(ctx.body)? {
         let Value::Object(map) = &body else {
             return Err(EsError::parsing("request body must be an object"));
         };
         for (key, value) in map {
             match key.as_str() {
-                "query" => query = super::query::parse(value)?,
+                "query" => query = crate::query::parse(value)?,
                 other => {
                     return Err(EsError::parsing(format!(
                         "request does not support [{other}]"

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value};
 
-use super::dates;
-use super::errors::{Cause, EsError};
+use crate::dates;
+use crate::errors::{Cause, EsError};
 
 /// How a field is searched and sorted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,15 +137,21 @@ impl Mapping {
                 "dynamic" => mapping.dynamic = parse_dynamic(value)?,
                 "date_detection" => mapping.date_detection = value.as_bool().unwrap_or(true),
                 "properties" => {}
+                "_meta" => {}
+                // Accepted only with the values that behave as the emulator does.
+                "_source" if value == &json!({}) || value == &json!({"enabled": true}) => {}
+                "_routing" if value == &json!({}) || value == &json!({"required": false}) => {}
+                "numeric_detection" if value == &json!(false) => {}
+                "enabled" | "subobjects" if value == &json!(true) => {}
                 "_source"
-                | "_meta"
                 | "_routing"
                 | "numeric_detection"
                 | "enabled"
                 | "subobjects"
-                | "dynamic_date_formats" => {}
-                "dynamic_templates" | "runtime" => {
-                    return Err(EsError::unsupported(&format!("mappings.{key}")))
+                | "dynamic_date_formats"
+                | "dynamic_templates"
+                | "runtime" => {
+                    return Err(EsError::unsupported(&format!("mappings.{key} {value}")))
                 }
                 _ => unsupported.push(format!("{key} : {value}")),
             }

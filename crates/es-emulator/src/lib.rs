@@ -1,11 +1,12 @@
 //! **es-emulator: a TEST DOUBLE of Elasticsearch**, not Elasticsearch. It serves, in memory,
 //! the subset of the Elasticsearch 8.x REST API that the service's Elasticsearch backend
-//! (`src/store/elasticsearch.rs`) uses, with the status codes and bodies documented in
-//! `shared/es-rest-subset.md` (the §-numbers below refer to it). Where it and a real cluster
-//! disagree, the real cluster is right and this emulator is the bug.
+//! (`src/store/elasticsearch.rs` of `transfer-service`) uses, with the status codes and bodies
+//! documented in the service's `docs/elasticsearch.md` (the §-numbers below refer to it). Where
+//! it and a real cluster disagree, the real cluster is right and this emulator is the bug.
 //!
-//! Used in-process by the integration tests (`spawn`) and as a separate process by
-//! `cargo run --example es-emulator -- --listen 127.0.0.1:9200 [--refresh-interval 1s|-1]`.
+//! A workspace crate of its own, compiled once: the service's tests use it in-process
+//! ([`spawn`]), and its binary runs it as a separate process:
+//! `cargo run -p es-emulator -- --listen 127.0.0.1:9200 [--refresh-interval 1s|-1]`.
 //!
 //! # Implemented
 //! - §0 every response carries `X-elastic-product: Elasticsearch`; write bodies
@@ -27,9 +28,13 @@
 //!   pruned on a refresh after that. A delete of an absent id also leaves a tombstone (so a
 //!   later create gets `_version:2`), as Elasticsearch's version map does.
 //! - §6 `_bulk` and `/{i}/_bulk`: NDJSON (`index` with CAS, `create`, `delete`; `update`
-//!   answers its item with a 400 "not implemented"), final-newline and malformed-action-line
-//!   400s, unknown action parameters, validation errors, per-item results in order with
-//!   `status`, `errors`, sequential application, `?refresh=`.
+//!   answers its item with a 400 "not implemented"), per-item results in order with `status`,
+//!   `errors`, sequential application, `?refresh=`. Failures are the request's or one item's
+//!   as in Elasticsearch: a missing final newline, a malformed action line, an unknown action
+//!   parameter and what `BulkRequest.validate()` collects (ids over 512 bytes, CAS on `create`,
+//!   half a CAS pair, a delete without an id) refuse the whole request with nothing applied;
+//!   an empty `_id` on `index`/`create` (`illegal_argument_exception`), a missing index of a
+//!   delete, a bad source or a conflict fail their item alone while the others apply.
 //! - §7 `_search` (`GET|POST /_search`, `/{i,j,pattern*}/_search`, `ignore_unavailable`):
 //!   `query` `match_all`, `match_none`, `term`, `terms`, `range` (long, double, keyword and
 //!   date fields; RFC 3339 / epoch-millis / `"format":"epoch_millis"`; date math `now-2m`,
@@ -82,24 +87,32 @@
 //!   empty `bool` is a `match_all`. Full-text queries (`match`, `query_string`, …),
 //!   aggregations, highlighting, scroll, PIT, `_mget`, `_msearch`, aliases, templates,
 //!   external versioning (`version`/`version_type` on writes) and `filter_path` answer 400
-//!   "not implemented". `routing`, `timeout`, `wait_for_active_shards`, `pretty` are accepted
-//!   and ignored. One shard per index, no real replicas, UTC only, no `Content-Type`
+//!   "not implemented".
+//! - Parameters, settings and mapping options are accepted only with values that change
+//!   nothing on a one-node, one-shard cluster (`timeout`, `master_timeout`, `preference`,
+//!   `pretty`, `wait_for_active_shards` of 0 or 1, `routing` of reads and deletes, `blocks.*`
+//!   false, …). Values that would change the answer — a custom `routing` on a write (stored
+//!   as `_routing`), `require_alias`/`require_data_stream`/`list_executed_pipelines` true,
+//!   `dynamic_templates`, `stored_fields`, `flat_settings`, `include_defaults`, `features`,
+//!   `explain`, `expand_wildcards` without `open`, health `level` other than `cluster` or
+//!   `wait_for_nodes` above 1, index blocks, hidden indices, `auto_expand_replicas`, and root
+//!   mapping options other than the defaults (`_source`, `_routing`, `numeric_detection`,
+//!   `subobjects`, `dynamic_date_formats`) — answer 400 "not implemented by es-emulator".
+//! - One shard per index, no real replicas, UTC only, no `Content-Type`
 //!   enforcement beyond refusing non-JSON types (406), no circuit breakers or real
 //!   back-pressure (use `fail_next`). `_cluster/health/{index}` of a missing index is a 404
 //!   instead of a wait. Text fields are analyzed by a crude lower-case/non-alphanumeric split.
 //! - Duplicate keys in a source are not refused (the last one wins for queries).
 
-#![allow(dead_code)]
-
-pub mod bulk;
+mod bulk;
 pub mod dates;
-pub mod errors;
-pub mod handlers;
-pub mod mapping;
-pub mod query;
-pub mod routes;
-pub mod search;
-pub mod state;
+mod errors;
+mod handlers;
+mod mapping;
+mod query;
+mod routes;
+mod search;
+mod state;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -2,7 +2,7 @@
 //! realtime GET sees), the searchable view (what the last refresh exposed), per-index
 //! `_seq_no`, per-document `_version`, delete tombstones, and the refresh schedule.
 //!
-//! One primary shard per index, so `_seq_no` is per index (es-rest-subset.md §11).
+//! One primary shard per index, so `_seq_no` is per index (`docs/elasticsearch.md` §11).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use super::errors::EsError;
-use super::mapping::Mapping;
+use crate::errors::EsError;
+use crate::mapping::Mapping;
 
 /// One version of a document.
 #[derive(Debug)]
@@ -123,7 +123,7 @@ impl IndexState {
         IndexState {
             name: name.to_owned(),
             uuid: random_id(22),
-            creation_date: super::dates::now_millis(),
+            creation_date: crate::dates::now_millis(),
             settings,
             mapping,
             next_seq_no: 0,
@@ -478,10 +478,16 @@ pub fn parse_settings(value: Option<&Value>) -> Result<Settings, EsError> {
             }
             "max_result_window" => settings.max_result_window = count_setting(key, v)? as usize,
             "default_pipeline" | "final_pipeline" if v == "_none" => {}
-            "auto_expand_replicas" | "codec" | "search.idle.after" | "routing_partition_size"
-            | "hidden" | "priority" => {}
+            "codec" | "search.idle.after" | "routing_partition_size" | "priority" => {}
+            "auto_expand_replicas" | "hidden" if v == "false" || v == &Value::Bool(false) => {}
+            k if k.starts_with("blocks.") && (v == "false" || v == &Value::Bool(false)) => {}
+            // Index blocks, hidden indices and replicas that follow the node count change
+            // what the emulator answers; it does not model them.
+            k if k == "auto_expand_replicas" || k == "hidden" || k.starts_with("blocks.") => {
+                return Err(EsError::unsupported(&format!("index.{k} [{v}]")))
+            }
             k if k.starts_with("mapping.") || k.starts_with("analysis.") || k.starts_with("routing.") => {}
-            k if k.starts_with("blocks.") || k.starts_with("translog.") || k.starts_with("merge.") => {}
+            k if k.starts_with("translog.") || k.starts_with("merge.") => {}
             "default_pipeline" | "final_pipeline" => {
                 return Err(EsError::illegal_argument(format!(
                     "pipeline with id [{}] does not exist",

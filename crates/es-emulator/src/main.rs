@@ -1,17 +1,14 @@
 //! Runs **es-emulator**, a TEST DOUBLE of the Elasticsearch 8.x REST subset the service's
-//! Elasticsearch backend uses (`tests/support/es_emulator/mod.rs`; behaviour documented in
-//! `shared/es-rest-subset.md`), in its own process, in memory, until killed. It is not
+//! Elasticsearch backend uses (the library of this crate; behaviour documented in the
+//! service's `docs/elasticsearch.md`), in its own process, in memory, until killed. It is not
 //! Elasticsearch: use it for tests and local development only.
 //!
 //! ```text
-//! cargo run --example es-emulator -- --listen 127.0.0.1:9200 [--refresh-interval 1s|-1]
+//! cargo run -p es-emulator -- --listen 127.0.0.1:9200 [--refresh-interval 1s|-1]
 //! ```
 //!
 //! `--refresh-interval` is the `index.refresh_interval` of indices that do not set one
 //! (default `1s`; `-1`: only explicit refreshes make writes searchable).
-
-#[path = "../tests/support/es_emulator/mod.rs"]
-mod es_emulator;
 
 use std::net::SocketAddr;
 use std::time::Duration;

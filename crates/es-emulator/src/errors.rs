@@ -1,4 +1,4 @@
-//! Elasticsearch error envelopes (es-rest-subset.md §0 and §10), and turning any answer of
+//! Elasticsearch error envelopes (`docs/elasticsearch.md` §0 and §10), and turning any answer of
 //! the emulator into an HTTP response that carries `X-elastic-product: Elasticsearch`.
 
 use axum::http::{header, HeaderValue, StatusCode};
@@ -228,7 +228,7 @@ impl EsError {
         ))
     }
 
-    /// The answer to an injected failure ([`super::RunningEmulator::fail_next`]).
+    /// The answer to an injected failure ([`crate::RunningEmulator::fail_next`]).
     pub fn injected(status: u16) -> Self {
         match status {
             429 => EsError::new(

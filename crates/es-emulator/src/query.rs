@@ -1,6 +1,6 @@
-//! The query DSL subset (§7): `match_all`, `match_none`, `term`, `terms`, `range`, `exists`,
-//! `ids`, `bool` (`must`/`filter`/`should`/`must_not`, `minimum_should_match`) and
-//! `constant_score`, parsed from JSON, compiled against one index's mapping, and evaluated on
+//! The query DSL subset (`docs/elasticsearch.md` §7): `match_all`, `match_none`, `term`, `terms`,
+//! `range`, `exists`, `ids`, `bool` (`must`/`filter`/`should`/`must_not`, `minimum_should_match`)
+//! and `constant_score`, parsed from JSON, compiled against one index's mapping, and evaluated on
 //! documents.
 //!
 //! Scores are not BM25: every scoring leaf clause scores `1.0 × boost`, `bool` sums its
@@ -11,10 +11,10 @@ use std::collections::HashSet;
 
 use serde_json::{Map, Value};
 
-use super::dates;
-use super::errors::{Cause, EsError};
-use super::mapping::{self, FieldDef, FieldType, Mapping, Scalar};
-use super::state::Doc;
+use crate::dates;
+use crate::errors::{Cause, EsError};
+use crate::mapping::{self, FieldDef, FieldType, Mapping, Scalar};
+use crate::state::Doc;
 
 /// A parsed query.
 #[derive(Debug, Clone)]

@@ -1,7 +1,7 @@
-//! `_search` and `_count` (§7): request parsing, sorting (field sorts, `_score`, `_doc`,
-//! missing values last), `search_after`, `from`/`size` with `index.max_result_window`,
-//! `track_total_hits`, `seq_no_primary_term`, `version`, `_source` filtering, and the response
-//! shape. Searches read the searchable (refreshed) view of each index.
+//! `_search` and `_count` (`docs/elasticsearch.md` §7): request parsing, sorting (field sorts,
+//! `_score`, `_doc`, missing values last), `search_after`, `from`/`size` with
+//! `index.max_result_window`, `track_total_hits`, `seq_no_primary_term`, `version`, `_source`
+//! filtering, and the response shape. Searches read the searchable (refreshed) view of each index.
 
 use std::cmp::Ordering;
 use std::sync::Arc;
@@ -10,11 +10,11 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use super::dates;
-use super::errors::{Cause, EsError, Ordered};
-use super::mapping::{FieldType, Mapping, Scalar};
-use super::query::{self, Query};
-use super::state::{glob, Cluster, Doc};
+use crate::dates;
+use crate::errors::{Cause, EsError, Ordered};
+use crate::mapping::{FieldType, Mapping, Scalar};
+use crate::query::{self, Query};
+use crate::state::{glob, Cluster, Doc};
 
 #[derive(Debug, Clone)]
 pub enum SortSpec {

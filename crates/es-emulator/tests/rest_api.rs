@@ -1,11 +1,8 @@
-//! Tests of **es-emulator** itself, the Elasticsearch TEST DOUBLE in
-//! `tests/support/es_emulator/`: each test sends real HTTP requests to an in-process emulator
-//! on a free port and checks statuses and bodies against `shared/es-rest-subset.md` (§n below).
+//! Tests of **es-emulator** itself, the Elasticsearch TEST DOUBLE of this crate: each test
+//! sends real HTTP requests to an in-process emulator on a free port and checks statuses and
+//! bodies against the service's `docs/elasticsearch.md` (§n below).
 //! Near-real-time tests use `refresh_interval: None` and explicit refreshes, except one that
 //! waits (with a deadline) for a short scheduled interval.
-
-#[path = "support/es_emulator/mod.rs"]
-mod es_emulator;
 
 use std::time::Duration;
 
@@ -759,12 +756,12 @@ async fn bulk_request_level_errors() {
     assert_error(
         &es.ndjson(
             "/_bulk",
-            "{\"index\":{\"_index\":\"i\",\"_id\":\"\"}}\n{}\n",
+            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"if_primary_term\":-1}}\n{}\n",
         )
         .await,
         400,
-        "action_request_validation_exception",
-        "Validation Failed: 1: if _id is specified it must not be empty;",
+        "illegal_argument_exception",
+        "primary term must be non negative. got [-1]",
     );
     assert_error(
         &es.ndjson(
@@ -780,6 +777,238 @@ async fn bulk_request_level_errors() {
     assert_eq!(bad_json.status, 400);
     // Nothing of a refused request is applied.
     assert_eq!(es.send(Method::HEAD, "/i", None).await.status, 404);
+}
+
+/// `rest-api-spec` `bulk/10_basic.yml`, "Empty _id" and "Empty _id with op_type create": the
+/// item with `_id: ""` fails alone (400 `illegal_argument_exception`), the others are applied.
+#[tokio::test]
+async fn bulk_an_empty_id_fails_its_item_alone() {
+    let es = Es::manual().await;
+    let body = concat!(
+        "{\"index\":{\"_index\":\"test\",\"_id\":\"\"}}\n{\"f\":1}\n",
+        "{\"index\":{\"_index\":\"test\",\"_id\":\"id\"}}\n{\"f\":2}\n",
+        "{\"index\":{\"_index\":\"test\"}}\n{\"f\":3}\n",
+        "{\"create\":{\"_index\":\"test\"}}\n{\"f\":4}\n",
+        "{\"index\":{\"_index\":\"test\",\"op_type\":\"create\"}}\n{\"f\":5}\n",
+        "{\"create\":{\"_index\":\"test\",\"_id\":\"\"}}\n{\"f\":6}\n",
+    );
+    let reply = es.ndjson("/_bulk?refresh=true", body).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.body["errors"], true);
+    let items = reply.body["items"].as_array().unwrap();
+    assert_eq!(items.len(), 6);
+    for (item, action) in [(&items[0], "index"), (&items[5], "create")] {
+        assert_eq!(
+            item[action],
+            json!({"_index": "test", "_id": "", "status": 400, "error": {
+                "type": "illegal_argument_exception",
+                "reason": "if _id is specified it must not be empty"}}),
+            "{item}"
+        );
+    }
+    assert_eq!(items[1]["index"]["result"], "created");
+    assert_eq!(items[1]["index"]["_id"], "id");
+    assert_eq!(items[2]["index"]["result"], "created");
+    assert_eq!(items[3]["create"]["result"], "created");
+    assert_eq!(items[4]["create"]["result"], "created");
+    // A failed item consumes no seq_no: the four applied ones are 0..=3.
+    let seq_nos: Vec<&Value> = items[1..5]
+        .iter()
+        .map(|i| {
+            &i[if i.get("index").is_some() {
+                "index"
+            } else {
+                "create"
+            }]["_seq_no"]
+        })
+        .collect();
+    assert_eq!(seq_nos, [&json!(0), &json!(1), &json!(2), &json!(3)]);
+    let count = es.get("/test/_count").await;
+    assert_eq!(count.body["count"], 4, "{}", count.text);
+}
+
+/// An empty id is an item error even when the item's index did not exist: the index is
+/// auto-created first, as Elasticsearch creates missing indices before routing items.
+#[tokio::test]
+async fn bulk_an_empty_id_alone_still_creates_its_index() {
+    let es = Es::manual().await;
+    let reply = es
+        .ndjson(
+            "/_bulk",
+            "{\"index\":{\"_index\":\"fresh\",\"_id\":\"\"}}\n{}\n",
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.body["errors"], true);
+    assert_eq!(reply.body["items"][0]["index"]["status"], 400);
+    assert_eq!(es.send(Method::HEAD, "/fresh", None).await.status, 200);
+}
+
+/// What `BulkRequest.validate()` collects from its items' own `validate()` fails the whole
+/// request, every message numbered, and nothing of it is applied, not even its valid items:
+/// an id over 512 bytes, compare-and-set on `create`, `if_seq_no` without `if_primary_term`
+/// and the reverse, a delete without an id.
+#[tokio::test]
+async fn bulk_item_validation_failures_refuse_the_whole_request() {
+    let es = Es::manual().await;
+    let long_id = "x".repeat(513);
+    let cases = [
+        (
+            format!("{{\"index\":{{\"_index\":\"i\",\"_id\":\"{long_id}\"}}}}\n{{}}\n"),
+            format!(
+                "Validation Failed: 1: id [{long_id}] is too long, must be no longer than 512 \
+                 bytes but was: 513;"
+            ),
+        ),
+        (
+            "{\"create\":{\"_index\":\"i\",\"_id\":\"1\",\"if_seq_no\":0,\"if_primary_term\":1}}\n{}\n"
+                .to_owned(),
+            "Validation Failed: 1: create operations do not support compare and set. use index \
+             instead;"
+                .to_owned(),
+        ),
+        (
+            "{\"create\":{\"_index\":\"i\",\"_id\":\"1\",\"if_seq_no\":0}}\n{}\n".to_owned(),
+            "Validation Failed: 1: create operations do not support compare and set. use index \
+             instead;"
+                .to_owned(),
+        ),
+        (
+            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"if_seq_no\":0}}\n{}\n".to_owned(),
+            "Validation Failed: 1: ifSeqNo is set, but primary term is [0];".to_owned(),
+        ),
+        (
+            "{\"delete\":{\"_index\":\"i\",\"_id\":\"1\",\"if_primary_term\":2}}\n".to_owned(),
+            "Validation Failed: 1: ifSeqNo is unassigned, but primary term is [2];".to_owned(),
+        ),
+        (
+            "{\"delete\":{\"_index\":\"i\",\"_id\":\"\"}}\n".to_owned(),
+            "Validation Failed: 1: id is missing;".to_owned(),
+        ),
+        (
+            "{\"delete\":{\"_index\":\"i\"}}\n".to_owned(),
+            "Validation Failed: 1: id is missing;".to_owned(),
+        ),
+    ];
+    for (bad_item, reason) in cases {
+        // A valid item before the bad one: refused with it.
+        let body = format!("{{\"index\":{{\"_index\":\"i\",\"_id\":\"ok\"}}}}\n{{}}\n{bad_item}");
+        let reply = es.ndjson("/_bulk", &body).await;
+        assert_error(&reply, 400, "action_request_validation_exception", &reason);
+        assert_eq!(
+            es.send(Method::HEAD, "/i", None).await.status,
+            404,
+            "{bad_item}"
+        );
+    }
+    // Messages of several items add up, numbered in request order.
+    let body = concat!(
+        "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"if_seq_no\":3}}\n{}\n",
+        "{\"delete\":{\"_index\":\"i\"}}\n",
+    );
+    assert_error(
+        &es.ndjson("/_bulk", body).await,
+        400,
+        "action_request_validation_exception",
+        "Validation Failed: 1: ifSeqNo is set, but primary term is [0];2: id is missing;",
+    );
+}
+
+/// Parameters and settings that would change the answer in ways this test double does not
+/// model are refused, naming what is not implemented, instead of being silently ignored.
+#[tokio::test]
+async fn what_the_emulator_does_not_model_is_refused_as_not_implemented() {
+    let es = Es::manual().await;
+    es.put("/i", json!({})).await;
+    let refused = [
+        es.ndjson("/_bulk", "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"routing\":\"r\"}}\n{}\n")
+            .await,
+        es.ndjson("/_bulk", "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"require_alias\":true}}\n{}\n")
+            .await,
+        es.ndjson(
+            "/_bulk",
+            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"dynamic_templates\":{\"f\":\"t\"}}}\n{}\n",
+        )
+        .await,
+        es.ndjson(
+            "/_bulk",
+            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"require_data_stream\":true}}\n{}\n",
+        )
+        .await,
+        es.ndjson(
+            "/_bulk",
+            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"list_executed_pipelines\":true}}\n{}\n",
+        )
+        .await,
+        es.ndjson("/_bulk?routing=r", "{\"index\":{\"_index\":\"i\",\"_id\":\"1\"}}\n{}\n")
+            .await,
+        es.ndjson("/_bulk?require_alias=true", "{\"index\":{\"_index\":\"i\",\"_id\":\"1\"}}\n{}\n")
+            .await,
+        es.ndjson(
+            "/_bulk?wait_for_active_shards=all",
+            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\"}}\n{}\n",
+        )
+        .await,
+        es.put("/i/_doc/1?routing=r", json!({})).await,
+        es.put("/i/_doc/1?require_alias=true", json!({})).await,
+        es.put("/i/_doc/1?wait_for_active_shards=2", json!({})).await,
+        es.delete("/i/_doc/1?wait_for_active_shards=all").await,
+        es.get("/i/_doc/1?stored_fields=f").await,
+        es.get("/i/_doc/1?version=1&version_type=external").await,
+        es.get("/i?flat_settings=true").await,
+        es.get("/i?include_defaults=true").await,
+        es.get("/i?features=mappings").await,
+        es.get("/i/_search?explain=true").await,
+        es.get("/i/_search?expand_wildcards=closed").await,
+        es.get("/_cluster/health?level=indices").await,
+        es.get("/_cluster/health?wait_for_nodes=2").await,
+        es.put("/j", json!({"mappings": {"_source": {"enabled": false}}})).await,
+        es.put("/j", json!({"mappings": {"_routing": {"required": true}}})).await,
+        es.put("/j", json!({"mappings": {"numeric_detection": true}})).await,
+        es.put("/j", json!({"mappings": {"subobjects": false}})).await,
+        es.put("/j", json!({"mappings": {"dynamic_date_formats": ["yyyy"]}})).await,
+        es.put("/j", json!({"settings": {"index": {"blocks": {"write": true}}}})).await,
+        es.put("/j", json!({"settings": {"hidden": true}})).await,
+        es.put("/j", json!({"settings": {"auto_expand_replicas": "0-1"}})).await,
+        es.put("/j?wait_for_active_shards=all", json!({})).await,
+    ];
+    for reply in &refused {
+        assert_eq!(reply.status, 400, "{}", reply.text);
+        assert_eq!(
+            reply.body["error"]["type"], "illegal_argument_exception",
+            "{}",
+            reply.text
+        );
+        assert!(
+            reason(reply).contains("is not implemented by es-emulator"),
+            "{}",
+            reply.text
+        );
+    }
+    // Nothing refused was applied.
+    assert_eq!(es.get("/i/_doc/1").await.status, 404);
+    assert_eq!(es.send(Method::HEAD, "/j", None).await.status, 404);
+    // The same parameters with values that change nothing are accepted.
+    let accepted = [
+        es.ndjson(
+            "/_bulk?require_alias=false&wait_for_active_shards=1",
+            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"require_alias\":false}}\n{}\n{\"delete\":{\"_index\":\"i\",\"_id\":\"1\",\"routing\":\"r\"}}\n",
+        )
+        .await,
+        es.put("/i/_doc/2?wait_for_active_shards=1", json!({})).await,
+        es.get("/i/_search?expand_wildcards=open,hidden&explain=false").await,
+        es.get("/_cluster/health?level=cluster&wait_for_nodes=1").await,
+        es.put(
+            "/j",
+            json!({"settings": {"hidden": false, "blocks.write": false},
+                   "mappings": {"_source": {"enabled": true}, "numeric_detection": false}}),
+        )
+        .await,
+    ];
+    for reply in &accepted {
+        assert!(reply.status < 300, "{}", reply.text);
+        assert!(reply.body["errors"] != true, "{}", reply.text);
+    }
 }
 
 #[tokio::test]

@@ -1,6 +1,6 @@
 //! HTTP routing: one axum fallback handler that decodes the path, counts the request by
 //! kind, applies injected failures, reads the body (up to 100 MiB), checks URL parameters,
-//! and dispatches to [`handlers`](super::handlers). Routing by hand (rather than axum routes)
+//! and dispatches to [`handlers`](crate::handlers). Routing by hand (rather than axum routes)
 //! keeps Elasticsearch's own answers for unknown paths (400), wrong methods (405) and index
 //! names that start with `_`.
 
@@ -13,9 +13,9 @@ use axum::http::{header, Method};
 use axum::response::Response;
 use axum::Router;
 
-use super::errors::{self, EsError};
-use super::handlers;
-use super::Shared;
+use crate::errors::{self, EsError};
+use crate::handlers;
+use crate::Shared;
 
 /// `http.max_content_length` of Elasticsearch.
 pub const MAX_BODY: usize = 100 * 1024 * 1024;
@@ -71,6 +71,33 @@ impl Params {
                 })
             })
             .transpose()
+    }
+
+    /// Refuses, as not implemented by this test double, a parameter given with a value other
+    /// than those that change nothing on the emulated one-node, one-shard cluster.
+    pub fn refuse_unless(&self, name: &str, harmless: &[&str]) -> Result<(), EsError> {
+        match self.get(name) {
+            Some(value) if !harmless.contains(&value) => {
+                Err(EsError::unsupported(&format!("{name}={value}")))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// `expand_wildcards`: the emulator has only open, visible indices, so any value that
+    /// includes `open` (or `all`) resolves as the default does; the others are refused.
+    pub fn check_expand_wildcards(&self) -> Result<(), EsError> {
+        let Some(value) = self.get("expand_wildcards") else {
+            return Ok(());
+        };
+        let words: Vec<&str> = value.split(',').collect();
+        let known = words
+            .iter()
+            .all(|w| matches!(*w, "open" | "all" | "closed" | "hidden" | "none"));
+        if known && words.iter().any(|w| matches!(*w, "open" | "all")) {
+            return Ok(());
+        }
+        Err(EsError::unsupported(&format!("expand_wildcards={value}")))
     }
 
     /// 400 for any parameter not in `allowed` (nor a parameter every API accepts).

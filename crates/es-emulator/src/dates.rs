@@ -1,6 +1,7 @@
 //! Dates as Elasticsearch's `date` fields read them: the default mapping format
 //! `strict_date_optional_time||epoch_millis`, a few other built-in formats, and date math
-//! (`now-2m`, `2024-01-01||+1M/d`) with the rounding rules of range queries (§7). UTC only.
+//! (`now-2m`, `2024-01-01||+1M/d`) with the rounding rules of range queries
+//! (`docs/elasticsearch.md` §7). UTC only.
 
 const MS_SECOND: i64 = 1_000;
 const MS_MINUTE: i64 = 60 * MS_SECOND;

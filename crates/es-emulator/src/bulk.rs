@@ -1,20 +1,35 @@
-//! `_bulk` (§6): NDJSON parsing with Elasticsearch's whole-request errors, request
-//! validation shared with the single-document APIs (§1, §3), and sequential application with
-//! one result per item, in order.
+//! `_bulk` (`docs/elasticsearch.md` §6): NDJSON parsing with Elasticsearch's whole-request errors,
+//! request validation shared with the single-document APIs (§1, §3), and sequential application
+//! with one result per item, in order.
+//!
+//! Which failures are whose, as in Elasticsearch:
+//! - **The whole request** (a 400 and nothing applied): a body without its final newline, a
+//!   malformed action line or unknown action parameter, a negative `if_seq_no` or
+//!   `if_primary_term` (thrown while parsing), and everything `BulkRequest.validate()` collects
+//!   from its items' own `validate()`: an id over 512 bytes, `create` with compare-and-set,
+//!   `if_seq_no` without `if_primary_term` or the reverse, a delete without an id, a missing
+//!   index or source (`action_request_validation_exception`, every message numbered).
+//! - **One item** (its own `status` and `error`, the others applied): an empty `_id` on `index`
+//!   or `create` (`illegal_argument_exception`, raised when the item is routed, after its
+//!   index was auto-created), a missing index for `delete`, an invalid index name, a source
+//!   that does not parse or does not fit the mapping, version conflicts, and `update` (not
+//!   implemented by this test double).
 
 use std::time::Instant;
 
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use super::errors::EsError;
-use super::state::{random_id, Cluster, WriteKind, WriteRequest, Written};
+use crate::errors::EsError;
+use crate::state::{random_id, Cluster, WriteKind, WriteRequest, Written};
 
 /// The longest document id Elasticsearch accepts, in bytes.
 const MAX_ID_BYTES: usize = 512;
 
-/// Validation messages of one write (`DocWriteRequest.validateSeqNoBasedCASParams` and
-/// friends); the caller turns them into `action_request_validation_exception`.
+/// Validation messages of one write, in the order of `IndexRequest.validate()` and
+/// `DeleteRequest.validate()` (index, source, the create checks that end validation, the id of
+/// a delete, `DocWriteRequest.validateSeqNoBasedCASParams`, `validateDocIdLength`); the caller
+/// turns them into one `action_request_validation_exception` for the whole request.
 pub fn validate_write(
     kind: WriteKind,
     index: Option<&str>,
@@ -30,20 +45,17 @@ pub fn validate_write(
     if kind != WriteKind::Delete && !has_source {
         messages.push("source is missing".to_owned());
     }
-    match id {
-        Some("") => messages.push("if _id is specified it must not be empty".to_owned()),
-        Some(id) if id.len() > MAX_ID_BYTES => messages.push(format!(
-            "id [{id}] is too long, must be no longer than 512 bytes but was: {}",
-            id.len()
-        )),
-        None if kind == WriteKind::Delete => messages.push("id is missing".to_owned()),
-        _ => {}
-    }
-    if kind == WriteKind::Create && if_seq_no.is_some() {
+    let term = if_primary_term.unwrap_or(0);
+    if kind == WriteKind::Create && (if_seq_no.is_some() || term != 0) {
         messages
             .push("create operations do not support compare and set. use index instead".to_owned());
+        return messages;
     }
-    let term = if_primary_term.unwrap_or(0);
+    // `Strings.isEmpty(id)`. An empty id of an index or create is not a validation error: it
+    // fails when the item is routed ([`EMPTY_ID`]).
+    if kind == WriteKind::Delete && id.is_none_or(str::is_empty) {
+        messages.push("id is missing".to_owned());
+    }
     if if_seq_no.is_some() && term == 0 {
         messages.push("ifSeqNo is set, but primary term is [0]".to_owned());
     }
@@ -52,8 +64,18 @@ pub fn validate_write(
             "ifSeqNo is unassigned, but primary term is [{term}]"
         ));
     }
+    if let Some(id) = id.filter(|id| id.len() > MAX_ID_BYTES) {
+        messages.push(format!(
+            "id [{id}] is too long, must be no longer than 512 bytes but was: {}",
+            id.len()
+        ));
+    }
     messages
 }
+
+/// What Elasticsearch's `IndexRouting` answers for an index or create item whose `_id` is
+/// `""`: an error of that item alone (`rest-api-spec` `bulk/10_basic.yml`, "Empty _id").
+pub const EMPTY_ID: &str = "if _id is specified it must not be empty";
 
 /// `if_seq_no` must not be negative (an `illegal_argument_exception`, not a validation).
 pub fn check_seq_no(if_seq_no: Option<i64>) -> Result<(), EsError> {
@@ -233,15 +255,16 @@ pub fn parse(body: &[u8], default_index: Option<&str>) -> Result<Vec<BulkItem>, 
                     })?)
                 }
                 "if_primary_term" => {
-                    if_primary_term = Some(
-                        number_of(value)
-                            .and_then(|n| u64::try_from(n).ok())
-                            .ok_or_else(|| {
-                                EsError::illegal_argument(format!(
-                                    "failed to parse if_primary_term [{value}]"
-                                ))
-                            })?,
-                    )
+                    let term = number_of(value).ok_or_else(|| {
+                        EsError::illegal_argument(format!(
+                            "failed to parse if_primary_term [{value}]"
+                        ))
+                    })?;
+                    if_primary_term = Some(u64::try_from(term).map_err(|_| {
+                        EsError::illegal_argument(format!(
+                            "primary term must be non negative. got [{term}]"
+                        ))
+                    })?)
                 }
                 "op_type" if kind == "index" => match text.as_deref() {
                     Some("create") => kind = "create",
@@ -259,13 +282,20 @@ pub fn parse(body: &[u8], default_index: Option<&str>) -> Result<Vec<BulkItem>, 
                         text.unwrap_or_default()
                     )))
                 }
+                // Meaningful only for `update` (refused per item) or, for `routing` of a
+                // delete, without effect on one shard.
+                "retry_on_conflict" | "_source" => {}
+                "routing" if kind == "delete" || value.is_null() => {}
+                "require_alias" | "list_executed_pipelines" | "require_data_stream"
+                    if value == &Value::Bool(false) => {}
+                "dynamic_templates" if value.as_object().is_some_and(Map::is_empty) => {}
                 "routing"
                 | "require_alias"
-                | "retry_on_conflict"
-                | "_source"
-                | "dynamic_templates"
                 | "list_executed_pipelines"
-                | "require_data_stream" => {}
+                | "require_data_stream"
+                | "dynamic_templates" => {
+                    return Err(EsError::unsupported(&format!("bulk {key} [{value}]")))
+                }
                 "version" | "version_type" => {
                     return Err(EsError::unsupported("bulk external versioning"))
                 }
@@ -370,6 +400,9 @@ pub fn apply_item(
         Ok(index) => index,
         Err(error) => return item_error(&item, &id, &error),
     };
+    if kind != WriteKind::Delete && id.is_empty() {
+        return item_error(&item, &id, &EsError::illegal_argument(EMPTY_ID));
+    }
     let source = match &item.source {
         Some(Ok((value, raw))) => Some((value.clone(), raw.clone())),
         Some(Err(error)) => return item_error(&item, &id, error),
