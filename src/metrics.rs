@@ -33,6 +33,10 @@ pub struct Metrics {
     /// not_found | unavailable | error.
     pub store_requests_total: IntCounterVec,
     pub store_request_duration_seconds: HistogramVec,
+    /// Steps of this host's wall clock (each one fences the leases this instance holds).
+    pub clock_jumps_total: IntCounter,
+    /// Account entries of terminal transfers (late applies) found and undone by the sweep.
+    pub late_applies_compensated_total: IntCounter,
     /// `route` is the matched template (`/transfers/{id}`), never the raw path.
     pub http_requests_total: IntCounterVec,
     pub http_request_duration_seconds: HistogramVec,
@@ -113,6 +117,14 @@ impl Metrics {
                 "Store request latency, by operation",
                 &["op"],
                 LATENCY_BUCKETS,
+            ),
+            clock_jumps_total: counter(
+                "clock_jumps_total",
+                "Steps of the wall clock detected; each fences this instance's leases",
+            ),
+            late_applies_compensated_total: counter(
+                "late_applies_compensated_total",
+                "Pending entries of terminal transfers (late applies) undone by the sweep",
             ),
             http_requests_total: counter_vec(
                 "http_requests_total",

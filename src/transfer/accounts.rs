@@ -21,9 +21,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
-use tokio::time::Instant;
 
-use super::clock::DynClock;
+use super::clock::{BootTime, DynClock};
 use super::documents::{Documents, Versioned};
 use super::model::AccountDoc;
 use super::protocol::{
@@ -40,7 +39,7 @@ pub struct StepRequest {
     pub side: Side,
     pub op: AccountOp,
     /// The worker's lease deadline (monotonic): after it, this step must not be decided.
-    pub deadline: Instant,
+    pub deadline: BootTime,
 }
 
 /// What became of a step.
@@ -238,7 +237,7 @@ impl AccountSteps {
         mut current: AccountDoc,
         batch: &[Waiting],
     ) -> (Vec<StepResult>, Option<AccountDoc>) {
-        let observed = self.clock.instant();
+        let observed = self.clock.boot_time();
         let now = self.clock.now();
         let mut changed = false;
         let results = batch
@@ -270,7 +269,7 @@ impl AccountSteps {
 
     /// The results for a batch on an account that does not exist.
     fn missing(&self, batch: &[Waiting]) -> Vec<StepResult> {
-        let observed = self.clock.instant();
+        let observed = self.clock.boot_time();
         batch
             .iter()
             .map(|w| {

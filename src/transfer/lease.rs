@@ -25,14 +25,17 @@
 //!   claim reads the transfer: our owner token in it proves the write was applied, because no
 //!   one else ever writes that token.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use tracing::warn;
 
-use super::clock::{DynClock, Now};
+use super::clock::{BootTime, DynClock, JumpDetector, Now};
 use super::documents::{Documents, Versioned};
 use super::model::{TransferDoc, TransferState};
 use super::retry::retry;
+use crate::metrics::Metrics;
 use crate::store::{format_millis, parse_millis, StoreResult, Version, WriteOutcome};
 
 /// A lease owner token: `<instance>/<worker>`, unique per worker.
@@ -56,8 +59,10 @@ pub struct Held {
     pub doc: TransferDoc,
     pub version: Version,
     owner: Owner,
-    /// When this worker must stop acting on the transfer (monotonic).
-    deadline: Instant,
+    /// When this worker must stop acting on the transfer (boot time).
+    deadline: BootTime,
+    /// The clock epoch the lease was timed in: a wall-clock jump since then fences it.
+    epoch: u64,
 }
 
 impl Held {
@@ -65,7 +70,7 @@ impl Held {
         &self.owner
     }
 
-    pub fn deadline(&self) -> Instant {
+    pub fn deadline(&self) -> BootTime {
         self.deadline
     }
 
@@ -127,19 +132,43 @@ pub struct Leases {
     times: LeaseTimes,
     clock: DynClock,
     docs: Documents,
+    metrics: Arc<Metrics>,
     /// This process's name in owner tokens.
     instance: String,
+    /// Bumped when the wall clock jumps: leases granted in an earlier epoch are over.
+    epoch: AtomicU64,
+    jumps: JumpDetector,
 }
 
 impl Leases {
-    pub fn new(times: LeaseTimes, clock: DynClock, docs: Documents) -> Self {
+    pub fn new(times: LeaseTimes, clock: DynClock, docs: Documents, metrics: Arc<Metrics>) -> Self {
         let instance = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
         Self {
             times,
             clock,
             docs,
+            metrics,
             instance,
+            epoch: AtomicU64::new(0),
+            // Half the margin: a step smaller than that is within what the margin absorbs.
+            jumps: JumpDetector::new(times.skew_margin / 2),
         }
+    }
+
+    /// The current clock epoch, after checking the wall clock for a jump. A jump fences
+    /// every lease this instance holds: each holder must renew (a conditional write, which
+    /// fails if anyone else took the transfer) before its next step, and the renewal stamps
+    /// an expiry read from the wall clock as it is now.
+    fn epoch(&self) -> u64 {
+        if let Some(jump_millis) = self.jumps.check(self.clock.as_ref()) {
+            self.metrics.clock_jumps_total.inc();
+            warn!(
+                jump_millis,
+                "the wall clock jumped; every lease of this instance must be renewed"
+            );
+            return self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        }
+        self.epoch.load(Ordering::SeqCst)
     }
 
     /// A fresh owner token for one worker.
@@ -164,11 +193,13 @@ impl Leases {
                 .is_some_and(|expires| expires + margin > now)
     }
 
-    /// What is left of a held lease before its deadline (`None`: it is over).
+    /// What is left of a held lease before its deadline (`None`: it is over, or a jump of the
+    /// wall clock fenced it).
     pub fn left(&self, held: &Held) -> Option<Duration> {
-        held.deadline
-            .checked_duration_since(self.clock.instant())
-            .filter(|left| !left.is_zero())
+        if held.epoch != self.epoch() {
+            return None;
+        }
+        self.clock.boot_time().until(held.deadline)
     }
 
     /// Whether a held lease has more than `need` left.
@@ -181,8 +212,10 @@ impl Leases {
     /// owner token in the document as read, and continues from that document.
     pub async fn claim(&self, mut doc: TransferDoc, write: ClaimWrite) -> StoreResult<Claim> {
         let owner = self.new_owner();
+        // The deadline is timed from before the expiry is stamped, so a pause between the two
+        // can only shorten the lease we believe we hold, never stretch it.
+        let sent = self.sent();
         self.grant(&mut doc, &owner, &self.clock.now());
-        let sent = self.clock.instant();
         let written = retry(
             CLAIM_ATTEMPTS,
             || true,
@@ -221,13 +254,13 @@ impl Leases {
         mut next: TransferDoc,
         go_on: impl Fn() -> bool,
     ) -> StoreResult<bool> {
+        let sent = self.sent();
         if next.transaction_state.is_terminal() {
             release(&mut next);
         } else {
             let owner = held.owner.clone();
             self.grant(&mut next, &owner, &self.clock.now());
         }
-        let sent = self.clock.instant();
         let version = held.version;
         let room = || go_on() && self.has_left(held, self.times.request_timeout);
         let outcome = retry(self.times.attempts, room, || {
@@ -241,12 +274,12 @@ impl Leases {
     /// fails (`Ok(false)`) if anyone took the transfer over or changed it, and is therefore
     /// safe even when our lease already ran out.
     pub async fn renew(&self, held: &mut Held) -> StoreResult<bool> {
+        let sent = self.sent();
         let now = self.clock.now();
         let mut next = held.doc.clone();
         let owner = held.owner.clone();
         self.grant(&mut next, &owner, &now);
         next.modification_time = now.text;
-        let sent = self.clock.instant();
         let outcome = self.docs.replace_if(&next, held.version).await?;
         Ok(self.update(held, next, outcome, sent))
     }
@@ -315,11 +348,18 @@ impl Leases {
         self.docs.replace_if(&next, version).await
     }
 
+    /// When a granting write is sent: the boot time its deadline counts from, and the clock
+    /// epoch it is timed in.
+    fn sent(&self) -> Sent {
+        Sent {
+            epoch: self.epoch(),
+            at: self.clock.boot_time(),
+        }
+    }
+
     /// The deadline of a lease whose granting write was sent at `sent`.
-    fn deadline(&self, sent: Instant) -> Instant {
-        (sent + self.times.duration)
-            .checked_sub(self.times.skew_margin)
-            .unwrap_or(sent)
+    fn deadline(&self, sent: BootTime) -> BootTime {
+        sent + self.times.duration.saturating_sub(self.times.skew_margin)
     }
 
     fn grant(&self, doc: &mut TransferDoc, owner: &Owner, now: &Now) {
@@ -329,12 +369,13 @@ impl Leases {
         ));
     }
 
-    fn held(&self, doc: TransferDoc, version: Version, owner: Owner, sent: Instant) -> Held {
+    fn held(&self, doc: TransferDoc, version: Version, owner: Owner, sent: Sent) -> Held {
         Held {
             doc,
             version,
             owner,
-            deadline: self.deadline(sent),
+            deadline: self.deadline(sent.at),
+            epoch: sent.epoch,
         }
     }
 
@@ -345,18 +386,26 @@ impl Leases {
         held: &mut Held,
         next: TransferDoc,
         outcome: WriteOutcome,
-        sent: Instant,
+        sent: Sent,
     ) -> bool {
         match outcome {
             WriteOutcome::Written(version) => {
                 held.doc = next;
                 held.version = version;
-                held.deadline = self.deadline(sent);
+                held.deadline = self.deadline(sent.at);
+                held.epoch = sent.epoch;
                 true
             }
             _ => false,
         }
     }
+}
+
+/// When a granting write was sent.
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    epoch: u64,
+    at: BootTime,
 }
 
 fn release(doc: &mut TransferDoc) {
@@ -372,6 +421,7 @@ mod tests {
     use async_trait::async_trait;
 
     use super::*;
+    use crate::metrics::Metrics;
     use crate::store::embedded::EmbeddedStore;
     use crate::store::{
         Doc, DynStore, Index, Page, ScanPage, StaleQuery, Store, StoreError, TransferFilter,
@@ -451,7 +501,12 @@ mod tests {
             request_timeout: Duration::from_secs(2),
             attempts: 3,
         };
-        let leases = Leases::new(times, clock.clone(), Documents::new(store.clone()));
+        let leases = Leases::new(
+            times,
+            clock.clone(),
+            Documents::new(store.clone()),
+            Metrics::new(),
+        );
         Fixture {
             leases,
             store,
@@ -506,7 +561,7 @@ mod tests {
     async fn the_holder_stops_a_margin_before_the_lease_ends() {
         let f = fixture();
         let held = claim_new(&f, "t").await;
-        assert_eq!(held.deadline(), f.clock.instant() + LEASE - MARGIN);
+        assert_eq!(held.deadline(), f.clock.boot_time() + LEASE - MARGIN);
         assert!(f
             .leases
             .has_left(&held, LEASE - MARGIN - Duration::from_millis(1)));
@@ -533,9 +588,19 @@ mod tests {
         let f = fixture();
         let held = claim_new(&f, "t").await;
         let skewed = f.clock.skewed(2 * MARGIN.as_millis() as i64 + 2);
-        let taker = Leases::new(f.leases.times, skewed, Documents::new(f.store.clone()));
+        let taker = Leases::new(
+            f.leases.times,
+            skewed,
+            Documents::new(f.store.clone()),
+            Metrics::new(),
+        );
         let in_step = f.clock.skewed(2 * MARGIN.as_millis() as i64);
-        let careful = Leases::new(f.leases.times, in_step, Documents::new(f.store.clone()));
+        let careful = Leases::new(
+            f.leases.times,
+            in_step,
+            Documents::new(f.store.clone()),
+            Metrics::new(),
+        );
         tokio::time::sleep(LEASE - MARGIN - Duration::from_millis(1)).await;
         assert!(
             careful.may_be_live(&held.doc),
@@ -549,6 +614,20 @@ mod tests {
             !taker.may_be_live(&held.doc),
             "and the skewed taker may take over"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wall_clock_jump_fences_a_held_lease_until_it_is_renewed() {
+        let f = fixture();
+        let mut held = claim_new(&f, "t").await;
+        assert!(f.leases.has_left(&held, Duration::from_secs(1)));
+        f.clock.set_skew_millis(5_000);
+        assert_eq!(f.leases.left(&held), None, "fenced by the jump");
+        assert_eq!(f.leases.metrics.clock_jumps_total.get(), 1);
+        assert!(f.leases.renew(&mut held).await.unwrap());
+        assert!(f.leases.has_left(&held, Duration::from_secs(1)), "renewed");
+        let expires = parse_millis(held.doc.lease_expires_at.as_deref().unwrap()).unwrap();
+        assert_eq!(expires, f.clock.wall_millis() + LEASE.as_millis() as i64);
     }
 
     #[tokio::test(start_paused = true)]
@@ -608,7 +687,7 @@ mod tests {
         assert!(f.leases.write(&mut held, next, || true).await.unwrap());
         assert_eq!(
             held.deadline(),
-            f.clock.instant() + LEASE - MARGIN,
+            f.clock.boot_time() + LEASE - MARGIN,
             "renewed"
         );
         let mut done = held.doc.clone();

@@ -78,6 +78,13 @@ pub struct EngineConfig {
     pub recovery_page: usize,
 }
 
+/// The clock-skew margin: a quarter of the lease on each side, so instance wall clocks may
+/// differ by up to half a lease (15 s with the default 30 s lease). It scales with the lease:
+/// a longer lease buys more tolerance. A holder then acts for three quarters of its lease.
+pub fn skew_margin(lease: Duration) -> Duration {
+    lease / 4
+}
+
 impl EngineConfig {
     pub fn from_config(config: &crate::config::Config) -> Self {
         let lease = config.lease_duration;
@@ -86,7 +93,7 @@ impl EngineConfig {
         Self {
             lease,
             request_timeout,
-            skew_margin: (lease / 10).min(Duration::from_secs(1)),
+            skew_margin: skew_margin(lease),
             transfer_timeout: config.transfer_timeout,
             retention: Retention {
                 millis: config.settled_retention.as_millis() as i64,
@@ -102,14 +109,14 @@ impl EngineConfig {
 }
 
 impl EngineConfig {
-    /// Timers scaled to `lease` (request timeout a quarter, skew margin a tenth), recovery
+    /// Timers scaled to `lease` (request timeout and skew margin a quarter), recovery
     /// every 50 ms acting on any transfer whose lease ran out, tombstones kept for an hour:
     /// what engine-level tests start from.
     pub fn with_lease(lease: Duration) -> Self {
         Self {
             lease,
             request_timeout: lease / 4,
-            skew_margin: lease / 10,
+            skew_margin: skew_margin(lease),
             transfer_timeout: Duration::from_secs(3600),
             retention: Retention {
                 millis: 3_600_000,
@@ -167,6 +174,7 @@ impl Engine {
             },
             clock.clone(),
             docs.clone(),
+            metrics.clone(),
         );
         let accounts = accounts::AccountSteps::new(
             docs.clone(),

@@ -40,14 +40,15 @@ impl Engine {
     /// left is resumed as soon as its leases run out rather than minutes later.
     pub fn spawn_recovery_loop(self: &Arc<Self>) {
         let engine = self.clone();
-        let started = self.clock.instant();
+        let started = self.clock.boot_time();
         let permits = Arc::new(Semaphore::new(MAX_CONCURRENT_RECOVERIES));
         self.tasks.spawn(
             async move {
                 let startup = engine.config.lease + engine.config.recovery_interval;
                 loop {
                     let now = engine.clock.wall_millis();
-                    let bound = if engine.clock.instant() - started < startup {
+                    let since_start = engine.clock.boot_time().saturating_duration_since(started);
+                    let bound = if since_start < startup {
                         now
                     } else {
                         now - engine.config.recovery_stale_after.as_millis() as i64
