@@ -45,8 +45,10 @@ pub struct StepRequest {
 /// What became of a step.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StepResult {
-    /// Written, or already done before.
+    /// Written.
     Done,
+    /// Nothing to write: it was done before.
+    AlreadyDone,
     /// The account does not exist.
     Missing,
     Refused(Refusal),
@@ -259,7 +261,7 @@ impl AccountSteps {
                         changed = true;
                         StepResult::Done
                     }
-                    AccountDecision::AlreadyDone => StepResult::Done,
+                    AccountDecision::AlreadyDone => StepResult::AlreadyDone,
                     AccountDecision::Refuse(refusal) => StepResult::Refused(refusal),
                 }
             })

@@ -285,7 +285,7 @@ fn step_outcome(
     account_id: &str,
 ) -> Result<(), Interrupt> {
     match result {
-        StepResult::Done => {
+        StepResult::Done | StepResult::AlreadyDone => {
             debug!(account = %account_id, ?op, side = side.as_str(), "account step done");
             Ok(())
         }

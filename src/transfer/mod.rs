@@ -37,6 +37,7 @@ pub mod protocol;
 pub mod recovery;
 pub mod retry;
 pub mod service;
+pub mod sweep;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,8 +75,11 @@ pub struct EngineConfig {
     pub max_store_attempts: u32,
     pub recovery_interval: Duration,
     pub recovery_stale_after: Duration,
-    /// Transfers recovery fetches per page.
+    /// Transfers recovery fetches per page (and accounts the late-apply sweep reads).
     pub recovery_page: usize,
+    /// Pages of accounts the late-apply sweep reads per recovery tick; 0 turns it off
+    /// (tests of the other defences alone).
+    pub sweep_pages_per_tick: usize,
 }
 
 /// The clock-skew margin: a quarter of the lease on each side, so instance wall clocks may
@@ -104,6 +108,7 @@ impl EngineConfig {
             recovery_interval: config.recovery_interval,
             recovery_stale_after: config.recovery_stale_after,
             recovery_page: 100,
+            sweep_pages_per_tick: 10,
         }
     }
 }
@@ -127,6 +132,7 @@ impl EngineConfig {
             recovery_interval: Duration::from_millis(50),
             recovery_stale_after: Duration::ZERO,
             recovery_page: 100,
+            sweep_pages_per_tick: 10,
         }
     }
 }

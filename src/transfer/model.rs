@@ -173,8 +173,14 @@ pub struct AccountDoc {
     /// compared against.
     pub opening_balance: i64,
     /// Ids of transfers applied to this balance and not yet settled (the post's list).
+    /// Changed only through [`AccountDoc::add_pending`] and [`AccountDoc::remove_pending`].
     #[serde(default)]
     pub pending_transactions: Vec<String>,
+    /// When each entry of `pending_transactions` was applied (epoch milliseconds, in the same
+    /// order), so the late-apply sweep looks only at entries older than a lease. Documents
+    /// from before this field read as applied long ago (0): the sweep checks them first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_applied_at: Vec<i64>,
     /// Sum of the credits among `pending_transactions`. Credits are not spendable until they
     /// commit, so rolling one back can never push the balance below the floor.
     #[serde(default)]
@@ -192,6 +198,41 @@ pub struct AccountDoc {
 }
 
 impl AccountDoc {
+    /// Records `transfer_id` as applied (pending) at `at_millis`.
+    pub fn add_pending(&mut self, transfer_id: &str, at_millis: i64) {
+        self.align_pending_times();
+        self.pending_transactions.push(transfer_id.to_owned());
+        self.pending_applied_at.push(at_millis);
+    }
+
+    /// Forgets the pending entry of `transfer_id`, if any.
+    pub fn remove_pending(&mut self, transfer_id: &str) {
+        self.align_pending_times();
+        if let Some(i) = self
+            .pending_transactions
+            .iter()
+            .position(|id| id == transfer_id)
+        {
+            self.pending_transactions.remove(i);
+            self.pending_applied_at.remove(i);
+        }
+    }
+
+    /// Each pending id with when it was applied (0 when a document predates the times).
+    pub fn pending_with_times(&self) -> impl Iterator<Item = (&str, i64)> {
+        self.pending_transactions.iter().enumerate().map(|(i, id)| {
+            (
+                id.as_str(),
+                self.pending_applied_at.get(i).copied().unwrap_or(0),
+            )
+        })
+    }
+
+    fn align_pending_times(&mut self) {
+        self.pending_applied_at
+            .resize(self.pending_transactions.len(), 0);
+    }
+
     /// What a debit may take: the balance less uncommitted credits and the floor (in i128,
     /// so extreme floors cannot overflow).
     pub fn available(&self) -> i128 {

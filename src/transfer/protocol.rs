@@ -192,7 +192,7 @@ pub fn decide_account(
     let decided = match op {
         AccountOp::Apply if pending => return AccountDecision::AlreadyDone,
         AccountOp::Apply if settled => return AccountDecision::Refuse(Refusal::AlreadySettled),
-        AccountOp::Apply => apply(account, transfer_id, change),
+        AccountOp::Apply => apply(account, transfer_id, change, now.millis),
         AccountOp::Remove if !pending => return AccountDecision::AlreadyDone,
         AccountOp::Remove => Ok(remove(account, transfer_id, change, now.millis)),
         AccountOp::Undo if !pending && settled => return AccountDecision::AlreadyDone,
@@ -235,7 +235,12 @@ impl Change {
 }
 
 /// Core steps 2/3: add the delta, remember the id as pending.
-fn apply(account: &AccountDoc, transfer_id: &str, change: Change) -> Result<AccountDoc, Refusal> {
+fn apply(
+    account: &AccountDoc,
+    transfer_id: &str,
+    change: Change,
+    now_millis: i64,
+) -> Result<AccountDoc, Refusal> {
     // Spendable = balance − uncommitted credits − floor, so that undoing any pending credit
     // later can never leave the balance below the floor.
     if change.debits && account.available() < change.debit as i128 {
@@ -257,7 +262,7 @@ fn apply(account: &AccountDoc, transfer_id: &str, change: Change) -> Result<Acco
     next.balance = balance;
     next.pending_credits = pending_credits;
     next.pending_debits = pending_debits;
-    next.pending_transactions.push(transfer_id.to_owned());
+    next.add_pending(transfer_id, now_millis);
     debug_assert!(
         !change.debits || next.available() >= 0,
         "a debit left {} below its floor {} (pending credits {})",
@@ -271,9 +276,10 @@ fn apply(account: &AccountDoc, transfer_id: &str, change: Change) -> Result<Acco
 /// Core steps 5/6: forget the pending id (the balance stays), remember it as settled.
 fn remove(account: &AccountDoc, transfer_id: &str, change: Change, now_millis: i64) -> AccountDoc {
     let mut next = account.clone();
-    next.pending_credits -= change.credit;
-    next.pending_debits -= change.debit;
-    next.pending_transactions.retain(|id| id != transfer_id);
+    // Never below zero, even on a document whose sums an older version did not keep.
+    next.pending_credits = next.pending_credits.saturating_sub(change.credit).max(0);
+    next.pending_debits = next.pending_debits.saturating_sub(change.debit).max(0);
+    next.remove_pending(transfer_id);
     remember(&mut next, transfer_id, now_millis);
     next
 }
@@ -288,17 +294,14 @@ fn undo(
 ) -> Result<AccountDoc, Refusal> {
     let mut next = account.clone();
     if pending {
-        let (Some(balance), Some(pending_credits), Some(pending_debits)) = (
-            account.balance.checked_sub(change.delta),
-            account.pending_credits.checked_sub(change.credit),
-            account.pending_debits.checked_sub(change.debit),
-        ) else {
+        let Some(balance) = account.balance.checked_sub(change.delta) else {
             return Err(Refusal::Overflow);
         };
         next.balance = balance;
-        next.pending_credits = pending_credits;
-        next.pending_debits = pending_debits;
-        next.pending_transactions.retain(|id| id != transfer_id);
+        // Never below zero, even on a document whose sums an older version did not keep.
+        next.pending_credits = account.pending_credits.saturating_sub(change.credit).max(0);
+        next.pending_debits = account.pending_debits.saturating_sub(change.debit).max(0);
+        next.remove_pending(transfer_id);
     }
     // Applied or not, write the tombstone. Not applied and not yet fenced: a worker that
     // stalled before its apply will then either fail its conditional write (the version
@@ -395,6 +398,7 @@ mod tests {
             floor: 0,
             opening_balance: balance,
             pending_transactions: vec![],
+            pending_applied_at: vec![],
             pending_credits: 0,
             pending_debits: 0,
             settled_transactions: vec![],

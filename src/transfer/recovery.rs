@@ -45,6 +45,7 @@ impl Engine {
         self.tasks.spawn(
             async move {
                 let startup = engine.config.lease + engine.config.recovery_interval;
+                let mut sweep_cursor: Option<String> = None;
                 loop {
                     let now = engine.clock.wall_millis();
                     let since_start = engine.clock.boot_time().saturating_duration_since(started);
@@ -57,6 +58,10 @@ impl Engine {
                         Ok(report) if report.resumed > 0 => info!(?report, "recovery sweep"),
                         Ok(_) => {}
                         Err(error) => warn!(%error, "recovery sweep failed; next interval retries"),
+                    }
+                    let pages = engine.config.sweep_pages_per_tick;
+                    if pages > 0 {
+                        sweep_cursor = engine.sweep_some(sweep_cursor.take(), pages).await.0;
                     }
                     tokio::select! {
                         _ = engine.shutdown.cancelled() => break,

@@ -73,6 +73,7 @@ impl Engine {
             floor: new.floor,
             opening_balance: new.balance,
             pending_transactions: Vec::new(),
+            pending_applied_at: Vec::new(),
             pending_credits: 0,
             pending_debits: 0,
             settled_transactions: Vec::new(),

@@ -73,6 +73,7 @@ fn account(id: &str, opening: i64) -> AccountDoc {
         floor: 0,
         opening_balance: opening,
         pending_transactions: vec![],
+        pending_applied_at: vec![],
         pending_credits: 0,
         pending_debits: 0,
         settled_transactions: vec![],

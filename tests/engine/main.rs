@@ -8,6 +8,7 @@
 mod support;
 
 mod audit;
+mod clocks;
 mod faults;
 mod scenarios;
 mod stale_worker;
