@@ -4,6 +4,12 @@
 //!
 //! Lengths are kept short for `cargo test`; the acceptance runs of the README set
 //! `CRASH_SECONDS`, `CRASH_CLIENTS` and `CRASH_KILLS` (e.g. 20, 16, 10).
+//!
+//! A binary of its own: folded into the HTTP binary it saved nothing (its three tests take
+//! about 20 s either way), and the long runs below keep their own `--test process`.
+
+#[path = "support/mod.rs"]
+mod support;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -380,7 +386,7 @@ async fn two_instances_on_one_elasticsearch_share_work_and_survive_one_kill() {
     eprintln!("seed {seed} (CRASH_SEED to repeat)");
     // The emulator (a test double of Elasticsearch) runs in this process and keeps its state
     // while the service processes die.
-    let emulator = es_emulator::spawn(es_emulator::EmulatorConfig::default()).await;
+    let emulator = support::stores::emulator().await;
     let env = vec![
         ("ELASTICSEARCH_URL", emulator.url.clone()),
         ("INDEX_PREFIX", "two-instances-".to_owned()),

@@ -1,5 +1,23 @@
-//! The one test harness every suite shares. Each test binary uses part of it.
+//! The one test harness every suite shares (`tests/http/`, `tests/store/`, `tests/engine/`,
+//! `tests/process.rs`):
+//!
+//! - [`app`]: the real application on port 0, on the embedded store, on the Elasticsearch
+//!   emulator (the `es-emulator` crate, a TEST DOUBLE of Elasticsearch) or on the real cluster
+//!   at `ELASTICSEARCH_URL`, with a client whose helpers read like sentences;
+//! - [`stores`]: a bare store on each of those backends, for the store suites;
+//! - [`engine`]: the engine without HTTP, on real storage behind [`faulty`] (injected faults),
+//!   on a test clock and tokio's paused time;
+//! - [`metrics`]: `/metrics` read with a maintained Prometheus text parser;
+//! - [`logs`]: every app's JSON log lines captured in memory, found by request or transfer id;
+//! - [`wait`]: waiting on a condition with a deadline (never a fixed sleep).
+//!
+//! Each binary uses part of the harness, so unused items are expected in any one of them.
 #![allow(dead_code)]
 
+pub mod app;
 pub mod engine;
 pub mod faulty;
+pub mod logs;
+pub mod metrics;
+pub mod stores;
+pub mod wait;

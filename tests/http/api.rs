@@ -1,11 +1,10 @@
-//! The HTTP contract of DESIGN §5, one test per row and per bad-input class, run against the
-//! embedded store (`embedded::*`), the Elasticsearch backend on the emulator (`emulator::*`,
-//! a test double of the Elasticsearch REST subset), and the same backend on the real cluster
-//! at `ELASTICSEARCH_URL` (`real_es::*`, which say they skipped, and why, when it is unset).
+//! The HTTP contract of `docs/design.md` §5, one test per row and per bad-input class, run
+//! against the embedded store (`embedded::*`), the Elasticsearch backend on the emulator
+//! (`emulator::*`, a test double of the Elasticsearch REST subset), and the same backend on the
+//! real cluster at `ELASTICSEARCH_URL` (`real_es::*`, which say they skipped, and why, when it
+//! is unset).
 
-mod helpers;
-
-use helpers::{spawn_app, Backend, TestApp};
+use crate::support::app::{Backend, TestApp};
 use serde_json::{json, Value};
 use transfer_service::store::{format_millis, Index};
 use transfer_service::transfer::clock::{Clock, SystemClock};
@@ -37,8 +36,7 @@ async fn plant_transfer(
         doc["lease_owner"] = json!(owner);
         doc["lease_expires_at"] = json!(format_millis(now + lease_ms));
     }
-    app.engine
-        .store()
+    app.store()
         .create(Index::Transactions, id, doc)
         .await
         .unwrap();
@@ -48,7 +46,7 @@ mod cases {
     use super::*;
 
     pub async fn create_account_returns_201_and_the_account(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         let (status, body) = app
             .post("/accounts", json!({"id": "A", "balance": 500}))
             .await;
@@ -62,7 +60,7 @@ mod cases {
     }
 
     pub async fn identical_account_replay_returns_200_and_other_data_409(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         app.open_account("A", 500).await;
         let (status, body) = app
             .post("/accounts", json!({"id": "A", "balance": 500}))
@@ -77,7 +75,7 @@ mod cases {
     }
 
     pub async fn invalid_account_input_is_4xx_and_changes_nothing(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         for body in [
             json!({"balance": 5}),
             json!({"id": "A"}),
@@ -106,7 +104,7 @@ mod cases {
     }
 
     pub async fn unknown_account_is_404(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         let (status, body) = app.get("/accounts/nobody").await;
         assert_problem(status, &body, 404);
         let (status, body) = app.get("/accounts/not%20valid").await;
@@ -115,7 +113,7 @@ mod cases {
     }
 
     pub async fn transfer_is_accepted_as_created_then_finishes(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         app.open_account("A", 500).await;
         app.open_account("B", 500).await;
         let response = app
@@ -143,7 +141,7 @@ mod cases {
     }
 
     pub async fn overdraft_rolls_back_with_insufficient_funds(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         app.open_account("A", 50).await;
         app.open_account("B", 0).await;
         assert_eq!(app.transfer("t1", "A", "B", 51).await.0, 201);
@@ -157,7 +155,7 @@ mod cases {
     }
 
     pub async fn unknown_account_rolls_back_with_account_not_found(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         app.open_account("A", 50).await;
         assert_eq!(app.transfer("t1", "A", "ghost", 10).await.0, 201);
         assert_eq!(app.transfer("t2", "ghost", "A", 10).await.0, 201);
@@ -170,7 +168,7 @@ mod cases {
     }
 
     pub async fn overflow_rolls_back_never_wraps(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         app.open_account("A", 10).await;
         app.open_account("RICH", i64::MAX).await;
         assert_eq!(app.transfer("t1", "A", "RICH", 1).await.0, 201);
@@ -184,7 +182,7 @@ mod cases {
     }
 
     pub async fn identical_transfer_replay_returns_200_with_current_state(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         app.open_account("A", 500).await;
         app.open_account("B", 0).await;
         assert_eq!(app.transfer("t1", "A", "B", 100).await.0, 201);
@@ -200,7 +198,7 @@ mod cases {
     }
 
     pub async fn same_transfer_id_with_another_body_is_409(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         app.open_account("A", 500).await;
         app.open_account("B", 0).await;
         app.open_account("C", 0).await;
@@ -222,7 +220,7 @@ mod cases {
     }
 
     pub async fn transfer_without_id_gets_a_uuid_v7(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         app.open_account("A", 5).await;
         app.open_account("B", 5).await;
         let (status, body) = app
@@ -236,7 +234,7 @@ mod cases {
     }
 
     pub async fn invalid_transfer_fields_are_422_and_change_nothing(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         app.open_account("A", 500).await;
         app.open_account("B", 0).await;
         for body in [
@@ -262,14 +260,14 @@ mod cases {
             assert_problem(status, &problem, 422);
         }
         assert_eq!((app.balance("A").await, app.balance("B").await), (500, 0));
-        app.engine.store().refresh().await.unwrap();
+        app.store().refresh().await.unwrap();
         let (_, page) = app.get("/transfers").await;
         assert_eq!(page["items"], json!([]), "no transfer was created");
         app.shutdown().await;
     }
 
     pub async fn malformed_json_is_400_wrong_type_415_too_large_413(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         let cases: Vec<(Option<&str>, Vec<u8>, u16)> = vec![
             (Some("application/json"), b"{\"from\": \"A\",".to_vec(), 400),
             (Some("application/json"), b"".to_vec(), 400),
@@ -296,7 +294,7 @@ mod cases {
     }
 
     pub async fn unknown_routes_and_transfers_are_404_problems(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         for path in [
             "/nope",
             "/transfers/nobody",
@@ -316,7 +314,7 @@ mod cases {
     }
 
     pub async fn wait_answers_when_terminal_and_rejects_bad_durations(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         app.open_account("A", 5).await;
         app.open_account("B", 5).await;
         app.transfer("t1", "A", "B", 5).await;
@@ -334,7 +332,7 @@ mod cases {
     }
 
     pub async fn cancel_created_rolls_back_at_once(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         plant_transfer(&app, "c1", "created", Some("a-live-worker"), 60_000).await;
         let (status, body) = app.post("/transfers/c1/cancel", json!({})).await;
         assert_eq!(status, 200, "{body}");
@@ -352,7 +350,7 @@ mod cases {
     }
 
     pub async fn cancel_pending_undoes_the_accounts(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         app.open_account("a", 100).await;
         app.open_account("b", 0).await;
         // A pending transfer whose worker died: its lease has run out.
@@ -373,7 +371,7 @@ mod cases {
     }
 
     pub async fn cancel_after_commit_is_409(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         app.open_account("A", 5).await;
         app.open_account("B", 5).await;
         app.transfer("t1", "A", "B", 5).await;
@@ -387,7 +385,7 @@ mod cases {
     }
 
     pub async fn list_filters_by_account_and_state_with_a_cursor(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         for id in ["A", "B", "C"] {
             app.open_account(id, 100).await;
         }
@@ -401,7 +399,7 @@ mod cases {
             assert_eq!(app.transfer(id, from, to, amount).await.0, 201);
             app.settled(id).await;
         }
-        app.engine.store().refresh().await.unwrap();
+        app.store().refresh().await.unwrap();
         let ids = |page: &Value| -> Vec<String> {
             page["items"]
                 .as_array()
@@ -448,7 +446,7 @@ mod cases {
     /// control characters, too long) are 404 problems on every route that takes an id, and
     /// never reach the store.
     pub async fn odd_path_ids_are_404_problems(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         let mut ids: Vec<String> = [
             ".",
             "..",
@@ -509,7 +507,7 @@ mod cases {
     /// Ids that are valid but look like path syntax or Elasticsearch endpoints work end to end
     /// on every backend: accounts, transfers, long-polls, listing, cancelling.
     pub async fn unusual_valid_ids_work_end_to_end(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         let long = "x".repeat(128);
         let ids = [
             "_",
@@ -552,7 +550,7 @@ mod cases {
             assert_eq!(body["id"], *id);
             assert_eq!(body["balance"], 100, "{id}: {body}");
         }
-        app.engine.store().refresh().await.unwrap();
+        app.store().refresh().await.unwrap();
         let (status, page) = app.get("/transfers?account=_search").await;
         assert_eq!(status, 200, "{page}");
         let listed: Vec<&str> = page["items"]
@@ -570,7 +568,7 @@ mod cases {
     /// `?wait=` edge values: zero answers at once, huge values are capped at 30 s, anything
     /// that is not a non-negative duration (or is given twice) is 422.
     pub async fn wait_edge_values_are_capped_or_422(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         app.open_account("A", 5).await;
         app.open_account("B", 5).await;
         app.transfer("t1", "A", "B", 5).await;
@@ -623,12 +621,12 @@ mod cases {
     /// Listing parameters that are repeated, not UTF-8, out of range, or cursors the service
     /// cannot have issued are 422, never a 5xx.
     pub async fn odd_list_queries_are_422(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         app.open_account("A", 100).await;
         app.open_account("B", 0).await;
         assert_eq!(app.transfer("t1", "A", "B", 10).await.0, 201);
         app.settled("t1").await;
-        app.engine.store().refresh().await.unwrap();
+        app.store().refresh().await.unwrap();
         let long = "z".repeat(30_000);
         let bad: Vec<String> = [
             "limit=1&limit=2",
@@ -691,7 +689,7 @@ mod cases {
     /// Bodies built to trip a parser: deep nesting, lone surrogates, numbers out of range,
     /// NUL bytes in ids, duplicate keys. 4xx, never a 5xx, and nothing is created.
     pub async fn hostile_bodies_are_4xx(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         app.open_account("A", 100).await;
         app.open_account("B", 0).await;
         let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
@@ -760,14 +758,14 @@ mod cases {
             assert_problem(status, &problem, want);
         }
         assert_eq!((app.balance("A").await, app.balance("B").await), (100, 0));
-        app.engine.store().refresh().await.unwrap();
+        app.store().refresh().await.unwrap();
         let (_, page) = app.get("/transfers").await;
         assert_eq!(page["items"], json!([]), "no transfer was created");
         app.shutdown().await;
     }
 
     pub async fn health_and_readiness_answer_200(b: Backend) {
-        let app = spawn_app(b).await;
+        let app = TestApp::spawn(b).await;
         assert_eq!(app.get("/healthz").await.0, 200);
         let (status, body) = app.get("/readyz").await;
         assert_eq!((status, body["status"].as_str()), (200, Some("ready")));
@@ -797,7 +795,7 @@ macro_rules! api_suite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
-                    if super::helpers::real_cluster().is_none() {
+                    if crate::support::stores::real_cluster().is_none() {
                         return;
                     }
                     super::cases::$case(super::Backend::RealEs).await;

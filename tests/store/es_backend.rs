@@ -3,11 +3,10 @@
 //!
 //! They run against the Elasticsearch **emulator** (the `es-emulator` workspace crate), a test
 //! double of the REST subset the backend uses (`docs/elasticsearch.md`), not a real
-//! cluster. The shared store suite (`tests/store.rs`) runs against a real cluster as well.
+//! cluster. The store suite every backend runs (`backends.rs`) runs against a real cluster as well.
 
 use std::collections::BTreeSet;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,39 +17,16 @@ use transfer_service::store::{
     WriteOp, WriteOutcome,
 };
 
-use es_emulator::{EmulatorConfig, RunningEmulator};
+use es_emulator::RunningEmulator;
 
-static PREFIXES: AtomicUsize = AtomicUsize::new(0);
+use crate::support::stores;
 
-/// A prefix no other test in this process uses.
 fn unique_prefix() -> String {
-    format!(
-        "es-backend-{}-{}-",
-        std::process::id(),
-        PREFIXES.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// An emulator that refreshes only when asked, so searches see exactly what was refreshed.
-async fn emulator() -> RunningEmulator {
-    es_emulator::spawn(EmulatorConfig {
-        refresh_interval: None,
-    })
-    .await
-}
-
-async fn store_at(url: &str, prefix: &str) -> ElasticsearchStore {
-    ElasticsearchStore::connect(EsConfig {
-        url: url.to_owned(),
-        index_prefix: prefix.to_owned(),
-        request_timeout: Duration::from_secs(10),
-    })
-    .await
-    .expect("connect")
+    stores::unique_prefix("es-backend")
 }
 
 async fn migrated_store(emulator: &RunningEmulator) -> ElasticsearchStore {
-    let store = store_at(&emulator.url, &unique_prefix()).await;
+    let store = stores::es_store_at(&emulator.url, &unique_prefix()).await;
     store.migrate().await.expect("migrate");
     store
 }
@@ -113,10 +89,10 @@ async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
 
 #[tokio::test]
 async fn migrations_apply_once_when_two_instances_start_together() {
-    let emulator = emulator().await;
+    let emulator = stores::manual_emulator().await;
     let prefix = unique_prefix();
-    let first = store_at(&emulator.url, &prefix).await;
-    let second = store_at(&emulator.url, &prefix).await;
+    let first = stores::es_store_at(&emulator.url, &prefix).await;
+    let second = stores::es_store_at(&emulator.url, &prefix).await;
     assert_unavailable(first.ready().await);
 
     let (a, b) = within("both migrations", async {
@@ -159,7 +135,7 @@ async fn migrations_apply_once_when_two_instances_start_together() {
 
 #[tokio::test]
 async fn migrating_again_changes_nothing() {
-    let emulator = emulator().await;
+    let emulator = stores::manual_emulator().await;
     let store = migrated_store(&emulator).await;
     let written = store
         .create(Index::Accounts, "a", json!({"balance": 5}))
@@ -169,7 +145,7 @@ async fn migrating_again_changes_nothing() {
 
     // A restart: a new instance with the same prefix migrates again.
     let prefix = store.index_name(Index::Accounts).replace("accounts", "");
-    let restarted = store_at(&emulator.url, &prefix).await;
+    let restarted = stores::es_store_at(&emulator.url, &prefix).await;
     restarted.migrate().await.expect("second migrate");
     restarted.ready().await.unwrap();
     let doc = restarted.get(Index::Accounts, "a").await.unwrap().unwrap();
@@ -182,7 +158,7 @@ async fn migrating_again_changes_nothing() {
 
 #[tokio::test]
 async fn rejected_and_unavailable_answers_are_unavailable() {
-    let emulator = emulator().await;
+    let emulator = stores::manual_emulator().await;
     let store = migrated_store(&emulator).await;
 
     emulator.fail_next(429, 1);
@@ -218,7 +194,7 @@ async fn rejected_and_unavailable_answers_are_unavailable() {
 
 #[tokio::test]
 async fn a_500_is_unavailable_other_error_statuses_are_permanent() {
-    let emulator = emulator().await;
+    let emulator = stores::manual_emulator().await;
     let store = migrated_store(&emulator).await;
     emulator.fail_next(500, 1);
     assert!(matches!(
@@ -241,7 +217,7 @@ async fn a_closed_port_is_unavailable() {
         .local_addr()
         .unwrap()
         .port();
-    let store = store_at(&format!("http://127.0.0.1:{port}"), &unique_prefix()).await;
+    let store = stores::es_store_at(&format!("http://127.0.0.1:{port}"), &unique_prefix()).await;
     assert_unavailable(store.get(Index::Accounts, "a").await);
     assert_unavailable(store.ready().await);
     assert_unavailable(store.migrate().await);
@@ -283,7 +259,7 @@ async fn answers_not_from_elasticsearch_are_refused() {
     let url = format!("http://{}", listener.local_addr().unwrap());
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
 
-    let store = store_at(&url, &unique_prefix()).await;
+    let store = stores::es_store_at(&url, &unique_prefix()).await;
     assert_permanent(store.get(Index::Accounts, "a").await);
     assert_permanent(store.refresh().await);
     server.abort();
@@ -344,7 +320,7 @@ async fn canned_server(
 
 #[tokio::test]
 async fn a_bulk_reports_each_items_own_outcome() {
-    let emulator = emulator().await;
+    let emulator = stores::manual_emulator().await;
     let store = migrated_store(&emulator).await;
     let v1 = store
         .create(Index::Accounts, "a", json!({"balance": 1}))
@@ -435,7 +411,7 @@ async fn bulk_items_rejected_one_by_one_are_errors_of_their_own_kind() {
             "_seq_no": 12, "_primary_term": 3, "status": 201}},
     ]});
     let (url, received, server) = canned_server(200, answer).await;
-    let store = store_at(&url, "canned-").await;
+    let store = stores::es_store_at(&url, "canned-").await;
     store.migrate().await.unwrap();
     let version = Version {
         seq_no: 1,
@@ -494,7 +470,7 @@ async fn bulk_items_rejected_one_by_one_are_errors_of_their_own_kind() {
 async fn a_bulk_answered_with_fewer_items_than_sent_is_permanent() {
     let answer = json!({"took": 1, "errors": false, "items": []});
     let (url, _received, server) = canned_server(200, answer).await;
-    let store = store_at(&url, "canned-").await;
+    let store = stores::es_store_at(&url, "canned-").await;
     store.migrate().await.unwrap();
     assert_permanent(
         store
@@ -506,7 +482,7 @@ async fn a_bulk_answered_with_fewer_items_than_sent_is_permanent() {
 
 #[tokio::test]
 async fn an_empty_bulk_sends_nothing() {
-    let emulator = emulator().await;
+    let emulator = stores::manual_emulator().await;
     let store = migrated_store(&emulator).await;
     let before = emulator.request_count();
     assert!(store.bulk(Vec::new()).await.unwrap().is_empty());
@@ -518,7 +494,7 @@ async fn a_failed_item_does_not_stop_the_rest_of_the_bulk() {
     // Bulk is not atomic: a conditional replace on a document that was never written fails
     // on its own, and the item after it still applies. (Items failing with 429/5xx are
     // covered by the unit tests of the mapping in `store/elasticsearch/reply.rs`.)
-    let emulator = emulator().await;
+    let emulator = stores::manual_emulator().await;
     let store = migrated_store(&emulator).await;
     let results = store
         .bulk(vec![
@@ -544,7 +520,7 @@ async fn a_failed_item_does_not_stop_the_rest_of_the_bulk() {
 
 #[tokio::test]
 async fn recovery_pages_through_more_than_a_hundred_stale_transfers() {
-    let emulator = emulator().await;
+    let emulator = stores::manual_emulator().await;
     let store = migrated_store(&emulator).await;
     let now = 1_700_000_000_000_i64;
 
@@ -618,7 +594,7 @@ async fn recovery_pages_through_more_than_a_hundred_stale_transfers() {
 
 #[tokio::test]
 async fn listing_filters_by_account_and_state_newest_first() {
-    let emulator = emulator().await;
+    let emulator = stores::manual_emulator().await;
     let store = migrated_store(&emulator).await;
     let mut ops = Vec::new();
     for n in 0..30_i64 {
@@ -681,7 +657,7 @@ async fn listing_filters_by_account_and_state_newest_first() {
 
 #[tokio::test]
 async fn each_prefix_is_a_separate_store() {
-    let emulator = emulator().await;
+    let emulator = stores::manual_emulator().await;
     let first = migrated_store(&emulator).await;
     let second = migrated_store(&emulator).await;
     first
@@ -710,8 +686,8 @@ async fn each_prefix_is_a_separate_store() {
 
 #[tokio::test]
 async fn before_migrations_writes_are_refused_so_no_index_gets_dynamic_mappings() {
-    let emulator = emulator().await;
-    let store = store_at(&emulator.url, &unique_prefix()).await;
+    let emulator = stores::manual_emulator().await;
+    let store = stores::es_store_at(&emulator.url, &unique_prefix()).await;
     assert_unavailable(
         store
             .create(Index::Transactions, "t", json!({fields::STATE: "pending"}))
@@ -740,8 +716,8 @@ async fn before_migrations_writes_are_refused_so_no_index_gets_dynamic_mappings(
 
 #[tokio::test]
 async fn before_migrations_a_missing_index_reads_as_empty() {
-    let emulator = emulator().await;
-    let store = store_at(&emulator.url, &unique_prefix()).await;
+    let emulator = stores::manual_emulator().await;
+    let store = stores::es_store_at(&emulator.url, &unique_prefix()).await;
     assert!(store.get(Index::Accounts, "a").await.unwrap().is_none());
     let page = store
         .list_transfers(&TransferFilter {
@@ -756,7 +732,7 @@ async fn before_migrations_a_missing_index_reads_as_empty() {
 
 #[tokio::test]
 async fn after_migrations_a_missing_index_is_an_error_not_an_empty_store() {
-    let emulator = emulator().await;
+    let emulator = stores::manual_emulator().await;
     let store = migrated_store(&emulator).await;
     let accounts = store.index_name(Index::Accounts);
     let transactions = store.index_name(Index::Transactions);
@@ -792,7 +768,7 @@ async fn after_migrations_a_missing_index_is_an_error_not_an_empty_store() {
 
 #[tokio::test]
 async fn scan_pages_accounts_by_their_id_field() {
-    let emulator = emulator().await;
+    let emulator = stores::manual_emulator().await;
     let store = migrated_store(&emulator).await;
     let ops = (0..15)
         .rev()
@@ -825,7 +801,7 @@ async fn scan_pages_accounts_by_their_id_field() {
 /// `_id` (corruption the auditor must report) neither loops the scan nor hides others.
 #[tokio::test]
 async fn scan_pages_past_a_document_whose_id_field_differs_from_its_id() {
-    let emulator = emulator().await;
+    let emulator = stores::manual_emulator().await;
     let store = migrated_store(&emulator).await;
     let mut ops: Vec<_> = (0..11)
         .map(|n| {
@@ -862,7 +838,7 @@ async fn scan_pages_past_a_document_whose_id_field_differs_from_its_id() {
 
 #[tokio::test]
 async fn scan_refuses_a_document_without_its_id_field() {
-    let emulator = emulator().await;
+    let emulator = stores::manual_emulator().await;
     let store = migrated_store(&emulator).await;
     store
         .create(Index::Accounts, "a", json!({fields::ACCOUNT_ID: "a"}))
@@ -880,7 +856,7 @@ async fn scan_refuses_a_document_without_its_id_field() {
 /// not ready even though another instance recorded every migration.
 #[tokio::test]
 async fn an_instance_that_has_not_migrated_is_not_ready() {
-    let emulator = emulator().await;
+    let emulator = stores::manual_emulator().await;
     let first = migrated_store(&emulator).await;
     first.ready().await.unwrap();
     let second = ElasticsearchStore::connect(EsConfig {

@@ -2,7 +2,7 @@
 //! prints each id once the store acknowledged it; the parent kills the child with SIGKILL
 //! mid-stream, reopens the file and finds every acknowledged document, intact.
 //!
-//! The child is this same test binary, re-run on the `child_writer` test with
+//! The child is this same test binary, re-run on the `embedded_crash::child_writer` test with
 //! `CRASH_CHILD_DIR` set (without it, that test does nothing).
 
 use std::io::{BufRead, BufReader};
@@ -15,6 +15,9 @@ use transfer_service::store::embedded::EmbeddedStore;
 use transfer_service::store::{Index, Store, WriteOutcome};
 
 const CHILD_ENV: &str = "CRASH_CHILD_DIR";
+
+/// The child's test, by its full name in this binary.
+const CHILD_TEST: &str = "embedded_crash::child_writer";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn child_writer() {
@@ -48,7 +51,7 @@ async fn acknowledged_writes_survive_sigkill() {
     let dir = tempfile::tempdir().unwrap();
     for round in 0..3 {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_writer", "--nocapture", "--test-threads=1"])
+            .args([CHILD_TEST, "--exact", "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, dir.path())
             .env("CRASH_CHILD_ROUND", round.to_string())
             .stdout(Stdio::piped())

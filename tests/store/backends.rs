@@ -6,70 +6,14 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::{json, Value};
-use transfer_service::store::elasticsearch::{ElasticsearchStore, EsConfig};
-use transfer_service::store::embedded::EmbeddedStore;
 use transfer_service::store::{
     format_millis, DynStore, Index, SortKey, StaleQuery, Store, TransferFilter, Version, WriteOp,
     WriteOutcome,
 };
 
-/// A store under test and whatever keeps it alive.
-pub struct Ctx {
-    pub store: DynStore,
-    _guard: Box<dyn std::any::Any + Send>,
-}
-
-async fn embedded() -> Option<Ctx> {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = EmbeddedStore::open(dir.path()).expect("open embedded store");
-    Some(Ctx {
-        store: Arc::new(store),
-        _guard: Box::new(dir),
-    })
-}
-
-static PREFIX_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-async fn es_store(url: &str) -> DynStore {
-    // A prefix per test keeps tests independent on one cluster.
-    let prefix = format!(
-        "store-test-{}-{}-",
-        std::process::id(),
-        PREFIX_COUNTER.fetch_add(1, Ordering::Relaxed)
-    );
-    let store = ElasticsearchStore::connect(EsConfig {
-        url: url.to_owned(),
-        index_prefix: prefix,
-        request_timeout: Duration::from_secs(10),
-    })
-    .await
-    .expect("connect");
-    store.migrate().await.expect("migrate");
-    Arc::new(store)
-}
-
-async fn emulator() -> Option<Ctx> {
-    let emulator = es_emulator::spawn(es_emulator::EmulatorConfig::default()).await;
-    let store = es_store(&emulator.url).await;
-    Some(Ctx {
-        store,
-        _guard: Box::new(emulator),
-    })
-}
-
-async fn real_es() -> Option<Ctx> {
-    let Ok(url) = std::env::var("ELASTICSEARCH_URL") else {
-        eprintln!("skipped: ELASTICSEARCH_URL is not set, so there is no real cluster to test");
-        return None;
-    };
-    Some(Ctx {
-        store: es_store(&url).await,
-        _guard: Box::new(()),
-    })
-}
+use crate::support::stores;
 
 fn transfer(id: &str, state: &str, src: &str, dest: &str, created: i64, modified: i64) -> Value {
     json!({
@@ -554,4 +498,8 @@ macro_rules! all_backends {
     };
 }
 
-all_backends!(embedded => super::embedded, emulator => super::emulator, real_es => super::real_es);
+all_backends!(
+    embedded => super::stores::embedded,
+    emulator => super::stores::on_emulator,
+    real_es => super::stores::real_es
+);

@@ -1,0 +1,17 @@
+//! The HTTP suites, in one test binary (each binary links the whole dependency tree, so fewer
+//! binaries build faster): every test starts the real application on port 0 through the
+//! harness in `tests/support/`.
+//!
+//! - [`api`]: the HTTP contract on the embedded store, the emulator and a real cluster;
+//! - [`observability`]: metrics, request ids, logs, the OpenAPI document, Swagger UI;
+//! - [`resilience`]: store outages on the Elasticsearch backend (emulator).
+//!
+//! Logs of every app in this binary go, as JSON, to one in-memory buffer (the process's one
+//! global subscriber, installed by the harness); `TEST_LOG=1` also prints them.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod api;
+mod observability;
+mod resilience;

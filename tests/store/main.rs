@@ -1,0 +1,14 @@
+//! The store suites, in one test binary (each binary links the whole dependency tree, so fewer
+//! binaries build faster), with the stores of the harness in `tests/support/stores.rs`:
+//!
+//! - [`backends`]: one store suite, same test names, on every backend (`embedded::`,
+//!   `emulator::`, `real_es::`);
+//! - [`es_backend`]: what only the Elasticsearch backend does, on the emulator (a test double);
+//! - [`embedded_crash`]: the embedded store under `kill -9`.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod backends;
+mod embedded_crash;
+mod es_backend;

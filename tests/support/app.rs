@@ -1,0 +1,311 @@
+//! The application under test: the real `Application` on port 0 on a chosen backend, with a
+//! client whose helpers read like the HTTP contract (`open_account`, `transfer`, `settled`).
+//!
+//! Every reach into the engine (its store, its shutdown signal, building one by hand) is in
+//! this file, so a change of the engine's interface is adapted here once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use es_emulator::RunningEmulator;
+use serde_json::{json, Value};
+use transfer_service::app::{open_store, Application, Migrations};
+use transfer_service::config::Config;
+use transfer_service::http::{self, AppState};
+use transfer_service::metrics::Metrics;
+use transfer_service::store::DynStore;
+use transfer_service::transfer::{Engine, EngineConfig};
+
+use super::metrics::Exposition;
+use super::{logs, stores, wait};
+
+/// Where the application keeps its documents.
+#[derive(Debug, Clone, Copy)]
+pub enum Backend {
+    /// The embedded store in a temp dir.
+    Embedded,
+    /// The Elasticsearch backend against the in-process emulator (a test double).
+    Emulator,
+    /// The Elasticsearch backend against the cluster at `ELASTICSEARCH_URL`, with an index
+    /// prefix of its own per test.
+    RealEs,
+}
+
+/// A running application and what keeps it alive.
+pub struct TestApp {
+    pub base: String,
+    pub client: reqwest::Client,
+    pub config: Config,
+    engine: Arc<Engine>,
+    emulator: Option<RunningEmulator>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl TestApp {
+    /// The application on `backend`, ready (`/readyz` answers 200).
+    pub async fn spawn(backend: Backend) -> TestApp {
+        Self::spawn_with(backend, |_| {}).await
+    }
+
+    /// The application on `backend` with a tweaked configuration, ready.
+    pub async fn spawn_with(backend: Backend, tweak: impl FnOnce(&mut Config)) -> TestApp {
+        let app = Self::start(backend, tweak).await;
+        app.until_ready().await;
+        app
+    }
+
+    /// The application on `backend` with a tweaked configuration, not waited on (for a store
+    /// that is not there).
+    pub async fn start(backend: Backend, tweak: impl FnOnce(&mut Config)) -> TestApp {
+        logs::capture();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut config = Config::for_tests(dir.path().join("data"));
+        let emulator = match backend {
+            Backend::Embedded => None,
+            Backend::Emulator => {
+                let emulator = stores::emulator().await;
+                config.elasticsearch_url = Some(emulator.url.clone());
+                Some(emulator)
+            }
+            Backend::RealEs => {
+                config.elasticsearch_url = stores::real_cluster();
+                config.index_prefix = stores::unique_prefix("api-test");
+                None
+            }
+        };
+        tweak(&mut config);
+        let app = Application::build(config.clone()).await.expect("build app");
+        let base = format!("http://{}", app.addr());
+        let engine = app.engine().clone();
+        let server = tokio::spawn(app.run_until(std::future::pending()));
+        TestApp {
+            base,
+            client: reqwest::Client::new(),
+            config,
+            engine,
+            emulator,
+            server,
+            _dir: dir,
+        }
+    }
+
+    /// The service's router with a short request timeout instead of the configured one, on
+    /// the embedded store: the same layers in the same order, served as the application
+    /// serves it. Not waited on.
+    pub async fn spawn_with_request_timeout(timeout: Duration) -> TestApp {
+        logs::capture();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = Config::for_tests(dir.path().join("data"));
+        let metrics = Metrics::new();
+        let store = open_store(&config, &metrics, Migrations::Apply)
+            .await
+            .expect("open store");
+        let engine = Engine::new(store, EngineConfig::from_config(&config), metrics.clone());
+        let router = http::router_with_timeout(
+            AppState {
+                engine: engine.clone(),
+                metrics,
+            },
+            timeout,
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("address"));
+        let server = tokio::spawn(async move { axum::serve(listener, router).await });
+        TestApp {
+            base,
+            client: reqwest::Client::new(),
+            config,
+            engine,
+            emulator: None,
+            server,
+            _dir: dir,
+        }
+    }
+
+    async fn until_ready(&self) {
+        wait::eventually("the app to be ready", || async {
+            self.status("/readyz").await == 200
+        })
+        .await;
+    }
+
+    /// The application's store, for planting documents as another worker would have left
+    /// them and for checks the API does not expose.
+    pub fn store(&self) -> &DynStore {
+        self.engine.store()
+    }
+
+    /// The emulator under the application; panics on another backend.
+    pub fn emulator(&self) -> &RunningEmulator {
+        self.emulator.as_ref().expect("an app on the emulator")
+    }
+
+    /// Stops the workers and the server, waiting up to 15 s.
+    pub async fn shutdown(self) {
+        self.engine.shut_down();
+        let _ = tokio::time::timeout(Duration::from_secs(15), self.server).await;
+    }
+
+    /// Stops the workers and aborts the server at once.
+    pub fn abort(self) {
+        self.engine.shut_down();
+        self.server.abort();
+    }
+
+    // ---- requests -----------------------------------------------------------------------
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let response = self.client.get(self.url(path)).send().await.expect("GET");
+        read(response).await
+    }
+
+    /// The raw response of a GET (headers, non-JSON bodies).
+    pub async fn get_response(&self, path: &str) -> reqwest::Response {
+        self.client.get(self.url(path)).send().await.expect("GET")
+    }
+
+    /// The status of a GET, or 0 when the request got no answer.
+    pub async fn status(&self, path: &str) -> u16 {
+        match self.client.get(self.url(path)).send().await {
+            Ok(response) => response.status().as_u16(),
+            Err(_) => 0,
+        }
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        read(self.post_response(path, body).await).await
+    }
+
+    /// The raw response of a JSON POST.
+    pub async fn post_response(&self, path: &str, body: Value) -> reqwest::Response {
+        self.client
+            .post(self.url(path))
+            .json(&body)
+            .send()
+            .await
+            .expect("POST")
+    }
+
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        content_type: Option<&str>,
+        body: Vec<u8>,
+    ) -> reqwest::Response {
+        let mut request = self.client.post(self.url(path)).body(body);
+        if let Some(ct) = content_type {
+            request = request.header("content-type", ct);
+        }
+        request.send().await.expect("POST")
+    }
+
+    /// Sends `<method> <target>` with an empty body exactly as written (no URL
+    /// normalisation: `.`, `..`, `%2E` and raw bytes reach the server as they are) over a
+    /// fresh connection; returns the status, the `content-type` and the body.
+    pub async fn raw(&self, method: &str, target: &[u8]) -> (u16, String, Vec<u8>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = self.base.trim_start_matches("http://");
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut request = format!("{method} ").into_bytes();
+        request.extend_from_slice(target);
+        request.extend_from_slice(
+            b" HTTP/1.1\r\nhost: test\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        );
+        stream.write_all(&request).await.expect("send");
+        let mut reply = Vec::new();
+        stream.read_to_end(&mut reply).await.expect("read");
+        let end = reply
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("a complete head");
+        let head = String::from_utf8_lossy(&reply[..end]).into_owned();
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no status in {head:?}"));
+        let content_type = head
+            .lines()
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("content-type")
+                    .then(|| value.trim().to_owned())
+            })
+            .unwrap_or_default();
+        (status, content_type, reply[end + 4..].to_vec())
+    }
+
+    // ---- the API in its own words -------------------------------------------------------
+
+    pub async fn open_account(&self, id: &str, balance: i64) {
+        let (status, body) = self
+            .post("/accounts", json!({"id": id, "balance": balance}))
+            .await;
+        assert_eq!(status, 201, "open {id}: {body}");
+    }
+
+    pub async fn balance(&self, id: &str) -> i64 {
+        let (status, body) = self.get(&format!("/accounts/{id}")).await;
+        assert_eq!(status, 200, "{body}");
+        body["balance"].as_i64().unwrap()
+    }
+
+    pub async fn transfer(&self, id: &str, from: &str, to: &str, amount: i64) -> (u16, Value) {
+        self.post(
+            "/transfers",
+            json!({"id": id, "from": from, "to": to, "amount": amount}),
+        )
+        .await
+    }
+
+    /// Posts a transfer that must be accepted: `201`, in state `created`.
+    pub async fn transfer_accepted(&self, id: &str, from: &str, to: &str, amount: i64) {
+        let (status, body) = self.transfer(id, from, to, amount).await;
+        assert_eq!(status, 201, "transfer {id}: {body}");
+        assert_eq!(body["state"], "created", "{body}");
+    }
+
+    /// The state of a transfer as `GET /transfers/{id}` answers it (`""` if none).
+    pub async fn state(&self, id: &str) -> String {
+        let (_, transfer) = self.get(&format!("/transfers/{id}")).await;
+        transfer["state"].as_str().unwrap_or("").to_owned()
+    }
+
+    /// Waits (long-polling) until the transfer is terminal; panics after [`wait::DEADLINE`].
+    pub async fn settled(&self, id: &str) -> Value {
+        let what = format!("transfer {id} to settle");
+        wait::until_some(&what, || async {
+            let (status, body) = self.get(&format!("/transfers/{id}?wait=5s")).await;
+            assert_eq!(status, 200, "{body}");
+            let state = body["state"].as_str().expect("a state");
+            (state == "finished" || state == "rolled-back").then_some(body)
+        })
+        .await
+    }
+
+    /// `GET /metrics`, checked to be the Prometheus text format, parsed.
+    pub async fn scrape(&self) -> Exposition {
+        let response = self.get_response("/metrics").await;
+        assert_eq!(response.status(), 200);
+        let content_type = response.headers()["content-type"].to_str().unwrap();
+        assert!(
+            content_type.starts_with("text/plain; version=0.0.4"),
+            "{content_type}"
+        );
+        Exposition::parse(&response.text().await.expect("metrics body"))
+    }
+}
+
+async fn read(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("body");
+    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, body)
+}
