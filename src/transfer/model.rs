@@ -172,6 +172,11 @@ pub struct AccountDoc {
     /// The balance the account was opened with: what an identical `POST /accounts` replay is
     /// compared against.
     pub opening_balance: i64,
+    /// A token unique to the request that created the account: when the answer to that
+    /// create was lost and it is sent again, finding our own token tells a new account (201)
+    /// from a replay of someone else's (200).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_by: Option<String>,
     /// Ids of transfers applied to this balance and not yet settled (the post's list).
     /// Changed only through [`AccountDoc::add_pending`] and [`AccountDoc::remove_pending`].
     #[serde(default)]

@@ -143,6 +143,8 @@ impl Refusal {
 
 /// The decision for one account step.
 #[derive(Debug, Clone, PartialEq, Eq)]
+// The decision is consumed at once; boxing the document would cost an allocation per step.
+#[allow(clippy::large_enum_variant)]
 pub enum AccountDecision {
     /// Write this document (conditionally on the version that was read).
     Write(AccountDoc),
@@ -397,6 +399,7 @@ mod tests {
             balance,
             floor: 0,
             opening_balance: balance,
+            created_by: None,
             pending_transactions: vec![],
             pending_applied_at: vec![],
             pending_credits: 0,

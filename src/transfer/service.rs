@@ -67,11 +67,13 @@ impl Engine {
         new: NewAccount,
     ) -> Result<Created<AccountDoc>, ServiceError> {
         let now = self.clock.now();
+        let token = uuid::Uuid::new_v4().simple().to_string();
         let doc = AccountDoc {
             account_id: new.id.clone(),
             balance: new.balance,
             floor: new.floor,
             opening_balance: new.balance,
+            created_by: Some(token.clone()),
             pending_transactions: Vec::new(),
             pending_applied_at: Vec::new(),
             pending_credits: 0,
@@ -87,6 +89,10 @@ impl Engine {
         let existing = self.get_account(&new.id).await?.ok_or_else(|| {
             StoreError::Unavailable("account exists but cannot be read yet".into())
         })?;
+        if existing.created_by.as_deref() == Some(token.as_str()) {
+            // Our own create, whose answer was lost (the retry found it): it is new.
+            return Ok(Created::New(existing));
+        }
         if existing.opening_balance == new.balance && existing.floor == new.floor {
             Ok(Created::Replayed(existing))
         } else {

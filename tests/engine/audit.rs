@@ -72,6 +72,7 @@ fn account(id: &str, opening: i64) -> AccountDoc {
         balance: opening,
         floor: 0,
         opening_balance: opening,
+        created_by: None,
         pending_transactions: vec![],
         pending_applied_at: vec![],
         pending_credits: 0,

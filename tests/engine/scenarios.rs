@@ -11,11 +11,16 @@ use proptest::prelude::*;
 use tokio::sync::Semaphore;
 use transfer_service::store::{DynStore, Index};
 use transfer_service::transfer::model::TransferState;
-use transfer_service::transfer::service::{Created, NewTransfer, ServiceError};
+use transfer_service::transfer::service::{Created, NewAccount, NewTransfer, ServiceError};
 use transfer_service::transfer::EngineConfig;
 
 use crate::support::engine::*;
 use crate::support::faulty::{Fault, Matcher};
+
+/// The two ways a write's answer is lost once it was applied: an error (a timeout, a dropped
+/// connection) or a refusal (409, as from a retried request). Each lost-answer test runs with
+/// both.
+const LOST_ANSWERS: [Fault; 2] = [Fault::FailAfter, Fault::ConflictAfter];
 
 /// An instance with timers scaled to `lease`.
 fn instance(w: &World, store: DynStore, lease: Duration) -> Instance {
@@ -29,55 +34,59 @@ async fn quiesce(w: &World, recoverer: &Instance, limit: Duration) {
 
 #[tokio::test(start_paused = true)]
 async fn a_write_applied_but_unacknowledged_is_not_applied_twice() {
-    let w = world(1, Duration::ZERO);
-    let e = instance(&w, w.faulty.clone(), Duration::from_secs(5));
-    open_account(&e, "a", 100).await;
-    open_account(&e, "b", 0).await;
-    // Each account write is applied but answered with an error once: the worker retries the
-    // same conditional write, which conflicts, re-reads and finds the step done.
-    w.faulty.inject(
-        Matcher {
-            op: Some("replace"),
-            index: Some(Index::Accounts),
-            ..Matcher::default()
-        },
-        Fault::FailAfter,
-        4,
-    );
-    start_transfer(&e, "t1", "a", "b", 30).await;
-    quiesce(&w, &e, Duration::from_secs(20)).await;
-    assert_eq!(w.faulty.fired.load(std::sync::atomic::Ordering::SeqCst), 4);
-    assert_eq!(
-        e.get_transfer("t1")
-            .await
-            .unwrap()
-            .unwrap()
-            .transaction_state,
-        TransferState::Finished
-    );
-    assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (70, 30));
-    assert_invariants(&w.base).await;
+    for fault in LOST_ANSWERS {
+        let w = world(1, Duration::ZERO);
+        let e = instance(&w, w.faulty.clone(), Duration::from_secs(5));
+        open_account(&e, "a", 100).await;
+        open_account(&e, "b", 0).await;
+        // Each account write is applied but answered with an error once: the worker retries the
+        // same conditional write, which conflicts, re-reads and finds the step done.
+        w.faulty.inject(
+            Matcher {
+                op: Some("replace"),
+                index: Some(Index::Accounts),
+                ..Matcher::default()
+            },
+            fault,
+            4,
+        );
+        start_transfer(&e, "t1", "a", "b", 30).await;
+        quiesce(&w, &e, Duration::from_secs(20)).await;
+        assert_eq!(w.faulty.fired.load(std::sync::atomic::Ordering::SeqCst), 4);
+        assert_eq!(
+            e.get_transfer("t1")
+                .await
+                .unwrap()
+                .unwrap()
+                .transaction_state,
+            TransferState::Finished
+        );
+        assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (70, 30));
+        assert_invariants(&w.base).await;
+    }
 }
 
 #[tokio::test(start_paused = true)]
 async fn state_writes_applied_but_unacknowledged_are_recovered() {
-    let w = world(2, Duration::ZERO);
-    let e = instance(&w, w.faulty.clone(), Duration::from_millis(300));
-    open_account(&e, "a", 100).await;
-    open_account(&e, "b", 0).await;
-    w.faulty.inject(
-        Matcher {
-            op: Some("replace"),
-            index: Some(Index::Transactions),
-            ..Matcher::default()
-        },
-        Fault::FailAfter,
-        3,
-    );
-    start_transfer(&e, "t1", "a", "b", 30).await;
-    quiesce(&w, &e, Duration::from_secs(20)).await;
-    assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (70, 30));
-    assert_invariants(&w.base).await;
+    for fault in LOST_ANSWERS {
+        let w = world(2, Duration::ZERO);
+        let e = instance(&w, w.faulty.clone(), Duration::from_millis(300));
+        open_account(&e, "a", 100).await;
+        open_account(&e, "b", 0).await;
+        w.faulty.inject(
+            Matcher {
+                op: Some("replace"),
+                index: Some(Index::Transactions),
+                ..Matcher::default()
+            },
+            fault,
+            3,
+        );
+        start_transfer(&e, "t1", "a", "b", 30).await;
+        quiesce(&w, &e, Duration::from_secs(20)).await;
+        assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (70, 30));
+        assert_invariants(&w.base).await;
+    }
 }
 
 /// Two instances debit one hot account concurrently. Within an instance the steps for the
@@ -392,34 +401,36 @@ async fn a_refusal_is_never_decided_on_a_stale_remembered_copy() {
 /// once, instead of leaving it to recovery minutes later.
 #[tokio::test(start_paused = true)]
 async fn a_create_whose_answer_was_lost_is_still_driven_at_once() {
-    let w = world(8, Duration::ZERO);
-    let e = instance(&w, w.faulty.clone(), Duration::from_secs(30));
-    open_account(&e, "a", 100).await;
-    open_account(&e, "b", 0).await;
-    w.faulty.inject(
-        Matcher {
-            op: Some("create"),
-            index: Some(Index::Transactions),
-            ..Matcher::default()
-        },
-        Fault::FailAfter,
-        1,
-    );
-    let created = e
-        .create_transfer(NewTransfer {
-            id: "t".into(),
-            from: "a".into(),
-            to: "b".into(),
-            amount: 10,
-        })
-        .await
-        .unwrap();
-    assert!(matches!(created, Created::New(_)), "{created:?}");
-    assert_eq!(
-        terminal_without_recovery(&e, "t").await,
-        TransferState::Finished
-    );
-    assert_invariants(&w.base).await;
+    for fault in LOST_ANSWERS {
+        let w = world(8, Duration::ZERO);
+        let e = instance(&w, w.faulty.clone(), Duration::from_secs(30));
+        open_account(&e, "a", 100).await;
+        open_account(&e, "b", 0).await;
+        w.faulty.inject(
+            Matcher {
+                op: Some("create"),
+                index: Some(Index::Transactions),
+                ..Matcher::default()
+            },
+            fault,
+            1,
+        );
+        let created = e
+            .create_transfer(NewTransfer {
+                id: "t".into(),
+                from: "a".into(),
+                to: "b".into(),
+                amount: 10,
+            })
+            .await
+            .unwrap();
+        assert!(matches!(created, Created::New(_)), "{created:?}");
+        assert_eq!(
+            terminal_without_recovery(&e, "t").await,
+            TransferState::Finished
+        );
+        assert_invariants(&w.base).await;
+    }
 }
 
 /// Accounts `a` (100) and `b` (0), and a transfer `t` of 10 left `pending` by a worker that
@@ -443,56 +454,97 @@ async fn abandoned_pending_transfer(e: &Instance, store: &DynStore) {
 /// lease in the transfer; recovery must drive it then, not leave it for a lease period.
 #[tokio::test(start_paused = true)]
 async fn a_takeover_whose_answer_was_lost_is_driven_at_once() {
-    let w = world(9, Duration::ZERO);
-    let e = instance(&w, w.faulty.clone(), Duration::from_secs(30));
-    abandoned_pending_transfer(&e, &w.base).await;
-    w.faulty.inject(
-        Matcher {
-            op: Some("replace"),
-            index: Some(Index::Transactions),
-            id: Some("t".into()),
-            ..Matcher::default()
-        },
-        Fault::FailAfter,
-        1,
-    );
-    let permits = Arc::new(Semaphore::new(4));
-    let report = e
-        .recover_once(e.clock().wall_millis(), &permits)
-        .await
-        .unwrap();
-    assert_eq!(report.resumed, 1, "{report:?}");
-    assert_eq!(
-        terminal_without_recovery(&e, "t").await,
-        TransferState::Finished
-    );
-    assert_invariants(&w.base).await;
+    for fault in LOST_ANSWERS {
+        let w = world(9, Duration::ZERO);
+        let e = instance(&w, w.faulty.clone(), Duration::from_secs(30));
+        abandoned_pending_transfer(&e, &w.base).await;
+        w.faulty.inject(
+            Matcher {
+                op: Some("replace"),
+                index: Some(Index::Transactions),
+                id: Some("t".into()),
+                ..Matcher::default()
+            },
+            fault,
+            1,
+        );
+        let permits = Arc::new(Semaphore::new(4));
+        let report = e
+            .recover_once(e.clock().wall_millis(), &permits)
+            .await
+            .unwrap();
+        assert_eq!(report.resumed, 1, "{report:?}");
+        assert_eq!(
+            terminal_without_recovery(&e, "t").await,
+            TransferState::Finished
+        );
+        assert_invariants(&w.base).await;
+    }
 }
 
 /// Review finding: a cancel whose answer is lost but which was applied (and took the lease
 /// for a worker of its own) drives the rollback at once.
 #[tokio::test(start_paused = true)]
 async fn a_cancel_whose_answer_was_lost_is_driven_at_once() {
-    let w = world(10, Duration::ZERO);
-    let e = instance(&w, w.faulty.clone(), Duration::from_secs(30));
-    abandoned_pending_transfer(&e, &w.base).await;
-    w.faulty.inject(
-        Matcher {
-            op: Some("replace"),
-            index: Some(Index::Transactions),
-            id: Some("t".into()),
-            new_state: Some("terminating"),
-            ..Matcher::default()
-        },
-        Fault::FailAfter,
-        1,
-    );
-    let cancelled = e.cancel_transfer("t").await.unwrap();
-    assert_eq!(cancelled.transaction_state, TransferState::Terminating);
-    assert_eq!(
-        terminal_without_recovery(&e, "t").await,
-        TransferState::RolledBack
-    );
-    assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (100, 0));
-    assert_invariants(&w.base).await;
+    for fault in LOST_ANSWERS {
+        let w = world(10, Duration::ZERO);
+        let e = instance(&w, w.faulty.clone(), Duration::from_secs(30));
+        abandoned_pending_transfer(&e, &w.base).await;
+        w.faulty.inject(
+            Matcher {
+                op: Some("replace"),
+                index: Some(Index::Transactions),
+                id: Some("t".into()),
+                new_state: Some("terminating"),
+                ..Matcher::default()
+            },
+            fault,
+            1,
+        );
+        let cancelled = e.cancel_transfer("t").await.unwrap();
+        assert_eq!(cancelled.transaction_state, TransferState::Terminating);
+        assert_eq!(
+            terminal_without_recovery(&e, "t").await,
+            TransferState::RolledBack
+        );
+        assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (100, 0));
+        assert_invariants(&w.base).await;
+    }
+}
+
+/// Review finding (R1): an account create whose answer was lost but which was applied is the
+/// new account (201), not a replay (200): the retry finds the create's own token in it.
+#[tokio::test(start_paused = true)]
+async fn an_account_create_whose_answer_was_lost_is_new() {
+    for fault in LOST_ANSWERS {
+        let w = world(11, Duration::ZERO);
+        let e = instance(&w, w.faulty.clone(), Duration::from_secs(30));
+        w.faulty.inject(
+            Matcher {
+                op: Some("create"),
+                index: Some(Index::Accounts),
+                ..Matcher::default()
+            },
+            fault,
+            1,
+        );
+        let created = e
+            .create_account(NewAccount {
+                id: "a".into(),
+                balance: 100,
+                floor: 0,
+            })
+            .await
+            .unwrap();
+        assert!(matches!(created, Created::New(_)), "{fault:?}: {created:?}");
+        let replay = e
+            .create_account(NewAccount {
+                id: "a".into(),
+                balance: 100,
+                floor: 0,
+            })
+            .await
+            .unwrap();
+        assert!(matches!(replay, Created::Replayed(_)), "{fault:?}: {replay:?}");
+    }
 }

@@ -39,8 +39,13 @@ pub struct Matcher {
 pub enum Fault {
     /// Answer `Unavailable` without applying.
     FailBefore,
-    /// Apply, then answer `Unavailable` (the caller cannot know it was applied).
+    /// Apply, then answer `Unavailable` (a timeout or a dropped connection: the caller cannot
+    /// know it was applied).
     FailAfter,
+    /// Apply, then answer as if the write had been refused: `409` (an Elasticsearch
+    /// coordinator that retried a request its primary had already applied,
+    /// elastic/elasticsearch#9967): `AlreadyExists` for a create, `Conflict` for a replace.
+    ConflictAfter,
     /// Wait, then apply.
     StallBefore(Duration),
     /// Apply, then wait before answering.
@@ -161,6 +166,9 @@ impl FaultyStore {
                 let _ = request.await;
                 Err(StoreError::Unavailable("injected: after".into()))
             }
+            // Only writes can be refused after the fact (see `applied_then_refused`); a read
+            // under this fault is simply answered.
+            Some(Fault::ConflictAfter) => request.await,
             Some(Fault::StallBefore(d)) => {
                 tokio::time::sleep(d).await;
                 request.await
@@ -178,6 +186,30 @@ impl FaultyStore {
                 std::future::pending().await
             }
         }
+    }
+}
+
+impl FaultyStore {
+    /// Applies `ops`, then answers each one that was written with the refusal a retried
+    /// request would get.
+    async fn applied_then_refused(
+        &self,
+        ops: Vec<WriteOp>,
+    ) -> StoreResult<Vec<StoreResult<WriteOutcome>>> {
+        let creates: Vec<bool> = ops
+            .iter()
+            .map(|op| matches!(op, WriteOp::Create { .. }))
+            .collect();
+        let results = self.inner.bulk(ops).await?;
+        Ok(results
+            .into_iter()
+            .zip(creates)
+            .map(|(result, create)| match result {
+                Ok(WriteOutcome::Written(_)) if create => Ok(WriteOutcome::AlreadyExists),
+                Ok(WriteOutcome::Written(_)) => Ok(WriteOutcome::Conflict),
+                other => other,
+            })
+            .collect())
     }
 }
 
@@ -205,6 +237,9 @@ impl Store for FaultyStore {
             };
             self.take_fault(kind, op.index(), op.id(), Some(source))
         });
+        if fault == Some(Fault::ConflictAfter) {
+            return self.applied_then_refused(ops).await;
+        }
         let result = self.with_fault(fault, self.inner.bulk(ops)).await;
         self.check_alive()?;
         result
