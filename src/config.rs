@@ -72,13 +72,17 @@ pub struct Config {
     pub store_timeout: Duration,
 
     /// How long an account remembers the ids of transfers settled on it (the tombstones
-    /// that make a late write from a stalled worker a no-op).
-    #[arg(long, env = "SETTLED_RETENTION", default_value = "10m", value_parser = humantime::parse_duration)]
+    /// that make a late write from a stalled worker a no-op). A young one is never forgotten
+    /// to make room: this is the window, beyond the lease fence, in which a late apply is
+    /// refused outright rather than undone by the late-apply sweep.
+    #[arg(long, env = "SETTLED_RETENTION", default_value = "10s", value_parser = humantime::parse_duration)]
     pub settled_retention: Duration,
 
-    /// The most settled ids an account remembers (the oldest are forgotten first). Bounds the
-    /// account document: 60–160 bytes an entry, by id length.
-    #[arg(long, env = "SETTLED_MAX", default_value_t = 100, value_parser = parse_settled_max)]
+    /// The most young settled ids plus pending entries an account holds (a hard bound on the
+    /// account document: 60–160 bytes an entry, by id length). An apply beyond it backs off
+    /// until the oldest age out, then rolls back with `account_busy`: an account settles at
+    /// most `SETTLED_MAX / SETTLED_RETENTION` transfers a second (1,000 with the defaults).
+    #[arg(long, env = "SETTLED_MAX", default_value_t = 10_000, value_parser = parse_settled_max)]
     pub settled_max: usize,
 
     /// Log format: `pretty` for people, `json` for log pipelines.
@@ -89,8 +93,8 @@ pub struct Config {
 /// At most 10,000 tombstones per account (about 600 KB rewritten with every account write).
 fn parse_settled_max(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
-        Ok(n) if n <= 10_000 => Ok(n),
-        _ => Err("a whole number from 0 to 10000".into()),
+        Ok(n) if (1..=10_000).contains(&n) => Ok(n),
+        _ => Err("a whole number from 1 to 10000".into()),
     }
 }
 

@@ -11,8 +11,13 @@ use super::accounts::{StepRequest, StepResult};
 use super::lease::{Held, Reread};
 use super::model::{RollbackReason, TransferDoc, TransferState};
 use super::protocol::{self, plan, timeout_transition, AccountOp, Refusal, Side, Step};
+use super::retry::backoff;
 use super::Engine;
 use crate::store::{parse_millis, StoreError};
+
+/// Back-offs of an apply refused because its account is full of young tombstones, before it
+/// gives up (about 4 s in all).
+const BUSY_RETRIES: u32 = 8;
 
 /// How a worker ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,6 +191,7 @@ impl Engine {
         side: Side,
     ) -> Result<(), Interrupt> {
         let account_id = side.account(&held.doc).to_owned();
+        let mut busy = 0;
         for _ in 0..self.config.max_conflicts {
             self.ensure_lease(held).await?;
             let request = StepRequest {
@@ -198,6 +204,12 @@ impl Engine {
             match self.accounts.run(&account_id, request).await {
                 // Renew (or find out we lost it) and try again.
                 StepResult::LeaseExpired => continue,
+                // Wait for the account's oldest tombstones to age out; then give up (the
+                // refusal rolls the transfer back with `account_busy`).
+                StepResult::Refused(Refusal::AccountBusy) if busy < BUSY_RETRIES => {
+                    busy += 1;
+                    tokio::time::sleep(backoff(busy + 2)).await;
+                }
                 result => return step_outcome(result, op, side, &account_id),
             }
         }

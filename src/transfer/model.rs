@@ -98,7 +98,8 @@ impl FromStr for TransferState {
 /// - `account_not_found`: the source or the destination account does not exist;
 /// - `balance_overflow`: a balance would have overflowed a signed 64-bit integer;
 /// - `cancelled`: a client cancelled it (`POST /transfers/{id}/cancel`);
-/// - `timed_out`: it had not committed after the service's transfer timeout.
+/// - `timed_out`: it had not committed after the service's transfer timeout;
+/// - `account_busy`: an account was settling more transfers than it can remember; retry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RollbackReason {
@@ -112,6 +113,9 @@ pub enum RollbackReason {
     Cancelled,
     /// It had not committed after `TRANSFER_TIMEOUT`.
     TimedOut,
+    /// An account was settling more transfers than it can remember (`SETTLED_MAX` within
+    /// `SETTLED_RETENTION`); the apply backed off and then gave up. Retry later.
+    AccountBusy,
 }
 
 impl RollbackReason {
@@ -122,6 +126,7 @@ impl RollbackReason {
             RollbackReason::BalanceOverflow => "balance_overflow",
             RollbackReason::Cancelled => "cancelled",
             RollbackReason::TimedOut => "timed_out",
+            RollbackReason::AccountBusy => "account_busy",
         }
     }
 }

@@ -128,6 +128,10 @@ pub enum Refusal {
     /// The id is already settled on this account: this worker is late (another one finished
     /// or rolled the transfer back). Stop and read the transfer again.
     AlreadySettled,
+    /// The account already remembers `SETTLED_MAX` young settled ids and pending entries
+    /// (each pending entry becomes a settled id): a young tombstone is never forgotten to make
+    /// room, so the apply must wait until the oldest age out. Back off, then roll back.
+    AccountBusy,
 }
 
 impl Refusal {
@@ -137,6 +141,7 @@ impl Refusal {
             Refusal::InsufficientFunds => Some(RollbackReason::InsufficientFunds),
             Refusal::Overflow => Some(RollbackReason::BalanceOverflow),
             Refusal::AlreadySettled => None,
+            Refusal::AccountBusy => Some(RollbackReason::AccountBusy),
         }
     }
 }
@@ -153,11 +158,40 @@ pub enum AccountDecision {
     Refuse(Refusal),
 }
 
-/// How long and how many settled ids an account remembers.
+/// How long and how many settled ids an account remembers. Ids are kept by age: a young
+/// one (settled less than `millis` ago, on the clock of the instance deciding) is never
+/// forgotten to make room. `max_entries` bounds young ids plus pending entries: an apply
+/// beyond it is refused ([`Refusal::AccountBusy`]). Only the fence of a transfer never
+/// applied here adds an id without a pending entry; beyond twice the bound, the oldest of
+/// those give way, so the document stays bounded.
 #[derive(Debug, Clone, Copy)]
 pub struct Retention {
     pub millis: i64,
     pub max_entries: usize,
+}
+
+impl Retention {
+    /// No tombstones at all (tests of the other defences alone).
+    pub const NONE: Retention = Retention {
+        millis: i64::MIN,
+        max_entries: usize::MAX / 4,
+    };
+
+    /// Whether a tombstone stamped `at_millis` is still young at `now_millis`. Stamps from
+    /// the future (another instance's clock ahead of ours) are young.
+    fn keeps(self, at_millis: i64, now_millis: i64) -> bool {
+        now_millis.saturating_sub(at_millis) < self.millis
+    }
+}
+
+/// Whether the account holds as many young settled ids and pending entries as it may.
+fn is_full(account: &AccountDoc, now_millis: i64, retention: Retention) -> bool {
+    let young = account
+        .settled_transactions
+        .iter()
+        .filter(|s| retention.keeps(s.at, now_millis))
+        .count();
+    young + account.pending_transactions.len() >= retention.max_entries
 }
 
 /// One account step of one transfer.
@@ -194,6 +228,9 @@ pub fn decide_account(
     let decided = match op {
         AccountOp::Apply if pending => return AccountDecision::AlreadyDone,
         AccountOp::Apply if settled => return AccountDecision::Refuse(Refusal::AlreadySettled),
+        AccountOp::Apply if is_full(account, now.millis, retention) => {
+            return AccountDecision::Refuse(Refusal::AccountBusy)
+        }
         AccountOp::Apply => apply(account, transfer_id, change, now.millis),
         AccountOp::Remove if !pending => return AccountDecision::AlreadyDone,
         AccountOp::Remove => Ok(remove(account, transfer_id, change, now.millis)),
@@ -346,14 +383,17 @@ fn remember(account: &mut AccountDoc, transfer_id: &str, now_millis: i64) {
     });
 }
 
-/// Drops tombstones older than the retention, then the oldest beyond the count bound.
+/// Drops tombstones older than the retention; beyond twice the count bound (only fences
+/// can get there), the oldest.
 fn prune_settled(account: &mut AccountDoc, now_millis: i64, retention: Retention) {
-    let cutoff = now_millis.saturating_sub(retention.millis);
-    account.settled_transactions.retain(|s| s.at >= cutoff);
+    account
+        .settled_transactions
+        .retain(|s| retention.keeps(s.at, now_millis));
+    let hard_bound = retention.max_entries.saturating_mul(2);
     let excess = account
         .settled_transactions
         .len()
-        .saturating_sub(retention.max_entries);
+        .saturating_sub(hard_bound);
     if excess > 0 {
         account.settled_transactions.drain(..excess);
     }
@@ -732,35 +772,98 @@ mod tests {
         );
     }
 
+    fn tombstone(id: &str, at: i64) -> Settled {
+        Settled { id: id.into(), at }
+    }
+
+    fn ids(a: &AccountDoc) -> Vec<&str> {
+        a.settled_transactions
+            .iter()
+            .map(|s| s.id.as_str())
+            .collect()
+    }
+
     #[test]
-    fn tombstones_are_bounded_by_age_and_count() {
+    fn tombstones_are_kept_by_age_and_a_young_one_is_never_forgotten() {
         let mut a = account(100);
-        a.settled_transactions = (0..3)
-            .map(|i| Settled {
-                id: format!("old{i}"),
-                at: now().millis - RETAIN.millis - 1 + i,
-            })
+        let old = now().millis - RETAIN.millis;
+        a.settled_transactions = vec![tombstone("old", old), tombstone("young", old + 1)];
+        let fenced = write(decide(&a, AccountOp::Undo, Side::Source, 1));
+        assert_eq!(
+            ids(&fenced),
+            ["young", "t1"],
+            "only the expired one dropped"
+        );
+        // Full of young tombstones: the apply is refused rather than one being forgotten.
+        let mut full = account(100);
+        full.settled_transactions = (0..3)
+            .map(|i| tombstone(&format!("s{i}"), now().millis))
+            .collect();
+        assert_eq!(
+            decide(&full, AccountOp::Apply, Side::Source, 1),
+            AccountDecision::Refuse(Refusal::AccountBusy)
+        );
+        assert_eq!(
+            Refusal::AccountBusy.rollback_reason(),
+            Some(RollbackReason::AccountBusy)
+        );
+    }
+
+    #[test]
+    fn pending_entries_count_against_the_bound_because_each_becomes_a_tombstone() {
+        let mut a = account(100);
+        for i in 0..3 {
+            let step = AccountStep {
+                transfer_id: &format!("p{i}"),
+                ..step(AccountOp::Apply, Side::Source, 1)
+            };
+            match decide_account(&a, step, &now(), RETAIN) {
+                AccountDecision::Write(next) => a = next,
+                other => panic!("apply {i}: {other:?}"),
+            }
+        }
+        assert_eq!(
+            decide(&a, AccountOp::Apply, Side::Source, 1),
+            AccountDecision::Refuse(Refusal::AccountBusy)
+        );
+        // Settling one turns its entry into a tombstone: still full, never over.
+        let settled = write(decide_account(
+            &a,
+            AccountStep {
+                transfer_id: "p0",
+                ..step(AccountOp::Remove, Side::Source, 1)
+            },
+            &now(),
+            RETAIN,
+        ));
+        assert_eq!(
+            settled.settled_transactions.len() + settled.pending_transactions.len(),
+            3
+        );
+    }
+
+    #[test]
+    fn fences_beyond_twice_the_bound_drop_the_oldest_and_stamps_from_the_future_are_young() {
+        let mut a = account(100);
+        a.settled_transactions = (0..6)
+            .map(|i| tombstone(&format!("f{i}"), now().millis - 10 + i))
             .collect();
         let fenced = write(decide(&a, AccountOp::Undo, Side::Source, 1));
-        let ids: Vec<_> = fenced
-            .settled_transactions
-            .iter()
-            .map(|s| s.id.as_str())
-            .collect();
-        assert_eq!(ids, ["old1", "old2", "t1"], "only the expired one dropped");
+        assert_eq!(ids(&fenced), ["f1", "f2", "f3", "f4", "f5", "t1"]);
         let mut b = account(100);
-        b.settled_transactions = (0..3)
-            .map(|i| Settled {
-                id: format!("s{i}"),
-                at: now().millis,
-            })
-            .collect();
-        let fenced = write(decide(&b, AccountOp::Undo, Side::Source, 1));
-        let ids: Vec<_> = fenced
-            .settled_transactions
-            .iter()
-            .map(|s| s.id.as_str())
-            .collect();
-        assert_eq!(ids, ["s1", "s2", "t1"], "oldest dropped beyond the count");
+        b.settled_transactions = vec![tombstone("ahead", now().millis + 3_600_000)];
+        let kept = write(decide(&b, AccountOp::Undo, Side::Source, 1));
+        assert_eq!(ids(&kept), ["ahead", "t1"]);
+    }
+
+    #[test]
+    fn without_tombstones_nothing_is_remembered_and_nothing_is_full() {
+        let a = write(decide_account(
+            &account(100),
+            step(AccountOp::Undo, Side::Source, 1),
+            &now(),
+            Retention::NONE,
+        ));
+        assert!(a.settled_transactions.is_empty());
     }
 }

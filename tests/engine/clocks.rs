@@ -31,10 +31,7 @@ fn config(sweep: bool) -> EngineConfig {
         recovery_interval: Duration::from_millis(10),
         recovery_page: 200,
         // No tombstone outlives its write: only the fence and the sweep are left.
-        retention: Retention {
-            millis: 0,
-            max_entries: 0,
-        },
+        retention: Retention::NONE,
         sweep_pages_per_tick: if sweep { 10 } else { 0 },
         ..EngineConfig::with_lease(LEASE)
     }

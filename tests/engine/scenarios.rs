@@ -545,6 +545,9 @@ async fn an_account_create_whose_answer_was_lost_is_new() {
             })
             .await
             .unwrap();
-        assert!(matches!(replay, Created::Replayed(_)), "{fault:?}: {replay:?}");
+        assert!(
+            matches!(replay, Created::Replayed(_)),
+            "{fault:?}: {replay:?}"
+        );
     }
 }

@@ -16,6 +16,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use transfer_service::store::{DynStore, Index};
 use transfer_service::transfer::model::TransferState;
+use transfer_service::transfer::protocol::Retention;
 use transfer_service::transfer::service::{NewAccount, NewTransfer};
 use transfer_service::transfer::EngineConfig;
 
@@ -31,7 +32,11 @@ fn config(tombstones: usize) -> EngineConfig {
         recovery_page: 200,
         ..EngineConfig::with_lease(LEASE)
     };
-    config.retention.max_entries = tombstones;
+    if tombstones == 0 {
+        config.retention = Retention::NONE;
+    } else {
+        config.retention.max_entries = tombstones;
+    }
     config
 }
 
@@ -90,7 +95,7 @@ async fn a_stalled_worker_never_applies_a_transfer_twice() {
     run_seeds(1000).await;
 }
 
-/// The lease fence alone, with tombstones switched off (`SETTLED_MAX=0`): what protects a
+/// The lease fence alone, with tombstones switched off (`Retention::NONE`): what protects a
 /// busy account whose tombstones have been pruned, and what fails if the fence is broken.
 #[tokio::test(start_paused = true)]
 async fn the_lease_fence_alone_prevents_double_applies() {
