@@ -11,6 +11,7 @@ use proptest::prelude::*;
 use tokio::sync::Semaphore;
 use transfer_service::store::{DynStore, Index};
 use transfer_service::transfer::model::TransferState;
+use transfer_service::transfer::protocol::Retention;
 use transfer_service::transfer::service::{Created, NewAccount, NewTransfer, ServiceError};
 use transfer_service::transfer::EngineConfig;
 
@@ -550,4 +551,61 @@ async fn an_account_create_whose_answer_was_lost_is_new() {
             "{fault:?}: {replay:?}"
         );
     }
+}
+
+/// An instance whose accounts remember at most two young tombstones (and pending entries),
+/// for `retention_ms`.
+fn tight_tombstones(w: &World, retention_ms: i64) -> Instance {
+    let mut config = EngineConfig::with_lease(Duration::from_secs(5));
+    config.retention = Retention {
+        millis: retention_ms,
+        max_entries: 2,
+    };
+    w.instance(w.base.clone(), config)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_account_full_of_young_tombstones_backs_off_then_sheds_and_forgets_none() {
+    let w = world(12, Duration::ZERO);
+    let e = tight_tombstones(&w, 3_600_000);
+    open_account(&e, "a", 100).await;
+    open_account(&e, "b", 0).await;
+    for id in ["t1", "t2", "t3"] {
+        start_transfer(&e, id, "a", "b", 10).await;
+        terminal_without_recovery(&e, id).await;
+    }
+    assert_eq!(state(&e, "t2").await, TransferState::Finished);
+    let shed = transfer_doc(&e, "t3").await;
+    assert_eq!(shed.transaction_state, TransferState::RolledBack);
+    assert_eq!(shed.reason.map(|r| r.as_str()), Some("account_busy"));
+    let a = e.get_account("a").await.unwrap().unwrap();
+    let remembered: Vec<_> = a
+        .settled_transactions
+        .iter()
+        .map(|s| s.id.as_str())
+        .collect();
+    assert!(
+        remembered.contains(&"t1") && remembered.contains(&"t2"),
+        "young tombstones kept: {remembered:?}"
+    );
+    assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (80, 20));
+    assert_invariants(&w.base).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_apply_that_backs_off_goes_through_once_the_oldest_tombstones_age_out() {
+    let w = world(13, Duration::ZERO);
+    let e = tight_tombstones(&w, 300);
+    open_account(&e, "a", 100).await;
+    open_account(&e, "b", 0).await;
+    for id in ["t1", "t2", "t3"] {
+        start_transfer(&e, id, "a", "b", 10).await;
+        assert_eq!(
+            terminal_without_recovery(&e, id).await,
+            TransferState::Finished,
+            "{id}"
+        );
+    }
+    assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (70, 30));
+    assert_invariants(&w.base).await;
 }
