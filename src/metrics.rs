@@ -33,6 +33,9 @@ pub struct Metrics {
     /// not_found | unavailable | error.
     pub store_requests_total: IntCounterVec,
     pub store_request_duration_seconds: HistogramVec,
+    /// Transfers flagged for a person (contradicting documents), as of the last complete
+    /// recovery sweep (which sees a flagged transfer once it is `RECOVERY_STALE_AFTER` old).
+    pub transfers_needing_attention: IntGauge,
     /// Steps of this host's wall clock (each one fences the leases this instance holds).
     pub clock_jumps_total: IntCounter,
     /// Account entries of terminal transfers (late applies) found and undone by the sweep.
@@ -117,6 +120,10 @@ impl Metrics {
                 "Store request latency, by operation",
                 &["op"],
                 LATENCY_BUCKETS,
+            ),
+            transfers_needing_attention: gauge(
+                "transfers_needing_attention",
+                "Transfers whose documents contradict each other, left for a person",
             ),
             clock_jumps_total: counter(
                 "clock_jumps_total",

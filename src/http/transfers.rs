@@ -41,6 +41,11 @@ pub struct Transfer {
     /// When it was last written (RFC 3339, UTC): a state change, or a worker taking it over.
     #[schema(format = DateTime)]
     pub updated_at: String,
+    /// Present when its documents contradict each other (only a lost acknowledged write in
+    /// the store can do that): the service leaves it exactly as it is, for an operator.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub attention: Option<String>,
 }
 
 impl From<TransferDoc> for Transfer {
@@ -54,6 +59,7 @@ impl From<TransferDoc> for Transfer {
             reason: doc.reason,
             created_at: doc.creation_time,
             updated_at: doc.modification_time,
+            attention: doc.attention,
         }
     }
 }

@@ -42,6 +42,8 @@ pub enum StopReason {
     Permanent(String),
     /// The transfer document does not exist.
     NotFound,
+    /// Its documents contradict each other; it was flagged for a person and is left alone.
+    NeedsAttention(String),
 }
 
 /// Why a step did not complete.
@@ -146,16 +148,30 @@ impl Engine {
                     if held.version == before {
                         rereads_without_change += 1;
                         if rereads_without_change > 3 {
-                            return DriveOutcome::Stopped(StopReason::Permanent(
-                                "an account says the transfer is settled but the transfer is not"
-                                    .into(),
-                            ));
+                            return self.flag_contradiction(held).await;
                         }
                     } else {
                         rereads_without_change = 0;
                     }
                 }
             }
+        }
+    }
+
+    /// The transfer is ours and unchanged, yet an account holds its settled tombstone: its
+    /// documents contradict each other (only a lost acknowledged write can do that). Guessing
+    /// which is right could move money twice or not at all, so it is flagged for a person.
+    async fn flag_contradiction(&self, held: &mut Held) -> DriveOutcome {
+        let why = format!(
+            "{} but an account already holds its settled tombstone",
+            held.doc.transaction_state
+        );
+        tracing::error!(%why, "contradiction: the transfer needs attention and is left alone");
+        match self.leases.flag_for_attention(held, why.clone()).await {
+            Ok(true) => DriveOutcome::Stopped(StopReason::NeedsAttention(why)),
+            // Someone else wrote it meanwhile: decide again from what it is now.
+            Ok(false) => DriveOutcome::Stopped(StopReason::LeaseLost),
+            Err(error) => DriveOutcome::Stopped(error.into()),
         }
     }
 

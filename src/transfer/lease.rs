@@ -335,6 +335,19 @@ impl Leases {
         }
     }
 
+    /// Marks a held transfer as needing a person (`why`), leaving its state as it is and
+    /// releasing the lease: from then on nothing acts on it. `Ok(false)`: someone else wrote
+    /// it first.
+    pub async fn flag_for_attention(&self, held: &mut Held, why: String) -> StoreResult<bool> {
+        let sent = self.sent();
+        let mut next = held.doc.clone();
+        next.attention = Some(why);
+        next.modification_time = self.clock.now().text;
+        release(&mut next);
+        let outcome = self.docs.replace_if(&next, held.version).await?;
+        Ok(self.update(held, next, outcome, sent))
+    }
+
     /// A plain conditional write of a transfer that leaves its lease as it is (a cancel that
     /// keeps a live holder's lease), or clears it when the transfer is terminal.
     pub async fn write_keeping_lease(
@@ -528,6 +541,7 @@ mod tests {
             modification_time: now.text,
             lease_owner: None,
             lease_expires_at: None,
+            attention: None,
         }
     }
 

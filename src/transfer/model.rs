@@ -154,6 +154,13 @@ pub struct TransferDoc {
     pub lease_owner: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_expires_at: Option<String>,
+    /// Why a person must look at this transfer: its documents contradict each other (for
+    /// example `pending` while an account already holds its settled tombstone, which only a
+    /// lost acknowledged write can cause). Such a transfer is left exactly as it is: no
+    /// worker, recovery, timeout or cancel acts on it (`docs/design.md §9` gives the manual
+    /// procedure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention: Option<String>,
 }
 
 /// One settled transfer id remembered by an account (a tombstone, `docs/design.md §9`).

@@ -482,6 +482,7 @@ mod tests {
             modification_time: "2026-01-01T00:00:00.000Z".into(),
             lease_owner: Some("w".into()),
             lease_expires_at: Some("2026-01-01T00:00:30.000Z".into()),
+            attention: None,
         }
     }
 

@@ -14,10 +14,11 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tracing::{info, warn, Instrument};
 
+use super::documents::decode;
 use super::lease::{Claim, ClaimWrite, Held};
 use super::model::{TransferDoc, TransferState};
 use super::Engine;
-use crate::store::{SortKey, StaleQuery, StoreResult};
+use crate::store::{Doc, SortKey, StaleQuery, StoreResult};
 
 /// What one sweep did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -28,6 +29,8 @@ pub struct RecoveryReport {
     pub resumed: usize,
     /// Candidates it could not take over because of a store error (retried next sweep).
     pub errors: usize,
+    /// Candidates flagged as needing a person, left alone.
+    pub needs_attention: usize,
 }
 
 /// Most transfers recovery drives at once in this process.
@@ -98,6 +101,10 @@ impl Engine {
                     return Ok(report);
                 }
                 report.candidates += 1;
+                if needs_attention(doc) {
+                    report.needs_attention += 1;
+                    continue;
+                }
                 let Ok(permit) = permits.clone().acquire_owned().await else {
                     return Ok(report);
                 };
@@ -129,7 +136,13 @@ impl Engine {
             }
             match page.next {
                 Some(next) => after = Some(next),
-                None => return Ok(report),
+                None => {
+                    // A complete sweep has seen every stale transfer that needs a person.
+                    self.metrics
+                        .transfers_needing_attention
+                        .set(report.needs_attention as i64);
+                    return Ok(report);
+                }
             }
         }
     }
@@ -142,7 +155,10 @@ impl Engine {
         let Some(current) = self.docs.get::<TransferDoc>(id).await? else {
             return Ok(None);
         };
-        if current.doc.transaction_state.is_terminal() || self.leases.may_be_live(&current.doc) {
+        if current.doc.transaction_state.is_terminal()
+            || current.doc.attention.is_some()
+            || self.leases.may_be_live(&current.doc)
+        {
             return Ok(None);
         }
         let mut next = current.doc;
@@ -162,4 +178,10 @@ impl Engine {
         self.tasks.close();
         tokio::time::timeout(limit, self.tasks.wait()).await.is_ok()
     }
+}
+
+/// Whether a search hit is a transfer flagged for a person (an unreadable one is not: the
+/// realtime read of the takeover reports it).
+fn needs_attention(hit: &Doc) -> bool {
+    decode::<TransferDoc>(hit.clone()).is_ok_and(|t| t.doc.attention.is_some())
 }

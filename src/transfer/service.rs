@@ -56,7 +56,7 @@ const CREATE_ATTEMPTS: u32 = 3;
 /// What a cancel does to a transfer in the state it was read in.
 enum CancelPlan {
     /// Nothing to write: answer with the transfer as it is.
-    Answer(TransferDoc),
+    Answer,
     /// Write this state.
     Move(TransferState),
 }
@@ -127,6 +127,7 @@ impl Engine {
             modification_time: now.text,
             lease_owner: None,
             lease_expires_at: None,
+            attention: None,
         };
         // A create whose answer was lost is still ours (the claim finds our token): it is
         // new, and ours to drive.
@@ -196,7 +197,7 @@ impl Engine {
                 return Err(ServiceError::NotFound);
             };
             let to = match cancel_plan(&current.doc)? {
-                CancelPlan::Answer(doc) => return Ok(doc),
+                CancelPlan::Answer => return Ok(current.doc),
                 CancelPlan::Move(to) => to,
             };
             match self.cancel_once(current, to).await? {
@@ -279,12 +280,16 @@ impl Engine {
 /// What a cancel does to a transfer in its current state.
 fn cancel_plan(doc: &TransferDoc) -> Result<CancelPlan, ServiceError> {
     let state = doc.transaction_state;
+    if let Some(why) = &doc.attention {
+        return Err(ServiceError::Conflict(format!(
+            "transfer {} needs attention ({why}); it is left as it is for a person",
+            doc.transaction_id
+        )));
+    }
     match state {
         TransferState::Created => Ok(CancelPlan::Move(TransferState::RolledBack)),
         TransferState::Pending => Ok(CancelPlan::Move(TransferState::Terminating)),
-        TransferState::Terminating | TransferState::RolledBack => {
-            Ok(CancelPlan::Answer(doc.clone()))
-        }
+        TransferState::Terminating | TransferState::RolledBack => Ok(CancelPlan::Answer),
         TransferState::Committed | TransferState::Finished => Err(ServiceError::Conflict(format!(
             "transfer {} is {state}; a committed transfer cannot be cancelled",
             doc.transaction_id

@@ -112,6 +112,7 @@ fn transfer(id: &str, src: &str, dest: &str, amount: i64, state: TransferState) 
         modification_time: now_text(),
         lease_owner: None,
         lease_expires_at: None,
+        attention: None,
     }
 }
 

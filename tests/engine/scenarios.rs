@@ -609,3 +609,55 @@ async fn an_apply_that_backs_off_goes_through_once_the_oldest_tombstones_age_out
     assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (70, 30));
     assert_invariants(&w.base).await;
 }
+
+/// A contradiction (`pending`, yet the source already holds the transfer's settled
+/// tombstone: what a lost acknowledged write leaves) is flagged for a person and left alone:
+/// no apply, no takeover, no timeout rollback, no cancel; the gauge counts it.
+#[tokio::test(start_paused = true)]
+async fn a_transfer_whose_documents_contradict_each_other_is_flagged_and_left_alone() {
+    let w = world(14, Duration::ZERO);
+    let mut config = EngineConfig::with_lease(Duration::from_secs(1));
+    config.transfer_timeout = Duration::from_secs(10);
+    let e = w.instance(w.base.clone(), config);
+    open_account(&e, "a", 100).await;
+    open_account(&e, "b", 0).await;
+    tombstone_on(&w, "a", "t").await;
+    start_transfer(&e, "t", "a", "b", 10).await;
+    until("t to be flagged", Duration::from_secs(10), || async {
+        transfer_doc(&e, "t").await.attention.is_some()
+    })
+    .await;
+    let t = transfer_doc(&e, "t").await;
+    assert_eq!(t.transaction_state, TransferState::Pending);
+    assert_eq!(t.lease_owner, None, "nobody holds it");
+    // Past the lease and the transfer timeout, recovery neither takes it nor rolls it back.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let permits = Arc::new(Semaphore::new(4));
+    let report = e.recover_once(w.now_millis(), &permits).await.unwrap();
+    assert_eq!(
+        (report.resumed, report.needs_attention),
+        (0, 1),
+        "{report:?}"
+    );
+    assert_eq!(e.metrics.transfers_needing_attention.get(), 1);
+    assert_eq!(state(&e, "t").await, TransferState::Pending);
+    assert!(matches!(
+        e.cancel_transfer("t").await,
+        Err(ServiceError::Conflict(_))
+    ));
+    assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (100, 0));
+}
+
+/// Plants `transfer_id`'s settled tombstone on `account`, as a settlement whose transfer
+/// write was later lost would leave it.
+async fn tombstone_on(w: &World, account: &str, transfer_id: &str) {
+    let current = w.base.get(Index::Accounts, account).await.unwrap().unwrap();
+    let mut source = current.source.clone();
+    source["settled_transactions"] = serde_json::json!([{"id": transfer_id, "at": w.now_millis()}]);
+    let written = w
+        .base
+        .replace_if(Index::Accounts, account, source, current.version)
+        .await
+        .unwrap();
+    assert!(written.written().is_some());
+}
