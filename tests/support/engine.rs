@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use transfer_service::audit::{audit, AuditReport};
 use transfer_service::metrics::Metrics;
 use transfer_service::store::embedded::EmbeddedStore;
+use transfer_service::store::grouping::GroupingStore;
 use transfer_service::store::instrumented::InstrumentedStore;
 use transfer_service::store::DynStore;
 use transfer_service::transfer::clock::{Clock, TestClock};
@@ -26,7 +27,8 @@ pub struct World {
     pub base: DynStore,
     pub faulty: Arc<FaultyStore>,
     pub clock: Arc<TestClock>,
-    _dir: tempfile::TempDir,
+    /// What keeps the store alive (a temp dir, an emulator).
+    _guard: Box<dyn std::any::Any + Send>,
 }
 
 /// A world whose fault injector delays every request by up to `jitter` (seeded).
@@ -38,7 +40,23 @@ pub fn world(seed: u64, jitter: Duration) -> World {
         base,
         faulty,
         clock: TestClock::new(),
-        _dir: dir,
+        _guard: Box::new(dir),
+    }
+}
+
+/// A world on the Elasticsearch backend, against the emulator (the `es-emulator` crate, a
+/// TEST DOUBLE of Elasticsearch) in this process, with writes coalesced into `_bulk` as the
+/// service does. Its requests go over sockets, so tests on it run in real time, not paused.
+pub async fn world_on_emulator(seed: u64, jitter: Duration) -> World {
+    let emulator = super::stores::emulator().await;
+    let store = Arc::new(super::stores::migrated_es_store(&emulator.url).await);
+    let base: DynStore = Arc::new(GroupingStore::new(store, 512));
+    let faulty = FaultyStore::new(base.clone(), seed, jitter);
+    World {
+        base,
+        faulty,
+        clock: TestClock::new(),
+        _guard: Box::new(emulator),
     }
 }
 
