@@ -46,7 +46,8 @@ pub enum StartError {
     },
 }
 
-/// What opening an Elasticsearch store does about migrations.
+/// What opening an Elasticsearch store does about migrations, which also says who opens it
+/// (and so which timeouts apply; see [`open_store`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Migrations {
     /// Apply them (retried in the background until the cluster answers): the service.
@@ -55,8 +56,22 @@ pub enum Migrations {
     Verify,
 }
 
+/// `(request timeout, page timeout)` of an Elasticsearch store. The service's requests fit
+/// in a quarter lease (a worker writes on their answers); the pages of its recovery and
+/// late-apply sweeps get `RECOVERY_PAGE_TIMEOUT` instead, whatever the lease. The auditor
+/// holds no lease: `STORE_TIMEOUT` whole, and `AUDIT_PAGE_TIMEOUT` for its pages.
+fn es_timeouts(config: &Config, migrations: Migrations) -> (Duration, Duration) {
+    match migrations {
+        Migrations::Apply => (
+            EngineConfig::from_config(config).request_timeout,
+            config.recovery_page_timeout,
+        ),
+        Migrations::Verify => (config.store_timeout, config.audit_page_timeout),
+    }
+}
+
 /// Opens the configured backend: Elasticsearch when `ELASTICSEARCH_URL` is set, else the
-/// embedded store.
+/// embedded store (whose reads are local and have no timeout).
 pub async fn open_store(
     config: &Config,
     metrics: &Arc<Metrics>,
@@ -64,13 +79,15 @@ pub async fn open_store(
 ) -> Result<DynStore, StoreError> {
     let backend: DynStore = match &config.elasticsearch_url {
         Some(url) => {
+            let (request_timeout, page_timeout) = es_timeouts(config, migrations);
             let store = Arc::new(
                 ElasticsearchStore::connect(EsConfig {
                     url: url.clone(),
                     index_prefix: config.index_prefix.clone(),
-                    request_timeout: EngineConfig::from_config(config).request_timeout,
+                    request_timeout,
                 })
-                .await?,
+                .await?
+                .with_page_timeout(page_timeout),
             );
             if migrations == Migrations::Verify {
                 store.verify_migrated().await?;
@@ -223,6 +240,23 @@ pub async fn serve(config: Config) -> std::process::ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sweep_pages_have_timeouts_of_their_own_whatever_the_lease() {
+        let mut config = Config::for_tests("unused".into());
+        config.lease_duration = Duration::from_millis(200);
+        config.store_timeout = Duration::from_secs(5);
+        config.recovery_page_timeout = Duration::from_secs(20);
+        config.audit_page_timeout = Duration::from_secs(40);
+        assert_eq!(
+            es_timeouts(&config, Migrations::Apply),
+            (Duration::from_millis(50), Duration::from_secs(20))
+        );
+        assert_eq!(
+            es_timeouts(&config, Migrations::Verify),
+            (Duration::from_secs(5), Duration::from_secs(40))
+        );
+    }
 
     #[test]
     fn bulk_batches_stay_under_the_size_limit_whatever_the_tombstones() {

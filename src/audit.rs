@@ -37,6 +37,13 @@
 //! again by the checks that would need it; a committed or finished transfer that does not
 //! decode can still surface as a balance mismatch of its accounts).
 //!
+//! **Reading a large store.** Documents are read a page at a time (at most [`PAGE`]), each
+//! page with its own time limit (`AUDIT_PAGE_TIMEOUT` on Elasticsearch). A page that fails
+//! transiently (timed out, rejected) is asked again from the same cursor with half as many
+//! documents, down to [`MIN_PAGE`], at most [`PAGE_ATTEMPTS`] times in a row, and the smaller
+//! size is kept for the rest of that index; only then does the audit fail. Progress (pages
+//! and documents read) is logged every [`PROGRESS_EVERY`] and when an index is done.
+//!
 //! **Snapshots.** With the embedded store the two scans (accounts, then transfers) see one
 //! quiescent file: stop the service first, as redb lets one process hold the file. With
 //! Elasticsearch the scans are separate near-real-time searches while the service runs, so
@@ -48,11 +55,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::store::{parse_millis, Index, Store, StoreResult};
+use crate::store::{parse_millis, Index, ScanPage, Store, StoreResult};
 use crate::transfer::clock::{Clock, SystemClock};
 use crate::transfer::model::{AccountDoc, TransferDoc, TransferState};
 
@@ -194,7 +201,16 @@ impl std::fmt::Display for AuditReport {
     }
 }
 
-const PAGE: usize = 500;
+/// Documents per page at first.
+pub const PAGE: usize = 500;
+/// The smallest page a failing page shrinks to.
+pub const MIN_PAGE: usize = 10;
+/// Attempts at one page (the same cursor) before the audit fails.
+pub const PAGE_ATTEMPTS: u32 = 6;
+/// Pause before asking a failed page again, times the attempt number.
+const PAGE_BACKOFF: Duration = Duration::from_millis(200);
+/// How often reading an index logs its progress.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 /// Every document of an index: the readable ones, and the ids of those that do not decode.
 struct Loaded<T> {
@@ -219,8 +235,9 @@ async fn load_all<T: serde::de::DeserializeOwned>(
         unreadable: BTreeSet::new(),
     };
     let mut after: Option<String> = None;
+    let mut reader = PageReader::new(index);
     loop {
-        let page = store.scan(index, after.as_deref(), PAGE).await?;
+        let page = reader.next_page(store, after.as_deref()).await?;
         for doc in page.docs {
             match serde_json::from_value(doc.source) {
                 Ok(parsed) => {
@@ -237,8 +254,76 @@ async fn load_all<T: serde::de::DeserializeOwned>(
         }
         match page.next {
             Some(next) => after = Some(next),
-            None => return Ok(out),
+            None => {
+                reader.done();
+                return Ok(out);
+            }
         }
+    }
+}
+
+/// Reads one index page by page: shrinks the page on transient failures and logs progress
+/// (see "Reading a large store" in the module docs).
+struct PageReader {
+    index: Index,
+    page: usize,
+    pages: u64,
+    documents: u64,
+    started: Instant,
+    last_progress: Instant,
+}
+
+impl PageReader {
+    fn new(index: Index) -> Self {
+        let now = Instant::now();
+        Self {
+            index,
+            page: PAGE,
+            pages: 0,
+            documents: 0,
+            started: now,
+            last_progress: now,
+        }
+    }
+
+    /// The page after the cursor `after`, asked again smaller while it fails transiently.
+    async fn next_page(&mut self, store: &dyn Store, after: Option<&str>) -> StoreResult<ScanPage> {
+        let index = self.index;
+        let mut attempt = 1;
+        let page = loop {
+            match store.scan(index, after, self.page).await {
+                Ok(page) => break page,
+                Err(error) if error.is_retryable() && attempt < PAGE_ATTEMPTS => {
+                    let smaller = (self.page / 2).max(MIN_PAGE);
+                    tracing::warn!(
+                        %index, %error, attempt, page = self.page, next_page = smaller,
+                        "audit: a page failed; asking again with a smaller page"
+                    );
+                    self.page = smaller;
+                    tokio::time::sleep(PAGE_BACKOFF * attempt).await;
+                    attempt += 1;
+                }
+                Err(error) => return Err(error),
+            }
+        };
+        self.pages += 1;
+        self.documents += page.docs.len() as u64;
+        if self.last_progress.elapsed() >= PROGRESS_EVERY {
+            self.last_progress = Instant::now();
+            tracing::info!(
+                %index, pages = self.pages, documents = self.documents, page = self.page,
+                "audit: reading"
+            );
+        }
+        Ok(page)
+    }
+
+    fn done(&self) {
+        tracing::info!(
+            index = %self.index, pages = self.pages, documents = self.documents,
+            elapsed_ms = self.started.elapsed().as_millis() as u64,
+            "audit: index read"
+        );
     }
 }
 
@@ -659,5 +744,133 @@ pub async fn run(config: Config) -> ExitCode {
             eprintln!("audit: store error: {error}");
             ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+    use serde_json::{json, Value};
+
+    use super::*;
+    use crate::store::embedded::EmbeddedStore;
+    use crate::store::{Page, StaleQuery, StoreError, TransferFilter, WriteOp, WriteOutcome};
+
+    /// An embedded store whose scans of more than `largest` documents time out, recording
+    /// the size every scan asked for and whether it was answered.
+    struct SlowPages {
+        inner: EmbeddedStore,
+        largest: usize,
+        scans: Mutex<Vec<(usize, bool)>>,
+        _dir: tempfile::TempDir,
+    }
+
+    impl SlowPages {
+        async fn with_accounts(count: usize, largest: usize) -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let inner = EmbeddedStore::open(dir.path()).unwrap();
+            let ops = (0..count)
+                .map(|n| WriteOp::Create {
+                    index: Index::Accounts,
+                    id: format!("acct-{n:04}"),
+                    source: account(&format!("acct-{n:04}")),
+                })
+                .collect();
+            for result in inner.bulk(ops).await.unwrap() {
+                assert!(result.unwrap().written().is_some());
+            }
+            Self {
+                inner,
+                largest,
+                scans: Mutex::new(Vec::new()),
+                _dir: dir,
+            }
+        }
+
+        fn scans(&self) -> Vec<(usize, bool)> {
+            self.scans.lock().unwrap().clone()
+        }
+    }
+
+    fn account(id: &str) -> Value {
+        json!({
+            "account_id": id,
+            "balance": 10,
+            "opening_balance": 10,
+            "creation_time": "2026-01-01T00:00:00.000Z",
+            "modification_time": "2026-01-01T00:00:00.000Z",
+        })
+    }
+
+    #[async_trait]
+    impl Store for SlowPages {
+        fn backend(&self) -> &'static str {
+            "slow-pages"
+        }
+        async fn get(&self, index: Index, id: &str) -> StoreResult<Option<crate::store::Doc>> {
+            self.inner.get(index, id).await
+        }
+        async fn bulk(&self, ops: Vec<WriteOp>) -> StoreResult<Vec<StoreResult<WriteOutcome>>> {
+            self.inner.bulk(ops).await
+        }
+        async fn find_stale(&self, query: &StaleQuery) -> StoreResult<Page> {
+            self.inner.find_stale(query).await
+        }
+        async fn list_transfers(&self, filter: &TransferFilter) -> StoreResult<Page> {
+            self.inner.list_transfers(filter).await
+        }
+        async fn ready(&self) -> StoreResult<()> {
+            self.inner.ready().await
+        }
+        async fn scan(
+            &self,
+            index: Index,
+            after: Option<&str>,
+            limit: usize,
+        ) -> StoreResult<ScanPage> {
+            let answered = limit <= self.largest;
+            self.scans.lock().unwrap().push((limit, answered));
+            if !answered {
+                return Err(StoreError::Unavailable("scan: timed out".into()));
+            }
+            self.inner.scan(index, after, limit).await
+        }
+        async fn refresh(&self) -> StoreResult<()> {
+            self.inner.refresh().await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_page_that_times_out_is_asked_again_smaller() {
+        let store = SlowPages::with_accounts(300, 100).await;
+
+        let report = audit(&store, i64::MAX)
+            .await
+            .expect("the audit goes through");
+
+        assert!(report.is_clean(), "{report}");
+        assert_eq!(report.accounts, 300);
+        let scans = store.scans();
+        // Accounts: 500, 250 and 125 time out; 62 at a time reads all 300, and stays at 62.
+        let accounts: Vec<(usize, bool)> = scans[..3 + 300 / 62 + 1].to_vec();
+        let mut want = vec![(500, false), (250, false), (125, false)];
+        want.extend([(62, true); 300 / 62 + 1]);
+        assert_eq!(accounts, want);
+        // Transfers start over at a full page (another index, other documents).
+        assert_eq!(scans[accounts.len()], (PAGE, false));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_page_that_keeps_failing_fails_the_audit_after_a_bounded_number_of_attempts() {
+        let store = SlowPages::with_accounts(3, 0).await;
+
+        let error = audit(&store, i64::MAX).await.unwrap_err();
+
+        assert!(error.is_retryable(), "{error}");
+        let sizes: Vec<usize> = store.scans().iter().map(|(size, _)| *size).collect();
+        assert_eq!(sizes, [500, 250, 125, 62, 31, 15]);
+        assert_eq!(sizes.len(), PAGE_ATTEMPTS as usize);
     }
 }

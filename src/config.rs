@@ -71,6 +71,18 @@ pub struct Config {
     #[arg(long, env = "STORE_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub store_timeout: Duration,
 
+    /// Time limit of one page of recovery's search for stale transfers and of the late-apply
+    /// sweep's scan of accounts. Independent of the lease: these searches only find
+    /// candidates (each is re-read before anything is written), so a slow page delays a sweep
+    /// and endangers nothing, whereas a lease-bound timeout fails them once the store is large.
+    #[arg(long, env = "RECOVERY_PAGE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub recovery_page_timeout: Duration,
+
+    /// Time limit of one page the `audit` command reads. A page that runs out of it (or
+    /// fails otherwise transiently) is asked again, smaller, rather than failing the audit.
+    #[arg(long, env = "AUDIT_PAGE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub audit_page_timeout: Duration,
+
     /// How long an account remembers the ids of transfers settled on it (the tombstones
     /// that make a late write from a stalled worker a no-op). A young one is never forgotten
     /// to make room: this is the window, beyond the lease fence, in which a late apply is
@@ -117,6 +129,8 @@ impl Config {
             lease_duration: Duration::from_secs(2),
             transfer_timeout: Duration::from_secs(3600),
             store_timeout: Duration::from_millis(500),
+            recovery_page_timeout: Duration::from_secs(10),
+            audit_page_timeout: Duration::from_secs(10),
             settled_retention: Duration::from_secs(3600),
             settled_max: 1000,
             log_format: LogFormat::Pretty,

@@ -50,13 +50,14 @@ pub enum ApiError {
     /// 422: well-formed JSON with an invalid field.
     #[error("{0}")]
     Invalid(String),
-    /// 503: the store is unreachable or overloaded; retry later.
+    /// 503: the store is unreachable or overloaded; retry later. The store's error text is
+    /// logged at WARN, never sent (it names hosts, indices and internals).
     #[error("{0}")]
     Unavailable(String),
     /// 503: the request did not complete within the request timeout; retry later.
     #[error("the request did not complete within {}", humantime::format_duration(*.0))]
     Timeout(std::time::Duration),
-    /// 500: a fault of ours; the detail is logged, never sent.
+    /// 500: a fault of ours; the detail is logged at ERROR, never sent.
     #[error("{0}")]
     Internal(String),
 }
@@ -110,6 +111,7 @@ impl ApiError {
         let detail = match self {
             // Never leak internals; the request span logs them.
             ApiError::Internal(_) => "an internal error occurred; it has been logged".into(),
+            ApiError::Unavailable(_) => UNAVAILABLE_DETAIL.into(),
             other => other.to_string(),
         };
         Problem {
@@ -121,14 +123,25 @@ impl ApiError {
     }
 }
 
+/// The detail of every store-unavailable answer: the client learns to retry, not the
+/// store's error text.
+pub const UNAVAILABLE_DETAIL: &str = "the store is unavailable; retry later";
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let logged = if let ApiError::Internal(detail) = &self {
-            // Logged once, inside the request span; the marker keeps the response line at INFO.
-            tracing::error!(%detail, "internal error");
-            true
-        } else {
-            false
+        // Details kept from the client are logged once, inside the request span.
+        let logged = match &self {
+            ApiError::Internal(detail) => {
+                // The marker keeps the response line at INFO: one ERROR line per 5xx.
+                tracing::error!(%detail, "internal error");
+                true
+            }
+            ApiError::Unavailable(detail) => {
+                // A WARN of its own; the response line still reports the 503 at ERROR.
+                tracing::warn!(store_error = %detail, "store unavailable");
+                false
+            }
+            _ => false,
         };
         let problem = self.problem();
         let status =
@@ -179,5 +192,22 @@ impl From<BytesRejection> for ApiError {
 impl From<QueryRejection> for ApiError {
     fn from(rejection: QueryRejection) -> Self {
         ApiError::Invalid(rejection.body_text())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_outage_answers_a_generic_detail() {
+        let store_text = "bulk: HTTP 503 no_shard_available_action_exception at es-3.internal:9200";
+        let problem = ApiError::from(StoreError::Unavailable(store_text.into())).problem();
+        assert_eq!(problem.status, 503);
+        assert_eq!(problem.kind, "/problems/store-unavailable");
+        assert_eq!(problem.detail, UNAVAILABLE_DETAIL);
+        let body = serde_json::to_string(&problem).unwrap();
+        assert!(!body.contains("es-3.internal"), "{body}");
+        assert!(!body.contains("no_shard_available"), "{body}");
     }
 }

@@ -15,6 +15,19 @@
 //! How answers map to outcomes and errors is in `elasticsearch/reply.rs` (one table for
 //! everything).
 //!
+//! # Pages of the sweeps
+//!
+//! `find_stale` (recovery) and `scan` (the late-apply sweep, the auditor) read the store page
+//! after page, and a store of any size must not make one of them fail. Each page is bounded
+//! by what it returns: `size`, `search_after` on a unique sort (never `from`), and
+//! `track_total_hits: false` (nothing counts every match). Their time limit is a page timeout
+//! of its own ([`ElasticsearchStore::with_page_timeout`]), not the request timeout that other
+//! calls share: that one must fit in a quarter lease because a worker writes on the answer,
+//! whereas nothing is ever decided on a search hit (it is re-read with a realtime `get`), so
+//! a slow page delays a sweep and endangers nothing. The page also carries a server-side
+//! `timeout` of half that, so a cluster that cannot finish it stops and says so
+//! (`timed_out`, refused as a whole) instead of working on after the client gave up.
+//!
 //! # A missing index
 //!
 //! Before this instance has run [`ElasticsearchStore::migrate`], a missing index reads as
@@ -108,6 +121,9 @@ pub struct ElasticsearchStore {
     /// fails its own items with 503 while the rest of the batch is applied, instead of the
     /// whole request timing out on the client while the server keeps executing it.
     bulk_timeout: String,
+    /// The client-side limit of one page of `find_stale` or `scan` (see "Pages of the
+    /// sweeps" in the module docs); the request timeout until set.
+    page_timeout: Duration,
 }
 
 impl fmt::Debug for ElasticsearchStore {
@@ -160,7 +176,21 @@ impl ElasticsearchStore {
             index_prefix: config.index_prefix,
             migrated: AtomicBool::new(false),
             bulk_timeout: format!("{}ms", (config.request_timeout / 2).as_millis().max(1)),
+            page_timeout: config.request_timeout,
         })
+    }
+
+    /// Gives each page of `find_stale` and `scan` a time limit of its own instead of the
+    /// request timeout (see "Pages of the sweeps" in the module docs).
+    pub fn with_page_timeout(mut self, page_timeout: Duration) -> Self {
+        self.page_timeout = page_timeout;
+        self
+    }
+
+    /// A sweep's page: the body, with the server-side half of [`Self::page_timeout`].
+    fn page_body(&self, mut body: Value) -> Value {
+        body["timeout"] = json!(format!("{}ms", (self.page_timeout / 2).as_millis().max(1)));
+        body
     }
 
     /// Applies the embedded migrations in order, each once; safe when several instances do
@@ -202,21 +232,33 @@ impl ElasticsearchStore {
     }
 
     /// Runs one search on the transactions index and cuts the answer into a [`Page`].
-    async fn search_transactions(&self, op: &str, body: Value, limit: usize) -> StoreResult<Page> {
-        let hits = self.search(op, Index::Transactions, body).await?;
+    async fn search_transactions(
+        &self,
+        op: &str,
+        body: Value,
+        limit: usize,
+        timeout: Option<Duration>,
+    ) -> StoreResult<Page> {
+        let hits = self.search(op, Index::Transactions, body, timeout).await?;
         page_of(op, &hits, limit)
     }
 
     /// Runs one search on `index` and returns its hits (none if the index does not exist
-    /// before migrations; see the module docs).
-    async fn search(&self, op: &str, index: Index, body: Value) -> StoreResult<Vec<Value>> {
+    /// before migrations; see the module docs). `timeout` replaces the request timeout.
+    async fn search(
+        &self,
+        op: &str,
+        index: Index,
+        body: Value,
+        timeout: Option<Duration>,
+    ) -> StoreResult<Vec<Value>> {
         let name = self.index_name(index);
-        let sent = self
-            .client
-            .search(SearchParts::Index(&[&name]))
-            .body(body)
-            .send()
-            .await;
+        let names = [name.as_str()];
+        let mut search = self.client.search(SearchParts::Index(&names)).body(body);
+        if let Some(timeout) = timeout {
+            search = search.request_timeout(timeout);
+        }
+        let sent = search.send().await;
         let reply = reply::read(op, sent).await?;
         if reply.status == 404 && reply.error_type() == Some("index_not_found_exception") {
             self.missing_index(op, reply)?;
@@ -490,7 +532,8 @@ impl Store for ElasticsearchStore {
         ];
         let sort = json!([{fields::MODIFIED: "asc"}, {fields::ID: "asc"}]);
         let body = search_body(filter, Vec::new(), sort, query.after.as_ref(), query.limit);
-        self.search_transactions("find_stale", body, query.limit)
+        let body = self.page_body(body);
+        self.search_transactions("find_stale", body, query.limit, Some(self.page_timeout))
             .await
     }
 
@@ -508,7 +551,7 @@ impl Store for ElasticsearchStore {
         };
         let sort = json!([{fields::CREATED: "desc"}, {fields::ID: "desc"}]);
         let body = search_body(clauses, should, sort, filter.after.as_ref(), filter.limit);
-        self.search_transactions("list_transfers", body, filter.limit)
+        self.search_transactions("list_transfers", body, filter.limit, None)
             .await
     }
 
@@ -534,17 +577,19 @@ impl Store for ElasticsearchStore {
             Index::Accounts => fields::ACCOUNT_ID,
             Index::Transactions => fields::ID,
         };
-        let mut body = json!({
+        let mut body = self.page_body(json!({
             "size": limit,
             "seq_no_primary_term": true,
             "track_total_hits": false,
             "query": { "match_all": {} },
             "sort": [{ id_field: "asc" }],
-        });
+        }));
         if let Some(after) = after {
             body["search_after"] = json!([after]);
         }
-        let hits = self.search(op, index, body).await?;
+        let hits = self
+            .search(op, index, body, Some(self.page_timeout))
+            .await?;
         let mut docs = Vec::with_capacity(hits.len());
         let mut last_sort = None;
         for hit in &hits {

@@ -761,6 +761,31 @@ mod tests {
         );
     }
 
+    /// An account written before `pending_credits`/`pending_debits` existed reads them as 0
+    /// although it has a pending entry: settling that entry must not drive them negative.
+    #[test]
+    fn settling_a_pending_entry_on_an_old_document_keeps_pending_sums_at_zero() {
+        let old: AccountDoc = serde_json::from_value(serde_json::json!({
+            "account_id": "a", "balance": 130, "opening_balance": 100,
+            "pending_transactions": ["t1"],
+            "creation_time": "2026-01-01T00:00:00.000Z",
+            "modification_time": "2026-01-01T00:00:00.000Z",
+        }))
+        .expect("an old account document decodes");
+        assert_eq!((old.pending_credits, old.pending_debits), (0, 0));
+        for op in [AccountOp::Remove, AccountOp::Undo] {
+            for side in [Side::Destination, Side::Source] {
+                let next = write(decide(&old, op, side, 30));
+                assert!(next.pending_transactions.is_empty(), "{op:?} {side:?}");
+                assert_eq!(
+                    (next.pending_credits, next.pending_debits),
+                    (0, 0),
+                    "{op:?} {side:?}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn undo_of_a_never_applied_transfer_fences_the_account() {
         let a = account(100);

@@ -10,6 +10,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use transfer_service::http::error::UNAVAILABLE_DETAIL;
 use transfer_service::http::openapi;
 use transfer_service::store::{format_millis, Index};
 use transfer_service::transfer::clock::{Clock, SystemClock};
@@ -415,7 +416,8 @@ async fn an_unavailable_store_is_logged_once_per_request() {
     let dead = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
-    let dead_url = format!("http://{}", dead.local_addr().unwrap());
+    let dead_addr = dead.local_addr().unwrap().to_string();
+    let dead_url = format!("http://{dead_addr}");
     let dead_task = tokio::spawn(async move {
         while let Ok((stream, _)) = dead.accept().await {
             drop(stream);
@@ -444,6 +446,36 @@ async fn an_unavailable_store_is_logged_once_per_request() {
         let errors = logs::errors_of_request(request_id);
         assert_eq!(errors.len(), 1, "exactly one ERROR line: {errors:#?}");
     }
+
+    // The problem says to retry; the store's error text (which names the cluster's address)
+    // is logged once at WARN inside the request span, never sent.
+    let response = app
+        .client
+        .get(app.url("/accounts/obs-any"))
+        .header("x-request-id", "obs-503-detail")
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(response.status(), 503);
+    let body = response.text().await.expect("body");
+    let problem: Value = serde_json::from_str(&body).expect("problem+json");
+    assert_eq!(problem["type"], "/problems/store-unavailable", "{problem}");
+    assert_eq!(problem["detail"], UNAVAILABLE_DETAIL, "{problem}");
+    for internal in [dead_addr.as_str(), "get:", "error sending request"] {
+        assert!(!body.contains(internal), "{internal:?} leaked: {body}");
+    }
+    logs::response_line("obs-503-detail").await;
+    let warnings: Vec<Value> = logs::of_request("obs-503-detail")
+        .into_iter()
+        .filter(|l| l["level"] == "WARN" && l["message"] == "store unavailable")
+        .collect();
+    assert_eq!(
+        warnings.len(),
+        1,
+        "one WARN with the store error: {warnings:#?}"
+    );
+    let store_error = warnings[0]["store_error"].as_str().unwrap_or_default();
+    assert!(store_error.contains(&dead_addr), "{:#}", warnings[0]);
     let m = app.scrape().await;
     assert!(
         m.value(

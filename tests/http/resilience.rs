@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use transfer_service::http::error::UNAVAILABLE_DETAIL;
 
 use crate::support::app::{Backend, TestApp};
 use crate::support::wait;
@@ -52,6 +53,7 @@ async fn readiness_follows_the_store_and_outages_answer_503() {
     assert_eq!(status, 503, "{problem}");
     assert_eq!(content_type, "application/problem+json");
     assert_eq!(problem["status"], 503);
+    assert_eq!(problem["detail"], UNAVAILABLE_DETAIL, "{problem}");
     assert_eq!(app.get("/accounts/a").await.0, 503);
     app.emulator().set_unavailable(false);
     wait::eventually("readyz 200", || async {
