@@ -19,10 +19,10 @@ use prometheus::IntGauge;
 
 use super::Engine;
 
-/// The default of `MAX_IN_FLIGHT`. At the measured 2–4k transfers/s of a small machine this
-/// is a few seconds of work queued (Little's law), so an accepted transfer still finishes in
-/// seconds; each one costs a few KB (its driver task and documents), tens of MB in all. More
-/// would only add latency and memory; clients should back off instead.
+/// The default of `MAX_IN_FLIGHT`. At the 1.8–4k transfers/s measured on a 2-core machine
+/// this is 3–6 s of work queued (Little's law), so an accepted transfer still finishes in
+/// seconds; at a few KB each (its driver task and documents; an estimate) it is tens of MB.
+/// More would only add latency and memory; clients should back off instead.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
 
 /// The counter behind the bound. One per engine.
