@@ -135,3 +135,22 @@ impl Config {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_in_flight_defaults_to_10000_and_refuses_0() {
+        let cli = Cli::try_parse_from(["transfer-service"]).unwrap();
+        assert_eq!(cli.config.max_in_flight, 10_000);
+        let cli = Cli::try_parse_from(["transfer-service", "--max-in-flight", "2"]).unwrap();
+        assert_eq!(cli.config.max_in_flight, 2);
+        for bad in ["0", "-1", "many"] {
+            assert!(
+                Cli::try_parse_from(["transfer-service", "--max-in-flight", bad]).is_err(),
+                "{bad}"
+            );
+        }
+    }
+}
