@@ -97,6 +97,13 @@ pub struct Config {
     #[arg(long, env = "SETTLED_MAX", default_value_t = 10_000, value_parser = parse_settled_max)]
     pub settled_max: usize,
 
+    /// Transfers this instance accepts and has not yet driven to the end, at most; beyond it
+    /// `POST /transfers` and `POST /transfers/batch` answer 503 with `Retry-After`, creating
+    /// nothing. The default is a few seconds of work on a small machine (see
+    /// `transfer::admission`). A batch larger than this is refused (422).
+    #[arg(long, env = "MAX_IN_FLIGHT", default_value_t = crate::transfer::admission::DEFAULT_MAX_IN_FLIGHT, value_parser = parse_max_in_flight)]
+    pub max_in_flight: usize,
+
     /// Log format: `pretty` for people, `json` for log pipelines.
     #[arg(long, env = "LOG_FORMAT", default_value = "pretty")]
     pub log_format: LogFormat,
@@ -107,6 +114,14 @@ fn parse_settled_max(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
         Ok(n) if (1..=10_000).contains(&n) => Ok(n),
         _ => Err("a whole number from 1 to 10000".into()),
+    }
+}
+
+/// At least 1: a bound of 0 would refuse every transfer.
+fn parse_max_in_flight(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err("a whole number of at least 1".into()),
     }
 }
 
@@ -133,7 +148,27 @@ impl Config {
             audit_page_timeout: Duration::from_secs(10),
             settled_retention: Duration::from_secs(3600),
             settled_max: 1000,
+            max_in_flight: crate::transfer::admission::DEFAULT_MAX_IN_FLIGHT,
             log_format: LogFormat::Pretty,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_in_flight_defaults_to_10000_and_refuses_0() {
+        let cli = Cli::try_parse_from(["transfer-service"]).unwrap();
+        assert_eq!(cli.config.max_in_flight, 10_000);
+        let cli = Cli::try_parse_from(["transfer-service", "--max-in-flight", "2"]).unwrap();
+        assert_eq!(cli.config.max_in_flight, 2);
+        for bad in ["0", "-1", "many"] {
+            assert!(
+                Cli::try_parse_from(["transfer-service", "--max-in-flight", bad]).is_err(),
+                "{bad}"
+            );
         }
     }
 }

@@ -23,6 +23,9 @@ pub struct Metrics {
     pub transfer_state_transitions_total: IntCounterVec,
     /// Transfers this process is driving right now.
     pub transfers_in_flight: IntGauge,
+    /// Transfers created here and not yet driven to the end: the count `MAX_IN_FLIGHT`
+    /// bounds (admission control).
+    pub transfers_admitted_in_flight: IntGauge,
     /// From `creation_time` to the terminal write.
     pub transfer_duration_seconds: Histogram,
     pub recovery_runs_total: IntCounter,
@@ -43,7 +46,13 @@ pub struct Metrics {
     /// `route` is the matched template (`/transfers/{id}`), never the raw path.
     pub http_requests_total: IntCounterVec,
     pub http_request_duration_seconds: HistogramVec,
+    /// Create requests answered 503 by admission control, having created nothing; `route`
+    /// = `/transfers` | `/transfers/batch`.
+    pub requests_shed_total: IntCounterVec,
 }
+
+/// The routes admission control may shed (`requests_shed_total{route}`).
+pub const SHED_ROUTES: [&str; 2] = ["/transfers", "/transfers/batch"];
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -99,6 +108,10 @@ impl Metrics {
                 "transfers_in_flight",
                 "Transfers this process is driving now",
             ),
+            transfers_admitted_in_flight: gauge(
+                "transfers_admitted_in_flight",
+                "Transfers created here and not yet driven to the end (bounded by MAX_IN_FLIGHT)",
+            ),
             transfer_duration_seconds: histogram(
                 "transfer_duration_seconds",
                 "Time from a transfer's creation to its terminal state",
@@ -144,6 +157,11 @@ impl Metrics {
                 &["method", "route"],
                 LATENCY_BUCKETS,
             ),
+            requests_shed_total: counter_vec(
+                "requests_shed_total",
+                "Create requests refused with 503 by admission control, by route template",
+                &["route"],
+            ),
             registry,
         };
         metrics.initialize_known_series();
@@ -168,6 +186,9 @@ impl Metrics {
         for state in TransferState::IN_FLIGHT {
             self.transfers_recovered_total
                 .with_label_values(&[state.as_str()]);
+        }
+        for route in SHED_ROUTES {
+            self.requests_shed_total.with_label_values(&[route]);
         }
     }
 

@@ -6,7 +6,12 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::store::StoreError;
+use crate::transfer::admission::Overloaded;
 use crate::transfer::service::ServiceError;
+
+/// `Retry-After` (seconds) of a create shed by admission control: transfers finish in
+/// milliseconds to seconds, so a second later there is usually room again.
+pub const RETRY_AFTER_S: u32 = 1;
 
 /// An RFC 9457 problem document.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -54,6 +59,10 @@ pub enum ApiError {
     /// logged at WARN, never sent (it names hosts, indices and internals).
     #[error("{0}")]
     Unavailable(String),
+    /// 503 with `Retry-After`: admission control refused the create (`MAX_IN_FLIGHT`
+    /// transfers in flight); nothing was created.
+    #[error(transparent)]
+    Overloaded(#[from] Overloaded),
     /// 503: the request did not complete within the request timeout; retry later.
     #[error("the request did not complete within {}", humantime::format_duration(*.0))]
     Timeout(std::time::Duration),
@@ -92,6 +101,11 @@ impl ApiError {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store-unavailable",
                 "Store unavailable",
+            ),
+            ApiError::Overloaded(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                "Too many transfers in flight",
             ),
             ApiError::Timeout(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -156,6 +170,11 @@ impl IntoResponse for ApiError {
         if logged {
             response.extensions_mut().insert(ErrorLogged);
         }
+        if let ApiError::Overloaded(_) = self {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, RETRY_AFTER_S.into());
+        }
         response
     }
 }
@@ -174,6 +193,7 @@ impl From<ServiceError> for ApiError {
         match e {
             ServiceError::Conflict(detail) => ApiError::Conflict(detail),
             ServiceError::NotFound => ApiError::NotFound("no such resource".into()),
+            ServiceError::Overloaded(e) => ApiError::Overloaded(e),
             ServiceError::Store(e) => e.into(),
         }
     }

@@ -3,6 +3,7 @@
 //! limit, and a problem+json 404 for unknown routes.
 
 pub mod accounts;
+pub mod batch;
 pub mod error;
 pub mod health;
 pub mod openapi;
@@ -68,6 +69,7 @@ pub fn router_with_timeout(state: AppState, request_timeout: Duration) -> Router
     Router::new()
         .merge(accounts::router())
         .merge(transfers::router())
+        .merge(batch::router())
         .merge(health::router())
         .merge(openapi::router())
         .fallback(unknown_route)
@@ -169,6 +171,9 @@ fn log_failure(failure: ServerErrorsFailureClass, latency: Duration, _span: &tra
     }
 }
 
+/// The 422 detail of a body (or batch item) that is JSON but not an object.
+pub(crate) const NOT_AN_OBJECT: &str = "body must be a JSON object";
+
 /// A JSON object body: 415 unless `Content-Type` is JSON, 413 over the limit, 400 unless the
 /// body parses, 422 unless it is an object. Handlers then validate each field (422).
 pub struct JsonObject(pub Map<String, Value>);
@@ -195,7 +200,7 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
             .map_err(|e| ApiError::Malformed(format!("body is not valid JSON: {e}")))?;
         match value {
             Value::Object(map) => Ok(JsonObject(map)),
-            _ => Err(ApiError::Invalid("body must be a JSON object".into())),
+            _ => Err(ApiError::Invalid(NOT_AN_OBJECT.into())),
         }
     }
 }

@@ -13,12 +13,16 @@ use super::AppState;
         description = "Atomic transfers between accounts, by two-phase commit.\n\n\
             `POST /transfers` answers `201` with state `created` at once; a background worker \
             drives the transfer to `finished` or `rolled-back`; poll `GET /transfers/{id}` \
-            (or long-poll with `?wait=5s`). A transfer's `id` is its idempotency key. Every \
-            error is `application/problem+json` (RFC 9457)."
+            (or long-poll with `?wait=5s`). A transfer's `id` is its idempotency key. \
+            `POST /transfers/batch` takes up to 1,000 transfers, each answered as alone. \
+            Beyond `MAX_IN_FLIGHT` transfers in flight, creates answer `503` with \
+            `Retry-After`, having created nothing. Every error is `application/problem+json` \
+            (RFC 9457)."
     ),
     paths(
         super::accounts::create_account, super::accounts::get_account,
-        super::transfers::create_transfer, super::transfers::list_transfers,
+        super::transfers::create_transfer, super::batch::create_batch,
+        super::transfers::list_transfers,
         super::transfers::get_transfer, super::transfers::cancel_transfer,
         super::health::healthz, super::health::readyz, super::health::metrics,
     ),

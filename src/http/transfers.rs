@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
+use serde_json::{Map, Value};
 
 use super::{
     field, shorten, ApiError, AppState, JsonObject, PathId, Problem, QueryParams, MAX_WAIT,
@@ -102,30 +103,21 @@ pub struct TransferPage {
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid field", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Store unavailable", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Store unavailable, or too many transfers in flight (`type` `/problems/overloaded`, nothing created; retry after `Retry-After` seconds)",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before retrying; sent when the service is overloaded"))),
     ))]
 pub async fn create_transfer(
     State(state): State<AppState>,
     JsonObject(body): JsonObject,
 ) -> Result<Response, ApiError> {
-    let id = field::id(&body, "id")?;
-    let from = field::required_id(&body, "from")?;
-    let to = field::required_id(&body, "to")?;
-    let amount = field::required_integer(&body, "amount")?;
-    if amount <= 0 {
-        return Err(ApiError::Invalid("`amount` must be positive".into()));
-    }
-    if from == to {
-        return Err(ApiError::Invalid("`from` and `to` must differ".into()));
-    }
-    let id = id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-    let new = NewTransfer {
-        id,
-        from,
-        to,
-        amount,
-    };
-    Ok(match state.engine.create_transfer(new).await? {
+    let new = new_transfer(&body)?;
+    let created = state
+        .engine
+        .create_transfer(new)
+        .await
+        .map_err(|e| counted_if_shed(&state, "/transfers", e.into()))?;
+    Ok(match created {
         Created::New(doc) => {
             let location = format!("/transfers/{}", doc.transaction_id);
             (
@@ -137,6 +129,40 @@ pub async fn create_transfer(
         }
         Created::Replayed(doc) => (StatusCode::OK, Json(Transfer::from(doc))).into_response(),
     })
+}
+
+/// The body of `POST /transfers` (one item of a batch), validated: 422 on the first invalid
+/// field. A missing id becomes a new UUIDv7.
+pub(crate) fn new_transfer(body: &Map<String, Value>) -> Result<NewTransfer, ApiError> {
+    let id = field::id(body, "id")?;
+    let from = field::required_id(body, "from")?;
+    let to = field::required_id(body, "to")?;
+    let amount = field::required_integer(body, "amount")?;
+    if amount <= 0 {
+        return Err(ApiError::Invalid("`amount` must be positive".into()));
+    }
+    if from == to {
+        return Err(ApiError::Invalid("`from` and `to` must differ".into()));
+    }
+    let id = id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    Ok(NewTransfer {
+        id,
+        from,
+        to,
+        amount,
+    })
+}
+
+/// Counts a create that admission control shed (`requests_shed_total{route}`).
+pub(crate) fn counted_if_shed(state: &AppState, route: &str, error: ApiError) -> ApiError {
+    if let ApiError::Overloaded(_) = error {
+        state
+            .metrics
+            .requests_shed_total
+            .with_label_values(&[route])
+            .inc();
+    }
+    error
 }
 
 /// A transfer; with `?wait=5s`, answers as soon as it is terminal or when the wait ends.

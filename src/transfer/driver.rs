@@ -8,6 +8,7 @@ use std::sync::Arc;
 use tracing::{debug, info, warn, Instrument};
 
 use super::accounts::{StepRequest, StepResult};
+use super::admission::Admitted;
 use super::lease::{Held, Reread};
 use super::model::{RollbackReason, TransferDoc, TransferState};
 use super::protocol::{self, plan, timeout_transition, AccountOp, Refusal, Side, Step};
@@ -80,13 +81,15 @@ impl From<StoreError> for Interrupt {
 }
 
 impl Engine {
-    /// Spawns a tracked task that drives `held` (whose lease it holds) to the end.
-    pub(crate) fn spawn_driver(self: &Arc<Self>, held: Held) {
+    /// Spawns a tracked task that drives `held` (whose lease it holds) to the end. The
+    /// permit of a new transfer (`admitted`) is given back when the task ends.
+    pub(crate) fn spawn_driver(self: &Arc<Self>, held: Held, admitted: Option<Admitted>) {
         let engine = self.clone();
         let span = tracing::info_span!("transfer", transfer_id = %held.doc.transaction_id);
         self.tasks.spawn(
             async move {
                 let outcome = engine.drive(held).await;
+                drop(admitted);
                 debug!(?outcome, "worker done");
             }
             .instrument(span),

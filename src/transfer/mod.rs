@@ -28,6 +28,7 @@
 //! otherwise `SETTLED_RETENTION` and the last `SETTLED_MAX` settlements per account.
 
 pub mod accounts;
+pub mod admission;
 pub mod clock;
 pub mod documents;
 pub mod driver;
@@ -80,6 +81,9 @@ pub struct EngineConfig {
     /// Pages of accounts the late-apply sweep reads per recovery tick; 0 turns it off
     /// (tests of the other defences alone).
     pub sweep_pages_per_tick: usize,
+    /// Transfers created here and not yet driven to the end, at most (`MAX_IN_FLIGHT`; see
+    /// [`admission`]).
+    pub max_in_flight: usize,
 }
 
 /// The clock-skew margin: a quarter of the lease on each side, so instance wall clocks may
@@ -109,6 +113,7 @@ impl EngineConfig {
             recovery_stale_after: config.recovery_stale_after,
             recovery_page: 100,
             sweep_pages_per_tick: 10,
+            max_in_flight: config.max_in_flight,
         }
     }
 }
@@ -133,6 +138,7 @@ impl EngineConfig {
             recovery_stale_after: Duration::ZERO,
             recovery_page: 100,
             sweep_pages_per_tick: 10,
+            max_in_flight: admission::DEFAULT_MAX_IN_FLIGHT,
         }
     }
 }
@@ -155,6 +161,8 @@ pub struct Engine {
     terminal_events: watch::Sender<u64>,
     /// Account steps, merged per account.
     accounts: Arc<accounts::AccountSteps>,
+    /// The bound on transfers created here and still in flight.
+    admission: Arc<admission::Admission>,
 }
 
 impl Engine {
@@ -189,6 +197,10 @@ impl Engine {
             config.max_conflicts,
             config.max_store_attempts,
         );
+        let admission = admission::Admission::new(
+            config.max_in_flight,
+            metrics.transfers_admitted_in_flight.clone(),
+        );
         Arc::new(Self {
             store,
             docs,
@@ -200,6 +212,7 @@ impl Engine {
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
             terminal_events: watch::channel(0).0,
+            admission,
         })
     }
 

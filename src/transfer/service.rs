@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::admission::{Admitted, Overloaded};
 use super::documents::{decode, Versioned};
 use super::lease::{Claim, ClaimWrite, Held};
 use super::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
@@ -22,6 +23,9 @@ pub enum ServiceError {
     /// 404.
     #[error("not found")]
     NotFound,
+    /// 503 with `Retry-After`: admission control refused the create; nothing was written.
+    #[error(transparent)]
+    Overloaded(#[from] Overloaded),
     /// 503 (retryable) or 500.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -110,10 +114,22 @@ impl Engine {
     /// Persists the transfer in `created` with a lease for a new worker, spawns that worker,
     /// and returns at once. The same id with the same request replays the transfer as it is
     /// now; with another request it is a conflict. Transfers are never deleted, so this holds
-    /// forever.
+    /// forever. Admitted first: beyond `MAX_IN_FLIGHT` it is refused, having written nothing.
     pub async fn create_transfer(
         self: &Arc<Self>,
         new: NewTransfer,
+    ) -> Result<Created<TransferDoc>, ServiceError> {
+        let admitted = self.admit(1)?;
+        self.create_admitted(new, admitted).await
+    }
+
+    /// [`Engine::create_transfer`] with a permit already taken (a batch takes its permits
+    /// together). The permit goes to the new transfer's driver; a replay, a conflict or a
+    /// failure gives it back.
+    pub async fn create_admitted(
+        self: &Arc<Self>,
+        new: NewTransfer,
+        admitted: Admitted,
     ) -> Result<Created<TransferDoc>, ServiceError> {
         let now = self.clock.now();
         let doc = TransferDoc {
@@ -135,7 +151,7 @@ impl Engine {
             Claim::Won(held) => {
                 self.metrics.transfers_created_total.inc();
                 let shown = held.doc.clone();
-                self.spawn_driver(held);
+                self.spawn_driver(held, Some(admitted));
                 return Ok(Created::New(shown));
             }
             Claim::Lost(existing) => existing.ok_or_else(|| {
@@ -258,7 +274,7 @@ impl Engine {
     ) -> TransferDoc {
         self.record_transition(&held.doc, from, to, self.clock.wall_millis());
         let shown = held.doc.clone();
-        self.spawn_driver(held);
+        self.spawn_driver(held, None);
         shown
     }
 

@@ -3,6 +3,8 @@
 //! harness in `tests/support/`.
 //!
 //! - [`api`]: the HTTP contract on the embedded store, the emulator and a real cluster;
+//! - [`batch`]: `POST /transfers/batch`, item by item, on the same backends;
+//! - [`admission`]: `MAX_IN_FLIGHT`, 503 with `Retry-After`, on the same backends;
 //! - [`observability`]: metrics, request ids, logs, the OpenAPI document, Swagger UI;
 //! - [`resilience`]: store outages on the Elasticsearch backend (emulator).
 //!
@@ -12,6 +14,8 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod admission;
 mod api;
+mod batch;
 mod observability;
 mod resilience;

@@ -56,6 +56,8 @@ const SERIES: &[(&str, &str)] = &[
     ("transfers_completed_total", "counter"),
     ("transfer_state_transitions_total", "counter"),
     ("transfers_in_flight", "gauge"),
+    ("transfers_admitted_in_flight", "gauge"),
+    ("requests_shed_total", "counter"),
     ("transfer_duration_seconds", "histogram"),
     ("recovery_runs_total", "counter"),
     ("transfers_recovered_total", "counter"),
@@ -101,6 +103,7 @@ async fn metrics_count_every_transfer_transition_and_request() {
             let m = a.scrape().await;
             m.sum("transfers_completed_total") == 10.0
                 && m.value("transfers_in_flight", &[]) == 0.0
+                && m.value("transfers_admitted_in_flight", &[]) == 0.0
                 && m.value("recovery_runs_total", &[]) >= 1.0
         },
     )
@@ -150,6 +153,14 @@ async fn metrics_count_every_transfer_transition_and_request() {
         m.named("transfer_state_transitions_total")
     );
     assert_eq!(m.value("transfers_in_flight", &[]), 0.0);
+    assert_eq!(m.value("transfers_admitted_in_flight", &[]), 0.0);
+    for route in ["/transfers", "/transfers/batch"] {
+        assert_eq!(
+            m.value("requests_shed_total", &[("route", route)]),
+            0.0,
+            "{route}"
+        );
+    }
     assert_eq!(m.value("transfer_duration_seconds_count", &[]), 10.0);
     assert_eq!(
         m.value("transfer_duration_seconds_bucket", &[("le", "+Inf")]),

@@ -90,6 +90,54 @@ impl TestApp {
         }
     }
 
+    /// The application on `backend` with a tweaked configuration, its store wrapped by
+    /// `wrap` (a test double such as [`super::gate::AccountGate`] or
+    /// [`super::faulty::FaultyStore`] around the real store), ready.
+    pub async fn spawn_wrapped(
+        backend: Backend,
+        tweak: impl FnOnce(&mut Config),
+        wrap: impl FnOnce(DynStore) -> DynStore,
+    ) -> TestApp {
+        logs::capture();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut config = Config::for_tests(dir.path().join("data"));
+        let emulator = match backend {
+            Backend::Embedded => None,
+            Backend::Emulator => {
+                let emulator = stores::emulator().await;
+                config.elasticsearch_url = Some(emulator.url.clone());
+                Some(emulator)
+            }
+            Backend::RealEs => {
+                config.elasticsearch_url = stores::real_cluster();
+                config.index_prefix = stores::unique_prefix("api-test");
+                None
+            }
+        };
+        tweak(&mut config);
+        let metrics = Metrics::new();
+        let store = open_store(&config, &metrics, Migrations::Apply)
+            .await
+            .expect("open store");
+        let app = Application::build_with_store(config.clone(), wrap(store), metrics)
+            .await
+            .expect("build app");
+        let base = format!("http://{}", app.addr());
+        let engine = app.engine().clone();
+        let server = tokio::spawn(app.run_until(std::future::pending()));
+        let app = TestApp {
+            base,
+            client: reqwest::Client::new(),
+            config,
+            engine,
+            emulator,
+            server,
+            _dir: dir,
+        };
+        app.until_ready().await;
+        app
+    }
+
     /// The service's router with a short request timeout instead of the configured one, on
     /// the embedded store: the same layers in the same order, served as the application
     /// serves it. Not waited on.
@@ -288,6 +336,12 @@ impl TestApp {
             (state == "finished" || state == "rolled-back").then_some(body)
         })
         .await
+    }
+
+    /// `POST /transfers/batch` with these items.
+    pub async fn batch(&self, items: Vec<Value>) -> (u16, Value) {
+        self.post("/transfers/batch", json!({ "transfers": items }))
+            .await
     }
 
     /// `GET /metrics`, checked to be the Prometheus text format, parsed.

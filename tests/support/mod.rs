@@ -5,6 +5,8 @@
 //!   emulator (the `es-emulator` crate, a TEST DOUBLE of Elasticsearch) or on the real cluster
 //!   at `ELASTICSEARCH_URL`, with a client whose helpers read like sentences;
 //! - [`stores`]: a bare store on each of those backends, for the store suites;
+//! - [`gate`]: a store wrapper that holds account writes until the test opens it (transfers
+//!   kept in flight without sleeps);
 //! - [`engine`]: the engine without HTTP, on real storage behind [`faulty`] (injected faults),
 //!   on a test clock and tokio's paused time;
 //! - [`metrics`]: `/metrics` read with a maintained Prometheus text parser;
@@ -17,6 +19,7 @@
 pub mod app;
 pub mod engine;
 pub mod faulty;
+pub mod gate;
 pub mod logs;
 pub mod metrics;
 pub mod stores;

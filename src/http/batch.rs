@@ -1,0 +1,233 @@
+//! `POST /transfers/batch`: up to [`MAX_BATCH`] transfers in one request, each handled
+//! exactly as `POST /transfers` would handle it (docs/design.md §5).
+//!
+//! Items are independent, like the items of Elasticsearch's `_bulk`: each gets the status
+//! and body its single request would have got, in request order. Only the envelope can fail
+//! the whole request (400, 413, 415, 422), and admission control, which admits the batch
+//! whole or not at all (503 with `Retry-After`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::routing::post;
+use axum::{Json, Router};
+use futures_util::stream::{self, StreamExt};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::transfers::{counted_if_shed, new_transfer, CreateTransfer, Transfer};
+use super::{ApiError, AppState, JsonObject, PathId, Problem, QueryParams, NOT_AN_OBJECT};
+use crate::transfer::admission::Admitted;
+use crate::transfer::service::{Created, NewTransfer};
+use crate::transfer::Engine;
+
+/// The most transfers one batch holds (and fewer if `MAX_IN_FLIGHT` is lower). 1,000
+/// items of the largest valid transfer (ids of 128 characters) are about 450 KB, inside the
+/// 1 MiB body limit.
+pub const MAX_BATCH: usize = 1000;
+
+/// Items of one batch being created at once. Enough to keep the store's write coalescing
+/// busy (the Elasticsearch backend groups up to 512 writes in one `_bulk`), few enough that
+/// one batch does not open a thousand store requests at the same moment.
+const CONCURRENT_ITEMS: usize = 64;
+
+const ROUTE: &str = "/transfers/batch";
+
+pub fn router() -> Router<AppState> {
+    // The static segment wins over `/transfers/{id}` for every method, so a transfer whose
+    // id is `batch` is read here.
+    Router::new().route(ROUTE, post(create_batch).get(get_transfer_named_batch))
+}
+
+/// The body of `POST /transfers/batch`.
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
+#[allow(dead_code)]
+pub struct CreateBatch {
+    /// 1 to 1,000 transfers, each exactly the body of `POST /transfers`.
+    #[schema(min_items = 1, max_items = 1000)]
+    pub transfers: Vec<CreateTransfer>,
+}
+
+/// The outcome of one item: what `POST /transfers` would have answered for it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum BatchItem {
+    /// `201`: created, in state `created`; `200`: an identical replay, as it is now.
+    Transfer { status: u16, transfer: Transfer },
+    /// `409`: the id exists with another request; `422`: the item is invalid; `503`: the
+    /// store was unavailable for this item, which may or may not have been created (retry
+    /// it: with its `id`, a retry is a replay); `500`: a fault of ours, logged.
+    Problem { status: u16, problem: Problem },
+}
+
+/// One outcome per item, in request order.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct BatchResult {
+    pub items: Vec<BatchItem>,
+}
+
+impl From<Created<crate::transfer::model::TransferDoc>> for BatchItem {
+    fn from(created: Created<crate::transfer::model::TransferDoc>) -> Self {
+        match created {
+            Created::New(doc) => BatchItem::Transfer {
+                status: 201,
+                transfer: doc.into(),
+            },
+            Created::Replayed(doc) => BatchItem::Transfer {
+                status: 200,
+                transfer: doc.into(),
+            },
+        }
+    }
+}
+
+impl From<ApiError> for BatchItem {
+    fn from(error: ApiError) -> Self {
+        if let ApiError::Internal(detail) = &error {
+            // The item's problem never carries internals; they are logged here, once.
+            tracing::error!(%detail, "internal error on a batch item");
+        }
+        let problem = error.problem();
+        BatchItem::Problem {
+            status: problem.status,
+            problem,
+        }
+    }
+}
+
+/// Accepts up to 1,000 transfers; each item is answered as `POST /transfers` would answer it.
+#[utoipa::path(post, path = "/transfers/batch", tag = "transfers", request_body = CreateBatch,
+    responses(
+        (status = 200, description = "One outcome per item, in request order; items are independent (`201`, `200`, `409`, `422`, `503` or `500` each)", body = BatchResult),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Not an object, `transfers` missing or not an array, or not 1 to 1,000 items (nor more than `MAX_IN_FLIGHT`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Too many transfers in flight (`type` `/problems/overloaded`): nothing created; retry after `Retry-After` seconds",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))),
+    ))]
+pub async fn create_batch(
+    State(state): State<AppState>,
+    JsonObject(body): JsonObject,
+) -> Result<Json<BatchResult>, ApiError> {
+    let items = envelope(&body, state.engine.max_in_flight())?;
+    let parsed: Vec<Result<NewTransfer, ApiError>> = items.iter().map(item).collect();
+    let valid = parsed.iter().filter(|p| p.is_ok()).count();
+    let admitted = state
+        .engine
+        .admit(valid)
+        .map_err(|e| counted_if_shed(&state, ROUTE, e.into()))?;
+    let items = create_all(&state.engine, parsed, admitted).await;
+    Ok(Json(BatchResult { items }))
+}
+
+/// The items of a well-formed envelope: `transfers`, an array of 1 to [`MAX_BATCH`] items,
+/// and no more than admission control could ever admit at once.
+fn envelope(body: &Map<String, Value>, max_in_flight: usize) -> Result<&Vec<Value>, ApiError> {
+    let items = match body.get("transfers") {
+        None | Some(Value::Null) => {
+            return Err(ApiError::Invalid("`transfers` is required".into()))
+        }
+        Some(Value::Array(items)) => items,
+        Some(_) => {
+            return Err(ApiError::Invalid(
+                "`transfers` must be an array of transfers".into(),
+            ))
+        }
+    };
+    if items.is_empty() {
+        return Err(ApiError::Invalid(
+            "`transfers` must hold at least one transfer".into(),
+        ));
+    }
+    if items.len() > MAX_BATCH {
+        return Err(ApiError::Invalid(format!(
+            "`transfers` holds {} transfers; a batch holds at most {MAX_BATCH}",
+            items.len()
+        )));
+    }
+    if items.len() > max_in_flight {
+        return Err(ApiError::Invalid(format!(
+            "`transfers` holds {} transfers; this instance admits at most {max_in_flight} in \
+             flight (MAX_IN_FLIGHT): split the batch",
+            items.len()
+        )));
+    }
+    Ok(items)
+}
+
+/// One item, validated as the body of `POST /transfers` is.
+fn item(value: &Value) -> Result<NewTransfer, ApiError> {
+    match value {
+        Value::Object(body) => new_transfer(body),
+        _ => Err(ApiError::Invalid(NOT_AN_OBJECT.into())),
+    }
+}
+
+/// Creates every valid item, [`CONCURRENT_ITEMS`] ids at a time, each with one of the
+/// batch's permits. Items sharing an id run one after the other in request order, so they
+/// behave as sequential single requests would (the later ones replay or conflict).
+async fn create_all(
+    engine: &Arc<Engine>,
+    parsed: Vec<Result<NewTransfer, ApiError>>,
+    mut admitted: Admitted,
+) -> Vec<BatchItem> {
+    let mut slots: Vec<Option<BatchItem>> = Vec::with_capacity(parsed.len());
+    let mut groups: Vec<Vec<(usize, NewTransfer, Admitted)>> = Vec::new();
+    let mut group_of_id: HashMap<String, usize> = HashMap::new();
+    for (slot, parsed) in parsed.into_iter().enumerate() {
+        match parsed {
+            Err(invalid) => slots.push(Some(invalid.into())),
+            Ok(new) => {
+                slots.push(None);
+                let permit = admitted
+                    .take_one()
+                    .expect("the batch was admitted one permit per valid item");
+                let group = *group_of_id.entry(new.id.clone()).or_insert_with(|| {
+                    groups.push(Vec::new());
+                    groups.len() - 1
+                });
+                groups[group].push((slot, new, permit));
+            }
+        }
+    }
+    let mut done = stream::iter(groups)
+        .map(|group| create_in_order(engine, group))
+        .buffer_unordered(CONCURRENT_ITEMS);
+    while let Some(outcomes) = done.next().await {
+        for (slot, outcome) in outcomes {
+            slots[slot] = Some(outcome);
+        }
+    }
+    slots
+        .into_iter()
+        .map(|slot| slot.expect("every item is answered"))
+        .collect()
+}
+
+/// The items of one id, one after the other.
+async fn create_in_order(
+    engine: &Arc<Engine>,
+    group: Vec<(usize, NewTransfer, Admitted)>,
+) -> Vec<(usize, BatchItem)> {
+    let mut outcomes = Vec::with_capacity(group.len());
+    for (slot, new, permit) in group {
+        let outcome = match engine.create_admitted(new, permit).await {
+            Ok(created) => created.into(),
+            Err(error) => ApiError::from(error).into(),
+        };
+        outcomes.push((slot, outcome));
+    }
+    outcomes
+}
+
+/// `GET /transfers/batch`: the transfer whose id is `batch` (the static route shadows
+/// `/transfers/{id}` for this one id).
+async fn get_transfer_named_batch(
+    state: State<AppState>,
+    query: QueryParams,
+) -> Result<Json<Transfer>, ApiError> {
+    super::transfers::get_transfer(state, PathId(Some("batch".into())), query).await
+}

@@ -1,0 +1,336 @@
+//! `POST /transfers/batch` (docs/design.md §5): every item answered as `POST /transfers`
+//! would answer it, in request order; only the envelope fails the whole request. Run on the
+//! embedded store, the Elasticsearch backend on the emulator (a test double of Elasticsearch)
+//! and the real cluster at `ELASTICSEARCH_URL` (skipped when it is unset).
+
+use std::time::Duration;
+
+use crate::support::app::{Backend, TestApp};
+use crate::support::faulty::{Fault, FaultyStore, Matcher};
+use serde_json::{json, Value};
+use transfer_service::store::DynStore;
+
+fn transfer(id: &str, from: &str, to: &str, amount: i64) -> Value {
+    json!({"id": id, "from": from, "to": to, "amount": amount})
+}
+
+/// The `items` of a 200 answer, one per item sent.
+fn items(status: u16, body: &Value, sent: usize) -> Vec<Value> {
+    assert_eq!(status, 200, "{body}");
+    let items = body["items"].as_array().expect("items").clone();
+    assert_eq!(items.len(), sent, "{body}");
+    items
+}
+
+fn assert_problem(status: u16, body: &Value, want: u16) {
+    assert_eq!(status, want, "{body}");
+    assert_eq!(body["status"], want, "{body}");
+    for field in ["type", "title", "detail"] {
+        assert!(body[field].is_string(), "problem without {field}: {body}");
+    }
+}
+
+mod cases {
+    use super::*;
+
+    pub async fn batch_answers_every_item_in_request_order(b: Backend) {
+        let app = TestApp::spawn(b).await;
+        app.open_account("A", 100).await;
+        app.open_account("B", 0).await;
+        let sent = vec![
+            transfer("t-3", "A", "B", 30),
+            transfer("t-1", "A", "B", 10),
+            json!({"from": "A", "to": "B", "amount": 5}),
+            transfer("t-2", "B", "A", 1_000),
+        ];
+        let (status, body) = app.batch(sent).await;
+        let items = items(status, &body, 4);
+        for (item, id) in items.iter().zip(["t-3", "t-1", "", "t-2"]) {
+            assert_eq!(item["status"], 201, "{item}");
+            assert_eq!(item["transfer"]["state"], "created", "{item}");
+            assert!(item.get("problem").is_none(), "{item}");
+            if !id.is_empty() {
+                assert_eq!(item["transfer"]["id"], id, "{item}");
+            }
+        }
+        assert_eq!(items[0]["transfer"]["amount"], 30);
+        let made = items[2]["transfer"]["id"].as_str().unwrap().to_owned();
+        assert_eq!(uuid::Uuid::parse_str(&made).unwrap().get_version_num(), 7);
+        for id in ["t-3", "t-1", made.as_str()] {
+            assert_eq!(app.settled(id).await["state"], "finished", "{id}");
+        }
+        let overdraft = app.settled("t-2").await;
+        assert_eq!(overdraft["reason"], "insufficient_funds", "{overdraft}");
+        assert_eq!((app.balance("A").await, app.balance("B").await), (55, 45));
+        app.shutdown().await;
+    }
+
+    /// Replays and conflicts, against transfers that exist and within the batch: items with
+    /// one id behave as sequential single requests, in request order.
+    pub async fn replays_and_conflicts_are_answered_per_item(b: Backend) {
+        let app = TestApp::spawn(b).await;
+        app.open_account("A", 100).await;
+        app.open_account("B", 0).await;
+        app.transfer_accepted("old", "A", "B", 10).await;
+        let (_, single_conflict) = app.transfer("old", "A", "B", 11).await;
+        let sent = vec![
+            transfer("old", "A", "B", 10),
+            transfer("old", "A", "B", 11),
+            transfer("twice", "A", "B", 1),
+            transfer("twice", "A", "B", 1),
+            transfer("clash", "A", "B", 2),
+            transfer("clash", "A", "B", 3),
+        ];
+        let (status, body) = app.batch(sent).await;
+        let items = items(status, &body, 6);
+        let statuses: Vec<&Value> = items.iter().map(|i| &i["status"]).collect();
+        assert_eq!(statuses, [200, 409, 201, 200, 201, 409], "{body}");
+        assert_eq!(items[0]["transfer"]["id"], "old");
+        assert_eq!(
+            items[1]["problem"], single_conflict,
+            "same problem as alone"
+        );
+        assert_eq!(items[3]["transfer"]["id"], "twice");
+        assert_eq!(items[4]["transfer"]["amount"], 2, "the first clash wins");
+        assert_eq!(items[5]["problem"]["status"], 409);
+        assert_eq!(app.settled("clash").await["amount"], 2);
+        app.settled("twice").await;
+        app.settled("old").await;
+        assert_eq!((app.balance("A").await, app.balance("B").await), (87, 13));
+        app.shutdown().await;
+    }
+
+    /// An invalid item is a 422 in its slot with the problem `POST /transfers` gives for the
+    /// same body; it creates nothing and the valid items around it go through.
+    pub async fn invalid_items_are_422_slots(b: Backend) {
+        let app = TestApp::spawn(b).await;
+        app.open_account("A", 100).await;
+        app.open_account("B", 0).await;
+        let invalid = vec![
+            transfer("x1", "A", "B", 0),
+            json!({"id": "x2", "from": "A", "to": "B", "amount": 1.5}),
+            transfer("x3", "A", "A", 1),
+            transfer("bad id", "A", "B", 1),
+            json!({"id": "x4", "to": "B", "amount": 1}),
+            json!("a string"),
+            json!(null),
+            json!([1]),
+        ];
+        let mut sent = vec![transfer("ok-1", "A", "B", 1)];
+        sent.extend(invalid.iter().cloned());
+        sent.push(transfer("ok-2", "A", "B", 2));
+        let (status, body) = app.batch(sent).await;
+        let items = items(status, &body, invalid.len() + 2);
+        assert_eq!(items[0]["status"], 201, "{body}");
+        assert_eq!(items[invalid.len() + 1]["status"], 201, "{body}");
+        for (item, body) in items[1..=invalid.len()].iter().zip(&invalid) {
+            let (single_status, single) = app.post("/transfers", body.clone()).await;
+            assert_problem(single_status, &single, 422);
+            assert_eq!(item["status"], 422, "{item}");
+            assert_eq!(item["problem"], single, "{body}: same problem as alone");
+            assert!(item.get("transfer").is_none(), "{item}");
+        }
+        for id in ["x1", "x2", "x3", "x4"] {
+            assert_eq!(app.get(&format!("/transfers/{id}")).await.0, 404, "{id}");
+        }
+        app.settled("ok-1").await;
+        app.settled("ok-2").await;
+        assert_eq!(app.balance("B").await, 3);
+        app.shutdown().await;
+    }
+
+    /// What is wrong with the envelope fails the whole request, and creates nothing: 400 not
+    /// JSON, 415 not JSON by its type, 413 over the body limit, 422 anything else.
+    pub async fn malformed_envelopes_are_problems_for_the_whole_request(b: Backend) {
+        let app = TestApp::spawn(b).await;
+        app.open_account("A", 100).await;
+        app.open_account("B", 0).await;
+        let one = transfer("e-1", "A", "B", 1);
+        let huge = format!(
+            "{{\"transfers\":[{one}],\"pad\":\"{}\"}}",
+            "a".repeat(1_100_000)
+        );
+        let cases: Vec<(Option<&str>, Vec<u8>, u16)> = vec![
+            (Some("application/json"), b"{\"transfers\": [".to_vec(), 400),
+            (Some("application/json"), b"".to_vec(), 400),
+            (
+                Some("text/plain"),
+                json!({"transfers": [one]}).to_string().into(),
+                415,
+            ),
+            (Some("application/json"), huge.into_bytes(), 413),
+            (
+                Some("application/json"),
+                json!([one]).to_string().into(),
+                422,
+            ),
+            (Some("application/json"), b"null".to_vec(), 422),
+            (Some("application/json"), b"{}".to_vec(), 422),
+            (
+                Some("application/json"),
+                br#"{"transfers":null}"#.to_vec(),
+                422,
+            ),
+            (
+                Some("application/json"),
+                br#"{"transfers":{}}"#.to_vec(),
+                422,
+            ),
+            (
+                Some("application/json"),
+                br#"{"transfers":"e-1"}"#.to_vec(),
+                422,
+            ),
+            (
+                Some("application/json"),
+                br#"{"transfers":[]}"#.to_vec(),
+                422,
+            ),
+            (
+                Some("application/json"),
+                json!({"transfer": [one]}).to_string().into(),
+                422,
+            ),
+        ];
+        for (content_type, body, want) in cases {
+            let response = app.post_raw("/transfers/batch", content_type, body).await;
+            assert_eq!(
+                response.headers()["content-type"],
+                "application/problem+json"
+            );
+            let status = response.status().as_u16();
+            let problem: Value = response.json().await.unwrap();
+            assert_problem(status, &problem, want);
+        }
+        assert_eq!(app.get("/transfers/e-1").await.0, 404);
+        app.shutdown().await;
+    }
+
+    /// 1,000 items is a batch (here all invalid, so nothing is created and the test stays
+    /// quick); 1,001 is refused whole, and creates nothing.
+    pub async fn a_batch_holds_at_most_1000_items(b: Backend) {
+        let app = TestApp::spawn(b).await;
+        app.open_account("A", 100_000).await;
+        app.open_account("B", 0).await;
+        let invalid: Vec<Value> = (0..1000)
+            .map(|i| transfer(&format!("z-{i}"), "A", "B", 0))
+            .collect();
+        let (status, body) = app.batch(invalid).await;
+        let items = items(status, &body, 1000);
+        assert!(items.iter().all(|i| i["status"] == 422), "{body}");
+
+        let valid: Vec<Value> = (0..1001)
+            .map(|i| transfer(&format!("v-{i}"), "A", "B", 1))
+            .collect();
+        let (status, problem) = app.batch(valid).await;
+        assert_problem(status, &problem, 422);
+        assert!(
+            problem["detail"].as_str().unwrap().contains("1000"),
+            "{problem}"
+        );
+        for id in ["v-0", "v-1000"] {
+            assert_eq!(app.get(&format!("/transfers/{id}")).await.0, 404, "{id}");
+        }
+        assert_eq!(app.balance("A").await, 100_000);
+        app.shutdown().await;
+    }
+
+    /// A store outage on one item is a 503 in its slot; the other items keep their outcome.
+    pub async fn an_item_the_store_failed_is_a_503_slot(b: Backend) {
+        let faulty = std::sync::OnceLock::new();
+        let app = TestApp::spawn_wrapped(
+            b,
+            |_| {},
+            |store| {
+                let wrapped = FaultyStore::new(store, 1, Duration::ZERO);
+                let _ = faulty.set(wrapped.clone());
+                wrapped as DynStore
+            },
+        )
+        .await;
+        app.open_account("A", 100).await;
+        app.open_account("B", 0).await;
+        let down = Matcher {
+            op: Some("create"),
+            id: Some("down".into()),
+            ..Matcher::default()
+        };
+        faulty
+            .get()
+            .unwrap()
+            .inject(down, Fault::FailBefore, usize::MAX);
+        let sent = vec![
+            transfer("up-1", "A", "B", 1),
+            transfer("down", "A", "B", 2),
+            transfer("up-2", "A", "B", 3),
+        ];
+        let (status, body) = app.batch(sent).await;
+        let items = items(status, &body, 3);
+        assert_eq!(items[0]["status"], 201, "{body}");
+        assert_eq!(items[1]["status"], 503, "{body}");
+        assert_problem(503, &items[1]["problem"], 503);
+        assert_eq!(items[2]["status"], 201, "{body}");
+        assert_eq!(app.get("/transfers/down").await.0, 404);
+        app.settled("up-1").await;
+        app.settled("up-2").await;
+        assert_eq!(app.balance("B").await, 4);
+        app.shutdown().await;
+    }
+
+    /// `/transfers/batch` is a route of its own; a transfer whose id is `batch` is still
+    /// created, read and cancelled like any other.
+    pub async fn a_transfer_named_batch_is_still_a_transfer(b: Backend) {
+        let app = TestApp::spawn(b).await;
+        app.open_account("A", 100).await;
+        app.open_account("B", 0).await;
+        app.transfer_accepted("batch", "A", "B", 7).await;
+        let (status, body) = app.get("/transfers/batch").await;
+        assert_eq!((status, &body["id"]), (200, &json!("batch")), "{body}");
+        assert_eq!(app.settled("batch").await["state"], "finished");
+        let (status, body) = app.post("/transfers/batch/cancel", json!({})).await;
+        assert_problem(status, &body, 409);
+        app.shutdown().await;
+    }
+}
+
+macro_rules! batch_suite {
+    ($($case:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::cases::$case(super::Backend::Embedded).await;
+                }
+            )*
+        }
+        mod emulator {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::cases::$case(super::Backend::Emulator).await;
+                }
+            )*
+        }
+        mod real_es {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    if crate::support::stores::real_cluster().is_none() {
+                        return;
+                    }
+                    super::cases::$case(super::Backend::RealEs).await;
+                }
+            )*
+        }
+    };
+}
+
+batch_suite!(
+    batch_answers_every_item_in_request_order,
+    replays_and_conflicts_are_answered_per_item,
+    invalid_items_are_422_slots,
+    malformed_envelopes_are_problems_for_the_whole_request,
+    a_batch_holds_at_most_1000_items,
+    an_item_the_store_failed_is_a_503_slot,
+    a_transfer_named_batch_is_still_a_transfer,
+);
