@@ -6,11 +6,13 @@
 //!   its backends (`embedded` on redb, `elasticsearch` on the official client with its
 //!   `migrations`), a write coalescer (`grouping`) and a metrics wrapper (`instrumented`).
 //! - [`transfer`]: the engine: the protocol as pure decisions (`protocol`), the documents
-//!   (`model`), the worker that drives a transfer with leases (`driver`), account steps
-//!   merged per account (`accounts`), the recovery loop (`recovery`), store retries
-//!   (`retry`), and the operations the API calls (`service`).
-//! - [`http`]: the axum API, one module per resource (`accounts`, `transfers`, `health`),
-//!   problem+json errors (`error`), OpenAPI and Swagger UI (`openapi`).
+//!   (`model`) and their typed I/O (`documents`), the clock it is given (`clock`), the lease
+//!   and every transfer write (`lease`), the worker that drives a transfer (`driver`),
+//!   account steps merged per account (`accounts`), the recovery loop (`recovery`), the
+//!   late-apply sweep (`sweep`), store retries (`retry`), the bound on transfers in flight
+//!   (`admission`), and the operations the API calls (`service`).
+//! - [`http`]: the axum API, one module per resource (`accounts`, `transfers`, `batch`,
+//!   `health`), problem+json errors (`error`), OpenAPI and Swagger UI (`openapi`).
 //! - [`app`]: wiring and graceful shutdown; [`config`]: flags and environment;
 //!   [`metrics`]: Prometheus series; [`telemetry`]: logging; [`audit`]: the invariant check
 //!   behind `transfer-service audit`.
