@@ -523,15 +523,17 @@ impl Store for ElasticsearchStore {
                 next: None,
             });
         }
-        let filter = vec![
-            json!({"terms": {fields::STATE: query.states}}),
+        let filter = vec![json!({"terms": {fields::STATE: query.states}})];
+        // Stale, or released (a shutdown gave the lease back: resume it at once).
+        let should = vec![
             json!({"range": {fields::MODIFIED: {
                 "lt": query.modified_before,
                 "format": "epoch_millis",
             }}}),
+            json!({"bool": {"must_not": {"exists": {"field": fields::LEASE_OWNER}}}}),
         ];
         let sort = json!([{fields::MODIFIED: "asc"}, {fields::ID: "asc"}]);
-        let body = search_body(filter, Vec::new(), sort, query.after.as_ref(), query.limit);
+        let body = search_body(filter, should, sort, query.after.as_ref(), query.limit);
         let body = self.page_body(body);
         self.search_transactions("find_stale", body, query.limit, Some(self.page_timeout))
             .await

@@ -58,6 +58,10 @@ const TX_BY_STATE_CREATED: TableDefinition<(&str, i64, &str), ()> =
 /// Transfers by `(account, creation_time, id)`, once for the source and once for the
 /// destination: the listing filtered by account.
 const TX_BY_ACCOUNT: TableDefinition<(&str, i64, &str), ()> = TableDefinition::new("tx_by_account");
+/// Transfers by `(state, id)` whose lease was released (no `lease_owner`): recovery
+/// candidates at once, whatever their `modification_time`. Only in-flight states matter;
+/// the table holds whichever states such transfers are in.
+const TX_RELEASED: TableDefinition<(&str, &str), ()> = TableDefinition::new("tx_released");
 
 /// The most ops one group commit takes; bounds the latency a large group adds.
 pub const MAX_GROUP_OPS: usize = 4096;
@@ -136,6 +140,7 @@ impl EmbeddedStore {
             txn.open_table(TX_BY_CREATED).map_err(permanent)?;
             txn.open_table(TX_BY_STATE_CREATED).map_err(permanent)?;
             txn.open_table(TX_BY_ACCOUNT).map_err(permanent)?;
+            txn.open_table(TX_RELEASED).map_err(permanent)?;
         }
         txn.commit().map_err(permanent)?;
         Ok(Self {
@@ -256,6 +261,7 @@ struct Tables<'txn> {
     by_created: Table<'txn, (i64, &'static str), ()>,
     by_state_created: Table<'txn, (&'static str, i64, &'static str), ()>,
     by_account: Table<'txn, (&'static str, i64, &'static str), ()>,
+    released: Table<'txn, (&'static str, &'static str), ()>,
 }
 
 impl<'txn> Tables<'txn> {
@@ -267,6 +273,7 @@ impl<'txn> Tables<'txn> {
             by_created: txn.open_table(TX_BY_CREATED).map_err(storage)?,
             by_state_created: txn.open_table(TX_BY_STATE_CREATED).map_err(storage)?,
             by_account: txn.open_table(TX_BY_ACCOUNT).map_err(storage)?,
+            released: txn.open_table(TX_RELEASED).map_err(storage)?,
         })
     }
 }
@@ -370,6 +377,8 @@ fn apply_op(tables: &mut Tables<'_>, op: &WriteOp) -> StoreResult<StoreResult<Wr
 #[derive(PartialEq, Eq)]
 struct TransferKeys<'a> {
     state: &'a str,
+    /// No lease owner: the lease was released.
+    released: bool,
     modified: i64,
     created: i64,
     src: &'a str,
@@ -387,6 +396,9 @@ fn transfer_keys(source: &Value) -> TransferKeys<'_> {
     };
     TransferKeys {
         state: text(fields::STATE),
+        // Terminal transfers have no owner either; only in-flight ones are candidates.
+        released: source.get(fields::LEASE_OWNER).is_none_or(Value::is_null)
+            && !matches!(text(fields::STATE), "finished" | "rolled-back"),
         modified: millis(fields::MODIFIED),
         created: millis(fields::CREATED),
         src: text(fields::SRC),
@@ -404,6 +416,9 @@ fn update_transfer_indexes(
 ) -> StoreResult<()> {
     let e = storage;
     if let Some(old) = old {
+        if old.released && (old.state, old.released) != (new.state, new.released) {
+            t.released.remove((old.state, id)).map_err(e)?;
+        }
         if (old.state, old.modified) != (new.state, new.modified) {
             t.by_state_modified
                 .remove((old.state, old.modified, id))
@@ -428,6 +443,9 @@ fn update_transfer_indexes(
         .insert((new.state, new.modified, id), ())
         .map_err(e)?;
     t.by_created.insert((new.created, id), ()).map_err(e)?;
+    if new.released {
+        t.released.insert((new.state, id), ()).map_err(e)?;
+    }
     t.by_state_created
         .insert((new.state, new.created, id), ())
         .map_err(e)?;
@@ -517,6 +535,41 @@ fn load_transfers(
     Ok(Page { docs: out, next })
 }
 
+/// The keys of released transfers in the query's states that the stale range does not
+/// already cover (modified at or after the bound), after the cursor.
+fn released_keys(txn: &redb::ReadTransaction, q: &StaleQuery) -> StoreResult<Vec<SortKey>> {
+    let released = txn.open_table(TX_RELEASED).map_err(storage)?;
+    let docs = txn.open_table(DOCS).map_err(storage)?;
+    let mut keys = Vec::new();
+    for state in &q.states {
+        for entry in released.range((state.as_str(), "")..).map_err(storage)? {
+            let (key, _) = entry.map_err(storage)?;
+            let (key_state, id) = key.value();
+            if key_state != state {
+                break;
+            }
+            let Some(bytes) = docs
+                .get((Index::Transactions.name(), id))
+                .map_err(storage)?
+            else {
+                continue;
+            };
+            let Ok(doc) = decode(id, bytes.value()) else {
+                continue;
+            };
+            let millis = transfer_keys(&doc.source).modified;
+            let key = SortKey {
+                millis,
+                id: id.to_owned(),
+            };
+            if millis >= q.modified_before && q.after.as_ref().is_none_or(|after| &key > after) {
+                keys.push(key);
+            }
+        }
+    }
+    Ok(keys)
+}
+
 fn find_stale_blocking(db: &Database, q: &StaleQuery) -> StoreResult<Page> {
     let txn = db.begin_read().map_err(storage)?;
     let table = txn.open_table(TX_BY_STATE_MODIFIED).map_err(storage)?;
@@ -558,7 +611,9 @@ fn find_stale_blocking(db: &Database, q: &StaleQuery) -> StoreResult<Page> {
             };
         }
     }
+    keys.extend(released_keys(&txn, q)?);
     keys.sort();
+    keys.dedup();
     if let Some(horizon) = &horizon {
         keys.retain(|key| key <= horizon);
     }

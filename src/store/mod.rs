@@ -152,7 +152,8 @@ pub struct SortKey {
 #[derive(Debug, Clone)]
 pub struct StaleQuery {
     pub states: Vec<String>,
-    /// Epoch milliseconds; only documents with `modification_time < modified_before`.
+    /// Epoch milliseconds: documents with `modification_time < modified_before`, and also
+    /// those whose lease was released (no `lease_owner`), however recent.
     pub modified_before: i64,
     /// Continue after this key (exclusive), `(modification_time, id)` ascending.
     pub after: Option<SortKey>,
@@ -274,6 +275,9 @@ pub mod fields {
     pub const DEST: &str = "dest_acct";
     pub const CREATED: &str = "creation_time";
     pub const MODIFIED: &str = "modification_time";
+    /// Absent (or null) when nobody holds the transfer's lease: a transfer released at a
+    /// shutdown is a recovery candidate at once, whatever its `modification_time`.
+    pub const LEASE_OWNER: &str = "lease_owner";
     /// The transfer id repeated in the source: Elasticsearch 8 cannot sort on `_id`, and
     /// cursors need a unique tie-breaker.
     pub const ID: &str = "transaction_id";

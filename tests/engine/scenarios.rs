@@ -661,3 +661,46 @@ async fn tombstone_on(w: &World, account: &str, transfer_id: &str) {
         .unwrap();
     assert!(written.written().is_some());
 }
+
+/// Review finding (R4): a transfer whose lease was released at shutdown is a recovery
+/// candidate at once for every other instance, not after `RECOVERY_STALE_AFTER`.
+#[tokio::test(start_paused = true)]
+async fn a_transfer_released_at_shutdown_is_resumed_by_another_instance_at_once() {
+    let w = world(15, Duration::ZERO);
+    let a = instance(&w, w.faulty.clone(), Duration::from_secs(30));
+    let b = instance(&w, w.base.clone(), Duration::from_secs(30));
+    open_account(&a, "a", 100).await;
+    open_account(&a, "b", 0).await;
+    // A's worker is in the middle of the destination apply when A shuts down.
+    w.faulty.inject(
+        Matcher {
+            op: Some("get"),
+            index: Some(Index::Accounts),
+            id: Some("b".into()),
+            ..Matcher::default()
+        },
+        Fault::StallBefore(Duration::from_secs(1)),
+        1,
+    );
+    start_transfer(&a, "t", "a", "b", 10).await;
+    until("t to be pending", Duration::from_secs(5), || async {
+        state(&a, "t").await == TransferState::Pending
+    })
+    .await;
+    a.shut_down();
+    until("A's worker to stop", Duration::from_secs(10), || async {
+        a.running_tasks() == 0
+    })
+    .await;
+    assert_eq!(transfer_doc(&b, "t").await.lease_owner, None, "released");
+    // B's recovery looks only at transfers untouched for two minutes, yet resumes t now.
+    let permits = Arc::new(Semaphore::new(4));
+    let two_minutes_ago = w.now_millis() - 120_000;
+    let report = b.recover_once(two_minutes_ago, &permits).await.unwrap();
+    assert_eq!(report.resumed, 1, "{report:?}");
+    assert_eq!(
+        terminal_without_recovery(&b, "t").await,
+        TransferState::Finished
+    );
+    assert_invariants(&w.base).await;
+}

@@ -24,6 +24,9 @@ fn transfer(id: &str, state: &str, src: &str, dest: &str, created: i64, modified
         "transaction_state": state,
         "creation_time": format_millis(created),
         "modification_time": format_millis(modified),
+        // Held by a worker, as a transfer in flight is (a released one is a candidate at once).
+        "lease_owner": "worker",
+        "lease_expires_at": format_millis(modified + 30_000),
     })
 }
 
@@ -262,6 +265,47 @@ mod suite {
         assert!(page.docs.iter().all(|d| d.version.primary_term >= 1));
     }
 
+    pub async fn find_stale_includes_a_released_transfer_however_recent(s: &dyn Store) {
+        let mut released = transfer("released", "pending", "a", "b", 1, 5_000);
+        released["lease_owner"] = Value::Null;
+        let mut no_owner_field = transfer("absent", "terminating", "a", "b", 1, 6_000);
+        no_owner_field
+            .as_object_mut()
+            .unwrap()
+            .remove("lease_owner");
+        let mut done = transfer("done", "finished", "a", "b", 1, 7_000);
+        done.as_object_mut().unwrap().remove("lease_owner");
+        let docs = [
+            ("held", transfer("held", "pending", "a", "b", 1, 5_000)),
+            ("stale", transfer("stale", "pending", "a", "b", 1, 500)),
+            ("released", released),
+            ("absent", no_owner_field),
+            ("done", done),
+        ];
+        for (id, source) in docs {
+            s.create(Index::Transactions, id, source).await.unwrap();
+        }
+        s.refresh().await.unwrap();
+        let query = |after| StaleQuery {
+            states: ["created", "pending", "committed", "terminating"]
+                .map(String::from)
+                .to_vec(),
+            modified_before: 1_000,
+            after,
+            limit: 2,
+        };
+        let first = s.find_stale(&query(None)).await.unwrap();
+        let mut ids: Vec<_> = first.docs.iter().map(|d| d.id.clone()).collect();
+        let next = first.next.clone().expect("a second page");
+        let second = s.find_stale(&query(Some(next))).await.unwrap();
+        ids.extend(second.docs.iter().map(|d| d.id.clone()));
+        assert_eq!(
+            ids,
+            ["stale", "released", "absent"],
+            "oldest first, released included"
+        );
+    }
+
     pub async fn find_stale_pages_through_more_than_100(s: &dyn Store) {
         let ops: Vec<_> = (0..250)
             .map(|i| {
@@ -489,6 +533,7 @@ macro_rules! all_backends {
                 bulk_two_writes_on_one_version_only_first_wins,
                 bulk_of_nothing_answers_nothing,
                 find_stale_filters_state_and_time_oldest_first,
+                find_stale_includes_a_released_transfer_however_recent,
                 find_stale_pages_through_more_than_100,
                 list_transfers_filters_and_pages_newest_first,
                 scan_pages_every_document_in_id_order,

@@ -40,6 +40,8 @@ fn transfer(id: &str, state: &str, from: &str, to: &str, created: i64, modified:
         fields::STATE: state,
         fields::CREATED: format_millis(created),
         fields::MODIFIED: format_millis(modified),
+        // Held by a worker, as a transfer in flight is (a released one is a candidate at once).
+        fields::LEASE_OWNER: "worker",
     })
 }
 
