@@ -99,6 +99,9 @@ pub enum ViolationKind {
     /// An in-flight transfer whose `creation_time` does not parse (so it cannot be told
     /// whether it is stuck).
     UnreadableTime,
+    /// A transfer the service flagged because its documents contradict each other
+    /// (`attention`): left alone for a person (`docs/design.md §9`).
+    NeedsAttention,
 }
 
 impl ViolationKind {
@@ -396,6 +399,12 @@ fn check_transfer(
                 "transfer {id} moves {} from {} to {}: no request can create it",
                 t.amount, t.src_acct, t.dest_acct
             ),
+        );
+    }
+    if let Some(why) = &t.attention {
+        report.violation(
+            NeedsAttention,
+            format!("transfer {id} needs a person: {why}"),
         );
     }
     if !t.transaction_state.is_terminal() {

@@ -646,6 +646,16 @@ async fn a_transfer_whose_documents_contradict_each_other_is_flagged_and_left_al
         Err(ServiceError::Conflict(_))
     ));
     assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (100, 0));
+    let report = transfer_service::audit::audit(w.base.as_ref(), i64::MAX)
+        .await
+        .unwrap();
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.kind == transfer_service::audit::ViolationKind::NeedsAttention),
+        "the audit reports it: {report}"
+    );
 }
 
 /// Plants `transfer_id`'s settled tombstone on `account`, as a settlement whose transfer
