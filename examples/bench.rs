@@ -261,6 +261,8 @@ struct Tally {
     shed_items: u64,
     /// Anything else: transport errors, other statuses, items refused with 409/422.
     failed: u64,
+    /// What the first failure was, to say why a run failed.
+    first_failure: Option<String>,
 }
 
 impl Tally {
@@ -273,6 +275,7 @@ impl Tally {
             shed_with_retry_after: 0,
             shed_items: 0,
             failed: 0,
+            first_failure: None,
         }
     }
 
@@ -284,6 +287,9 @@ impl Tally {
         self.shed_with_retry_after += other.shed_with_retry_after;
         self.shed_items += other.shed_items;
         self.failed += other.failed;
+        if self.first_failure.is_none() {
+            self.first_failure.clone_from(&other.first_failure);
+        }
     }
 
     fn count(&mut self, outcome: Outcome, latency: Duration) {
@@ -301,13 +307,23 @@ impl Tally {
                 self.accepted_transfers += accepted;
                 self.shed_items += shed;
                 self.failed += refused;
+                if refused > 0 {
+                    self.note_failure("a batch item refused with 409 or 422".into());
+                }
             }
             Outcome::Shed { retry_after } => {
                 self.shed += 1;
                 self.shed_with_retry_after += u64::from(retry_after);
             }
-            Outcome::Failed => self.failed += 1,
+            Outcome::Failed(why) => {
+                self.failed += 1;
+                self.note_failure(why);
+            }
         }
+    }
+
+    fn note_failure(&mut self, why: String) {
+        self.first_failure.get_or_insert(why);
     }
 }
 
@@ -321,8 +337,8 @@ enum Outcome {
     },
     /// 503, with or without `Retry-After`.
     Shed { retry_after: bool },
-    /// A transport error or any other status.
-    Failed,
+    /// A transport error or any other status, and which.
+    Failed(String),
 }
 
 /// The body of `POST /transfers`, and of each batch item.
@@ -414,7 +430,7 @@ impl Poster {
                 refused: 0,
             },
             Ok(r) => outcome_of_refusal(&r),
-            Err(_) => Outcome::Failed,
+            Err(e) => Outcome::Failed(e.to_string()),
         }
     }
 
@@ -431,10 +447,10 @@ impl Poster {
         match sent {
             Ok(r) if r.status().as_u16() == 200 => match r.json::<BatchAnswer>().await {
                 Ok(answer) => outcome_of_items(&answer.items),
-                Err(_) => Outcome::Failed,
+                Err(e) => Outcome::Failed(format!("batch answer: {e}")),
             },
             Ok(r) => outcome_of_refusal(&r),
-            Err(_) => Outcome::Failed,
+            Err(e) => Outcome::Failed(e.to_string()),
         }
     }
 
@@ -459,7 +475,7 @@ fn outcome_of_refusal(response: &reqwest::Response) -> Outcome {
             retry_after: response.headers().contains_key("retry-after"),
         }
     } else {
-        Outcome::Failed
+        Outcome::Failed(format!("{} {}", response.status(), response.url().path()))
     }
 }
 
@@ -691,6 +707,8 @@ struct Report {
     store: String,
     accounts: u32,
     clients: usize,
+    /// Whether `clients` are `--connections` (the overload scenario).
+    overload: bool,
     batch: Option<u32>,
     posting_s: f64,
     /// Transfers that reached a terminal state, over posting plus draining time.
@@ -705,6 +723,7 @@ struct Report {
     shed_with_retry_after: Option<f64>,
     shed_items: u64,
     failed: u64,
+    first_failure: Option<String>,
     post_latency_ms: Percentiles,
     /// The service's `transfer_duration_seconds` over the process's life, interpolated.
     created_to_terminal_ms: Percentiles,
@@ -713,8 +732,8 @@ struct Report {
     service_cpu_us_per_transfer: Option<f64>,
     healthz_per_s: f64,
     ratio_to_healthz: f64,
-    store_requests_per_transfer: f64,
-    conflicts_per_transfer: f64,
+    store_requests_per_transfer: Option<f64>,
+    conflicts_per_transfer: Option<f64>,
     es_http_requests_per_transfer: Option<f64>,
     peak_rss_mib: Option<f64>,
 }
@@ -786,10 +805,18 @@ impl Report {
         let batch = self.batch.unwrap_or(1).to_string();
         vec![
             ("store", self.store.clone()),
-            ("accounts / clients", shape),
+            (self.clients_label(), shape),
             ("transfers per POST", batch),
             ("posting (s)", format!("{:.1}", self.posting_s)),
         ]
+    }
+
+    fn clients_label(&self) -> &'static str {
+        if self.overload {
+            "accounts / connections"
+        } else {
+            "accounts / clients"
+        }
     }
 
     /// Throughput, latency and the overload figures.
@@ -803,7 +830,10 @@ impl Report {
                 share * 100.0
             ),
         };
-        let other = format!("{} / {}", self.shed_items, self.failed);
+        let other = match &self.first_failure {
+            None => format!("{} / {}", self.shed_items, self.failed),
+            Some(why) => format!("{} / {} (first: {why})", self.shed_items, self.failed),
+        };
         vec![
             (
                 "transfers/s to terminal",
@@ -832,8 +862,9 @@ impl Report {
     /// What a transfer costs the service, and the comparison with /healthz.
     fn cost_rows(&self) -> Vec<Row> {
         let store = format!(
-            "{:.2} (conflicts {:.2})",
-            self.store_requests_per_transfer, self.conflicts_per_transfer
+            "{} (conflicts {})",
+            shown(self.store_requests_per_transfer, 2),
+            shown(self.conflicts_per_transfer, 2)
         );
         vec![
             (
@@ -863,7 +894,8 @@ impl Report {
         peak_rss_kib: Option<u64>,
     ) -> Report {
         let terminal = phase.counted.terminal();
-        let per_transfer = |v: f64| v / terminal.max(1.0);
+        // Per-transfer figures are absent when nothing reached a terminal state.
+        let per_transfer = |v: f64| (terminal > 0.0).then(|| v / terminal);
         let posting_s = phase.posting.as_secs_f64();
         let transfers_per_s = terminal / (phase.posting + phase.drain).as_secs_f64();
         let tally = &phase.tally;
@@ -871,6 +903,7 @@ impl Report {
             store: args.store(),
             accounts: args.accounts,
             clients: args.clients(),
+            overload: args.connections.is_some(),
             batch: args.batch,
             posting_s,
             transfers_per_s,
@@ -883,6 +916,7 @@ impl Report {
                 .then(|| tally.shed_with_retry_after as f64 / tally.shed as f64),
             shed_items: tally.shed_items,
             failed: tally.failed,
+            first_failure: tally.first_failure.clone(),
             post_latency_ms: Percentiles::of_client_latency(&tally.latency_us),
             created_to_terminal_ms: Percentiles::of_service_histogram(
                 &phase.after,
@@ -891,12 +925,12 @@ impl Report {
             drain_s: phase.drain.as_secs_f64(),
             service_cpu_us_per_transfer: phase
                 .service_cpu
-                .map(|cpu| per_transfer(cpu.as_secs_f64() * 1e6)),
+                .and_then(|cpu| per_transfer(cpu.as_secs_f64() * 1e6)),
             healthz_per_s,
             ratio_to_healthz: transfers_per_s / healthz_per_s,
             store_requests_per_transfer: per_transfer(phase.counted.store_requests),
             conflicts_per_transfer: per_transfer(phase.counted.conflicts),
-            es_http_requests_per_transfer: phase.es_requests.map(|n| per_transfer(n as f64)),
+            es_http_requests_per_transfer: phase.es_requests.and_then(|n| per_transfer(n as f64)),
             peak_rss_mib: peak_rss_kib.map(|kib| kib as f64 / 1024.0),
         }
     }
