@@ -675,16 +675,21 @@ impl Counted {
     }
 }
 
-/// CPU time (user + system, all threads) the process `pid` has used, from
-/// `/proc/<pid>/stat` fields 14 and 15 (utime, stime), in clock ticks of `_SC_CLK_TCK`.
+/// CPU time (user + system, all threads) the process `pid` has used so far.
 fn cpu_time(pid: u32) -> Option<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) is in parentheses and may hold spaces: count from after it.
-    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
-    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
     // SAFETY: sysconf has no preconditions; it only reads a configuration value.
     let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let ticks = cpu_ticks(&stat)?;
     (per_second > 0).then(|| Duration::from_secs_f64(ticks as f64 / per_second as f64))
+}
+
+/// utime + stime (fields 14 and 15 of `/proc/<pid>/stat`), in clock ticks.
+fn cpu_ticks(stat: &str) -> Option<u64> {
+    // The command name (field 2) is in parentheses and may hold spaces and parentheses:
+    // count from after the last `)`, where field 3 starts.
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
 }
 
 /// A `/proc/<pid>/status` memory line (`VmHWM:`, `VmRSS:`) in KiB.
@@ -1047,5 +1052,48 @@ fn main() {
         );
     } else {
         report.print_table();
+    }
+}
+
+/// `cargo test --release --example bench`
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_ticks_add_utime_and_stime_after_a_command_name_with_spaces() {
+        let stat = "4242 (transfer (x) svc) S 1 2 3 4 5 6 7 8 9 10 1500 250 11 12 20 0 9 0";
+        assert_eq!(cpu_ticks(stat), Some(1750));
+    }
+
+    #[test]
+    fn cpu_time_of_this_process_is_readable() {
+        assert!(cpu_time(std::process::id()).is_some());
+    }
+
+    #[test]
+    fn batch_items_are_counted_as_accepted_shed_or_refused() {
+        let items: Vec<BatchItem> = [201, 200, 409, 503, 422, 201]
+            .into_iter()
+            .map(|status| BatchItem { status })
+            .collect();
+        let Outcome::Answered {
+            accepted,
+            shed,
+            refused,
+        } = outcome_of_items(&items)
+        else {
+            panic!("a 200 with items is answered");
+        };
+        assert_eq!((accepted, shed, refused), (3, 1, 2));
+    }
+
+    #[test]
+    fn quantiles_interpolate_within_a_bucket() {
+        let buckets = [(0.1, 10.0), (0.2, 30.0), (f64::INFINITY, 30.0)];
+        // The median is the 15th of 30: a quarter of the way through the (0.1, 0.2] bucket.
+        let median = quantile_of_buckets(&buckets, 0.5).unwrap();
+        assert!((median - 0.125).abs() < 1e-9, "{median}");
+        assert_eq!(quantile_of_buckets(&[(1.0, 0.0)], 0.5), None);
     }
 }
