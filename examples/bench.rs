@@ -1,23 +1,32 @@
 //! Load generator and benchmark for transfer-service (`docs/design.md` §6).
 //!
 //! ```sh
-//! cargo build --release
-//! cargo run --release --example bench -- --clients 64 --duration 30s
-//! cargo run --release --example bench -- --url http://127.0.0.1:8080      # a running service
-//! cargo run --release --example bench -- --elasticsearch http://127.0.0.1:9200
+//! cargo build --release --bin transfer-service --example bench
+//! target/release/examples/bench                          # 64 clients, 1000 accounts, 10 s
+//! target/release/examples/bench --batch 100              # POST /transfers/batch, 100 items
+//! target/release/examples/bench --connections 2000       # the overload scenario
+//! target/release/examples/bench --emulator               # on es-emulator (a TEST DOUBLE)
+//! target/release/examples/bench --elasticsearch http://127.0.0.1:9200 --json
 //! ```
 //!
 //! Without `--url` it starts `target/release/transfer-service` itself (embedded store in a
-//! temp dir, or `--elasticsearch`), so it can also read the process's peak memory. It opens
-//! `--accounts` accounts with balances large enough that no transfer fails for funds, runs
-//! `--clients` concurrent clients posting transfers between random accounts for
-//! `--duration`, waits until every accepted transfer is terminal, and prints:
-//! - throughput: transfers that reached a terminal state per second (created → finished);
-//! - POST latency percentiles measured by the clients;
-//! - created → terminal latency percentiles, from the service's `transfer_duration_seconds`
-//!   histogram (interpolated within buckets);
-//! - store requests per transfer, from `store_requests_total`;
-//! - the service's peak and final resident memory (when it started the service).
+//! temp dir, `--elasticsearch URL`, or `--emulator`: es-emulator, the Elasticsearch TEST
+//! DOUBLE, inside this process), so it can read the service process's CPU time and peak
+//! memory from `/proc`. It opens `--accounts` accounts with balances no transfer can
+//! exhaust, then:
+//! 1. **transfer phase**: `--clients` clients (or `--connections`) post transfers between
+//!    random accounts for `--duration` (one per `POST /transfers`, or `--batch N` per
+//!    `POST /transfers/batch`), then it waits until every accepted transfer is terminal;
+//! 2. **healthz phase**: the same number of clients `GET /healthz` for `--healthz-duration`,
+//!    the ceiling of the HTTP stack on this machine, to which the transfer rate is compared.
+//!
+//! It prints an aligned table (or `--json`) of: transfers/s to a terminal state (accepted →
+//! finished or rolled back, end to end: terminal transfers over posting plus draining time),
+//! the service's CPU time per terminal transfer (utime+stime of the child over the transfer
+//! phase), peak RSS (`VmHWM`), POST latency percentiles (accepted requests, measured by the
+//! clients, in an HDR histogram), 503s (with `Retry-After`) and how long the backlog took
+//! to drain, the ratio to `/healthz` req/s, store requests per transfer, and on the
+//! emulator the HTTP requests it received per transfer.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -25,40 +34,85 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use hdrhistogram::Histogram;
 use openmetrics_parser::prometheus::parse_prometheus;
 use openmetrics_parser::{PrometheusType, PrometheusValue};
 use rand::Rng;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 #[derive(Parser, Debug)]
 #[command(about = "Benchmark transfer-service")]
 struct Args {
-    /// A running service; if absent, the benchmark starts one.
+    /// A running service; if absent, the benchmark starts one (and only then can it read the
+    /// service's CPU time and memory).
     #[arg(long)]
     url: Option<String>,
     /// The binary to start when no --url is given.
     #[arg(long, default_value = "target/release/transfer-service")]
     binary: String,
     /// Start the service on this Elasticsearch (or emulator) instead of the embedded store.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "emulator")]
     elasticsearch: Option<String>,
+    /// Start es-emulator (an in-memory TEST DOUBLE of Elasticsearch) inside the benchmark and
+    /// run the service on it; the emulator counts the HTTP requests it receives.
+    #[arg(long, conflicts_with = "url")]
+    emulator: bool,
+    /// Concurrent clients, each posting its next request when the last one is answered.
     #[arg(long, default_value_t = 64)]
     clients: usize,
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    /// The overload scenario: this many connections posting as fast as they can (instead
+    /// of --clients); the report's 503 and drain figures are the ones to read.
+    #[arg(long, conflicts_with = "clients")]
+    connections: Option<usize>,
+    /// How long the clients post.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     duration: Duration,
-    #[arg(long, default_value_t = 100)]
-    accounts: usize,
+    /// How long the same clients then GET /healthz, for the ratio.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    healthz_duration: Duration,
+    /// Accounts the transfers move money between (at least 2; 2 makes them hot).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(2..))]
+    accounts: u32,
+    /// Post batches of N transfers to POST /transfers/batch instead of single transfers.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    batch: Option<u32>,
+    /// Print the report as one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl Args {
+    fn clients(&self) -> usize {
+        self.connections.unwrap_or(self.clients)
+    }
+
+    fn store(&self) -> String {
+        match (&self.url, &self.elasticsearch, self.emulator) {
+            (Some(_), _, _) => "running service".into(),
+            (_, Some(es), _) => format!("elasticsearch {es}"),
+            (_, _, true) => "es-emulator (test double)".into(),
+            _ => "embedded".into(),
+        }
+    }
 }
 
 // ---- setup --------------------------------------------------------------------------------
 
+/// The service process the benchmark started.
 struct Service {
     child: Child,
     base: String,
     _dir: tempfile::TempDir,
 }
 
-fn start_service(args: &Args) -> Service {
+impl Service {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+fn start_service(args: &Args, elasticsearch: Option<&str>) -> Service {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut command = Command::new(&args.binary);
     command
@@ -69,7 +123,7 @@ fn start_service(args: &Args) -> Service {
         .env("INDEX_PREFIX", format!("bench-{}-", std::process::id()))
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
-    if let Some(es) = &args.elasticsearch {
+    if let Some(es) = elasticsearch {
         command.env("ELASTICSEARCH_URL", es);
     }
     let mut child = command.spawn().unwrap_or_else(|e| {
@@ -78,7 +132,17 @@ fn start_service(args: &Args) -> Service {
             args.binary
         )
     });
-    let stdout = child.stdout.take().unwrap();
+    let addr = serving_addr(child.stdout.take().unwrap());
+    Service {
+        child,
+        base: format!("http://{addr}"),
+        _dir: dir,
+    }
+}
+
+/// Reads the service's JSON log until its "serving" line, and returns the address in it;
+/// keeps draining the log afterwards so the service never blocks on a full pipe.
+fn serving_addr(stdout: std::process::ChildStdout) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -89,13 +153,43 @@ fn start_service(args: &Args) -> Service {
             }
         }
     });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("service did not start");
-    Service {
-        child,
-        base: format!("http://{addr}"),
-        _dir: dir,
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("service did not start")
+}
+
+/// es-emulator (the Elasticsearch TEST DOUBLE) on a runtime of its own, so that the load's
+/// clients do not share its worker threads.
+struct Emulator {
+    running: Option<es_emulator::RunningEmulator>,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Emulator {
+    fn start() -> Emulator {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("emulator runtime");
+        let running = runtime.block_on(es_emulator::spawn(es_emulator::EmulatorConfig::default()));
+        Emulator {
+            running: Some(running),
+            runtime,
+        }
+    }
+
+    fn url(&self) -> String {
+        self.running.as_ref().expect("running").url.clone()
+    }
+
+    fn request_count(&self) -> u64 {
+        self.running.as_ref().expect("running").request_count()
+    }
+
+    fn stop(mut self) {
+        if let Some(running) = self.running.take() {
+            self.runtime.block_on(running.shutdown());
+        }
     }
 }
 
@@ -114,64 +208,184 @@ async fn wait_ready(client: &reqwest::Client, base: &str) {
     }
 }
 
-/// Opens `bench-{run}-0` … with balances no transfer of the run can exhaust.
-async fn open_accounts(client: &reqwest::Client, base: &str, run: &str, accounts: usize) {
-    for i in 0..accounts {
-        let response = client
-            .post(format!("{base}/accounts"))
-            .json(&json!({"id": format!("bench-{run}-{i}"), "balance": 1_000_000_000_000i64}))
-            .send()
-            .await
-            .expect("open account");
-        assert!(
-            response.status().is_success(),
-            "open account: {}",
-            response.status()
-        );
+/// Opens `bench-{run}-0` … with balances no transfer of the run can exhaust, 16 at a time.
+async fn open_accounts(client: &reqwest::Client, base: &str, run: &str, accounts: u32) {
+    const OPENERS: u32 = 16;
+    let openers: Vec<_> = (0..OPENERS)
+        .map(|k| {
+            let (client, base, run) = (client.clone(), base.to_owned(), run.to_owned());
+            tokio::spawn(async move {
+                for i in (k..accounts).step_by(OPENERS as usize) {
+                    open_account(&client, &base, &account_id(&run, i)).await;
+                }
+            })
+        })
+        .collect();
+    for opener in openers {
+        opener.await.expect("opener");
     }
+}
+
+async fn open_account(client: &reqwest::Client, base: &str, id: &str) {
+    let response = client
+        .post(format!("{base}/accounts"))
+        .json(&serde_json::json!({"id": id, "balance": 1_000_000_000_000i64}))
+        .send()
+        .await
+        .expect("open account");
+    assert!(
+        response.status().is_success(),
+        "open account: {}",
+        response.status()
+    );
+}
+
+fn account_id(run: &str, i: u32) -> String {
+    format!("bench-{run}-{i}")
 }
 
 // ---- load ---------------------------------------------------------------------------------
 
-/// What the clients saw while posting.
-struct Load {
-    /// Latency of every accepted (201) POST, sorted.
-    latencies: Vec<Duration>,
-    /// POSTs that got no 201.
-    errors: u64,
-    /// How long the clients posted.
-    posting: Duration,
+/// What clients saw while posting (one client's, or all of them added up).
+struct Tally {
+    /// Latency in µs of every accepted POST (201, or a batch with an accepted item).
+    latency_us: Histogram<u64>,
+    accepted_posts: u64,
+    /// Transfers the service accepted (201 or 200 replay; batch items likewise).
+    accepted_transfers: u64,
+    /// Requests answered 503.
+    shed: u64,
+    /// Of those, the ones that carried `Retry-After`.
+    shed_with_retry_after: u64,
+    /// Batch items answered 503 inside a 200.
+    shed_items: u64,
+    /// Anything else: transport errors, other statuses, items refused with 409/422.
+    failed: u64,
+    /// What the first failure was, to say why a run failed.
+    first_failure: Option<String>,
 }
 
-/// Runs `args.clients` clients posting transfers between random accounts until `until`.
-async fn run_load(args: &Args, client: &reqwest::Client, base: &str, run: &str) -> Load {
-    let started = Instant::now();
-    let until = started + args.duration;
-    let tasks: Vec<_> = (0..args.clients)
+impl Tally {
+    fn new() -> Tally {
+        Tally {
+            latency_us: Histogram::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds"),
+            accepted_posts: 0,
+            accepted_transfers: 0,
+            shed: 0,
+            shed_with_retry_after: 0,
+            shed_items: 0,
+            failed: 0,
+            first_failure: None,
+        }
+    }
+
+    fn add(&mut self, other: &Tally) {
+        self.latency_us.add(&other.latency_us).expect("same bounds");
+        self.accepted_posts += other.accepted_posts;
+        self.accepted_transfers += other.accepted_transfers;
+        self.shed += other.shed;
+        self.shed_with_retry_after += other.shed_with_retry_after;
+        self.shed_items += other.shed_items;
+        self.failed += other.failed;
+        if self.first_failure.is_none() {
+            self.first_failure.clone_from(&other.first_failure);
+        }
+    }
+
+    fn count(&mut self, outcome: Outcome, latency: Duration) {
+        match outcome {
+            Outcome::Answered {
+                accepted,
+                shed,
+                refused,
+            } => {
+                if accepted > 0 {
+                    self.accepted_posts += 1;
+                    self.latency_us
+                        .saturating_record(latency.as_micros() as u64);
+                }
+                self.accepted_transfers += accepted;
+                self.shed_items += shed;
+                self.failed += refused;
+                if refused > 0 {
+                    self.note_failure("a batch item refused with 409 or 422".into());
+                }
+            }
+            Outcome::Shed { retry_after } => {
+                self.shed += 1;
+                self.shed_with_retry_after += u64::from(retry_after);
+            }
+            Outcome::Failed(why) => {
+                self.failed += 1;
+                self.note_failure(why);
+            }
+        }
+    }
+
+    fn note_failure(&mut self, why: String) {
+        self.first_failure.get_or_insert(why);
+    }
+}
+
+/// How the service answered one POST.
+enum Outcome {
+    /// Transfers accepted, shed (batch items answered 503) and refused (409/422 items).
+    Answered {
+        accepted: u64,
+        shed: u64,
+        refused: u64,
+    },
+    /// 503, with or without `Retry-After`.
+    Shed { retry_after: bool },
+    /// A transport error or any other status, and which.
+    Failed(String),
+}
+
+/// The body of `POST /transfers`, and of each batch item.
+#[derive(Serialize)]
+struct TransferBody {
+    id: String,
+    from: String,
+    to: String,
+    amount: u64,
+}
+
+#[derive(Serialize)]
+struct BatchBody {
+    transfers: Vec<TransferBody>,
+}
+
+#[derive(Deserialize)]
+struct BatchAnswer {
+    items: Vec<BatchItem>,
+}
+
+#[derive(Deserialize)]
+struct BatchItem {
+    status: u16,
+}
+
+/// Runs `args.clients()` clients posting until the duration is over.
+async fn run_load(args: &Args, client: &reqwest::Client, base: &str, run: &str) -> Tally {
+    let until = Instant::now() + args.duration;
+    let tasks: Vec<_> = (0..args.clients())
         .map(|c| {
             let poster = Poster {
                 client: client.clone(),
                 base: base.to_owned(),
                 run: run.to_owned(),
                 accounts: args.accounts,
+                batch: args.batch,
                 client_number: c,
             };
             tokio::spawn(poster.post_until(until))
         })
         .collect();
-    let mut load = Load {
-        latencies: Vec::new(),
-        errors: 0,
-        posting: Duration::ZERO,
-    };
+    let mut total = Tally::new();
     for task in tasks {
-        let (latencies, errors) = task.await.unwrap();
-        load.latencies.extend(latencies);
-        load.errors += errors;
+        total.add(&task.await.expect("poster"));
     }
-    load.posting = started.elapsed();
-    load.latencies.sort();
-    load
+    total
 }
 
 /// One client of the load.
@@ -179,50 +393,136 @@ struct Poster {
     client: reqwest::Client,
     base: String,
     run: String,
-    accounts: usize,
+    accounts: u32,
+    /// Items per `POST /transfers/batch`; `None` posts single transfers.
+    batch: Option<u32>,
     client_number: usize,
 }
 
 impl Poster {
-    /// Posts transfers until `until`; returns the accepted POSTs' latencies and the failures.
-    async fn post_until(self, until: Instant) -> (Vec<Duration>, u64) {
-        let (mut latencies, mut errors) = (Vec::new(), 0);
+    /// Posts until `until`, one request at a time.
+    async fn post_until(self, until: Instant) -> Tally {
+        let mut tally = Tally::new();
         let mut n = 0u64;
         while Instant::now() < until {
-            n += 1;
             let sent = Instant::now();
-            match self
-                .client
-                .post(format!("{}/transfers", self.base))
-                .json(&self.transfer(n))
-                .send()
-                .await
-            {
-                Ok(r) if r.status().as_u16() == 201 => latencies.push(sent.elapsed()),
-                _ => errors += 1,
-            }
+            let outcome = match self.batch {
+                None => self.post_single(&mut n).await,
+                Some(size) => self.post_batch(&mut n, size).await,
+            };
+            tally.count(outcome, sent.elapsed());
         }
-        (latencies, errors)
+        tally
     }
 
-    /// The `n`th transfer of this client, between two distinct random accounts.
-    fn transfer(&self, n: u64) -> Value {
-        let (from, to) = {
-            let mut rng = rand::rng();
-            let from = rng.random_range(0..self.accounts);
-            (
-                from,
-                (from + rng.random_range(1..self.accounts)) % self.accounts,
-            )
-        };
-        let run = &self.run;
-        json!({
-            "id": format!("bench-{run}-{}-{n}", self.client_number),
-            "from": format!("bench-{run}-{from}"),
-            "to": format!("bench-{run}-{to}"),
-            "amount": 1 + n % 100,
-        })
+    async fn post_single(&self, n: &mut u64) -> Outcome {
+        let body = self.transfer(n);
+        let sent = self
+            .client
+            .post(format!("{}/transfers", self.base))
+            .json(&body)
+            .send()
+            .await;
+        match sent {
+            Ok(r) if matches!(r.status().as_u16(), 200 | 201) => Outcome::Answered {
+                accepted: 1,
+                shed: 0,
+                refused: 0,
+            },
+            Ok(r) => outcome_of_refusal(&r),
+            Err(e) => Outcome::Failed(e.to_string()),
+        }
     }
+
+    async fn post_batch(&self, n: &mut u64, size: u32) -> Outcome {
+        let body = BatchBody {
+            transfers: (0..size).map(|_| self.transfer(n)).collect(),
+        };
+        let sent = self
+            .client
+            .post(format!("{}/transfers/batch", self.base))
+            .json(&body)
+            .send()
+            .await;
+        match sent {
+            Ok(r) if r.status().as_u16() == 200 => match r.json::<BatchAnswer>().await {
+                Ok(answer) => outcome_of_items(&answer.items),
+                Err(e) => Outcome::Failed(format!("batch answer: {e}")),
+            },
+            Ok(r) => outcome_of_refusal(&r),
+            Err(e) => Outcome::Failed(e.to_string()),
+        }
+    }
+
+    /// The next transfer of this client, between two distinct random accounts.
+    fn transfer(&self, n: &mut u64) -> TransferBody {
+        *n += 1;
+        let mut rng = rand::rng();
+        let from = rng.random_range(0..self.accounts);
+        let to = (from + rng.random_range(1..self.accounts)) % self.accounts;
+        TransferBody {
+            id: format!("bench-{}-{}-{n}", self.run, self.client_number),
+            from: account_id(&self.run, from),
+            to: account_id(&self.run, to),
+            amount: 1 + *n % 100,
+        }
+    }
+}
+
+fn outcome_of_refusal(response: &reqwest::Response) -> Outcome {
+    if response.status().as_u16() == 503 {
+        Outcome::Shed {
+            retry_after: response.headers().contains_key("retry-after"),
+        }
+    } else {
+        Outcome::Failed(format!("{} {}", response.status(), response.url().path()))
+    }
+}
+
+fn outcome_of_items(items: &[BatchItem]) -> Outcome {
+    let with = |statuses: &[u16]| {
+        items
+            .iter()
+            .filter(|i| statuses.contains(&i.status))
+            .count() as u64
+    };
+    let (accepted, shed) = (with(&[200, 201]), with(&[503]));
+    Outcome::Answered {
+        accepted,
+        shed,
+        refused: items.len() as u64 - accepted - shed,
+    }
+}
+
+/// `GET /healthz` from `clients` clients for `duration`; answers per second.
+async fn healthz_rate(
+    client: &reqwest::Client,
+    base: &str,
+    clients: usize,
+    duration: Duration,
+) -> f64 {
+    let started = Instant::now();
+    let until = started + duration;
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let (client, url) = (client.clone(), format!("{base}/healthz"));
+            tokio::spawn(async move {
+                let mut ok = 0u64;
+                while Instant::now() < until {
+                    if let Ok(r) = client.get(&url).send().await {
+                        ok += u64::from(r.status().is_success());
+                        let _ = r.bytes().await;
+                    }
+                }
+                ok
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    for task in tasks {
+        ok += task.await.expect("healthz client");
+    }
+    ok as f64 / started.elapsed().as_secs_f64()
 }
 
 // ---- measure ------------------------------------------------------------------------------
@@ -334,12 +634,12 @@ fn replace_conflicts(scrape: &Scrape) -> f64 {
     })
 }
 
-/// Polls `/metrics` until every transfer created since `before` is terminal (5 minutes at
+/// Polls `/metrics` until every transfer created since `before` is terminal (10 minutes at
 /// most); returns the last scrape.
 async fn wait_drained(client: &reqwest::Client, base: &str, before: &Scrape) -> Scrape {
     let created_before = before.sum("transfers_created_total", all);
     let done_before = completed(before, None);
-    let deadline = Instant::now() + Duration::from_secs(300);
+    let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         let now = Scrape::take(client, base).await;
         let created = now.sum("transfers_created_total", all) - created_before;
@@ -375,8 +675,24 @@ impl Counted {
     }
 }
 
-// ---- report -------------------------------------------------------------------------------
+/// CPU time (user + system, all threads) the process `pid` has used so far.
+fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // SAFETY: sysconf has no preconditions; it only reads a configuration value.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let ticks = cpu_ticks(&stat)?;
+    (per_second > 0).then(|| Duration::from_secs_f64(ticks as f64 / per_second as f64))
+}
 
+/// utime + stime (fields 14 and 15 of `/proc/<pid>/stat`), in clock ticks.
+fn cpu_ticks(stat: &str) -> Option<u64> {
+    // The command name (field 2) is in parentheses and may hold spaces and parentheses:
+    // count from after the last `)`, where field 3 starts.
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+/// A `/proc/<pid>/status` memory line (`VmHWM:`, `VmRSS:`) in KiB.
 fn memory_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
@@ -388,101 +704,396 @@ fn memory_kib(pid: u32, field: &str) -> Option<u64> {
         .ok()
 }
 
-fn percentile(sorted: &[Duration], q: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
+// ---- report -------------------------------------------------------------------------------
+
+/// Everything one run measured; the table and `--json` print this.
+#[derive(Serialize)]
+struct Report {
+    store: String,
+    accounts: u32,
+    clients: usize,
+    /// Whether `clients` are `--connections` (the overload scenario).
+    overload: bool,
+    batch: Option<u32>,
+    posting_s: f64,
+    /// Transfers that reached a terminal state, over posting plus draining time.
+    transfers_per_s: f64,
+    finished: f64,
+    rolled_back: f64,
+    /// Transfers the service accepted per second of posting.
+    accepted_transfers_per_s: f64,
+    accepted_posts_per_s: f64,
+    shed_per_s: f64,
+    /// Share of the 503s that carried `Retry-After` (absent when there were none).
+    shed_with_retry_after: Option<f64>,
+    shed_items: u64,
+    failed: u64,
+    first_failure: Option<String>,
+    post_latency_ms: Percentiles,
+    /// The service's `transfer_duration_seconds` over the process's life, interpolated.
+    created_to_terminal_ms: Percentiles,
+    /// From the end of posting until every accepted transfer was terminal.
+    drain_s: f64,
+    service_cpu_us_per_transfer: Option<f64>,
+    healthz_per_s: f64,
+    ratio_to_healthz: f64,
+    store_requests_per_transfer: Option<f64>,
+    conflicts_per_transfer: Option<f64>,
+    es_http_requests_per_transfer: Option<f64>,
+    peak_rss_mib: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct Percentiles {
+    p50: Option<f64>,
+    p90: Option<f64>,
+    p99: Option<f64>,
+    max: Option<f64>,
+}
+
+impl Percentiles {
+    fn of_client_latency(histogram: &Histogram<u64>) -> Percentiles {
+        let ms = |us: u64| (!histogram.is_empty()).then(|| us as f64 / 1000.0);
+        Percentiles {
+            p50: ms(histogram.value_at_quantile(0.5)),
+            p90: ms(histogram.value_at_quantile(0.9)),
+            p99: ms(histogram.value_at_quantile(0.99)),
+            max: ms(histogram.max()),
+        }
     }
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+
+    fn of_service_histogram(scrape: &Scrape, name: &str) -> Percentiles {
+        let ms = |q| scrape.histogram_quantile(name, q).map(|s| s * 1000.0);
+        Percentiles {
+            p50: ms(0.5),
+            p90: ms(0.9),
+            p99: ms(0.99),
+            max: None,
+        }
+    }
 }
 
-fn report(args: &Args, load: &Load, counted: &Counted, after: &Scrape, elapsed: Duration) {
-    let accepted = load.latencies.len() as f64;
-    let sorted = &load.latencies;
-    println!("transfer-service benchmark");
-    println!(
-        "  setup: {} clients, {} accounts, {:?} of posting, store: {}",
-        args.clients,
-        args.accounts,
-        args.duration,
-        args.elasticsearch.as_deref().unwrap_or("embedded")
-    );
-    println!(
-        "  accepted: {accepted} (errors {}), finished {}, rolled back {}",
-        load.errors, counted.finished, counted.rolled_back
-    );
-    println!(
-        "  throughput: {:.0} transfers/s to a terminal state ({:.0}/s accepted while posting)",
-        counted.terminal() / elapsed.as_secs_f64(),
-        accepted / load.posting.as_secs_f64()
-    );
-    println!(
-        "  POST /transfers latency: p50 {:?}  p90 {:?}  p99 {:?}  max {:?}",
-        percentile(sorted, 0.5),
-        percentile(sorted, 0.9),
-        percentile(sorted, 0.99),
-        sorted.last().copied().unwrap_or_default()
-    );
-    let q = |p| {
-        after
-            .histogram_quantile("transfer_duration_seconds", p)
-            .map(|s| format!("{:.1} ms", s * 1000.0))
-            .unwrap_or_else(|| "-".into())
-    };
-    println!(
-        "  created → terminal (service histogram, whole run of the process): p50 {}  p90 {}  p99 {}",
-        q(0.5),
-        q(0.9),
-        q(0.99)
-    );
-    println!(
-        "  store requests per transfer: {:.2} (of which conflicts {:.2})",
-        counted.store_requests / counted.terminal().max(1.0),
-        counted.conflicts / counted.terminal().max(1.0)
-    );
+impl std::fmt::Display for Percentiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let show = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
+        write!(
+            f,
+            "p50 {}  p90 {}  p99 {}  max {}",
+            show(self.p50),
+            show(self.p90),
+            show(self.p99),
+            show(self.max)
+        )
+    }
 }
 
-/// Prints the service's memory, then stops it with SIGTERM.
-fn stop_service(service: Service) {
-    let pid = service.child.id();
-    println!(
-        "  service memory: peak RSS {} MiB, RSS now {} MiB",
-        memory_kib(pid, "VmHWM:").unwrap_or(0) / 1024,
-        memory_kib(pid, "VmRSS:").unwrap_or(0) / 1024
-    );
-    let mut child = service.child;
-    let _ = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status();
-    let _ = child.wait();
+/// A table row: label and value.
+type Row = (&'static str, String);
+
+/// `v` with `digits` decimals, or `-` when absent.
+fn shown(v: Option<f64>, digits: usize) -> String {
+    v.map_or("-".into(), |v| format!("{v:.digits$}"))
 }
 
-#[tokio::main]
-async fn main() {
-    let args = Args::parse();
-    let service = args.url.is_none().then(|| start_service(&args));
-    let base = match (&args.url, &service) {
-        (Some(url), _) => url.clone(),
-        (None, service) => service.as_ref().expect("started").base.clone(),
-    };
-    let client = reqwest::Client::new();
-    wait_ready(&client, &base).await;
-    let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
-    open_accounts(&client, &base, &run, args.accounts).await;
+impl Report {
+    fn print_table(&self) {
+        let rows = [self.setup_rows(), self.load_rows(), self.cost_rows()].concat();
+        let width = rows.iter().map(|(k, _)| k.chars().count()).max();
+        let width = width.unwrap_or(0);
+        for (label, value) in rows {
+            println!("{label:<width$}  {value}");
+        }
+    }
 
-    let before = Scrape::take(&client, &base).await;
+    fn setup_rows(&self) -> Vec<Row> {
+        let shape = format!("{} / {}", self.accounts, self.clients);
+        let batch = self.batch.unwrap_or(1).to_string();
+        vec![
+            ("store", self.store.clone()),
+            (self.clients_label(), shape),
+            ("transfers per POST", batch),
+            ("posting (s)", format!("{:.1}", self.posting_s)),
+        ]
+    }
+
+    fn clients_label(&self) -> &'static str {
+        if self.overload {
+            "accounts / connections"
+        } else {
+            "accounts / clients"
+        }
+    }
+
+    /// Throughput, latency and the overload figures.
+    fn load_rows(&self) -> Vec<Row> {
+        let terminal = format!("{} / {}", self.finished, self.rolled_back);
+        let shed = match self.shed_with_retry_after {
+            None => format!("{:.0}", self.shed_per_s),
+            Some(share) => format!(
+                "{:.0} ({:.0}% with Retry-After)",
+                self.shed_per_s,
+                share * 100.0
+            ),
+        };
+        let other = match &self.first_failure {
+            None => format!("{} / {}", self.shed_items, self.failed),
+            Some(why) => format!("{} / {} (first: {why})", self.shed_items, self.failed),
+        };
+        vec![
+            (
+                "transfers/s to terminal",
+                format!("{:.0}", self.transfers_per_s),
+            ),
+            ("  finished / rolled back", terminal),
+            (
+                "accepted transfers/s",
+                format!("{:.0}", self.accepted_transfers_per_s),
+            ),
+            (
+                "accepted POSTs/s",
+                format!("{:.0}", self.accepted_posts_per_s),
+            ),
+            ("503s/s", shed),
+            ("items 503 / failed", other),
+            ("POST latency (ms)", self.post_latency_ms.to_string()),
+            (
+                "created → terminal (ms)",
+                self.created_to_terminal_ms.to_string(),
+            ),
+            ("drain after posting (s)", format!("{:.2}", self.drain_s)),
+        ]
+    }
+
+    /// What a transfer costs the service, and the comparison with /healthz.
+    fn cost_rows(&self) -> Vec<Row> {
+        let store = format!(
+            "{} (conflicts {})",
+            shown(self.store_requests_per_transfer, 2),
+            shown(self.conflicts_per_transfer, 2)
+        );
+        vec![
+            (
+                "service CPU/transfer (µs)",
+                shown(self.service_cpu_us_per_transfer, 0),
+            ),
+            ("/healthz req/s", format!("{:.0}", self.healthz_per_s)),
+            (
+                "ratio transfers/healthz",
+                format!("{:.3}", self.ratio_to_healthz),
+            ),
+            ("store requests/transfer", store),
+            (
+                "ES HTTP requests/transfer",
+                shown(self.es_http_requests_per_transfer, 2),
+            ),
+            ("peak RSS (MiB)", shown(self.peak_rss_mib, 0)),
+        ]
+    }
+}
+
+impl Report {
+    fn new(
+        args: &Args,
+        phase: &TransferPhase,
+        healthz_per_s: f64,
+        peak_rss_kib: Option<u64>,
+    ) -> Report {
+        let terminal = phase.counted.terminal();
+        // Per-transfer figures are absent when nothing reached a terminal state.
+        let per_transfer = |v: f64| (terminal > 0.0).then(|| v / terminal);
+        let posting_s = phase.posting.as_secs_f64();
+        let transfers_per_s = terminal / (phase.posting + phase.drain).as_secs_f64();
+        let tally = &phase.tally;
+        Report {
+            store: args.store(),
+            accounts: args.accounts,
+            clients: args.clients(),
+            overload: args.connections.is_some(),
+            batch: args.batch,
+            posting_s,
+            transfers_per_s,
+            finished: phase.counted.finished,
+            rolled_back: phase.counted.rolled_back,
+            accepted_transfers_per_s: tally.accepted_transfers as f64 / posting_s,
+            accepted_posts_per_s: tally.accepted_posts as f64 / posting_s,
+            shed_per_s: tally.shed as f64 / posting_s,
+            shed_with_retry_after: (tally.shed > 0)
+                .then(|| tally.shed_with_retry_after as f64 / tally.shed as f64),
+            shed_items: tally.shed_items,
+            failed: tally.failed,
+            first_failure: tally.first_failure.clone(),
+            post_latency_ms: Percentiles::of_client_latency(&tally.latency_us),
+            created_to_terminal_ms: Percentiles::of_service_histogram(
+                &phase.after,
+                "transfer_duration_seconds",
+            ),
+            drain_s: phase.drain.as_secs_f64(),
+            service_cpu_us_per_transfer: phase
+                .service_cpu
+                .and_then(|cpu| per_transfer(cpu.as_secs_f64() * 1e6)),
+            healthz_per_s,
+            ratio_to_healthz: transfers_per_s / healthz_per_s,
+            store_requests_per_transfer: per_transfer(phase.counted.store_requests),
+            conflicts_per_transfer: per_transfer(phase.counted.conflicts),
+            es_http_requests_per_transfer: phase.es_requests.and_then(|n| per_transfer(n as f64)),
+            peak_rss_mib: peak_rss_kib.map(|kib| kib as f64 / 1024.0),
+        }
+    }
+}
+
+// ---- run ----------------------------------------------------------------------------------
+
+/// The transfer phase: what the clients saw, what the service counted and what it cost.
+struct TransferPhase {
+    tally: Tally,
+    posting: Duration,
+    /// From the end of posting until every accepted transfer was terminal.
+    drain: Duration,
+    counted: Counted,
+    after: Scrape,
+    /// The service's utime+stime over posting and draining.
+    service_cpu: Option<Duration>,
+    /// HTTP requests es-emulator received over posting and draining.
+    es_requests: Option<u64>,
+}
+
+/// Where the benchmark looks while it loads the service.
+struct Target<'a> {
+    client: reqwest::Client,
+    base: String,
+    /// The service process, when the benchmark started it.
+    pid: Option<u32>,
+    emulator: Option<&'a Emulator>,
+}
+
+async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> TransferPhase {
+    let (client, base) = (&target.client, target.base.as_str());
+    let before = Scrape::take(client, base).await;
+    let cpu_before = target.pid.and_then(cpu_time);
+    let es_before = target.emulator.map(Emulator::request_count);
     let started = Instant::now();
-    let load = run_load(&args, &client, &base, &run).await;
-    let after = wait_drained(&client, &base, &before).await;
-    let elapsed = started.elapsed();
+    let tally = run_load(args, client, base, run).await;
+    let posting = started.elapsed();
+    let after = wait_drained(client, base, &before).await;
+    let drain = started.elapsed() - posting;
+    let cpu_after = target.pid.and_then(cpu_time);
+    TransferPhase {
+        tally,
+        posting,
+        drain,
+        counted: Counted::between(&before, &after),
+        after,
+        service_cpu: cpu_before.zip(cpu_after).map(|(b, a)| a - b),
+        es_requests: es_before
+            .zip(target.emulator)
+            .map(|(b, e)| e.request_count() - b),
+    }
+}
 
-    report(
-        &args,
-        &load,
-        &Counted::between(&before, &after),
-        &after,
-        elapsed,
-    );
+/// Sets up, runs the transfer phase and then the healthz phase, and stops the service.
+async fn run(args: &Args, emulator: Option<&Emulator>) -> Report {
+    let elasticsearch = emulator.map(Emulator::url).or(args.elasticsearch.clone());
+    let service = args
+        .url
+        .is_none()
+        .then(|| start_service(args, elasticsearch.as_deref()));
+    let target = Target {
+        client: reqwest::Client::builder()
+            .timeout(Duration::from_secs(120))
+            .build()
+            .expect("http client"),
+        base: args
+            .url
+            .clone()
+            .unwrap_or_else(|| service.as_ref().expect("started").base.clone()),
+        pid: service.as_ref().map(Service::pid),
+        emulator,
+    };
+    wait_ready(&target.client, &target.base).await;
+    let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
+    open_accounts(&target.client, &target.base, &run, args.accounts).await;
+
+    let phase = transfer_phase(args, &target, &run).await;
+    let healthz = healthz_rate(
+        &target.client,
+        &target.base,
+        args.clients(),
+        args.healthz_duration,
+    )
+    .await;
+    let peak_rss_kib = target.pid.and_then(|pid| memory_kib(pid, "VmHWM:"));
     if let Some(service) = service {
         stop_service(service);
+    }
+    Report::new(args, &phase, healthz, peak_rss_kib)
+}
+
+/// Stops the service with SIGTERM and waits for it.
+fn stop_service(mut service: Service) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &service.pid().to_string()])
+        .status();
+    let _ = service.child.wait();
+}
+
+fn main() {
+    let args = Args::parse();
+    let emulator = args.emulator.then(Emulator::start);
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let report = runtime.block_on(run(&args, emulator.as_ref()));
+    drop(runtime);
+    if let Some(emulator) = emulator {
+        emulator.stop();
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("report as JSON")
+        );
+    } else {
+        report.print_table();
+    }
+}
+
+/// `cargo test --release --example bench`
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_ticks_add_utime_and_stime_after_a_command_name_with_spaces() {
+        let stat = "4242 (transfer (x) svc) S 1 2 3 4 5 6 7 8 9 10 1500 250 11 12 20 0 9 0";
+        assert_eq!(cpu_ticks(stat), Some(1750));
+    }
+
+    #[test]
+    fn cpu_time_of_this_process_is_readable() {
+        assert!(cpu_time(std::process::id()).is_some());
+    }
+
+    #[test]
+    fn batch_items_are_counted_as_accepted_shed_or_refused() {
+        let items: Vec<BatchItem> = [201, 200, 409, 503, 422, 201]
+            .into_iter()
+            .map(|status| BatchItem { status })
+            .collect();
+        let Outcome::Answered {
+            accepted,
+            shed,
+            refused,
+        } = outcome_of_items(&items)
+        else {
+            panic!("a 200 with items is answered");
+        };
+        assert_eq!((accepted, shed, refused), (3, 1, 2));
+    }
+
+    #[test]
+    fn quantiles_interpolate_within_a_bucket() {
+        let buckets = [(0.1, 10.0), (0.2, 30.0), (f64::INFINITY, 30.0)];
+        // The median is the 15th of 30: a quarter of the way through the (0.1, 0.2] bucket.
+        let median = quantile_of_buckets(&buckets, 0.5).unwrap();
+        assert!((median - 0.125).abs() < 1e-9, "{median}");
+        assert_eq!(quantile_of_buckets(&[(1.0, 0.0)], 0.5), None);
     }
 }
