@@ -174,6 +174,29 @@ async fn post(
     Some((status, response.json().await.unwrap_or(Value::Null)))
 }
 
+/// `GET {base}{path}`'s `200` body. A `503` (the store did not answer in time, which a
+/// loaded machine sees) or no answer is retried, as the HTTP contract asks, for up to 30 s;
+/// any other status fails the test.
+async fn get_ok(client: &reqwest::Client, base: &str, path: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = match client.get(format!("{base}{path}")).send().await {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                Some((status, response.json().await.unwrap_or(Value::Null)))
+            }
+            Err(_) => None,
+        };
+        match answer {
+            Some((200, body)) => return body,
+            Some((503, _)) | None if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            other => panic!("GET {path}: {other:?}"),
+        }
+    }
+}
+
 async fn open_accounts(client: &reqwest::Client, base: &str, ledger: Ledger) {
     for i in 0..ledger.accounts {
         let (status, body) = post(
@@ -320,10 +343,35 @@ struct Outcome {
     expected: Vec<i64>,
 }
 
-/// Waits (long-polling each transfer) until every transfer is terminal; returns the outcome.
+/// How many transfers [`final_states`] long-polls at once.
+const POLLERS: usize = 8;
+
+/// Waits (long-polling each transfer, [`POLLERS`] at a time) until every transfer is
+/// terminal; returns the outcome.
 async fn final_states(base: &str, requests: &Requests, ledger: Ledger) -> Outcome {
-    let client = reqwest::Client::new();
     let requests = requests.lock().unwrap().clone();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let ids: Vec<String> = requests.keys().cloned().collect();
+    let mut pollers = Vec::new();
+    for share in ids.chunks(ids.len().div_ceil(POLLERS).max(1)) {
+        let (base, share) = (base.to_owned(), share.to_vec());
+        pollers.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let mut terminal = Vec::new();
+            for id in share {
+                let transfer = loop {
+                    let t = get_ok(&client, &base, &format!("/transfers/{id}?wait=5s")).await;
+                    let state = t["state"].as_str().unwrap().to_owned();
+                    if state == "finished" || state == "rolled-back" {
+                        break t;
+                    }
+                    assert!(Instant::now() < deadline, "transfer {id} stuck in {state}");
+                };
+                terminal.push((id, transfer));
+            }
+            terminal
+        }));
+    }
     let mut outcome = Outcome {
         transfers: requests.len(),
         finished: 0,
@@ -331,33 +379,20 @@ async fn final_states(base: &str, requests: &Requests, ledger: Ledger) -> Outcom
         reasons: HashMap::new(),
         expected: vec![ledger.opening; ledger.accounts],
     };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    for (id, (from, to, amount, _)) in &requests {
-        let transfer = loop {
-            let t: Value = client
-                .get(format!("{base}/transfers/{id}?wait=5s"))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            let state = t["state"].as_str().unwrap().to_owned();
-            if state == "finished" || state == "rolled-back" {
-                break t;
+    for poller in pollers {
+        for (id, transfer) in poller.await.unwrap() {
+            let (from, to, amount, _) = requests[&id];
+            if transfer["state"] == "finished" {
+                outcome.finished += 1;
+                outcome.expected[from] -= amount;
+                outcome.expected[to] += amount;
+            } else {
+                outcome.rolled_back += 1;
+                *outcome
+                    .reasons
+                    .entry(transfer["reason"].as_str().unwrap_or("?").to_owned())
+                    .or_default() += 1;
             }
-            assert!(Instant::now() < deadline, "transfer {id} stuck in {state}");
-        };
-        if transfer["state"] == "finished" {
-            outcome.finished += 1;
-            outcome.expected[*from] -= amount;
-            outcome.expected[*to] += amount;
-        } else {
-            outcome.rolled_back += 1;
-            *outcome
-                .reasons
-                .entry(transfer["reason"].as_str().unwrap_or("?").to_owned())
-                .or_default() += 1;
         }
     }
     assert_eq!(
@@ -373,14 +408,7 @@ async fn final_states(base: &str, requests: &Requests, ledger: Ledger) -> Outcom
 async fn assert_exact(base: &str, expected: &[i64]) {
     let client = reqwest::Client::new();
     for (i, want) in expected.iter().enumerate() {
-        let account: Value = client
-            .get(format!("{base}/accounts/acct{i}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let account = get_ok(&client, base, &format!("/accounts/acct{i}")).await;
         assert_eq!(
             account["balance"].as_i64(),
             Some(*want),
@@ -564,19 +592,22 @@ const HOT: Ledger = Ledger {
 
 /// Opens an empty account `probe` through the service at `base` and returns how far ahead
 /// of this process's wall clock the service stamped it, at least and at most (milliseconds).
+/// A `503` or a lost answer is retried: the replay answers with the account as first stamped.
 async fn wall_clock_offset_of(base: &str, probe: &str) -> (i64, i64) {
     let client = reqwest::Client::new();
+    let body = json!({"id": probe, "balance": 0});
     let before = std::time::SystemTime::now();
-    let (status, account) = post(
-        &client,
-        base,
-        "/accounts",
-        &json!({"id": probe, "balance": 0}),
-    )
-    .await
-    .expect("open the probe account");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let account = loop {
+        match post(&client, base, "/accounts", &body).await {
+            Some((200 | 201, account)) => break account,
+            Some((503, _)) | None if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            other => panic!("cannot open the probe account {probe}: {other:?}"),
+        }
+    };
     let after = std::time::SystemTime::now();
-    assert_eq!(status, 201, "{account}");
     support::faketime::offset_of(account["created_at"].as_str().unwrap(), before, after)
 }
 
@@ -601,15 +632,19 @@ async fn scrape(base: &str) -> support::metrics::Exposition {
     support::metrics::Exposition::parse(&text)
 }
 
-/// Whether no worker runs in either process and no account has a pending entry.
-async fn quiescent(bases: &[String], ledger: Ledger) -> bool {
+/// What keeps the two processes from being quiescent: workers running in either, or pending
+/// entries on an account (with its balance next to the one the final states expect). `None`
+/// when no worker runs and no account has a pending entry.
+async fn not_quiescent(bases: &[String], expected: &[i64]) -> Option<String> {
+    let mut busy = Vec::new();
     for base in bases {
-        if scrape(base).await.value("transfers_in_flight", &[]) != 0.0 {
-            return false;
+        let running = scrape(base).await.value("transfers_in_flight", &[]);
+        if running != 0.0 {
+            busy.push(format!("{base} runs {running} workers"));
         }
     }
     let client = reqwest::Client::new();
-    for i in 0..ledger.accounts {
+    for (i, want) in expected.iter().enumerate() {
         let account: Value = match client
             .get(format!("{}/accounts/acct{i}", bases[0]))
             .send()
@@ -619,10 +654,43 @@ async fn quiescent(bases: &[String], ledger: Ledger) -> bool {
             Err(_) => Value::Null,
         };
         if account["pending_transactions"] != json!([]) {
-            return false;
+            busy.push(format!(
+                "acct{i}: balance {} (final states say {want}), pending {}",
+                account["balance"], account["pending_transactions"]
+            ));
         }
     }
-    true
+    (!busy.is_empty()).then(|| busy.join("; "))
+}
+
+/// How long after every transfer was seen terminal a worker can still write an account: a
+/// worker that claimed or renewed its lease before the transfer turned terminal acts until
+/// its deadline, at most a lease (1 s here) later, and a write it started may land up to a
+/// request timeout (a quarter lease) after that. Its task may also not have taken its first
+/// step yet, which `transfers_in_flight` does not count. Two leases cover all of it.
+const LATE_WRITES_END: Duration = Duration::from_secs(2);
+
+/// Waits until, [`LATE_WRITES_END`] or more after `terminal_at` (when every transfer was
+/// seen terminal), [`not_quiescent`] finds nothing; at most `limit`. Returns how long it
+/// took from `terminal_at`.
+async fn wait_until_quiescent(
+    bases: &[String],
+    expected: &[i64],
+    terminal_at: Instant,
+    limit: Duration,
+) -> Duration {
+    loop {
+        let late_writes_over = terminal_at.elapsed() >= LATE_WRITES_END;
+        match not_quiescent(bases, expected).await {
+            None if late_writes_over => return terminal_at.elapsed(),
+            None => {}
+            Some(busy) => assert!(
+                terminal_at.elapsed() < limit,
+                "after {limit:?}, still not quiescent (has the late-apply sweep run?): {busy}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Two instances on one Elasticsearch (the emulator, a test double), one of them with its
@@ -633,14 +701,15 @@ async fn quiescent(bases: &[String], ledger: Ledger) -> bool {
 /// (`SETTLED_MAX=0`, their minimum; `SKEW_SETTLED_MAX` sets another): a hot account forgets
 /// a settled id within a second at the default 100 anyway, and without them every late apply
 /// lands instead of being refused, so this run exercises the late-apply sweep, not the
-/// tombstones. Both instances are
-/// killed with SIGKILL and restarted in turn. Afterwards, once no worker runs and the sweep
-/// has emptied every pending list: exact balances through both APIs, and a clean audit.
+/// tombstones. Both instances are killed with SIGKILL and restarted in turn. Afterwards, once
+/// every transfer is terminal, the stale workers' deadlines are over, no worker runs and the
+/// sweep has emptied every pending list: exact balances through both APIs, a clean audit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_one_wall_clock_seconds_ahead_end_exact_after_the_sweep() {
     let Some(faketime) = support::faketime::library_or_skip("the wall-clock skew test") else {
         return;
     };
+    let test_started = Instant::now();
     let seconds = env_or("CRASH_SECONDS", 10);
     let clients = env_or("CRASH_CLIENTS", 16) as usize;
     let kills = env_or("CRASH_KILLS", 3).max(2);
@@ -702,24 +771,24 @@ async fn two_instances_one_wall_clock_seconds_ahead_end_exact_after_the_sweep() 
         }
     }
     load.await.unwrap();
-    let load_took = started.elapsed();
+    let (setup_took, load_took) = (started - test_started, started.elapsed());
 
+    // Clients post faster than four hot accounts settle: both processes work through the
+    // backlog after the load ends, so the final states take about as long as the load.
     let base = services[0].base.clone();
     let unanswered = repost_unanswered(&base, &requests).await;
     let outcome = final_states(&base, &requests, HOT).await;
+    let terminal_at = Instant::now();
+    let settle_took = terminal_at - (started + load_took);
     wait_until_nothing_in_flight(&base, Duration::from_secs(30)).await;
-    // A late apply can land after its transfer is terminal, until its worker stops; the
+    // A late apply can land after its transfer is terminal, until its worker's deadline; the
     // sweep undoes it once it is a lease old. No worker starts on a terminal transfer, so
-    // once none runs and every pending list is empty, nothing can change the balances.
+    // once the deadlines are over, none runs and every pending list is empty, nothing can
+    // change the balances any more.
     let both: Vec<String> = services.iter().map(|s| s.base.clone()).collect();
-    let quiet = Instant::now();
-    support::wait::eventually_within(
-        Duration::from_secs(30),
-        "no worker running and no pending entry left (the sweep undoing late applies)",
-        || quiescent(&both, HOT),
-    )
-    .await;
-    let quiet_took = quiet.elapsed();
+    let limit = Duration::from_secs(30);
+    let quiet_took = wait_until_quiescent(&both, &outcome.expected, terminal_at, limit).await;
+    let checks_started = Instant::now();
     for base in &both {
         assert_exact(base, &outcome.expected).await;
     }
@@ -732,10 +801,13 @@ async fn two_instances_one_wall_clock_seconds_ahead_end_exact_after_the_sweep() 
         let metrics = scrape(base).await;
         compensated.push(metrics.value("late_applies_compensated_total", &[]));
     }
+    let checks_took = checks_started.elapsed();
+    let shutdown_started = Instant::now();
     for service in services {
         let (status, _) = service.terminate();
         assert!(status.success(), "graceful exit: {status:?}");
     }
+    let shutdown_took = shutdown_started.elapsed();
     let undone_logged: usize = undone_counters
         .iter()
         .map(|c| c.load(Ordering::Relaxed))
@@ -744,8 +816,11 @@ async fn two_instances_one_wall_clock_seconds_ahead_end_exact_after_the_sweep() 
         "seed {seed}: {} transfers in {load_took:?} ({unanswered} unanswered, re-posted): {} \
          finished, {} rolled back {:?}; late applies compensated: {undone_logged} over all \
          {} processes (their WARN lines), /metrics of the last two: in step {}, ahead {}; \
-         quiet {quiet_took:?} after every transfer was terminal; balances exact through both \
-         APIs, pending lists empty, audit clean",
+         quiet {quiet_took:?} after every transfer was terminal (at least {LATE_WRITES_END:?}); \
+         balances exact through both APIs, pending lists empty, audit clean; {:?} in all \
+         (setup {setup_took:?}, load {load_took:?}, re-posts and final states \
+         {settle_took:?}, quiet {quiet_took:?}, checks and audit {checks_took:?}, shutdown \
+         {shutdown_took:?})",
         outcome.transfers,
         outcome.finished,
         outcome.rolled_back,
@@ -753,5 +828,6 @@ async fn two_instances_one_wall_clock_seconds_ahead_end_exact_after_the_sweep() 
         undone_counters.len(),
         compensated[0],
         compensated[1],
+        test_started.elapsed(),
     );
 }
