@@ -1,12 +1,14 @@
 //! Real processes: the `transfer-service` binary is started, loaded by concurrent clients,
 //! killed with SIGKILL and restarted; afterwards every accepted transfer must be terminal,
-//! balances exact, pending lists empty, and `transfer-service audit` clean.
+//! balances exact, pending lists empty, and `transfer-service audit` clean. One of them runs
+//! two instances with one wall clock seconds ahead (libfaketime, see `support::faketime`).
 //!
 //! Lengths are kept short for `cargo test`; the acceptance runs of the README set
-//! `CRASH_SECONDS`, `CRASH_CLIENTS` and `CRASH_KILLS` (e.g. 20, 16, 10).
+//! `CRASH_SECONDS`, `CRASH_CLIENTS` and `CRASH_KILLS` (e.g. 20, 16, 10), and `SKEW_SECONDS`
+//! and `SKEW_SETTLED_MAX` for the skewed run.
 //!
-//! A binary of its own: folded into the HTTP binary it saved nothing (its three tests take
-//! about 20 s either way), and the long runs below keep their own `--test process`.
+//! A binary of its own: folded into the HTTP binary it saved nothing, and the long runs
+//! below keep their own `--test process`. Its four tests take about 40 s on 2 cores.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -14,6 +16,7 @@ mod support;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -24,8 +27,22 @@ use transfer_service::store::embedded::EmbeddedStore;
 use transfer_service::store::{Index, Store};
 
 const BIN: &str = env!("CARGO_BIN_EXE_transfer-service");
-const ACCOUNTS: usize = 20;
-const OPENING: i64 = 1_000;
+
+/// The accounts `acct0`… the clients move units between, each opened with `opening`.
+#[derive(Debug, Clone, Copy)]
+struct Ledger {
+    accounts: usize,
+    opening: i64,
+}
+
+/// Twenty accounts of 1,000: contention spread over many accounts.
+const SPREAD: Ledger = Ledger {
+    accounts: 20,
+    opening: 1_000,
+};
+
+/// What the sweep logs (WARN) for each late apply it undoes.
+const LATE_APPLY_UNDONE: &str = "a late apply of a terminal transfer was undone";
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -38,6 +55,9 @@ fn env_or(name: &str, default: u64) -> u64 {
 struct Service {
     child: Child,
     base: String,
+    /// Late applies the sweep undid, counted from the process's log (WARN lines), which,
+    /// unlike `/metrics`, outlive a `kill -9`.
+    late_applies_undone: Arc<AtomicUsize>,
 }
 
 impl Service {
@@ -61,15 +81,18 @@ impl Service {
         let mut child = command.spawn().expect("start transfer-service");
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
+        let late_applies_undone = Arc::new(AtomicUsize::new(0));
+        let undone = late_applies_undone.clone();
         std::thread::spawn(move || {
             let mut sent = false;
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if !sent {
-                    if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                        if v["message"] == "serving" {
-                            let _ = tx.send(v["addr"].as_str().unwrap_or_default().to_owned());
-                            sent = true;
-                        }
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    if !sent && v["message"] == "serving" {
+                        let _ = tx.send(v["addr"].as_str().unwrap_or_default().to_owned());
+                        sent = true;
+                    }
+                    if v["message"] == LATE_APPLY_UNDONE {
+                        undone.fetch_add(1, Ordering::Relaxed);
                     }
                 }
                 if std::env::var("TEST_LOG").is_ok() {
@@ -83,12 +106,20 @@ impl Service {
         Service {
             child,
             base: format!("http://{addr}"),
+            late_applies_undone,
         }
     }
 
     fn kill9(mut self) {
         self.child.kill().expect("SIGKILL");
         self.child.wait().unwrap();
+    }
+
+    /// SIGKILL, then a new process started with `env` in its place.
+    fn kill9_and_restart(&mut self, env: &[(&str, String)]) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().unwrap();
+        *self = Service::start(env);
     }
 
     /// SIGTERM, then the exit status and how long it took.
@@ -143,13 +174,36 @@ async fn post(
     Some((status, response.json().await.unwrap_or(Value::Null)))
 }
 
-async fn open_accounts(client: &reqwest::Client, base: &str) {
-    for i in 0..ACCOUNTS {
+/// `GET {base}{path}`'s `200` body. A `503` (the store did not answer in time, which a
+/// loaded machine sees) or no answer is retried, as the HTTP contract asks, for up to 30 s;
+/// any other status fails the test.
+async fn get_ok(client: &reqwest::Client, base: &str, path: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = match client.get(format!("{base}{path}")).send().await {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                Some((status, response.json().await.unwrap_or(Value::Null)))
+            }
+            Err(_) => None,
+        };
+        match answer {
+            Some((200, body)) => return body,
+            Some((503, _)) | None if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            other => panic!("GET {path}: {other:?}"),
+        }
+    }
+}
+
+async fn open_accounts(client: &reqwest::Client, base: &str, ledger: Ledger) {
+    for i in 0..ledger.accounts {
         let (status, body) = post(
             client,
             base,
             "/accounts",
-            &json!({"id": format!("acct{i}"), "balance": OPENING}),
+            &json!({"id": format!("acct{i}"), "balance": ledger.opening}),
         )
         .await
         .expect("open account");
@@ -157,15 +211,18 @@ async fn open_accounts(client: &reqwest::Client, base: &str) {
     }
 }
 
-/// `clients` tasks post random transfers (with replays and cancels) to whichever service
-/// `bases` names, until `until`. Every id attempted is recorded, answered or not.
+/// `clients` tasks post random transfers (with replays and cancels) between the accounts of
+/// `ledger` to whichever service `bases` names, until `until`. Every id attempted is
+/// recorded, answered or not.
 async fn run_clients(
     clients: usize,
     until: Instant,
     bases: Arc<RwLock<Vec<String>>>,
     requests: Requests,
     seed: u64,
+    ledger: Ledger,
 ) {
+    let accounts = ledger.accounts;
     let mut tasks = Vec::new();
     for c in 0..clients {
         let bases = bases.clone();
@@ -192,8 +249,8 @@ async fn run_clients(
                     (id, f, t, a)
                 } else {
                     n += 1;
-                    let from = rng.random_range(0..ACCOUNTS);
-                    let to = (from + rng.random_range(1..ACCOUNTS)) % ACCOUNTS;
+                    let from = rng.random_range(0..accounts);
+                    let to = (from + rng.random_range(1..accounts)) % accounts;
                     (format!("c{c}-{n}"), from, to, rng.random_range(1..200))
                 };
                 requests
@@ -250,17 +307,17 @@ async fn wait_until_nothing_in_flight(base: &str, limit: Duration) -> Duration {
     }
 }
 
-/// After the chaos: re-post every id whose POST got no answer (an identical replay answers
-/// 200 with the transfer; 201 means it was never created and is created now), wait for every
-/// transfer to be terminal, and check exact balances and empty pending lists through the API.
-async fn settle_and_check(base: &str, requests: &Requests) {
+/// Re-posts every id whose POST got no answer (an identical replay answers 200 with the
+/// transfer; 201 means it was never created and is created now); returns how many.
+async fn repost_unanswered(base: &str, requests: &Requests) -> usize {
     let client = reqwest::Client::new();
     let requests = requests.lock().unwrap().clone();
-    let unanswered = requests.values().filter(|r| !r.3).count();
+    let mut unanswered = 0;
     for (id, (from, to, amount, answered)) in &requests {
         if *answered {
             continue;
         }
+        unanswered += 1;
         let body = json!({"id": id, "from": format!("acct{from}"), "to": format!("acct{to}"), "amount": amount});
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -273,46 +330,85 @@ async fn settle_and_check(base: &str, requests: &Requests) {
             }
         }
     }
-    let mut expected = [OPENING; ACCOUNTS];
+    unanswered
+}
+
+/// What the transfers ended as, and the balances that follow from it.
+struct Outcome {
+    transfers: usize,
+    finished: usize,
+    rolled_back: usize,
+    reasons: HashMap<String, usize>,
+    /// Each account's opening balance moved by every `finished` transfer.
+    expected: Vec<i64>,
+}
+
+/// How many transfers [`final_states`] long-polls at once.
+const POLLERS: usize = 8;
+
+/// Waits (long-polling each transfer, [`POLLERS`] at a time) until every transfer is
+/// terminal; returns the outcome.
+async fn final_states(base: &str, requests: &Requests, ledger: Ledger) -> Outcome {
+    let requests = requests.lock().unwrap().clone();
     let deadline = Instant::now() + Duration::from_secs(60);
-    let (mut finished, mut rolled_back) = (0, 0);
-    let mut reasons: HashMap<String, usize> = HashMap::new();
-    for (id, (from, to, amount, _)) in &requests {
-        let transfer = loop {
-            let t: Value = client
-                .get(format!("{base}/transfers/{id}?wait=5s"))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            let state = t["state"].as_str().unwrap().to_owned();
-            if state == "finished" || state == "rolled-back" {
-                break t;
+    let ids: Vec<String> = requests.keys().cloned().collect();
+    let mut pollers = Vec::new();
+    for share in ids.chunks(ids.len().div_ceil(POLLERS).max(1)) {
+        let (base, share) = (base.to_owned(), share.to_vec());
+        pollers.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let mut terminal = Vec::new();
+            for id in share {
+                let transfer = loop {
+                    let t = get_ok(&client, &base, &format!("/transfers/{id}?wait=5s")).await;
+                    let state = t["state"].as_str().unwrap().to_owned();
+                    if state == "finished" || state == "rolled-back" {
+                        break t;
+                    }
+                    assert!(Instant::now() < deadline, "transfer {id} stuck in {state}");
+                };
+                terminal.push((id, transfer));
             }
-            assert!(Instant::now() < deadline, "transfer {id} stuck in {state}");
-        };
-        if transfer["state"] == "finished" {
-            finished += 1;
-            expected[*from] -= amount;
-            expected[*to] += amount;
-        } else {
-            rolled_back += 1;
-            *reasons
-                .entry(transfer["reason"].as_str().unwrap_or("?").to_owned())
-                .or_default() += 1;
+            terminal
+        }));
+    }
+    let mut outcome = Outcome {
+        transfers: requests.len(),
+        finished: 0,
+        rolled_back: 0,
+        reasons: HashMap::new(),
+        expected: vec![ledger.opening; ledger.accounts],
+    };
+    for poller in pollers {
+        for (id, transfer) in poller.await.unwrap() {
+            let (from, to, amount, _) = requests[&id];
+            if transfer["state"] == "finished" {
+                outcome.finished += 1;
+                outcome.expected[from] -= amount;
+                outcome.expected[to] += amount;
+            } else {
+                outcome.rolled_back += 1;
+                *outcome
+                    .reasons
+                    .entry(transfer["reason"].as_str().unwrap_or("?").to_owned())
+                    .or_default() += 1;
+            }
         }
     }
+    assert_eq!(
+        outcome.expected.iter().sum::<i64>(),
+        ledger.opening * ledger.accounts as i64,
+        "units conserved"
+    );
+    outcome
+}
+
+/// Every account's balance, as the service at `base` answers it, is `expected`, and its
+/// pending list is empty.
+async fn assert_exact(base: &str, expected: &[i64]) {
+    let client = reqwest::Client::new();
     for (i, want) in expected.iter().enumerate() {
-        let account: Value = client
-            .get(format!("{base}/accounts/acct{i}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let account = get_ok(&client, base, &format!("/accounts/acct{i}")).await;
         assert_eq!(
             account["balance"].as_i64(),
             Some(*want),
@@ -320,11 +416,18 @@ async fn settle_and_check(base: &str, requests: &Requests) {
         );
         assert_eq!(account["pending_transactions"], json!([]), "acct{i}");
     }
-    assert_eq!(expected.iter().sum::<i64>(), OPENING * ACCOUNTS as i64);
+}
+
+/// After the chaos: re-post every id whose POST got no answer, wait for every transfer to be
+/// terminal, and check exact balances and empty pending lists through the API.
+async fn settle_and_check(base: &str, requests: &Requests, ledger: Ledger) {
+    let unanswered = repost_unanswered(base, requests).await;
+    let outcome = final_states(base, requests, ledger).await;
+    assert_exact(base, &outcome.expected).await;
     eprintln!(
-        "{} transfers ({unanswered} unanswered during the run, re-posted): {finished} finished, \
-         {rolled_back} rolled back {reasons:?}; balances exact, pending lists empty",
-        requests.len()
+        "{} transfers ({unanswered} unanswered during the run, re-posted): {} finished, \
+         {} rolled back {:?}; balances exact, pending lists empty",
+        outcome.transfers, outcome.finished, outcome.rolled_back, outcome.reasons
     );
 }
 
@@ -338,7 +441,7 @@ async fn kill_dash_nine_and_restart_keep_every_invariant() {
     let dir = tempfile::tempdir().unwrap();
     let env = vec![("DATA_DIR", dir.path().display().to_string())];
     let service = Service::start(&env);
-    open_accounts(&reqwest::Client::new(), &service.base).await;
+    open_accounts(&reqwest::Client::new(), &service.base, SPREAD).await;
     let bases = Arc::new(RwLock::new(vec![service.base.clone()]));
     let requests: Requests = Arc::default();
     let until = Instant::now() + Duration::from_secs(seconds);
@@ -348,6 +451,7 @@ async fn kill_dash_nine_and_restart_keep_every_invariant() {
         bases.clone(),
         requests.clone(),
         seed,
+        SPREAD,
     ));
 
     let mut rng = StdRng::seed_from_u64(seed);
@@ -369,7 +473,7 @@ async fn kill_dash_nine_and_restart_keep_every_invariant() {
         took,
         last_restart.elapsed()
     );
-    settle_and_check(&service.base, &requests).await;
+    settle_and_check(&service.base, &requests, SPREAD).await;
     let (status, took) = service.terminate();
     assert!(status.success(), "graceful exit: {status:?}");
     assert!(took < Duration::from_secs(10), "exit took {took:?}");
@@ -393,7 +497,7 @@ async fn two_instances_on_one_elasticsearch_share_work_and_survive_one_kill() {
     ];
     let first = Service::start(&env);
     let second = Service::start(&env);
-    open_accounts(&reqwest::Client::new(), &first.base).await;
+    open_accounts(&reqwest::Client::new(), &first.base, SPREAD).await;
     let bases = Arc::new(RwLock::new(vec![first.base.clone(), second.base.clone()]));
     let requests: Requests = Arc::default();
     let until = Instant::now() + Duration::from_secs(seconds);
@@ -403,6 +507,7 @@ async fn two_instances_on_one_elasticsearch_share_work_and_survive_one_kill() {
         bases.clone(),
         requests.clone(),
         seed,
+        SPREAD,
     ));
     tokio::time::sleep(Duration::from_secs(seconds) / 2).await;
     // One instance dies mid-run; the other takes over its transfers once their leases expire.
@@ -410,7 +515,7 @@ async fn two_instances_on_one_elasticsearch_share_work_and_survive_one_kill() {
     *bases.write().unwrap() = vec![second.base.clone()];
     load.await.unwrap();
     wait_until_nothing_in_flight(&second.base, Duration::from_secs(60)).await;
-    settle_and_check(&second.base, &requests).await;
+    settle_and_check(&second.base, &requests, SPREAD).await;
     let (clean, report) = audit(&env);
     assert!(clean, "audit found violations:\n{report}");
     let (status, _) = second.terminate();
@@ -430,11 +535,11 @@ async fn sigterm_exits_promptly_and_releases_leases() {
     ];
     let service = Service::start(&env);
     let client = reqwest::Client::new();
-    open_accounts(&client, &service.base).await;
+    open_accounts(&client, &service.base, SPREAD).await;
     let requests: Requests = Arc::default();
     let bases = Arc::new(RwLock::new(vec![service.base.clone()]));
     let until = Instant::now() + Duration::from_millis(1500);
-    let load = tokio::spawn(run_clients(16, until, bases, requests.clone(), 7));
+    let load = tokio::spawn(run_clients(16, until, bases, requests.clone(), 7, SPREAD));
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let (status, took) = service.terminate();
     assert!(status.success(), "exit status {status:?}");
@@ -475,6 +580,254 @@ async fn sigterm_exits_promptly_and_releases_leases() {
         "exit {took:?} after SIGTERM; {in_flight} transfers left in flight, leases released, \
          resumed within {resumed:?} of the restart"
     );
-    settle_and_check(&service.base, &requests).await;
+    settle_and_check(&service.base, &requests, SPREAD).await;
     service.terminate();
+}
+
+/// Four accounts of 10,000: every transfer contends with the others on the same documents.
+const HOT: Ledger = Ledger {
+    accounts: 4,
+    opening: 10_000,
+};
+
+/// Opens an empty account `probe` through the service at `base` and returns how far ahead
+/// of this process's wall clock the service stamped it, at least and at most (milliseconds).
+/// A `503` or a lost answer is retried: the replay answers with the account as first stamped.
+async fn wall_clock_offset_of(base: &str, probe: &str) -> (i64, i64) {
+    let client = reqwest::Client::new();
+    let body = json!({"id": probe, "balance": 0});
+    let before = std::time::SystemTime::now();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let account = loop {
+        match post(&client, base, "/accounts", &body).await {
+            Some((200 | 201, account)) => break account,
+            Some((503, _)) | None if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            other => panic!("cannot open the probe account {probe}: {other:?}"),
+        }
+    };
+    let after = std::time::SystemTime::now();
+    support::faketime::offset_of(account["created_at"].as_str().unwrap(), before, after)
+}
+
+/// Asserts the service at `base` runs with its wall clock `offset` ahead of this process's
+/// (to within 100 ms of rounding either way), as its own timestamps show.
+async fn assert_wall_clock_offset(base: &str, probe: &str, offset: Duration) {
+    let (at_least, at_most) = wall_clock_offset_of(base, probe).await;
+    let want = offset.as_millis() as i64;
+    assert!(
+        at_least - 100 <= want && want <= at_most + 100,
+        "{base} stamps {at_least}..{at_most} ms ahead, not {want} ms: is libfaketime working?"
+    );
+}
+
+async fn scrape(base: &str) -> support::metrics::Exposition {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("metrics body");
+    support::metrics::Exposition::parse(&text)
+}
+
+/// What keeps the two processes from being quiescent: workers running in either, or pending
+/// entries on an account (with its balance next to the one the final states expect). `None`
+/// when no worker runs and no account has a pending entry.
+async fn not_quiescent(bases: &[String], expected: &[i64]) -> Option<String> {
+    let mut busy = Vec::new();
+    for base in bases {
+        let running = scrape(base).await.value("transfers_in_flight", &[]);
+        if running != 0.0 {
+            busy.push(format!("{base} runs {running} workers"));
+        }
+    }
+    let client = reqwest::Client::new();
+    for (i, want) in expected.iter().enumerate() {
+        let account: Value = match client
+            .get(format!("{}/accounts/acct{i}", bases[0]))
+            .send()
+            .await
+        {
+            Ok(r) => r.json().await.unwrap_or(Value::Null),
+            Err(_) => Value::Null,
+        };
+        if account["pending_transactions"] != json!([]) {
+            busy.push(format!(
+                "acct{i}: balance {} (final states say {want}), pending {}",
+                account["balance"], account["pending_transactions"]
+            ));
+        }
+    }
+    (!busy.is_empty()).then(|| busy.join("; "))
+}
+
+/// How long after every transfer was seen terminal a worker can still write an account: a
+/// worker that claimed or renewed its lease before the transfer turned terminal acts until
+/// its deadline, at most a lease (1 s here) later, and a write it started may land up to a
+/// request timeout (a quarter lease) after that. Its task may also not have taken its first
+/// step yet, which `transfers_in_flight` does not count. Two leases cover all of it.
+const LATE_WRITES_END: Duration = Duration::from_secs(2);
+
+/// Waits until, [`LATE_WRITES_END`] or more after `terminal_at` (when every transfer was
+/// seen terminal), [`not_quiescent`] finds nothing; at most `limit`. Returns how long it
+/// took from `terminal_at`.
+async fn wait_until_quiescent(
+    bases: &[String],
+    expected: &[i64],
+    terminal_at: Instant,
+    limit: Duration,
+) -> Duration {
+    loop {
+        let late_writes_over = terminal_at.elapsed() >= LATE_WRITES_END;
+        match not_quiescent(bases, expected).await {
+            None if late_writes_over => return terminal_at.elapsed(),
+            None => {}
+            Some(busy) => assert!(
+                terminal_at.elapsed() < limit,
+                "after {limit:?}, still not quiescent (has the late-apply sweep run?): {busy}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Two instances on one Elasticsearch (the emulator, a test double), one of them with its
+/// wall clock several leases ahead, for real (libfaketime; its lease deadlines, on
+/// CLOCK_BOOTTIME, are not moved). The instance ahead judges the other's live leases expired
+/// (in recovery and in the cancel handler) and settles transfers their holder is still
+/// driving; the holder, inside its own deadline, may then apply late. Tombstones are off
+/// (`SETTLED_MAX=0`, their minimum; `SKEW_SETTLED_MAX` sets another): a hot account forgets
+/// a settled id within a second at the default 100 anyway, and without them every late apply
+/// lands instead of being refused, so this run exercises the late-apply sweep, not the
+/// tombstones. Both instances are killed with SIGKILL and restarted in turn. Afterwards, once
+/// every transfer is terminal, the stale workers' deadlines are over, no worker runs and the
+/// sweep has emptied every pending list: exact balances through both APIs, a clean audit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_one_wall_clock_seconds_ahead_end_exact_after_the_sweep() {
+    let Some(faketime) = support::faketime::library_or_skip("the wall-clock skew test") else {
+        return;
+    };
+    let test_started = Instant::now();
+    let seconds = env_or("CRASH_SECONDS", 10);
+    let clients = env_or("CRASH_CLIENTS", 16) as usize;
+    let kills = env_or("CRASH_KILLS", 3).max(2);
+    let offset = Duration::from_secs(env_or("SKEW_SECONDS", 4));
+    let settled_max = std::env::var("SKEW_SETTLED_MAX").unwrap_or_else(|_| "0".to_owned());
+    let seed = env_or("CRASH_SEED", rand::random::<u32>() as u64);
+    eprintln!(
+        "seed {seed} (CRASH_SEED to repeat), {seconds} s, {clients} clients over {} accounts, \
+         {kills} kills, one wall clock {offset:?} ahead (lease 1 s), SETTLED_MAX={settled_max}",
+        HOT.accounts
+    );
+    let emulator = support::stores::emulator().await;
+    let in_step = vec![
+        ("ELASTICSEARCH_URL", emulator.url.clone()),
+        ("INDEX_PREFIX", "skewed-".to_owned()),
+        ("SETTLED_MAX", settled_max.clone()),
+    ];
+    let mut ahead = in_step.clone();
+    ahead.extend(support::faketime::wall_clock_ahead(&faketime, offset));
+    let envs = [in_step.clone(), ahead];
+
+    // [0] in step with this process, [1] ahead; each checked by its own timestamps.
+    let mut services = [Service::start(&envs[0]), Service::start(&envs[1])];
+    let mut undone_counters: Vec<Arc<AtomicUsize>> = services
+        .iter()
+        .map(|s| s.late_applies_undone.clone())
+        .collect();
+    assert_wall_clock_offset(&services[0].base, "probe-in-step", Duration::ZERO).await;
+    assert_wall_clock_offset(&services[1].base, "probe-ahead-0", offset).await;
+    open_accounts(&reqwest::Client::new(), &services[0].base, HOT).await;
+
+    let bases = Arc::new(RwLock::new(
+        services.iter().map(|s| s.base.clone()).collect::<Vec<_>>(),
+    ));
+    let requests: Requests = Arc::default();
+    let started = Instant::now();
+    let until = started + Duration::from_secs(seconds);
+    let load = tokio::spawn(run_clients(
+        clients,
+        until,
+        bases.clone(),
+        requests.clone(),
+        seed,
+        HOT,
+    ));
+    // Kills spread over the load, alternating between the two, the first picked by the seed.
+    let mut rng = StdRng::seed_from_u64(seed);
+    let first = rng.random_range(0..2);
+    let gap = Duration::from_millis(seconds * 1000 / (kills + 1));
+    for k in 0..kills as usize {
+        tokio::time::sleep(gap.mul_f64(rng.random_range(0.5..1.5))).await;
+        let victim = (first + k) % 2;
+        services[victim].kill9_and_restart(&envs[victim]);
+        undone_counters.push(services[victim].late_applies_undone.clone());
+        bases.write().unwrap()[victim] = services[victim].base.clone();
+        if victim == 1 {
+            let probe = format!("probe-ahead-{}", k + 1);
+            assert_wall_clock_offset(&services[1].base, &probe, offset).await;
+        }
+    }
+    load.await.unwrap();
+    let (setup_took, load_took) = (started - test_started, started.elapsed());
+
+    // Clients post faster than four hot accounts settle: both processes work through the
+    // backlog after the load ends, so the final states take about as long as the load.
+    let base = services[0].base.clone();
+    let unanswered = repost_unanswered(&base, &requests).await;
+    let outcome = final_states(&base, &requests, HOT).await;
+    let terminal_at = Instant::now();
+    let settle_took = terminal_at - (started + load_took);
+    wait_until_nothing_in_flight(&base, Duration::from_secs(30)).await;
+    // A late apply can land after its transfer is terminal, until its worker's deadline; the
+    // sweep undoes it once it is a lease old. No worker starts on a terminal transfer, so
+    // once the deadlines are over, none runs and every pending list is empty, nothing can
+    // change the balances any more.
+    let both: Vec<String> = services.iter().map(|s| s.base.clone()).collect();
+    let limit = Duration::from_secs(30);
+    let quiet_took = wait_until_quiescent(&both, &outcome.expected, terminal_at, limit).await;
+    let checks_started = Instant::now();
+    for base in &both {
+        assert_exact(base, &outcome.expected).await;
+    }
+    let (clean, report) = audit(&in_step);
+    assert!(clean, "audit found violations:\n{report}");
+    assert!(report.contains("in flight 0"), "{report}");
+
+    let mut compensated = Vec::new();
+    for base in &both {
+        let metrics = scrape(base).await;
+        compensated.push(metrics.value("late_applies_compensated_total", &[]));
+    }
+    let checks_took = checks_started.elapsed();
+    let shutdown_started = Instant::now();
+    for service in services {
+        let (status, _) = service.terminate();
+        assert!(status.success(), "graceful exit: {status:?}");
+    }
+    let shutdown_took = shutdown_started.elapsed();
+    let undone_logged: usize = undone_counters
+        .iter()
+        .map(|c| c.load(Ordering::Relaxed))
+        .sum();
+    eprintln!(
+        "seed {seed}: {} transfers in {load_took:?} ({unanswered} unanswered, re-posted): {} \
+         finished, {} rolled back {:?}; late applies compensated: {undone_logged} over all \
+         {} processes (their WARN lines), /metrics of the last two: in step {}, ahead {}; \
+         quiet {quiet_took:?} after every transfer was terminal (at least {LATE_WRITES_END:?}); \
+         balances exact through both APIs, pending lists empty, audit clean; {:?} in all \
+         (setup {setup_took:?}, load {load_took:?}, re-posts and final states \
+         {settle_took:?}, quiet {quiet_took:?}, checks and audit {checks_took:?}, shutdown \
+         {shutdown_took:?})",
+        outcome.transfers,
+        outcome.finished,
+        outcome.rolled_back,
+        outcome.reasons,
+        undone_counters.len(),
+        compensated[0],
+        compensated[1],
+        test_started.elapsed(),
+    );
 }

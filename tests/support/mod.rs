@@ -11,13 +11,15 @@
 //!   on a test clock and tokio's paused time;
 //! - [`metrics`]: `/metrics` read with a maintained Prometheus text parser;
 //! - [`logs`]: every app's JSON log lines captured in memory, found by request or transfer id;
-//! - [`wait`]: waiting on a condition with a deadline (never a fixed sleep).
+//! - [`wait`]: waiting on a condition with a deadline (never a fixed sleep);
+//! - [`faketime`]: a child process whose wall clock is offset (libfaketime).
 //!
 //! Each binary uses part of the harness, so unused items are expected in any one of them.
 #![allow(dead_code)]
 
 pub mod app;
 pub mod engine;
+pub mod faketime;
 pub mod faulty;
 pub mod gate;
 pub mod logs;
