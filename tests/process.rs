@@ -5,7 +5,7 @@
 //!
 //! Lengths are kept short for `cargo test`; the acceptance runs of the README set
 //! `CRASH_SECONDS`, `CRASH_CLIENTS` and `CRASH_KILLS` (e.g. 20, 16, 10), and `SKEW_SECONDS`
-//! and `SKEW_SETTLED_MAX` for the skewed run.
+//! and `SKEW_SETTLED_RETENTION` for the skewed run.
 //!
 //! A binary of its own: folded into the HTTP binary it saved nothing, and the long runs
 //! below keep their own `--test process`. Its four tests take about 40 s on 2 cores.
@@ -697,11 +697,11 @@ async fn wait_until_quiescent(
 /// wall clock several leases ahead, for real (libfaketime; its lease deadlines, on
 /// CLOCK_BOOTTIME, are not moved). The instance ahead judges the other's live leases expired
 /// (in recovery and in the cancel handler) and settles transfers their holder is still
-/// driving; the holder, inside its own deadline, may then apply late. Tombstones are off
-/// (`SETTLED_MAX=0`, their minimum; `SKEW_SETTLED_MAX` sets another): a hot account forgets
-/// a settled id within a second at the default 100 anyway, and without them every late apply
-/// lands instead of being refused, so this run exercises the late-apply sweep, not the
-/// tombstones. Both instances are killed with SIGKILL and restarted in turn. Afterwards, once
+/// driving; the holder, inside its own deadline, may then apply late. Tombstones are at
+/// their minimum (`SETTLED_RETENTION=0s`; `SKEW_SETTLED_RETENTION` sets another): a
+/// tombstone is then kept only while its stamp is in the reader's future (written by the
+/// clock ahead), so most late applies land instead of being refused, and this run exercises
+/// the late-apply sweep, not the tombstones. Both instances are killed with SIGKILL and restarted in turn. Afterwards, once
 /// every transfer is terminal, the stale workers' deadlines are over, no worker runs and the
 /// sweep has emptied every pending list: exact balances through both APIs, a clean audit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -714,18 +714,18 @@ async fn two_instances_one_wall_clock_seconds_ahead_end_exact_after_the_sweep() 
     let clients = env_or("CRASH_CLIENTS", 16) as usize;
     let kills = env_or("CRASH_KILLS", 3).max(2);
     let offset = Duration::from_secs(env_or("SKEW_SECONDS", 4));
-    let settled_max = std::env::var("SKEW_SETTLED_MAX").unwrap_or_else(|_| "0".to_owned());
+    let retention = std::env::var("SKEW_SETTLED_RETENTION").unwrap_or_else(|_| "0s".to_owned());
     let seed = env_or("CRASH_SEED", rand::random::<u32>() as u64);
     eprintln!(
         "seed {seed} (CRASH_SEED to repeat), {seconds} s, {clients} clients over {} accounts, \
-         {kills} kills, one wall clock {offset:?} ahead (lease 1 s), SETTLED_MAX={settled_max}",
+         {kills} kills, one wall clock {offset:?} ahead (lease 1 s), SETTLED_RETENTION={retention}",
         HOT.accounts
     );
     let emulator = support::stores::emulator().await;
     let in_step = vec![
         ("ELASTICSEARCH_URL", emulator.url.clone()),
         ("INDEX_PREFIX", "skewed-".to_owned()),
-        ("SETTLED_MAX", settled_max.clone()),
+        ("SETTLED_RETENTION", retention.clone()),
     ];
     let mut ahead = in_step.clone();
     ahead.extend(support::faketime::wall_clock_ahead(&faketime, offset));
