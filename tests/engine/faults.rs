@@ -117,17 +117,8 @@ const FAULTS: &[(&str, Fault)] = &[
 
 fn matcher(case: &str, step: Step) -> Matcher {
     match step {
-        Step::Create => Matcher {
-            op: Some("create"),
-            index: Some(Index::Transactions),
-            ..Matcher::default()
-        },
-        Step::State(state) => Matcher {
-            op: Some("replace"),
-            index: Some(Index::Transactions),
-            new_state: Some(state),
-            ..Matcher::default()
-        },
+        Step::Create => Matcher::creates(Index::Transactions),
+        Step::State(state) => Matcher::writes(Index::Transactions).moving_to(state),
         Step::Account(side, pending) => Matcher {
             op: Some("replace"),
             index: Some(Index::Accounts),

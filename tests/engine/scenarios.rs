@@ -42,15 +42,7 @@ async fn a_write_applied_but_unacknowledged_is_not_applied_twice() {
         open_account(&e, "b", 0).await;
         // Each account write is applied but answered with an error once: the worker retries the
         // same conditional write, which conflicts, re-reads and finds the step done.
-        w.faulty.inject(
-            Matcher {
-                op: Some("replace"),
-                index: Some(Index::Accounts),
-                ..Matcher::default()
-            },
-            fault,
-            4,
-        );
+        w.faulty.inject(Matcher::writes(Index::Accounts), fault, 4);
         start_transfer(&e, "t1", "a", "b", 30).await;
         quiesce(&w, &e, Duration::from_secs(20)).await;
         assert_eq!(w.faulty.fired.load(std::sync::atomic::Ordering::SeqCst), 4);
@@ -74,15 +66,8 @@ async fn state_writes_applied_but_unacknowledged_are_recovered() {
         let e = instance(&w, w.faulty.clone(), Duration::from_millis(300));
         open_account(&e, "a", 100).await;
         open_account(&e, "b", 0).await;
-        w.faulty.inject(
-            Matcher {
-                op: Some("replace"),
-                index: Some(Index::Transactions),
-                ..Matcher::default()
-            },
-            fault,
-            3,
-        );
+        w.faulty
+            .inject(Matcher::writes(Index::Transactions), fault, 3);
         start_transfer(&e, "t1", "a", "b", 30).await;
         quiesce(&w, &e, Duration::from_secs(20)).await;
         assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (70, 30));
@@ -140,12 +125,7 @@ async fn a_cancel_during_pending_makes_the_worker_roll_back() {
     open_account(&e, "b", 0).await;
     // Hold the destination apply so the cancel lands while the transfer is pending.
     w.faulty.inject(
-        Matcher {
-            op: Some("get"),
-            index: Some(Index::Accounts),
-            id: Some("b".into()),
-            ..Matcher::default()
-        },
+        Matcher::reads(Index::Accounts).of_doc("b"),
         Fault::StallBefore(Duration::from_millis(1500)),
         1,
     );
@@ -341,13 +321,9 @@ async fn recovery_does_not_trust_a_remembered_account_copy_without_writing() {
     // Instance B crashes right before core step 5 (remove from the source).
     let b = instance(&w, w.faulty.clone(), Duration::from_millis(300));
     w.faulty.inject(
-        Matcher {
-            op: Some("replace"),
-            index: Some(Index::Accounts),
-            id: Some("a".into()),
-            pending_len: Some(0),
-            ..Matcher::default()
-        },
+        Matcher::writes(Index::Accounts)
+            .of_doc("a")
+            .leaving_pending(0),
         Fault::Crash { applied: false },
         1,
     );
@@ -407,15 +383,8 @@ async fn a_create_whose_answer_was_lost_is_still_driven_at_once() {
         let e = instance(&w, w.faulty.clone(), Duration::from_secs(30));
         open_account(&e, "a", 100).await;
         open_account(&e, "b", 0).await;
-        w.faulty.inject(
-            Matcher {
-                op: Some("create"),
-                index: Some(Index::Transactions),
-                ..Matcher::default()
-            },
-            fault,
-            1,
-        );
+        w.faulty
+            .inject(Matcher::creates(Index::Transactions), fault, 1);
         let created = e
             .create_transfer(NewTransfer {
                 id: "t".into(),
@@ -459,16 +428,8 @@ async fn a_takeover_whose_answer_was_lost_is_driven_at_once() {
         let w = world(9, Duration::ZERO);
         let e = instance(&w, w.faulty.clone(), Duration::from_secs(30));
         abandoned_pending_transfer(&e, &w.base).await;
-        w.faulty.inject(
-            Matcher {
-                op: Some("replace"),
-                index: Some(Index::Transactions),
-                id: Some("t".into()),
-                ..Matcher::default()
-            },
-            fault,
-            1,
-        );
+        w.faulty
+            .inject(Matcher::writes(Index::Transactions).of_doc("t"), fault, 1);
         let permits = Arc::new(Semaphore::new(4));
         let report = e
             .recover_once(e.clock().wall_millis(), &permits)
@@ -492,13 +453,9 @@ async fn a_cancel_whose_answer_was_lost_is_driven_at_once() {
         let e = instance(&w, w.faulty.clone(), Duration::from_secs(30));
         abandoned_pending_transfer(&e, &w.base).await;
         w.faulty.inject(
-            Matcher {
-                op: Some("replace"),
-                index: Some(Index::Transactions),
-                id: Some("t".into()),
-                new_state: Some("terminating"),
-                ..Matcher::default()
-            },
+            Matcher::writes(Index::Transactions)
+                .of_doc("t")
+                .moving_to("terminating"),
             fault,
             1,
         );
@@ -520,15 +477,7 @@ async fn an_account_create_whose_answer_was_lost_is_new() {
     for fault in LOST_ANSWERS {
         let w = world(11, Duration::ZERO);
         let e = instance(&w, w.faulty.clone(), Duration::from_secs(30));
-        w.faulty.inject(
-            Matcher {
-                op: Some("create"),
-                index: Some(Index::Accounts),
-                ..Matcher::default()
-            },
-            fault,
-            1,
-        );
+        w.faulty.inject(Matcher::creates(Index::Accounts), fault, 1);
         let created = e
             .create_account(NewAccount {
                 id: "a".into(),
@@ -683,12 +632,7 @@ async fn a_transfer_released_at_shutdown_is_resumed_by_another_instance_at_once(
     open_account(&a, "b", 0).await;
     // A's worker is in the middle of the destination apply when A shuts down.
     w.faulty.inject(
-        Matcher {
-            op: Some("get"),
-            index: Some(Index::Accounts),
-            id: Some("b".into()),
-            ..Matcher::default()
-        },
+        Matcher::reads(Index::Accounts).of_doc("b"),
         Fault::StallBefore(Duration::from_secs(1)),
         1,
     );

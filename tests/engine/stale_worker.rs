@@ -53,35 +53,21 @@ fn stall_point(seed: u64) -> (Matcher, Fault, &'static str) {
     };
     match rng.random_range(0..3) {
         0 => (
-            Matcher {
-                op: Some("get"),
-                index: Some(Index::Accounts),
-                id: Some(id),
-                ..Matcher::default()
-            },
+            Matcher::reads(Index::Accounts).of_doc(id),
             fault,
             "account read",
         ),
         1 => (
-            Matcher {
-                op: Some("replace"),
-                index: Some(Index::Accounts),
-                id: Some(id),
-                ..Matcher::default()
-            },
+            Matcher::writes(Index::Accounts).of_doc(id),
             fault,
             "account write",
         ),
         _ => {
             let state = ["pending", "committed", "finished"][rng.random_range(0..3)];
             (
-                Matcher {
-                    op: Some("replace"),
-                    index: Some(Index::Transactions),
-                    id: Some(format!("s{seed}-t")),
-                    new_state: Some(state),
-                    ..Matcher::default()
-                },
+                Matcher::writes(Index::Transactions)
+                    .of_doc(format!("s{seed}-t"))
+                    .moving_to(state),
                 fault,
                 "transfer write",
             )

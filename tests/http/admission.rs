@@ -198,39 +198,7 @@ mod cases {
     }
 }
 
-macro_rules! admission_suite {
-    ($($case:ident),* $(,)?) => {
-        mod embedded {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::cases::$case(super::Backend::Embedded).await;
-                }
-            )*
-        }
-        mod emulator {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::cases::$case(super::Backend::Emulator).await;
-                }
-            )*
-        }
-        mod real_es {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    if crate::support::stores::real_cluster().is_none() {
-                        return;
-                    }
-                    super::cases::$case(super::Backend::RealEs).await;
-                }
-            )*
-        }
-    };
-}
-
-admission_suite!(
+on_every_backend!(
     beyond_the_bound_creates_are_503_until_work_finishes,
     a_batch_is_admitted_whole_or_not_at_all,
     a_batch_larger_than_the_bound_is_422,

@@ -773,39 +773,7 @@ mod cases {
     }
 }
 
-macro_rules! api_suite {
-    ($($case:ident),* $(,)?) => {
-        mod embedded {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::cases::$case(super::Backend::Embedded).await;
-                }
-            )*
-        }
-        mod emulator {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::cases::$case(super::Backend::Emulator).await;
-                }
-            )*
-        }
-        mod real_es {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    if crate::support::stores::real_cluster().is_none() {
-                        return;
-                    }
-                    super::cases::$case(super::Backend::RealEs).await;
-                }
-            )*
-        }
-    };
-}
-
-api_suite!(
+on_every_backend!(
     create_account_returns_201_and_the_account,
     identical_account_replay_returns_200_and_other_data_409,
     invalid_account_input_is_4xx_and_changes_nothing,

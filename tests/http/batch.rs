@@ -293,39 +293,7 @@ mod cases {
     }
 }
 
-macro_rules! batch_suite {
-    ($($case:ident),* $(,)?) => {
-        mod embedded {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::cases::$case(super::Backend::Embedded).await;
-                }
-            )*
-        }
-        mod emulator {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::cases::$case(super::Backend::Emulator).await;
-                }
-            )*
-        }
-        mod real_es {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    if crate::support::stores::real_cluster().is_none() {
-                        return;
-                    }
-                    super::cases::$case(super::Backend::RealEs).await;
-                }
-            )*
-        }
-    };
-}
-
-batch_suite!(
+on_every_backend!(
     batch_answers_every_item_in_request_order,
     replays_and_conflicts_are_answered_per_item,
     invalid_items_are_422_slots,

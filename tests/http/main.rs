@@ -11,6 +11,7 @@
 //! Logs of every app in this binary go, as JSON, to one in-memory buffer (the process's one
 //! global subscriber, installed by the harness); `TEST_LOG=1` also prints them.
 
+#[macro_use]
 #[path = "../support/mod.rs"]
 mod support;
 

@@ -35,6 +35,55 @@ pub struct Matcher {
     pub id: Option<String>,
 }
 
+impl Matcher {
+    /// Reads (`get`) of documents in `index`.
+    pub fn reads(index: Index) -> Self {
+        Self::of("get", index)
+    }
+
+    /// Creates in `index`.
+    pub fn creates(index: Index) -> Self {
+        Self::of("create", index)
+    }
+
+    /// Conditional writes (`replace`) in `index`.
+    pub fn writes(index: Index) -> Self {
+        Self::of("replace", index)
+    }
+
+    /// Only requests on document `id`.
+    pub fn of_doc(self, id: impl Into<String>) -> Self {
+        Self {
+            id: Some(id.into()),
+            ..self
+        }
+    }
+
+    /// Only writes whose new source has this `transaction_state`.
+    pub fn moving_to(self, state: &'static str) -> Self {
+        Self {
+            new_state: Some(state),
+            ..self
+        }
+    }
+
+    /// Only writes whose new source lists this many `pending_transactions`.
+    pub fn leaving_pending(self, count: usize) -> Self {
+        Self {
+            pending_len: Some(count),
+            ..self
+        }
+    }
+
+    fn of(op: &'static str, index: Index) -> Self {
+        Self {
+            op: Some(op),
+            index: Some(index),
+            ..Self::default()
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Fault {
     /// Answer `Unavailable` without applying.

@@ -17,6 +17,42 @@
 //! Each binary uses part of the harness, so unused items are expected in any one of them.
 #![allow(dead_code)]
 
+/// Runs each named `cases::<case>(backend)` of the calling module as a test on every
+/// backend: `embedded`, `emulator` (the test double) and `real_es` (the cluster at
+/// `ELASTICSEARCH_URL`; it says why it skips when that is not set).
+#[allow(unused_macros)]
+macro_rules! on_every_backend {
+    ($($case:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::cases::$case(super::Backend::Embedded).await;
+                }
+            )*
+        }
+        mod emulator {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::cases::$case(super::Backend::Emulator).await;
+                }
+            )*
+        }
+        mod real_es {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    if crate::support::stores::real_cluster().is_none() {
+                        return;
+                    }
+                    super::cases::$case(super::Backend::RealEs).await;
+                }
+            )*
+        }
+    };
+}
+
 pub mod app;
 pub mod engine;
 pub mod faketime;
