@@ -37,7 +37,8 @@ pub struct Readiness {
     /// The backend: `embedded` or `elasticsearch`.
     #[schema(example = "embedded")]
     pub store: String,
-    /// Why the store is not ready (absent when ready).
+    /// Why the store is not ready, in general terms (absent when ready); the store's own
+    /// error is in the service's log.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
 }
@@ -61,7 +62,16 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readines
     let store = state.engine.store();
     let (status, detail) = match store.ready().await {
         Ok(()) => (StatusCode::OK, None),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, Some(e.to_string())),
+        Err(e) => {
+            // The store's own words name hosts and indices: they go to the log, not the body.
+            tracing::warn!(error = %e, "not ready: the store is unreachable or not migrated");
+            let why = if e.is_retryable() {
+                "the store is unreachable; retry later"
+            } else {
+                "the store refuses the service (see the service's log)"
+            };
+            (StatusCode::SERVICE_UNAVAILABLE, Some(why.to_owned()))
+        }
     };
     let body = Readiness {
         status: if detail.is_none() {

@@ -38,6 +38,12 @@ async fn readiness_follows_the_store_and_outages_answer_503() {
         app.status("/readyz").await == 503
     })
     .await;
+    let (_, readiness) = app.get("/readyz").await;
+    let detail = readiness["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("unreachable") && !detail.contains("127.0.0.1"),
+        "a general reason, not the store's words: {readiness}"
+    );
     let response = app
         .post_response(
             "/transfers",
