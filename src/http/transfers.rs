@@ -228,13 +228,15 @@ pub async fn cancel_transfer(
 const DEFAULT_LIMIT: usize = 50;
 const MAX_LIMIT: usize = 1000;
 
-/// Transfers, newest first, optionally of one account and/or in one state. Near-real-time on
-/// Elasticsearch: a transfer may take up to a second to appear.
+/// Transfers, newest first, optionally of one account, in one state and/or flagged for a
+/// person. Near-real-time on Elasticsearch: a transfer may take up to a second to appear.
 #[utoipa::path(get, path = "/transfers", tag = "transfers",
     params(
         ("account" = Option<String>, Query, pattern = "^[A-Za-z0-9._:-]{1,128}$",
             description = "Only transfers from or to this account (an account id: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`)"),
         ("state" = Option<TransferState>, Query, description = "Only transfers in this state"),
+        ("attention" = Option<bool>, Query,
+            description = "`true`: only transfers flagged for a person (they carry `attention`: their documents contradict each other; `docs/design.md` §9 says what to do). The only value accepted: omit the parameter to list every transfer; `false` or anything else is 422"),
         ("limit" = Option<usize>, Query, minimum = 1, maximum = 1000, description = "Page size, 1–1000, default 50"),
         ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page"),
     ),
@@ -274,6 +276,14 @@ pub async fn list_transfers(
                     .ok_or_else(|| ApiError::Invalid(format!("`limit` must be 1–{MAX_LIMIT}")))?;
             }
             "cursor" => filter.after = Some(decode_cursor(value)?),
+            // Only `true`: `false` could be read as "only the unflagged ones", which the
+            // listing does not offer, so it is refused rather than silently ignored.
+            "attention" if value == "true" => filter.attention = true,
+            "attention" => {
+                return Err(ApiError::Invalid(
+                    "`attention` must be `true` (omit it to list every transfer)".into(),
+                ))
+            }
             other => {
                 return Err(ApiError::Invalid(format!(
                     "unknown parameter `{}`",

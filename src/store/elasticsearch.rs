@@ -544,6 +544,11 @@ impl Store for ElasticsearchStore {
         if let Some(state) = &filter.state {
             clauses.push(json!({"term": {fields::STATE: state}}));
         }
+        if filter.attention {
+            // Mapped by migration 0003; see `carries_attention` for why `exists` is the same
+            // set as the embedded store's.
+            clauses.push(json!({"exists": {"field": fields::ATTENTION}}));
+        }
         let should = match &filter.account {
             Some(account) => vec![
                 json!({"term": {fields::SRC: account}}),

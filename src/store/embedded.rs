@@ -39,8 +39,8 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use super::{
-    fields, parse_millis, Doc, Index, Page, ScanPage, SortKey, StaleQuery, Store, StoreError,
-    StoreResult, TransferFilter, Version, WriteOp, WriteOutcome,
+    carries_attention, fields, parse_millis, Doc, Index, Page, ScanPage, SortKey, StaleQuery,
+    Store, StoreError, StoreResult, TransferFilter, Version, WriteOp, WriteOutcome,
 };
 
 /// `(index, id)` → `seq_no` (8 bytes, little endian) followed by the JSON source.
@@ -62,6 +62,13 @@ const TX_BY_ACCOUNT: TableDefinition<(&str, i64, &str), ()> = TableDefinition::n
 /// candidates at once, whatever their `modification_time`. Only in-flight states matter;
 /// the table holds whichever states such transfers are in.
 const TX_RELEASED: TableDefinition<(&str, &str), ()> = TableDefinition::new("tx_released");
+/// Transfers by `(creation_time, id)` that carry `attention` (flagged for a person): the
+/// listing `?attention=true`. Few entries, so the other filters of that listing are checked
+/// on the documents.
+const TX_ATTENTION: TableDefinition<(i64, &str), ()> = TableDefinition::new("tx_attention");
+/// The key in [`META`] that says [`TX_ATTENTION`] holds every flagged transfer (it was built
+/// from the documents once, when a store written by an older version was first opened).
+const ATTENTION_BUILT: &str = "built:tx_attention";
 
 /// The most ops one group commit takes; bounds the latency a large group adds.
 pub const MAX_GROUP_OPS: usize = 4096;
@@ -141,6 +148,8 @@ impl EmbeddedStore {
             txn.open_table(TX_BY_STATE_CREATED).map_err(permanent)?;
             txn.open_table(TX_BY_ACCOUNT).map_err(permanent)?;
             txn.open_table(TX_RELEASED).map_err(permanent)?;
+            txn.open_table(TX_ATTENTION).map_err(permanent)?;
+            build_attention_index(&txn)?;
         }
         txn.commit().map_err(permanent)?;
         Ok(Self {
@@ -165,6 +174,36 @@ impl EmbeddedStore {
             .await
             .map_err(|e| StoreError::Permanent(format!("read task failed: {e}")))?
     }
+}
+
+/// Fills [`TX_ATTENTION`] from the stored transfers, once: a store written before the table
+/// existed may hold flagged transfers. Afterwards every write keeps the table up to date.
+fn build_attention_index(txn: &WriteTransaction) -> StoreResult<()> {
+    let mut meta = txn.open_table(META).map_err(permanent)?;
+    if meta.get(ATTENTION_BUILT).map_err(permanent)?.is_some() {
+        return Ok(());
+    }
+    let docs = txn.open_table(DOCS).map_err(permanent)?;
+    let mut attention = txn.open_table(TX_ATTENTION).map_err(permanent)?;
+    let name = Index::Transactions.name();
+    for entry in docs.range((name, "")..).map_err(permanent)? {
+        let (key, value) = entry.map_err(permanent)?;
+        let (index, id) = key.value();
+        if index != name {
+            break;
+        }
+        // An undecodable document is skipped here as it is by the searches.
+        if let Ok(doc) = decode(id, value.value()) {
+            let keys = transfer_keys(&doc.source);
+            if keys.attention {
+                attention
+                    .insert((keys.created, id), ())
+                    .map_err(permanent)?;
+            }
+        }
+    }
+    meta.insert(ATTENTION_BUILT, 1).map_err(permanent)?;
+    Ok(())
 }
 
 fn permanent(e: impl std::fmt::Display) -> StoreError {
@@ -262,6 +301,7 @@ struct Tables<'txn> {
     by_state_created: Table<'txn, (&'static str, i64, &'static str), ()>,
     by_account: Table<'txn, (&'static str, i64, &'static str), ()>,
     released: Table<'txn, (&'static str, &'static str), ()>,
+    attention: Table<'txn, (i64, &'static str), ()>,
 }
 
 impl<'txn> Tables<'txn> {
@@ -274,6 +314,7 @@ impl<'txn> Tables<'txn> {
             by_state_created: txn.open_table(TX_BY_STATE_CREATED).map_err(storage)?,
             by_account: txn.open_table(TX_BY_ACCOUNT).map_err(storage)?,
             released: txn.open_table(TX_RELEASED).map_err(storage)?,
+            attention: txn.open_table(TX_ATTENTION).map_err(storage)?,
         })
     }
 }
@@ -383,6 +424,8 @@ struct TransferKeys<'a> {
     created: i64,
     src: &'a str,
     dest: &'a str,
+    /// Flagged for a person ([`carries_attention`]).
+    attention: bool,
 }
 
 fn transfer_keys(source: &Value) -> TransferKeys<'_> {
@@ -403,6 +446,7 @@ fn transfer_keys(source: &Value) -> TransferKeys<'_> {
         created: millis(fields::CREATED),
         src: text(fields::SRC),
         dest: text(fields::DEST),
+        attention: carries_attention(source),
     }
 }
 
@@ -427,6 +471,9 @@ fn update_transfer_indexes(
         if old.created != new.created {
             t.by_created.remove((old.created, id)).map_err(e)?;
         }
+        if old.attention && (old.created, old.attention) != (new.created, new.attention) {
+            t.attention.remove((old.created, id)).map_err(e)?;
+        }
         if (old.state, old.created) != (new.state, new.created) {
             t.by_state_created
                 .remove((old.state, old.created, id))
@@ -445,6 +492,9 @@ fn update_transfer_indexes(
     t.by_created.insert((new.created, id), ()).map_err(e)?;
     if new.released {
         t.released.insert((new.state, id), ()).map_err(e)?;
+    }
+    if new.attention {
+        t.attention.insert((new.created, id), ()).map_err(e)?;
     }
     t.by_state_created
         .insert((new.state, new.created, id), ())
@@ -632,9 +682,11 @@ fn find_stale_blocking(db: &Database, q: &StaleQuery) -> StoreResult<Page> {
 }
 
 fn list_blocking(db: &Database, f: &TransferFilter) -> StoreResult<Page> {
-    // How many index entries to look at: with an account and a state we filter by state after
-    // the account index, so look further (bounded, to keep one request cheap).
-    let scan = if f.account.is_some() && f.state.is_some() {
+    // How many index entries to look at: one index serves the most selective filter and the
+    // others are checked on the documents, so with more than one filter look further
+    // (bounded, to keep one request cheap).
+    let filters = [f.attention, f.account.is_some(), f.state.is_some()];
+    let scan = if filters.into_iter().filter(|&on| on).count() > 1 {
         f.limit.saturating_mul(50).max(1000)
     } else {
         f.limit + 1
@@ -646,15 +698,24 @@ fn list_blocking(db: &Database, f: &TransferFilter) -> StoreResult<Page> {
     // be short for that reason too: counting entries scanned, not keys kept, still moves the
     // cursor past them.)
     let scan_cut = (scanned >= scan).then(|| keys.last().cloned()).flatten();
-    let state = f.state.clone();
-    let mut page = load_transfers(db, keys, f.limit, move |doc| match &state {
-        Some(s) => doc.source.get(fields::STATE).and_then(Value::as_str) == Some(s.as_str()),
-        None => true,
-    })?;
+    let filter = f.clone();
+    let mut page = load_transfers(db, keys, f.limit, move |doc| matches(&filter, &doc.source))?;
     if page.next.is_none() {
         page.next = scan_cut;
     }
     Ok(page)
+}
+
+/// Whether a transfer passes every filter of `f` (the index walked serves one of them).
+fn matches(f: &TransferFilter, source: &Value) -> bool {
+    let text = |field: &str| source.get(field).and_then(Value::as_str);
+    f.state
+        .as_deref()
+        .is_none_or(|s| text(fields::STATE) == Some(s))
+        && f.account
+            .as_deref()
+            .is_none_or(|a| text(fields::SRC) == Some(a) || text(fields::DEST) == Some(a))
+        && (!f.attention || carries_attention(source))
 }
 
 /// Newest first: the keys of up to `scan` entries of the index that serves `f`, walked
@@ -682,7 +743,16 @@ fn keys_before_cursor(
             keys.push(key);
         }
     };
-    if let Some(account) = &f.account {
+    if f.attention {
+        // Flagged transfers are few: the most selective index whatever else is asked.
+        let table = txn.open_table(TX_ATTENTION).map_err(storage)?;
+        let range = table.range((i64::MIN, "")..=upper).map_err(storage)?;
+        for entry in range.rev().take(scan) {
+            let (key, _) = entry.map_err(storage)?;
+            let (millis, id) = key.value();
+            push(millis, id);
+        }
+    } else if let Some(account) = &f.account {
         walk_back_within(&txn, TX_BY_ACCOUNT, account, upper, scan, &mut push)?;
     } else if let Some(state) = &f.state {
         walk_back_within(&txn, TX_BY_STATE_CREATED, state, upper, scan, &mut push)?;
@@ -845,6 +915,48 @@ mod tests {
             docs.insert((index.name(), id), value.as_slice()).unwrap();
         }
         txn.commit().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_store_written_before_the_attention_index_gets_it_built_when_opened() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let flagged = || {
+            let mut doc = transfer("t2", "pending", 2);
+            doc[fields::ATTENTION] = json!("contradiction");
+            doc
+        };
+        let list = TransferFilter {
+            attention: true,
+            limit: 10,
+            ..TransferFilter::default()
+        };
+        {
+            let store = EmbeddedStore::open(dir.path()).unwrap();
+            store
+                .create(Index::Transactions, "t1", transfer("t1", "pending", 1))
+                .await
+                .unwrap();
+            store
+                .create(Index::Transactions, "t2", flagged())
+                .await
+                .unwrap();
+            // As an older version left it: no index of flagged transfers, no marker.
+            let txn = store.db.begin_write().unwrap();
+            txn.delete_table(TX_ATTENTION).unwrap();
+            txn.open_table(META)
+                .unwrap()
+                .remove(ATTENTION_BUILT)
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        let page = store.list_transfers(&list).await.unwrap();
+        let ids: Vec<&str> = page.docs.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(ids, ["t2"]);
+        // Built once: opening again neither duplicates nor loses it.
+        drop(store);
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        assert_eq!(store.list_transfers(&list).await.unwrap().docs.len(), 1);
     }
 
     fn raw(db: &Database, index: Index, id: &str) -> Option<Vec<u8>> {

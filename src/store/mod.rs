@@ -166,6 +166,8 @@ pub struct TransferFilter {
     /// Transfers where this account is the source or the destination.
     pub account: Option<String>,
     pub state: Option<String>,
+    /// Only transfers flagged for a person (see [`carries_attention`]).
+    pub attention: bool,
     /// Continue after this key (exclusive), `(creation_time, id)` descending.
     pub after: Option<SortKey>,
     pub limit: usize,
@@ -283,6 +285,17 @@ pub mod fields {
     pub const ID: &str = "transaction_id";
     /// The account id repeated in the account source, for the same reason.
     pub const ACCOUNT_ID: &str = "account_id";
+    /// Why a person must look at the transfer; absent on every transfer that needs nobody.
+    /// Mapped (as a keyword) by migration `0003_transactions_attention`.
+    pub const ATTENTION: &str = "attention";
+}
+
+/// Whether a transfer document is flagged for a person: its `attention` holds a string (what
+/// the engine writes). Elasticsearch's `exists` query on the keyword field matches exactly
+/// these documents (a `null` or an absent field is not indexed), so both backends list the
+/// same transfers.
+pub fn carries_attention(source: &Value) -> bool {
+    source.get(fields::ATTENTION).is_some_and(Value::is_string)
 }
 
 /// Parses an RFC 3339 timestamp (as the service writes them) to epoch milliseconds.

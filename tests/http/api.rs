@@ -42,6 +42,29 @@ async fn plant_transfer(
         .unwrap();
 }
 
+/// Writes a transfer document flagged for a person (`attention`), as the engine leaves one
+/// whose documents contradict each other, created `age_ms` ago and held by a live lease.
+async fn plant_flagged_transfer(
+    app: &TestApp,
+    id: &str,
+    state: &str,
+    route: (&str, &str),
+    age_ms: i64,
+) {
+    let now = SystemClock.wall_millis();
+    let doc = json!({
+        "transaction_id": id, "src_acct": route.0, "dest_acct": route.1, "amount": 10,
+        "transaction_state": state,
+        "creation_time": format_millis(now - age_ms), "modification_time": format_millis(now),
+        "lease_owner": "someone-else", "lease_expires_at": format_millis(now + 60_000),
+        "attention": format!("{id}: its documents contradict each other"),
+    });
+    app.store()
+        .create(Index::Transactions, id, doc)
+        .await
+        .unwrap();
+}
+
 mod cases {
     use super::*;
 
@@ -442,6 +465,76 @@ mod cases {
         app.shutdown().await;
     }
 
+    pub async fn list_only_flagged_transfers_with_attention_true(b: Backend) {
+        let app = TestApp::spawn(b).await;
+        for id in ["A", "B", "C"] {
+            app.open_account(id, 100).await;
+        }
+        assert_eq!(app.transfer("t1", "A", "B", 10).await.0, 201);
+        app.settled("t1").await;
+        plant_flagged_transfer(&app, "f1", "pending", ("A", "C"), 3_000).await;
+        plant_flagged_transfer(&app, "f2", "committed", ("B", "C"), 2_000).await;
+        app.store().refresh().await.unwrap();
+        let ids = |page: &Value| -> Vec<String> {
+            page["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["id"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        let (status, page) = app.get("/transfers?attention=true").await;
+        assert_eq!(status, 200, "{page}");
+        assert_eq!(ids(&page), ["f2", "f1"]);
+        assert_eq!(
+            page["items"][1]["attention"],
+            "f1: its documents contradict each other"
+        );
+        let (_, page) = app.get("/transfers?attention=true&account=A").await;
+        assert_eq!(ids(&page), ["f1"]);
+        let (_, page) = app.get("/transfers?state=committed&attention=true").await;
+        assert_eq!(ids(&page), ["f2"]);
+        let (_, page) = app
+            .get("/transfers?attention=true&account=C&state=pending")
+            .await;
+        assert_eq!(ids(&page), ["f1"]);
+        let (_, page) = app
+            .get("/transfers?attention=true&account=B&state=pending")
+            .await;
+        assert_eq!(ids(&page), Vec::<String>::new());
+        // Without the filter, every transfer.
+        let (_, page) = app.get("/transfers").await;
+        let mut all = ids(&page);
+        all.sort();
+        assert_eq!(all, ["f1", "f2", "t1"]);
+        // Pages of one, with the cursor.
+        let mut seen = Vec::new();
+        let mut path = "/transfers?attention=true&limit=1".to_owned();
+        loop {
+            let (status, page) = app.get(&path).await;
+            assert_eq!(status, 200, "{page}");
+            seen.extend(ids(&page));
+            match page["next_cursor"].as_str() {
+                Some(cursor) => path = format!("/transfers?attention=true&limit=1&cursor={cursor}"),
+                None => break,
+            }
+        }
+        assert_eq!(seen, ["f2", "f1"]);
+        // Only `true` is a value of this filter.
+        for bad in [
+            "attention=false",
+            "attention=",
+            "attention=1",
+            "attention=TRUE",
+            "attention=yes",
+            "attention=true&attention=true",
+        ] {
+            let (status, body) = app.get(&format!("/transfers?{bad}")).await;
+            assert_problem(status, &body, 422);
+        }
+        app.shutdown().await;
+    }
+
     /// Path ids that cannot be ids (dot segments, encoded slashes, bytes that are not UTF-8,
     /// control characters, too long) are 404 problems on every route that takes an id, and
     /// never reach the store.
@@ -793,6 +886,7 @@ on_every_backend!(
     cancel_pending_undoes_the_accounts,
     cancel_after_commit_is_409,
     list_filters_by_account_and_state_with_a_cursor,
+    list_only_flagged_transfers_with_attention_true,
     odd_path_ids_are_404_problems,
     unusual_valid_ids_work_end_to_end,
     wait_edge_values_are_capped_or_422,

@@ -366,6 +366,7 @@ mod suite {
             TransferFilter {
                 account: account.map(String::from),
                 state: state.map(String::from),
+                attention: false,
                 after,
                 limit,
             }
@@ -405,6 +406,107 @@ mod suite {
             }
         }
         assert_eq!(seen, ["t5", "t4", "t3", "t2", "t1"]);
+    }
+
+    /// `attention` is written on a transfer that is already stored (the engine flags a
+    /// transfer it finds contradicted), so most flags arrive by a conditional replace.
+    pub async fn list_transfers_of_flagged_transfers_combines_with_the_other_filters(
+        s: &dyn Store,
+    ) {
+        let docs = [
+            ("t1", "pending", "a", "b", 10, true),
+            ("t2", "pending", "b", "c", 20, false),
+            ("t3", "committed", "c", "a", 30, true),
+            ("t4", "pending", "a", "c", 40, true),
+            ("t5", "finished", "b", "c", 50, false),
+            ("t6", "pending", "c", "b", 60, true),
+            ("t7", "pending", "a", "b", 70, false),
+        ];
+        for (id, state, src, dest, created, flagged) in docs {
+            let plain = transfer(id, state, src, dest, created, created);
+            let v = written(
+                s.create(Index::Transactions, id, plain.clone())
+                    .await
+                    .unwrap(),
+            );
+            if flagged {
+                let mut doc = plain;
+                doc["attention"] = json!(format!("{id}: pending with a settled tombstone"));
+                s.replace_if(Index::Transactions, id, doc, v).await.unwrap();
+            }
+        }
+        // Flagged, then cleared by a person (the field removed): listed no more.
+        let mut cleared = transfer("t8", "pending", "a", "b", 80, 80);
+        cleared["attention"] = json!("was flagged");
+        let v = written(s.create(Index::Transactions, "t8", cleared).await.unwrap());
+        let plain = transfer("t8", "pending", "a", "b", 80, 80);
+        s.replace_if(Index::Transactions, "t8", plain, v)
+            .await
+            .unwrap();
+        // A null `attention` is no flag (Elasticsearch does not index a null).
+        let mut null = transfer("t9", "pending", "a", "b", 90, 90);
+        null["attention"] = Value::Null;
+        s.create(Index::Transactions, "t9", null).await.unwrap();
+        s.refresh().await.unwrap();
+
+        let list = |account: Option<&str>, state: Option<&str>, after, limit| TransferFilter {
+            account: account.map(String::from),
+            state: state.map(String::from),
+            attention: true,
+            after,
+            limit,
+        };
+        let ids = |page: &transfer_service::store::Page| -> Vec<String> {
+            page.docs.iter().map(|d| d.id.clone()).collect()
+        };
+        let flagged = s.list_transfers(&list(None, None, None, 10)).await.unwrap();
+        assert_eq!(ids(&flagged), ["t6", "t4", "t3", "t1"]);
+        assert!(flagged
+            .docs
+            .iter()
+            .all(|d| d.source["attention"].is_string()));
+        let of_a = s
+            .list_transfers(&list(Some("a"), None, None, 10))
+            .await
+            .unwrap();
+        assert_eq!(ids(&of_a), ["t4", "t3", "t1"]);
+        let pending = s
+            .list_transfers(&list(None, Some("pending"), None, 10))
+            .await
+            .unwrap();
+        assert_eq!(ids(&pending), ["t6", "t4", "t1"]);
+        let b_pending = s
+            .list_transfers(&list(Some("b"), Some("pending"), None, 10))
+            .await
+            .unwrap();
+        assert_eq!(ids(&b_pending), ["t6", "t1"]);
+        let none = s
+            .list_transfers(&list(None, Some("finished"), None, 10))
+            .await
+            .unwrap();
+        assert!(none.docs.is_empty() && none.next.is_none());
+        // Pages of one, following the cursor; with a filter, a page may end early but the
+        // cursor never skips a match.
+        for (account, want) in [
+            (None, vec!["t6", "t4", "t3", "t1"]),
+            (Some("a"), vec!["t4", "t3", "t1"]),
+        ] {
+            let mut seen = Vec::new();
+            let mut after = None;
+            loop {
+                let page = s
+                    .list_transfers(&list(account, None, after.clone(), 1))
+                    .await
+                    .unwrap();
+                assert!(page.docs.len() <= 1);
+                seen.extend(ids(&page));
+                match page.next {
+                    Some(next) => after = Some(next),
+                    None => break,
+                }
+            }
+            assert_eq!(seen, want, "{account:?}");
+        }
     }
 
     pub async fn scan_pages_every_document_in_id_order(s: &dyn Store) {
@@ -536,6 +638,7 @@ macro_rules! all_backends {
                 find_stale_includes_a_released_transfer_however_recent,
                 find_stale_pages_through_more_than_100,
                 list_transfers_filters_and_pages_newest_first,
+                list_transfers_of_flagged_transfers_combines_with_the_other_filters,
                 scan_pages_every_document_in_id_order,
                 ready_answers_ok,
             ], [concurrent_increments_are_exact_and_conflicts_are_seen]);

@@ -124,8 +124,15 @@ async fn migrations_apply_once_when_two_instances_start_together() {
     assert_eq!(ids.len(), unique.len(), "duplicate records: {ids:?}");
     assert_eq!(
         unique.into_iter().collect::<Vec<_>>(),
-        ["0001_accounts", "0002_transactions"]
+        [
+            "0001_accounts",
+            "0002_transactions",
+            "0003_transactions_attention"
+        ]
     );
+    // The mapping step ran (perhaps twice, at once): `attention` is a keyword.
+    let mapping = transactions_mapping(&emulator.url, &first).await;
+    assert_eq!(mapping["attention"], json!({"type": "keyword"}));
 
     // Both indices exist under the prefix, with the mappings of the migrations.
     for index in [Index::Accounts, Index::Transactions] {
@@ -133,6 +140,137 @@ async fn migrations_apply_once_when_two_instances_start_together() {
     }
     first.ready().await.expect("first ready");
     second.ready().await.expect("second ready");
+}
+
+/// The `properties` of the transactions index, as `GET /{index}/_mapping` shows them.
+async fn transactions_mapping(url: &str, store: &ElasticsearchStore) -> Value {
+    let index = store.index_name(Index::Transactions);
+    let (status, body) = raw(
+        reqwest::Method::GET,
+        format!("{url}/{index}/_mapping"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    body[&index]["mappings"]["properties"].clone()
+}
+
+fn flagged_transfer(id: &str, created: i64) -> Value {
+    let mut doc = transfer(id, "pending", "a", "b", created, created);
+    doc[fields::ATTENTION] = json!("pending with a settled tombstone");
+    doc
+}
+
+fn flagged_only() -> TransferFilter {
+    TransferFilter {
+        attention: true,
+        limit: 10,
+        ..TransferFilter::default()
+    }
+}
+
+/// A cluster migrated by a version that knew only `0001` and `0002` (no `attention` in the
+/// mapping) is upgraded by the next start: `0003` adds the field, once, and from then on a
+/// flagged transfer is listed. One stored before is not (Elasticsearch does not index
+/// existing documents for a newly mapped field; the service never writes `attention` before
+/// its migrations ran, so no such document exists outside this test).
+#[tokio::test]
+async fn an_existing_cluster_gains_the_attention_mapping_at_the_next_start() {
+    let emulator = stores::manual_emulator().await;
+    let prefix = unique_prefix();
+    let url = &emulator.url;
+    for (stem, index, file) in [
+        (
+            "0001_accounts",
+            "accounts",
+            include_str!("../../migrations/0001_accounts.json"),
+        ),
+        (
+            "0002_transactions",
+            "transactions",
+            include_str!("../../migrations/0002_transactions.json"),
+        ),
+    ] {
+        let step: Value = serde_json::from_str(file).unwrap();
+        let (status, body) = raw(
+            reqwest::Method::PUT,
+            format!("{url}/{prefix}{index}"),
+            Some(step["body"].clone()),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let (status, body) = raw(
+            reqwest::Method::PUT,
+            format!("{url}/{prefix}migrations/_create/{stem}"),
+            Some(json!({"description": step["description"]})),
+        )
+        .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let (status, body) = raw(
+        reqwest::Method::PUT,
+        format!("{url}/{prefix}transactions/_doc/before"),
+        Some(flagged_transfer("before", 1_000)),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+
+    let store = stores::es_store_at(url, &prefix).await;
+    assert!(store.ready().await.is_err(), "0003 is not recorded yet");
+    store.migrate().await.expect("migrate");
+    store.ready().await.expect("ready");
+    assert_eq!(
+        transactions_mapping(url, &store).await["attention"],
+        json!({"type": "keyword"})
+    );
+
+    store
+        .create(
+            Index::Transactions,
+            "after",
+            flagged_transfer("after", 2_000),
+        )
+        .await
+        .unwrap();
+    store.refresh().await.unwrap();
+    let page = store.list_transfers(&flagged_only()).await.unwrap();
+    let ids: Vec<&str> = page.docs.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(ids, ["after"]);
+
+    // A second start finds the step applied and recorded, and changes nothing.
+    let restarted = stores::es_store_at(url, &prefix).await;
+    restarted.migrate().await.expect("second migrate");
+    restarted.ready().await.expect("ready again");
+    let page = restarted.list_transfers(&flagged_only()).await.unwrap();
+    assert_eq!(page.docs.len(), 1);
+}
+
+/// A mapping that conflicts with the step (someone mapped `attention` otherwise) stops the
+/// migration loudly instead of being skipped: the listing would be wrong for good.
+#[tokio::test]
+async fn a_conflicting_attention_mapping_fails_the_migration() {
+    let emulator = stores::manual_emulator().await;
+    let prefix = unique_prefix();
+    let file: Value =
+        serde_json::from_str(include_str!("../../migrations/0002_transactions.json")).unwrap();
+    let mut body = file["body"].clone();
+    body["mappings"]["properties"]["attention"] = json!({"type": "long"});
+    let (status, reply) = raw(
+        reqwest::Method::PUT,
+        format!("{}/{prefix}transactions", emulator.url),
+        Some(body),
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
+    let store = stores::es_store_at(&emulator.url, &prefix).await;
+    let error = store.migrate().await.unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("mapper [attention] cannot be changed from type [long] to [keyword]"),
+        "{error}"
+    );
+    assert!(store.ready().await.is_err());
 }
 
 #[tokio::test]
@@ -623,6 +761,7 @@ async fn listing_filters_by_account_and_state_newest_first() {
     let mut filter = TransferFilter {
         account: Some("alice".into()),
         state: Some("finished".into()),
+        attention: false,
         after: None,
         limit: 4,
     };
@@ -762,9 +901,14 @@ async fn after_migrations_a_missing_index_is_an_error_not_an_empty_store() {
     assert_permanent(store.refresh().await);
     // Readiness sees it too, although the migration records are still there ...
     assert!(store.ready().await.is_err());
-    // ... and migrating again re-creates the index with its mappings.
+    // ... and migrating again re-creates the index with its mappings, those added by later
+    // steps included (the steps are recorded, yet each one is checked again).
     store.migrate().await.unwrap();
     store.ready().await.unwrap();
+    assert_eq!(
+        transactions_mapping(&emulator.url, &store).await["attention"],
+        json!({"type": "keyword"})
+    );
     assert!(store.scan(Index::Accounts, None, 10).await.is_ok());
 }
 

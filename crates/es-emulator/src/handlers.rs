@@ -291,6 +291,62 @@ pub fn get_index(ctx: &Ctx<'_>, index: &str) -> Answer {
     Ok(json_response(200, &Value::Object(out)))
 }
 
+/// `PUT|POST /{index}/_mapping` (§8): adds fields to every named index, or to none when one
+/// of them refuses the update.
+pub fn put_mapping(ctx: &Ctx<'_>, index: &str) -> Answer {
+    ctx.params.check(
+        ctx.path,
+        &[
+            "allow_no_indices",
+            "expand_wildcards",
+            "ignore_unavailable",
+            "master_timeout",
+            "timeout",
+            "write_index_only",
+        ],
+    )?;
+    ctx.params.check_expand_wildcards()?;
+    ctx.params.refuse_unless("write_index_only", &["false"])?;
+    let ignore = ctx.params.bool("ignore_unavailable")?.unwrap_or(false);
+    let body = json_body(ctx.body)?.ok_or_else(|| EsError::parse("request body is required"))?;
+    let mut cluster = ctx.shared.cluster();
+    let names = cluster.resolve(index, ignore)?;
+    let mut merged = Vec::with_capacity(names.len());
+    for name in &names {
+        merged.push(cluster.indices[name].mapping.merge(&body)?);
+    }
+    for (name, mapping) in names.iter().zip(merged) {
+        if let Some(state) = cluster.indices.get_mut(name) {
+            state.mapping = mapping;
+        }
+    }
+    Ok(json_response(200, &json!({"acknowledged": true})))
+}
+
+/// `GET /{index}/_mapping` (§8): `{"<index>": {"mappings": {...}}}` for every named index.
+pub fn get_mapping(ctx: &Ctx<'_>, index: &str) -> Answer {
+    ctx.params.check(
+        ctx.path,
+        &[
+            "allow_no_indices",
+            "expand_wildcards",
+            "ignore_unavailable",
+            "local",
+            "master_timeout",
+        ],
+    )?;
+    ctx.params.check_expand_wildcards()?;
+    let ignore = ctx.params.bool("ignore_unavailable")?.unwrap_or(false);
+    let cluster = ctx.shared.cluster();
+    let mut out = Map::new();
+    for name in cluster.resolve(index, ignore)? {
+        if let Some(state) = cluster.indices.get(&name) {
+            out.insert(name, json!({"mappings": state.mapping.tree}));
+        }
+    }
+    Ok(json_response(200, &Value::Object(out)))
+}
+
 pub fn delete_index(ctx: &Ctx<'_>, index: &str) -> Answer {
     ctx.params.check(
         ctx.path,

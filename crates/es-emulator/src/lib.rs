@@ -64,6 +64,12 @@
 //!   `text` + `.keyword`, or `date` when they look like one). 400
 //!   `resource_already_exists_exception` and `invalid_index_name_exception`. `HEAD /{i}` 200/404
 //!   with an empty body, `GET /{i}`, `DELETE /{i}`.
+//! - §8 `PUT|POST /{i}/_mapping` adding fields (`{"acknowledged":true}`; the same addition
+//!   again is a no-op; 404 `index_not_found_exception` for a missing index, which it does not
+//!   create; 400 `illegal_argument_exception` "mapper [f] cannot be changed from type [a] to
+//!   [b]", nothing applied), and `GET /{i}/_mapping`. As in Elasticsearch, documents stored
+//!   before a field was mapped are not indexed for it until written again (each document
+//!   remembers the mapping generation it was indexed with).
 //! - §10/§11 `_seq_no` per index (one shard) from 0, +1 per applied op (not for conflicts or
 //!   failed items), `_primary_term` 1, `_version` per document.
 //! - `GET|HEAD /` (cluster info, `version.number` 8.19.0), `GET /_cluster/health` (`green`, or
@@ -97,7 +103,9 @@
 //!   `explain`, `expand_wildcards` without `open`, health `level` other than `cluster` or
 //!   `wait_for_nodes` above 1, index blocks, hidden indices, `auto_expand_replicas`, and root
 //!   mapping options other than the defaults (`_source`, `_routing`, `numeric_detection`,
-//!   `subobjects`, `dynamic_date_formats`) — answer 400 "not implemented by es-emulator".
+//!   `subobjects`, `dynamic_date_formats`), and `PUT _mapping` with anything but new
+//!   `properties` (root options, changed parameters of a mapped field, a field turned into an
+//!   object or back, `write_index_only=true`) — answer 400 "not implemented by es-emulator".
 //! - One shard per index, no real replicas, UTC only, no `Content-Type`
 //!   enforcement beyond refusing non-JSON types (406), no circuit breakers or real
 //!   back-pressure (use `fail_next`). `_cluster/health/{index}` of a missing index is a 404

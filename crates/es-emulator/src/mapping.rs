@@ -1,7 +1,14 @@
 //! Index mappings: the declared fields (`keyword`, `text`, numbers, `date`, `boolean`,
 //! objects, multi-fields), `dynamic` (`true` infers new fields, `false` stores them unindexed,
-//! `strict` refuses them), validation of documents against the mapping, and the values a
-//! query or sort reads from a document's `_source`.
+//! `strict` refuses them), validation of documents against the mapping, additions by
+//! `PUT /{index}/_mapping`, and the values a query or sort reads from a document's `_source`.
+//!
+//! Elasticsearch indexes a document once, with the mapping of that moment: a field mapped
+//! later is not searchable in documents stored before until they are written again
+//! (`docs/elasticsearch.md` §8). The emulator reads values from `_source` at query time, so
+//! it keeps that rule with generations: every field records the mapping generation that added
+//! it ([`FieldDef::since`]), every stored document the generation it was indexed with, and a
+//! field has no values in a document older than the field.
 
 use std::collections::BTreeMap;
 
@@ -45,6 +52,9 @@ pub struct FieldDef {
     /// `false` for `"enabled": false` objects and `"index": false` fields.
     pub indexed: bool,
     pub dynamic: Option<Dynamic>,
+    /// The [`Mapping::generation`] that added the field: documents indexed before it have no
+    /// values for it.
+    pub since: u64,
 }
 
 /// A value as indexed: what queries compare and sorts order.
@@ -75,6 +85,8 @@ pub struct Mapping {
     pub fields: BTreeMap<String, FieldDef>,
     /// The mapping as Elasticsearch shows it (`GET /{index}`), dynamic fields included.
     pub tree: Value,
+    /// Counts the `PUT /{index}/_mapping` requests that added fields (0 at creation).
+    pub generation: u64,
 }
 
 fn mapper_error(reason: String) -> EsError {
@@ -120,6 +132,7 @@ impl Mapping {
             date_detection: true,
             fields: BTreeMap::new(),
             tree: json!({}),
+            generation: 0,
         }
     }
 
@@ -209,6 +222,7 @@ impl Mapping {
                 indexed: def.get("enabled") != Some(&Value::Bool(false))
                     && def.get("index") != Some(&Value::Bool(false)),
                 dynamic: def.get("dynamic").map(parse_dynamic).transpose()?,
+                since: 0,
             };
             if let (FieldType::Date, Some(format)) = (ty, &field.format) {
                 if let Err(e) = dates::parse_with("1970-01-01", Some(format), false) {
@@ -249,6 +263,7 @@ impl Mapping {
                             ignore_malformed: false,
                             indexed: sub_def.get("index") != Some(&Value::Bool(false)),
                             dynamic: None,
+                            since: 0,
                         },
                     );
                 }
@@ -301,6 +316,7 @@ impl Mapping {
                         ignore_malformed: false,
                         indexed: true,
                         dynamic: None,
+                        since: 0,
                     })
                 })
             });
@@ -405,6 +421,7 @@ impl Mapping {
                 date_detection: self.date_detection,
                 fields: BTreeMap::new(),
                 tree: json!({}),
+                generation: 0,
             }
             .with_field(path, &def);
             let mut object = Map::new();
@@ -437,6 +454,7 @@ impl Mapping {
                     ignore_malformed: false,
                     indexed: true,
                     dynamic: None,
+                    since: self.generation,
                 },
             );
             if let Some(Value::Object(multi)) = def.get("fields") {
@@ -454,6 +472,7 @@ impl Mapping {
                                 ignore_malformed: false,
                                 indexed: true,
                                 dynamic: None,
+                                since: self.generation,
                             },
                         );
                     }
@@ -465,12 +484,25 @@ impl Mapping {
         }
     }
 
-    /// The indexed values of `field` in a document (empty when unmapped or absent).
-    pub fn values(&self, field: &str, source: &Value) -> Vec<Scalar> {
+    /// Whether `field` is mapped and was mapped when a document of generation `mapped_at`
+    /// was indexed.
+    pub fn indexed_in(&self, field: &str, mapped_at: u64) -> bool {
+        self.fields
+            .get(field)
+            .is_some_and(|def| def.since <= mapped_at)
+    }
+
+    /// The indexed values of `field` in a document indexed with generation `mapped_at` (empty
+    /// when unmapped, mapped after the document was indexed, or absent).
+    pub fn values(&self, field: &str, source: &Value, mapped_at: u64) -> Vec<Scalar> {
         let Some(def) = self.fields.get(field) else {
             return Vec::new();
         };
-        if !def.indexed || def.ty == FieldType::Object || def.ty == FieldType::Other {
+        if !def.indexed
+            || def.ty == FieldType::Object
+            || def.ty == FieldType::Other
+            || def.since > mapped_at
+        {
             return Vec::new();
         }
         let mut raw = Vec::new();
@@ -480,6 +512,96 @@ impl Mapping {
             .filter_map(|v| coerce(def, v).ok())
             .flatten()
             .collect()
+    }
+}
+
+impl Mapping {
+    /// `PUT /{index}/_mapping` (§8): the mapping with the fields of `update` added, or the
+    /// error Elasticsearch answers. Only additions are modelled: a field mapped already must
+    /// be declared with the same type (another type is Elasticsearch's conflict) and the same
+    /// parameters (changing an updatable parameter is not implemented); root options other
+    /// than `properties` are not implemented.
+    pub fn merge(&self, update: &Value) -> Result<Mapping, EsError> {
+        let Value::Object(root) = update else {
+            return Err(mapper_error(
+                "Failed to parse mapping: Expected map for property [mappings]".into(),
+            ));
+        };
+        if let Some(key) = root.keys().find(|k| *k != "properties") {
+            return Err(EsError::unsupported(&format!("PUT _mapping with [{key}]")));
+        }
+        let Some(properties) = root.get("properties") else {
+            return Ok(self.clone());
+        };
+        // Parsed on its own first: the same validation and errors as at index creation.
+        let declared = Mapping::parse(&json!({ "properties": properties }))?;
+        let mut merged = self.clone();
+        let generation = self.generation + 1;
+        let mut added = false;
+        for (path, def) in declared.fields {
+            match self.fields.get(&path) {
+                None => {
+                    merged.fields.insert(
+                        path,
+                        FieldDef {
+                            since: generation,
+                            ..def
+                        },
+                    );
+                    added = true;
+                }
+                Some(old) if old.type_name != def.type_name => {
+                    if old.ty == FieldType::Object || def.ty == FieldType::Object {
+                        return Err(EsError::unsupported(&format!(
+                            "changing [{path}] between an object and a field"
+                        )));
+                    }
+                    return Err(EsError::illegal_argument(format!(
+                        "mapper [{path}] cannot be changed from type [{}] to [{}]",
+                        old.type_name, def.type_name
+                    )));
+                }
+                Some(old) => {
+                    let same = (old.format.as_ref(), old.ignore_above, old.ignore_malformed)
+                        == (def.format.as_ref(), def.ignore_above, def.ignore_malformed)
+                        && (old.indexed, old.dynamic) == (def.indexed, def.dynamic);
+                    if !same {
+                        return Err(EsError::unsupported(&format!(
+                            "changing the parameters of mapped field [{path}]"
+                        )));
+                    }
+                }
+            }
+        }
+        if added {
+            merged.generation = generation;
+            if let Value::Object(update) = properties {
+                let tree = merged.tree.as_object_mut().expect("a mapping is an object");
+                let shown = tree.entry("properties").or_insert_with(|| json!({}));
+                merge_shown(shown, update);
+            }
+        }
+        Ok(merged)
+    }
+}
+
+/// Adds the declarations of `update` that `shown` (a `properties` object) lacks, through
+/// objects' `properties` and fields' multi-fields.
+fn merge_shown(shown: &mut Value, update: &Map<String, Value>) {
+    let Value::Object(shown) = shown else { return };
+    for (name, def) in update {
+        let Some(existing) = shown.get_mut(name) else {
+            shown.insert(name.clone(), def.clone());
+            continue;
+        };
+        for nested in ["properties", "fields"] {
+            if let Some(Value::Object(inner)) = def.get(nested) {
+                if let Value::Object(existing) = existing {
+                    let into = existing.entry(nested).or_insert_with(|| json!({}));
+                    merge_shown(into, inner);
+                }
+            }
+        }
     }
 }
 

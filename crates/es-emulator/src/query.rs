@@ -678,7 +678,7 @@ impl Compiled {
                 accepted,
                 boost,
             } => mapping
-                .values(field, &doc.source)
+                .values(field, &doc.source, doc.mapped_at)
                 .iter()
                 .any(|v| accepted.iter().any(|a| compare(v, a) == Some(Equal)))
                 .then_some(*boost),
@@ -689,7 +689,7 @@ impl Compiled {
                 upper,
                 boost,
             } => mapping
-                .values(field, &doc.source)
+                .values(field, &doc.source, doc.mapped_at)
                 .iter()
                 .any(|v| {
                     let above = lower.as_ref().is_none_or(|(b, inclusive)| {
@@ -704,7 +704,9 @@ impl Compiled {
                 })
                 .then_some(*boost),
             Compiled::Exists { field, boost } => {
-                let found = if mapping
+                let found = if !mapping.indexed_in(field, doc.mapped_at) {
+                    false
+                } else if mapping
                     .field(field)
                     .is_some_and(|d| d.ty == FieldType::Object)
                 {
@@ -713,7 +715,7 @@ impl Compiled {
                     mapping::collect(&doc.source, &segments, &mut out);
                     !out.is_empty()
                 } else {
-                    !mapping.values(field, &doc.source).is_empty()
+                    !mapping.values(field, &doc.source, doc.mapped_at).is_empty()
                 };
                 found.then_some(*boost)
             }

@@ -154,6 +154,8 @@ pub enum Route {
     Index(String),
     Doc(String, Option<String>),
     Create(String, String),
+    /// `/{index}/_mapping`.
+    Mapping(String),
     /// An Elasticsearch API this double does not implement.
     Unsupported,
     NoHandler,
@@ -254,6 +256,7 @@ fn route_of(segments: &[String]) -> Route {
         [index, "_doc"] => Route::Doc((*index).to_owned(), None),
         [index, "_doc", id] => Route::Doc((*index).to_owned(), own(id)),
         [index, "_create", id] => Route::Create((*index).to_owned(), (*id).to_owned()),
+        [index, "_mapping"] => Route::Mapping((*index).to_owned()),
         [_, api, ..] if KNOWN_APIS.contains(api) => Route::Unsupported,
         _ => Route::NoHandler,
     }
@@ -266,7 +269,7 @@ fn kind_of(route: &Route, method: &Method, params: &Params) -> &'static str {
         Route::Bulk(_) => "bulk",
         Route::Refresh(_) => "refresh",
         Route::Search(_) | Route::Count(_) => "search",
-        Route::Index(_) => "indices",
+        Route::Index(_) | Route::Mapping(_) => "indices",
         Route::Create(..) => "create",
         Route::Doc(..) if matches!(*method, Method::GET | Method::HEAD) => "get",
         Route::Doc(..) if *method == Method::DELETE => "delete",
@@ -378,6 +381,9 @@ async fn dispatch(ctx: &Ctx<'_>, route: Route) -> Response {
         (Route::Index(index), &M::GET) => handlers::get_index(ctx, index),
         (Route::Index(index), &M::DELETE) => handlers::delete_index(ctx, index),
         (Route::Index(_), _) => return not_allowed(&["PUT", "HEAD", "GET", "DELETE"]),
+        (Route::Mapping(index), &M::PUT | &M::POST) => handlers::put_mapping(ctx, index),
+        (Route::Mapping(index), &M::GET) => handlers::get_mapping(ctx, index),
+        (Route::Mapping(_), _) => return not_allowed(&["GET", "PUT", "POST"]),
         (Route::Doc(index, Some(id)), &M::GET | &M::HEAD) => handlers::get_doc(ctx, index, id),
         (Route::Doc(index, Some(id)), &M::PUT | &M::POST) => {
             handlers::write_doc(ctx, index, Some(id), false).await

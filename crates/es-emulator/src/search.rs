@@ -484,7 +484,7 @@ fn field_key(mapping: &Mapping, spec: &SortSpec, kind: SortKind, doc: &Doc) -> K
     let values = if kind == SortKind::Unmapped {
         Vec::new()
     } else {
-        mapping.values(field, &doc.source)
+        mapping.values(field, &doc.source, doc.mapped_at)
     };
     let keys = values.into_iter().map(|v| match v {
         Scalar::Long(n) => Key::Long(n),

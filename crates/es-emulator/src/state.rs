@@ -25,6 +25,9 @@ pub struct Doc {
     pub version: u64,
     pub seq_no: i64,
     pub primary_term: u64,
+    /// The mapping generation it was indexed with: fields mapped later have no values in it
+    /// (see `mapping.rs`).
+    pub mapped_at: u64,
 }
 
 /// What a delete leaves behind, for `index.gc_deletes` (§5).
@@ -240,6 +243,7 @@ impl IndexState {
                     version,
                     seq_no,
                     primary_term,
+                    mapped_at: self.mapping.generation,
                 });
                 self.live.insert(id.clone(), doc.clone());
                 self.tombstones.remove(&id);

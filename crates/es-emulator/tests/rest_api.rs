@@ -1613,6 +1613,158 @@ async fn dynamic_mapping_infers_types() {
     );
 }
 
+#[tokio::test]
+async fn put_mapping_adds_fields_and_is_idempotent() {
+    let es = Es::manual().await;
+    typed_index(&es, "i").await;
+    let body = json!({"properties": {"flag": {"type": "keyword"}, "o": {"properties": {"x": {"type": "long"}}}}});
+    let put = es.put("/i/_mapping", body.clone()).await;
+    assert_eq!(put.status, 200, "{}", put.text);
+    assert_eq!(put.body, json!({"acknowledged": true}));
+    // The same addition again (another instance migrating) changes nothing and is fine.
+    let again = es.put("/i/_mapping", body).await;
+    assert_eq!(again.status, 200, "{}", again.text);
+    assert_eq!(again.body, json!({"acknowledged": true}));
+
+    let mapping = es.get("/i/_mapping").await;
+    assert_eq!(mapping.status, 200, "{}", mapping.text);
+    let properties = &mapping.body["i"]["mappings"]["properties"];
+    assert_eq!(properties["flag"], json!({"type": "keyword"}));
+    assert_eq!(properties["o"]["properties"]["x"], json!({"type": "long"}));
+    // What was there stays, and `GET /{index}` shows the same mapping.
+    assert_eq!(properties["s"], json!({"type": "keyword"}));
+    assert_eq!(mapping.body["i"]["mappings"]["dynamic"], false);
+    assert_eq!(
+        es.get("/i").await.body["i"]["mappings"],
+        mapping.body["i"]["mappings"]
+    );
+}
+
+#[tokio::test]
+async fn put_mapping_on_a_missing_index_is_404() {
+    let es = Es::manual().await;
+    let reply = es
+        .put(
+            "/nope/_mapping",
+            json!({"properties": {"f": {"type": "keyword"}}}),
+        )
+        .await;
+    assert_error(
+        &reply,
+        404,
+        "index_not_found_exception",
+        "no such index [nope]",
+    );
+    // Unlike a document write, it does not create the index.
+    assert_eq!(es.send(Method::HEAD, "/nope", None).await.status, 404);
+    assert_error(
+        &es.get("/nope/_mapping").await,
+        404,
+        "index_not_found_exception",
+        "no such index [nope]",
+    );
+}
+
+#[tokio::test]
+async fn put_mapping_cannot_change_a_fields_type() {
+    let es = Es::manual().await;
+    typed_index(&es, "i").await;
+    let reply = es
+        .put(
+            "/i/_mapping",
+            json!({"properties": {"added": {"type": "keyword"}, "s": {"type": "long"}}}),
+        )
+        .await;
+    assert_error(
+        &reply,
+        400,
+        "illegal_argument_exception",
+        "mapper [s] cannot be changed from type [keyword] to [long]",
+    );
+    // Refused as a whole: the other field of the request was not added either.
+    let properties = &es.get("/i/_mapping").await.body["i"]["mappings"]["properties"];
+    assert_eq!(properties["s"]["type"], "keyword");
+    assert!(properties.get("added").is_none(), "{properties}");
+    // Bad declarations get the errors of index creation.
+    let unknown = es
+        .put(
+            "/i/_mapping",
+            json!({"properties": {"f": {"type": "nonsense"}}}),
+        )
+        .await;
+    assert_eq!(unknown.status, 400, "{}", unknown.text);
+    assert_eq!(unknown.body["error"]["type"], "mapper_parsing_exception");
+    let no_body = es.send(Method::PUT, "/i/_mapping", None).await;
+    assert_eq!(no_body.status, 400, "{}", no_body.text);
+}
+
+#[tokio::test]
+async fn a_newly_mapped_field_is_searchable_only_in_documents_written_after() {
+    let es = Es::manual().await;
+    typed_index(&es, "i").await;
+    // Stored while `flag` is unmapped (dynamic:false): kept in _source, not indexed.
+    es.put("/i/_doc/old", json!({"s": "a", "flag": "x"})).await;
+    es.put("/i/_doc/rewritten", json!({"s": "a", "flag": "x"}))
+        .await;
+    let put = es
+        .put(
+            "/i/_mapping",
+            json!({"properties": {"flag": {"type": "keyword"}}}),
+        )
+        .await;
+    assert_eq!(put.status, 200, "{}", put.text);
+    es.put("/i/_doc/new", json!({"s": "a", "flag": "x"})).await;
+    // Written again after the mapping change: indexed with the new mapping.
+    es.put("/i/_doc/rewritten", json!({"s": "a", "flag": "x"}))
+        .await;
+    es.refresh("i").await;
+
+    let mut flagged = es
+        .ids("i", json!({"query": {"exists": {"field": "flag"}}}))
+        .await;
+    flagged.sort();
+    assert_eq!(flagged, ["new", "rewritten"]);
+    let mut by_term = es.ids("i", json!({"query": {"term": {"flag": "x"}}})).await;
+    by_term.sort();
+    assert_eq!(by_term, ["new", "rewritten"]);
+    // The old document is still there, with its source, and matches on older fields.
+    let old = es.get("/i/_doc/old").await;
+    assert_eq!(old.body["_source"]["flag"], "x");
+    let mut all = es.ids("i", json!({"query": {"term": {"s": "a"}}})).await;
+    all.sort();
+    assert_eq!(all, ["new", "old", "rewritten"]);
+}
+
+#[tokio::test]
+async fn put_mapping_refuses_what_it_does_not_model() {
+    let es = Es::manual().await;
+    typed_index(&es, "i").await;
+    for body in [
+        json!({"dynamic": true}),
+        json!({"_meta": {"v": 1}}),
+        json!({"runtime": {"r": {"type": "keyword"}}}),
+        json!({"properties": {"ts": {"type": "date", "format": "epoch_millis"}}}),
+        json!({"properties": {"s": {"properties": {"x": {"type": "long"}}}}}),
+    ] {
+        let reply = es.put("/i/_mapping", body).await;
+        assert_eq!(reply.status, 400, "{}", reply.text);
+        assert!(
+            reason(&reply).contains("is not implemented by es-emulator"),
+            "{}",
+            reply.text
+        );
+    }
+    let wrong = es.send(Method::DELETE, "/i/_mapping", None).await;
+    assert_eq!(wrong.status, 405, "{}", wrong.text);
+    let param = es
+        .put(
+            "/i/_mapping?write_index_only=true",
+            json!({"properties": {}}),
+        )
+        .await;
+    assert_eq!(param.status, 400, "{}", param.text);
+}
+
 // ---- errors ------------------------------------------------------------------------------
 
 #[tokio::test]

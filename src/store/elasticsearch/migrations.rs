@@ -1,9 +1,15 @@
 //! Index migrations: the numbered JSON files in `migrations/`, embedded in the binary and
 //! applied in order at start-up by [`ElasticsearchStore::migrate`].
 //!
-//! Each file is one step, `{"description": "...", "create_index": "<logical name>", "body":
-//! {"settings": {...}, "mappings": {...}}}`, and is recorded once applied as the document
-//! `{prefix}migrations/_doc/{file stem}`.
+//! Each file is one step, recorded once applied as the document
+//! `{prefix}migrations/_doc/{file stem}`. Two kinds:
+//! - `{"description": "...", "create_index": "<logical name>", "body": {"settings": {...},
+//!   "mappings": {...}}}` creates an index (`PUT /{index}`);
+//! - `{"description": "...", "put_mapping": "<logical name>", "body": {"properties": {...}}}`
+//!   adds fields to an existing index's mapping (`PUT /{index}/_mapping`). Documents stored
+//!   before are not indexed for the new fields (Elasticsearch does not reindex them;
+//!   `docs/elasticsearch.md §8`), so a step like this only maps fields that nothing has
+//!   written yet: the service writes nothing before its migrations ran.
 //!
 //! # Several instances migrating at the same moment
 //!
@@ -17,15 +23,21 @@
 //!   and both try to record it: one gets 201, the other 409, and there is one record.
 //! - A crash between applying and recording leaves no record; the next start applies the
 //!   step again (a no-op) and records it. That is why every step must be idempotent.
+//! - Putting a mapping that only adds fields is a merge in the cluster state: the same body
+//!   put twice, or by two instances at once, answers 200 both times and leaves one mapping.
+//!   Changing the type of a mapped field is refused (400 `illegal_argument_exception`), and
+//!   so is such a step: applied files are never edited.
 //! - Each instance walks the list in order and only moves to step N+1 once step N is applied
 //!   and recorded (by itself or by someone else). So the record of the *last* step implies
 //!   all steps are applied, which is what [`Store::ready`](crate::store::Store::ready) checks.
 //!
 //! Adding a migration: add `NNNN_name.json` and a line to [`MIGRATIONS`]; a unit test checks
-//! that the list and the directory agree. A new kind of step (a mapping update, say) needs a
-//! new field in [`Step`] and must be idempotent too.
+//! that the list and the directory agree. A new kind of step needs a new field in [`Step`]
+//! and must be idempotent too.
 
-use elasticsearch::indices::{IndicesCreateParts, IndicesExistsParts};
+use elasticsearch::indices::{
+    IndicesCreateParts, IndicesExistsParts, IndicesGetMappingParts, IndicesPutMappingParts,
+};
 use elasticsearch::{CreateParts, GetParts};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -57,8 +69,11 @@ macro_rules! migration {
 
 /// Every migration, in the order they are applied. Never reorder, edit or remove an entry
 /// that has shipped.
-pub(super) const MIGRATIONS: &[Migration] =
-    &[migration!("0001_accounts"), migration!("0002_transactions")];
+pub(super) const MIGRATIONS: &[Migration] = &[
+    migration!("0001_accounts"),
+    migration!("0002_transactions"),
+    migration!("0003_transactions_attention"),
+];
 
 /// The logical name of the index holding one record per applied migration.
 pub(super) const MIGRATIONS_INDEX: &str = "migrations";
@@ -85,15 +100,51 @@ fn migrations_index_body() -> Value {
 pub(super) struct Step {
     pub description: String,
     /// Logical index name (without the prefix) to create with `body`.
-    pub create_index: String,
+    #[serde(default)]
+    pub create_index: Option<String>,
+    /// Logical index name (without the prefix) whose mapping `body` extends.
+    #[serde(default)]
+    pub put_mapping: Option<String>,
     pub body: Value,
+}
+
+/// What a [`Step`] does, on which logical index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum StepKind<'a> {
+    CreateIndex(&'a str),
+    PutMapping(&'a str),
+}
+
+impl Step {
+    /// The step's kind; a file naming both kinds, or neither, is refused by [`Migration::step`].
+    pub fn kind(&self) -> StepKind<'_> {
+        match (&self.create_index, &self.put_mapping) {
+            (Some(index), _) => StepKind::CreateIndex(index),
+            (None, Some(index)) => StepKind::PutMapping(index),
+            (None, None) => unreachable!("checked by Migration::step"),
+        }
+    }
+
+    /// The logical index the step works on.
+    pub fn index(&self) -> &str {
+        match self.kind() {
+            StepKind::CreateIndex(index) | StepKind::PutMapping(index) => index,
+        }
+    }
 }
 
 impl Migration {
     pub fn step(&self) -> StoreResult<Step> {
-        serde_json::from_str(self.json).map_err(|e| {
+        let invalid = |e: &dyn std::fmt::Display| {
             StoreError::Permanent(format!("migration {} is not a valid step: {e}", self.id))
-        })
+        };
+        let step: Step = serde_json::from_str(self.json).map_err(|e| invalid(&e))?;
+        if step.create_index.is_some() == step.put_mapping.is_some() {
+            return Err(invalid(
+                &"it needs exactly one of create_index and put_mapping",
+            ));
+        }
+        Ok(step)
     }
 }
 
@@ -116,12 +167,19 @@ impl ElasticsearchStore {
             .await?;
 
         for (migration, step) in steps {
-            let index = self.physical_name(&step.create_index);
-            // Even when recorded, the index must exist: one deleted after its migration would
-            // otherwise be re-created by the first write with dynamic mappings, on which
-            // searches and sorts fail for good. `create_index_if_absent` only asks (HEAD)
-            // when it is there, so an instance without index-creation rights still starts.
-            self.create_index_if_absent(&index, step.body).await?;
+            let index = self.physical_name(step.index());
+            // Even when recorded, the step must hold: an index deleted after its migration
+            // would otherwise be re-created by the first write with dynamic mappings, on which
+            // searches and sorts fail for good, and re-created by the step before without the
+            // fields a later step added. Both calls only ask (HEAD, GET) when the step holds,
+            // so an instance without the rights to change indices still starts.
+            match step.kind() {
+                StepKind::CreateIndex(_) => {
+                    self.create_index_if_absent(&index, step.body.clone())
+                        .await?
+                }
+                StepKind::PutMapping(_) => self.put_mapping_if_missing(&index, &step.body).await?,
+            }
             if self.migration_recorded(&records, migration.id).await? {
                 tracing::debug!(migration = migration.id, "migration already applied");
                 continue;
@@ -138,7 +196,7 @@ impl ElasticsearchStore {
     pub(super) async fn verify_migrations(&self) -> StoreResult<()> {
         for migration in MIGRATIONS {
             let step = migration.step()?;
-            let index = self.physical_name(&step.create_index);
+            let index = self.physical_name(step.index());
             if !self.index_exists(&index).await? {
                 return Err(StoreError::Unavailable(format!(
                     "index {index} does not exist (not migrated, or wrong INDEX_PREFIX?)"
@@ -205,6 +263,45 @@ impl ElasticsearchStore {
         }
     }
 
+    /// `PUT /{index}/_mapping` with `body` unless every property it names is mapped already
+    /// exactly so (`GET /{index}/_mapping`). Putting it again would be harmless (an addition
+    /// merges into the same mapping); asking first keeps a restart read-only.
+    async fn put_mapping_if_missing(&self, index: &str, body: &Value) -> StoreResult<()> {
+        let op = "migrate: read mapping";
+        let sent = self
+            .client
+            .indices()
+            .get_mapping(IndicesGetMappingParts::Index(&[index]))
+            .send()
+            .await;
+        let reply = reply::read(op, sent).await?;
+        if !(200..=299).contains(&reply.status) {
+            return Err(reply.into_error(&format!("{op} [{index}]")));
+        }
+        let mapped = &reply.body[index]["mappings"]["properties"];
+        let wanted = body["properties"].as_object().into_iter().flatten();
+        if wanted.clone().all(|(field, def)| &mapped[field] == def) {
+            return Ok(());
+        }
+        let op = "migrate: put mapping";
+        let sent = self
+            .client
+            .indices()
+            .put_mapping(IndicesPutMappingParts::Index(&[index]))
+            .body(body.clone())
+            .send()
+            .await;
+        let reply = reply::read(op, sent).await?;
+        match reply.status {
+            200..=299 if reply.body["acknowledged"] == Value::Bool(true) => Ok(()),
+            // Not confirmed by the master in time: applied or not, the next attempt tells.
+            200..=299 => Err(StoreError::Unavailable(format!(
+                "{op} [{index}]: not acknowledged by the master in time"
+            ))),
+            _ => Err(reply.into_error(&format!("{op} [{index}]"))),
+        }
+    }
+
     /// Realtime GET of the record of migration `id`.
     pub(super) async fn migration_recorded(&self, records: &str, id: &str) -> StoreResult<bool> {
         let op = "migrate: read record";
@@ -260,6 +357,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_step_names_exactly_one_kind() {
+        let step = |json: &'static str| Migration { id: "x", json }.step();
+        assert!(step(r#"{"description": "d", "body": {}}"#).is_err());
+        assert!(step(
+            r#"{"description": "d", "create_index": "a", "put_mapping": "a", "body": {}}"#
+        )
+        .is_err());
+        assert!(step(r#"{"description": "d", "put_index_template": "a", "body": {}}"#).is_err());
+        let put = step(r#"{"description": "d", "put_mapping": "a", "body": {}}"#).unwrap();
+        assert_eq!(put.kind(), StepKind::PutMapping("a"));
+    }
+
+    #[test]
     fn every_file_in_the_directory_is_listed_in_order() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations");
         let mut stems: Vec<String> = std::fs::read_dir(dir)
@@ -279,6 +389,18 @@ mod tests {
         for migration in MIGRATIONS {
             let step = migration.step().unwrap();
             assert!(!step.description.is_empty(), "{}", migration.id);
+            if let StepKind::PutMapping(index) = step.kind() {
+                // Only additions: a mapping step names properties and nothing else, on an
+                // index an earlier step created.
+                let keys: Vec<&String> = step.body.as_object().unwrap().keys().collect();
+                assert_eq!(keys, ["properties"], "{}", migration.id);
+                let created_before = MIGRATIONS
+                    .iter()
+                    .take_while(|m| m.id != migration.id)
+                    .any(|m| m.step().unwrap().kind() == StepKind::CreateIndex(index));
+                assert!(created_before, "{}", migration.id);
+                continue;
+            }
             assert_eq!(
                 step.body["settings"]["number_of_shards"], 1,
                 "{}",
@@ -291,13 +413,29 @@ mod tests {
     #[test]
     fn the_searched_fields_are_mapped_as_keywords_and_dates() {
         use crate::store::fields;
-        let transactions = MIGRATIONS
-            .iter()
-            .map(|m| m.step().unwrap())
-            .find(|s| s.create_index == "transactions")
-            .unwrap();
-        let properties = &transactions.body["mappings"]["properties"];
-        for field in [fields::STATE, fields::SRC, fields::DEST, fields::ID] {
+        // What the transactions index maps once every step ran, creation and additions.
+        let mut properties = serde_json::Map::new();
+        for step in MIGRATIONS.iter().map(|m| m.step().unwrap()) {
+            let added = match step.kind() {
+                StepKind::CreateIndex("transactions") => &step.body["mappings"]["properties"],
+                StepKind::PutMapping("transactions") => &step.body["properties"],
+                _ => continue,
+            };
+            for (field, def) in added.as_object().unwrap() {
+                assert!(
+                    properties.insert(field.clone(), def.clone()).is_none(),
+                    "{field}"
+                );
+            }
+        }
+        let properties = Value::Object(properties);
+        for field in [
+            fields::STATE,
+            fields::SRC,
+            fields::DEST,
+            fields::ID,
+            fields::ATTENTION,
+        ] {
             assert_eq!(properties[field]["type"], "keyword", "{field}");
         }
         for field in [fields::CREATED, fields::MODIFIED] {
