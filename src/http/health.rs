@@ -1,5 +1,6 @@
-//! `GET /healthz` (the process is up), `GET /readyz` (the store is reachable and migrated),
-//! `GET /metrics` (Prometheus text format).
+//! `GET /livez` and `GET /healthz` (the process is up; they depend on nothing, so an
+//! orchestrator restarts the process only when the process itself is stuck), `GET /readyz`
+//! (the store is reachable and migrated), `GET /metrics` (Prometheus text format).
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -15,6 +16,7 @@ pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=ut
 
 pub fn router() -> Router<AppState> {
     Router::new()
+        .route("/livez", get(livez))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -43,7 +45,15 @@ pub struct Readiness {
     pub detail: Option<String>,
 }
 
-/// Liveness: the process answers.
+/// Liveness: the process answers. It checks no dependency (a store outage must not make an
+/// orchestrator restart every instance); `/readyz` is the one that follows the store.
+#[utoipa::path(get, path = "/livez", tag = "operations",
+    responses((status = 200, description = "Live", body = Health)))]
+pub async fn livez() -> Json<Health> {
+    healthz().await
+}
+
+/// Liveness (the older name, kept for existing probes): the process answers.
 #[utoipa::path(get, path = "/healthz", tag = "operations",
     responses((status = 200, description = "Live", body = Health)))]
 pub async fn healthz() -> Json<Health> {

@@ -24,7 +24,7 @@ use super::AppState;
         super::transfers::create_transfer, super::batch::create_batch,
         super::transfers::list_transfers,
         super::transfers::get_transfer, super::transfers::cancel_transfer,
-        super::health::healthz, super::health::readyz, super::health::metrics,
+        super::health::livez, super::health::healthz, super::health::readyz, super::health::metrics,
     ),
     components(schemas(super::Problem)),
     tags(

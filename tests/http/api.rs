@@ -859,6 +859,7 @@ mod cases {
 
     pub async fn health_and_readiness_answer_200(b: Backend) {
         let app = TestApp::spawn(b).await;
+        assert_eq!(app.get("/livez").await.0, 200);
         assert_eq!(app.get("/healthz").await.0, 200);
         let (status, body) = app.get("/readyz").await;
         assert_eq!((status, body["status"].as_str()), (200, Some("ready")));

@@ -38,6 +38,11 @@ async fn readiness_follows_the_store_and_outages_answer_503() {
         app.status("/readyz").await == 503
     })
     .await;
+    assert_eq!(
+        app.status("/livez").await,
+        200,
+        "liveness depends on no store"
+    );
     let (_, readiness) = app.get("/readyz").await;
     let detail = readiness["detail"].as_str().unwrap_or_default();
     assert!(
