@@ -15,7 +15,7 @@
 //!   "failed":0}`; error envelopes with `root_cause`, shard meta (`index_uuid`, `shard`,
 //!   `index`) and `resource.type`/`resource.id`; `Validation Failed: 1: …;` messages.
 //! - §1 create (`PUT|POST /{i}/_create/{id}`, `op_type=create`): 201, 409 "document already
-//!   exists (current version [v])", re-create after delete continues the tombstone's version,
+//!   exists (current version \[v\])", re-create after delete continues the tombstone's version,
 //!   create + `if_seq_no` and `/_create?op_type=index` refused, ids over 512 bytes and empty
 //!   ids refused, auto-creation of missing indices (index, create, bulk; not delete).
 //! - §2 realtime GET (`found:true|false`, 404 `index_not_found_exception` with resource meta),
@@ -66,8 +66,8 @@
 //!   with an empty body, `GET /{i}`, `DELETE /{i}`.
 //! - §8 `PUT|POST /{i}/_mapping` adding fields (`{"acknowledged":true}`; the same addition
 //!   again is a no-op; 404 `index_not_found_exception` for a missing index, which it does not
-//!   create; 400 `illegal_argument_exception` "mapper [f] cannot be changed from type [a] to
-//!   [b]", nothing applied), and `GET /{i}/_mapping`. As in Elasticsearch, documents stored
+//!   create; 400 `illegal_argument_exception` "mapper \[f\] cannot be changed from type \[a\] to
+//!   \[b\]", nothing applied), and `GET /{i}/_mapping`. As in Elasticsearch, documents stored
 //!   before a field was mapped are not indexed for it until written again (each document
 //!   remembers the mapping generation it was indexed with).
 //! - §10/§11 `_seq_no` per index (one shard) from 0, +1 per applied op (not for conflicts or

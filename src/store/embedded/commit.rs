@@ -1,0 +1,191 @@
+//! Group commit: one committer at a time applies every waiting batch in one write transaction
+//! and answers each caller its own outcomes.
+
+use super::*;
+
+/// The most ops one group commit takes; bounds the latency a large group adds.
+pub const MAX_GROUP_OPS: usize = 4096;
+
+pub(super) type Reply = oneshot::Sender<StoreResult<Vec<StoreResult<WriteOutcome>>>>;
+
+/// Writes waiting for the committer, and whether one is running.
+#[derive(Default)]
+pub(super) struct CommitQueue {
+    pub(super) waiting: Vec<(Vec<WriteOp>, Reply)>,
+    pub(super) committing: bool,
+    pub(super) closed: bool,
+}
+
+/// The queue, and a signal for whoever waits for the committer to finish.
+#[derive(Default)]
+pub(super) struct Committer {
+    pub(super) queue: Mutex<CommitQueue>,
+    pub(super) idle: Condvar,
+}
+
+pub(super) fn lock(queue: &Mutex<CommitQueue>) -> std::sync::MutexGuard<'_, CommitQueue> {
+    queue.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One committer's turn. Should it end abnormally (a panic, or the runtime dropping the
+/// blocking task before it ran), dropping it fails the waiting writes (their callers get an
+/// error instead of waiting forever) and lets the next write start a new committer.
+pub(super) struct CommitterTurn {
+    pub(super) committer: Arc<Committer>,
+    pub(super) finished: bool,
+}
+
+impl Drop for CommitterTurn {
+    fn drop(&mut self) {
+        if !self.finished {
+            let mut queue = lock(&self.committer.queue);
+            queue.committing = false;
+            queue.waiting.clear();
+            self.committer.idle.notify_all();
+        }
+    }
+}
+
+/// The committer: drains waiting batches into one transaction, commits once, answers all;
+/// again until nothing waits. Runs on the blocking pool.
+pub(super) fn run_commits(db: &Database, mut turn: CommitterTurn) {
+    let committer = turn.committer.clone();
+    loop {
+        let group = {
+            let mut queue = lock(&committer.queue);
+            if queue.waiting.is_empty() {
+                queue.committing = false;
+                turn.finished = true;
+                committer.idle.notify_all();
+                return;
+            }
+            take_group(&mut queue.waiting)
+        };
+        match apply_group(db, &group) {
+            Ok(mut results) => {
+                // `results` is in group order; hand each caller its own slice.
+                for (batch, reply) in group.into_iter().rev() {
+                    let mine = results.split_off(results.len() - batch.len());
+                    let _ = reply.send(Ok(mine));
+                }
+            }
+            Err(e) => {
+                for (_, reply) in group {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// The oldest waiting batches, up to [`MAX_GROUP_OPS`] ops (at least one batch).
+pub(super) fn take_group(waiting: &mut Vec<(Vec<WriteOp>, Reply)>) -> Vec<(Vec<WriteOp>, Reply)> {
+    let mut ops = 0;
+    let mut count = 0;
+    for (batch, _) in waiting.iter() {
+        if count > 0 && ops + batch.len() > MAX_GROUP_OPS {
+            break;
+        }
+        ops += batch.len();
+        count += 1;
+    }
+    waiting.drain(..count).collect()
+}
+
+/// Applies a group in one write transaction. An op that cannot be applied (its stored
+/// document does not decode, its source does not serialize) fails alone, having written
+/// nothing; the group fails as a whole only when the transaction does (a storage error, a
+/// failed commit), and then no op of it was acknowledged.
+pub(super) fn apply_group(
+    db: &Database,
+    group: &[(Vec<WriteOp>, Reply)],
+) -> StoreResult<Vec<StoreResult<WriteOutcome>>> {
+    let mut txn = db.begin_write().map_err(storage)?;
+    txn.set_durability(Durability::Immediate).map_err(storage)?;
+    let mut results = Vec::new();
+    {
+        let mut tables = Tables::open(&txn)?;
+        for (batch, _) in group {
+            for op in batch {
+                results.push(apply_op(&mut tables, op)?);
+            }
+        }
+    }
+    // Only now is anything acknowledged: until commit returns, a crash loses the whole group
+    // and no caller has been told it was written. A failed commit leaves the outcome unknown
+    // to the callers (they re-read before deciding again), whatever redb's reason.
+    txn.commit().map_err(|e| {
+        StoreError::Unavailable(format!(
+            "embedded store: commit failed, the writes may or may not be applied: {e}"
+        ))
+    })?;
+    Ok(results)
+}
+
+/// Applies one op. The inner result is the op's own outcome; an inner error is returned only
+/// before the op wrote anything (every check and the serialization come first). The outer
+/// error is a storage error, which fails the whole transaction (redb poisons a transaction
+/// that failed part-way through a change).
+pub(super) fn apply_op(
+    tables: &mut Tables<'_>,
+    op: &WriteOp,
+) -> StoreResult<StoreResult<WriteOutcome>> {
+    let index = op.index();
+    let id = op.id();
+    let current = match tables.docs.get((index.name(), id)).map_err(storage)? {
+        // A create only needs to know that the id is taken, whatever is stored there.
+        Some(_) if matches!(op, WriteOp::Create { .. }) => {
+            return Ok(Ok(WriteOutcome::AlreadyExists))
+        }
+        Some(bytes) => match decode(id, bytes.value()) {
+            Ok(doc) => Some(doc),
+            Err(e) => return Ok(Err(e)),
+        },
+        None => None,
+    };
+    let source = match (op, &current) {
+        (WriteOp::Create { .. }, Some(_)) => return Ok(Ok(WriteOutcome::AlreadyExists)),
+        (WriteOp::Create { source, .. }, None) => source,
+        (WriteOp::ReplaceIf { .. }, None) => return Ok(Ok(WriteOutcome::NotFound)),
+        (
+            WriteOp::ReplaceIf {
+                source, expected, ..
+            },
+            Some(doc),
+        ) => {
+            if doc.version != *expected {
+                return Ok(Ok(WriteOutcome::Conflict));
+            }
+            source
+        }
+    };
+    let bytes = match serde_json::to_vec(source) {
+        Ok(bytes) => bytes,
+        Err(e) => return Ok(Err(permanent(format_args!("document {id}: {e}")))),
+    };
+    let counter = match index {
+        Index::Accounts => "seq:accounts",
+        Index::Transactions => "seq:transactions",
+    };
+    let seq_no = match tables.meta.get(counter).map_err(storage)? {
+        Some(last) => last.value() + 1,
+        None => 0,
+    };
+    // Every check passed: from here on, only writes.
+    tables.meta.insert(counter, seq_no).map_err(storage)?;
+    let mut value = Vec::with_capacity(8 + bytes.len());
+    value.extend_from_slice(&seq_no.to_le_bytes());
+    value.extend_from_slice(&bytes);
+    tables
+        .docs
+        .insert((index.name(), id), value.as_slice())
+        .map_err(storage)?;
+    if index == Index::Transactions {
+        let old = current.as_ref().map(|doc| transfer_keys(&doc.source));
+        update_transfer_indexes(tables, id, old.as_ref(), &transfer_keys(source))?;
+    }
+    Ok(Ok(WriteOutcome::Written(Version {
+        seq_no,
+        primary_term: PRIMARY_TERM,
+    })))
+}

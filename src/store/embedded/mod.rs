@@ -1,0 +1,246 @@
+//! The embedded backend: a durable redb file with Elasticsearch's per-document semantics.
+//!
+//! It is the default store (no `ELASTICSEARCH_URL`), so `cargo run` works with nothing else
+//! installed and every protocol test runs against real, crash-safe storage.
+//!
+//! - **Durability.** Every write transaction commits with [`Durability::Immediate`]: when a
+//!   write is acknowledged, redb has fsynced it, so it survives `kill -9` and power loss.
+//! - **Group commit.** One committer at a time owns the write transactions: the caller that
+//!   finds nobody committing becomes it, on tokio's blocking pool, and while it commits the
+//!   others queue. It takes every batch that is waiting (up to [`MAX_GROUP_OPS`] ops),
+//!   applies them one by one in a single transaction and commits once, answers every caller,
+//!   and goes on until the queue is empty. (On the blocking pool, tokio knows work is under
+//!   way: tests on paused time do not see the clock jump while a commit runs.) Concurrent writers therefore
+//!   share one fsync instead of paying one each. Each op is checked on its own, so a
+//!   conflicting op changes nothing and does not affect the others (like `_bulk`); an op that
+//!   cannot be applied (its stored document does not decode) fails alone, `Permanent`, having
+//!   written nothing. Only a failure of the transaction itself fails the whole group.
+//! - **Errors.** An I/O failure of the running store (starting a write transaction, a table
+//!   access, a commit) is `Unavailable`: the outcome is unknown to the callers, who re-read
+//!   and retry or leave the transfer to recovery. Corruption and other refusals are
+//!   `Permanent`, as is any failure to open the file.
+//! - **Versions.** `seq_no` is per index and increases on every applied write, like a
+//!   single-shard Elasticsearch index; the primary term is always 1 (there is no failover).
+//! - **Searches** use secondary index tables kept in the same transaction as the documents, so
+//!   they are realtime (stricter than Elasticsearch's near-real-time; the engine relies on
+//!   neither). A stored transfer that does not decode is skipped by them (with a warning), so
+//!   recovery and the listing page past it instead of stopping there.
+//! - One process holds the file at a time (redb locks it); a second one fails to open it.
+//!
+//! Here: the store and its `Store` implementation. [`commit`]: the group commit;
+//! [`tables`]: the tables, the document encoding and the secondary indexes; [`search`]: the
+//! searches that walk those indexes.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+
+use async_trait::async_trait;
+use redb::{
+    Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, Table, TableDefinition,
+    WriteTransaction,
+};
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use super::{
+    carries_attention, fields, parse_millis, Doc, Index, Page, ScanPage, SortKey, StaleQuery,
+    Store, StoreError, StoreResult, TransferFilter, Version, WriteOp, WriteOutcome,
+};
+
+mod commit;
+mod search;
+mod tables;
+#[cfg(test)]
+mod tests;
+
+pub use commit::MAX_GROUP_OPS;
+use commit::*;
+use search::*;
+use tables::*;
+
+/// File name of the database inside `DATA_DIR`.
+pub const FILE_NAME: &str = "transfer-service.redb";
+
+/// The redb-backed store. Hold it in an `Arc` (it is a [`Store`]).
+pub struct EmbeddedStore {
+    db: Arc<Database>,
+    committer: Arc<Committer>,
+    path: PathBuf,
+}
+
+impl Drop for EmbeddedStore {
+    /// Refuses new writes and waits for the committer to finish, so that once the store is
+    /// dropped the file is closed and may be opened again (by this process or another).
+    fn drop(&mut self) {
+        let mut queue = lock(&self.committer.queue);
+        queue.closed = true;
+        while queue.committing {
+            queue = self
+                .committer
+                .idle
+                .wait(queue)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+impl EmbeddedStore {
+    /// Opens (or creates) the store in `dir`, creating the directory if needed.
+    pub fn open(dir: &Path) -> StoreResult<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            StoreError::Permanent(format!("cannot create data dir {}: {e}", dir.display()))
+        })?;
+        let path = dir.join(FILE_NAME);
+        let db = Database::create(&path)
+            .map_err(|e| StoreError::Permanent(format!("cannot open {}: {e}", path.display())))?;
+        Self::start(db, path)
+    }
+
+    /// Creates the tables if needed.
+    fn start(db: Database, path: PathBuf) -> StoreResult<Self> {
+        let db = Arc::new(db);
+        // Create every table up front so readers never meet a missing one.
+        let txn = db.begin_write().map_err(permanent)?;
+        {
+            txn.open_table(DOCS).map_err(permanent)?;
+            txn.open_table(META).map_err(permanent)?;
+            txn.open_table(TX_BY_STATE_MODIFIED).map_err(permanent)?;
+            txn.open_table(TX_BY_CREATED).map_err(permanent)?;
+            txn.open_table(TX_BY_STATE_CREATED).map_err(permanent)?;
+            txn.open_table(TX_BY_ACCOUNT).map_err(permanent)?;
+            txn.open_table(TX_RELEASED).map_err(permanent)?;
+            txn.open_table(TX_ATTENTION).map_err(permanent)?;
+            build_attention_index(&txn)?;
+        }
+        txn.commit().map_err(permanent)?;
+        Ok(Self {
+            db,
+            committer: Arc::default(),
+            path,
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    async fn read<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Database) -> StoreResult<T> + Send + 'static,
+    {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || f(&db))
+            .await
+            .map_err(|e| StoreError::Permanent(format!("read task failed: {e}")))?
+    }
+}
+
+fn permanent(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Permanent(format!("embedded store: {e}"))
+}
+
+/// A redb error on the running store. An I/O failure is transient from the caller's point of
+/// view (the write's outcome is unknown, the disk may recover, a restart may be needed):
+/// `Unavailable`, so the API answers 503 and the engine retries or leaves the transfer to
+/// recovery. Anything else (corruption, a value too large, a bug) is `Permanent`. Opening the
+/// file keeps every failure `Permanent` ([`permanent`]): the service cannot start on it.
+fn storage(e: impl Into<redb::Error>) -> StoreError {
+    let e: redb::Error = e.into();
+    match e {
+        redb::Error::Io(_)
+        | redb::Error::PreviousIo
+        | redb::Error::DatabaseClosed
+        | redb::Error::TransactionInProgress
+        | redb::Error::WouldBlock => StoreError::Unavailable(format!("embedded store: {e}")),
+        _ => StoreError::Permanent(format!("embedded store: {e}")),
+    }
+}
+
+#[async_trait]
+impl Store for EmbeddedStore {
+    fn backend(&self) -> &'static str {
+        "embedded"
+    }
+
+    async fn get(&self, index: Index, id: &str) -> StoreResult<Option<Doc>> {
+        let id = id.to_owned();
+        self.read(move |db| read_doc(db, index, &id)).await
+    }
+
+    async fn bulk(&self, ops: Vec<WriteOp>) -> StoreResult<Vec<StoreResult<WriteOutcome>>> {
+        if ops.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (reply, answer) = oneshot::channel();
+        let start_committer = {
+            let mut queue = lock(&self.committer.queue);
+            if queue.closed {
+                return Err(StoreError::Permanent("embedded store is closed".into()));
+            }
+            queue.waiting.push((ops, reply));
+            !std::mem::replace(&mut queue.committing, true)
+        };
+        if start_committer {
+            let db = self.db.clone();
+            let turn = CommitterTurn {
+                committer: self.committer.clone(),
+                finished: false,
+            };
+            tokio::task::spawn_blocking(move || run_commits(&db, turn));
+        }
+        answer
+            .await
+            .map_err(|_| StoreError::Permanent("embedded store committer has stopped".into()))?
+    }
+
+    async fn find_stale(&self, query: &StaleQuery) -> StoreResult<Page> {
+        let query = query.clone();
+        self.read(move |db| find_stale_blocking(db, &query)).await
+    }
+
+    async fn list_transfers(&self, filter: &TransferFilter) -> StoreResult<Page> {
+        let filter = filter.clone();
+        self.read(move |db| list_blocking(db, &filter)).await
+    }
+
+    async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<ScanPage> {
+        let after = after.map(str::to_owned);
+        self.read(move |db| {
+            let txn = db.begin_read().map_err(storage)?;
+            let docs = txn.open_table(DOCS).map_err(storage)?;
+            let start = after.as_deref().unwrap_or("");
+            let mut out = Vec::new();
+            for entry in docs.range((index.name(), start)..).map_err(storage)? {
+                let (key, value) = entry.map_err(storage)?;
+                let (doc_index, id) = key.value();
+                if doc_index != index.name() || out.len() == limit {
+                    break;
+                }
+                if after.as_deref() == Some(id) {
+                    continue;
+                }
+                out.push(decode(id, value.value())?);
+            }
+            let next = (out.len() == limit)
+                .then(|| out.last().map(|d| d.id.clone()))
+                .flatten();
+            Ok(ScanPage { docs: out, next })
+        })
+        .await
+    }
+
+    async fn ready(&self) -> StoreResult<()> {
+        self.read(|db| {
+            let txn = db.begin_read().map_err(storage)?;
+            txn.open_table(DOCS).map_err(storage)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn refresh(&self) -> StoreResult<()> {
+        Ok(())
+    }
+}

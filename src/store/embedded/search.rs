@@ -1,0 +1,261 @@
+//! The embedded store's searches: stale transfers for recovery and the API's listing, by
+//! walking the secondary indexes and loading the documents they name.
+
+use super::*;
+
+/// Loads the transfers named by `keys` (in that order) from one read transaction, up to
+/// `limit` of those `filter` keeps. `next` is the last key taken when the page is full.
+///
+/// A stored document that does not decode is skipped with a warning rather than failing the
+/// page: otherwise recovery would stop at the oldest broken document forever, and the listing
+/// could not page past it. Skipped keys count as examined: callers that cut their key scan
+/// set `next` to the last key, so the cursor still moves past them.
+pub(super) fn load_transfers(
+    db: &Database,
+    keys: Vec<SortKey>,
+    limit: usize,
+    filter: impl Fn(&Doc) -> bool,
+) -> StoreResult<Page> {
+    let txn = db.begin_read().map_err(storage)?;
+    let docs = txn.open_table(DOCS).map_err(storage)?;
+    let mut out = Vec::new();
+    let mut last = None;
+    for key in keys {
+        if out.len() == limit {
+            break;
+        }
+        let Some(bytes) = docs
+            .get((Index::Transactions.name(), key.id.as_str()))
+            .map_err(storage)?
+        else {
+            continue;
+        };
+        match decode(&key.id, bytes.value()) {
+            Ok(doc) => {
+                if filter(&doc) {
+                    out.push(doc);
+                    last = Some(key);
+                }
+            }
+            Err(error) => tracing::warn!(
+                transfer_id = %key.id,
+                %error,
+                "skipping a stored transfer that does not decode"
+            ),
+        }
+    }
+    let next = if out.len() == limit && limit > 0 {
+        last
+    } else {
+        None
+    };
+    Ok(Page { docs: out, next })
+}
+
+/// The keys of released transfers in the query's states that the stale range does not
+/// already cover (modified at or after the bound), after the cursor.
+pub(super) fn released_keys(
+    txn: &redb::ReadTransaction,
+    q: &StaleQuery,
+) -> StoreResult<Vec<SortKey>> {
+    let released = txn.open_table(TX_RELEASED).map_err(storage)?;
+    let docs = txn.open_table(DOCS).map_err(storage)?;
+    let mut keys = Vec::new();
+    for state in &q.states {
+        for entry in released.range((state.as_str(), "")..).map_err(storage)? {
+            let (key, _) = entry.map_err(storage)?;
+            let (key_state, id) = key.value();
+            if key_state != state {
+                break;
+            }
+            let Some(bytes) = docs
+                .get((Index::Transactions.name(), id))
+                .map_err(storage)?
+            else {
+                continue;
+            };
+            let Ok(doc) = decode(id, bytes.value()) else {
+                continue;
+            };
+            let millis = transfer_keys(&doc.source).modified;
+            let key = SortKey {
+                millis,
+                id: id.to_owned(),
+            };
+            if millis >= q.modified_before && q.after.as_ref().is_none_or(|after| &key > after) {
+                keys.push(key);
+            }
+        }
+    }
+    Ok(keys)
+}
+
+pub(super) fn find_stale_blocking(db: &Database, q: &StaleQuery) -> StoreResult<Page> {
+    let txn = db.begin_read().map_err(storage)?;
+    let table = txn.open_table(TX_BY_STATE_MODIFIED).map_err(storage)?;
+    // Up to `limit` candidates from each state, merged by (modification_time, id).
+    let mut keys = Vec::new();
+    // The lowest last candidate among the states whose scan stopped at its bound: beyond it,
+    // that state's keys were not looked at, so the merged page must not go past it.
+    let mut horizon: Option<SortKey> = None;
+    for state in &q.states {
+        let (from_millis, from_id) = match &q.after {
+            Some(k) => (k.millis, k.id.as_str()),
+            None => (i64::MIN, ""),
+        };
+        if from_millis >= q.modified_before {
+            continue;
+        }
+        let range = table
+            .range((state.as_str(), from_millis, from_id)..(state.as_str(), q.modified_before, ""))
+            .map_err(storage)?;
+        let mut seen = 0;
+        let mut last = None;
+        for entry in range.take(q.limit + 1) {
+            let (key, _) = entry.map_err(storage)?;
+            let (_, millis, id) = key.value();
+            let key = SortKey {
+                millis,
+                id: id.to_owned(),
+            };
+            seen += 1;
+            last = Some(key.clone());
+            if q.after.as_ref() != Some(&key) {
+                keys.push(key);
+            }
+        }
+        if seen == q.limit + 1 {
+            horizon = match (horizon, last) {
+                (Some(h), Some(l)) => Some(h.min(l)),
+                (h, l) => h.or(l),
+            };
+        }
+    }
+    keys.extend(released_keys(&txn, q)?);
+    keys.sort();
+    keys.dedup();
+    if let Some(horizon) = &horizon {
+        keys.retain(|key| key <= horizon);
+    }
+    drop(table);
+    drop(txn);
+    // Not full although a state was cut: every key up to the horizon was examined (some did
+    // not decode), so continue after the last one.
+    let cut = horizon
+        .filter(|_| q.limit > 0)
+        .and_then(|_| keys.last().cloned());
+    let mut page = load_transfers(db, keys, q.limit, |_| true)?;
+    if page.next.is_none() {
+        page.next = cut;
+    }
+    Ok(page)
+}
+
+pub(super) fn list_blocking(db: &Database, f: &TransferFilter) -> StoreResult<Page> {
+    // How many index entries to look at: one index serves the most selective filter and the
+    // others are checked on the documents, so with more than one filter look further
+    // (bounded, to keep one request cheap).
+    let filters = [f.attention, f.account.is_some(), f.state.is_some()];
+    let scan = if filters.into_iter().filter(|&on| on).count() > 1 {
+        f.limit.saturating_mul(50).max(1000)
+    } else {
+        f.limit + 1
+    };
+    let (keys, scanned) = keys_before_cursor(db, f, scan)?;
+    // When the scan stopped at its bound, say where it stopped even if the page is not full,
+    // so a client paging through a busy account never mistakes "not scanned" for "none".
+    // (Keys whose document does not decode are skipped by `load_transfers`, so the page may
+    // be short for that reason too: counting entries scanned, not keys kept, still moves the
+    // cursor past them.)
+    let scan_cut = (scanned >= scan).then(|| keys.last().cloned()).flatten();
+    let filter = f.clone();
+    let mut page = load_transfers(db, keys, f.limit, move |doc| matches(&filter, &doc.source))?;
+    if page.next.is_none() {
+        page.next = scan_cut;
+    }
+    Ok(page)
+}
+
+/// Whether a transfer passes every filter of `f` (the index walked serves one of them).
+pub(super) fn matches(f: &TransferFilter, source: &Value) -> bool {
+    let text = |field: &str| source.get(field).and_then(Value::as_str);
+    f.state
+        .as_deref()
+        .is_none_or(|s| text(fields::STATE) == Some(s))
+        && f.account
+            .as_deref()
+            .is_none_or(|a| text(fields::SRC) == Some(a) || text(fields::DEST) == Some(a))
+        && (!f.attention || carries_attention(source))
+}
+
+/// Newest first: the keys of up to `scan` entries of the index that serves `f`, walked
+/// backwards from the cursor (exclusive), and how many entries were looked at, the cursor's
+/// own included.
+pub(super) fn keys_before_cursor(
+    db: &Database,
+    f: &TransferFilter,
+    scan: usize,
+) -> StoreResult<(Vec<SortKey>, usize)> {
+    let txn = db.begin_read().map_err(storage)?;
+    let upper = match &f.after {
+        Some(k) => (k.millis, k.id.as_str()),
+        None => (i64::MAX, "\u{10FFFF}"),
+    };
+    let mut keys = Vec::new();
+    let mut scanned = 0;
+    let mut push = |millis: i64, id: &str| {
+        scanned += 1;
+        let key = SortKey {
+            millis,
+            id: id.to_owned(),
+        };
+        if f.after.is_none() || Some(&key) < f.after.as_ref() {
+            keys.push(key);
+        }
+    };
+    if f.attention {
+        // Flagged transfers are few: the most selective index whatever else is asked.
+        let table = txn.open_table(TX_ATTENTION).map_err(storage)?;
+        let range = table.range((i64::MIN, "")..=upper).map_err(storage)?;
+        for entry in range.rev().take(scan) {
+            let (key, _) = entry.map_err(storage)?;
+            let (millis, id) = key.value();
+            push(millis, id);
+        }
+    } else if let Some(account) = &f.account {
+        walk_back_within(&txn, TX_BY_ACCOUNT, account, upper, scan, &mut push)?;
+    } else if let Some(state) = &f.state {
+        walk_back_within(&txn, TX_BY_STATE_CREATED, state, upper, scan, &mut push)?;
+    } else {
+        let table = txn.open_table(TX_BY_CREATED).map_err(storage)?;
+        let range = table.range((i64::MIN, "")..=upper).map_err(storage)?;
+        for entry in range.rev().take(scan) {
+            let (key, _) = entry.map_err(storage)?;
+            let (millis, id) = key.value();
+            push(millis, id);
+        }
+    }
+    Ok((keys, scanned))
+}
+
+/// Walks the entries of `prefix` in a `(prefix, millis, id)` index backwards from `upper`
+/// (inclusive), passing up to `scan` of them to `push`.
+pub(super) fn walk_back_within(
+    txn: &ReadTransaction,
+    index: TableDefinition<'static, (&'static str, i64, &'static str), ()>,
+    prefix: &str,
+    (to_millis, to_id): (i64, &str),
+    scan: usize,
+    push: &mut impl FnMut(i64, &str),
+) -> StoreResult<()> {
+    let table = txn.open_table(index).map_err(storage)?;
+    let range = table
+        .range((prefix, i64::MIN, "")..=(prefix, to_millis, to_id))
+        .map_err(storage)?;
+    for entry in range.rev().take(scan) {
+        let (key, _) = entry.map_err(storage)?;
+        let (_, millis, id) = key.value();
+        push(millis, id);
+    }
+    Ok(())
+}

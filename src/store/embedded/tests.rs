@@ -1,0 +1,437 @@
+//! Unit tests of the embedded store's internals (the shared store suite is in `tests/store/`).
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde_json::json;
+
+use super::*;
+use crate::store::format_millis;
+
+fn open() -> (tempfile::TempDir, EmbeddedStore) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = EmbeddedStore::open(dir.path()).expect("open");
+    (dir, store)
+}
+
+fn transfer(id: &str, state: &str, modified: i64) -> Value {
+    json!({
+        "transaction_id": id,
+        "src_acct": "a",
+        "dest_acct": "b",
+        "amount": 1,
+        "transaction_state": state,
+        "creation_time": format_millis(modified),
+        "modification_time": format_millis(modified),
+    })
+}
+
+/// Overwrites a stored document with bytes that do not decode, leaving its version
+/// prefix and its index entries in place (as a torn or foreign write would).
+fn break_doc(db: &Database, index: Index, id: &str) {
+    let txn = db.begin_write().unwrap();
+    {
+        let mut docs = txn.open_table(DOCS).unwrap();
+        let mut value = 42u64.to_le_bytes().to_vec();
+        value.extend_from_slice(b"{\"not json");
+        docs.insert((index.name(), id), value.as_slice()).unwrap();
+    }
+    txn.commit().unwrap();
+}
+
+#[tokio::test]
+async fn a_store_written_before_the_attention_index_gets_it_built_when_opened() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let flagged = || {
+        let mut doc = transfer("t2", "pending", 2);
+        doc[fields::ATTENTION] = json!("contradiction");
+        doc
+    };
+    let list = TransferFilter {
+        attention: true,
+        limit: 10,
+        ..TransferFilter::default()
+    };
+    {
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        store
+            .create(Index::Transactions, "t1", transfer("t1", "pending", 1))
+            .await
+            .unwrap();
+        store
+            .create(Index::Transactions, "t2", flagged())
+            .await
+            .unwrap();
+        // As an older version left it: no index of flagged transfers, no marker.
+        let txn = store.db.begin_write().unwrap();
+        txn.delete_table(TX_ATTENTION).unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .remove(ATTENTION_BUILT)
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    let page = store.list_transfers(&list).await.unwrap();
+    let ids: Vec<&str> = page.docs.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(ids, ["t2"]);
+    // Built once: opening again neither duplicates nor loses it.
+    drop(store);
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(store.list_transfers(&list).await.unwrap().docs.len(), 1);
+}
+
+fn raw(db: &Database, index: Index, id: &str) -> Option<Vec<u8>> {
+    let txn = db.begin_read().unwrap();
+    let docs = txn.open_table(DOCS).unwrap();
+    let value = docs.get((index.name(), id)).unwrap();
+    value.map(|v| v.value().to_vec())
+}
+
+fn created_index_ids(db: &Database) -> Vec<String> {
+    let txn = db.begin_read().unwrap();
+    let table = txn.open_table(TX_BY_CREATED).unwrap();
+    let ids = table
+        .iter()
+        .unwrap()
+        .map(|entry| entry.unwrap().0.value().1.to_owned())
+        .collect();
+    ids
+}
+
+fn replace(id: &str, source: Value, seq_no: u64) -> WriteOp {
+    WriteOp::ReplaceIf {
+        index: Index::Transactions,
+        id: id.into(),
+        source,
+        expected: Version {
+            seq_no,
+            primary_term: PRIMARY_TERM,
+        },
+    }
+}
+
+fn create(id: &str, source: Value) -> WriteOp {
+    WriteOp::Create {
+        index: Index::Transactions,
+        id: id.into(),
+        source,
+    }
+}
+
+fn written(result: &StoreResult<WriteOutcome>) -> u64 {
+    match result {
+        Ok(WriteOutcome::Written(v)) => v.seq_no,
+        other => panic!("expected a write, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_op_on_an_undecodable_document_fails_alone_and_writes_nothing() {
+    let (_dir, store) = open();
+    store
+        .create(
+            Index::Transactions,
+            "bad",
+            transfer("bad", "created", 1_000),
+        )
+        .await
+        .unwrap();
+    break_doc(&store.db, Index::Transactions, "bad");
+    let before = raw(&store.db, Index::Transactions, "bad");
+
+    let results = store
+        .bulk(vec![
+            create("one", transfer("one", "created", 2_000)),
+            replace("bad", transfer("bad", "pending", 3_000), 42),
+            create("bad", transfer("bad", "pending", 3_000)),
+            create("two", transfer("two", "created", 4_000)),
+        ])
+        .await
+        .expect("the group commits");
+    assert_eq!(results.len(), 4);
+    let one = written(&results[0]);
+    assert!(
+        matches!(results[1], Err(StoreError::Permanent(_))),
+        "{:?}",
+        results[1]
+    );
+    assert_eq!(
+        results[2],
+        Ok(WriteOutcome::AlreadyExists),
+        "the id is taken"
+    );
+    // No sequence number was spent on the failed ops: nothing of theirs was written.
+    assert_eq!(written(&results[3]), one + 1);
+    assert_eq!(raw(&store.db, Index::Transactions, "bad"), before);
+    let mut indexed = created_index_ids(&store.db);
+    indexed.sort();
+    assert_eq!(
+        indexed,
+        ["bad", "one", "two"],
+        "bad keeps its one old entry"
+    );
+    assert!(store
+        .get(Index::Transactions, "one")
+        .await
+        .unwrap()
+        .is_some());
+    assert!(store
+        .get(Index::Transactions, "two")
+        .await
+        .unwrap()
+        .is_some());
+}
+
+#[test]
+fn in_a_group_of_callers_only_the_failing_op_fails() {
+    let (_dir, store) = open();
+    break_doc(&store.db, Index::Accounts, "bad");
+    let reply = || oneshot::channel().0;
+    let group = vec![
+        (
+            vec![create("first", transfer("first", "created", 1))],
+            reply(),
+        ),
+        (
+            vec![WriteOp::ReplaceIf {
+                index: Index::Accounts,
+                id: "bad".into(),
+                source: json!({}),
+                expected: Version {
+                    seq_no: 42,
+                    primary_term: PRIMARY_TERM,
+                },
+            }],
+            reply(),
+        ),
+        (
+            vec![create("third", transfer("third", "created", 3))],
+            reply(),
+        ),
+    ];
+    let results = apply_group(&store.db, &group).expect("the group commits");
+    assert_eq!(results.len(), 3);
+    assert_eq!(written(&results[0]) + 1, written(&results[2]));
+    assert!(matches!(results[1], Err(StoreError::Permanent(_))));
+    assert!(raw(&store.db, Index::Transactions, "first").is_some());
+    assert!(raw(&store.db, Index::Transactions, "third").is_some());
+}
+
+async fn stale_ids(store: &EmbeddedStore, states: &[&str], limit: usize) -> Vec<String> {
+    let mut after = None;
+    let mut ids = Vec::new();
+    for _ in 0..100 {
+        let page = store
+            .find_stale(&StaleQuery {
+                states: states.iter().map(|s| s.to_string()).collect(),
+                modified_before: 1_000_000,
+                after: after.clone(),
+                limit,
+            })
+            .await
+            .expect("a broken document does not fail the page");
+        ids.extend(page.docs.into_iter().map(|d| d.id));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return ids,
+        }
+    }
+    panic!("paging does not end: {ids:?}");
+}
+
+#[tokio::test]
+async fn find_stale_skips_undecodable_documents_and_pages_past_them() {
+    let (_dir, store) = open();
+    // Two states, interleaved in time, so pages merge candidates of both.
+    let mut all = Vec::new();
+    for i in 0..12 {
+        let (id, state) = if i % 2 == 0 {
+            (format!("c{i:02}"), "created")
+        } else {
+            (format!("p{i:02}"), "pending")
+        };
+        store
+            .create(Index::Transactions, &id, transfer(&id, state, 1_000 + i))
+            .await
+            .unwrap();
+        all.push(id);
+    }
+    // Broken: the two oldest (a whole first page), and a run in the middle.
+    let broken = ["c00", "p01", "c04", "p05", "c06"];
+    for id in broken {
+        break_doc(&store.db, Index::Transactions, id);
+    }
+    let good: Vec<_> = all
+        .iter()
+        .filter(|id| !broken.contains(&id.as_str()))
+        .cloned()
+        .collect();
+    for limit in [1, 2, 3, 5, 20] {
+        assert_eq!(
+            stale_ids(&store, &["created", "pending"], limit).await,
+            good,
+            "limit {limit}"
+        );
+    }
+    let created: Vec<_> = good
+        .iter()
+        .filter(|id| id.starts_with('c'))
+        .cloned()
+        .collect();
+    assert_eq!(stale_ids(&store, &["created"], 1).await, created);
+}
+
+#[tokio::test]
+async fn find_stale_pages_are_unchanged_without_broken_documents() {
+    let (_dir, store) = open();
+    for i in 0..7 {
+        let id = format!("t{i}");
+        let state = if i % 3 == 0 { "pending" } else { "created" };
+        store
+            .create(Index::Transactions, &id, transfer(&id, state, 1_000 + i))
+            .await
+            .unwrap();
+    }
+    let page = store
+        .find_stale(&StaleQuery {
+            states: vec!["created".into(), "pending".into()],
+            modified_before: 1_000_000,
+            after: None,
+            limit: 3,
+        })
+        .await
+        .unwrap();
+    let ids: Vec<_> = page.docs.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(ids, ["t0", "t1", "t2"]);
+    assert_eq!(page.next.map(|k| k.id).as_deref(), Some("t2"));
+    let all = stale_ids(&store, &["created", "pending"], 3).await;
+    assert_eq!(all, ["t0", "t1", "t2", "t3", "t4", "t5", "t6"]);
+}
+
+#[tokio::test]
+async fn list_transfers_skips_undecodable_documents_and_pages_past_them() {
+    let (_dir, store) = open();
+    for i in 0..6 {
+        let id = format!("t{i}");
+        store
+            .create(
+                Index::Transactions,
+                &id,
+                transfer(&id, "created", 1_000 + i),
+            )
+            .await
+            .unwrap();
+    }
+    for id in ["t5", "t4", "t2"] {
+        break_doc(&store.db, Index::Transactions, id);
+    }
+    for filter in [
+        TransferFilter::default(),
+        TransferFilter {
+            state: Some("created".into()),
+            ..Default::default()
+        },
+        TransferFilter {
+            account: Some("a".into()),
+            ..Default::default()
+        },
+    ] {
+        for limit in [1, 2, 10] {
+            let mut after = None;
+            let mut ids = Vec::new();
+            for _ in 0..100 {
+                let page = store
+                    .list_transfers(&TransferFilter {
+                        after: after.clone(),
+                        limit,
+                        ..filter.clone()
+                    })
+                    .await
+                    .expect("a broken document does not fail the page");
+                ids.extend(page.docs.into_iter().map(|d| d.id));
+                after = page.next;
+                if after.is_none() {
+                    break;
+                }
+            }
+            assert_eq!(ids, ["t3", "t1", "t0"], "{filter:?}, limit {limit}");
+        }
+    }
+}
+
+/// An in-memory redb backend whose writes and syncs fail while `failing` is set.
+#[derive(Debug, Default)]
+struct FlakyDisk {
+    inner: redb::backends::InMemoryBackend,
+    failing: Arc<AtomicBool>,
+}
+
+impl FlakyDisk {
+    fn check(&self) -> std::io::Result<()> {
+        if self.failing.load(Ordering::SeqCst) {
+            Err(std::io::Error::other("injected I/O error"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl redb::StorageBackend for FlakyDisk {
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.check()?;
+        self.inner.set_len(len)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.check()?;
+        self.inner.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.check()?;
+        self.inner.write(offset, data)
+    }
+}
+
+#[tokio::test]
+async fn an_io_error_in_the_group_commit_is_unavailable_not_permanent() {
+    let disk = FlakyDisk::default();
+    let failing = disk.failing.clone();
+    let db = redb::Builder::new().create_with_backend(disk).unwrap();
+    let store = EmbeddedStore::start(db, PathBuf::from("memory")).unwrap();
+    let ok = store
+        .create(Index::Accounts, "a", json!({ "n": 1 }))
+        .await
+        .unwrap();
+    assert!(matches!(ok, WriteOutcome::Written(_)));
+
+    failing.store(true, Ordering::SeqCst);
+    let failed = store.create(Index::Accounts, "b", json!({ "n": 2 })).await;
+    assert!(
+        matches!(&failed, Err(StoreError::Unavailable(_))),
+        "{failed:?}"
+    );
+    // redb refuses further writes after an I/O error (until reopened): still transient
+    // from the callers' point of view, never a refusal of their request.
+    failing.store(false, Ordering::SeqCst);
+    let after = store.create(Index::Accounts, "c", json!({ "n": 3 })).await;
+    assert!(
+        matches!(
+            &after,
+            Ok(WriteOutcome::Written(_)) | Err(StoreError::Unavailable(_))
+        ),
+        "{after:?}"
+    );
+}
+
+#[test]
+fn storage_errors_are_classified() {
+    let io = redb::StorageError::Io(std::io::Error::other("disk"));
+    assert!(storage(io).is_retryable());
+    assert!(storage(redb::StorageError::PreviousIo).is_retryable());
+    assert!(!storage(redb::StorageError::Corrupted("bad page".into())).is_retryable());
+    assert!(!storage(redb::StorageError::ValueTooLarge(1 << 40)).is_retryable());
+}
