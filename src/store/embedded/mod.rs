@@ -27,8 +27,8 @@
 //!   recovery and the listing page past it instead of stopping there.
 //! - One process holds the file at a time (redb locks it); a second one fails to open it.
 //!
-//! Here: the store and its `Store` implementation. [`commit`]: the group commit;
-//! [`tables`]: the tables, the document encoding and the secondary indexes; [`search`]: the
+//! Here: the store and its `Store` implementation. `commit`: the group commit;
+//! `tables`: the tables, the document encoding and the secondary indexes; `search`: the
 //! searches that walk those indexes.
 
 use std::path::{Path, PathBuf};
