@@ -58,36 +58,9 @@ impl TestApp {
     /// The application on `backend` with a tweaked configuration, not waited on (for a store
     /// that is not there).
     pub async fn start(backend: Backend, tweak: impl FnOnce(&mut Config)) -> TestApp {
-        logs::capture();
-        let dir = tempfile::tempdir().expect("temp dir");
-        let mut config = Config::for_tests(dir.path().join("data"));
-        let emulator = match backend {
-            Backend::Embedded => None,
-            Backend::Emulator => {
-                let emulator = stores::emulator().await;
-                config.elasticsearch_url = Some(emulator.url.clone());
-                Some(emulator)
-            }
-            Backend::RealEs => {
-                config.elasticsearch_url = stores::real_cluster();
-                config.index_prefix = stores::unique_prefix("api-test");
-                None
-            }
-        };
-        tweak(&mut config);
+        let (dir, config, emulator) = configure(backend, tweak).await;
         let app = Application::build(config.clone()).await.expect("build app");
-        let base = format!("http://{}", app.addr());
-        let engine = app.engine().clone();
-        let server = tokio::spawn(app.run_until(std::future::pending()));
-        TestApp {
-            base,
-            client: reqwest::Client::new(),
-            config,
-            engine,
-            emulator,
-            server,
-            _dir: dir,
-        }
+        serve(app, dir, config, emulator)
     }
 
     /// The application on `backend` with a tweaked configuration, its store wrapped by
@@ -98,23 +71,7 @@ impl TestApp {
         tweak: impl FnOnce(&mut Config),
         wrap: impl FnOnce(DynStore) -> DynStore,
     ) -> TestApp {
-        logs::capture();
-        let dir = tempfile::tempdir().expect("temp dir");
-        let mut config = Config::for_tests(dir.path().join("data"));
-        let emulator = match backend {
-            Backend::Embedded => None,
-            Backend::Emulator => {
-                let emulator = stores::emulator().await;
-                config.elasticsearch_url = Some(emulator.url.clone());
-                Some(emulator)
-            }
-            Backend::RealEs => {
-                config.elasticsearch_url = stores::real_cluster();
-                config.index_prefix = stores::unique_prefix("api-test");
-                None
-            }
-        };
-        tweak(&mut config);
+        let (dir, config, emulator) = configure(backend, tweak).await;
         let metrics = Metrics::new();
         let store = open_store(&config, &metrics, Migrations::Apply)
             .await
@@ -122,18 +79,7 @@ impl TestApp {
         let app = Application::build_with_store(config.clone(), wrap(store), metrics)
             .await
             .expect("build app");
-        let base = format!("http://{}", app.addr());
-        let engine = app.engine().clone();
-        let server = tokio::spawn(app.run_until(std::future::pending()));
-        let app = TestApp {
-            base,
-            client: reqwest::Client::new(),
-            config,
-            engine,
-            emulator,
-            server,
-            _dir: dir,
-        };
+        let app = serve(app, dir, config, emulator);
         app.until_ready().await;
         app
     }
@@ -362,4 +308,51 @@ async fn read(response: reqwest::Response) -> (u16, Value) {
     let text = response.text().await.expect("body");
     let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
     (status, body)
+}
+
+/// The test configuration on `backend` (a temp data dir, an emulator of its own, or indices of
+/// their own on the real cluster), tweaked.
+async fn configure(
+    backend: Backend,
+    tweak: impl FnOnce(&mut Config),
+) -> (tempfile::TempDir, Config, Option<RunningEmulator>) {
+    logs::capture();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut config = Config::for_tests(dir.path().join("data"));
+    let emulator = match backend {
+        Backend::Embedded => None,
+        Backend::Emulator => {
+            let emulator = stores::emulator().await;
+            config.elasticsearch_url = Some(emulator.url.clone());
+            Some(emulator)
+        }
+        Backend::RealEs => {
+            config.elasticsearch_url = stores::real_cluster();
+            config.index_prefix = stores::unique_prefix("api-test");
+            None
+        }
+    };
+    tweak(&mut config);
+    (dir, config, emulator)
+}
+
+/// Serves a built application in the background.
+fn serve(
+    app: Application,
+    dir: tempfile::TempDir,
+    config: Config,
+    emulator: Option<RunningEmulator>,
+) -> TestApp {
+    let base = format!("http://{}", app.addr());
+    let engine = app.engine().clone();
+    let server = tokio::spawn(app.run_until(std::future::pending()));
+    TestApp {
+        base,
+        client: reqwest::Client::new(),
+        config,
+        engine,
+        emulator,
+        server,
+        _dir: dir,
+    }
 }
