@@ -86,14 +86,18 @@ pub struct Config {
     /// How long an account remembers the ids of transfers settled on it (the tombstones
     /// that make a late write from a stalled worker a no-op). A young one is never forgotten
     /// to make room: this is the window, beyond the lease fence, in which a late apply is
-    /// refused outright rather than undone by the late-apply sweep.
-    #[arg(long, env = "SETTLED_RETENTION", default_value = "10s", value_parser = humantime::parse_duration)]
+    /// refused outright rather than undone by the late-apply sweep. Besides, the newest 100
+    /// are kept whatever their age. Every account write rewrites them: on a busy account the
+    /// retention is paid on every write (1 s keeps two hot accounts at half the throughput of
+    /// a count bound of 100; longer retentions cost more until their representation is
+    /// compact).
+    #[arg(long, env = "SETTLED_RETENTION", default_value = "1s", value_parser = humantime::parse_duration)]
     pub settled_retention: Duration,
 
     /// The most young settled ids plus pending entries an account holds (a hard bound on the
     /// account document: 60–160 bytes an entry, by id length). An apply beyond it backs off
     /// until the oldest age out, then rolls back with `account_busy`: an account settles at
-    /// most `SETTLED_MAX / SETTLED_RETENTION` transfers a second (1,000 with the defaults).
+    /// most `SETTLED_MAX / SETTLED_RETENTION` transfers a second (10,000 with the defaults).
     #[arg(long, env = "SETTLED_MAX", default_value_t = 10_000, value_parser = parse_settled_max)]
     pub settled_max: usize,
 

@@ -86,6 +86,10 @@ pub struct EngineConfig {
     pub max_in_flight: usize,
 }
 
+/// Settled ids an account keeps whatever their age (beyond `SETTLED_RETENTION`): a quiet
+/// account remembers its last hundred settlements for as long as it stays quiet.
+pub const KEEP_NEWEST_SETTLED: usize = 100;
+
 /// The clock-skew margin: a quarter of the lease on each side, so instance wall clocks may
 /// differ by up to half a lease (15 s with the default 30 s lease). It scales with the lease:
 /// a longer lease buys more tolerance. A holder then acts for three quarters of its lease.
@@ -106,6 +110,7 @@ impl EngineConfig {
             retention: Retention {
                 millis: config.settled_retention.as_millis() as i64,
                 max_entries: config.settled_max,
+                keep_newest: KEEP_NEWEST_SETTLED.min(config.settled_max),
             },
             max_conflicts: 200,
             max_store_attempts: 6,
@@ -131,6 +136,7 @@ impl EngineConfig {
             retention: Retention {
                 millis: 3_600_000,
                 max_entries: 1000,
+                keep_newest: KEEP_NEWEST_SETTLED,
             },
             max_conflicts: 200,
             max_store_attempts: 6,

@@ -168,6 +168,9 @@ pub enum AccountDecision {
 pub struct Retention {
     pub millis: i64,
     pub max_entries: usize,
+    /// The newest this many are kept whatever their age, so a quiet account remembers its
+    /// last settlements for long (a busy one is covered by age).
+    pub keep_newest: usize,
 }
 
 impl Retention {
@@ -175,6 +178,7 @@ impl Retention {
     pub const NONE: Retention = Retention {
         millis: i64::MIN,
         max_entries: usize::MAX / 4,
+        keep_newest: 0,
     };
 
     /// Whether a tombstone stamped `at_millis` is still young at `now_millis`. Stamps from
@@ -383,12 +387,18 @@ fn remember(account: &mut AccountDoc, transfer_id: &str, now_millis: i64) {
     });
 }
 
-/// Drops tombstones older than the retention; beyond twice the count bound (only fences
-/// can get there), the oldest.
+/// Drops tombstones older than the retention (but the newest `keep_newest`); beyond twice
+/// the count bound (only fences can get there), the oldest.
 fn prune_settled(account: &mut AccountDoc, now_millis: i64, retention: Retention) {
-    account
+    let newest_from = account
         .settled_transactions
-        .retain(|s| retention.keeps(s.at, now_millis));
+        .len()
+        .saturating_sub(retention.keep_newest);
+    let mut index = 0;
+    account.settled_transactions.retain(|s| {
+        index += 1;
+        index > newest_from || retention.keeps(s.at, now_millis)
+    });
     let hard_bound = retention.max_entries.saturating_mul(2);
     let excess = account
         .settled_transactions
@@ -427,6 +437,7 @@ mod tests {
     const RETAIN: Retention = Retention {
         millis: 60_000,
         max_entries: 3,
+        keep_newest: 0,
     };
 
     fn now() -> Now {
@@ -880,6 +891,24 @@ mod tests {
         b.settled_transactions = vec![tombstone("ahead", now().millis + 3_600_000)];
         let kept = write(decide(&b, AccountOp::Undo, Side::Source, 1));
         assert_eq!(ids(&kept), ["ahead", "t1"]);
+    }
+
+    #[test]
+    fn the_newest_tombstones_are_kept_whatever_their_age() {
+        let old = now().millis - RETAIN.millis - 1_000;
+        let mut a = account(100);
+        a.settled_transactions = (0..3).map(|i| tombstone(&format!("o{i}"), old)).collect();
+        let keep_two = Retention {
+            keep_newest: 2,
+            ..RETAIN
+        };
+        let fenced = write(decide_account(
+            &a,
+            step(AccountOp::Undo, Side::Source, 1),
+            &now(),
+            keep_two,
+        ));
+        assert_eq!(ids(&fenced), ["o2", "t1"], "the newest two, t1 among them");
     }
 
     #[test]

@@ -176,6 +176,7 @@ async fn walk(accounts: &[(&str, i64)], transfers: &[TransferDoc], script: &[(us
     let retention = Retention {
         millis: 3_600_000,
         max_entries: 100,
+        keep_newest: 0,
     };
     let mut docs: Vec<AccountDoc> = accounts.iter().map(|(id, o)| account(id, *o)).collect();
     for a in &docs {

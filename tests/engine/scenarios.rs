@@ -509,6 +509,7 @@ fn tight_tombstones(w: &World, retention_ms: i64) -> Instance {
     config.retention = Retention {
         millis: retention_ms,
         max_entries: 2,
+        keep_newest: 0,
     };
     w.instance(w.base.clone(), config)
 }
