@@ -242,7 +242,7 @@ async fn load_all<T: serde::de::DeserializeOwned>(
     loop {
         let page = reader.next_page(store, after.as_deref()).await?;
         for doc in page.docs {
-            match serde_json::from_value(doc.source) {
+            match doc.source.decode() {
                 Ok(parsed) => {
                     out.docs.insert(doc.id, parsed);
                 }
@@ -784,7 +784,7 @@ mod tests {
                 .map(|n| WriteOp::Create {
                     index: Index::Accounts,
                     id: format!("acct-{n:04}"),
-                    source: account(&format!("acct-{n:04}")),
+                    source: account(&format!("acct-{n:04}")).into(),
                 })
                 .collect();
             for result in inner.bulk(ops).await.unwrap() {

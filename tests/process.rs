@@ -556,14 +556,15 @@ async fn sigterm_exits_promptly_and_releases_leases() {
                 .await
                 .unwrap();
             for doc in page.docs {
-                let state = doc.source["transaction_state"].as_str().unwrap_or("");
+                let source = doc.source.to_value().unwrap();
+                let state = source["transaction_state"].as_str().unwrap_or("");
                 if !["finished", "rolled-back"].contains(&state) {
                     in_flight += 1;
                     assert!(
-                        doc.source.get("lease_owner").is_none(),
+                        source.get("lease_owner").is_none(),
                         "{} left in {state} with its lease held: {}",
                         doc.id,
-                        doc.source
+                        source
                     );
                 }
             }

@@ -63,9 +63,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use elasticsearch::auth::Credentials;
 use elasticsearch::http::headers::{HeaderValue, CONTENT_TYPE};
-use elasticsearch::http::request::JsonBody;
 use elasticsearch::http::transport::{SingleNodeConnectionPool, TransportBuilder};
 use elasticsearch::indices::IndicesRefreshParts;
 use elasticsearch::{BulkParts, Elasticsearch, GetParts, SearchParts};
@@ -74,8 +74,8 @@ use url::Url;
 
 use self::reply::Reply;
 use super::{
-    fields, Doc, Index, Page, ScanPage, SortKey, StaleQuery, Store, StoreError, StoreResult,
-    TransferFilter, WriteOp, WriteOutcome,
+    fields, Doc, Index, Page, ScanPage, SortKey, Source, StaleQuery, Store, StoreError,
+    StoreResult, TransferFilter, WriteOp, WriteOutcome,
 };
 
 /// How to reach the cluster.
@@ -302,29 +302,57 @@ fn check_addressable(op: &str, id: &str) -> StoreResult<()> {
     }
 }
 
-/// The two NDJSON lines of one bulk write. `ReplaceIf` is an `index` action with
-/// `if_seq_no`/`if_primary_term` (a `create` action cannot carry them).
-fn bulk_lines(store: &ElasticsearchStore, op: WriteOp) -> [Value; 2] {
-    match op {
-        WriteOp::Create { index, id, source } => [
-            json!({"create": {"_index": store.index_name(index), "_id": id}}),
+/// The action line of one bulk write: `{"create": {..}}` or `{"index": {..}}`.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+enum BulkAction<'a> {
+    Create(BulkTarget<'a>),
+    Index(BulkTarget<'a>),
+}
+
+#[derive(serde::Serialize)]
+struct BulkTarget<'a> {
+    _index: &'a str,
+    _id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    if_seq_no: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    if_primary_term: Option<u64>,
+}
+
+/// The two NDJSON lines of one bulk write: the action, then the source as it is (no tree is
+/// built). `ReplaceIf` is an `index` action with `if_seq_no`/`if_primary_term` (a `create`
+/// action cannot carry them).
+fn bulk_lines(store: &ElasticsearchStore, op: WriteOp) -> StoreResult<[Bytes; 2]> {
+    let index_name = store.index_name(op.index());
+    let (action, source) = match &op {
+        WriteOp::Create { id, source, .. } => (
+            BulkAction::Create(BulkTarget {
+                _index: &index_name,
+                _id: id,
+                if_seq_no: None,
+                if_primary_term: None,
+            }),
             source,
-        ],
+        ),
         WriteOp::ReplaceIf {
-            index,
             id,
             source,
             expected,
-        } => [
-            json!({"index": {
-                "_index": store.index_name(index),
-                "_id": id,
-                "if_seq_no": expected.seq_no,
-                "if_primary_term": expected.primary_term,
-            }}),
+            ..
+        } => (
+            BulkAction::Index(BulkTarget {
+                _index: &index_name,
+                _id: id,
+                if_seq_no: Some(expected.seq_no),
+                if_primary_term: Some(expected.primary_term),
+            }),
             source,
-        ],
-    }
+        ),
+    };
+    let action = serde_json::to_vec(&action)
+        .map_err(|e| StoreError::Permanent(format!("bulk: cannot encode an action: {e}")))?;
+    Ok([action.into(), source.clone().into_bytes()])
 }
 
 /// A document from a GET answer or a search hit.
@@ -336,7 +364,7 @@ fn doc_of(op: &str, hit: &Value) -> StoreResult<Doc> {
     Ok(Doc {
         id: id.to_owned(),
         version: reply::version_of(op, hit)?,
-        source: hit.get("_source").cloned().unwrap_or(Value::Null),
+        source: Source::from(hit.get("_source").unwrap_or(&Value::Null)),
     })
 }
 
@@ -469,7 +497,7 @@ impl Store for ElasticsearchStore {
             match check_addressable(op, write.id()) {
                 Ok(()) => {
                     results.push(None);
-                    lines.extend(bulk_lines(self, write).map(JsonBody::new));
+                    lines.extend(bulk_lines(self, write)?);
                 }
                 Err(e) => results.push(Some(Err(e))),
             }
@@ -747,28 +775,35 @@ mod tests {
             WriteOp::ReplaceIf {
                 index: Index::Accounts,
                 id: "a".into(),
-                source: json!({"balance": 1}),
+                source: json!({"balance": 1}).into(),
                 expected: Version {
                     seq_no: 4,
                     primary_term: 2,
                 },
             },
-        );
+        )
+        .unwrap();
+        let json = |line: &Bytes| serde_json::from_slice::<Value>(line).unwrap();
         assert_eq!(
-            action,
+            json(&action),
             json!({"index": {"_index": "p-accounts", "_id": "a", "if_seq_no": 4, "if_primary_term": 2}})
         );
-        assert_eq!(source, json!({"balance": 1}));
+        assert_eq!(
+            &source[..],
+            br#"{"balance":1}"#,
+            "the source is sent as it is"
+        );
         let [action, _] = bulk_lines(
             &store,
             WriteOp::Create {
                 index: Index::Transactions,
                 id: "t".into(),
-                source: json!({}),
+                source: json!({}).into(),
             },
-        );
+        )
+        .unwrap();
         assert_eq!(
-            action,
+            json(&action),
             json!({"create": {"_index": "p-transactions", "_id": "t"}})
         );
     }
@@ -823,7 +858,7 @@ mod tests {
             .bulk(vec![WriteOp::Create {
                 index: Index::Accounts,
                 id: ".".into(),
-                source: json!({}),
+                source: json!({}).into(),
             }])
             .await
             .unwrap();
@@ -837,7 +872,7 @@ mod tests {
             vec![WriteOp::Create {
                 index: Index::Accounts,
                 id: "a".into(),
-                source: json!({}),
+                source: json!({}).into(),
             }]
         };
         assert!(store.bulk(write()).await.unwrap_err().is_retryable());

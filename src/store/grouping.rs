@@ -376,7 +376,7 @@ mod tests {
             .map(|id| WriteOp::Create {
                 index: Index::Transactions,
                 id: id.clone(),
-                source: json!({}),
+                source: json!({}).into(),
             })
             .collect()
     }
@@ -552,7 +552,7 @@ mod tests {
         assert!(fake.batch_sizes().is_empty());
         // Single-document helpers go through bulk.
         let outcome = store
-            .create(Index::Accounts, "42", json!({}))
+            .create(Index::Accounts, "42", json!({}).into())
             .await
             .unwrap();
         assert_eq!(outcome, expected_outcome("42"));

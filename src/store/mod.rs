@@ -22,6 +22,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use serde_json::Value;
 
 /// The indices the service owns. Backends map them to physical names (Elasticsearch:
@@ -54,12 +55,80 @@ pub struct Version {
     pub primary_term: u64,
 }
 
+/// A document's source: its JSON object as bytes, exactly as it is stored or as the store
+/// answered it. Stores move sources without building a tree of them (the embedded store reads
+/// only the few transfer fields its indexes need); the engine encodes its typed documents
+/// straight into one and decodes each straight from one (`crate::transfer::documents`).
+///
+/// Made by [`Source::encode`] or from a [`Value`] (always JSON), or by a backend from bytes
+/// the store gave it ([`Source::from_store`]); a backend that stores something else (a torn
+/// write, a foreign document) hands it on as it is, and decoding it fails where it is read.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Source(Bytes);
+
+impl Source {
+    /// Serializes `value` as the source.
+    pub fn encode<T: serde::Serialize + ?Sized>(value: &T) -> serde_json::Result<Self> {
+        serde_json::to_vec(value).map(|bytes| Self(bytes.into()))
+    }
+
+    /// Bytes a store returned as a document's source, unchecked.
+    pub fn from_store(bytes: impl Into<Bytes>) -> Self {
+        Self(bytes.into())
+    }
+
+    /// Deserializes the source (borrowing from it where `T` allows).
+    pub fn decode<'a, T: serde::Deserialize<'a>>(&'a self) -> serde_json::Result<T> {
+        serde_json::from_slice(&self.0)
+    }
+
+    /// The source as a JSON tree: for tests and tools, never the hot path.
+    pub fn to_value(&self) -> serde_json::Result<Value> {
+        self.decode()
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// The bytes, to hand to a request body without copying.
+    pub fn into_bytes(self) -> Bytes {
+        self.0
+    }
+}
+
+impl From<Value> for Source {
+    fn from(value: Value) -> Self {
+        Self::from(&value)
+    }
+}
+
+impl From<&Value> for Source {
+    fn from(value: &Value) -> Self {
+        Self(value.to_string().into_bytes().into())
+    }
+}
+
+/// Compares as JSON (so tests can write `assert_eq!(doc.source, json!({..}))`); a source that
+/// is not JSON equals nothing.
+impl PartialEq<Value> for Source {
+    fn eq(&self, other: &Value) -> bool {
+        self.to_value().is_ok_and(|value| value == *other)
+    }
+}
+
+impl fmt::Debug for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Source({})", String::from_utf8_lossy(&self.0))
+    }
+}
+
 /// A document as read from the store, with the token a conditional write must present.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Doc {
     pub id: String,
     pub version: Version,
-    pub source: Value,
+    pub source: Source,
 }
 
 /// One write of a batch.
@@ -69,13 +138,13 @@ pub enum WriteOp {
     Create {
         index: Index,
         id: String,
-        source: Value,
+        source: Source,
     },
     /// Replace the document only if its live version is `expected`.
     ReplaceIf {
         index: Index,
         id: String,
-        source: Value,
+        source: Source,
         expected: Version,
     },
 }
@@ -166,7 +235,7 @@ pub struct TransferFilter {
     /// Transfers where this account is the source or the destination.
     pub account: Option<String>,
     pub state: Option<String>,
-    /// Only transfers flagged for a person (see [`carries_attention`]).
+    /// Only transfers flagged for a person (see [`fields::ATTENTION`]).
     pub attention: bool,
     /// Continue after this key (exclusive), `(creation_time, id)` descending.
     pub after: Option<SortKey>,
@@ -224,7 +293,7 @@ pub trait Store: Send + Sync + 'static {
     async fn refresh(&self) -> StoreResult<()>;
 
     /// Create-if-absent for one document.
-    async fn create(&self, index: Index, id: &str, source: Value) -> StoreResult<WriteOutcome> {
+    async fn create(&self, index: Index, id: &str, source: Source) -> StoreResult<WriteOutcome> {
         let op = WriteOp::Create {
             index,
             id: id.to_owned(),
@@ -238,7 +307,7 @@ pub trait Store: Send + Sync + 'static {
         &self,
         index: Index,
         id: &str,
-        source: Value,
+        source: Source,
         expected: Version,
     ) -> StoreResult<WriteOutcome> {
         let op = WriteOp::ReplaceIf {
@@ -286,16 +355,12 @@ pub mod fields {
     /// The account id repeated in the account source, for the same reason.
     pub const ACCOUNT_ID: &str = "account_id";
     /// Why a person must look at the transfer; absent on every transfer that needs nobody.
-    /// Mapped (as a keyword) by migration `0003_transactions_attention`.
+    /// Mapped (as a keyword) by migration `0003_transactions_attention`. A transfer is
+    /// flagged when this field holds a string (what the engine writes): Elasticsearch's
+    /// `exists` query on the keyword field matches exactly those documents (a `null` or an
+    /// absent field is not indexed), and the embedded store's index keeps the same ones, so
+    /// both backends list the same transfers.
     pub const ATTENTION: &str = "attention";
-}
-
-/// Whether a transfer document is flagged for a person: its `attention` holds a string (what
-/// the engine writes). Elasticsearch's `exists` query on the keyword field matches exactly
-/// these documents (a `null` or an absent field is not indexed), so both backends list the
-/// same transfers.
-pub fn carries_attention(source: &Value) -> bool {
-    source.get(fields::ATTENTION).is_some_and(Value::is_string)
 }
 
 /// Parses an RFC 3339 timestamp (as the service writes them) to epoch milliseconds.

@@ -6,7 +6,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::model::{AccountDoc, TransferDoc};
-use crate::store::{Doc, DynStore, Index, StoreError, StoreResult, Version, WriteOutcome};
+use crate::store::{Doc, DynStore, Index, Source, StoreError, StoreResult, Version, WriteOutcome};
 
 /// A document with the version it was read or written at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,7 +78,7 @@ impl Documents {
 
 /// Decodes a document the store returned.
 pub fn decode<T: Document>(doc: Doc) -> StoreResult<Versioned<T>> {
-    match serde_json::from_value(doc.source) {
+    match doc.source.decode() {
         Ok(parsed) => Ok(Versioned {
             doc: parsed,
             version: doc.version,
@@ -93,8 +93,8 @@ pub fn decode<T: Document>(doc: Doc) -> StoreResult<Versioned<T>> {
 
 /// Encodes a document for a write. Our documents are plain structs of strings and integers,
 /// which always serialize; should one ever fail, the write fails and nothing is written.
-fn encode<T: Document>(doc: &T) -> StoreResult<serde_json::Value> {
-    serde_json::to_value(doc).map_err(|e| {
+fn encode<T: Document>(doc: &T) -> StoreResult<Source> {
+    Source::encode(doc).map_err(|e| {
         StoreError::Permanent(format!(
             "cannot encode {} document {}: {e}",
             T::KIND,

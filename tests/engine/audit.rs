@@ -38,10 +38,10 @@ impl World {
         let outcome = match self.store.get(index, id).await.unwrap() {
             Some(doc) => self
                 .store
-                .replace_if(index, id, source, doc.version)
+                .replace_if(index, id, source.into(), doc.version)
                 .await
                 .unwrap(),
-            None => self.store.create(index, id, source).await.unwrap(),
+            None => self.store.create(index, id, source.into()).await.unwrap(),
         };
         assert!(matches!(outcome, WriteOutcome::Written(_)), "{outcome:?}");
     }

@@ -417,7 +417,10 @@ async fn abandoned_pending_transfer(e: &Instance, store: &DynStore) {
         "modification_time": long_ago,
         "lease_owner": "dead", "lease_expires_at": long_ago,
     });
-    store.create(Index::Transactions, "t", doc).await.unwrap();
+    store
+        .create(Index::Transactions, "t", doc.into())
+        .await
+        .unwrap();
 }
 
 /// Review finding: a takeover write whose answer is lost but which was applied leaves our
@@ -612,11 +615,11 @@ async fn a_transfer_whose_documents_contradict_each_other_is_flagged_and_left_al
 /// write was later lost would leave it.
 async fn tombstone_on(w: &World, account: &str, transfer_id: &str) {
     let current = w.base.get(Index::Accounts, account).await.unwrap().unwrap();
-    let mut source = current.source.clone();
+    let mut source = current.source.to_value().unwrap();
     source["settled_transactions"] = serde_json::json!([{"id": transfer_id, "at": w.now_millis()}]);
     let written = w
         .base
-        .replace_if(Index::Accounts, account, source, current.version)
+        .replace_if(Index::Accounts, account, source.into(), current.version)
         .await
         .unwrap();
     assert!(written.written().is_some());

@@ -37,7 +37,7 @@ async fn plant_transfer(
         doc["lease_expires_at"] = json!(format_millis(now + lease_ms));
     }
     app.store()
-        .create(Index::Transactions, id, doc)
+        .create(Index::Transactions, id, doc.into())
         .await
         .unwrap();
 }
@@ -60,7 +60,7 @@ async fn plant_flagged_transfer(
         "attention": format!("{id}: its documents contradict each other"),
     });
     app.store()
-        .create(Index::Transactions, id, doc)
+        .create(Index::Transactions, id, doc.into())
         .await
         .unwrap();
 }

@@ -395,7 +395,7 @@ async fn an_internal_error_is_logged_once_with_its_detail() {
         .create(
             Index::Accounts,
             "obs-corrupt",
-            json!({"balance": "not a number"}),
+            json!({"balance": "not a number"}).into(),
         )
         .await
         .expect("store write");
@@ -528,7 +528,8 @@ async fn a_request_cut_off_by_the_timeout_is_counted_and_logged_once() {
                 "transaction_state": "pending",
                 "creation_time": format_millis(now), "modification_time": format_millis(now),
                 "lease_owner": "a-live-worker", "lease_expires_at": format_millis(now + 60_000),
-            }),
+            })
+            .into(),
         )
         .await
         .expect("store write");

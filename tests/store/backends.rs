@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 use transfer_service::store::{
-    format_millis, DynStore, Index, SortKey, StaleQuery, Store, TransferFilter, Version, WriteOp,
-    WriteOutcome,
+    format_millis, DynStore, Index, SortKey, Source, StaleQuery, Store, TransferFilter, Version,
+    WriteOp, WriteOutcome,
 };
 
 use crate::support::stores;
@@ -47,7 +47,7 @@ mod suite {
 
     pub async fn create_then_get_returns_source_and_version(s: &dyn Store) {
         let v = written(
-            s.create(Index::Accounts, "a1", json!({"balance": 5}))
+            s.create(Index::Accounts, "a1", json!({"balance": 5}).into())
                 .await
                 .unwrap(),
         );
@@ -60,12 +60,12 @@ mod suite {
 
     pub async fn create_existing_is_already_exists_and_changes_nothing(s: &dyn Store) {
         let v = written(
-            s.create(Index::Accounts, "a1", json!({"n": 1}))
+            s.create(Index::Accounts, "a1", json!({"n": 1}).into())
                 .await
                 .unwrap(),
         );
         let again = s
-            .create(Index::Accounts, "a1", json!({"n": 2}))
+            .create(Index::Accounts, "a1", json!({"n": 2}).into())
             .await
             .unwrap();
         assert_eq!(again, WriteOutcome::AlreadyExists);
@@ -76,33 +76,36 @@ mod suite {
 
     pub async fn replace_if_matching_version_writes_and_bumps_seq_no(s: &dyn Store) {
         let v1 = written(
-            s.create(Index::Accounts, "a1", json!({"n": 1}))
+            s.create(Index::Accounts, "a1", json!({"n": 1}).into())
                 .await
                 .unwrap(),
         );
         let v2 = written(
-            s.replace_if(Index::Accounts, "a1", json!({"n": 2}), v1)
+            s.replace_if(Index::Accounts, "a1", json!({"n": 2}).into(), v1)
                 .await
                 .unwrap(),
         );
         assert!(v2.seq_no > v1.seq_no, "{v2:?} after {v1:?}");
         let doc = s.get(Index::Accounts, "a1").await.unwrap().unwrap();
-        assert_eq!((doc.source, doc.version), (json!({"n": 2}), v2));
+        assert_eq!(
+            (doc.source.to_value().unwrap(), doc.version),
+            (json!({"n": 2}), v2)
+        );
     }
 
     pub async fn replace_if_stale_version_conflicts_and_changes_nothing(s: &dyn Store) {
         let v1 = written(
-            s.create(Index::Accounts, "a1", json!({"n": 1}))
+            s.create(Index::Accounts, "a1", json!({"n": 1}).into())
                 .await
                 .unwrap(),
         );
         let v2 = written(
-            s.replace_if(Index::Accounts, "a1", json!({"n": 2}), v1)
+            s.replace_if(Index::Accounts, "a1", json!({"n": 2}).into(), v1)
                 .await
                 .unwrap(),
         );
         let stale = s
-            .replace_if(Index::Accounts, "a1", json!({"n": 3}), v1)
+            .replace_if(Index::Accounts, "a1", json!({"n": 3}).into(), v1)
             .await
             .unwrap();
         assert_eq!(stale, WriteOutcome::Conflict);
@@ -111,18 +114,25 @@ mod suite {
             primary_term: v2.primary_term + 1,
         };
         let stale = s
-            .replace_if(Index::Accounts, "a1", json!({"n": 4}), wrong_term)
+            .replace_if(Index::Accounts, "a1", json!({"n": 4}).into(), wrong_term)
             .await
             .unwrap();
         assert_eq!(stale, WriteOutcome::Conflict);
         let doc = s.get(Index::Accounts, "a1").await.unwrap().unwrap();
-        assert_eq!((doc.source, doc.version), (json!({"n": 2}), v2));
+        assert_eq!(
+            (doc.source.to_value().unwrap(), doc.version),
+            (json!({"n": 2}), v2)
+        );
     }
 
     pub async fn replace_if_missing_doc_is_not_found(s: &dyn Store) {
-        let v = written(s.create(Index::Accounts, "a1", json!({})).await.unwrap());
+        let v = written(
+            s.create(Index::Accounts, "a1", json!({}).into())
+                .await
+                .unwrap(),
+        );
         let outcome = s
-            .replace_if(Index::Accounts, "ghost", json!({"n": 1}), v)
+            .replace_if(Index::Accounts, "ghost", json!({"n": 1}).into(), v)
             .await
             .unwrap();
         assert_eq!(outcome, WriteOutcome::NotFound);
@@ -133,7 +143,7 @@ mod suite {
         let mut last = None;
         for i in 0..5 {
             let v = written(
-                s.create(Index::Accounts, &format!("a{i}"), json!({}))
+                s.create(Index::Accounts, &format!("a{i}"), json!({}).into())
                     .await
                     .unwrap(),
             );
@@ -146,7 +156,7 @@ mod suite {
 
     pub async fn bulk_reports_each_item_in_order(s: &dyn Store) {
         let v = written(
-            s.create(Index::Accounts, "x", json!({"n": 0}))
+            s.create(Index::Accounts, "x", json!({"n": 0}).into())
                 .await
                 .unwrap(),
         );
@@ -158,35 +168,35 @@ mod suite {
             WriteOp::Create {
                 index: Index::Accounts,
                 id: "new".into(),
-                source: json!({"n": 1}),
+                source: json!({"n": 1}).into(),
             },
             WriteOp::Create {
                 index: Index::Accounts,
                 id: "x".into(),
-                source: json!({"n": 9}),
+                source: json!({"n": 9}).into(),
             },
             WriteOp::ReplaceIf {
                 index: Index::Accounts,
                 id: "x".into(),
-                source: json!({"n": 9}),
+                source: json!({"n": 9}).into(),
                 expected: stale,
             },
             WriteOp::ReplaceIf {
                 index: Index::Accounts,
                 id: "missing".into(),
-                source: json!({"n": 9}),
+                source: json!({"n": 9}).into(),
                 expected: v,
             },
             WriteOp::ReplaceIf {
                 index: Index::Accounts,
                 id: "x".into(),
-                source: json!({"n": 2}),
+                source: json!({"n": 2}).into(),
                 expected: v,
             },
             WriteOp::Create {
                 index: Index::Transactions,
                 id: "t".into(),
-                source: transfer("t", "created", "new", "x", 1, 1),
+                source: transfer("t", "created", "new", "x", 1, 1).into(),
             },
         ];
         let results = s.bulk(ops).await.unwrap();
@@ -208,14 +218,14 @@ mod suite {
 
     pub async fn bulk_two_writes_on_one_version_only_first_wins(s: &dyn Store) {
         let v = written(
-            s.create(Index::Accounts, "x", json!({"n": 0}))
+            s.create(Index::Accounts, "x", json!({"n": 0}).into())
                 .await
                 .unwrap(),
         );
         let op = |n: i64| WriteOp::ReplaceIf {
             index: Index::Accounts,
             id: "x".into(),
-            source: json!({ "n": n }),
+            source: json!({ "n": n }).into(),
             expected: v,
         };
         let results = s.bulk(vec![op(1), op(2)]).await.unwrap();
@@ -242,7 +252,7 @@ mod suite {
             s.create(
                 Index::Transactions,
                 id,
-                transfer(id, state, "a", "b", 1, modified),
+                transfer(id, state, "a", "b", 1, modified).into(),
             )
             .await
             .unwrap();
@@ -283,7 +293,9 @@ mod suite {
             ("done", done),
         ];
         for (id, source) in docs {
-            s.create(Index::Transactions, id, source).await.unwrap();
+            s.create(Index::Transactions, id, source.into())
+                .await
+                .unwrap();
         }
         s.refresh().await.unwrap();
         let query = |after| StaleQuery {
@@ -312,7 +324,7 @@ mod suite {
                 let id = format!("t{i:03}");
                 WriteOp::Create {
                     index: Index::Transactions,
-                    source: transfer(&id, "pending", "a", "b", 1, 1_000 + i / 3),
+                    source: transfer(&id, "pending", "a", "b", 1, 1_000 + i / 3).into(),
                     id,
                 }
             })
@@ -356,7 +368,7 @@ mod suite {
             s.create(
                 Index::Transactions,
                 id,
-                transfer(id, state, src, dest, created, created),
+                transfer(id, state, src, dest, created, created).into(),
             )
             .await
             .unwrap();
@@ -425,28 +437,36 @@ mod suite {
         for (id, state, src, dest, created, flagged) in docs {
             let plain = transfer(id, state, src, dest, created, created);
             let v = written(
-                s.create(Index::Transactions, id, plain.clone())
+                s.create(Index::Transactions, id, Source::from(&plain))
                     .await
                     .unwrap(),
             );
             if flagged {
                 let mut doc = plain;
                 doc["attention"] = json!(format!("{id}: pending with a settled tombstone"));
-                s.replace_if(Index::Transactions, id, doc, v).await.unwrap();
+                s.replace_if(Index::Transactions, id, doc.into(), v)
+                    .await
+                    .unwrap();
             }
         }
         // Flagged, then cleared by a person (the field removed): listed no more.
         let mut cleared = transfer("t8", "pending", "a", "b", 80, 80);
         cleared["attention"] = json!("was flagged");
-        let v = written(s.create(Index::Transactions, "t8", cleared).await.unwrap());
+        let v = written(
+            s.create(Index::Transactions, "t8", cleared.into())
+                .await
+                .unwrap(),
+        );
         let plain = transfer("t8", "pending", "a", "b", 80, 80);
-        s.replace_if(Index::Transactions, "t8", plain, v)
+        s.replace_if(Index::Transactions, "t8", plain.into(), v)
             .await
             .unwrap();
         // A null `attention` is no flag (Elasticsearch does not index a null).
         let mut null = transfer("t9", "pending", "a", "b", 90, 90);
         null["attention"] = Value::Null;
-        s.create(Index::Transactions, "t9", null).await.unwrap();
+        s.create(Index::Transactions, "t9", null.into())
+            .await
+            .unwrap();
         s.refresh().await.unwrap();
 
         let list = |account: Option<&str>, state: Option<&str>, after, limit| TransferFilter {
@@ -464,7 +484,7 @@ mod suite {
         assert!(flagged
             .docs
             .iter()
-            .all(|d| d.source["attention"].is_string()));
+            .all(|d| d.source.to_value().unwrap()["attention"].is_string()));
         let of_a = s
             .list_transfers(&list(Some("a"), None, None, 10))
             .await
@@ -512,14 +532,14 @@ mod suite {
     pub async fn scan_pages_every_document_in_id_order(s: &dyn Store) {
         for i in (0..25).rev() {
             let id = format!("acct-{i:02}");
-            s.create(Index::Accounts, &id, json!({ "account_id": id }))
+            s.create(Index::Accounts, &id, json!({ "account_id": id }).into())
                 .await
                 .unwrap();
         }
         s.create(
             Index::Transactions,
             "t",
-            transfer("t", "created", "a", "b", 1, 1),
+            transfer("t", "created", "a", "b", 1, 1).into(),
         )
         .await
         .unwrap();
@@ -542,7 +562,7 @@ mod suite {
     /// 32 tasks each add 1 ten times by read → conditional write, retrying on conflicts.
     pub async fn concurrent_increments_are_exact_and_conflicts_are_seen(store: DynStore) {
         store
-            .create(Index::Accounts, "counter", json!({"n": 0}))
+            .create(Index::Accounts, "counter", json!({"n": 0}).into())
             .await
             .unwrap();
         let conflicts = Arc::new(AtomicU64::new(0));
@@ -558,12 +578,12 @@ mod suite {
                             .await
                             .unwrap()
                             .unwrap();
-                        let n = doc.source["n"].as_i64().unwrap();
+                        let n = doc.source.to_value().unwrap()["n"].as_i64().unwrap();
                         match store
                             .replace_if(
                                 Index::Accounts,
                                 "counter",
-                                json!({ "n": n + 1 }),
+                                json!({ "n": n + 1 }).into(),
                                 doc.version,
                             )
                             .await
@@ -588,7 +608,11 @@ mod suite {
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(doc.source["n"], 320, "every increment exactly once");
+        assert_eq!(
+            doc.source.to_value().unwrap()["n"],
+            320,
+            "every increment exactly once"
+        );
         let conflicts = conflicts.load(Ordering::Relaxed);
         eprintln!("conflicts seen: {conflicts}");
         assert!(conflicts > 0, "32 concurrent writers must have conflicted");

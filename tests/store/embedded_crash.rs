@@ -34,7 +34,7 @@ async fn child_writer() {
             for i in 0.. {
                 let id = format!("r{round}-{worker}-{i}");
                 let body = json!({ "worker": worker, "i": i, "pad": "x".repeat(200) });
-                match store.create(Index::Accounts, &id, body).await {
+                match store.create(Index::Accounts, &id, body.into()).await {
                     Ok(WriteOutcome::Written(v)) => println!("ACK {id} {}", v.seq_no),
                     other => panic!("write failed: {other:?}"),
                 }
@@ -93,9 +93,21 @@ async fn acknowledged_writes_survive_sigkill() {
                 .unwrap_or_else(|| panic!("round {round}: acknowledged {id} lost"));
             let mut parts = id.split('-').skip(1);
             let (worker, i) = (parts.next().unwrap(), parts.next().unwrap());
-            assert_eq!(doc.source["worker"], worker.parse::<u64>().unwrap());
-            assert_eq!(doc.source["i"], i.parse::<u64>().unwrap());
-            assert_eq!(doc.source["pad"].as_str().unwrap().len(), 200);
+            assert_eq!(
+                doc.source.to_value().unwrap()["worker"],
+                worker.parse::<u64>().unwrap()
+            );
+            assert_eq!(
+                doc.source.to_value().unwrap()["i"],
+                i.parse::<u64>().unwrap()
+            );
+            assert_eq!(
+                doc.source.to_value().unwrap()["pad"]
+                    .as_str()
+                    .unwrap()
+                    .len(),
+                200
+            );
         }
         // The next round's child appends to the same file.
         drop(store);

@@ -49,7 +49,7 @@ fn create(index: Index, id: &str, source: Value) -> WriteOp {
     WriteOp::Create {
         index,
         id: id.to_owned(),
-        source,
+        source: source.into(),
     }
 }
 
@@ -228,7 +228,7 @@ async fn an_existing_cluster_gains_the_attention_mapping_at_the_next_start() {
         .create(
             Index::Transactions,
             "after",
-            flagged_transfer("after", 2_000),
+            flagged_transfer("after", 2_000).into(),
         )
         .await
         .unwrap();
@@ -278,7 +278,7 @@ async fn migrating_again_changes_nothing() {
     let emulator = stores::manual_emulator().await;
     let store = migrated_store(&emulator).await;
     let written = store
-        .create(Index::Accounts, "a", json!({"balance": 5}))
+        .create(Index::Accounts, "a", json!({"balance": 5}).into())
         .await
         .unwrap();
     assert!(matches!(written, WriteOutcome::Written(_)));
@@ -289,7 +289,7 @@ async fn migrating_again_changes_nothing() {
     restarted.migrate().await.expect("second migrate");
     restarted.ready().await.unwrap();
     let doc = restarted.get(Index::Accounts, "a").await.unwrap().unwrap();
-    assert_eq!(doc.source["balance"], 5);
+    assert_eq!(doc.source.to_value().unwrap()["balance"], 5);
     assert_eq!(Some(doc.version), written.written());
 }
 
@@ -463,7 +463,7 @@ async fn a_bulk_reports_each_items_own_outcome() {
     let emulator = stores::manual_emulator().await;
     let store = migrated_store(&emulator).await;
     let v1 = store
-        .create(Index::Accounts, "a", json!({"balance": 1}))
+        .create(Index::Accounts, "a", json!({"balance": 1}).into())
         .await
         .unwrap()
         .written()
@@ -480,21 +480,21 @@ async fn a_bulk_reports_each_items_own_outcome() {
             WriteOp::ReplaceIf {
                 index: Index::Accounts,
                 id: "a".into(),
-                source: json!({"balance": 3}),
+                source: json!({"balance": 3}).into(),
                 expected: v1,
             },
             // 3: the same version again, now stale (items apply in order).
             WriteOp::ReplaceIf {
                 index: Index::Accounts,
                 id: "a".into(),
-                source: json!({"balance": 4}),
+                source: json!({"balance": 4}).into(),
                 expected: v1,
             },
             // 4: a document that does not exist.
             WriteOp::ReplaceIf {
                 index: Index::Accounts,
                 id: "missing".into(),
-                source: json!({}),
+                source: json!({}).into(),
                 expected: v1,
             },
             // 5: an id no URL can address: refused in place, not sent.
@@ -526,7 +526,7 @@ async fn a_bulk_reports_each_items_own_outcome() {
         "{v1:?} {b:?} {v2:?}"
     );
     let a = store.get(Index::Accounts, "a").await.unwrap().unwrap();
-    assert_eq!(a.source["balance"], 3);
+    assert_eq!(a.source.to_value().unwrap()["balance"], 3);
     assert_eq!(a.version, v2);
     assert!(store
         .get(Index::Accounts, "missing")
@@ -563,7 +563,7 @@ async fn bulk_items_rejected_one_by_one_are_errors_of_their_own_kind() {
             WriteOp::ReplaceIf {
                 index: Index::Accounts,
                 id: "u".into(),
-                source: json!({}),
+                source: json!({}).into(),
                 expected: version,
             },
             create(Index::Accounts, "p", json!({})),
@@ -641,7 +641,7 @@ async fn a_failed_item_does_not_stop_the_rest_of_the_bulk() {
             WriteOp::ReplaceIf {
                 index: Index::Accounts,
                 id: "x".into(),
-                source: json!({}),
+                source: json!({}).into(),
                 expected: Version {
                     seq_no: 0,
                     primary_term: 7,
@@ -714,7 +714,9 @@ async fn recovery_pages_through_more_than_a_hundred_stale_transfers() {
         page_sizes.push(page.docs.len());
         for doc in &page.docs {
             let millis = transfer_service::store::parse_millis(
-                doc.source[fields::MODIFIED].as_str().unwrap(),
+                doc.source.to_value().unwrap()[fields::MODIFIED]
+                    .as_str()
+                    .unwrap(),
             )
             .unwrap();
             seen.push(SortKey {
@@ -802,7 +804,11 @@ async fn each_prefix_is_a_separate_store() {
     let first = migrated_store(&emulator).await;
     let second = migrated_store(&emulator).await;
     first
-        .create(Index::Accounts, "shared-id", json!({"owner": "first"}))
+        .create(
+            Index::Accounts,
+            "shared-id",
+            json!({"owner": "first"}).into(),
+        )
         .await
         .unwrap();
 
@@ -831,7 +837,11 @@ async fn before_migrations_writes_are_refused_so_no_index_gets_dynamic_mappings(
     let store = stores::es_store_at(&emulator.url, &unique_prefix()).await;
     assert_unavailable(
         store
-            .create(Index::Transactions, "t", json!({fields::STATE: "pending"}))
+            .create(
+                Index::Transactions,
+                "t",
+                json!({fields::STATE: "pending"}).into(),
+            )
             .await,
     );
     // Nothing was sent, so nothing was auto-created.
@@ -848,7 +858,11 @@ async fn before_migrations_writes_are_refused_so_no_index_gets_dynamic_mappings(
     assert_eq!(status, 404);
     store.migrate().await.unwrap();
     assert!(store
-        .create(Index::Transactions, "t", json!({fields::STATE: "pending"}))
+        .create(
+            Index::Transactions,
+            "t",
+            json!({fields::STATE: "pending"}).into()
+        )
         .await
         .unwrap()
         .written()
@@ -987,11 +1001,15 @@ async fn scan_refuses_a_document_without_its_id_field() {
     let emulator = stores::manual_emulator().await;
     let store = migrated_store(&emulator).await;
     store
-        .create(Index::Accounts, "a", json!({fields::ACCOUNT_ID: "a"}))
+        .create(
+            Index::Accounts,
+            "a",
+            json!({fields::ACCOUNT_ID: "a"}).into(),
+        )
         .await
         .unwrap();
     store
-        .create(Index::Accounts, "b", json!({"balance": 1}))
+        .create(Index::Accounts, "b", json!({"balance": 1}).into())
         .await
         .unwrap();
     store.refresh().await.unwrap();

@@ -79,7 +79,7 @@ async fn fill(
         let id = format!("acct-{n:03}");
         WriteOp::Create {
             index: Index::Accounts,
-            source: account(&id, modified),
+            source: account(&id, modified).into(),
             id,
         }
     });
@@ -88,7 +88,7 @@ async fn fill(
         WriteOp::Create {
             index: Index::Transactions,
             id,
-            source,
+            source: source.into(),
         }
     });
     let ops: Vec<WriteOp> = accounts.chain(transfers).collect();

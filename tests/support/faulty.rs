@@ -284,7 +284,7 @@ impl Store for FaultyStore {
                 WriteOp::Create { source, .. } => ("create", source),
                 WriteOp::ReplaceIf { source, .. } => ("replace", source),
             };
-            self.take_fault(kind, op.index(), op.id(), Some(source))
+            self.take_fault(kind, op.index(), op.id(), source.to_value().ok().as_ref())
         });
         if fault == Some(Fault::ConflictAfter) {
             return self.applied_then_refused(ops).await;

@@ -92,8 +92,8 @@ pub(super) fn take_group(waiting: &mut Vec<(Vec<WriteOp>, Reply)>) -> Vec<(Vec<W
     waiting.drain(..count).collect()
 }
 
-/// Applies a group in one write transaction. An op that cannot be applied (its stored
-/// document does not decode, its source does not serialize) fails alone, having written
+/// Applies a group in one write transaction. An op that cannot be applied (a stored value
+/// that is truncated, a transfer source that is not a JSON object) fails alone, having written
 /// nothing; the group fails as a whole only when the transaction does (a storage error, a
 /// failed commit), and then no op of it was acknowledged.
 pub(super) fn apply_group(
@@ -123,45 +123,58 @@ pub(super) fn apply_group(
 }
 
 /// Applies one op. The inner result is the op's own outcome; an inner error is returned only
-/// before the op wrote anything (every check and the serialization come first). The outer
-/// error is a storage error, which fails the whole transaction (redb poisons a transaction
-/// that failed part-way through a change).
+/// before the op wrote anything (every check comes first). The outer error is a storage
+/// error, which fails the whole transaction (redb poisons a transaction that failed part-way
+/// through a change).
+///
+/// Sources are not parsed, except a transfer's indexed fields (old and new, to move its
+/// index entries): an account write costs a lookup, a copy and an insert.
 pub(super) fn apply_op(
     tables: &mut Tables<'_>,
     op: &WriteOp,
 ) -> StoreResult<StoreResult<WriteOutcome>> {
     let index = op.index();
     let id = op.id();
-    let current = match tables.docs.get((index.name(), id)).map_err(storage)? {
+    let stored = tables.docs.get((index.name(), id)).map_err(storage)?;
+    let (source, current) = match (op, &stored) {
         // A create only needs to know that the id is taken, whatever is stored there.
-        Some(_) if matches!(op, WriteOp::Create { .. }) => {
-            return Ok(Ok(WriteOutcome::AlreadyExists))
-        }
-        Some(bytes) => match decode(id, bytes.value()) {
-            Ok(doc) => Some(doc),
-            Err(e) => return Ok(Err(e)),
-        },
-        None => None,
-    };
-    let source = match (op, &current) {
         (WriteOp::Create { .. }, Some(_)) => return Ok(Ok(WriteOutcome::AlreadyExists)),
-        (WriteOp::Create { source, .. }, None) => source,
+        (WriteOp::Create { source, .. }, None) => (source, None),
         (WriteOp::ReplaceIf { .. }, None) => return Ok(Ok(WriteOutcome::NotFound)),
         (
             WriteOp::ReplaceIf {
                 source, expected, ..
             },
-            Some(doc),
-        ) => {
-            if doc.version != *expected {
-                return Ok(Ok(WriteOutcome::Conflict));
+            Some(bytes),
+        ) => match split_stored(id, bytes.value()) {
+            Ok((seq_no, _))
+                if (Version {
+                    seq_no,
+                    primary_term: PRIMARY_TERM,
+                }) != *expected =>
+            {
+                return Ok(Ok(WriteOutcome::Conflict))
             }
-            source
-        }
+            // Only a transfer's old source is read again (for its index keys).
+            Ok((_, old)) => (source, (index == Index::Transactions).then(|| old.to_vec())),
+            Err(e) => return Ok(Err(e)),
+        },
     };
-    let bytes = match serde_json::to_vec(source) {
-        Ok(bytes) => bytes,
-        Err(e) => return Ok(Err(permanent(format_args!("document {id}: {e}")))),
+    drop(stored);
+    // A transfer's index keys, old and new, are read before anything is written: a source
+    // that is not a JSON object fails its op alone.
+    let keys = match index {
+        Index::Transactions => {
+            let old = match current.as_deref().map(transfer_keys).transpose() {
+                Ok(old) => old,
+                Err(e) => return Ok(Err(e)),
+            };
+            match transfer_keys(source.as_bytes()) {
+                Ok(new) => Some((old, new)),
+                Err(e) => return Ok(Err(e)),
+            }
+        }
+        Index::Accounts => None,
     };
     let counter = match index {
         Index::Accounts => "seq:accounts",
@@ -173,16 +186,16 @@ pub(super) fn apply_op(
     };
     // Every check passed: from here on, only writes.
     tables.meta.insert(counter, seq_no).map_err(storage)?;
+    let bytes = source.as_bytes();
     let mut value = Vec::with_capacity(8 + bytes.len());
     value.extend_from_slice(&seq_no.to_le_bytes());
-    value.extend_from_slice(&bytes);
+    value.extend_from_slice(bytes);
     tables
         .docs
         .insert((index.name(), id), value.as_slice())
         .map_err(storage)?;
-    if index == Index::Transactions {
-        let old = current.as_ref().map(|doc| transfer_keys(&doc.source));
-        update_transfer_indexes(tables, id, old.as_ref(), &transfer_keys(source))?;
+    if let Some((old, new)) = keys {
+        update_transfer_indexes(tables, id, old.as_ref(), &new)?;
     }
     Ok(Ok(WriteOutcome::Written(Version {
         seq_no,

@@ -13,14 +13,16 @@
 //!   way: tests on paused time do not see the clock jump while a commit runs.) Concurrent writers therefore
 //!   share one fsync instead of paying one each. Each op is checked on its own, so a
 //!   conflicting op changes nothing and does not affect the others (like `_bulk`); an op that
-//!   cannot be applied (its stored document does not decode) fails alone, `Permanent`, having
-//!   written nothing. Only a failure of the transaction itself fails the whole group.
+//!   cannot be applied (a transfer whose stored or new source is not a JSON object, so its
+//!   index entries cannot be found) fails alone, `Permanent`, having written nothing. Only a failure of the transaction itself fails the whole group.
 //! - **Errors.** An I/O failure of the running store (starting a write transaction, a table
 //!   access, a commit) is `Unavailable`: the outcome is unknown to the callers, who re-read
 //!   and retry or leave the transfer to recovery. Corruption and other refusals are
 //!   `Permanent`, as is any failure to open the file.
 //! - **Versions.** `seq_no` is per index and increases on every applied write, like a
 //!   single-shard Elasticsearch index; the primary term is always 1 (there is no failover).
+//! - **Sources are bytes.** Documents are stored as the JSON the caller sent and handed back
+//!   as they are; only a transfer's indexed fields are read (borrowed, the rest skipped).
 //! - **Searches** use secondary index tables kept in the same transaction as the documents, so
 //!   they are realtime (stricter than Elasticsearch's near-real-time; the engine relies on
 //!   neither). A stored transfer that does not decode is skipped by them (with a warning), so
@@ -39,12 +41,14 @@ use redb::{
     Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, Table, TableDefinition,
     WriteTransaction,
 };
-use serde_json::Value;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::borrow::Cow;
 use tokio::sync::oneshot;
 
 use super::{
-    carries_attention, fields, parse_millis, Doc, Index, Page, ScanPage, SortKey, StaleQuery,
-    Store, StoreError, StoreResult, TransferFilter, Version, WriteOp, WriteOutcome,
+    parse_millis, Doc, Index, Page, ScanPage, SortKey, Source, StaleQuery, Store, StoreError,
+    StoreResult, TransferFilter, Version, WriteOp, WriteOutcome,
 };
 
 mod commit;

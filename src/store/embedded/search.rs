@@ -14,7 +14,7 @@ pub(super) fn load_transfers(
     db: &Database,
     keys: Vec<SortKey>,
     limit: usize,
-    filter: impl Fn(&Doc) -> bool,
+    filter: impl Fn(&TransferKeys<'_>) -> bool,
 ) -> StoreResult<Page> {
     let txn = db.begin_read().map_err(storage)?;
     let docs = txn.open_table(DOCS).map_err(storage)?;
@@ -30,10 +30,12 @@ pub(super) fn load_transfers(
         else {
             continue;
         };
-        match decode(&key.id, bytes.value()) {
-            Ok(doc) => {
-                if filter(&doc) {
-                    out.push(doc);
+        let stored = bytes.value();
+        let keys = split_stored(&key.id, stored).and_then(|(_, source)| transfer_keys(source));
+        match keys {
+            Ok(keys) => {
+                if filter(&keys) {
+                    out.push(decode(&key.id, stored)?);
                     last = Some(key);
                 }
             }
@@ -74,10 +76,14 @@ pub(super) fn released_keys(
             else {
                 continue;
             };
-            let Ok(doc) = decode(id, bytes.value()) else {
+            let stored = bytes.value();
+            let indexed = split_stored(id, stored).and_then(|(_, source)| transfer_keys(source));
+            let Ok(TransferKeys {
+                modified: millis, ..
+            }) = indexed
+            else {
                 continue;
             };
-            let millis = transfer_keys(&doc.source).modified;
             let key = SortKey {
                 millis,
                 id: id.to_owned(),
@@ -169,7 +175,7 @@ pub(super) fn list_blocking(db: &Database, f: &TransferFilter) -> StoreResult<Pa
     // cursor past them.)
     let scan_cut = (scanned >= scan).then(|| keys.last().cloned()).flatten();
     let filter = f.clone();
-    let mut page = load_transfers(db, keys, f.limit, move |doc| matches(&filter, &doc.source))?;
+    let mut page = load_transfers(db, keys, f.limit, move |keys| matches(&filter, keys))?;
     if page.next.is_none() {
         page.next = scan_cut;
     }
@@ -177,15 +183,12 @@ pub(super) fn list_blocking(db: &Database, f: &TransferFilter) -> StoreResult<Pa
 }
 
 /// Whether a transfer passes every filter of `f` (the index walked serves one of them).
-pub(super) fn matches(f: &TransferFilter, source: &Value) -> bool {
-    let text = |field: &str| source.get(field).and_then(Value::as_str);
-    f.state
-        .as_deref()
-        .is_none_or(|s| text(fields::STATE) == Some(s))
+pub(super) fn matches(f: &TransferFilter, keys: &TransferKeys<'_>) -> bool {
+    f.state.as_deref().is_none_or(|s| keys.state == s)
         && f.account
             .as_deref()
-            .is_none_or(|a| text(fields::SRC) == Some(a) || text(fields::DEST) == Some(a))
-        && (!f.attention || carries_attention(source))
+            .is_none_or(|a| keys.src == a || keys.dest == a)
+        && (!f.attention || keys.attention)
 }
 
 /// Newest first: the keys of up to `scan` entries of the index that serves `f`, walked

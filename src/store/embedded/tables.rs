@@ -3,7 +3,8 @@
 
 use super::*;
 
-/// `(index, id)` → `seq_no` (8 bytes, little endian) followed by the JSON source.
+/// `(index, id)` → `seq_no` (8 bytes, little endian) followed by the JSON source
+/// ([`split_stored`]).
 pub(super) const DOCS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("docs");
 
 /// `"seq:<index>"` → the last `seq_no` handed out in that index.
@@ -62,8 +63,8 @@ pub(super) fn build_attention_index(txn: &WriteTransaction) -> StoreResult<()> {
             break;
         }
         // An undecodable document is skipped here as it is by the searches.
-        if let Ok(doc) = decode(id, value.value()) {
-            let keys = transfer_keys(&doc.source);
+        let keys = split_stored(id, value.value()).and_then(|(_, source)| transfer_keys(source));
+        if let Ok(keys) = keys {
             if keys.attention {
                 attention
                     .insert((keys.created, id), ())
@@ -103,43 +104,74 @@ impl<'txn> Tables<'txn> {
 }
 
 /// The secondary-index keys of one transfer document.
-#[derive(PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub(super) struct TransferKeys<'a> {
-    pub(super) state: &'a str,
+    pub(super) state: Cow<'a, str>,
     /// No lease owner: the lease was released.
     pub(super) released: bool,
     pub(super) modified: i64,
     pub(super) created: i64,
-    pub(super) src: &'a str,
-    pub(super) dest: &'a str,
-    /// Flagged for a person ([`carries_attention`]).
+    pub(super) src: Cow<'a, str>,
+    pub(super) dest: Cow<'a, str>,
+    /// Flagged for a person (see [`crate::store::fields::ATTENTION`]).
     pub(super) attention: bool,
 }
 
-pub(super) fn transfer_keys(source: &Value) -> TransferKeys<'_> {
-    let text = |f: &str| source.get(f).and_then(Value::as_str).unwrap_or("");
-    let millis = |f: &str| {
-        source
-            .get(f)
-            .and_then(Value::as_str)
-            .and_then(parse_millis)
-            .unwrap_or(0)
-    };
-    TransferKeys {
-        state: text(fields::STATE),
+/// The indexed fields of a transfer source (named as in [`crate::store::fields`]), each as
+/// its raw JSON text (absent or `null`: `None`). Only these are looked at; the rest of the
+/// document is checked and skipped, not built.
+#[derive(Deserialize)]
+struct IndexedFields<'a> {
+    #[serde(borrow, rename = "transaction_state")]
+    state: Option<&'a RawValue>,
+    #[serde(borrow, rename = "lease_owner")]
+    lease_owner: Option<&'a RawValue>,
+    #[serde(borrow, rename = "modification_time")]
+    modified: Option<&'a RawValue>,
+    #[serde(borrow, rename = "creation_time")]
+    created: Option<&'a RawValue>,
+    #[serde(borrow, rename = "src_acct")]
+    src: Option<&'a RawValue>,
+    #[serde(borrow, rename = "dest_acct")]
+    dest: Option<&'a RawValue>,
+    #[serde(borrow, rename = "attention")]
+    attention: Option<&'a RawValue>,
+}
+
+/// The text of a string field (borrowed unless it holds escapes); any other value reads as
+/// empty.
+fn text_of(raw: Option<&RawValue>) -> Cow<'_, str> {
+    raw.and_then(|raw| {
+        serde_json::from_str::<&str>(raw.get())
+            .map(Cow::Borrowed)
+            .or_else(|_| serde_json::from_str::<String>(raw.get()).map(Cow::Owned))
+            .ok()
+    })
+    .unwrap_or_default()
+}
+
+/// Reads the index keys of a transfer source. A field of another type than the engine writes
+/// reads as empty (or 0): such a document is still indexed, and found, under those keys.
+/// Fails only when the source is not a JSON object.
+pub(super) fn transfer_keys(source: &[u8]) -> StoreResult<TransferKeys<'_>> {
+    let indexed: IndexedFields<'_> = serde_json::from_slice(source).map_err(permanent)?;
+    let is_string = |raw: Option<&RawValue>| raw.is_some_and(|raw| raw.get().starts_with('"'));
+    let state = text_of(indexed.state);
+    Ok(TransferKeys {
         // Terminal transfers have no owner either; only in-flight ones are candidates.
-        released: source.get(fields::LEASE_OWNER).is_none_or(Value::is_null)
-            && !matches!(text(fields::STATE), "finished" | "rolled-back"),
-        modified: millis(fields::MODIFIED),
-        created: millis(fields::CREATED),
-        src: text(fields::SRC),
-        dest: text(fields::DEST),
-        attention: carries_attention(source),
-    }
+        released: indexed.lease_owner.is_none() && !matches!(&*state, "finished" | "rolled-back"),
+        state,
+        modified: parse_millis(&text_of(indexed.modified)).unwrap_or(0),
+        created: parse_millis(&text_of(indexed.created)).unwrap_or(0),
+        src: text_of(indexed.src),
+        dest: text_of(indexed.dest),
+        attention: is_string(indexed.attention),
+    })
 }
 
 /// Moves a transfer's index entries from `old` keys (if it existed) to `new` keys, touching
-/// only the entries whose keys changed.
+/// only the entries whose keys changed (a redb insert copies the path to its leaf even when
+/// the key is there already).
 pub(super) fn update_transfer_indexes(
     t: &mut Tables<'_>,
     id: &str,
@@ -147,71 +179,96 @@ pub(super) fn update_transfer_indexes(
     new: &TransferKeys<'_>,
 ) -> StoreResult<()> {
     let e = storage;
+    // Which entries move: all of them for a new transfer.
+    let changed = |same: fn(&TransferKeys<'_>, &TransferKeys<'_>) -> bool| {
+        old.is_none_or(|old| !same(old, new))
+    };
+    let released = changed(|a, b| (&a.state, a.released) == (&b.state, b.released));
+    let state_modified = changed(|a, b| (&a.state, a.modified) == (&b.state, b.modified));
+    let created = changed(|a, b| a.created == b.created);
+    let attention = changed(|a, b| (a.created, a.attention) == (b.created, b.attention));
+    let state_created = changed(|a, b| (&a.state, a.created) == (&b.state, b.created));
+    let parties_changed =
+        changed(|a, b| (&a.src, &a.dest, a.created) == (&b.src, &b.dest, b.created));
     if let Some(old) = old {
-        if old.released && (old.state, old.released) != (new.state, new.released) {
-            t.released.remove((old.state, id)).map_err(e)?;
+        if old.released && released {
+            t.released.remove((&*old.state, id)).map_err(e)?;
         }
-        if (old.state, old.modified) != (new.state, new.modified) {
+        if state_modified {
             t.by_state_modified
-                .remove((old.state, old.modified, id))
+                .remove((&*old.state, old.modified, id))
                 .map_err(e)?;
         }
-        if old.created != new.created {
+        if created {
             t.by_created.remove((old.created, id)).map_err(e)?;
         }
-        if old.attention && (old.created, old.attention) != (new.created, new.attention) {
+        if old.attention && attention {
             t.attention.remove((old.created, id)).map_err(e)?;
         }
-        if (old.state, old.created) != (new.state, new.created) {
+        if state_created {
             t.by_state_created
-                .remove((old.state, old.created, id))
+                .remove((&*old.state, old.created, id))
                 .map_err(e)?;
         }
-        if (old.src, old.dest, old.created) != (new.src, new.dest, new.created) {
-            t.by_account.remove((old.src, old.created, id)).map_err(e)?;
+        if parties_changed {
             t.by_account
-                .remove((old.dest, old.created, id))
+                .remove((&*old.src, old.created, id))
+                .map_err(e)?;
+            t.by_account
+                .remove((&*old.dest, old.created, id))
                 .map_err(e)?;
         }
     }
-    t.by_state_modified
-        .insert((new.state, new.modified, id), ())
-        .map_err(e)?;
-    t.by_created.insert((new.created, id), ()).map_err(e)?;
-    if new.released {
-        t.released.insert((new.state, id), ()).map_err(e)?;
+    if state_modified {
+        t.by_state_modified
+            .insert((&*new.state, new.modified, id), ())
+            .map_err(e)?;
     }
-    if new.attention {
+    if created {
+        t.by_created.insert((new.created, id), ()).map_err(e)?;
+    }
+    if new.released && released {
+        t.released.insert((&*new.state, id), ()).map_err(e)?;
+    }
+    if new.attention && attention {
         t.attention.insert((new.created, id), ()).map_err(e)?;
     }
-    t.by_state_created
-        .insert((new.state, new.created, id), ())
-        .map_err(e)?;
-    t.by_account
-        .insert((new.src, new.created, id), ())
-        .map_err(e)?;
-    t.by_account
-        .insert((new.dest, new.created, id), ())
-        .map_err(e)?;
+    if state_created {
+        t.by_state_created
+            .insert((&*new.state, new.created, id), ())
+            .map_err(e)?;
+    }
+    if parties_changed {
+        t.by_account
+            .insert((&*new.src, new.created, id), ())
+            .map_err(e)?;
+        t.by_account
+            .insert((&*new.dest, new.created, id), ())
+            .map_err(e)?;
+    }
     Ok(())
 }
 
-pub(super) fn decode(id: &str, bytes: &[u8]) -> StoreResult<Doc> {
-    if bytes.len() < 8 {
-        return Err(StoreError::Permanent(format!(
+/// A stored value: the document's `seq_no` (8 bytes, little endian), then its source.
+pub(super) fn split_stored<'a>(id: &str, bytes: &'a [u8]) -> StoreResult<(u64, &'a [u8])> {
+    match bytes.split_first_chunk::<8>() {
+        Some((seq, source)) => Ok((u64::from_le_bytes(*seq), source)),
+        None => Err(StoreError::Permanent(format!(
             "embedded store: document {id} is truncated"
-        )));
+        ))),
     }
-    let (seq, json) = bytes.split_at(8);
-    let seq_no = u64::from_le_bytes(seq.try_into().expect("8 bytes"));
-    let source = serde_json::from_slice(json).map_err(permanent)?;
+}
+
+/// The document stored under `id`. Its source is handed on as stored, not parsed.
+pub(super) fn decode(id: &str, bytes: &[u8]) -> StoreResult<Doc> {
+    let (seq_no, source) = split_stored(id, bytes)?;
     Ok(Doc {
         id: id.to_owned(),
         version: Version {
             seq_no,
             primary_term: PRIMARY_TERM,
         },
-        source,
+        source: Source::from_store(source.to_vec()),
     })
 }
 

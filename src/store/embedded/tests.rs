@@ -1,10 +1,10 @@
 //! Unit tests of the embedded store's internals (the shared store suite is in `tests/store/`).
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::*;
-use crate::store::format_millis;
+use crate::store::{fields, format_millis};
 
 fn open() -> (tempfile::TempDir, EmbeddedStore) {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -53,11 +53,15 @@ async fn a_store_written_before_the_attention_index_gets_it_built_when_opened() 
     {
         let store = EmbeddedStore::open(dir.path()).unwrap();
         store
-            .create(Index::Transactions, "t1", transfer("t1", "pending", 1))
+            .create(
+                Index::Transactions,
+                "t1",
+                transfer("t1", "pending", 1).into(),
+            )
             .await
             .unwrap();
         store
-            .create(Index::Transactions, "t2", flagged())
+            .create(Index::Transactions, "t2", flagged().into())
             .await
             .unwrap();
         // As an older version left it: no index of flagged transfers, no marker.
@@ -101,7 +105,7 @@ fn replace(id: &str, source: Value, seq_no: u64) -> WriteOp {
     WriteOp::ReplaceIf {
         index: Index::Transactions,
         id: id.into(),
-        source,
+        source: source.into(),
         expected: Version {
             seq_no,
             primary_term: PRIMARY_TERM,
@@ -113,7 +117,7 @@ fn create(id: &str, source: Value) -> WriteOp {
     WriteOp::Create {
         index: Index::Transactions,
         id: id.into(),
-        source,
+        source: source.into(),
     }
 }
 
@@ -131,7 +135,7 @@ async fn an_op_on_an_undecodable_document_fails_alone_and_writes_nothing() {
         .create(
             Index::Transactions,
             "bad",
-            transfer("bad", "created", 1_000),
+            transfer("bad", "created", 1_000).into(),
         )
         .await
         .unwrap();
@@ -184,7 +188,8 @@ async fn an_op_on_an_undecodable_document_fails_alone_and_writes_nothing() {
 #[test]
 fn in_a_group_of_callers_only_the_failing_op_fails() {
     let (_dir, store) = open();
-    break_doc(&store.db, Index::Accounts, "bad");
+    // A transfer's old index keys cannot be read from a broken source: its write must fail.
+    break_doc(&store.db, Index::Transactions, "bad");
     let reply = || oneshot::channel().0;
     let group = vec![
         (
@@ -193,9 +198,9 @@ fn in_a_group_of_callers_only_the_failing_op_fails() {
         ),
         (
             vec![WriteOp::ReplaceIf {
-                index: Index::Accounts,
+                index: Index::Transactions,
                 id: "bad".into(),
-                source: json!({}),
+                source: transfer("bad", "pending", 2).into(),
                 expected: Version {
                     seq_no: 42,
                     primary_term: PRIMARY_TERM,
@@ -214,6 +219,30 @@ fn in_a_group_of_callers_only_the_failing_op_fails() {
     assert!(matches!(results[1], Err(StoreError::Permanent(_))));
     assert!(raw(&store.db, Index::Transactions, "first").is_some());
     assert!(raw(&store.db, Index::Transactions, "third").is_some());
+}
+
+#[tokio::test]
+async fn an_account_source_is_stored_and_returned_as_given_without_being_parsed() {
+    let (_dir, store) = open();
+    // Accounts have no index keys: like Elasticsearch, a conditional replace with the right
+    // version overwrites whatever is stored, and the bytes come back as they were written.
+    break_doc(&store.db, Index::Accounts, "a");
+    let source = Source::from_store(&br#"{"balance":1,  "z":[1,2]}"#[..]);
+    let outcome = store
+        .replace_if(
+            Index::Accounts,
+            "a",
+            source.clone(),
+            Version {
+                seq_no: 42,
+                primary_term: PRIMARY_TERM,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(matches!(outcome, WriteOutcome::Written(_)), "{outcome:?}");
+    let doc = store.get(Index::Accounts, "a").await.unwrap().unwrap();
+    assert_eq!(doc.source.as_bytes(), source.as_bytes());
 }
 
 async fn stale_ids(store: &EmbeddedStore, states: &[&str], limit: usize) -> Vec<String> {
@@ -250,7 +279,11 @@ async fn find_stale_skips_undecodable_documents_and_pages_past_them() {
             (format!("p{i:02}"), "pending")
         };
         store
-            .create(Index::Transactions, &id, transfer(&id, state, 1_000 + i))
+            .create(
+                Index::Transactions,
+                &id,
+                transfer(&id, state, 1_000 + i).into(),
+            )
             .await
             .unwrap();
         all.push(id);
@@ -287,7 +320,11 @@ async fn find_stale_pages_are_unchanged_without_broken_documents() {
         let id = format!("t{i}");
         let state = if i % 3 == 0 { "pending" } else { "created" };
         store
-            .create(Index::Transactions, &id, transfer(&id, state, 1_000 + i))
+            .create(
+                Index::Transactions,
+                &id,
+                transfer(&id, state, 1_000 + i).into(),
+            )
             .await
             .unwrap();
     }
@@ -316,7 +353,7 @@ async fn list_transfers_skips_undecodable_documents_and_pages_past_them() {
             .create(
                 Index::Transactions,
                 &id,
-                transfer(&id, "created", 1_000 + i),
+                transfer(&id, "created", 1_000 + i).into(),
             )
             .await
             .unwrap();
@@ -403,13 +440,15 @@ async fn an_io_error_in_the_group_commit_is_unavailable_not_permanent() {
     let db = redb::Builder::new().create_with_backend(disk).unwrap();
     let store = EmbeddedStore::start(db, PathBuf::from("memory")).unwrap();
     let ok = store
-        .create(Index::Accounts, "a", json!({ "n": 1 }))
+        .create(Index::Accounts, "a", json!({ "n": 1 }).into())
         .await
         .unwrap();
     assert!(matches!(ok, WriteOutcome::Written(_)));
 
     failing.store(true, Ordering::SeqCst);
-    let failed = store.create(Index::Accounts, "b", json!({ "n": 2 })).await;
+    let failed = store
+        .create(Index::Accounts, "b", json!({ "n": 2 }).into())
+        .await;
     assert!(
         matches!(&failed, Err(StoreError::Unavailable(_))),
         "{failed:?}"
@@ -417,7 +456,9 @@ async fn an_io_error_in_the_group_commit_is_unavailable_not_permanent() {
     // redb refuses further writes after an I/O error (until reopened): still transient
     // from the callers' point of view, never a refusal of their request.
     failing.store(false, Ordering::SeqCst);
-    let after = store.create(Index::Accounts, "c", json!({ "n": 3 })).await;
+    let after = store
+        .create(Index::Accounts, "c", json!({ "n": 3 }).into())
+        .await;
     assert!(
         matches!(
             &after,
