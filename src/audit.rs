@@ -61,6 +61,7 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::store::{parse_millis, Index, ScanPage, Store, StoreResult};
 use crate::transfer::clock::{Clock, SystemClock};
+use crate::transfer::documents::{decode_source, Document};
 use crate::transfer::model::{AccountDoc, TransferDoc, TransferState};
 
 /// What kind of invariant a [`Violation`] breaks.
@@ -228,7 +229,7 @@ impl<T> Loaded<T> {
     }
 }
 
-async fn load_all<T: serde::de::DeserializeOwned>(
+async fn load_all<T: Document>(
     store: &dyn Store,
     index: Index,
     report: &mut AuditReport,
@@ -242,7 +243,7 @@ async fn load_all<T: serde::de::DeserializeOwned>(
     loop {
         let page = reader.next_page(store, after.as_deref()).await?;
         for doc in page.docs {
-            match doc.source.decode() {
+            match decode_source::<T>(&doc.source) {
                 Ok(parsed) => {
                     out.docs.insert(doc.id, parsed);
                 }

@@ -21,6 +21,8 @@ pub trait Document: Serialize + DeserializeOwned {
     /// What the type is called in error messages.
     const KIND: &'static str;
     fn id(&self) -> &str;
+    /// Brings a document decoded from an older form to the current one.
+    fn upgrade(&mut self) {}
 }
 
 impl Document for TransferDoc {
@@ -36,6 +38,9 @@ impl Document for AccountDoc {
     const KIND: &'static str = "account";
     fn id(&self) -> &str {
         &self.account_id
+    }
+    fn upgrade(&mut self) {
+        AccountDoc::upgrade(self);
     }
 }
 
@@ -78,7 +83,7 @@ impl Documents {
 
 /// Decodes a document the store returned.
 pub fn decode<T: Document>(doc: Doc) -> StoreResult<Versioned<T>> {
-    match doc.source.decode() {
+    match decode_source::<T>(&doc.source) {
         Ok(parsed) => Ok(Versioned {
             doc: parsed,
             version: doc.version,
@@ -89,6 +94,13 @@ pub fn decode<T: Document>(doc: Doc) -> StoreResult<Versioned<T>> {
             doc.id
         ))),
     }
+}
+
+/// Decodes a source as a `T`, in its current form.
+pub fn decode_source<T: Document>(source: &Source) -> serde_json::Result<T> {
+    let mut doc: T = source.decode()?;
+    doc.upgrade();
+    Ok(doc)
 }
 
 /// Encodes a document for a write. Our documents are plain structs of strings and integers,

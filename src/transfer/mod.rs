@@ -39,6 +39,7 @@ pub mod recovery;
 pub mod retry;
 pub mod service;
 pub mod sweep;
+pub mod tombstones;
 
 use std::sync::Arc;
 use std::time::Duration;

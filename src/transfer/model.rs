@@ -6,6 +6,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+pub use super::tombstones::Tombstones;
+
 /// The state of a transfer. A background worker moves it along
 /// `created → pending → committed → finished`, or rolls it back along
 /// `created → rolled-back` or `pending → terminating → rolled-back`.
@@ -163,7 +165,8 @@ pub struct TransferDoc {
     pub attention: Option<String>,
 }
 
-/// One settled transfer id remembered by an account (a tombstone, `docs/design.md §9`).
+/// One settled transfer id remembered by an account, in the form versions before the compact
+/// one ([`Tombstones`]) wrote (a tombstone, `docs/design.md §9`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Settled {
     pub id: String,
@@ -208,13 +211,30 @@ pub struct AccountDoc {
     pub pending_debits: i64,
     /// Recently settled (committed and cleaned, or rolled back) transfer ids: a late write
     /// for one of these is refused. Bounded by age and count.
-    #[serde(default)]
-    pub settled_transactions: Vec<Settled>,
+    #[serde(default, skip_serializing_if = "Tombstones::is_empty")]
+    pub settled: Tombstones,
+    /// Tombstones as versions before the compact form wrote them; read, folded into
+    /// `settled` by [`AccountDoc::upgrade`] as the document is decoded, never written.
+    #[serde(default, rename = "settled_transactions", skip_serializing)]
+    pub legacy_settled: Vec<Settled>,
     pub creation_time: String,
     pub modification_time: String,
 }
 
 impl AccountDoc {
+    /// Brings a document written by an older version to the current form (the typed
+    /// document I/O calls it on every decode).
+    pub fn upgrade(&mut self) {
+        if !self.legacy_settled.is_empty() {
+            let mut settled = Tombstones::from_legacy(&self.legacy_settled);
+            for (id, at) in self.settled.ids().zip(self.settled.times()) {
+                settled.push(id, at);
+            }
+            self.settled = settled;
+            self.legacy_settled.clear();
+        }
+    }
+
     /// Records `transfer_id` as applied (pending) at `at_millis`.
     pub fn add_pending(&mut self, transfer_id: &str, at_millis: i64) {
         self.align_pending_times();

@@ -15,14 +15,14 @@
 //! than the post:
 //! - applying a debit refuses when the balance would go below the floor (counting credits
 //!   that have not committed as not spendable), and any step refuses to overflow;
-//! - settling (core 5/6, rollback 2/3) leaves the id in `settled_transactions`, and an apply
+//! - settling (core 5/6, rollback 2/3) leaves the id in `settled` (the account's tombstones), and an apply
 //!   for a settled id is refused: a late worker cannot apply a finished or rolled-back
 //!   transfer again (tombstones, as in the Searchlight deletion-journaling spec);
 //! - rollback 2/3 write the tombstone even when the amount was never applied, so that write
 //!   also changes the account's version and fences out a stalled worker's conditional write.
 
 pub use super::clock::Now;
-use super::model::{AccountDoc, RollbackReason, Settled, TransferDoc, TransferState};
+use super::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
 
 /// Which account of the transfer a step touches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,9 +191,9 @@ impl Retention {
 /// Whether the account holds as many young settled ids and pending entries as it may.
 fn is_full(account: &AccountDoc, now_millis: i64, retention: Retention) -> bool {
     let young = account
-        .settled_transactions
-        .iter()
-        .filter(|s| retention.keeps(s.at, now_millis))
+        .settled
+        .times()
+        .filter(|&at| retention.keeps(at, now_millis))
         .count();
     young + account.pending_transactions.len() >= retention.max_entries
 }
@@ -224,10 +224,7 @@ pub fn decide_account(
         .pending_transactions
         .iter()
         .any(|id| id == transfer_id);
-    let settled = account
-        .settled_transactions
-        .iter()
-        .any(|s| s.id == transfer_id);
+    let settled = account.settled.contains(transfer_id);
     let change = Change::of(side, amount);
     let decided = match op {
         AccountOp::Apply if pending => return AccountDecision::AlreadyDone,
@@ -374,38 +371,27 @@ fn debug_assert_consistent(account: &AccountDoc, transfer_id: &str, op: AccountO
         !account
             .pending_transactions
             .iter()
-            .any(|id| account.settled_transactions.iter().any(|s| &s.id == id)),
+            .any(|id| account.settled.contains(id)),
         "{op:?} of {transfer_id} left an id both pending and settled on {}",
         account.account_id
     );
 }
 
 fn remember(account: &mut AccountDoc, transfer_id: &str, now_millis: i64) {
-    account.settled_transactions.push(Settled {
-        id: transfer_id.to_owned(),
-        at: now_millis,
-    });
+    account.settled.push(transfer_id, now_millis);
 }
 
 /// Drops tombstones older than the retention (but the newest `keep_newest`); beyond twice
 /// the count bound (only fences can get there), the oldest.
 fn prune_settled(account: &mut AccountDoc, now_millis: i64, retention: Retention) {
-    let newest_from = account
-        .settled_transactions
-        .len()
-        .saturating_sub(retention.keep_newest);
-    let mut index = 0;
-    account.settled_transactions.retain(|s| {
-        index += 1;
-        index > newest_from || retention.keeps(s.at, now_millis)
-    });
+    let newest_from = account.settled.len().saturating_sub(retention.keep_newest);
+    account
+        .settled
+        .retain(|i, at| i >= newest_from || retention.keeps(at, now_millis));
     let hard_bound = retention.max_entries.saturating_mul(2);
-    let excess = account
-        .settled_transactions
-        .len()
-        .saturating_sub(hard_bound);
+    let excess = account.settled.len().saturating_sub(hard_bound);
     if excess > 0 {
-        account.settled_transactions.drain(..excess);
+        account.settled.retain(|i, _| i >= excess);
     }
 }
 
@@ -432,6 +418,7 @@ pub fn transition(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transfer::model::Tombstones;
     use crate::transfer::model::TransferState::*;
 
     const RETAIN: Retention = Retention {
@@ -455,7 +442,8 @@ mod tests {
             pending_applied_at: vec![],
             pending_credits: 0,
             pending_debits: 0,
-            settled_transactions: vec![],
+            settled: Tombstones::default(),
+            legacy_settled: vec![],
             creation_time: "2026-01-01T00:00:00.000Z".into(),
             modification_time: "2026-01-01T00:00:00.000Z".into(),
         }
@@ -745,7 +733,7 @@ mod tests {
         assert_eq!(removed.balance, 130);
         assert!(removed.pending_transactions.is_empty());
         assert_eq!(removed.pending_credits, 0);
-        assert_eq!(removed.settled_transactions[0].id, "t1");
+        assert_eq!(ids(&removed), ["t1"]);
         assert_eq!(
             decide(&removed, AccountOp::Remove, Side::Destination, 30),
             AccountDecision::AlreadyDone
@@ -802,29 +790,30 @@ mod tests {
         let a = account(100);
         let fenced = write(decide(&a, AccountOp::Undo, Side::Source, 30));
         assert_eq!(fenced.balance, 100);
-        assert_eq!(fenced.settled_transactions[0].id, "t1");
+        assert_eq!(ids(&fenced), ["t1"]);
         assert_eq!(
             decide(&fenced, AccountOp::Apply, Side::Source, 30),
             AccountDecision::Refuse(Refusal::AlreadySettled)
         );
     }
 
-    fn tombstone(id: &str, at: i64) -> Settled {
-        Settled { id: id.into(), at }
+    fn tombstones<S: AsRef<str>>(entries: impl IntoIterator<Item = (S, i64)>) -> Tombstones {
+        let mut t = Tombstones::default();
+        for (id, at) in entries {
+            t.push(id.as_ref(), at);
+        }
+        t
     }
 
     fn ids(a: &AccountDoc) -> Vec<&str> {
-        a.settled_transactions
-            .iter()
-            .map(|s| s.id.as_str())
-            .collect()
+        a.settled.ids().collect()
     }
 
     #[test]
     fn tombstones_are_kept_by_age_and_a_young_one_is_never_forgotten() {
         let mut a = account(100);
         let old = now().millis - RETAIN.millis;
-        a.settled_transactions = vec![tombstone("old", old), tombstone("young", old + 1)];
+        a.settled = tombstones([("old", old), ("young", old + 1)]);
         let fenced = write(decide(&a, AccountOp::Undo, Side::Source, 1));
         assert_eq!(
             ids(&fenced),
@@ -833,9 +822,7 @@ mod tests {
         );
         // Full of young tombstones: the apply is refused rather than one being forgotten.
         let mut full = account(100);
-        full.settled_transactions = (0..3)
-            .map(|i| tombstone(&format!("s{i}"), now().millis))
-            .collect();
+        full.settled = tombstones((0..3).map(|i| (format!("s{i}"), now().millis)));
         assert_eq!(
             decide(&full, AccountOp::Apply, Side::Source, 1),
             AccountDecision::Refuse(Refusal::AccountBusy)
@@ -874,7 +861,7 @@ mod tests {
             RETAIN,
         ));
         assert_eq!(
-            settled.settled_transactions.len() + settled.pending_transactions.len(),
+            settled.settled.len() + settled.pending_transactions.len(),
             3
         );
     }
@@ -882,13 +869,11 @@ mod tests {
     #[test]
     fn fences_beyond_twice_the_bound_drop_the_oldest_and_stamps_from_the_future_are_young() {
         let mut a = account(100);
-        a.settled_transactions = (0..6)
-            .map(|i| tombstone(&format!("f{i}"), now().millis - 10 + i))
-            .collect();
+        a.settled = tombstones((0..6).map(|i| (format!("f{i}"), now().millis - 10 + i)));
         let fenced = write(decide(&a, AccountOp::Undo, Side::Source, 1));
         assert_eq!(ids(&fenced), ["f1", "f2", "f3", "f4", "f5", "t1"]);
         let mut b = account(100);
-        b.settled_transactions = vec![tombstone("ahead", now().millis + 3_600_000)];
+        b.settled = tombstones([("ahead", now().millis + 3_600_000)]);
         let kept = write(decide(&b, AccountOp::Undo, Side::Source, 1));
         assert_eq!(ids(&kept), ["ahead", "t1"]);
     }
@@ -897,7 +882,7 @@ mod tests {
     fn the_newest_tombstones_are_kept_whatever_their_age() {
         let old = now().millis - RETAIN.millis - 1_000;
         let mut a = account(100);
-        a.settled_transactions = (0..3).map(|i| tombstone(&format!("o{i}"), old)).collect();
+        a.settled = tombstones((0..3).map(|i| (format!("o{i}"), old)));
         let keep_two = Retention {
             keep_newest: 2,
             ..RETAIN
@@ -919,6 +904,6 @@ mod tests {
             &now(),
             Retention::NONE,
         ));
-        assert!(a.settled_transactions.is_empty());
+        assert!(a.settled.is_empty());
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::admission::{Admitted, Overloaded};
 use super::documents::{decode, Versioned};
 use super::lease::{Claim, ClaimWrite, Held};
-use super::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
+use super::model::{AccountDoc, RollbackReason, Tombstones, TransferDoc, TransferState};
 use super::protocol;
 use super::retry::retry;
 use super::Engine;
@@ -82,7 +82,8 @@ impl Engine {
             pending_applied_at: Vec::new(),
             pending_credits: 0,
             pending_debits: 0,
-            settled_transactions: Vec::new(),
+            settled: Tombstones::default(),
+            legacy_settled: Vec::new(),
             creation_time: now.text.clone(),
             modification_time: now.text,
         };

@@ -77,7 +77,8 @@ fn account(id: &str, opening: i64) -> AccountDoc {
         pending_applied_at: vec![],
         pending_credits: 0,
         pending_debits: 0,
-        settled_transactions: vec![],
+        settled: Default::default(),
+        legacy_settled: vec![],
         creation_time: now_text(),
         modification_time: now_text(),
     }

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tokio::sync::Semaphore;
-use transfer_service::store::{DynStore, Index};
-use transfer_service::transfer::model::TransferState;
+use transfer_service::store::{DynStore, Index, Source};
+use transfer_service::transfer::documents::decode;
+use transfer_service::transfer::model::{AccountDoc, TransferState};
 use transfer_service::transfer::protocol::Retention;
 use transfer_service::transfer::service::{Created, NewAccount, NewTransfer, ServiceError};
 use transfer_service::transfer::EngineConfig;
@@ -532,11 +533,7 @@ async fn an_account_full_of_young_tombstones_backs_off_then_sheds_and_forgets_no
     assert_eq!(shed.transaction_state, TransferState::RolledBack);
     assert_eq!(shed.reason.map(|r| r.as_str()), Some("account_busy"));
     let a = e.get_account("a").await.unwrap().unwrap();
-    let remembered: Vec<_> = a
-        .settled_transactions
-        .iter()
-        .map(|s| s.id.as_str())
-        .collect();
+    let remembered: Vec<_> = a.settled.ids().collect();
     assert!(
         remembered.contains(&"t1") && remembered.contains(&"t2"),
         "young tombstones kept: {remembered:?}"
@@ -615,11 +612,12 @@ async fn a_transfer_whose_documents_contradict_each_other_is_flagged_and_left_al
 /// write was later lost would leave it.
 async fn tombstone_on(w: &World, account: &str, transfer_id: &str) {
     let current = w.base.get(Index::Accounts, account).await.unwrap().unwrap();
-    let mut source = current.source.to_value().unwrap();
-    source["settled_transactions"] = serde_json::json!([{"id": transfer_id, "at": w.now_millis()}]);
+    let mut doc = decode::<AccountDoc>(current).unwrap();
+    doc.doc.settled.push(transfer_id, w.now_millis());
+    let source = Source::encode(&doc.doc).unwrap();
     let written = w
         .base
-        .replace_if(Index::Accounts, account, source.into(), current.version)
+        .replace_if(Index::Accounts, account, source, doc.version)
         .await
         .unwrap();
     assert!(written.written().is_some());
