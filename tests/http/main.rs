@@ -5,6 +5,7 @@
 //! - [`api`]: the HTTP contract on the embedded store, the emulator and a real cluster;
 //! - [`batch`]: `POST /transfers/batch`, item by item, on the same backends;
 //! - [`admission`]: `MAX_IN_FLIGHT`, 503 with `Retry-After`, on the same backends;
+//! - [`auth`]: API keys on every protected route, reloads, the open routes;
 //! - [`observability`]: metrics, request ids, logs, the OpenAPI document, Swagger UI;
 //! - [`resilience`]: store outages on the Elasticsearch backend (emulator).
 //!
@@ -17,6 +18,7 @@ mod support;
 
 mod admission;
 mod api;
+mod auth;
 mod batch;
 mod observability;
 mod resilience;
