@@ -7,6 +7,7 @@ pub mod auth;
 pub mod batch;
 pub mod error;
 pub mod health;
+pub mod idempotency;
 pub mod openapi;
 pub mod transfers;
 

@@ -1,7 +1,7 @@
 //! `POST /transfers`, `GET /transfers`, `GET /transfers/{id}`, `POST /transfers/{id}/cancel`.
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -9,7 +9,8 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::{
-    field, shorten, ApiError, AppState, JsonObject, PathId, Problem, QueryParams, MAX_WAIT,
+    field, idempotency, shorten, ApiError, AppState, JsonObject, PathId, Problem, QueryParams,
+    MAX_WAIT,
 };
 use crate::store::{SortKey, TransferFilter};
 use crate::transfer::model::{valid_id, RollbackReason, TransferDoc, TransferState};
@@ -93,7 +94,20 @@ pub struct TransferPage {
 }
 
 /// Accepts a transfer and answers at once; a background worker drives it.
+///
+/// Idempotent by the transfer's `id`, given in the body or as the `Idempotency-Key` header:
+/// the same id with the same `from`, `to` and `amount` replays the transfer (`200`, as it is
+/// now); with another, `409`. Ids are kept forever (transfers are never deleted), so a retry
+/// is a replay however late it comes.
 #[utoipa::path(post, path = "/transfers", tag = "transfers", request_body = CreateTransfer,
+    params(("Idempotency-Key" = Option<String>, Header,
+        description = "The transfer's id, as the `Idempotency-Key` header \
+            (draft-ietf-httpapi-idempotency-key-header): without a body `id` the key is the \
+            id (so it must be a valid id, else `422`); with a body `id` it must be the same \
+            (else `422`). Bare (`t-1`) or a quoted Structured Field string (`\"t-1\"`). \
+            Retention: forever (transfers are never deleted). Unlike the draft's suggestion, \
+            reusing a key with another request is a `409` (the id exists with another \
+            request), and a concurrent duplicate is answered as a replay, not a `409`.")),
     responses(
         (status = 201, description = "Accepted in state `created`", body = Transfer,
             headers(("Location" = String, description = "/transfers/{id}"))),
@@ -102,16 +116,21 @@ pub struct TransferPage {
         (status = 409, description = "Same id, different request", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid field", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid field, an `Idempotency-Key` that is not a valid id, or one that differs from the body's `id`", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Store unavailable, or too many transfers in flight (`type` `/problems/overloaded`, nothing created; retry after `Retry-After` seconds)",
             body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u32, description = "Seconds to wait before retrying; sent when the service is overloaded"))),
     ))]
 pub async fn create_transfer(
     State(state): State<AppState>,
+    headers: HeaderMap,
     JsonObject(body): JsonObject,
 ) -> Result<Response, ApiError> {
-    let new = new_transfer(&body)?;
+    let key = idempotency::transfer_key(&headers)?;
+    let new = new_transfer(&body, key.clone())?;
+    if let Some(key) = &key {
+        idempotency::check_same(&new.id, key)?;
+    }
     let created = state
         .engine
         .create_transfer(new)
@@ -132,8 +151,11 @@ pub async fn create_transfer(
 }
 
 /// The body of `POST /transfers` (one item of a batch), validated: 422 on the first invalid
-/// field. A missing id becomes a new UUIDv7.
-pub(crate) fn new_transfer(body: &Map<String, Value>) -> Result<NewTransfer, ApiError> {
+/// field. A missing id becomes `id_if_absent` (from an `Idempotency-Key`), else a new UUIDv7.
+pub(crate) fn new_transfer(
+    body: &Map<String, Value>,
+    id_if_absent: Option<String>,
+) -> Result<NewTransfer, ApiError> {
     let id = field::id(body, "id")?;
     let from = field::required_id(body, "from")?;
     let to = field::required_id(body, "to")?;
@@ -144,7 +166,9 @@ pub(crate) fn new_transfer(body: &Map<String, Value>) -> Result<NewTransfer, Api
     if from == to {
         return Err(ApiError::Invalid("`from` and `to` must differ".into()));
     }
-    let id = id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    let id = id
+        .or(id_if_absent)
+        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
     Ok(NewTransfer {
         id,
         from,

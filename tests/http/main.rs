@@ -6,6 +6,7 @@
 //! - [`batch`]: `POST /transfers/batch`, item by item, on the same backends;
 //! - [`admission`]: `MAX_IN_FLIGHT`, 503 with `Retry-After`, on the same backends;
 //! - [`auth`]: API keys on every protected route, reloads, the open routes;
+//! - [`idempotency`]: the `Idempotency-Key` header on single and batch creates;
 //! - [`observability`]: metrics, request ids, logs, the OpenAPI document, Swagger UI;
 //! - [`resilience`]: store outages on the Elasticsearch backend (emulator).
 //!
@@ -20,5 +21,6 @@ mod admission;
 mod api;
 mod auth;
 mod batch;
+mod idempotency;
 mod observability;
 mod resilience;
