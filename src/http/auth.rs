@@ -29,7 +29,7 @@ use crate::auth::{ApiKeys, Scope, ANONYMOUS, UNAUTHENTICATED};
 pub const PROTECTED_PREFIXES: [&str; 3] = ["/accounts", "/transfers", "/events"];
 
 /// The `realm` of every challenge.
-const REALM: &str = "transfer-service";
+pub const REALM: &str = "transfer-service";
 
 /// Who made a request, as the `client` label says it: a response extension set by
 /// [`authenticate`] and read by the metrics layer.
@@ -67,13 +67,7 @@ impl Auth {
 
     /// The scope `method` on `path` needs, or `None` when the path is open.
     pub fn required_scope(&self, method: &Method, path: &str) -> Option<Scope> {
-        let under = |prefix: &str| {
-            path.strip_prefix(prefix)
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-        };
-        let protected = PROTECTED_PREFIXES.iter().any(|prefix| under(prefix))
-            || (self.metrics_require_auth && under("/metrics"));
-        protected.then(|| scope_of(method))
+        required_scope(method, path, self.metrics_require_auth)
     }
 
     /// The request's client, or the refusal to answer with.
@@ -116,6 +110,18 @@ impl Auth {
         }
         Ok(key.name().clone())
     }
+}
+
+/// The scope `method` on `path` (a path or a route template) needs when the service has keys,
+/// or `None` when the path is open. The OpenAPI document declares its security from this too.
+pub fn required_scope(method: &Method, path: &str, metrics_require_auth: bool) -> Option<Scope> {
+    let under = |prefix: &str| {
+        path.strip_prefix(prefix)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    };
+    let protected = PROTECTED_PREFIXES.iter().any(|prefix| under(prefix))
+        || (metrics_require_auth && under("/metrics"));
+    protected.then(|| scope_of(method))
 }
 
 /// `GET` and `HEAD` read; every other method writes.

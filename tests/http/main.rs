@@ -7,6 +7,7 @@
 //! - [`admission`]: `MAX_IN_FLIGHT`, 503 with `Retry-After`, on the same backends;
 //! - [`auth`]: API keys on every protected route, reloads, the open routes;
 //! - [`idempotency`]: the `Idempotency-Key` header on single and batch creates;
+//! - [`schema`]: the OpenAPI document's constraints against the server, both ways;
 //! - [`observability`]: metrics, request ids, logs, the OpenAPI document, Swagger UI;
 //! - [`resilience`]: store outages on the Elasticsearch backend (emulator).
 //!
@@ -24,3 +25,4 @@ mod batch;
 mod idempotency;
 mod observability;
 mod resilience;
+mod schema;
