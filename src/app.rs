@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
+use crate::auth::{ApiKeys, KeyFileError};
 use crate::config::Config;
+use crate::http::auth::Auth;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::store::elasticsearch::{ElasticsearchStore, EsConfig};
@@ -44,6 +46,29 @@ pub enum StartError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    ApiKeys(#[from] KeyFileError),
+    #[error("METRICS_REQUIRE_AUTH needs API_KEYS_FILE: without keys nobody could scrape /metrics")]
+    MetricsAuthWithoutKeys,
+}
+
+/// The authentication `config` asks for: the keys of `API_KEYS_FILE`, read now (a file that
+/// cannot be read or parsed stops the start), or none, said in a WARN line.
+pub fn auth_from_config(config: &Config, metrics: &Arc<Metrics>) -> Result<Auth, StartError> {
+    match &config.api_keys_file {
+        Some(path) => {
+            let keys = ApiKeys::load(path, metrics.clone())?;
+            Ok(Auth::with_keys(Arc::new(keys), config.metrics_require_auth))
+        }
+        None if config.metrics_require_auth => Err(StartError::MetricsAuthWithoutKeys),
+        None => {
+            tracing::warn!(
+                "no API keys (API_KEYS_FILE is unset): the API is open to anyone who can reach \
+                 this port; set API_KEYS_FILE to require keys"
+            );
+            Ok(Auth::open())
+        }
+    }
 }
 
 /// What opening an Elasticsearch store does about migrations, which also says who opens it
@@ -123,6 +148,8 @@ pub struct Application {
     addr: SocketAddr,
     engine: Arc<Engine>,
     metrics: Arc<Metrics>,
+    auth: Arc<Auth>,
+    api_keys_reload_interval: Duration,
 }
 
 impl Application {
@@ -138,6 +165,7 @@ impl Application {
         store: DynStore,
         metrics: Arc<Metrics>,
     ) -> Result<Self, StartError> {
+        let auth = Arc::new(auth_from_config(&config, &metrics)?);
         let engine = Engine::new(store, EngineConfig::from_config(&config), metrics.clone());
         let listener = TcpListener::bind(config.listen_addr)
             .await
@@ -154,6 +182,8 @@ impl Application {
             addr,
             engine,
             metrics,
+            auth,
+            api_keys_reload_interval: config.api_keys_reload_interval,
         })
     }
 
@@ -173,11 +203,15 @@ impl Application {
     ) -> std::io::Result<()> {
         let engine = self.engine.clone();
         engine.spawn_recovery_loop();
+        let shutdown = engine.shutdown_token();
+        if let Some(keys) = self.auth.keys() {
+            keys.spawn_watcher(self.api_keys_reload_interval, shutdown.clone());
+        }
         let state = AppState {
             engine: engine.clone(),
             metrics: self.metrics.clone(),
+            auth: self.auth.clone(),
         };
-        let shutdown = engine.shutdown_token();
         tracing::info!(addr = %self.addr, store = engine.store().backend(), "serving");
         let serve =
             axum::serve(self.listener, http::router(state)).with_graceful_shutdown(async move {

@@ -108,6 +108,23 @@ pub struct Config {
     #[arg(long, env = "MAX_IN_FLIGHT", default_value_t = crate::transfer::admission::DEFAULT_MAX_IN_FLIGHT, value_parser = parse_max_in_flight)]
     pub max_in_flight: usize,
 
+    /// File of API keys, one a line: `<name> <sha256 of the key, hex> <scopes>` (scopes
+    /// `read`, `write`, comma-separated; `#` starts a comment). Set: `/accounts` and
+    /// `/transfers` need `Authorization: Bearer <key>` (`GET` the `read` scope, other methods
+    /// `write`). Unset: the API is open to anyone who can reach it (a WARN line says so).
+    /// Reloaded on SIGHUP and when its content changes.
+    #[arg(long, env = "API_KEYS_FILE")]
+    pub api_keys_file: Option<PathBuf>,
+
+    /// How often `API_KEYS_FILE` is read to see whether it changed (SIGHUP reloads at once).
+    #[arg(long, env = "API_KEYS_RELOAD_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub api_keys_reload_interval: Duration,
+
+    /// `/metrics` needs a key with the `read` scope too (it is open otherwise, like the
+    /// probes). Needs `API_KEYS_FILE`.
+    #[arg(long, env = "METRICS_REQUIRE_AUTH")]
+    pub metrics_require_auth: bool,
+
     /// Log format: `pretty` for people, `json` for log pipelines.
     #[arg(long, env = "LOG_FORMAT", default_value = "pretty")]
     pub log_format: LogFormat,
@@ -153,6 +170,9 @@ impl Config {
             settled_retention: Duration::from_secs(3600),
             settled_max: 1000,
             max_in_flight: crate::transfer::admission::DEFAULT_MAX_IN_FLIGHT,
+            api_keys_file: None,
+            api_keys_reload_interval: Duration::from_millis(100),
+            metrics_require_auth: false,
             log_format: LogFormat::Pretty,
         }
     }
@@ -174,5 +194,15 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn api_keys_are_off_by_default_and_metrics_auth_is_a_flag() {
+        let cli = Cli::try_parse_from(["transfer-service"]).unwrap();
+        assert!(!cli.config.metrics_require_auth);
+        assert_eq!(cli.config.api_keys_file, None);
+        assert_eq!(cli.config.api_keys_reload_interval, Duration::from_secs(5));
+        let cli = Cli::try_parse_from(["transfer-service", "--metrics-require-auth"]).unwrap();
+        assert!(cli.config.metrics_require_auth);
     }
 }

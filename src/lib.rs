@@ -12,13 +12,16 @@
 //!   late-apply sweep (`sweep`), store retries (`retry`), the bound on transfers in flight
 //!   (`admission`), and the operations the API calls (`service`).
 //! - [`http`]: the axum API, one module per resource (`accounts`, `transfers`, `batch`,
-//!   `health`), problem+json errors (`error`), OpenAPI and Swagger UI (`openapi`).
+//!   `health`), bearer-key authentication (`auth`), problem+json errors (`error`), OpenAPI
+//!   and Swagger UI (`openapi`).
+//! - [`auth`]: the API keys of `API_KEYS_FILE`: parsing, constant-time lookup, reloads.
 //! - [`app`]: wiring and graceful shutdown; [`config`]: flags and environment;
 //!   [`metrics`]: Prometheus series; [`telemetry`]: logging; [`audit`]: the invariant check
 //!   behind `transfer-service audit`.
 
 pub mod app;
 pub mod audit;
+pub mod auth;
 pub mod config;
 pub mod http;
 pub mod metrics;

@@ -43,12 +43,19 @@ pub struct Metrics {
     pub clock_jumps_total: IntCounter,
     /// Account entries of terminal transfers (late applies) found and undone by the sweep.
     pub late_applies_compensated_total: IntCounter,
-    /// `route` is the matched template (`/transfers/{id}`), never the raw path.
+    /// `route` is the matched template (`/transfers/{id}`), never the raw path; `client` is
+    /// the name of the API key that authenticated the request (names come from
+    /// `API_KEYS_FILE`), `anonymous` when none was needed, `unauthenticated` for a 401.
     pub http_requests_total: IntCounterVec,
     pub http_request_duration_seconds: HistogramVec,
     /// Create requests answered 503 by admission control, having created nothing; `route`
     /// = `/transfers` | `/transfers/batch`.
     pub requests_shed_total: IntCounterVec,
+    /// Keys in force from `API_KEYS_FILE` (0 when it is unset or empty).
+    pub api_keys_loaded: IntGauge,
+    /// Reloads of `API_KEYS_FILE` (SIGHUP or a change), by `outcome` = `ok` | `error` (the
+    /// file could not be read or parsed; the keys in force stayed).
+    pub api_keys_reloads_total: IntCounterVec,
 }
 
 /// The routes admission control may shed (`requests_shed_total{route}`).
@@ -148,8 +155,8 @@ impl Metrics {
             ),
             http_requests_total: counter_vec(
                 "http_requests_total",
-                "HTTP requests, by method, route template and status",
-                &["method", "route", "status"],
+                "HTTP requests, by method, route template, status and client (API key name)",
+                &["method", "route", "status", "client"],
             ),
             http_request_duration_seconds: histogram_vec(
                 "http_request_duration_seconds",
@@ -161,6 +168,12 @@ impl Metrics {
                 "requests_shed_total",
                 "Create requests refused with 503 by admission control, by route template",
                 &["route"],
+            ),
+            api_keys_loaded: gauge("api_keys_loaded", "API keys in force from API_KEYS_FILE"),
+            api_keys_reloads_total: counter_vec(
+                "api_keys_reloads_total",
+                "Reloads of API_KEYS_FILE, by outcome (error: the keys in force stayed)",
+                &["outcome"],
             ),
             registry,
         };
@@ -189,6 +202,9 @@ impl Metrics {
         }
         for route in SHED_ROUTES {
             self.requests_shed_total.with_label_values(&[route]);
+        }
+        for outcome in ["ok", "error"] {
+            self.api_keys_reloads_total.with_label_values(&[outcome]);
         }
     }
 

@@ -1,14 +1,15 @@
 //! Real processes: the `transfer-service` binary is started, loaded by concurrent clients,
 //! killed with SIGKILL and restarted; afterwards every accepted transfer must be terminal,
 //! balances exact, pending lists empty, and `transfer-service audit` clean. One of them runs
-//! two instances with one wall clock seconds ahead (libfaketime, see `support::faketime`).
+//! two instances with one wall clock seconds ahead (libfaketime, see `support::faketime`). One
+//! reloads its API keys on SIGHUP.
 //!
 //! Lengths are kept short for `cargo test`; the acceptance runs of the README set
 //! `CRASH_SECONDS`, `CRASH_CLIENTS` and `CRASH_KILLS` (e.g. 20, 16, 10), and `SKEW_SECONDS`
 //! and `SKEW_SETTLED_RETENTION` for the skewed run.
 //!
 //! A binary of its own: folded into the HTTP binary it saved nothing, and the long runs
-//! below keep their own `--test process`. Its four tests take about 40 s on 2 cores.
+//! below keep their own `--test process`. Its five tests take about 40 s on 2 cores.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -58,6 +59,8 @@ struct Service {
     /// Late applies the sweep undid, counted from the process's log (WARN lines), which,
     /// unlike `/metrics`, outlive a `kill -9`.
     late_applies_undone: Arc<AtomicUsize>,
+    /// The messages of the process's log lines, in order.
+    messages: Arc<Mutex<Vec<String>>>,
 }
 
 impl Service {
@@ -83,10 +86,15 @@ impl Service {
         let (tx, rx) = std::sync::mpsc::channel();
         let late_applies_undone = Arc::new(AtomicUsize::new(0));
         let undone = late_applies_undone.clone();
+        let messages: Arc<Mutex<Vec<String>>> = Arc::default();
+        let logged = messages.clone();
         std::thread::spawn(move || {
             let mut sent = false;
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    if let Some(message) = v["message"].as_str() {
+                        logged.lock().unwrap().push(message.to_owned());
+                    }
                     if !sent && v["message"] == "serving" {
                         let _ = tx.send(v["addr"].as_str().unwrap_or_default().to_owned());
                         sent = true;
@@ -107,7 +115,17 @@ impl Service {
             child,
             base: format!("http://{addr}"),
             late_applies_undone,
+            messages,
         }
+    }
+
+    /// Whether the process has logged a line whose message starts with `prefix`.
+    fn logged(&self, prefix: &str) -> bool {
+        self.messages
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|m| m.starts_with(prefix))
     }
 
     fn kill9(mut self) {
@@ -583,6 +601,81 @@ async fn sigterm_exits_promptly_and_releases_leases() {
     );
     settle_and_check(&service.base, &requests, SPREAD).await;
     service.terminate();
+}
+
+/// API keys on a real process: without `API_KEYS_FILE` it says at startup that it is open;
+/// with one (and `METRICS_REQUIRE_AUTH=true` from the environment), SIGHUP reloads the file,
+/// here with a check interval of an hour, so only the signal can have reloaded it, and the
+/// process keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_api_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = Service::start(&[("DATA_DIR", dir.path().join("open").display().to_string())]);
+    assert!(
+        open.logged("no API keys (API_KEYS_FILE is unset)"),
+        "no startup WARN about the open API"
+    );
+    // Serving requests: its SIGTERM handler is installed.
+    get_ok(&reqwest::Client::new(), &open.base, "/livez").await;
+    let (status, _) = open.terminate();
+    assert!(status.success());
+
+    let old = support::keys::Key {
+        name: "ops",
+        secret: "process-ops-old-Tq2",
+        scopes: "read",
+    };
+    let new = support::keys::Key {
+        name: "ops",
+        secret: "process-ops-new-Jd8",
+        scopes: "read",
+    };
+    let file = support::keys::KeyFile::new(&[old]);
+    let service = Service::start(&[
+        ("DATA_DIR", dir.path().join("keyed").display().to_string()),
+        ("API_KEYS_FILE", file.path().display().to_string()),
+        ("API_KEYS_RELOAD_INTERVAL", "1h".to_owned()),
+        ("METRICS_REQUIRE_AUTH", "true".to_owned()),
+    ]);
+    assert!(!service.logged("no API keys"));
+    let client = reqwest::Client::new();
+    let metrics = |key: &'static str| {
+        let request = client.get(format!("{}/metrics", service.base));
+        async move {
+            request
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(metrics(old.secret).await, 200);
+    assert_eq!(metrics(new.secret).await, 401);
+    let unauthenticated = client
+        .get(format!("{}/metrics", service.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unauthenticated.status(), 401);
+
+    file.replace(&[new]);
+    Command::new("kill")
+        .args(["-HUP", &service.child.id().to_string()])
+        .status()
+        .unwrap();
+    support::wait::eventually("SIGHUP to reload the keys", || async {
+        metrics(new.secret).await == 200
+    })
+    .await;
+    assert_eq!(metrics(old.secret).await, 401);
+    support::wait::eventually("the reload's log line", || async {
+        service.logged("API keys reloaded")
+    })
+    .await;
+    let (status, _) = service.terminate();
+    assert!(status.success(), "{status:?}");
 }
 
 /// Four accounts of 10,000: every transfer contends with the others on the same documents.

@@ -50,16 +50,18 @@ impl Account {
     }
 }
 
-/// The body of `POST /accounts`.
+/// The body of `POST /accounts`. Other fields are ignored.
 #[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
 #[allow(dead_code)]
 pub struct CreateAccount {
     /// 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`.
-    #[schema(pattern = "^[A-Za-z0-9._:-]{1,128}$")]
+    #[schema(value_type = super::openapi::Id)]
     pub id: String,
-    /// Opening balance.
+    /// Opening balance, a signed 64-bit integer; at least `floor` (so at least 0 when `floor`
+    /// is absent), else 422.
     pub balance: i64,
-    /// Lowest balance a debit may leave; default 0, at most the opening balance.
+    /// Lowest balance a debit may leave, a signed 64-bit integer; default 0; at most
+    /// `balance`, else 422.
     pub floor: Option<i64>,
 }
 
@@ -104,7 +106,7 @@ pub async fn create_account(
 
 /// An account's balance and pending transfers.
 #[utoipa::path(get, path = "/accounts/{id}", tag = "accounts",
-    params(("id" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$",
+    params(("id" = super::openapi::Id, Path,
         description = "Account id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`; any other value is 404)")),
     responses(
         (status = 200, description = "The account", body = Account),

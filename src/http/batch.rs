@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::routing::post;
 use axum::{Json, Router};
 use futures_util::stream::{self, StreamExt};
@@ -17,7 +18,9 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::transfers::{counted_if_shed, new_transfer, CreateTransfer, Transfer};
-use super::{ApiError, AppState, JsonObject, PathId, Problem, QueryParams, NOT_AN_OBJECT};
+use super::{
+    idempotency, ApiError, AppState, JsonObject, PathId, Problem, QueryParams, NOT_AN_OBJECT,
+};
 use crate::transfer::admission::Admitted;
 use crate::transfer::service::{Created, NewTransfer};
 use crate::transfer::Engine;
@@ -97,23 +100,45 @@ impl From<ApiError> for BatchItem {
 }
 
 /// Accepts up to 1,000 transfers; each item is answered as `POST /transfers` would answer it.
+///
+/// With an `Idempotency-Key`, item `i` (from 0) without an `id` gets the id `<key>:<i>`:
+/// resending the same batch (the same items in the same order) with the same key replays
+/// every item instead of creating it again.
 #[utoipa::path(post, path = "/transfers/batch", tag = "transfers", request_body = CreateBatch,
+    params(("Idempotency-Key" = Option<super::openapi::BatchIdempotencyKey>, Header, nullable = false,
+        description = "Names the batch (draft-ietf-httpapi-idempotency-key-header): item `i` \
+            (counted from 0) without an `id` gets the id `<key>:<i>`, so resending the same \
+            items in the same order with the same key replays each of them (`200`) instead of \
+            creating new transfers; an item whose derived id exists with another request is \
+            that item's `409`. Items with an `id` keep it. 1–124 characters (so that \
+            `<key>:<i>` is a valid id), bare or a quoted Structured Field string; anything \
+            else is a `422` for the whole batch. Retention: forever (transfers are never \
+            deleted).")),
     responses(
         (status = 200, description = "One outcome per item, in request order; items are independent (`201`, `200`, `409`, `422`, `503` or `500` each)", body = BatchResult),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Not an object, `transfers` missing or not an array, or not 1 to 1,000 items (nor more than `MAX_IN_FLIGHT`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Not an object, `transfers` missing or not an array, or not 1 to 1,000 items (nor more than `MAX_IN_FLIGHT`), or an `Idempotency-Key` that is not 1–124 characters of an id", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Too many transfers in flight (`type` `/problems/overloaded`): nothing created; retry after `Retry-After` seconds",
             body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u32, description = "Seconds to wait before retrying"))),
     ))]
 pub async fn create_batch(
     State(state): State<AppState>,
+    headers: HeaderMap,
     JsonObject(body): JsonObject,
 ) -> Result<Json<BatchResult>, ApiError> {
+    let key = idempotency::batch_key(&headers)?;
     let items = envelope(&body, state.engine.max_in_flight())?;
-    let parsed: Vec<Result<NewTransfer, ApiError>> = items.iter().map(item).collect();
+    let parsed: Vec<Result<NewTransfer, ApiError>> = items
+        .iter()
+        .enumerate()
+        .map(|(index, value)| {
+            let id_if_absent = key.as_deref().map(|key| idempotency::item_id(key, index));
+            item(value, id_if_absent)
+        })
+        .collect();
     let valid = parsed.iter().filter(|p| p.is_ok()).count();
     let admitted = state
         .engine
@@ -158,10 +183,11 @@ fn envelope(body: &Map<String, Value>, max_in_flight: usize) -> Result<&Vec<Valu
     Ok(items)
 }
 
-/// One item, validated as the body of `POST /transfers` is.
-fn item(value: &Value) -> Result<NewTransfer, ApiError> {
+/// One item, validated as the body of `POST /transfers` is; without an `id` it gets
+/// `id_if_absent` (derived from the batch's `Idempotency-Key`), else a UUIDv7.
+fn item(value: &Value, id_if_absent: Option<String>) -> Result<NewTransfer, ApiError> {
     match value {
-        Value::Object(body) => new_transfer(body),
+        Value::Object(body) => new_transfer(body, id_if_absent),
         _ => Err(ApiError::Invalid(NOT_AN_OBJECT.into())),
     }
 }

@@ -37,6 +37,17 @@ pub enum ApiError {
     /// 400: the body is not JSON, or a query string cannot be parsed.
     #[error("{0}")]
     Malformed(String),
+    /// 401 with `WWW-Authenticate` (`challenge`): no API key, or one the service does not
+    /// know.
+    #[error("{detail}")]
+    Unauthorized { detail: String, challenge: String },
+    /// 403 with `WWW-Authenticate` (`challenge`): the API key of `client` lacks the scope.
+    #[error("{detail}")]
+    Forbidden {
+        detail: String,
+        challenge: String,
+        client: std::sync::Arc<str>,
+    },
     /// 404: no such resource or route.
     #[error("{0}")]
     NotFound(String),
@@ -75,6 +86,10 @@ impl ApiError {
     fn parts(&self) -> (StatusCode, &'static str, &'static str) {
         match self {
             ApiError::Malformed(_) => (StatusCode::BAD_REQUEST, "malformed", "Malformed request"),
+            ApiError::Unauthorized { .. } => {
+                (StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized")
+            }
+            ApiError::Forbidden { .. } => (StatusCode::FORBIDDEN, "forbidden", "Forbidden"),
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
             ApiError::MethodNotAllowed => (
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -170,10 +185,20 @@ impl IntoResponse for ApiError {
         if logged {
             response.extensions_mut().insert(ErrorLogged);
         }
-        if let ApiError::Overloaded(_) = self {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, RETRY_AFTER_S.into());
+        match &self {
+            ApiError::Overloaded(_) => {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, RETRY_AFTER_S.into());
+            }
+            ApiError::Unauthorized { challenge, .. } | ApiError::Forbidden { challenge, .. } => {
+                if let Ok(value) = header::HeaderValue::from_str(challenge) {
+                    response
+                        .headers_mut()
+                        .insert(header::WWW_AUTHENTICATE, value);
+                }
+            }
+            _ => {}
         }
         response
     }

@@ -1,11 +1,13 @@
 //! The HTTP API (docs/design.md §5). Each resource module has a `router()`; [`router`] merges them
-//! and adds the layers every request passes: request id, tracing span, metrics, timeout, body
-//! limit, and a problem+json 404 for unknown routes.
+//! and adds the layers every request passes: request id, tracing span, metrics,
+//! authentication, timeout, body limit, and a problem+json 404 for unknown routes.
 
 pub mod accounts;
+pub mod auth;
 pub mod batch;
 pub mod error;
 pub mod health;
+pub mod idempotency;
 pub mod openapi;
 pub mod transfers;
 
@@ -44,6 +46,8 @@ pub const MAX_WAIT: Duration = Duration::from_secs(30);
 pub struct AppState {
     pub engine: Arc<Engine>,
     pub metrics: Arc<Metrics>,
+    /// Which routes need an API key, and the keys.
+    pub auth: Arc<auth::Auth>,
 }
 
 /// A request still running after this is answered 503 (and counted and logged as such).
@@ -62,9 +66,10 @@ pub fn router(state: AppState) -> Router {
 /// Every layer is added with `Router::layer`, so it runs after routing and sees the route
 /// template (`MatchedPath`); unknown paths reach the fallback, whose template is
 /// `unmatched`. From the innermost: the body limit, the timeout (a problem+json 503),
-/// `track` (metrics: outside the timeout, so a request the timeout cuts off is counted with
-/// its 503), request-id propagation, the trace span and response line, and the request-id
-/// generator.
+/// authentication (a 401/403 before any work; it names the client on the span), `track`
+/// (metrics: outside the timeout, so a request the timeout cuts off is counted with its 503,
+/// and outside authentication, so a refusal is counted with its client), request-id
+/// propagation, the trace span and response line, and the request-id generator.
 pub fn router_with_timeout(state: AppState, request_timeout: Duration) -> Router {
     Router::new()
         .merge(accounts::router())
@@ -76,6 +81,10 @@ pub fn router_with_timeout(state: AppState, request_timeout: Duration) -> Router
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(request_timeout, timeout))
+        .layer(middleware::from_fn_with_state(
+            state.auth.clone(),
+            auth::authenticate,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), track))
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(
@@ -95,6 +104,7 @@ pub fn router_with_timeout(state: AppState, request_timeout: Duration) -> Router
                         method = %request.method(),
                         route = route.as_deref().unwrap_or("unmatched"),
                         request_id,
+                        client = tracing::field::Empty,
                     )
                 })
                 .on_response(log_response)
@@ -121,9 +131,10 @@ async fn timeout(State(limit): State<Duration>, request: Request, next: Next) ->
     }
 }
 
-/// Counts and times every request by method, route template and status, including the 503 of
-/// a request the timeout layer (inside this one) cut off. Logging is the trace layer's
-/// (`log_response`), so each request is logged once.
+/// Counts and times every request by method, route template, status and client (the name of
+/// its API key, see [`auth`]), including the 503 of a request the timeout layer (inside this
+/// one) cut off. Logging is the trace layer's (`log_response`), so each request is logged
+/// once.
 async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = request.method().as_str().to_owned();
@@ -134,10 +145,15 @@ async fn track(State(state): State<AppState>, request: Request, next: Next) -> R
         .unwrap_or_else(|| "unmatched".into());
     let response = next.run(request).await;
     let status = response.status();
+    let client = response
+        .extensions()
+        .get::<auth::Client>()
+        .map(|c| c.0.clone())
+        .unwrap_or_else(|| Arc::from(crate::auth::ANONYMOUS));
     state
         .metrics
         .http_requests_total
-        .with_label_values(&[&method, &route, status.as_str()])
+        .with_label_values(&[&method, &route, status.as_str(), &client])
         .inc();
     state
         .metrics

@@ -1,10 +1,185 @@
 //! The OpenAPI 3.1 document (`/openapi.json`) and Swagger UI (`/docs`, assets vendored at
 //! build time so the page works offline).
+//!
+//! The document states every constraint the server enforces, in the schema where JSON Schema
+//! can say it (patterns, lengths, ranges, enums) and in the description where it cannot
+//! (`floor` ≤ `balance`, `from` ≠ `to`, a key that must equal the body's `id`), so that a
+//! request valid by the document is one the server accepts, and the reverse. The validated
+//! strings are component schemas of their own ([`Id`], [`Wait`], [`Cursor`], the
+//! `Idempotency-Key`s), each pattern written once; the tests generate strings from each
+//! pattern and send them. Security (the bearer keys, `401`/`403` on every protected
+//! operation) is added by [`BearerKeys`] from the same rule the server applies
+//! ([`super::auth::required_scope`]).
 
+use axum::http::Method;
 use axum::Router;
-use utoipa::OpenApi;
+use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::path::{Operation, PathItem};
+use utoipa::openapi::response::ResponseBuilder;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
+use utoipa::openapi::{Content, ObjectBuilder, Ref, Type};
+use utoipa::{Modify, OpenApi, ToSchema};
 
+use super::auth::{self, REALM};
 use super::AppState;
+use crate::auth::Scope;
+
+/// An account or transfer id: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`.
+#[derive(ToSchema)]
+#[schema(
+    value_type = String,
+    min_length = 1,
+    max_length = 128,
+    pattern = r"^(?:[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,126}|\.\.[A-Za-z0-9._:-]{1,126})$",
+    example = "t-1"
+)]
+pub struct Id(#[allow(dead_code)] String);
+
+/// How long a long-poll may wait: one or more `<digits><unit>`, units `ns`, `us`, `ms`,
+/// `s`, `m`, `h` (`5s`, `500ms`, `1m30s`); `0s` answers at once; more than 30 s (however
+/// large the number) waits 30 s.
+#[derive(ToSchema)]
+#[schema(value_type = String, pattern = r"^([0-9]+(ns|us|ms|s|m|h))+$", example = "5s")]
+pub struct Wait(#[allow(dead_code)] String);
+
+/// The `next_cursor` of the previous page: `<creation time, ms since the epoch>~<id>`. Any
+/// cursor of that form is accepted (a time past 9999-12-31T23:59:59.999Z reads as that
+/// instant).
+#[derive(ToSchema)]
+#[schema(
+    value_type = String,
+    pattern = r"^[0-9]+~(?:[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,126}|\.\.[A-Za-z0-9._:-]{1,126})$",
+    example = "1700000000000~t-1"
+)]
+pub struct Cursor(#[allow(dead_code)] String);
+
+/// An `Idempotency-Key` of `POST /transfers`: an id (1–128 characters of `[A-Za-z0-9._:-]`,
+/// not `.` or `..`), bare or as a quoted Structured Field string (`"t-1"`).
+#[derive(ToSchema)]
+#[schema(
+    value_type = String,
+    pattern = r#"^(?:(?:[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,126}|\.\.[A-Za-z0-9._:-]{1,126})|"(?:[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,126}|\.\.[A-Za-z0-9._:-]{1,126})")$"#,
+    example = "t-1"
+)]
+pub struct IdempotencyKey(#[allow(dead_code)] String);
+
+/// An `Idempotency-Key` of `POST /transfers/batch`: an id of 1–124 characters (so that
+/// `<key>:<index>` is an id), bare or as a quoted Structured Field string.
+#[derive(ToSchema)]
+#[schema(
+    value_type = String,
+    pattern = r#"^(?:(?:[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,123}|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,122}|\.\.[A-Za-z0-9._:-]{1,122})|"(?:[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,123}|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,122}|\.\.[A-Za-z0-9._:-]{1,122})")$"#,
+    example = "batch-7"
+)]
+pub struct BatchIdempotencyKey(#[allow(dead_code)] String);
+
+/// The one value `attention` takes.
+#[derive(ToSchema)]
+pub enum Attention {
+    #[schema(rename = "true")]
+    True,
+}
+
+/// Declares the bearer keys and, on every operation the server protects, the scope it needs
+/// and its `401` and `403` answers; `/metrics` gets them as optional (`METRICS_REQUIRE_AUTH`).
+pub struct BearerKeys;
+
+/// The name of the security scheme.
+pub const SECURITY_SCHEME: &str = "bearer";
+
+impl Modify for BearerKeys {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let scheme = HttpBuilder::new()
+            .scheme(HttpAuthScheme::Bearer)
+            .description(Some(
+                "An API key of the service's `API_KEYS_FILE`, as `Authorization: Bearer <key>`. \
+                 Needed only when the service is configured with keys (otherwise every route \
+                 is open). `GET` needs a key with the `read` scope, every other method `write`.",
+            ))
+            .build();
+        doc.components
+            .get_or_insert_with(Default::default)
+            .add_security_scheme(SECURITY_SCHEME, SecurityScheme::Http(scheme));
+        for (path, item) in doc.paths.paths.iter_mut() {
+            for (method, operation) in operations(item) {
+                if let Some(scope) = auth::required_scope(&method, path, false) {
+                    protect(operation, scope, false);
+                } else if auth::required_scope(&method, path, true).is_some() {
+                    protect(operation, Scope::Read, true);
+                }
+            }
+        }
+    }
+}
+
+/// The operations of a path, with their methods.
+fn operations(item: &mut PathItem) -> impl Iterator<Item = (Method, &mut Operation)> {
+    [
+        (Method::GET, item.get.as_mut()),
+        (Method::PUT, item.put.as_mut()),
+        (Method::POST, item.post.as_mut()),
+        (Method::DELETE, item.delete.as_mut()),
+        (Method::OPTIONS, item.options.as_mut()),
+        (Method::HEAD, item.head.as_mut()),
+        (Method::PATCH, item.patch.as_mut()),
+        (Method::TRACE, item.trace.as_mut()),
+    ]
+    .into_iter()
+    .filter_map(|(method, operation)| operation.map(|o| (method, o)))
+}
+
+/// `scope` required (or, when `optional`, required only with `METRICS_REQUIRE_AUTH`), and
+/// the `401`/`403` answers.
+fn protect(operation: &mut Operation, scope: Scope, optional: bool) {
+    let requirement = SecurityRequirement::new(SECURITY_SCHEME, [scope.as_str()]);
+    operation.security = Some(if optional {
+        vec![SecurityRequirement::default(), requirement]
+    } else {
+        vec![requirement]
+    });
+    let when = if optional {
+        "With `METRICS_REQUIRE_AUTH` (and API keys)"
+    } else {
+        "When the service has API keys"
+    };
+    let answer = |description: String, challenge: &str| {
+        let header = HeaderBuilder::new()
+            .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
+            .description(Some(format!("The challenge, e.g. `{challenge}`")))
+            .build();
+        ResponseBuilder::new()
+            .description(description)
+            .content(
+                "application/problem+json",
+                Content::new(Some(Ref::from_schema_name("Problem"))),
+            )
+            .header("WWW-Authenticate", header)
+            .build()
+    };
+    let responses = &mut operation.responses.responses;
+    responses.insert(
+        "401".into(),
+        answer(
+            format!(
+                "{when}: no `Authorization: Bearer` key, or one the service does not know \
+                 (mistyped or revoked); `type` `/problems/unauthorized`"
+            ),
+            &format!(r#"Bearer realm="{REALM}", error="invalid_token""#),
+        )
+        .into(),
+    );
+    responses.insert(
+        "403".into(),
+        answer(
+            format!(
+                "{when}: the key lacks the `{scope}` scope this operation needs; `type` \
+                 `/problems/forbidden`"
+            ),
+            &format!(r#"Bearer realm="{REALM}", error="insufficient_scope", scope="{scope}""#),
+        )
+        .into(),
+    );
+}
 
 #[derive(OpenApi)]
 #[openapi(
@@ -13,11 +188,15 @@ use super::AppState;
         description = "Atomic transfers between accounts, by two-phase commit.\n\n\
             `POST /transfers` answers `201` with state `created` at once; a background worker \
             drives the transfer to `finished` or `rolled-back`; poll `GET /transfers/{id}` \
-            (or long-poll with `?wait=5s`). A transfer's `id` is its idempotency key. \
+            (or long-poll with `?wait=5s`). A transfer's `id` is its idempotency key (or the \
+            `Idempotency-Key` header's); ids are kept forever. \
             `POST /transfers/batch` takes up to 1,000 transfers, each answered as alone. \
             Beyond `MAX_IN_FLIGHT` transfers in flight, creates answer `503` with \
             `Retry-After`, having created nothing. Every error is `application/problem+json` \
-            (RFC 9457)."
+            (RFC 9457). With API keys configured (`API_KEYS_FILE`), `/accounts` and \
+            `/transfers` need `Authorization: Bearer <key>` (`GET`: scope `read`; other \
+            methods: `write`); the probes, `/metrics` (unless `METRICS_REQUIRE_AUTH`) and this \
+            document stay open."
     ),
     paths(
         super::accounts::create_account, super::accounts::get_account,
@@ -26,7 +205,8 @@ use super::AppState;
         super::transfers::get_transfer, super::transfers::cancel_transfer,
         super::health::livez, super::health::healthz, super::health::readyz, super::health::metrics,
     ),
-    components(schemas(super::Problem)),
+    components(schemas(super::Problem, Id, Wait, Cursor, IdempotencyKey, BatchIdempotencyKey, Attention)),
+    modifiers(&BearerKeys),
     tags(
         (name = "accounts", description = "Accounts and their balances"),
         (name = "transfers", description = "Transfers between two accounts"),

@@ -1,7 +1,7 @@
 //! `POST /transfers`, `GET /transfers`, `GET /transfers/{id}`, `POST /transfers/{id}/cancel`.
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -9,7 +9,8 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::{
-    field, shorten, ApiError, AppState, JsonObject, PathId, Problem, QueryParams, MAX_WAIT,
+    field, idempotency, shorten, ApiError, AppState, JsonObject, PathId, Problem, QueryParams,
+    MAX_WAIT,
 };
 use crate::store::{SortKey, TransferFilter};
 use crate::transfer::model::{valid_id, RollbackReason, TransferDoc, TransferState};
@@ -65,21 +66,22 @@ impl From<TransferDoc> for Transfer {
     }
 }
 
-/// The body of `POST /transfers`.
+/// The body of `POST /transfers`. Other fields are ignored.
 #[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
 #[allow(dead_code)]
 pub struct CreateTransfer {
-    /// Idempotency key: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`. The server
-    /// makes a UUIDv7 when absent (then a retry is a new transfer).
-    #[schema(pattern = "^[A-Za-z0-9._:-]{1,128}$")]
+    /// Idempotency key: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`. Absent or
+    /// null: the `Idempotency-Key` header's key, else a UUIDv7 the server makes (then a retry
+    /// is a new transfer). With an `Idempotency-Key` header, it must equal the key (else 422).
+    #[schema(value_type = Option<super::openapi::Id>)]
     pub id: Option<String>,
     /// Source account id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`).
-    #[schema(pattern = "^[A-Za-z0-9._:-]{1,128}$")]
+    #[schema(value_type = super::openapi::Id)]
     pub from: String,
-    /// Destination account id (same rules; not `from`).
-    #[schema(pattern = "^[A-Za-z0-9._:-]{1,128}$")]
+    /// Destination account id (same rules); must differ from `from`, else 422.
+    #[schema(value_type = super::openapi::Id)]
     pub to: String,
-    /// Units to move, 1 to 2^63-1.
+    /// Units to move: an integer from 1 to 2^63-1 (a JSON integer: `5`, not `5.0`).
     #[schema(minimum = 1)]
     pub amount: i64,
 }
@@ -93,7 +95,20 @@ pub struct TransferPage {
 }
 
 /// Accepts a transfer and answers at once; a background worker drives it.
+///
+/// Idempotent by the transfer's `id`, given in the body or as the `Idempotency-Key` header:
+/// the same id with the same `from`, `to` and `amount` replays the transfer (`200`, as it is
+/// now); with another, `409`. Ids are kept forever (transfers are never deleted), so a retry
+/// is a replay however late it comes.
 #[utoipa::path(post, path = "/transfers", tag = "transfers", request_body = CreateTransfer,
+    params(("Idempotency-Key" = Option<super::openapi::IdempotencyKey>, Header, nullable = false,
+        description = "The transfer's id, as the `Idempotency-Key` header \
+            (draft-ietf-httpapi-idempotency-key-header): without a body `id` the key is the \
+            id (so it must be a valid id, else `422`); with a body `id` it must be the same \
+            (else `422`). Bare (`t-1`) or a quoted Structured Field string (`\"t-1\"`). \
+            Retention: forever (transfers are never deleted). Unlike the draft's suggestion, \
+            reusing a key with another request is a `409` (the id exists with another \
+            request), and a concurrent duplicate is answered as a replay, not a `409`.")),
     responses(
         (status = 201, description = "Accepted in state `created`", body = Transfer,
             headers(("Location" = String, description = "/transfers/{id}"))),
@@ -102,16 +117,21 @@ pub struct TransferPage {
         (status = 409, description = "Same id, different request", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid field", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid field, an `Idempotency-Key` that is not a valid id, or one that differs from the body's `id`", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Store unavailable, or too many transfers in flight (`type` `/problems/overloaded`, nothing created; retry after `Retry-After` seconds)",
             body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u32, description = "Seconds to wait before retrying; sent when the service is overloaded"))),
     ))]
 pub async fn create_transfer(
     State(state): State<AppState>,
+    headers: HeaderMap,
     JsonObject(body): JsonObject,
 ) -> Result<Response, ApiError> {
-    let new = new_transfer(&body)?;
+    let key = idempotency::transfer_key(&headers)?;
+    let new = new_transfer(&body, key.clone())?;
+    if let Some(key) = &key {
+        idempotency::check_same(&new.id, key)?;
+    }
     let created = state
         .engine
         .create_transfer(new)
@@ -132,8 +152,11 @@ pub async fn create_transfer(
 }
 
 /// The body of `POST /transfers` (one item of a batch), validated: 422 on the first invalid
-/// field. A missing id becomes a new UUIDv7.
-pub(crate) fn new_transfer(body: &Map<String, Value>) -> Result<NewTransfer, ApiError> {
+/// field. A missing id becomes `id_if_absent` (from an `Idempotency-Key`), else a new UUIDv7.
+pub(crate) fn new_transfer(
+    body: &Map<String, Value>,
+    id_if_absent: Option<String>,
+) -> Result<NewTransfer, ApiError> {
     let id = field::id(body, "id")?;
     let from = field::required_id(body, "from")?;
     let to = field::required_id(body, "to")?;
@@ -144,7 +167,9 @@ pub(crate) fn new_transfer(body: &Map<String, Value>) -> Result<NewTransfer, Api
     if from == to {
         return Err(ApiError::Invalid("`from` and `to` must differ".into()));
     }
-    let id = id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    let id = id
+        .or(id_if_absent)
+        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
     Ok(NewTransfer {
         id,
         from,
@@ -167,10 +192,10 @@ pub(crate) fn counted_if_shed(state: &AppState, route: &str, error: ApiError) ->
 
 /// A transfer; with `?wait=5s`, answers as soon as it is terminal or when the wait ends.
 #[utoipa::path(get, path = "/transfers/{id}", tag = "transfers",
-    params(("id" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$",
+    params(("id" = super::openapi::Id, Path,
             description = "Transfer id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`; any other value is 404)"),
-        ("wait" = Option<String>, Query, example = "5s",
-            description = "Long-poll up to this long for a terminal state: a duration such as `5s` or `500ms`; `0s` answers at once, more than 30s waits 30s")),
+        ("wait" = Option<super::openapi::Wait>, Query,
+            description = "Long-poll up to this long for a terminal state: `<digits><unit>`, repeated (`5s`, `500ms`, `1m30s`; units `ns`, `us`, `ms`, `s`, `m`, `h`); `0s` answers at once, more than 30 s waits 30 s. Other parameters are ignored.")),
     responses(
         (status = 200, description = "The transfer", body = Transfer),
         (status = 404, description = "No such transfer", body = Problem, content_type = "application/problem+json"),
@@ -195,17 +220,52 @@ pub async fn get_transfer(
         .ok_or_else(|| ApiError::NotFound(format!("no transfer {id}")))
 }
 
-/// `?wait=`: a humantime duration (`5s`, `500ms`, `1m 30s`), capped at [`MAX_WAIT`]; a
-/// negative, empty or overflowing one is 422.
+/// `?wait=`: one or more `<digits><unit>` with units `ns`, `us`, `ms`, `s`, `m`, `h` (`5s`,
+/// `500ms`, `1m30s`), exactly what [`WAIT_PATTERN`] admits, capped at [`MAX_WAIT`]: a number
+/// too large for any clock is "more than 30 s" too. Anything else is 422.
 fn parse_wait(text: &str) -> Result<std::time::Duration, ApiError> {
-    humantime::parse_duration(text.trim())
-        .map(|wait| wait.min(MAX_WAIT))
-        .map_err(|_| ApiError::Invalid("`wait` must be a duration like 5s or 500ms".into()))
+    let invalid = || {
+        ApiError::Invalid(
+            "`wait` must be a duration like 5s, 500ms or 1m30s (units ns, us, ms, s, m, h)".into(),
+        )
+    };
+    if text.is_empty() {
+        return Err(invalid());
+    }
+    let mut rest = text;
+    let mut total_ns: u128 = 0;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return Err(invalid());
+        }
+        let (number, after) = rest.split_at(digits);
+        // Two-letter units first: `1ms` is a millisecond, never a minute and a stray `s`.
+        let (unit_ns, unit_len): (u128, usize) = match after.as_bytes() {
+            [b'n', b's', ..] => (1, 2),
+            [b'u', b's', ..] => (1_000, 2),
+            [b'm', b's', ..] => (1_000_000, 2),
+            [b's', ..] => (1_000_000_000, 1),
+            [b'm', ..] => (60_000_000_000, 1),
+            [b'h', ..] => (3_600_000_000_000, 1),
+            _ => return Err(invalid()),
+        };
+        let number = u128::from(number.parse::<u64>().unwrap_or(u64::MAX));
+        total_ns = total_ns.saturating_add(number.saturating_mul(unit_ns));
+        rest = &after[unit_len..];
+    }
+    let capped = total_ns.min(MAX_WAIT.as_nanos());
+    Ok(std::time::Duration::from_nanos(
+        u64::try_from(capped).unwrap_or(u64::MAX),
+    ))
 }
+
+/// The values of `?wait=` the server accepts, as the OpenAPI document states them.
+pub const WAIT_PATTERN: &str = "^([0-9]+(ns|us|ms|s|m|h))+$";
 
 /// Cancels a transfer that has not committed.
 #[utoipa::path(post, path = "/transfers/{id}/cancel", tag = "transfers",
-    params(("id" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$",
+    params(("id" = super::openapi::Id, Path,
         description = "Transfer id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`; any other value is 404)")),
     responses(
         (status = 200, description = "`terminating` (rollback under way) or `rolled-back`", body = Transfer),
@@ -230,15 +290,18 @@ const MAX_LIMIT: usize = 1000;
 
 /// Transfers, newest first, optionally of one account, in one state and/or flagged for a
 /// person. Near-real-time on Elasticsearch: a transfer may take up to a second to appear.
+///
+/// The parameters combine (all must hold). They are strict: a parameter not listed here, or
+/// one given twice, is a 422.
 #[utoipa::path(get, path = "/transfers", tag = "transfers",
     params(
-        ("account" = Option<String>, Query, pattern = "^[A-Za-z0-9._:-]{1,128}$",
+        ("account" = Option<super::openapi::Id>, Query,
             description = "Only transfers from or to this account (an account id: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`)"),
         ("state" = Option<TransferState>, Query, description = "Only transfers in this state"),
-        ("attention" = Option<bool>, Query,
+        ("attention" = Option<super::openapi::Attention>, Query,
             description = "`true`: only transfers flagged for a person (they carry `attention`: their documents contradict each other; `docs/design.md` §9 says what to do). The only value accepted: omit the parameter to list every transfer; `false` or anything else is 422"),
         ("limit" = Option<usize>, Query, minimum = 1, maximum = 1000, description = "Page size, 1–1000, default 50"),
-        ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page"),
+        ("cursor" = Option<super::openapi::Cursor>, Query, description = "`next_cursor` of the previous page"),
     ),
     responses(
         (status = 200, description = "A page", body = TransferPage),
@@ -303,15 +366,20 @@ pub async fn list_transfers(
 /// an RFC 3339 date (and an Elasticsearch `date`) can hold.
 const MAX_CURSOR_MILLIS: i64 = 253_402_300_799_999;
 
-/// `<creation millis>~<id>`, as [`list_transfers`] issues them. A cursor it cannot have issued
-/// (a negative or far-future time, a bad id) is 422, never passed to the store.
+/// `<creation millis>~<id>`, as [`list_transfers`] issues them: digits, `~`, a valid id.
+/// A time past [`MAX_CURSOR_MILLIS`] reads as that instant (no transfer is newer), so every
+/// cursor of that form is accepted and none outside the store's range reaches it; anything
+/// else is 422.
 fn decode_cursor(text: &str) -> Result<SortKey, ApiError> {
     let invalid = || ApiError::Invalid("`cursor` is not one this service issued".into());
     let (millis, id) = text.split_once('~').ok_or_else(invalid)?;
-    let millis: i64 = millis.parse().map_err(|_| invalid())?;
-    if !(0..=MAX_CURSOR_MILLIS).contains(&millis) || !valid_id(id) {
+    if millis.is_empty() || !millis.bytes().all(|b| b.is_ascii_digit()) || !valid_id(id) {
         return Err(invalid());
     }
+    let millis = millis
+        .parse::<i64>()
+        .unwrap_or(i64::MAX)
+        .min(MAX_CURSOR_MILLIS);
     Ok(SortKey {
         millis,
         id: id.to_owned(),
@@ -336,19 +404,48 @@ mod tests {
     }
 
     #[test]
+    fn waits_are_digits_and_units_capped_at_30_seconds() {
+        use std::time::Duration;
+        for (text, wait) in [
+            ("0s", Duration::ZERO),
+            ("500ms", Duration::from_millis(500)),
+            ("1ms", Duration::from_millis(1)),
+            ("1m", MAX_WAIT),
+            ("1s500ms", Duration::from_millis(1500)),
+            ("2us3ns", Duration::from_nanos(2003)),
+            ("007s", Duration::from_secs(7)),
+            ("29s999ms999us999ns", Duration::from_nanos(29_999_999_999)),
+            ("1h", MAX_WAIT),
+            ("99999999999999999999999999h", MAX_WAIT),
+        ] {
+            assert_eq!(parse_wait(text).unwrap(), wait, "{text}");
+        }
+        for text in [
+            "", "5", "s", "5 s", " 5s", "5s ", "-1s", "1.5s", "5sec", "1d", "5S", "1mss",
+        ] {
+            assert!(parse_wait(text).is_err(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn a_cursor_past_the_last_date_reads_as_the_last_date() {
+        for text in [
+            "253402300800000~a",
+            "9223372036854775808~a",
+            "99999999999999999999~a",
+        ] {
+            let key = decode_cursor(text).unwrap();
+            assert_eq!(key.millis, MAX_CURSOR_MILLIS, "{text}");
+        }
+        assert_eq!(decode_cursor("0007~a").unwrap().millis, 7);
+    }
+
+    #[test]
     fn cursors_round_trip_and_odd_ones_are_refused() {
         let key = decode_cursor("1700000000000~t-1").unwrap();
         assert_eq!((key.millis, key.id.as_str()), (1_700_000_000_000, "t-1"));
         for bad in [
-            "",
-            "~",
-            "1~",
-            "~a",
-            "-1~a",
-            "253402300800000~a",
-            "9223372036854775808~a",
-            "1~a~b",
-            "1~..",
+            "", "~", "1~", "~a", "-1~a", "+1~a", " 1~a", "1.5~a", "1~a~b", "1~..",
         ] {
             assert!(decode_cursor(bad).is_err(), "{bad:?}");
         }

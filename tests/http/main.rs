@@ -5,6 +5,9 @@
 //! - [`api`]: the HTTP contract on the embedded store, the emulator and a real cluster;
 //! - [`batch`]: `POST /transfers/batch`, item by item, on the same backends;
 //! - [`admission`]: `MAX_IN_FLIGHT`, 503 with `Retry-After`, on the same backends;
+//! - [`auth`]: API keys on every protected route, reloads, the open routes;
+//! - [`idempotency`]: the `Idempotency-Key` header on single and batch creates;
+//! - [`schema`]: the OpenAPI document's constraints against the server, both ways;
 //! - [`observability`]: metrics, request ids, logs, the OpenAPI document, Swagger UI;
 //! - [`resilience`]: store outages on the Elasticsearch backend (emulator).
 //!
@@ -17,6 +20,9 @@ mod support;
 
 mod admission;
 mod api;
+mod auth;
 mod batch;
+mod idempotency;
 mod observability;
 mod resilience;
+mod schema;

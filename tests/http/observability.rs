@@ -17,22 +17,8 @@ use transfer_service::transfer::clock::{Clock, SystemClock};
 
 use crate::support::app::{Backend, TestApp};
 use crate::support::metrics::Exposition;
+use crate::support::routes::{self, ROUTES};
 use crate::support::{logs, wait};
-
-/// Every route template of the API: what the `route` label may say (besides `unmatched`),
-/// and what the OpenAPI document must describe.
-const ROUTES: &[&str] = &[
-    "/accounts",
-    "/accounts/{id}",
-    "/transfers",
-    "/transfers/batch",
-    "/transfers/{id}",
-    "/transfers/{id}/cancel",
-    "/livez",
-    "/healthz",
-    "/readyz",
-    "/metrics",
-];
 
 // ---------------------------------------------------------------------------------------------
 // Metrics
@@ -80,6 +66,8 @@ const SERIES: &[(&str, &str)] = &[
     ("store_request_duration_seconds", "histogram"),
     ("http_requests_total", "counter"),
     ("http_request_duration_seconds", "histogram"),
+    ("api_keys_loaded", "gauge"),
+    ("api_keys_reloads_total", "counter"),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,7 +180,12 @@ async fn metrics_count_every_transfer_transition_and_request() {
     let http = |method: &str, route: &str, status: &str| {
         m.find(
             "http_requests_total",
-            &[("method", method), ("route", route), ("status", status)],
+            &[
+                ("method", method),
+                ("route", route),
+                ("status", status),
+                ("client", "anonymous"),
+            ],
         )
         .unwrap_or(0.0)
     };
@@ -208,6 +201,7 @@ async fn metrics_count_every_transfer_transition_and_request() {
         ),
         10.0
     );
+    let templates = routes::templates();
     for sample in m
         .samples
         .iter()
@@ -215,7 +209,7 @@ async fn metrics_count_every_transfer_transition_and_request() {
     {
         let route = sample.labels["route"].as_str();
         assert!(
-            (ROUTES.contains(&route) || route == "unmatched"),
+            (templates.contains(&route) || route == "unmatched"),
             "raw path as a label: {sample:?}"
         );
     }
@@ -303,6 +297,7 @@ async fn request_ids_are_propagated_or_generated_and_logged() {
     assert_eq!(line["span"]["method"], "GET", "{line}");
     assert_eq!(line["span"]["route"], "/healthz", "{line}");
     assert_eq!(line["span"]["request_id"], generated[0].as_str(), "{line}");
+    assert_eq!(line["span"]["client"], "anonymous", "{line}");
 
     // The route is the template, never the raw path.
     let response = app
@@ -501,7 +496,12 @@ async fn an_unavailable_store_is_logged_once_per_request() {
     assert_eq!(
         m.value(
             "http_requests_total",
-            &[("method", "GET"), ("route", "/readyz"), ("status", "503")]
+            &[
+                ("method", "GET"),
+                ("route", "/readyz"),
+                ("status", "503"),
+                ("client", "anonymous")
+            ]
         ),
         1.0
     );
@@ -564,7 +564,8 @@ async fn a_request_cut_off_by_the_timeout_is_counted_and_logged_once() {
             &[
                 ("method", "GET"),
                 ("route", "/transfers/{id}"),
-                ("status", "503")
+                ("status", "503"),
+                ("client", "anonymous")
             ]
         ),
         1.0
@@ -666,12 +667,25 @@ async fn the_served_openapi_document_is_the_committed_one() {
         let committed = serde_json::to_string_pretty(&committed).unwrap() + "\n";
         assert_same_document("the document served at /openapi.json", &served, &committed);
     }
-    // Every route of the API is documented.
-    for path in ROUTES {
+    // Every route of the API is documented, and every operation documented is a route.
+    for route in ROUTES.iter().filter(|r| r.documented) {
+        let method = route.method.to_ascii_lowercase();
         assert!(
-            served["paths"][path].is_object(),
-            "{path} is not documented"
+            served["paths"][route.template][&method].is_object(),
+            "{} {} is not documented",
+            route.method,
+            route.template
         );
+    }
+    for (path, operations) in served["paths"].as_object().expect("paths") {
+        for method in operations.as_object().expect("operations").keys() {
+            assert!(
+                ROUTES.iter().any(|r| r.documented
+                    && r.template == path
+                    && r.method.eq_ignore_ascii_case(method)),
+                "{method} {path} is documented but not in tests/support/routes.rs"
+            );
+        }
     }
     app.shutdown().await;
 }

@@ -11,6 +11,7 @@ use es_emulator::RunningEmulator;
 use serde_json::{json, Value};
 use transfer_service::app::{open_store, Application, Migrations};
 use transfer_service::config::Config;
+use transfer_service::http::auth::Auth;
 use transfer_service::http::{self, AppState};
 use transfer_service::metrics::Metrics;
 use transfer_service::store::DynStore;
@@ -63,6 +64,16 @@ impl TestApp {
         serve(app, dir, config, emulator)
     }
 
+    /// Why the application refuses to start with this configuration (on the embedded store);
+    /// panics if it starts.
+    pub async fn start_error(tweak: impl FnOnce(&mut Config)) -> String {
+        let (_dir, config, _emulator) = configure(Backend::Embedded, tweak).await;
+        match Application::build(config).await {
+            Ok(_) => panic!("the application started"),
+            Err(error) => error.to_string(),
+        }
+    }
+
     /// The application on `backend` with a tweaked configuration, its store wrapped by
     /// `wrap` (a test double such as [`super::gate::AccountGate`] or
     /// [`super::faulty::FaultyStore`] around the real store), ready.
@@ -100,6 +111,7 @@ impl TestApp {
             AppState {
                 engine: engine.clone(),
                 metrics,
+                auth: Arc::new(Auth::open()),
             },
             timeout,
         );
@@ -185,6 +197,30 @@ impl TestApp {
             .send()
             .await
             .expect("POST")
+    }
+
+    /// `<method> <path>` with `Authorization: Bearer <key>` when a key is given, a JSON body
+    /// when one is given, and `x-request-id: <request_id>`.
+    pub async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        body: Option<&Value>,
+        request_id: &str,
+    ) -> reqwest::Response {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("a method");
+        let mut request = self
+            .client
+            .request(method, self.url(path))
+            .header("x-request-id", request_id);
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        request.send().await.expect("request")
     }
 
     pub async fn post_raw(

@@ -4,11 +4,13 @@
 //! - [`app`]: the real application on port 0, on the embedded store, on the Elasticsearch
 //!   emulator (the `es-emulator` crate, a TEST DOUBLE of Elasticsearch) or on the real cluster
 //!   at `ELASTICSEARCH_URL`, with a client whose helpers read like sentences;
+//! - [`routes`]: every route of the API with the scope it needs, in one list;
 //! - [`stores`]: a bare store on each of those backends, for the store suites;
 //! - [`gate`]: a store wrapper that holds account writes until the test opens it (transfers
 //!   kept in flight without sleeps);
 //! - [`engine`]: the engine without HTTP, on real storage behind [`faulty`] (injected faults),
 //!   on a test clock and tokio's paused time;
+//! - [`keys`]: API key files, each key hashed by the README's recipe;
 //! - [`metrics`]: `/metrics` read with a maintained Prometheus text parser;
 //! - [`logs`]: every app's JSON log lines captured in memory, found by request or transfer id;
 //! - [`wait`]: waiting on a condition with a deadline (never a fixed sleep);
@@ -58,7 +60,9 @@ pub mod engine;
 pub mod faketime;
 pub mod faulty;
 pub mod gate;
+pub mod keys;
 pub mod logs;
 pub mod metrics;
+pub mod routes;
 pub mod stores;
 pub mod wait;
