@@ -6,7 +6,8 @@
 //! - [`batch`]: `POST /transfers/batch`, item by item, on the same backends;
 //! - [`admission`]: `MAX_IN_FLIGHT`, 503 with `Retry-After`, on the same backends;
 //! - [`observability`]: metrics, request ids, logs, the OpenAPI document, Swagger UI;
-//! - [`resilience`]: store outages on the Elasticsearch backend (emulator).
+//! - [`resilience`]: store outages on the Elasticsearch backend (emulator);
+//! - [`operator_kit`]: the dashboard and alert rules in `deploy/` name only what `/metrics` has.
 //!
 //! Logs of every app in this binary go, as JSON, to one in-memory buffer (the process's one
 //! global subscriber, installed by the harness); `TEST_LOG=1` also prints them.
@@ -19,4 +20,5 @@ mod admission;
 mod api;
 mod batch;
 mod observability;
+mod operator_kit;
 mod resilience;
