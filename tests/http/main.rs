@@ -3,6 +3,8 @@
 //! harness in `tests/support/`.
 //!
 //! - [`api`]: the HTTP contract on the embedded store, the emulator and a real cluster;
+//! - [`es_security`]: Elasticsearch with security on (API keys, privileges, HTTPS), on the
+//!   emulator (a test double);
 //! - [`batch`]: `POST /transfers/batch`, item by item, on the same backends;
 //! - [`admission`]: `MAX_IN_FLIGHT`, 503 with `Retry-After`, on the same backends;
 //! - [`observability`]: metrics, request ids, logs, the OpenAPI document, Swagger UI;
@@ -19,6 +21,7 @@ mod support;
 mod admission;
 mod api;
 mod batch;
+mod es_security;
 mod observability;
 mod operator_kit;
 mod resilience;
