@@ -105,18 +105,32 @@ pub async fn open_store(
     let backend: DynStore = match &config.elasticsearch_url {
         Some(url) => {
             let (request_timeout, page_timeout) = es_timeouts(config, migrations);
+            let security = config.elasticsearch_security.settings().load()?;
+            tracing::info!(
+                credentials = security.describe(),
+                ca = ?config.elasticsearch_security.elasticsearch_ca_cert,
+                "Elasticsearch client"
+            );
             let store = Arc::new(
-                ElasticsearchStore::connect(EsConfig {
-                    url: url.clone(),
-                    index_prefix: config.index_prefix.clone(),
-                    request_timeout,
-                })
+                ElasticsearchStore::connect_secured(
+                    EsConfig {
+                        url: url.clone(),
+                        index_prefix: config.index_prefix.clone(),
+                        request_timeout,
+                    },
+                    security,
+                )
                 .await?
                 .with_page_timeout(page_timeout),
             );
             if migrations == Migrations::Verify {
                 store.verify_migrated().await?;
             } else if let Err(error) = store.migrate().await {
+                // Refused credentials or privileges will not fix themselves: say so and stop,
+                // rather than retry in the background as for a cluster that is not up yet.
+                if matches!(error, StoreError::Denied { .. }) {
+                    return Err(error);
+                }
                 tracing::warn!(%error, "migrations not applied yet; retrying in the background");
                 let retry = store.clone();
                 tokio::spawn(async move {

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::store::elasticsearch::{EsSecuritySettings, Secret};
+
 /// transfer-service: atomic transfers between accounts, by two-phase commit.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "transfer-service", version, about)]
@@ -43,6 +45,10 @@ pub struct Config {
     /// Directory of the embedded store.
     #[arg(long, env = "DATA_DIR", default_value = "./data")]
     pub data_dir: PathBuf,
+
+    /// Credentials and CA of the Elasticsearch client.
+    #[command(flatten)]
+    pub elasticsearch_security: ElasticsearchSecurityArgs,
 
     /// Prefix of every Elasticsearch index the service owns.
     #[arg(long, env = "INDEX_PREFIX", default_value = "transfer-service-")]
@@ -130,6 +136,58 @@ pub struct Config {
     pub log_format: LogFormat,
 }
 
+/// How the service authenticates to Elasticsearch and which CA it trusts (docs/elasticsearch.md
+/// §12). Secret values never print: `--help` hides their environment values and `Debug` shows
+/// `***`. Prefer the environment or a `_FILE` to a flag, which other users of the host can
+/// see in the process list.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ElasticsearchSecurityArgs {
+    /// API key, in the encoded form Elasticsearch and Kibana print (base64 of `id:api_key`);
+    /// sent as `Authorization: ApiKey`.
+    #[arg(long, env = "ELASTICSEARCH_API_KEY", hide_env_values = true)]
+    pub elasticsearch_api_key: Option<Secret>,
+    /// A file holding ELASTICSEARCH_API_KEY (a mounted secret).
+    #[arg(long, env = "ELASTICSEARCH_API_KEY_FILE")]
+    pub elasticsearch_api_key_file: Option<PathBuf>,
+    /// User for basic authentication (with ELASTICSEARCH_PASSWORD).
+    #[arg(long, env = "ELASTICSEARCH_USERNAME")]
+    pub elasticsearch_username: Option<String>,
+    /// A file holding ELASTICSEARCH_USERNAME.
+    #[arg(long, env = "ELASTICSEARCH_USERNAME_FILE")]
+    pub elasticsearch_username_file: Option<PathBuf>,
+    /// Password of ELASTICSEARCH_USERNAME.
+    #[arg(long, env = "ELASTICSEARCH_PASSWORD", hide_env_values = true)]
+    pub elasticsearch_password: Option<Secret>,
+    /// A file holding ELASTICSEARCH_PASSWORD (a mounted secret).
+    #[arg(long, env = "ELASTICSEARCH_PASSWORD_FILE")]
+    pub elasticsearch_password_file: Option<PathBuf>,
+    /// PEM file of the CA that signed the cluster's HTTP certificate (Elasticsearch 8:
+    /// `config/certs/http_ca.crt`), trusted besides the public roots.
+    #[arg(long, env = "ELASTICSEARCH_CA_CERT")]
+    pub elasticsearch_ca_cert: Option<PathBuf>,
+    /// SHA-256 fingerprint of that CA, as Elasticsearch prints it at its first start (hex,
+    /// `:` allowed): the service refuses to start if ELASTICSEARCH_CA_CERT holds no
+    /// certificate with it.
+    #[arg(long, env = "ELASTICSEARCH_CA_FINGERPRINT")]
+    pub elasticsearch_ca_fingerprint: Option<String>,
+}
+
+impl ElasticsearchSecurityArgs {
+    /// The settings as the store reads them.
+    pub fn settings(&self) -> EsSecuritySettings {
+        EsSecuritySettings {
+            api_key: self.elasticsearch_api_key.clone(),
+            api_key_file: self.elasticsearch_api_key_file.clone(),
+            username: self.elasticsearch_username.clone(),
+            username_file: self.elasticsearch_username_file.clone(),
+            password: self.elasticsearch_password.clone(),
+            password_file: self.elasticsearch_password_file.clone(),
+            ca_cert: self.elasticsearch_ca_cert.clone(),
+            ca_fingerprint: self.elasticsearch_ca_fingerprint.clone(),
+        }
+    }
+}
+
 /// At most 10,000 tombstones per account (about 600 KB rewritten with every account write).
 fn parse_settled_max(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
@@ -158,6 +216,7 @@ impl Config {
         Self {
             listen_addr: "127.0.0.1:0".parse().expect("valid address"),
             elasticsearch_url: None,
+            elasticsearch_security: ElasticsearchSecurityArgs::default(),
             data_dir,
             index_prefix: "transfer-service-".into(),
             recovery_interval: Duration::from_millis(200),
@@ -180,7 +239,32 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
+    use clap::CommandFactory;
+
     use super::*;
+
+    #[test]
+    fn secrets_are_neither_in_help_nor_in_debug() {
+        // The process's environment is shared by the tests of this binary: clap reads these
+        // names only here.
+        std::env::set_var("ELASTICSEARCH_API_KEY", "c2VjcmV0LWtleS1pZDpzM2NyM3Q=");
+        std::env::set_var("ELASTICSEARCH_PASSWORD", "pa55-w0rd");
+        let help = Cli::command().render_long_help().to_string();
+        let cli = Cli::try_parse_from(["transfer-service"]).unwrap();
+        std::env::remove_var("ELASTICSEARCH_API_KEY");
+        std::env::remove_var("ELASTICSEARCH_PASSWORD");
+        assert!(help.contains("ELASTICSEARCH_API_KEY"), "{help}");
+        let debug = format!("{cli:?}");
+        for secret in ["c2VjcmV0LWtleS1pZDpzM2NyM3Q=", "pa55-w0rd"] {
+            assert!(!help.contains(secret), "help shows {secret}");
+            assert!(!debug.contains(secret), "Debug shows {secret}: {debug}");
+        }
+        let security = &cli.config.elasticsearch_security;
+        assert_eq!(
+            security.elasticsearch_password.as_ref().map(Secret::expose),
+            Some("pa55-w0rd")
+        );
+    }
 
     #[test]
     fn max_in_flight_defaults_to_10000_and_refuses_0() {

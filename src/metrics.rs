@@ -33,7 +33,7 @@ pub struct Metrics {
     pub transfers_recovered_total: IntCounterVec,
     /// `op` = get | create | replace | find_stale | list | scan | ready | refresh (a `_bulk`
     /// counts once per item, as `create` or `replace`); `outcome` = ok | conflict | exists |
-    /// not_found | unavailable | error.
+    /// not_found | unavailable | error | denied (the store refused the credentials: 401/403).
     pub store_requests_total: IntCounterVec,
     pub store_request_duration_seconds: HistogramVec,
     /// Transfers flagged for a person (contradicting documents), as of the last complete

@@ -209,6 +209,9 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::Unavailable(detail) => ApiError::Unavailable(detail),
             StoreError::Permanent(detail) => ApiError::Internal(detail),
+            // Not the client's fault nor a bug of ours: the service cannot use its store until
+            // an operator fixes its credentials (the log and /readyz say so).
+            denied @ StoreError::Denied { .. } => ApiError::Unavailable(denied.to_string()),
         }
     }
 }

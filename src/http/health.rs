@@ -10,6 +10,7 @@ use axum::{Json, Router};
 use serde::Serialize;
 
 use super::AppState;
+use crate::store::StoreError;
 
 /// The content type of the Prometheus text exposition format.
 pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -75,12 +76,15 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readines
         Err(e) => {
             // The store's own words name hosts and indices: they go to the log, not the body.
             tracing::warn!(error = %e, "not ready: the store is unreachable or not migrated");
-            let why = if e.is_retryable() {
-                "the store is unreachable; retry later"
-            } else {
-                "the store refuses the service (see the service's log)"
+            let why = match &e {
+                StoreError::Unavailable(_) => "the store is unreachable; retry later".to_owned(),
+                // Says what an operator must fix, without hosts or index names.
+                StoreError::Denied { reason, .. } => format!("the store refuses access: {reason}"),
+                StoreError::Permanent(_) => {
+                    "the store refuses the service (see the service's log)".to_owned()
+                }
             };
-            (StatusCode::SERVICE_UNAVAILABLE, Some(why.to_owned()))
+            (StatusCode::SERVICE_UNAVAILABLE, Some(why))
         }
     };
     let body = Readiness {

@@ -57,6 +57,9 @@
 
 mod migrations;
 mod reply;
+mod security;
+
+pub use self::security::{sha256_hex, EsCredentials, EsSecurity, EsSecuritySettings, Secret};
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -136,9 +139,18 @@ impl fmt::Debug for ElasticsearchStore {
 }
 
 impl ElasticsearchStore {
-    /// Builds the client. Sends nothing: the cluster does not have to be up yet
-    /// ([`Store::ready`] tells when it is). Fails only on a malformed URL or prefix.
+    /// Builds the client, without credentials other than those in the URL. Sends nothing:
+    /// the cluster does not have to be up yet ([`Store::ready`] tells when it is). Fails only
+    /// on a malformed URL or prefix.
     pub async fn connect(config: EsConfig) -> Result<Self, StoreError> {
+        Self::connect_secured(config, EsSecurity::default()).await
+    }
+
+    /// [`Self::connect`] with credentials and a CA to trust (`elasticsearch/security.rs`).
+    pub async fn connect_secured(
+        config: EsConfig,
+        security: EsSecurity,
+    ) -> Result<Self, StoreError> {
         validate_prefix(&config.index_prefix)?;
         let mut url = Url::parse(&config.url).map_err(|e| {
             StoreError::Permanent(format!("ELASTICSEARCH_URL is not a valid URL: {e}"))
@@ -165,9 +177,7 @@ impl ElasticsearchStore {
         let mut builder = TransportBuilder::new(SingleNodeConnectionPool::new(url))
             .disable_proxy()
             .timeout(config.request_timeout);
-        if let Some(credentials) = credentials {
-            builder = builder.auth(credentials);
-        }
+        builder = security.apply(builder, credentials)?;
         let transport = builder.build().map_err(|e| {
             StoreError::Permanent(format!("cannot build the Elasticsearch client: {e}"))
         })?;

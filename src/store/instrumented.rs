@@ -33,6 +33,7 @@ fn error_outcome(error: Option<&StoreError>) -> &'static str {
         None => "ok",
         Some(StoreError::Unavailable(_)) => "unavailable",
         Some(StoreError::Permanent(_)) => "error",
+        Some(StoreError::Denied { .. }) => "denied",
     }
 }
 

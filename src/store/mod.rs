@@ -198,6 +198,12 @@ pub enum StoreError {
     /// Retrying the same request will not help.
     #[error("store error: {0}")]
     Permanent(String),
+    /// The store refused the service's credentials (HTTP 401) or a privilege it needs (403).
+    /// Retrying will not help until an operator fixes the credentials or the role; it is not
+    /// an outage. `reason` says so in general terms (what `/readyz` shows); `detail` adds the
+    /// store's own words (user, key id, indices) for the log.
+    #[error("store access denied: {reason} ({detail})")]
+    Denied { reason: String, detail: String },
 }
 
 impl StoreError {

@@ -70,6 +70,7 @@ impl From<StoreError> for StopReason {
                 StopReason::StoreUnavailable
             }
             StoreError::Permanent(e) => StopReason::Permanent(e),
+            denied @ StoreError::Denied { .. } => StopReason::Permanent(denied.to_string()),
         }
     }
 }

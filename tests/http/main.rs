@@ -3,13 +3,16 @@
 //! harness in `tests/support/`.
 //!
 //! - [`api`]: the HTTP contract on the embedded store, the emulator and a real cluster;
+//! - [`es_security`]: Elasticsearch with security on (API keys, privileges, HTTPS), on the
+//!   emulator (a test double);
 //! - [`batch`]: `POST /transfers/batch`, item by item, on the same backends;
 //! - [`admission`]: `MAX_IN_FLIGHT`, 503 with `Retry-After`, on the same backends;
 //! - [`auth`]: API keys on every protected route, reloads, the open routes;
 //! - [`idempotency`]: the `Idempotency-Key` header on single and batch creates;
 //! - [`schema`]: the OpenAPI document's constraints against the server, both ways;
 //! - [`observability`]: metrics, request ids, logs, the OpenAPI document, Swagger UI;
-//! - [`resilience`]: store outages on the Elasticsearch backend (emulator).
+//! - [`resilience`]: store outages on the Elasticsearch backend (emulator);
+//! - [`operator_kit`]: the dashboard and alert rules in `deploy/` name only what `/metrics` has.
 //!
 //! Logs of every app in this binary go, as JSON, to one in-memory buffer (the process's one
 //! global subscriber, installed by the harness); `TEST_LOG=1` also prints them.
@@ -22,7 +25,9 @@ mod admission;
 mod api;
 mod auth;
 mod batch;
+mod es_security;
 mod idempotency;
 mod observability;
+mod operator_kit;
 mod resilience;
 mod schema;

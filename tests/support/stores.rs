@@ -42,6 +42,7 @@ pub fn unique_prefix(what: &str) -> String {
 pub async fn manual_emulator() -> RunningEmulator {
     es_emulator::spawn(EmulatorConfig {
         refresh_interval: None,
+        ..EmulatorConfig::default()
     })
     .await
 }

@@ -372,6 +372,12 @@ fn item_error(item: &BulkItem, id: &str, error: &EsError) -> ItemResult {
     }
 }
 
+/// The result of an item refused before it was applied (403 from security, `security` module).
+pub fn denied_item(item: &BulkItem, error: &EsError) -> Value {
+    let id = item.id.clone().unwrap_or_default();
+    item_error(item, &id, error).json
+}
+
 /// Applies one bulk item to the cluster (the index is auto-created for index/create).
 pub fn apply_item(
     cluster: &mut Cluster,

@@ -705,6 +705,14 @@ pub async fn bulk(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
     {
         let mut cluster = ctx.shared.cluster();
         for item in items {
+            if let Some(denied) = ctx
+                .principal
+                .and_then(|p| p.check_bulk_item(item.action, &item.index).err())
+            {
+                errors = true;
+                results.push(bulk::denied_item(&item, &denied));
+                continue;
+            }
             let result = bulk::apply_item(&mut cluster, item, now, forced);
             errors |= result.failed;
             if let Some((name, seq_no)) = result.written {

@@ -77,6 +77,13 @@
 //!   `wait_for_status` answers 408 at once instead of waiting).
 //! - Failure injection for tests: [`RunningEmulator::fail_next`],
 //!   [`RunningEmulator::set_unavailable`]; request counters.
+//! - §12 optional security ([`EmulatorConfig::security`], module `security`): API keys and
+//!   basic users with cluster and index privileges; 401 with Elasticsearch's
+//!   `security_exception` and `WWW-Authenticate` challenges; 403 naming the action, the
+//!   indices and the privileges that would grant it (per request, and per `_bulk` item); keys
+//!   invalidated or re-granted while running ([`RunningEmulator::invalidate_api_key`],
+//!   [`RunningEmulator::set_api_key_grant`]). Optional HTTPS with a given certificate
+//!   ([`EmulatorConfig::tls`]).
 //! - Wrong method on a known path: 405 with Elasticsearch's plain-string `error` and `Allow`;
 //!   unknown paths: 400 "no handler found for uri"; known Elasticsearch APIs this double lacks
 //!   and unrecognized URL parameters: 400 `illegal_argument_exception`; malformed JSON: 400
@@ -120,7 +127,9 @@ mod mapping;
 mod query;
 mod routes;
 mod search;
+pub mod security;
 mod state;
+mod tls;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -130,18 +139,28 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+pub use security::{ApiKey, Grant, IndexGrant, SecurityConfig, User};
+pub use tls::TlsConfig;
+
 /// How the emulator behaves.
 #[derive(Clone, Debug)]
 pub struct EmulatorConfig {
     /// `refresh_interval` of indices that do not set one. `None` is `-1`: only explicit
     /// refreshes (`_refresh`, `refresh=true`) make writes searchable.
     pub refresh_interval: Option<Duration>,
+    /// `Some`: security on, only these credentials are accepted (`security` module). `None`:
+    /// security off, as `xpack.security.enabled: false`.
+    pub security: Option<SecurityConfig>,
+    /// `Some`: serve HTTPS with this certificate instead of HTTP.
+    pub tls: Option<TlsConfig>,
 }
 
 impl Default for EmulatorConfig {
     fn default() -> Self {
         EmulatorConfig {
             refresh_interval: Some(Duration::from_secs(1)),
+            security: None,
+            tls: None,
         }
     }
 }
@@ -169,6 +188,8 @@ pub struct Shared {
     per_kind: [AtomicU64; KINDS.len()],
     /// Cancelled when the emulator stops; ends pending `wait_for` waits.
     pub cancel: CancellationToken,
+    /// Set when security is on.
+    pub security: Option<security::Security>,
 }
 
 impl Shared {
@@ -180,6 +201,7 @@ impl Shared {
             total: AtomicU64::new(0),
             per_kind: Default::default(),
             cancel,
+            security: config.security.clone().map(security::Security::new),
         }
     }
 
@@ -252,6 +274,25 @@ impl RunningEmulator {
             .map_or(0, |i| self.shared.per_kind[i].load(Ordering::Relaxed))
     }
 
+    /// Invalidates the API key `id`, as `DELETE /_security/api_key` does: from the next
+    /// request on it answers 401. Panics when security is off.
+    pub fn invalidate_api_key(&self, id: &str) {
+        self.security().invalidate(id);
+    }
+
+    /// Replaces what the API key `id` may do (a role changed under a running service).
+    /// Panics when security is off.
+    pub fn set_api_key_grant(&self, id: &str, grant: Grant) {
+        self.security().set_grant(id, grant);
+    }
+
+    fn security(&self) -> &security::Security {
+        self.shared
+            .security
+            .as_ref()
+            .expect("an emulator with EmulatorConfig::security")
+    }
+
     /// Stops serving and waits for the server task to end.
     pub async fn shutdown(mut self) {
         self.shared.cancel.cancel();
@@ -267,35 +308,52 @@ impl Drop for RunningEmulator {
     }
 }
 
-/// Binds `127.0.0.1:0` and serves on a tokio task.
+/// Binds `127.0.0.1:0` and serves on a tokio task (HTTPS when [`EmulatorConfig::tls`] is set;
+/// panics on an unusable certificate).
 pub async fn spawn(config: EmulatorConfig) -> RunningEmulator {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("es-emulator: bind 127.0.0.1:0");
     let addr = listener.local_addr().expect("es-emulator: local address");
     let shared = Arc::new(Shared::new(&config, CancellationToken::new()));
-    let task = tokio::spawn(serve_shared(listener, shared.clone()));
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let task = match &config.tls {
+        Some(tls) => {
+            let listener = tls::TlsListener::new(listener, tls).expect("es-emulator: TLS");
+            tokio::spawn(serve_shared(listener, shared.clone()))
+        }
+        None => tokio::spawn(serve_shared(listener, shared.clone())),
+    };
     RunningEmulator {
-        url: format!("http://{addr}"),
+        url: format!("{scheme}://{addr}"),
         addr,
         shared,
         task: Some(task),
     }
 }
 
-/// Serves on `listener` until the process ends (or the listener fails).
+/// Serves on `listener` until the process ends (or the listener fails); HTTPS when
+/// [`EmulatorConfig::tls`] is set.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     config: EmulatorConfig,
 ) -> std::io::Result<()> {
     let shared = Arc::new(Shared::new(&config, CancellationToken::new()));
-    serve_shared(listener, shared).await
+    match &config.tls {
+        Some(tls) => serve_shared(tls::TlsListener::new(listener, tls)?, shared).await,
+        None => serve_shared(listener, shared).await,
+    }
 }
 
-async fn serve_shared(
-    listener: tokio::net::TcpListener,
-    shared: Arc<Shared>,
-) -> std::io::Result<()> {
+async fn serve_shared<L>(listener: L, shared: Arc<Shared>) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     let cancel = shared.cancel.clone();
     let app = routes::router(shared);
     axum::serve(listener, app)

@@ -5,10 +5,14 @@
 //!
 //! ```text
 //! cargo run -p es-emulator -- --listen 127.0.0.1:9200 [--refresh-interval 1s|-1]
+//!     [--api-key ID:SECRET]... [--user NAME:PASSWORD]... [--tls-cert FILE --tls-key FILE]
 //! ```
 //!
 //! `--refresh-interval` is the `index.refresh_interval` of indices that do not set one
-//! (default `1s`; `-1`: only explicit refreshes make writes searchable).
+//! (default `1s`; `-1`: only explicit refreshes make writes searchable). With `--api-key` or
+//! `--user`, security is on and only those credentials are accepted, each with every
+//! privilege (the key's encoded form is printed). `--tls-cert` (PEM chain, leaf first) and
+//! `--tls-key` (PEM) serve HTTPS.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -26,6 +30,30 @@ struct Args {
     /// `500ms`, or `-1` for explicit refreshes only.
     #[arg(long, default_value = "1s", allow_hyphen_values = true, value_parser = parse_interval)]
     refresh_interval: Interval,
+    /// An API key `ID:SECRET` to accept (security on); repeatable.
+    #[arg(long = "api-key")]
+    api_keys: Vec<String>,
+    /// A user `NAME:PASSWORD` to accept with basic authentication (security on); repeatable.
+    #[arg(long = "user")]
+    users: Vec<String>,
+    /// Serve HTTPS with this certificate chain (PEM, leaf first); needs `--tls-key`.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of `--tls-cert`.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+}
+
+/// `ID:SECRET` or `NAME:PASSWORD`.
+fn pair(text: &str, what: &str) -> std::io::Result<(String, String)> {
+    text.split_once(':')
+        .map(|(a, b)| (a.to_owned(), b.to_owned()))
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{what}: expected A:B"),
+            )
+        })
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -43,11 +71,38 @@ fn parse_interval(text: &str) -> Result<Interval, String> {
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
     let args = Args::parse();
+    let mut security = es_emulator::SecurityConfig::default();
+    for key in &args.api_keys {
+        let (id, secret) = pair(key, "--api-key")?;
+        let key = es_emulator::ApiKey::new(&id, &secret, es_emulator::Grant::superuser());
+        println!("es-emulator: API key {id} (encoded: {})", key.encoded());
+        security.api_keys.push(key);
+    }
+    for user in &args.users {
+        let (name, password) = pair(user, "--user")?;
+        security.users.push(es_emulator::User {
+            name,
+            password,
+            roles: vec!["superuser".into()],
+            grant: es_emulator::Grant::superuser(),
+        });
+    }
+    let secured = !security.api_keys.is_empty() || !security.users.is_empty();
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(es_emulator::TlsConfig {
+            cert_chain_pem: std::fs::read_to_string(cert)?,
+            key_pem: std::fs::read_to_string(key)?,
+        }),
+        _ => None,
+    };
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;
-    println!("es-emulator (test double) listening on http://{addr}");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    println!("es-emulator (test double) listening on {scheme}://{addr}");
     let config = es_emulator::EmulatorConfig {
         refresh_interval: args.refresh_interval.0,
+        security: secured.then_some(security),
+        tls,
     };
     es_emulator::serve(listener, config).await
 }

@@ -15,6 +15,7 @@ use axum::Router;
 
 use crate::errors::{self, EsError};
 use crate::handlers;
+use crate::security::Principal;
 use crate::Shared;
 
 /// `http.max_content_length` of Elasticsearch.
@@ -134,6 +135,8 @@ pub struct Ctx<'a> {
     pub params: &'a Params,
     pub body: &'a [u8],
     pub started: Instant,
+    /// Who sent the request, when security is on (`_bulk` authorizes each item with it).
+    pub principal: Option<&'a Principal>,
 }
 
 impl Ctx<'_> {
@@ -305,9 +308,25 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     };
     shared.count(kind_of(&route, &method, &params));
 
-    let response = match shared.take_fault() {
-        Some(status) => EsError::injected(status).into_response(),
-        None => match decoded {
+    let principal = match &shared.security {
+        None => Ok(None),
+        Some(security) => {
+            let uri = parts
+                .uri
+                .path_and_query()
+                .map_or_else(|| path.clone(), |pq| pq.as_str().to_owned());
+            security.authenticate(&parts.headers, &uri).and_then(|p| {
+                match authorize(&p, &route, &method, &params) {
+                    Ok(()) => Ok(Some(p)),
+                    Err(error) => Err(Box::new(error.into_response())),
+                }
+            })
+        }
+    };
+    let response = match (principal, shared.take_fault()) {
+        (Err(refused), _) => *refused,
+        (Ok(_), Some(status)) => EsError::injected(status).into_response(),
+        (Ok(principal), None) => match decoded {
             Err(error) => error.into_response(),
             Ok(_) => match read_body(body, &parts.headers).await {
                 Err(response) => response,
@@ -319,6 +338,7 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
                         params: &params,
                         body: &bytes,
                         started,
+                        principal: principal.as_ref(),
                     };
                     dispatch(&ctx, route).await
                 }
@@ -330,6 +350,44 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         Response::from_parts(parts, Body::empty())
     } else {
         response
+    }
+}
+
+/// The action Elasticsearch authorizes for a request, and its check against the principal's
+/// grant (`security` module; `_bulk` items are checked one by one in the handler).
+fn authorize(
+    principal: &Principal,
+    route: &Route,
+    method: &Method,
+    params: &Params,
+) -> Result<(), EsError> {
+    use Method as M;
+    let on = |action: &str, index: &Option<String>| {
+        let names: Vec<&str> = index
+            .as_deref()
+            .map_or(vec!["*"], |i| i.split(',').collect());
+        principal.check_indices(action, &names)
+    };
+    let one = |i: &String| Some(i.clone());
+    match (route, method) {
+        (Route::Info, _) => principal.check_cluster("cluster:monitor/main"),
+        (Route::Health(_), _) => principal.check_cluster("cluster:monitor/health"),
+        (Route::Bulk(_), _) => principal.check_bulk(),
+        (Route::Refresh(index), _) => on("indices:admin/refresh", index),
+        (Route::Search(index) | Route::Count(index), _) => on("indices:data/read/search", index),
+        (Route::Index(index), &M::PUT) => on("indices:admin/create", &one(index)),
+        (Route::Index(index), &M::DELETE) => on("indices:admin/delete", &one(index)),
+        (Route::Index(index), _) => on("indices:admin/get", &one(index)),
+        (Route::Mapping(index), &M::GET) => on("indices:admin/mappings/get", &one(index)),
+        (Route::Mapping(index), _) => on("indices:admin/mapping/put", &one(index)),
+        (Route::Doc(index, _), &M::GET | &M::HEAD) => on("indices:data/read/get", &one(index)),
+        (Route::Doc(index, _), &M::DELETE) => on("indices:data/write/delete", &one(index)),
+        (Route::Doc(index, _), _) if params.get("op_type") == Some("create") => {
+            on("indices:data/write/index:op_type/create", &one(index))
+        }
+        (Route::Doc(index, _), _) => on("indices:data/write/index:op_type/index", &one(index)),
+        (Route::Create(index, _), _) => on("indices:data/write/index:op_type/create", &one(index)),
+        (Route::Unsupported | Route::NoHandler, _) => Ok(()),
     }
 }
 

@@ -28,6 +28,7 @@ impl Es {
     async fn manual() -> Self {
         Self::with(EmulatorConfig {
             refresh_interval: None,
+            ..EmulatorConfig::default()
         })
         .await
     }
@@ -1108,6 +1109,7 @@ async fn refresh_wait_for_returns_once_a_refresh_shows_the_write() {
 async fn scheduled_refreshes_make_writes_searchable() {
     let es = Es::with(EmulatorConfig {
         refresh_interval: Some(Duration::from_millis(50)),
+        ..EmulatorConfig::default()
     })
     .await;
     es.put("/i/_doc/1", json!({})).await;
@@ -1965,4 +1967,179 @@ fn date_parsing_and_math() {
         eval_math("now-1h", 3 * 3_600_000, None, false),
         Ok(2 * 3_600_000)
     );
+}
+
+// ---- §12 security (optional) ---------------------------------------------------------------
+
+/// An emulator with security on: the API key `k1` (read on `ro-*`, everything on `rw-*`) and
+/// the user `svc`; `client` sends `authorization` when given.
+async fn secured(authorization: Option<String>) -> Es {
+    use es_emulator::{ApiKey, Grant, SecurityConfig, User};
+    let mut grant = Grant::indices(&["ro-*"], &["read"]);
+    grant
+        .indices
+        .extend(Grant::indices(&["rw-*"], &["all"]).indices);
+    let config = EmulatorConfig {
+        refresh_interval: None,
+        security: Some(SecurityConfig {
+            api_keys: vec![ApiKey::new("k1", "s3cret", grant)],
+            users: vec![User {
+                name: "svc".into(),
+                password: "pw".into(),
+                roles: vec!["svc_role".into()],
+                grant: Grant::indices(&["rw-*"], &["all"]),
+            }],
+        }),
+        tls: None,
+    };
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(value) = authorization {
+        headers.insert("authorization", value.parse().unwrap());
+    }
+    Es {
+        emulator: es_emulator::spawn(config).await,
+        client: reqwest::Client::builder()
+            .no_proxy()
+            .default_headers(headers)
+            .build()
+            .unwrap(),
+    }
+}
+
+fn api_key(id: &str, secret: &str) -> String {
+    format!(
+        "ApiKey {}",
+        es_emulator::ApiKey::new(id, secret, es_emulator::Grant::default()).encoded()
+    )
+}
+
+#[tokio::test]
+async fn security_without_credentials_answers_401_with_the_challenges() {
+    let es = secured(None).await;
+    let reply = es.get("/rw-a/_doc/1?realtime=true").await;
+    assert_eq!(reply.status, 401, "{}", reply.text);
+    let challenges: Vec<&str> = reply
+        .headers
+        .get_all("www-authenticate")
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
+    assert_eq!(
+        challenges,
+        [
+            "Basic realm=\"security\", charset=\"UTF-8\"",
+            "Bearer realm=\"security\"",
+            "ApiKey"
+        ]
+    );
+    assert_eq!(reply.body["status"], 401);
+    assert_eq!(reply.body["error"]["type"], "security_exception");
+    assert_eq!(
+        reply.body["error"]["reason"],
+        "missing authentication credentials for REST request [/rw-a/_doc/1?realtime=true]"
+    );
+    assert_eq!(
+        reply.body["error"]["header"]["WWW-Authenticate"],
+        json!(challenges)
+    );
+    assert_eq!(
+        reply.body["error"]["root_cause"][0]["type"],
+        "security_exception"
+    );
+}
+
+#[tokio::test]
+async fn security_refuses_wrong_invalidated_and_unknown_credentials() {
+    let wrong = secured(Some(api_key("k1", "nope"))).await;
+    let reply = wrong.get("/").await;
+    assert_eq!(reply.status, 401);
+    assert_eq!(
+        reply.body["error"]["reason"],
+        "unable to authenticate with provided credentials and anonymous access is not allowed \
+         for this request"
+    );
+    assert!(reply.body["error"]["additional_unsuccessful_credentials"]
+        .as_str()
+        .unwrap()
+        .starts_with("API key: "));
+
+    let right = secured(Some(api_key("k1", "s3cret"))).await;
+    assert_eq!(right.put("/rw-a/_doc/1", json!({"a": 1})).await.status, 201);
+    right.emulator.invalidate_api_key("k1");
+    let reply = right.get("/rw-a/_doc/1").await;
+    assert_eq!(reply.status, 401);
+    assert_eq!(
+        reply.body["error"]["additional_unsuccessful_credentials"],
+        "API key: api key [k1] has been invalidated"
+    );
+
+    let basic = |user: &str, password: &str| {
+        use base64::Engine as _;
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+        )
+    };
+    let user = secured(Some(basic("svc", "pw"))).await;
+    assert_eq!(user.put("/rw-a/_doc/1", json!({"a": 1})).await.status, 201);
+    let bad = secured(Some(basic("svc", "wrong"))).await;
+    let reply = bad.get("/rw-a/_doc/1").await;
+    assert_eq!(reply.status, 401);
+    assert_eq!(
+        reply.body["error"]["reason"],
+        "unable to authenticate user [svc] for REST request [/rw-a/_doc/1]"
+    );
+}
+
+#[tokio::test]
+async fn security_answers_403_naming_the_action_and_the_privileges() {
+    let es = secured(Some(api_key("k1", "s3cret"))).await;
+    let reply = es.put("/ro-a", json!({})).await;
+    assert_eq!(reply.status, 403, "{}", reply.text);
+    assert_eq!(reply.body["error"]["type"], "security_exception");
+    assert_eq!(
+        reply.body["error"]["reason"],
+        "action [indices:admin/create] is unauthorized for API key id [k1] of user \
+         [transfer-service-admin] on indices [ro-a], this action is granted by the index \
+         privileges [create_index,manage,all]"
+    );
+    let reply = es.get("/").await;
+    assert_eq!(reply.status, 403);
+    assert!(reply.body["error"]["reason"]
+        .as_str()
+        .unwrap()
+        .ends_with("this action is granted by the cluster privileges [monitor,manage,all]"));
+    // HEAD carries no body, only the status; `read` does not grant index metadata.
+    let reply = es.send(Method::HEAD, "/rw-a", None).await;
+    assert_eq!(reply.status, 404);
+    let reply = es.send(Method::HEAD, "/ro-a", None).await;
+    assert_eq!((reply.status, reply.text.as_str()), (403, ""));
+}
+
+#[tokio::test]
+async fn security_refuses_bulk_items_one_by_one() {
+    let es = secured(Some(api_key("k1", "s3cret"))).await;
+    let body = "{\"create\":{\"_index\":\"rw-a\",\"_id\":\"1\"}}\n{\"a\":1}\n\
+                {\"create\":{\"_index\":\"ro-a\",\"_id\":\"1\"}}\n{\"a\":1}\n";
+    let reply = es.ndjson("/_bulk", body).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.body["errors"], true);
+    assert_eq!(reply.body["items"][0]["create"]["status"], 201);
+    let refused = &reply.body["items"][1]["create"];
+    assert_eq!(refused["status"], 403);
+    assert_eq!(refused["error"]["type"], "security_exception");
+    assert!(refused["error"]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("action [indices:data/write/index:op_type/create]"));
+
+    // A key that may write nowhere is refused the whole `_bulk`.
+    es.emulator
+        .set_api_key_grant("k1", es_emulator::Grant::indices(&["*"], &["read"]));
+    let reply = es.ndjson("/_bulk", body).await;
+    assert_eq!(reply.status, 403, "{}", reply.text);
+    assert!(reply.body["error"]["reason"]
+        .as_str()
+        .unwrap()
+        .starts_with("action [indices:data/write/bulk] is unauthorized"));
 }

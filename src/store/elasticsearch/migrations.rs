@@ -36,7 +36,8 @@
 //! and must be idempotent too.
 
 use elasticsearch::indices::{
-    IndicesCreateParts, IndicesExistsParts, IndicesGetMappingParts, IndicesPutMappingParts,
+    IndicesCreateParts, IndicesExistsParts, IndicesGetMappingParts, IndicesGetParts,
+    IndicesPutMappingParts,
 };
 use elasticsearch::{CreateParts, GetParts};
 use serde::Deserialize;
@@ -221,10 +222,11 @@ impl ElasticsearchStore {
             .exists(IndicesExistsParts::Index(&[index]))
             .send()
             .await
-            .map_err(|e| StoreError::Unavailable(format!("HEAD {index}: {e}")))?;
+            .map_err(|e| reply::transport_error(&format!("HEAD {index}"), &e))?;
         match sent.status_code().as_u16() {
             200 => Ok(true),
             404 => Ok(false),
+            status if reply::is_denial(status) => Err(self.head_denied(index, status).await),
             429 | 502 | 503 | 504 => Err(StoreError::Unavailable(format!(
                 "HEAD {index}: status {}",
                 sent.status_code()
@@ -233,6 +235,24 @@ impl ElasticsearchStore {
                 "HEAD {index}: status {status}"
             ))),
         }
+    }
+
+    /// A refused `HEAD /{index}` has no body to say why; for a 403, `GET /{index}` (the same
+    /// action, `indices:admin/get`) gets Elasticsearch's reason, which names the privilege.
+    async fn head_denied(&self, index: &str, status: u16) -> StoreError {
+        let op = format!("HEAD {index}");
+        if status == 403 {
+            let sent = self
+                .client
+                .indices()
+                .get(IndicesGetParts::Index(&[index]))
+                .send()
+                .await;
+            if let Err(denied @ StoreError::Denied { .. }) = reply::read(&op, sent).await {
+                return denied;
+            }
+        }
+        super::security::denied(&op, status, &Value::Null)
     }
 
     /// `PUT /{index}` unless it exists; one that appears meanwhile counts as created.

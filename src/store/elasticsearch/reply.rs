@@ -8,6 +8,7 @@
 //! | connection refused/reset, timeout, body cut off           | `Unavailable`                |
 //! | 429 (rejected execution, circuit breaker, flood stage)   | `Unavailable`                |
 //! | 500, 502, 503, 504 (node closing, proxy/LB errors, no master, shards down) | `Unavailable` |
+//! | 401 (credentials refused), 403 (privilege missing), whoever sent them | `Denied` (§12) |
 //! | 2xx (or an expected 4xx) without `X-elastic-product`     | `Permanent` (not ES)         |
 //! | 2xx from Elasticsearch                                   | handled by the caller        |
 //! | 4xx the caller expects (GET 404, 400 index exists, ...) | handled by the caller        |
@@ -36,6 +37,7 @@
 //! | 409         | "but no document was found"    | `NotFound` (CAS on a missing doc) |
 //! | 409         | anything else                  | `Conflict` (CAS mismatch)     |
 //! | 429, 5xx    |                                | `Err(Unavailable)`            |
+//! | 401, 403    |                                | `Err(Denied)` (a privilege on that index) |
 //! | other       |                                | `Err(Permanent)`              |
 //!
 //! The 409 reasons are the fixed texts of `VersionConflictEngineException` (see
@@ -87,6 +89,11 @@ fn is_transient(status: u16) -> bool {
     TRANSIENT_STATUSES.contains(&status)
 }
 
+/// 401: the credentials do not authenticate; 403: they lack a privilege (§12).
+pub(super) fn is_denial(status: u16) -> bool {
+    matches!(status, 401 | 403)
+}
+
 /// Reads a response (or the failure to get one) for operation `op`, mapping transport errors
 /// and transient statuses to `Unavailable` and refusing answers that did not come from
 /// Elasticsearch. See the module docs for the table.
@@ -127,6 +134,12 @@ pub(super) async fn read(
     if is_transient(status) {
         return Err(reply.into_error(op));
     }
+    // Before the product check: a security refusal is what it is whoever answers it (a
+    // proxy's 401 also means the credentials were refused), and it must never read as "not
+    // Elasticsearch".
+    if is_denial(status) {
+        return Err(super::security::denied(op, status, &reply.body));
+    }
     if !from_elasticsearch {
         return Err(StoreError::Permanent(format!(
             "{op}: HTTP {status} without the header `X-elastic-product: Elasticsearch`; \
@@ -138,12 +151,28 @@ pub(super) async fn read(
 
 /// No answer at all: refused or reset connections, DNS failures, timeouts, a body cut off.
 /// The request may or may not have reached the cluster, which is what `Unavailable` says.
-fn transport_error(op: &str, e: &elasticsearch::Error) -> StoreError {
+pub(super) fn transport_error(op: &str, e: &elasticsearch::Error) -> StoreError {
     if e.is_timeout() {
         StoreError::Unavailable(format!("{op}: timed out: {e}"))
     } else {
-        StoreError::Unavailable(format!("{op}: {e}"))
+        StoreError::Unavailable(format!("{op}: {}", with_causes(e)))
     }
+}
+
+/// The error and its causes: "error sending request" alone hides a refused connection or a
+/// certificate the client does not trust (an ELASTICSEARCH_CA_CERT to set).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(inner) = cause {
+        let inner_text = inner.to_string();
+        if !text.contains(&inner_text) {
+            text.push_str(": ");
+            text.push_str(&inner_text);
+        }
+        cause = inner.source();
+    }
+    text
 }
 
 /// `type: reason` of an error envelope, or a snippet of whatever the body is.
@@ -204,6 +233,11 @@ pub(super) fn bulk_item(item: &Value) -> StoreResult<WriteOutcome> {
         409 if reason.contains("document already exists") => Ok(WriteOutcome::AlreadyExists),
         409 if reason.contains("but no document was found") => Ok(WriteOutcome::NotFound),
         409 => Ok(WriteOutcome::Conflict),
+        401 | 403 => Err(super::security::denied(
+            "bulk item",
+            status as u16,
+            &serde_json::json!({ "error": result.get("error") }),
+        )),
         429 | 500..=599 => Err(StoreError::Unavailable(format!(
             "bulk item: HTTP {status} {}",
             describe(result)
