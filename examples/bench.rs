@@ -5,6 +5,7 @@
 //! target/release/examples/bench                          # 64 clients, 1000 accounts, 10 s
 //! target/release/examples/bench --batch 100              # POST /transfers/batch, 100 items
 //! target/release/examples/bench --connections 2000       # the overload scenario
+//! target/release/examples/bench --connections 2000 --ignore-retry-after   # ... as a flood
 //! target/release/examples/bench --emulator               # on es-emulator (a TEST DOUBLE)
 //! target/release/examples/bench --elasticsearch http://127.0.0.1:9200 --json
 //! ```
@@ -65,6 +66,10 @@ struct Args {
     /// of --clients); the report's 503 and drain figures are the ones to read.
     #[arg(long, conflicts_with = "clients")]
     connections: Option<usize>,
+    /// Clients post again at once after a 503 instead of waiting as its `Retry-After` asks
+    /// (a flood from misbehaving clients rather than a crowd of well-behaved ones).
+    #[arg(long)]
+    ignore_retry_after: bool,
     /// How long the clients post.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     duration: Duration,
@@ -313,7 +318,7 @@ impl Tally {
             }
             Outcome::Shed { retry_after } => {
                 self.shed += 1;
-                self.shed_with_retry_after += u64::from(retry_after);
+                self.shed_with_retry_after += u64::from(retry_after.is_some());
             }
             Outcome::Failed(why) => {
                 self.failed += 1;
@@ -335,8 +340,8 @@ enum Outcome {
         shed: u64,
         refused: u64,
     },
-    /// 503, with or without `Retry-After`.
-    Shed { retry_after: bool },
+    /// 503, with the wait its `Retry-After` asked for (in seconds), if any.
+    Shed { retry_after: Option<Duration> },
     /// A transport error or any other status, and which.
     Failed(String),
 }
@@ -378,7 +383,7 @@ async fn run_load(args: &Args, client: &reqwest::Client, base: &str, run: &str) 
                 batch: args.batch,
                 client_number: c,
             };
-            tokio::spawn(poster.post_until(until))
+            tokio::spawn(poster.post_until(until, !args.ignore_retry_after))
         })
         .collect();
     let mut total = Tally::new();
@@ -400,8 +405,10 @@ struct Poster {
 }
 
 impl Poster {
-    /// Posts until `until`, one request at a time.
-    async fn post_until(self, until: Instant) -> Tally {
+    /// Posts until `until`, one request at a time. A client that honours `Retry-After`
+    /// waits as long as a 503 asks (cut at `until`) before its next request; one that does
+    /// not posts again at once.
+    async fn post_until(self, until: Instant, honour_retry_after: bool) -> Tally {
         let mut tally = Tally::new();
         let mut n = 0u64;
         while Instant::now() < until {
@@ -410,7 +417,16 @@ impl Poster {
                 None => self.post_single(&mut n).await,
                 Some(size) => self.post_batch(&mut n, size).await,
             };
+            let pause = match outcome {
+                Outcome::Shed {
+                    retry_after: Some(wait),
+                } if honour_retry_after => Some(wait),
+                _ => None,
+            };
             tally.count(outcome, sent.elapsed());
+            if let Some(wait) = pause {
+                tokio::time::sleep(wait.min(until.saturating_duration_since(Instant::now()))).await;
+            }
         }
         tally
     }
@@ -471,8 +487,13 @@ impl Poster {
 
 fn outcome_of_refusal(response: &reqwest::Response) -> Outcome {
     if response.status().as_u16() == 503 {
+        let seconds = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
         Outcome::Shed {
-            retry_after: response.headers().contains_key("retry-after"),
+            retry_after: seconds.map(Duration::from_secs),
         }
     } else {
         Outcome::Failed(format!("{} {}", response.status(), response.url().path()))
@@ -726,6 +747,8 @@ struct Report {
     shed_per_s: f64,
     /// Share of the 503s that carried `Retry-After` (absent when there were none).
     shed_with_retry_after: Option<f64>,
+    /// Whether the clients waited as each 503's `Retry-After` asked.
+    clients_honour_retry_after: bool,
     shed_items: u64,
     failed: u64,
     first_failure: Option<String>,
@@ -830,9 +853,14 @@ impl Report {
         let shed = match self.shed_with_retry_after {
             None => format!("{:.0}", self.shed_per_s),
             Some(share) => format!(
-                "{:.0} ({:.0}% with Retry-After)",
+                "{:.0} ({:.0}% with Retry-After; clients {} it)",
                 self.shed_per_s,
-                share * 100.0
+                share * 100.0,
+                if self.clients_honour_retry_after {
+                    "honour"
+                } else {
+                    "ignore"
+                }
             ),
         };
         let other = match &self.first_failure {
@@ -919,6 +947,7 @@ impl Report {
             shed_per_s: tally.shed as f64 / posting_s,
             shed_with_retry_after: (tally.shed > 0)
                 .then(|| tally.shed_with_retry_after as f64 / tally.shed as f64),
+            clients_honour_retry_after: !args.ignore_retry_after,
             shed_items: tally.shed_items,
             failed: tally.failed,
             first_failure: tally.first_failure.clone(),

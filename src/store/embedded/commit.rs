@@ -92,6 +92,59 @@ pub(super) fn take_group(waiting: &mut Vec<(Vec<WriteOp>, Reply)>) -> Vec<(Vec<W
     waiting.drain(..count).collect()
 }
 
+/// The last `seq_no` handed out per index during one group: read from [`META`] at the first
+/// write of the index, counted in memory, and stored once before the commit (two B-tree
+/// operations per index and group instead of two per write).
+#[derive(Default)]
+pub(super) struct SeqNos {
+    last: [Option<Option<u64>>; 2],
+}
+
+impl SeqNos {
+    fn slot(index: Index) -> usize {
+        match index {
+            Index::Accounts => 0,
+            Index::Transactions => 1,
+        }
+    }
+
+    fn counter(index: Index) -> &'static str {
+        match index {
+            Index::Accounts => "seq:accounts",
+            Index::Transactions => "seq:transactions",
+        }
+    }
+
+    /// The `seq_no` of the next write to `index` (the first one ever is 0).
+    pub(super) fn next(&mut self, tables: &Tables<'_>, index: Index) -> StoreResult<u64> {
+        let slot = &mut self.last[Self::slot(index)];
+        let last = match *slot {
+            Some(last) => last,
+            None => tables
+                .meta
+                .get(Self::counter(index))
+                .map_err(storage)?
+                .map(|last| last.value()),
+        };
+        let next = last.map_or(0, |last| last + 1);
+        *slot = Some(Some(next));
+        Ok(next)
+    }
+
+    /// Writes the counters that moved into [`META`], in the group's transaction.
+    pub(super) fn store(&self, tables: &mut Tables<'_>) -> StoreResult<()> {
+        for index in Index::ALL {
+            if let Some(Some(last)) = self.last[Self::slot(index)] {
+                tables
+                    .meta
+                    .insert(Self::counter(index), last)
+                    .map_err(storage)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Applies a group in one write transaction. An op that cannot be applied (a stored value
 /// that is truncated, a transfer source that is not a JSON object) fails alone, having written
 /// nothing; the group fails as a whole only when the transaction does (a storage error, a
@@ -105,11 +158,13 @@ pub(super) fn apply_group(
     let mut results = Vec::new();
     {
         let mut tables = Tables::open(&txn)?;
+        let mut seq_nos = SeqNos::default();
         for (batch, _) in group {
             for op in batch {
-                results.push(apply_op(&mut tables, op)?);
+                results.push(apply_op(&mut tables, &mut seq_nos, op)?);
             }
         }
+        seq_nos.store(&mut tables)?;
     }
     // Only now is anything acknowledged: until commit returns, a crash loses the whole group
     // and no caller has been told it was written. A failed commit leaves the outcome unknown
@@ -131,6 +186,7 @@ pub(super) fn apply_group(
 /// index entries): an account write costs a lookup, a copy and an insert.
 pub(super) fn apply_op(
     tables: &mut Tables<'_>,
+    seq_nos: &mut SeqNos,
     op: &WriteOp,
 ) -> StoreResult<StoreResult<WriteOutcome>> {
     let index = op.index();
@@ -176,16 +232,8 @@ pub(super) fn apply_op(
         }
         Index::Accounts => None,
     };
-    let counter = match index {
-        Index::Accounts => "seq:accounts",
-        Index::Transactions => "seq:transactions",
-    };
-    let seq_no = match tables.meta.get(counter).map_err(storage)? {
-        Some(last) => last.value() + 1,
-        None => 0,
-    };
+    let seq_no = seq_nos.next(tables, index)?;
     // Every check passed: from here on, only writes.
-    tables.meta.insert(counter, seq_no).map_err(storage)?;
     let bytes = source.as_bytes();
     let mut value = Vec::with_capacity(8 + bytes.len());
     value.extend_from_slice(&seq_no.to_le_bytes());
