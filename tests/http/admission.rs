@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use crate::support::app::{Backend, TestApp};
+use crate::support::app::{item_statuses, Backend, TestApp};
 use crate::support::gate::AccountGate;
 use crate::support::wait;
 use serde_json::{json, Value};
@@ -153,12 +153,7 @@ mod cases {
             ])
             .await;
         assert_eq!(status, 200, "{body}");
-        let statuses: Vec<&Value> = body["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|i| &i["status"])
-            .collect();
+        let statuses = item_statuses(&body);
         assert_eq!(statuses, [201, 422, 201], "{body}");
         assert_eq!(gauge(&app).await, 3.0);
         assert_eq!(shed(&app, "/transfers/batch").await, 1.0);

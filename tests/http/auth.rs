@@ -449,23 +449,12 @@ async fn a_bad_file_on_reload_keeps_the_keys_in_force() {
     // The operator pasted a key where its digest belongs.
     let pasted = "auth-suite-pasted-secret-Rr93";
     file.replace_text(&format!("reader {pasted} read\n"));
-    wait::eventually("the failed reload to be counted", || async {
-        app.scrape()
-            .await
-            .value("api_keys_reloads_total", &[("outcome", "error")])
-            == 1.0
-    })
-    .await;
-    let response = app
-        .send(
-            "GET",
-            "/accounts/nobody",
-            Some(READER.secret),
-            None,
-            "auth-kept",
-        )
-        .await;
-    assert_eq!(response.status(), 404, "the reader's key is still in force");
+    reloads_reach(&app, "error", 1.0, "the failed reload to be counted").await;
+    assert_eq!(
+        read_as(&app, Some(READER.secret), "auth-kept").await,
+        404,
+        "the reader's key is still in force"
+    );
     let m = app.scrape().await;
     assert_eq!(m.value("api_keys_loaded", &[]), 1.0);
     assert_eq!(m.value("api_keys_reloads_total", &[("outcome", "ok")]), 0.0);
@@ -485,23 +474,8 @@ async fn a_bad_file_on_reload_keeps_the_keys_in_force() {
 
     // Fixed: reloaded.
     file.replace(&[WRITER]);
-    wait::eventually("the fixed file to be reloaded", || async {
-        app.scrape()
-            .await
-            .value("api_keys_reloads_total", &[("outcome", "ok")])
-            == 1.0
-    })
-    .await;
-    let response = app
-        .send(
-            "GET",
-            "/accounts/nobody",
-            Some(READER.secret),
-            None,
-            "auth-gone",
-        )
-        .await;
-    assert_eq!(response.status(), 401);
+    reloads_reach(&app, "ok", 1.0, "the fixed file to be reloaded").await;
+    assert_eq!(read_as(&app, Some(READER.secret), "auth-gone").await, 401);
     app.shutdown().await;
 }
 
@@ -540,4 +514,23 @@ async fn the_service_does_not_start_on_a_bad_key_file_or_metrics_auth_without_ke
         error.contains("METRICS_REQUIRE_AUTH needs API_KEYS_FILE"),
         "{error}"
     );
+}
+
+/// Waits until `api_keys_reloads_total{outcome}` reaches `count`.
+async fn reloads_reach(app: &TestApp, outcome: &str, count: f64, what: &str) {
+    wait::eventually(what, || async {
+        app.scrape()
+            .await
+            .value("api_keys_reloads_total", &[("outcome", outcome)])
+            == count
+    })
+    .await;
+}
+
+/// The status of `GET /accounts/nobody` sent with `key`: a read every scope check runs on.
+async fn read_as(app: &TestApp, key: Option<&str>, request_id: &str) -> u16 {
+    app.send("GET", "/accounts/nobody", key, None, request_id)
+        .await
+        .status()
+        .as_u16()
 }

@@ -7,7 +7,7 @@
 
 use serde_json::{json, Value};
 
-use crate::support::app::{Backend, TestApp};
+use crate::support::app::{item_statuses, Backend, TestApp};
 
 /// `POST <path>` with these `Idempotency-Key` header values (none, one, or several).
 async fn post_keyed(app: &TestApp, path: &str, keys: &[&str], body: Value) -> (u16, Value, String) {
@@ -156,16 +156,8 @@ mod cases {
             ],
             "{first}"
         );
-        let statuses: Vec<&Value> = first["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|i| &i["status"])
-            .collect();
-        assert_eq!(
-            statuses,
-            [&json!(201), &json!(201), &json!(201), &json!(422)]
-        );
+        let statuses = item_statuses(&first);
+        assert_eq!(statuses, [201, 201, 201, 422]);
 
         // The same batch, the same key (the draft's quoted form): every item replays.
         let (status, again, _) =
@@ -197,17 +189,8 @@ mod cases {
         let (status, swapped, _) =
             post_keyed(&app, "/transfers/batch", &["batch-7"], reordered).await;
         assert_eq!(status, 200, "{swapped}");
-        let statuses: Vec<&Value> = swapped["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|i| &i["status"])
-            .collect();
-        assert_eq!(
-            statuses,
-            [&json!(409), &json!(200), &json!(409)],
-            "{swapped}"
-        );
+        let statuses = item_statuses(&swapped);
+        assert_eq!(statuses, [409, 200, 409], "{swapped}");
 
         // A batch key leaves room for `:<index>`: at most 124 characters.
         let (status, problem, _) = post_keyed(

@@ -339,6 +339,14 @@ impl TestApp {
     }
 }
 
+/// The `status` of every item of a `POST /transfers/batch` answer, in order.
+pub fn item_statuses(answer: &Value) -> Vec<u64> {
+    answer["items"]
+        .as_array()
+        .map(|items| items.iter().filter_map(|i| i["status"].as_u64()).collect())
+        .unwrap_or_default()
+}
+
 async fn read(response: reqwest::Response) -> (u16, Value) {
     let status = response.status().as_u16();
     let text = response.text().await.expect("body");
