@@ -7,8 +7,11 @@
 //!
 //! - **exactness**: `balance(a) = opening(a) + Σ deltas on a of the transfers that are
 //!   `committed` or `finished` + Σ deltas of a's pending ids whose transfer is `pending` or
-//!   `terminating` (applied, not yet undone)`. A pending id of a `committed` transfer is
-//!   already counted by its state. A pending id of a `created`, `finished` or `rolled-back`
+//!   `terminating` (applied, not yet undone)`. A committed or finished hold's delta is its
+//!   `captured_amount`; its pending entries were applied with the whole `amount`. A pending
+//!   id of a `committed` transfer is already counted by its state, but for the part a hold
+//!   captured in part still has to give back (`amount − captured_amount`, returned by the
+//!   remove). A pending id of a `created`, `finished` or `rolled-back`
 //!   transfer is a violation of its own and is counted as the list says (on the balance for
 //!   `created` and `rolled-back`, already counted for `finished`), so that one fault is
 //!   reported once and not also as a balance mismatch;
@@ -32,7 +35,7 @@
 //! `rolled-back` one may name a missing account: `account_not_found`; an in-flight one may
 //! too, until it rolls back); when in flight (`created`, `pending`, `committed`,
 //! `terminating`), it is not stuck (in flight longer than `stuck_after`: `TRANSFER_TIMEOUT`
-//! plus two stale periods for the command), and a `creation_time` that does not parse is
+//! plus two stale periods for the command; a hold counts from its expiry), and a `creation_time` that does not parse is
 //! itself a violation. Every document must decode (an unreadable one is reported once, not
 //! again by the checks that would need it; a committed or finished transfer that does not
 //! decode can still surface as a balance mismatch of its accounts).
@@ -331,9 +334,10 @@ impl PageReader {
     }
 }
 
-/// The two balance changes a transfer makes: (side, account, delta).
+/// The two balance changes a transfer makes once settled: (side, account, delta). A hold
+/// settles its captured amount.
 fn deltas(t: &TransferDoc) -> [(&'static str, &str, i128); 2] {
-    let amount = t.amount as i128;
+    let amount = t.settle_amount() as i128;
     [
         ("source", t.src_acct.as_str(), -amount),
         ("destination", t.dest_acct.as_str(), amount),
@@ -423,8 +427,13 @@ fn check_not_stuck(
     stuck_after_millis: i64,
 ) {
     let state = t.transaction_state;
-    match parse_millis(&t.creation_time) {
-        Some(created) if now.saturating_sub(created) > stuck_after_millis => report.violation(
+    // A hold waits by design until it expires: its age counts from then.
+    let since = match (parse_millis(&t.creation_time), t.hold_expires_millis()) {
+        (Some(created), Some(expires)) => Some(created.max(expires)),
+        (created, _) => created,
+    };
+    match since {
+        Some(since) if now.saturating_sub(since) > stuck_after_millis => report.violation(
             ViolationKind::Stuck,
             format!(
                 "transfer {id} is stuck in {state} since {}",
@@ -558,7 +567,10 @@ fn read_pending_list(
             list.credits += amount;
             amount
         };
-        list.listed += counted_on_balance(report, id, tid, t, delta);
+        // What settling will give back (a hold captured in part): on the balance until the
+        // remove, beyond what a `committed` state counts.
+        let give_back = delta - delta.signum() * t.settle_amount() as i128;
+        list.listed += counted_on_balance(report, id, tid, t, delta, give_back);
     }
     list
 }
@@ -609,11 +621,14 @@ fn counted_on_balance(
     tid: &str,
     t: &TransferDoc,
     delta: i128,
+    give_back: i128,
 ) -> i128 {
     use TransferState::*;
     match t.transaction_state {
         Pending | Terminating => delta,
-        Committed => 0, // counted by its state
+        // Its settled delta is counted by its state; a hold captured in part still holds
+        // the rest until the remove gives it back.
+        Committed => give_back,
         Finished => {
             report.violation(
                 ViolationKind::PendingNotInFlight,

@@ -72,6 +72,11 @@ pub struct Config {
     #[arg(long, env = "TRANSFER_TIMEOUT", default_value = "1h", value_parser = humantime::parse_duration)]
     pub transfer_timeout: Duration,
 
+    /// How long a hold (`"hold": true`) waits for its capture when the request gives no
+    /// `hold_expires_in`; then it rolls back with `expired`. 1 s to 30 days.
+    #[arg(long, env = "HOLD_TIMEOUT", default_value = "24h", value_parser = parse_hold_timeout)]
+    pub hold_timeout: Duration,
+
     /// Timeout of one store request (Elasticsearch HTTP call). Part of the self-fencing
     /// margin: a worker starts a write only if its lease outlives the request.
     #[arg(long, env = "STORE_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
@@ -189,6 +194,11 @@ impl ElasticsearchSecurityArgs {
 }
 
 /// At most 10,000 tombstones per account (about 600 KB rewritten with every account write).
+fn parse_hold_timeout(text: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    crate::transfer::model::check_hold_duration(duration)
+}
+
 fn parse_settled_max(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
         Ok(n) if (1..=10_000).contains(&n) => Ok(n),
@@ -223,6 +233,7 @@ impl Config {
             recovery_stale_after: Duration::from_secs(1),
             lease_duration: Duration::from_secs(2),
             transfer_timeout: Duration::from_secs(3600),
+            hold_timeout: Duration::from_secs(24 * 3600),
             store_timeout: Duration::from_millis(500),
             recovery_page_timeout: Duration::from_secs(10),
             audit_page_timeout: Duration::from_secs(10),

@@ -21,6 +21,8 @@ pub struct Metrics {
     pub transfers_completed_total: IntCounterVec,
     /// `from`, `to` = transfer states.
     pub transfer_state_transitions_total: IntCounterVec,
+    /// `outcome` = `captured` | `expired` | `cancelled`: holds this process settled so.
+    pub holds_completed_total: IntCounterVec,
     /// Transfers this process is driving right now.
     pub transfers_in_flight: IntGauge,
     /// Transfers created here and not yet driven to the end: the count `MAX_IN_FLIGHT`
@@ -59,6 +61,9 @@ pub struct Metrics {
 }
 
 /// The routes admission control may shed (`requests_shed_total{route}`).
+/// The `outcome`s of `holds_completed_total`.
+pub const HOLD_OUTCOMES: [&str; 3] = ["captured", "expired", "cancelled"];
+
 pub const SHED_ROUTES: [&str; 2] = ["/transfers", "/transfers/batch"];
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -104,6 +109,11 @@ impl Metrics {
             transfers_completed_total: counter_vec(
                 "transfers_completed_total",
                 "Transfers that reached a terminal state, by outcome",
+                &["outcome"],
+            ),
+            holds_completed_total: counter_vec(
+                "holds_completed_total",
+                "Holds captured (committed), expired or cancelled (rolling back), by outcome",
                 &["outcome"],
             ),
             transfer_state_transitions_total: counter_vec(
@@ -195,6 +205,9 @@ impl Metrics {
                     }
                 }
             }
+        }
+        for outcome in HOLD_OUTCOMES {
+            self.holds_completed_total.with_label_values(&[outcome]);
         }
         for state in TransferState::IN_FLIGHT {
             self.transfers_recovered_total

@@ -221,6 +221,7 @@ impl From<ServiceError> for ApiError {
         match e {
             ServiceError::Conflict(detail) => ApiError::Conflict(detail),
             ServiceError::NotFound => ApiError::NotFound("no such resource".into()),
+            ServiceError::Invalid(detail) => ApiError::Invalid(detail),
             ServiceError::Overloaded(e) => ApiError::Overloaded(e),
             ServiceError::Store(e) => e.into(),
         }

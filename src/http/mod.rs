@@ -221,6 +221,25 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
     }
 }
 
+/// An optional JSON object body: an empty body is `None`; anything else must be what
+/// [`JsonObject`] accepts.
+pub struct OptionalJsonObject(pub Option<Map<String, Value>>);
+
+impl<S: Send + Sync> FromRequest<S> for OptionalJsonObject {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+        let (parts, body) = request.into_parts();
+        let bytes = Bytes::from_request(Request::from_parts(parts.clone(), body), state).await?;
+        if bytes.is_empty() {
+            return Ok(OptionalJsonObject(None));
+        }
+        let request = Request::from_parts(parts, axum::body::Body::from(bytes));
+        let JsonObject(map) = JsonObject::from_request(request, state).await?;
+        Ok(OptionalJsonObject(Some(map)))
+    }
+}
+
 /// The `{id}` of a route: `Some` only for a valid id (see `valid_id`). Anything else (odd
 /// characters, `.` or `..`, too long, not UTF-8 once percent-decoded) cannot name a
 /// resource, so handlers answer 404 without asking the store.

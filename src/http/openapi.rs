@@ -203,6 +203,7 @@ fn protect(operation: &mut Operation, scope: Scope, optional: bool) {
         super::transfers::create_transfer, super::batch::create_batch,
         super::transfers::list_transfers,
         super::transfers::get_transfer, super::transfers::cancel_transfer,
+        super::transfers::capture_transfer,
         super::health::livez, super::health::healthz, super::health::readyz, super::health::metrics,
     ),
     components(schemas(super::Problem, Id, Wait, Cursor, IdempotencyKey, BatchIdempotencyKey, Attention)),

@@ -1,4 +1,5 @@
-//! `POST /transfers`, `GET /transfers`, `GET /transfers/{id}`, `POST /transfers/{id}/cancel`.
+//! `POST /transfers`, `GET /transfers`, `GET /transfers/{id}`, `POST /transfers/{id}/cancel`,
+//! `POST /transfers/{id}/capture`.
 
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -9,11 +10,13 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::{
-    field, idempotency, shorten, ApiError, AppState, JsonObject, PathId, Problem, QueryParams,
-    MAX_WAIT,
+    field, idempotency, shorten, ApiError, AppState, JsonObject, OptionalJsonObject, PathId,
+    Problem, QueryParams, MAX_WAIT,
 };
 use crate::store::{SortKey, TransferFilter};
-use crate::transfer::model::{valid_id, RollbackReason, TransferDoc, TransferState};
+use crate::transfer::model::{
+    check_hold_duration, valid_id, RollbackReason, TransferDoc, TransferState,
+};
 use crate::transfer::service::{Created, NewTransfer};
 
 pub fn router() -> Router<AppState> {
@@ -21,6 +24,7 @@ pub fn router() -> Router<AppState> {
         .route("/transfers", post(create_transfer).get(list_transfers))
         .route("/transfers/{id}", get(get_transfer))
         .route("/transfers/{id}/cancel", post(cancel_transfer))
+        .route("/transfers/{id}/capture", post(capture_transfer))
 }
 
 /// A transfer as the API shows it.
@@ -48,6 +52,18 @@ pub struct Transfer {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub attention: Option<String>,
+    /// Present (`true`) only on a hold: it waits in `pending` for a capture, a cancel or its
+    /// expiry.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub hold: bool,
+    /// A hold's expiry (RFC 3339, UTC): uncaptured then, it rolls back with `expired`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, format = DateTime)]
+    pub hold_expires_at: Option<String>,
+    /// A captured hold's units that move (the rest goes back to `from`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, minimum = 1)]
+    pub captured_amount: Option<i64>,
 }
 
 impl From<TransferDoc> for Transfer {
@@ -62,6 +78,9 @@ impl From<TransferDoc> for Transfer {
             created_at: doc.creation_time,
             updated_at: doc.modification_time,
             attention: doc.attention,
+            hold: doc.hold_expires_at.is_some(),
+            hold_expires_at: doc.hold_expires_at,
+            captured_amount: doc.captured_amount,
         }
     }
 }
@@ -84,6 +103,26 @@ pub struct CreateTransfer {
     /// Units to move: an integer from 1 to 2^63-1 (a JSON integer: `5`, not `5.0`).
     #[schema(minimum = 1)]
     pub amount: i64,
+    /// `true`: a hold. It is driven to `pending` (the source debited, the destination credited
+    /// but not spendable) and waits there for `POST /transfers/{id}/capture`, `.../cancel`
+    /// or its expiry (then it rolls back with `expired`). Default `false`.
+    #[schema(nullable = false)]
+    pub hold: Option<bool>,
+    /// How long a hold waits: a duration such as `10m`, `1h30m` or `2days`, from 1 s to 30
+    /// days (else 422); default the service's `HOLD_TIMEOUT` (24 h unless configured). Only
+    /// with `"hold": true` (else 422).
+    #[schema(nullable = false, example = "10m")]
+    pub hold_expires_in: Option<String>,
+}
+
+/// The body of `POST /transfers/{id}/capture`; it may also be empty.
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
+#[allow(dead_code)]
+pub struct CaptureHold {
+    /// Units to move, from 1 to the held amount (else 422); default: all of it. The rest
+    /// goes back to the source.
+    #[schema(nullable = false, minimum = 1)]
+    pub amount: Option<i64>,
 }
 
 /// A page of transfers.
@@ -167,6 +206,7 @@ pub(crate) fn new_transfer(
     if from == to {
         return Err(ApiError::Invalid("`from` and `to` must differ".into()));
     }
+    let (hold, hold_expires_in) = hold_fields(body)?;
     let id = id
         .or(id_if_absent)
         .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
@@ -175,7 +215,40 @@ pub(crate) fn new_transfer(
         from,
         to,
         amount,
+        hold,
+        hold_expires_in,
     })
+}
+
+/// `hold` (a boolean, default false) and `hold_expires_in` (a duration string within the
+/// hold bounds, only with `"hold": true`).
+fn hold_fields(body: &Map<String, Value>) -> Result<(bool, Option<std::time::Duration>), ApiError> {
+    let hold = match body.get("hold") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(hold)) => *hold,
+        Some(_) => return Err(ApiError::Invalid("`hold` must be true or false".into())),
+    };
+    let expires_in = match body.get("hold_expires_in") {
+        None | Some(Value::Null) => None,
+        Some(_) if !hold => {
+            return Err(ApiError::Invalid(
+                "`hold_expires_in` is only for a hold (`\"hold\": true`)".into(),
+            ))
+        }
+        Some(Value::String(text)) => {
+            let invalid = |why: String| {
+                ApiError::Invalid(format!("`hold_expires_in` {}: {why}", shorten(text)))
+            };
+            let duration = humantime::parse_duration(text).map_err(|e| invalid(e.to_string()))?;
+            Some(check_hold_duration(duration).map_err(invalid)?)
+        }
+        Some(_) => {
+            return Err(ApiError::Invalid(
+                "`hold_expires_in` must be a duration string such as \"10m\"".into(),
+            ))
+        }
+    };
+    Ok((hold, expires_in))
 }
 
 /// Counts a create that admission control shed (`requests_shed_total{route}`).
@@ -263,14 +336,14 @@ fn parse_wait(text: &str) -> Result<std::time::Duration, ApiError> {
 /// The values of `?wait=` the server accepts, as the OpenAPI document states them.
 pub const WAIT_PATTERN: &str = "^([0-9]+(ns|us|ms|s|m|h))+$";
 
-/// Cancels a transfer that has not committed.
+/// Cancels a transfer that has not committed; for a hold, releases it (reason `cancelled`).
 #[utoipa::path(post, path = "/transfers/{id}/cancel", tag = "transfers",
     params(("id" = super::openapi::Id, Path,
         description = "Transfer id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`; any other value is 404)")),
     responses(
         (status = 200, description = "`terminating` (rollback under way) or `rolled-back`", body = Transfer),
         (status = 404, description = "No such transfer", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Already committed or finished", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Already committed or finished, or a hold already captured", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Store unavailable", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn cancel_transfer(
@@ -282,6 +355,45 @@ pub async fn cancel_transfer(
     };
     Ok(Json(Transfer::from(
         state.engine.cancel_transfer(&id).await?,
+    )))
+}
+
+/// Captures a hold: it commits and moves `amount` (default all); the rest returns to the
+/// source.
+///
+/// Waits up to 10 s for the commit and answers the transfer `committed` or `finished` with
+/// `captured_amount`; a capture that arrives while the hold is still `created` is recorded
+/// and applied once it is `pending` (answered `created`/`pending` with `captured_amount` if
+/// that takes longer). An identical repeat answers `200` again. Of a capture and a cancel (or
+/// the expiry) racing, exactly one wins; the other is a `409`.
+#[utoipa::path(post, path = "/transfers/{id}/capture", tag = "transfers",
+    params(("id" = super::openapi::Id, Path,
+        description = "Transfer id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`; any other value is 404)")),
+    request_body(content = Option<CaptureHold>, description = "Optional; empty or `{}` captures all of it"),
+    responses(
+        (status = 200, description = "Captured: `committed` or `finished`, with `captured_amount`", body = Transfer),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such transfer", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not a hold; rolled back, cancelled or expired; or captured with another amount", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "A body that is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`amount` not an integer from 1 to the held amount", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Store unavailable", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn capture_transfer(
+    State(state): State<AppState>,
+    PathId(id): PathId,
+    body: OptionalJsonObject,
+) -> Result<Json<Transfer>, ApiError> {
+    let amount = match &body.0 {
+        Some(body) => field::integer(body, "amount")?,
+        None => None,
+    };
+    let Some(id) = id else {
+        return Err(ApiError::NotFound("no transfer with this id".into()));
+    };
+    Ok(Json(Transfer::from(
+        state.engine.capture_transfer(&id, amount).await?,
     )))
 }
 
@@ -398,6 +510,7 @@ mod tests {
             RollbackReason::BalanceOverflow,
             RollbackReason::Cancelled,
             RollbackReason::TimedOut,
+            RollbackReason::Expired,
         ] {
             assert_eq!(serde_json::to_value(reason).unwrap(), reason.as_str());
         }

@@ -36,6 +36,8 @@ use crate::store::{StoreError, Version, WriteOutcome};
 pub struct StepRequest {
     pub transfer_id: String,
     pub amount: i64,
+    /// What a remove leaves on the balance (see [`AccountStep::settle_amount`]).
+    pub settle_amount: i64,
     pub side: Side,
     pub op: AccountOp,
     /// The worker's lease deadline (monotonic): after it, this step must not be decided.
@@ -252,6 +254,7 @@ impl AccountSteps {
                 let step = AccountStep {
                     transfer_id: &r.transfer_id,
                     amount: r.amount,
+                    settle_amount: r.settle_amount,
                     side: r.side,
                     op: r.op,
                 };

@@ -11,7 +11,7 @@ use super::accounts::{StepRequest, StepResult};
 use super::admission::Admitted;
 use super::lease::{Held, Reread};
 use super::model::{RollbackReason, TransferDoc, TransferState};
-use super::protocol::{self, plan, timeout_transition, AccountOp, Refusal, Side, Step};
+use super::protocol::{self, deadline_transition, plan_for, AccountOp, Refusal, Side, Step};
 use super::retry::backoff;
 use super::Engine;
 use crate::store::{parse_millis, StoreError};
@@ -45,6 +45,9 @@ pub enum StopReason {
     NotFound,
     /// Its documents contradict each other; it was flagged for a person and is left alone.
     NeedsAttention(String),
+    /// A hold is applied and parked, waiting for a capture, a cancel or its expiry; no
+    /// worker drives it meanwhile (`docs/design.md §3`, "Holds").
+    HoldWaiting,
 }
 
 /// Why a step did not complete.
@@ -184,22 +187,33 @@ impl Engine {
         let now = self.clock.wall_millis();
         let created = parse_millis(&held.doc.creation_time).unwrap_or(now);
         let timeout = self.config.transfer_timeout.as_millis() as i64;
-        if let Some(to) = timeout_transition(&held.doc, created, now, timeout) {
-            info!(to = %to, "transfer timed out before committing; rolling back");
-            return self
-                .write_state(held, to, Some(RollbackReason::TimedOut))
-                .await;
+        if let Some((to, reason)) = deadline_transition(&held.doc, created, now, timeout) {
+            info!(to = %to, reason = reason.as_str(), "transfer ran out of time before committing; rolling back");
+            return self.write_state(held, to, Some(reason)).await;
         }
-        for step in plan(held.doc.transaction_state) {
+        for step in plan_for(&held.doc) {
             if self.shutdown.is_cancelled() {
                 return Err(StopReason::Shutdown.into());
             }
             match *step {
                 Step::Account(op, side) => self.account_step(held, op, side).await?,
                 Step::SetState(to) => self.write_state(held, to, None).await?,
+                Step::Park => return self.park(held).await,
             }
         }
         Ok(())
+    }
+
+    /// Parks an applied hold until its capture, cancel or expiry, and stops. A conflict (a
+    /// capture or cancel wrote it first) re-reads and decides again.
+    async fn park(&self, held: &mut Held) -> Result<(), Interrupt> {
+        if self.leases.park(held).await? {
+            debug!(expires = ?held.doc.hold_expires_at, "hold applied; waiting for its capture");
+            self.terminal_events.send_modify(|n| *n += 1);
+            Err(StopReason::HoldWaiting.into())
+        } else {
+            Err(Interrupt::Reread)
+        }
     }
 
     /// One account step (core 2/3/5/6, rollback 2/3), merged with the other steps waiting
@@ -217,6 +231,7 @@ impl Engine {
             let request = StepRequest {
                 transfer_id: held.doc.transaction_id.clone(),
                 amount: held.doc.amount,
+                settle_amount: held.doc.settle_amount(),
                 side,
                 op,
                 deadline: held.deadline(),
@@ -270,6 +285,9 @@ impl Engine {
             .with_label_values(&[from.as_str(), to.as_str()])
             .inc();
         info!(from = %from, to = %to, reason = doc.reason.map(|r| r.as_str()), "state");
+        if doc.is_hold() {
+            self.record_hold(doc, from, to);
+        }
         if to.is_terminal() {
             self.metrics
                 .transfers_completed_total
@@ -279,6 +297,35 @@ impl Engine {
                 let secs = (now_millis - created).max(0) as f64 / 1000.0;
                 self.metrics.transfer_duration_seconds.observe(secs);
             }
+            self.terminal_events.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// `holds_completed_total`: a hold is captured when it commits, expired or cancelled when
+    /// it starts to roll back for that reason (each arrow is taken once per transfer).
+    fn record_hold(&self, doc: &TransferDoc, from: TransferState, to: TransferState) {
+        let outcome = match (to, doc.reason) {
+            (TransferState::Committed, _) => "captured",
+            (TransferState::Terminating, Some(RollbackReason::Expired)) => "expired",
+            (TransferState::Terminating, Some(RollbackReason::Cancelled)) => "cancelled",
+            (TransferState::RolledBack, Some(RollbackReason::Expired))
+                if from == TransferState::Created =>
+            {
+                "expired"
+            }
+            (TransferState::RolledBack, Some(RollbackReason::Cancelled))
+                if from == TransferState::Created =>
+            {
+                "cancelled"
+            }
+            _ => return,
+        };
+        self.metrics
+            .holds_completed_total
+            .with_label_values(&[outcome])
+            .inc();
+        if to == TransferState::Committed {
+            // A capture waits for its commit (not a terminal state).
             self.terminal_events.send_modify(|n| *n += 1);
         }
     }

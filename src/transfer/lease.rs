@@ -20,6 +20,12 @@
 //!   passed on *its* wall clock ([`Leases::may_be_live`]). With holders stopping a margin early
 //!   and takers waiting a margin late, instance wall clocks may differ by up to twice the
 //!   margin (`docs/design.md §9` states this assumption and what guards beyond it).
+//! - **Parked holds.** A hold waiting for its capture has no worker. Its lease is given to
+//!   the hold itself ([`Leases::park`]): owner [`PARKED`] (no worker's token), expiring when
+//!   the hold does. So recovery, which takes over only leases that have run out, leaves a
+//!   waiting hold alone until it expires, and a capture or cancel, which needs a worker at
+//!   once, claims a parked lease without waiting ([`Leases::is_parked`]). No worker acts on
+//!   a parked hold, so claiming it cannot race a live holder's account writes.
 //! - **A lost answer.** When a claiming write's answer is lost (a timeout, a dropped
 //!   connection, Elasticsearch retrying a request the coordinator already applied), the
 //!   claim reads the transfer: our owner token in it proves the write was applied, because no
@@ -37,6 +43,10 @@ use super::model::{TransferDoc, TransferState};
 use super::retry::retry;
 use crate::metrics::Metrics;
 use crate::store::{format_millis, parse_millis, StoreResult, Version, WriteOutcome};
+
+/// The owner of a parked hold's lease: the hold itself, not a worker (no worker token lacks
+/// the `/`).
+pub const PARKED: &str = "hold";
 
 /// A lease owner token: `<instance>/<worker>`, unique per worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -191,6 +201,32 @@ impl Leases {
                 .as_deref()
                 .and_then(parse_millis)
                 .is_some_and(|expires| expires + margin > now)
+    }
+
+    /// Whether `doc` is a parked hold: its lease belongs to no worker, so a capture or a
+    /// cancel may claim it at once.
+    pub fn is_parked(doc: &TransferDoc) -> bool {
+        doc.lease_owner.as_deref() == Some(PARKED)
+    }
+
+    /// Parks a held hold (`pending`, both accounts applied, no capture): its lease passes to
+    /// the hold until `hold_expires_at`, conditionally on the held version. `Ok(false)`:
+    /// someone wrote it first (a capture or a cancel); read it again. After `Ok(true)` the
+    /// worker must stop: the lease is no longer its own.
+    pub async fn park(&self, held: &mut Held) -> StoreResult<bool> {
+        let mut next = held.doc.clone();
+        debug_assert!(next.is_hold() && next.captured_amount.is_none());
+        next.lease_owner = Some(PARKED.to_owned());
+        next.lease_expires_at = next.hold_expires_at.clone();
+        next.modification_time = self.clock.now().text;
+        match self.docs.replace_if(&next, held.version).await? {
+            WriteOutcome::Written(version) => {
+                held.doc = next;
+                held.version = version;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 
     /// What is left of a held lease before its deadline (`None`: it is over, or a jump of the
@@ -542,6 +578,8 @@ mod tests {
             lease_owner: None,
             lease_expires_at: None,
             attention: None,
+            hold_expires_at: None,
+            captured_amount: None,
         }
     }
 

@@ -66,8 +66,11 @@ pub struct EngineConfig {
     /// Clock skew tolerated between instances: a worker treats its lease as over this much
     /// before it expires.
     pub skew_margin: Duration,
-    /// `created`/`pending` transfers older than this roll back with `timed_out`.
+    /// `created`/`pending` transfers older than this roll back with `timed_out` (not holds:
+    /// a hold has its own expiry).
     pub transfer_timeout: Duration,
+    /// How long a hold waits for its capture unless its request says (`HOLD_TIMEOUT`).
+    pub hold_timeout: Duration,
     /// How long and how many settled ids an account remembers.
     pub retention: Retention,
     /// Conditional writes retried on one account step before the worker gives up and leaves
@@ -108,6 +111,7 @@ impl EngineConfig {
             request_timeout,
             skew_margin: skew_margin(lease),
             transfer_timeout: config.transfer_timeout,
+            hold_timeout: config.hold_timeout,
             retention: Retention {
                 millis: config.settled_retention.as_millis() as i64,
                 max_entries: config.settled_max,
@@ -134,6 +138,7 @@ impl EngineConfig {
             request_timeout: lease / 4,
             skew_margin: skew_margin(lease),
             transfer_timeout: Duration::from_secs(3600),
+            hold_timeout: Duration::from_secs(24 * 3600),
             retention: Retention {
                 millis: 3_600_000,
                 max_entries: 1000,

@@ -101,7 +101,8 @@ impl FromStr for TransferState {
 /// - `balance_overflow`: a balance would have overflowed a signed 64-bit integer;
 /// - `cancelled`: a client cancelled it (`POST /transfers/{id}/cancel`);
 /// - `timed_out`: it had not committed after the service's transfer timeout;
-/// - `account_busy`: an account was settling more transfers than it can remember; retry.
+/// - `account_busy`: an account was settling more transfers than it can remember; retry;
+/// - `expired`: a hold that was neither captured nor cancelled before `hold_expires_at`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RollbackReason {
@@ -118,6 +119,8 @@ pub enum RollbackReason {
     /// An account was settling more transfers than it can remember (`SETTLED_MAX` within
     /// `SETTLED_RETENTION`); the apply backed off and then gave up. Retry later.
     AccountBusy,
+    /// A hold was neither captured nor cancelled before its `hold_expires_at`.
+    Expired,
 }
 
 impl RollbackReason {
@@ -129,6 +132,7 @@ impl RollbackReason {
             RollbackReason::Cancelled => "cancelled",
             RollbackReason::TimedOut => "timed_out",
             RollbackReason::AccountBusy => "account_busy",
+            RollbackReason::Expired => "expired",
         }
     }
 }
@@ -163,6 +167,38 @@ pub struct TransferDoc {
     /// procedure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention: Option<String>,
+    /// Present on a hold only (`"hold": true` at creation): when it rolls back with
+    /// `expired` unless captured or cancelled first (RFC 3339). A hold is driven to
+    /// `pending` (both accounts applied, the credit not spendable) and waits there, parked
+    /// ([`crate::transfer::lease`]), instead of committing; `TRANSFER_TIMEOUT` does not apply
+    /// to it (`docs/design.md §3`, "Holds").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_expires_at: Option<String>,
+    /// A hold's capture: the units that move (0 < n ≤ `amount`); the rest goes back to the
+    /// source when the accounts settle (core 5/6). Written once, before `committed`, and
+    /// never changed after: every settle step reads the same value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub captured_amount: Option<i64>,
+}
+
+impl TransferDoc {
+    /// Whether this transfer is a hold (waits in `pending` for a capture).
+    pub fn is_hold(&self) -> bool {
+        self.hold_expires_at.is_some()
+    }
+
+    /// The units that move when it commits: the captured amount of a hold, else `amount`.
+    pub fn settle_amount(&self) -> i64 {
+        self.captured_amount.unwrap_or(self.amount)
+    }
+
+    /// A hold's expiry in epoch milliseconds; a stored value that does not parse reads as
+    /// already expired (the hold is released rather than kept for ever).
+    pub fn hold_expires_millis(&self) -> Option<i64> {
+        self.hold_expires_at
+            .as_deref()
+            .map(|text| crate::store::parse_millis(text).unwrap_or(i64::MIN))
+    }
 }
 
 /// One settled transfer id remembered by an account, in the form versions before the compact
@@ -274,6 +310,23 @@ impl AccountDoc {
     /// so extreme floors cannot overflow).
     pub fn available(&self) -> i128 {
         self.balance as i128 - self.pending_credits as i128 - self.floor as i128
+    }
+}
+
+/// The shortest a hold may wait for its capture (`hold_expires_in`, `HOLD_TIMEOUT`).
+pub const MIN_HOLD: std::time::Duration = std::time::Duration::from_secs(1);
+/// The longest a hold may wait for its capture: 30 days.
+pub const MAX_HOLD: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+
+/// A hold's duration if it is within [`MIN_HOLD`]..=[`MAX_HOLD`], else why not.
+pub fn check_hold_duration(d: std::time::Duration) -> Result<std::time::Duration, String> {
+    if (MIN_HOLD..=MAX_HOLD).contains(&d) {
+        Ok(d)
+    } else {
+        Err(format!(
+            "a hold lasts from 1s to 30days, not {}",
+            humantime::format_duration(d)
+        ))
     }
 }
 

@@ -10,6 +10,11 @@
 //! | `committed`   | core 5: remove from source, core 6: remove from destination, core 7: → `finished` |
 //! | `terminating` | rollback 2: undo source, rollback 3: undo destination, rollback 4: → `rolled-back` |
 //!
+//! A **hold** (`docs/design.md §3`, "Holds") runs core 1–3 and then, instead of core 4, parks
+//! ([`Step::Park`]) until a capture, a cancel or its expiry; a captured hold commits, and its
+//! core 5/6 settle the captured amount: the remove gives `amount − captured` back to the
+//! source and takes it off the destination in the same write that drops the pending entry.
+//!
 //! Every account step is idempotent, as in the post: the transfer id in
 //! `pending_transactions` says whether the amount is on the balance. Where we are stricter
 //! than the post:
@@ -60,7 +65,9 @@ impl Side {
 pub enum AccountOp {
     /// Core steps 2/3: add the delta, remember the id as pending.
     Apply,
-    /// Core steps 5/6: forget the pending id (the balance stays), remember it as settled.
+    /// Core steps 5/6: forget the pending id, remember it as settled. The balance keeps the
+    /// settled amount: all of it, or for a partly captured hold `captured`, the difference
+    /// going back in the same write.
     Remove,
     /// Rollback steps 2/3: take the delta back if it was applied; remember the id as settled.
     Undo,
@@ -72,6 +79,9 @@ pub enum Step {
     Account(AccountOp, Side),
     /// A conditional write of the transfer document to this state.
     SetState(TransferState),
+    /// A hold with both accounts applied and no capture: park it (a conditional write that
+    /// hands its lease to the hold until it expires) and stop driving it.
+    Park,
 }
 
 /// The steps that remain for a transfer in `state`, in order; empty when terminal.
@@ -99,6 +109,51 @@ pub fn plan(state: TransferState) -> &'static [Step] {
     }
 }
 
+/// The steps that remain for `transfer`: [`plan`] of its state, except that a hold in
+/// `pending` with no capture parks where a transfer would commit.
+pub fn plan_for(transfer: &TransferDoc) -> &'static [Step] {
+    use AccountOp::*;
+    use Side::*;
+    match transfer.transaction_state {
+        TransferState::Pending if transfer.is_hold() && transfer.captured_amount.is_none() => &[
+            Step::Account(Apply, Source),
+            Step::Account(Apply, Destination),
+            Step::Park,
+        ],
+        state => plan(state),
+    }
+}
+
+/// The rollback that replaces a transfer's next step when its time is up, with its reason:
+/// [`timeout_transition`] (`timed_out`) for a plain transfer; for a hold, its own expiry
+/// (`expired`) while it has no capture. `TRANSFER_TIMEOUT` never applies to a hold (it waits
+/// in `pending` by design), and a captured hold never expires: the capture won.
+pub fn deadline_transition(
+    transfer: &TransferDoc,
+    created_millis: i64,
+    now_millis: i64,
+    timeout_millis: i64,
+) -> Option<(TransferState, RollbackReason)> {
+    let Some(expires) = transfer.hold_expires_millis() else {
+        return timeout_transition(transfer, created_millis, now_millis, timeout_millis)
+            .map(|to| (to, RollbackReason::TimedOut));
+    };
+    if transfer.captured_amount.is_some() || now_millis < expires {
+        return None;
+    }
+    rollback_from(transfer.transaction_state).map(|to| (to, RollbackReason::Expired))
+}
+
+/// Where a rollback goes from `state`: `created` straight to `rolled-back`, `pending` to
+/// `terminating`; nothing else can roll back.
+pub fn rollback_from(state: TransferState) -> Option<TransferState> {
+    match state {
+        TransferState::Created => Some(TransferState::RolledBack),
+        TransferState::Pending => Some(TransferState::Terminating),
+        _ => None,
+    }
+}
+
 /// When a transfer has outlived `TRANSFER_TIMEOUT`: the rollback write that replaces its next
 /// step. Only `created` and `pending` time out; `committed` is always driven to `finished`,
 /// `terminating` to `rolled-back`.
@@ -111,11 +166,7 @@ pub fn timeout_transition(
     if now_millis.saturating_sub(created_millis) < timeout_millis {
         return None;
     }
-    match transfer.transaction_state {
-        TransferState::Created => Some(TransferState::RolledBack),
-        TransferState::Pending => Some(TransferState::Terminating),
-        _ => None,
-    }
+    rollback_from(transfer.transaction_state)
 }
 
 /// Why an account step refuses to write.
@@ -202,7 +253,11 @@ fn is_full(account: &AccountDoc, now_millis: i64, retention: Retention) -> bool 
 #[derive(Debug, Clone, Copy)]
 pub struct AccountStep<'a> {
     pub transfer_id: &'a str,
+    /// What the apply puts on the balance (and an undo takes back).
     pub amount: i64,
+    /// What stays on the balance when a remove settles it: `amount`, or a hold's captured
+    /// amount (0 < it ≤ `amount`). Only [`AccountOp::Remove`] reads it.
+    pub settle_amount: i64,
     pub side: Side,
     pub op: AccountOp,
 }
@@ -217,6 +272,7 @@ pub fn decide_account(
     let AccountStep {
         transfer_id,
         amount,
+        settle_amount,
         side,
         op,
     } = step;
@@ -234,7 +290,13 @@ pub fn decide_account(
         }
         AccountOp::Apply => apply(account, transfer_id, change, now.millis),
         AccountOp::Remove if !pending => return AccountDecision::AlreadyDone,
-        AccountOp::Remove => Ok(remove(account, transfer_id, change, now.millis)),
+        AccountOp::Remove => remove(
+            account,
+            transfer_id,
+            change,
+            side.delta(amount) as i128 - side.delta(settle_amount) as i128,
+            now.millis,
+        ),
         AccountOp::Undo if !pending && settled => return AccountDecision::AlreadyDone,
         AccountOp::Undo => undo(account, transfer_id, change, pending, now.millis),
     };
@@ -313,15 +375,27 @@ fn apply(
     Ok(next)
 }
 
-/// Core steps 5/6: forget the pending id (the balance stays), remember it as settled.
-fn remove(account: &AccountDoc, transfer_id: &str, change: Change, now_millis: i64) -> AccountDoc {
+/// Core steps 5/6: forget the pending id, remember it as settled. `give_back` is what the
+/// balance returns of the applied delta: 0 when all of it settles; for a hold captured in
+/// part, `amount − captured` back to the source (positive) and off the destination
+/// (negative). Both fit: the source's room was kept for undoing its pending debits, and the
+/// destination's credit was never spendable.
+fn remove(
+    account: &AccountDoc,
+    transfer_id: &str,
+    change: Change,
+    give_back: i128,
+    now_millis: i64,
+) -> Result<AccountDoc, Refusal> {
     let mut next = account.clone();
+    let balance = account.balance as i128 - give_back;
+    next.balance = i64::try_from(balance).map_err(|_| Refusal::Overflow)?;
     // Never below zero, even on a document whose sums an older version did not keep.
     next.pending_credits = next.pending_credits.saturating_sub(change.credit).max(0);
     next.pending_debits = next.pending_debits.saturating_sub(change.debit).max(0);
     next.remove_pending(transfer_id);
     remember(&mut next, transfer_id, now_millis);
-    next
+    Ok(next)
 }
 
 /// Rollback steps 2/3: take the delta back if it was applied; remember the id as settled.
@@ -453,6 +527,7 @@ mod tests {
         AccountStep {
             transfer_id: "t1",
             amount,
+            settle_amount: amount,
             side,
             op,
         }
@@ -482,6 +557,8 @@ mod tests {
             lease_owner: Some("w".into()),
             lease_expires_at: Some("2026-01-01T00:00:30.000Z".into()),
             attention: None,
+            hold_expires_at: None,
+            captured_amount: None,
         }
     }
 
@@ -592,6 +669,135 @@ mod tests {
         }
     }
 
+    fn a_hold(state: TransferState, captured: Option<i64>) -> TransferDoc {
+        TransferDoc {
+            hold_expires_at: Some("2026-01-01T00:01:00.000Z".into()),
+            captured_amount: captured,
+            ..transfer(state)
+        }
+    }
+
+    #[test]
+    fn an_uncaptured_hold_parks_where_a_transfer_commits() {
+        use AccountOp::*;
+        use Side::*;
+        assert_eq!(
+            plan_for(&a_hold(Pending, None)),
+            &[
+                Step::Account(Apply, Source),
+                Step::Account(Apply, Destination),
+                Step::Park
+            ]
+        );
+        assert_eq!(plan_for(&a_hold(Pending, Some(5))), plan(Pending));
+        assert_eq!(plan_for(&transfer(Pending)), plan(Pending));
+        for state in [Created, Committed, Terminating, Finished, RolledBack] {
+            assert_eq!(plan_for(&a_hold(state, None)), plan(state), "{state}");
+        }
+    }
+
+    #[test]
+    fn a_hold_expires_on_its_own_time_never_on_the_transfer_timeout() {
+        let expires = a_hold(Pending, None).hold_expires_millis().unwrap();
+        let long_timeout = |t: &TransferDoc, now| deadline_transition(t, 0, now, 1);
+        // Far past TRANSFER_TIMEOUT (1 ms here) but before its expiry: it waits.
+        assert_eq!(long_timeout(&a_hold(Pending, None), expires - 1), None);
+        assert_eq!(long_timeout(&a_hold(Created, None), expires - 1), None);
+        assert_eq!(
+            long_timeout(&a_hold(Pending, None), expires),
+            Some((Terminating, RollbackReason::Expired))
+        );
+        assert_eq!(
+            long_timeout(&a_hold(Created, None), expires),
+            Some((RolledBack, RollbackReason::Expired))
+        );
+        // A captured hold never expires: the capture won.
+        assert_eq!(long_timeout(&a_hold(Pending, Some(1)), i64::MAX), None);
+        for state in [Committed, Terminating, Finished, RolledBack] {
+            assert_eq!(
+                long_timeout(&a_hold(state, None), i64::MAX),
+                None,
+                "{state}"
+            );
+        }
+        // A plain transfer times out as before.
+        assert_eq!(
+            long_timeout(&transfer(Pending), 1),
+            Some((Terminating, RollbackReason::TimedOut))
+        );
+        // An expiry that does not parse releases the hold.
+        let mut broken = a_hold(Pending, None);
+        broken.hold_expires_at = Some("never".into());
+        assert_eq!(
+            long_timeout(&broken, 0),
+            Some((Terminating, RollbackReason::Expired))
+        );
+    }
+
+    fn settle(a: &AccountDoc, side: Side, amount: i64, settle_amount: i64) -> AccountDoc {
+        let step = AccountStep {
+            settle_amount,
+            ..step(AccountOp::Remove, side, amount)
+        };
+        write(decide_account(a, step, &now(), RETAIN))
+    }
+
+    #[test]
+    fn a_partial_capture_gives_the_rest_back_in_the_remove() {
+        let src = write(decide(&account(100), AccountOp::Apply, Side::Source, 30));
+        let dest = write(decide(&account(0), AccountOp::Apply, Side::Destination, 30));
+        let src = settle(&src, Side::Source, 30, 12);
+        let dest = settle(&dest, Side::Destination, 30, 12);
+        assert_eq!((src.balance, src.pending_debits), (88, 0));
+        assert_eq!(
+            (dest.balance, dest.pending_credits, dest.available()),
+            (12, 0, 12)
+        );
+        assert!(src.pending_transactions.is_empty() && dest.pending_transactions.is_empty());
+        assert_eq!((ids(&src), ids(&dest)), (vec!["t1"], vec!["t1"]));
+        // Idempotent: a second remove changes nothing, whatever amount it carries.
+        for (a, side) in [(&src, Side::Source), (&dest, Side::Destination)] {
+            let again = AccountStep {
+                settle_amount: 12,
+                ..step(AccountOp::Remove, side, 30)
+            };
+            assert_eq!(
+                decide_account(a, again, &now(), RETAIN),
+                AccountDecision::AlreadyDone
+            );
+        }
+    }
+
+    #[test]
+    fn a_full_capture_settles_like_a_transfer() {
+        let dest = write(decide(&account(0), AccountOp::Apply, Side::Destination, 30));
+        assert_eq!(
+            settle(&dest, Side::Destination, 30, 30),
+            write(decide(&dest, AccountOp::Remove, Side::Destination, 30))
+        );
+    }
+
+    #[test]
+    fn a_partial_capture_at_the_extremes_neither_overflows_nor_overdraws() {
+        // The source's debit left room to be undone, so the give-back fits.
+        let mut a = account(i64::MAX);
+        a.floor = i64::MIN;
+        let debited = write(decide(&a, AccountOp::Apply, Side::Source, i64::MAX));
+        assert_eq!(
+            settle(&debited, Side::Source, i64::MAX, 1).balance,
+            i64::MAX - 1
+        );
+        // The destination's credit was never spendable, so taking it back keeps the floor.
+        let credited = write(decide(
+            &account(0),
+            AccountOp::Apply,
+            Side::Destination,
+            i64::MAX,
+        ));
+        let settled = settle(&credited, Side::Destination, i64::MAX, 1);
+        assert_eq!((settled.balance, settled.available()), (1, 1));
+    }
+
     #[test]
     fn apply_debits_source_and_remembers_the_id() {
         let a = write(decide(&account(100), AccountOp::Apply, Side::Source, 30));
@@ -649,6 +855,7 @@ mod tests {
         let step = AccountStep {
             transfer_id: "t2",
             amount: 1,
+            settle_amount: 1,
             side: Side::Source,
             op: AccountOp::Apply,
         };
@@ -679,6 +886,7 @@ mod tests {
         let credit = AccountStep {
             transfer_id: "t2",
             amount: i64::MAX,
+            settle_amount: i64::MAX,
             side: Side::Destination,
             op: AccountOp::Apply,
         };
@@ -689,6 +897,7 @@ mod tests {
         );
         let fits = AccountStep {
             amount: i64::MAX - 100,
+            settle_amount: i64::MAX - 100,
             ..credit
         };
         let credited = write(decide_account(&a, fits, &now(), RETAIN));

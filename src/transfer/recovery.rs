@@ -4,6 +4,13 @@
 //! step its state calls for (the driver's plan is the post's recovery table: `created` → core
 //! 1, `pending` → core 2, `committed` → core 5, `terminating` → rollback 2).
 //!
+//! A hold waiting for its capture is `pending` with a parked lease that runs until the hold
+//! expires ([`super::lease::PARKED`]). Once it is older than `RECOVERY_STALE_AFTER` it is a
+//! search hit on every sweep; the hit alone shows its lease is live, so it is skipped with no
+//! read and no write (one decoded hit per waiting hold per sweep). Once expired (plus the
+//! skew margin) it is taken over like any run-out lease, and the worker rolls it back with
+//! `expired`.
+//!
 //! Search is near-real-time, so a hit is only a candidate: the decision is made on a realtime
 //! GET, and the takeover is a conditional write of the lease, so of several instances (or a
 //! live worker renewing) exactly one wins.
@@ -15,10 +22,10 @@ use tokio::sync::Semaphore;
 use tracing::{info, warn, Instrument};
 
 use super::documents::decode;
-use super::lease::{Claim, ClaimWrite, Held};
+use super::lease::{Claim, ClaimWrite, Held, Leases};
 use super::model::{TransferDoc, TransferState};
 use super::Engine;
-use crate::store::{Doc, SortKey, StaleQuery, StoreResult};
+use crate::store::{SortKey, StaleQuery, StoreResult};
 
 /// What one sweep did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -31,6 +38,8 @@ pub struct RecoveryReport {
     pub errors: usize,
     /// Candidates flagged as needing a person, left alone.
     pub needs_attention: usize,
+    /// Candidates that are holds waiting for their capture (not expired), left alone.
+    pub waiting_holds: usize,
 }
 
 /// Most transfers recovery drives at once in this process.
@@ -101,8 +110,18 @@ impl Engine {
                     return Ok(report);
                 }
                 report.candidates += 1;
-                if needs_attention(doc) {
+                let hit = decode::<TransferDoc>(doc.clone()).ok().map(|t| t.doc);
+                if hit.as_ref().is_some_and(|t| t.attention.is_some()) {
                     report.needs_attention += 1;
+                    continue;
+                }
+                // A hold waiting for its capture: its lease (the hold's own) runs until it
+                // expires, so nothing to take over yet; skipped on the hit, with no read.
+                if hit
+                    .as_ref()
+                    .is_some_and(|t| Leases::is_parked(t) && self.leases.may_be_live(t))
+                {
+                    report.waiting_holds += 1;
                     continue;
                 }
                 let Ok(permit) = permits.clone().acquire_owned().await else {
@@ -178,10 +197,4 @@ impl Engine {
         self.tasks.close();
         tokio::time::timeout(limit, self.tasks.wait()).await.is_ok()
     }
-}
-
-/// Whether a search hit is a transfer flagged for a person (an unreadable one is not: the
-/// realtime read of the takeover reports it).
-fn needs_attention(hit: &Doc) -> bool {
-    decode::<TransferDoc>(hit.clone()).is_ok_and(|t| t.doc.attention.is_some())
 }

@@ -7,12 +7,14 @@ use std::time::Duration;
 
 use super::admission::{Admitted, Overloaded};
 use super::documents::{decode, Versioned};
-use super::lease::{Claim, ClaimWrite, Held};
+use super::lease::{Claim, ClaimWrite, Held, Leases};
 use super::model::{AccountDoc, RollbackReason, Tombstones, TransferDoc, TransferState};
 use super::protocol;
 use super::retry::retry;
 use super::Engine;
-use crate::store::{SortKey, StoreError, TransferFilter, WriteOutcome};
+use crate::store::{
+    format_millis, parse_millis, SortKey, StoreError, TransferFilter, WriteOutcome,
+};
 
 /// Failures the API maps to answers.
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +25,9 @@ pub enum ServiceError {
     /// 404.
     #[error("not found")]
     NotFound,
+    /// 422: a value only the stored transfer can judge (a capture above the held amount).
+    #[error("{0}")]
+    Invalid(String),
     /// 503 with `Retry-After`: admission control refused the create; nothing was written.
     #[error(transparent)]
     Overloaded(#[from] Overloaded),
@@ -46,6 +51,10 @@ pub struct NewTransfer {
     pub from: String,
     pub to: String,
     pub amount: i64,
+    /// A hold: driven to `pending` and left there for a capture, a cancel or its expiry.
+    pub hold: bool,
+    /// How long a hold waits; `None`: `HOLD_TIMEOUT`. Only with `hold`.
+    pub hold_expires_in: Option<Duration>,
 }
 
 /// Whether a create made something new or replayed what exists.
@@ -56,6 +65,20 @@ pub enum Created<T> {
 }
 
 const CREATE_ATTEMPTS: u32 = 3;
+
+/// How long a capture waits for the hold to commit before it answers with the transfer as
+/// it is (a capture recorded on a `created` hold commits once its accounts are applied).
+pub const CAPTURE_WAIT: Duration = Duration::from_secs(10);
+
+/// What a capture does to a hold in the state it was read in.
+enum CapturePlan {
+    /// Nothing to write: an identical capture was recorded before.
+    Answer,
+    /// Record the capture (`captured_amount`).
+    Record,
+    /// The hold expired before any capture: write its rollback (reason `expired`) and refuse.
+    Expire(TransferState),
+}
 
 /// What a cancel does to a transfer in the state it was read in.
 enum CancelPlan {
@@ -145,6 +168,10 @@ impl Engine {
             lease_owner: None,
             lease_expires_at: None,
             attention: None,
+            hold_expires_at: new
+                .hold
+                .then(|| format_millis(now.millis + self.hold_millis(&new))),
+            captured_amount: None,
         };
         // A create whose answer was lost is still ours (the claim finds our token): it is
         // new, and ours to drive.
@@ -163,13 +190,38 @@ impl Engine {
         if existing.src_acct == new.from
             && existing.dest_acct == new.to
             && existing.amount == new.amount
+            && self.same_hold(&existing, &new)
         {
             Ok(Created::Replayed(existing))
         } else {
             Err(ServiceError::Conflict(format!(
-                "transfer {} exists with another from, to or amount",
+                "transfer {} exists with another from, to, amount, hold or hold_expires_in",
                 new.id
             )))
+        }
+    }
+
+    /// How long a new hold waits, in milliseconds (its own `hold_expires_in`, else
+    /// `HOLD_TIMEOUT`).
+    fn hold_millis(&self, new: &NewTransfer) -> i64 {
+        new.hold_expires_in
+            .unwrap_or(self.config.hold_timeout)
+            .as_millis() as i64
+    }
+
+    /// Whether a replay asks for the same hold: both plain, or both holds for the same
+    /// duration (the stored expiry is the creation time plus it, to the millisecond).
+    fn same_hold(&self, existing: &TransferDoc, new: &NewTransfer) -> bool {
+        match (&existing.hold_expires_at, new.hold) {
+            (None, false) => true,
+            (Some(expires), true) => {
+                let created = parse_millis(&existing.creation_time);
+                let expires = parse_millis(expires);
+                created
+                    .zip(expires)
+                    .is_some_and(|(c, e)| e - c == self.hold_millis(new))
+            }
+            _ => false,
         }
     }
 
@@ -180,10 +232,24 @@ impl Engine {
     /// The transfer as soon as it is terminal, or as it is when `wait` ends. Wakes on this
     /// process's terminal writes and re-reads at least every 250 ms (another instance may be
     /// the one driving it).
+    /// A hold answers as soon as it waits for its capture (or is terminal).
     pub async fn wait_transfer(
         &self,
         id: &str,
         wait: Duration,
+    ) -> Result<Option<TransferDoc>, ServiceError> {
+        self.wait_until(id, wait, |t| {
+            t.transaction_state.is_terminal() || Leases::is_parked(t)
+        })
+        .await
+    }
+
+    /// The transfer as soon as `done` holds for it, or as it is when `wait` ends.
+    async fn wait_until(
+        &self,
+        id: &str,
+        wait: Duration,
+        done: impl Fn(&TransferDoc) -> bool,
     ) -> Result<Option<TransferDoc>, ServiceError> {
         let deadline = tokio::time::Instant::now() + wait;
         let mut events = self.terminal_events.subscribe();
@@ -191,7 +257,7 @@ impl Engine {
             let current = self.get_transfer(id).await?;
             match &current {
                 None => return Ok(None),
-                Some(t) if t.transaction_state.is_terminal() => return Ok(current),
+                Some(t) if done(t) => return Ok(current),
                 Some(_) if tokio::time::Instant::now() >= deadline => return Ok(current),
                 Some(_) => {}
             }
@@ -225,32 +291,57 @@ impl Engine {
         }
     }
 
-    /// One attempt at moving `current` to `to` with reason `cancelled`. A live holder keeps
-    /// its lease (it sees the new state at its next write and rolls back); otherwise a
-    /// `terminating` transfer is claimed for a worker of our own. `Err` carries the transfer
-    /// as it is now, when the attempt lost a race.
+    /// One attempt at moving `current` to `to` with reason `cancelled`. `Err` carries the
+    /// transfer as it is now, when the attempt lost a race.
     async fn cancel_once(
         self: &Arc<Self>,
         current: Versioned<TransferDoc>,
         to: TransferState,
     ) -> Result<Result<TransferDoc, Option<Versioned<TransferDoc>>>, ServiceError> {
+        self.rollback_for_client(current, to, RollbackReason::Cancelled)
+            .await
+    }
+
+    /// One attempt at moving `current` to `to` (a rollback) with `reason`, for a client's
+    /// request (a cancel, or a capture that found its hold expired).
+    async fn rollback_for_client(
+        self: &Arc<Self>,
+        current: Versioned<TransferDoc>,
+        to: TransferState,
+        reason: RollbackReason,
+    ) -> Result<Result<TransferDoc, Option<Versioned<TransferDoc>>>, ServiceError> {
         let from = current.doc.transaction_state;
         let now = self.clock.now();
-        let Some(next) =
-            protocol::transition(&current.doc, to, Some(RollbackReason::Cancelled), &now)
-        else {
-            // `cancel_plan` only moves along arrows: this is a bug, not a race.
-            return Err(StoreError::Permanent(format!("cannot cancel: {from} → {to}")).into());
+        let Some(next) = protocol::transition(&current.doc, to, Some(reason), &now) else {
+            // The plans only move along arrows: this is a bug, not a race.
+            return Err(StoreError::Permanent(format!("cannot roll back: {from} → {to}")).into());
         };
-        let live = self.leases.may_be_live(&current.doc);
-        if live || to.is_terminal() {
+        self.write_for_client(current, next, Some(to)).await
+    }
+
+    /// Writes `next` (the transfer read as `current`, changed by a client's request; `to`:
+    /// the state it moves to, if any). A live holder keeps its lease (it sees the change at
+    /// its next write); otherwise (no live worker, or a parked hold) the lease is claimed for
+    /// a worker of our own, which drives the transfer on. `Err` carries the transfer as it is
+    /// now, when the write lost a race.
+    async fn write_for_client(
+        self: &Arc<Self>,
+        current: Versioned<TransferDoc>,
+        next: TransferDoc,
+        to: Option<TransferState>,
+    ) -> Result<Result<TransferDoc, Option<Versioned<TransferDoc>>>, ServiceError> {
+        let from = current.doc.transaction_state;
+        let live = self.leases.may_be_live(&current.doc) && !Leases::is_parked(&current.doc);
+        if live || to.is_some_and(TransferState::is_terminal) {
             let outcome = self
                 .leases
                 .write_keeping_lease(next.clone(), current.version)
                 .await?;
             return Ok(match outcome {
                 WriteOutcome::Written(_) => {
-                    self.record_transition(&next, from, to, now.millis);
+                    if let Some(to) = to {
+                        self.record_transition(&next, from, to, self.clock.wall_millis());
+                    }
                     Ok(next)
                 }
                 _ => Err(self.docs.get::<TransferDoc>(&next.transaction_id).await?),
@@ -261,22 +352,89 @@ impl Engine {
             .claim(next, ClaimWrite::ReplaceAt(current.version))
             .await?
         {
-            Claim::Won(held) => Ok(Ok(self.start_cancelled(held, from, to))),
+            Claim::Won(held) => Ok(Ok(self.start_claimed(held, from, to))),
             Claim::Lost(now) => Ok(Err(now)),
         }
     }
 
-    /// Records a cancel that took the lease and spawns the worker that rolls it back.
-    fn start_cancelled(
+    /// Records a client's write that took the lease and spawns the worker that drives the
+    /// transfer on.
+    fn start_claimed(
         self: &Arc<Self>,
         held: Held,
         from: TransferState,
-        to: TransferState,
+        to: Option<TransferState>,
     ) -> TransferDoc {
-        self.record_transition(&held.doc, from, to, self.clock.wall_millis());
+        if let Some(to) = to {
+            self.record_transition(&held.doc, from, to, self.clock.wall_millis());
+        }
         let shown = held.doc.clone();
         self.spawn_driver(held, None);
         shown
+    }
+
+    /// Captures a hold: records `amount` (default: all of it) as what moves, and waits up to
+    /// [`CAPTURE_WAIT`] for the commit. An identical repeat answers the same; a capture of a
+    /// transfer that is not a hold, rolls back, expired, or was captured with another amount is
+    /// a conflict. Of a capture and a cancel (or the expiry) racing, exactly one wins: each is
+    /// a conditional write of the transfer, and each refuses what the other wrote.
+    pub async fn capture_transfer(
+        self: &Arc<Self>,
+        id: &str,
+        amount: Option<i64>,
+    ) -> Result<TransferDoc, ServiceError> {
+        let mut read = self.docs.get::<TransferDoc>(id).await?;
+        loop {
+            let Some(current) = read else {
+                return Err(ServiceError::NotFound);
+            };
+            let n = amount.unwrap_or(current.doc.amount);
+            let lost = match capture_plan(&current.doc, n, self.clock.wall_millis())? {
+                CapturePlan::Answer => break,
+                CapturePlan::Record => {
+                    let mut next = current.doc.clone();
+                    next.captured_amount = Some(n);
+                    next.modification_time = self.clock.now().text;
+                    match self.write_for_client(current, next, None).await? {
+                        Ok(_) => break,
+                        Err(now) => now,
+                    }
+                }
+                CapturePlan::Expire(to) => {
+                    let expires = current.doc.hold_expires_at.clone().unwrap_or_default();
+                    match self
+                        .rollback_for_client(current, to, RollbackReason::Expired)
+                        .await?
+                    {
+                        Ok(_) => {
+                            return Err(ServiceError::Conflict(format!(
+                                "transfer {id} is a hold that expired at {expires}; it rolls back"
+                            )))
+                        }
+                        Err(now) => now,
+                    }
+                }
+            };
+            // The transfer moved meanwhile (a cancel, an expiry, another capture, its worker):
+            // decide again on what it is now.
+            read = lost;
+        }
+        let settled = self
+            .wait_until(id, CAPTURE_WAIT, |t| {
+                t.transaction_state != TransferState::Created
+                    && t.transaction_state != TransferState::Pending
+            })
+            .await?
+            .ok_or(ServiceError::NotFound)?;
+        match settled.transaction_state {
+            TransferState::Terminating | TransferState::RolledBack => {
+                Err(ServiceError::Conflict(format!(
+                    "transfer {id} was captured but rolled back ({})",
+                    settled.reason.map_or("no reason", |r| r.as_str())
+                )))
+            }
+            _ => Ok(settled),
+        }
     }
 
     /// One page of the listing, newest first, and the key to continue after.
@@ -303,6 +461,14 @@ fn cancel_plan(doc: &TransferDoc) -> Result<CancelPlan, ServiceError> {
             doc.transaction_id
         )));
     }
+    if let (Some(captured), TransferState::Created | TransferState::Pending) =
+        (doc.captured_amount, state)
+    {
+        return Err(ServiceError::Conflict(format!(
+            "transfer {} is a hold captured for {captured}; it commits and cannot be cancelled",
+            doc.transaction_id
+        )));
+    }
     match state {
         TransferState::Created => Ok(CancelPlan::Move(TransferState::RolledBack)),
         TransferState::Pending => Ok(CancelPlan::Move(TransferState::Terminating)),
@@ -310,6 +476,52 @@ fn cancel_plan(doc: &TransferDoc) -> Result<CancelPlan, ServiceError> {
         TransferState::Committed | TransferState::Finished => Err(ServiceError::Conflict(format!(
             "transfer {} is {state}; a committed transfer cannot be cancelled",
             doc.transaction_id
+        ))),
+    }
+}
+
+/// What a capture of `n` units does to a transfer in its current state, at `now_millis`.
+fn capture_plan(doc: &TransferDoc, n: i64, now_millis: i64) -> Result<CapturePlan, ServiceError> {
+    let id = &doc.transaction_id;
+    let state = doc.transaction_state;
+    if let Some(why) = &doc.attention {
+        return Err(ServiceError::Conflict(format!(
+            "transfer {id} needs attention ({why}); it is left as it is for a person"
+        )));
+    }
+    let Some(expires) = doc.hold_expires_millis() else {
+        return Err(ServiceError::Conflict(format!(
+            "transfer {id} is not a hold; only a hold can be captured"
+        )));
+    };
+    if n <= 0 || n > doc.amount {
+        return Err(ServiceError::Invalid(format!(
+            "`amount` must be from 1 to the held amount {}",
+            doc.amount
+        )));
+    }
+    match doc.captured_amount {
+        Some(captured) if captured == n => return Ok(CapturePlan::Answer),
+        Some(captured) => {
+            return Err(ServiceError::Conflict(format!(
+                "transfer {id} was captured for {captured}, not {n}"
+            )))
+        }
+        None => {}
+    }
+    match state {
+        TransferState::Created | TransferState::Pending if now_millis >= expires => Ok(
+            CapturePlan::Expire(protocol::rollback_from(state).expect("created or pending")),
+        ),
+        TransferState::Created | TransferState::Pending => Ok(CapturePlan::Record),
+        TransferState::Terminating | TransferState::RolledBack => {
+            Err(ServiceError::Conflict(format!(
+                "transfer {id} is {state} ({}); it can no longer be captured",
+                doc.reason.map_or("no reason", |r| r.as_str())
+            )))
+        }
+        TransferState::Committed | TransferState::Finished => Err(ServiceError::Conflict(format!(
+            "transfer {id} is {state} without a capture; it cannot be captured"
         ))),
     }
 }

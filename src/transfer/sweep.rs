@@ -132,6 +132,7 @@ impl Engine {
         let request = StepRequest {
             transfer_id: transfer.transaction_id.clone(),
             amount: transfer.amount,
+            settle_amount: transfer.amount,
             side,
             op: AccountOp::Undo,
             // Not a lease holder: what makes this safe is the terminal state read above.

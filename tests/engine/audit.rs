@@ -114,6 +114,8 @@ fn transfer(id: &str, src: &str, dest: &str, amount: i64, state: TransferState) 
         lease_owner: None,
         lease_expires_at: None,
         attention: None,
+        hold_expires_at: None,
+        captured_amount: None,
     }
 }
 
@@ -196,12 +198,15 @@ async fn walk(accounts: &[(&str, i64)], transfers: &[TransferDoc], script: &[(us
                 *t = transition(t, to, reason, &now).expect("an allowed arrow");
                 w.transfer(t).await;
             }
+            // Parking changes only the lease.
+            Step::Park => {}
             Step::Account(op, side) => {
                 let id = side.account(t).to_owned();
                 let a = docs.iter_mut().find(|a| a.account_id == id).unwrap();
                 let step = AccountStep {
                     transfer_id: &t.transaction_id,
                     amount: t.amount,
+                    settle_amount: t.settle_amount(),
                     side,
                     op,
                 };
@@ -237,6 +242,74 @@ async fn every_state_of_a_commit_is_clean() {
         &steps(0, &[Created, Pending, Committed]),
     )
     .await;
+}
+
+/// A hold of 30, captured for `captured`.
+fn captured_hold(id: &str, src: &str, dest: &str, captured: i64) -> TransferDoc {
+    TransferDoc {
+        hold_expires_at: Some(format_millis(SystemClock.wall_millis() + 3_600_000)),
+        captured_amount: Some(captured),
+        ..transfer(id, src, dest, 30, Created)
+    }
+}
+
+#[tokio::test]
+async fn every_state_of_a_partly_captured_hold_is_clean() {
+    // Applied with 30, 12 captured: the removes give 18 back to `a` and take it off `b`.
+    walk(
+        &[("a", 100), ("b", 0)],
+        &[captured_hold("t", "a", "b", 12)],
+        &steps(0, &[Created, Pending, Committed]),
+    )
+    .await;
+    // The destination settled first.
+    use transfer_service::transfer::protocol::AccountOp::*;
+    let mut script = steps(0, &[Created, Pending]);
+    script.extend([
+        (0, Step::Account(Remove, Side::Destination)),
+        (0, Step::Account(Remove, Side::Source)),
+        (0, Step::SetState(Finished)),
+    ]);
+    walk(
+        &[("a", 100), ("b", 0)],
+        &[captured_hold("t", "a", "b", 12)],
+        &script,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_captured_hold_whose_accounts_kept_the_whole_amount_is_a_mismatch() {
+    // Finished, captured for 12 of 30, but the balances moved 30: both accounts are off.
+    let w = World::new();
+    let mut t = captured_hold("t", "a", "b", 12);
+    t.transaction_state = Finished;
+    w.transfer(&t).await;
+    w.account(&account_with("a", 100, 70, &[], (0, 0))).await;
+    w.account(&account_with("b", 0, 30, &[], (0, 0))).await;
+    assert_kinds(&w.audit().await, &[BalanceMismatch, BalanceMismatch]);
+    // As the protocol leaves it: 12 moved.
+    w.account(&account_with("a", 100, 88, &[], (0, 0))).await;
+    w.account(&account_with("b", 0, 12, &[], (0, 0))).await;
+    assert_kinds(&w.audit().await, &[]);
+}
+
+#[tokio::test]
+async fn a_waiting_hold_is_stuck_only_past_its_expiry() {
+    let w = World::new();
+    let mut t = captured_hold("t", "a", "b", 1);
+    t.captured_amount = None;
+    t.transaction_state = Pending;
+    // Created long ago (past any transfer timeout), waiting an hour more: not stuck.
+    t.creation_time = format_millis(SystemClock.wall_millis() - 10 * STUCK_AFTER);
+    w.transfer(&t).await;
+    w.account(&account_with("a", 100, 70, &["t"], (0, 30)))
+        .await;
+    w.account(&account_with("b", 0, 30, &["t"], (30, 0))).await;
+    assert_kinds(&w.audit().await, &[]);
+    t.hold_expires_at = Some(format_millis(SystemClock.wall_millis() - 2 * STUCK_AFTER));
+    w.transfer(&t).await;
+    assert_kinds(&w.audit().await, &[Stuck]);
 }
 
 #[tokio::test]

@@ -9,14 +9,18 @@
 //!
 //! The commit path moves 10 from `src` to `dest`. The rollback path sends 10 to an account
 //! one unit below overflow, so the destination apply refuses and the transfer rolls back.
+//! The capture path holds 10, waits (parked), and is captured for 4 through instance A (or,
+//! when A is dead, through B): the removes give 6 back. The expiry path holds 10 for 1 s;
+//! A's capture after it writes the expiry and rolls the hold back (or B's recovery does).
 
 use std::time::Duration;
 
 use std::sync::Arc;
 
 use transfer_service::store::Index;
+use transfer_service::transfer::lease::PARKED;
 use transfer_service::transfer::model::TransferState;
-use transfer_service::transfer::service::NewAccount;
+use transfer_service::transfer::service::{NewAccount, ServiceError};
 use transfer_service::transfer::{Engine, EngineConfig};
 
 use crate::support::engine::*;
@@ -36,7 +40,14 @@ fn config() -> EngineConfig {
 enum Path {
     Commit,
     Rollback,
+    /// A hold captured for [`CAPTURED`] of 10.
+    Capture,
+    /// A hold that expires before its capture.
+    Expire,
 }
+
+/// What the capture path captures of its hold of 10.
+const CAPTURED: i64 = 4;
 
 /// Every step boundary: (name, path, what the write looks like).
 const STEPS: &[(&str, Path, Step)] = &[
@@ -88,6 +99,49 @@ const STEPS: &[(&str, Path, Step)] = &[
         Path::Rollback,
         Step::State("rolled-back"),
     ),
+    ("hold: create", Path::Capture, Step::Create),
+    ("hold: park", Path::Capture, Step::Park),
+    ("capture: record", Path::Capture, Step::Capture),
+    (
+        "capture core 4: → committed",
+        Path::Capture,
+        Step::State("committed"),
+    ),
+    (
+        "capture core 5: remove from source, 6 back",
+        Path::Capture,
+        Step::Account(Side::Src, 0),
+    ),
+    (
+        "capture core 6: remove from destination, 6 off",
+        Path::Capture,
+        Step::Account(Side::Dest, 0),
+    ),
+    (
+        "capture core 7: → finished",
+        Path::Capture,
+        Step::State("finished"),
+    ),
+    (
+        "expiry: → terminating",
+        Path::Expire,
+        Step::State("terminating"),
+    ),
+    (
+        "expiry: undo source",
+        Path::Expire,
+        Step::Account(Side::Src, 0),
+    ),
+    (
+        "expiry: undo destination",
+        Path::Expire,
+        Step::Account(Side::Dest, 0),
+    ),
+    (
+        "expiry: → rolled-back",
+        Path::Expire,
+        Step::State("rolled-back"),
+    ),
 ];
 
 #[derive(Debug, Clone, Copy)]
@@ -102,6 +156,10 @@ enum Step {
     State(&'static str),
     /// An account write leaving this many pending ids.
     Account(Side, usize),
+    /// The write that parks a hold.
+    Park,
+    /// The write that records a capture.
+    Capture,
 }
 
 const FAULTS: &[(&str, Fault)] = &[
@@ -119,6 +177,11 @@ fn matcher(case: &str, step: Step) -> Matcher {
     match step {
         Step::Create => Matcher::creates(Index::Transactions),
         Step::State(state) => Matcher::writes(Index::Transactions).moving_to(state),
+        Step::Park => Matcher::writes(Index::Transactions)
+            .with_field("lease_owner", Some(serde_json::json!(PARKED))),
+        Step::Capture => Matcher::writes(Index::Transactions)
+            .moving_to("pending")
+            .with_field("captured_amount", None),
         Step::Account(side, pending) => Matcher {
             op: Some("replace"),
             index: Some(Index::Accounts),
@@ -148,6 +211,7 @@ async fn every_step_survives_errors_crashes_and_stalls() {
     let recoverer = w.instance(w.base.clone(), config());
     let cases = arrange_cases(&w, &recoverer).await;
     start_every_case(&cases).await;
+    capture_every_hold(&cases, &recoverer).await;
     // Workers whose store crashed never answer again: they are dead processes, not busy ones.
     let live_workers = || {
         cases
@@ -176,7 +240,7 @@ async fn arrange_cases(w: &World, recoverer: &Engine) -> Vec<Case> {
         for (f, (fault_name, fault)) in FAULTS.iter().enumerate() {
             let name = format!("c{s}-{f}");
             let dest_balance = match path {
-                Path::Commit => 0,
+                Path::Commit | Path::Capture | Path::Expire => 0,
                 Path::Rollback => i64::MAX - 5,
             };
             for (account, balance) in [("src", 100), ("dest", dest_balance)] {
@@ -212,12 +276,16 @@ async fn start_every_case(cases: &[Case]) {
     let mut creates = Vec::new();
     for case in cases {
         let worker = case.worker.clone();
-        let new = transfer(
-            &format!("{}-t", case.name),
-            &format!("{}-src", case.name),
-            &format!("{}-dest", case.name),
-            10,
+        let (id, src, dest) = (
+            format!("{}-t", case.name),
+            format!("{}-src", case.name),
+            format!("{}-dest", case.name),
         );
+        let new = match case.path {
+            Path::Commit | Path::Rollback => transfer(&id, &src, &dest, 10),
+            Path::Capture => hold(&id, &src, &dest, 10, Duration::from_secs(600)),
+            Path::Expire => hold(&id, &src, &dest, 10, Duration::from_secs(1)),
+        };
         creates.push(tokio::spawn(async move {
             let _ =
                 tokio::time::timeout(Duration::from_secs(10), worker.create_transfer(new)).await;
@@ -225,6 +293,46 @@ async fn start_every_case(cases: &[Case]) {
     }
     for create in creates {
         create.await.unwrap();
+    }
+}
+
+/// Two seconds on (every hold parked, or its fault under way, and the expiring ones
+/// expired), each hold case's instance A captures it: for [`CAPTURED`] on the capture path
+/// (again through the recoverer if A's answer is lost: an identical capture is a replay), in
+/// full on the expiry path, where it must lose and roll the hold back (or, A dead, the
+/// recoverer's recovery does).
+async fn capture_every_hold(cases: &[Case], recoverer: &Arc<Engine>) {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut captures = Vec::new();
+    for case in cases {
+        let amount = match case.path {
+            Path::Capture => Some(CAPTURED),
+            Path::Expire => None,
+            Path::Commit | Path::Rollback => continue,
+        };
+        let (worker, recoverer) = (case.worker.clone(), recoverer.clone());
+        let (id, path) = (format!("{}-t", case.name), case.path);
+        captures.push(tokio::spawn(async move {
+            let limit = Duration::from_secs(15);
+            let by_a = tokio::time::timeout(limit, worker.capture_transfer(&id, amount)).await;
+            match (path, by_a) {
+                (Path::Capture, Ok(Ok(_))) => {}
+                (Path::Capture, _) => {
+                    let by_b = tokio::time::timeout(limit, recoverer.capture_transfer(&id, amount));
+                    let by_b = by_b.await.expect("the recoverer answers");
+                    // NotFound: a create that never reached the store (checked at the end).
+                    assert!(
+                        matches!(by_b, Ok(_) | Err(ServiceError::NotFound)),
+                        "{id}: capture through the recoverer: {by_b:?}"
+                    );
+                }
+                (_, Ok(Ok(t))) => panic!("{id}: an expired hold was captured: {t:?}"),
+                _ => {}
+            }
+        }));
+    }
+    for capture in captures {
+        capture.await.unwrap();
     }
 }
 
@@ -252,10 +360,9 @@ async fn assert_case_ended_as_its_path_says(recoverer: &Engine, case: &Case) {
         // Only a create that never reached the store leaves no transfer (the client got no
         // answer and would retry with the same id).
         (None, _) => {
-            assert_eq!(
-                (step, fault),
-                ("create", "crash before"),
-                "transfer missing"
+            assert!(
+                matches!(step, "create" | "hold: create") && fault == "crash before",
+                "{step} / {fault}: transfer missing"
             );
             false
         }
@@ -267,19 +374,39 @@ async fn assert_case_ended_as_its_path_says(recoverer: &Engine, case: &Case) {
             );
             true
         }
-        (Some(t), Path::Rollback) => {
+        (Some(t), Path::Rollback | Path::Expire) => {
             assert_eq!(
                 t.transaction_state,
                 TransferState::RolledBack,
                 "{step} / {fault}"
             );
-            assert_eq!(t.reason.map(|r| r.as_str()), Some("balance_overflow"));
+            let reason = match case.path {
+                Path::Expire => "expired",
+                _ => "balance_overflow",
+            };
+            assert_eq!(
+                t.reason.map(|r| r.as_str()),
+                Some(reason),
+                "{step} / {fault}"
+            );
             false
+        }
+        (Some(t), Path::Capture) => {
+            assert_eq!(
+                (t.transaction_state, t.captured_amount),
+                (TransferState::Finished, Some(CAPTURED)),
+                "{step} / {fault}"
+            );
+            true
         }
     };
     let dest_opening = dest.opening_balance;
+    let moves = match case.path {
+        Path::Capture => CAPTURED,
+        _ => 10,
+    };
     let want = if moved {
-        (90, dest_opening + 10)
+        (100 - moves, dest_opening + moves)
     } else {
         (100, dest_opening)
     };

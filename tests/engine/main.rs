@@ -10,5 +10,6 @@ mod support;
 mod audit;
 mod clocks;
 mod faults;
+mod holds;
 mod scenarios;
 mod stale_worker;

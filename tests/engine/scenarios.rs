@@ -392,6 +392,8 @@ async fn a_create_whose_answer_was_lost_is_still_driven_at_once() {
                 from: "a".into(),
                 to: "b".into(),
                 amount: 10,
+                hold: false,
+                hold_expires_in: None,
             })
             .await
             .unwrap();

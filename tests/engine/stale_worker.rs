@@ -117,6 +117,8 @@ async fn run_seeds(tombstones: usize) {
             from: format!("s{seed}-a"),
             to: format!("s{seed}-b"),
             amount: 10,
+            hold: false,
+            hold_expires_in: None,
         })
         .await
         .unwrap();

@@ -104,6 +104,10 @@ fn request_on(route: &Route, tag: &str) -> (String, Option<Value>, &'static [u16
         ("GET", "/transfers/{id}") => ("/transfers/auth-t".into(), None, &[200]),
         // No such transfer: the handler's 404 (a cancel of `auth-t` would change it).
         ("POST", "/transfers/{id}/cancel") => ("/transfers/auth-none/cancel".into(), None, &[404]),
+        // Likewise for a capture.
+        ("POST", "/transfers/{id}/capture") => {
+            ("/transfers/auth-none/capture".into(), None, &[404])
+        }
         (method, template) => {
             panic!("no request for {method} {template} in the auth suite: add one to `request_on`")
         }

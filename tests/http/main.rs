@@ -5,6 +5,7 @@
 //! - [`api`]: the HTTP contract on the embedded store, the emulator and a real cluster;
 //! - [`es_security`]: Elasticsearch with security on (API keys, privileges, HTTPS), on the
 //!   emulator (a test double);
+//! - [`holds`]: holds (capture, cancel, expiry) on the same backends;
 //! - [`batch`]: `POST /transfers/batch`, item by item, on the same backends;
 //! - [`admission`]: `MAX_IN_FLIGHT`, 503 with `Retry-After`, on the same backends;
 //! - [`auth`]: API keys on every protected route, reloads, the open routes;
@@ -26,6 +27,7 @@ mod api;
 mod auth;
 mod batch;
 mod es_security;
+mod holds;
 mod idempotency;
 mod observability;
 mod operator_kit;

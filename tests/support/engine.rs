@@ -126,6 +126,17 @@ pub fn transfer(id: &str, from: &str, to: &str, amount: i64) -> NewTransfer {
         from: from.into(),
         to: to.into(),
         amount,
+        hold: false,
+        hold_expires_in: None,
+    }
+}
+
+/// A hold of `amount` from `from` to `to` that waits `expires_in` for its capture.
+pub fn hold(id: &str, from: &str, to: &str, amount: i64, expires_in: Duration) -> NewTransfer {
+    NewTransfer {
+        hold: true,
+        hold_expires_in: Some(expires_in),
+        ..transfer(id, from, to, amount)
     }
 }
 

@@ -33,6 +33,8 @@ pub struct Matcher {
     pub pending_len: Option<usize>,
     /// Requests on this document id.
     pub id: Option<String>,
+    /// Writes whose new source has this top-level field, with this value (`None`: any).
+    pub field: Option<(&'static str, Option<Value>)>,
 }
 
 impl Matcher {
@@ -63,6 +65,14 @@ impl Matcher {
     pub fn moving_to(self, state: &'static str) -> Self {
         Self {
             new_state: Some(state),
+            ..self
+        }
+    }
+
+    /// Only writes whose new source has `field` (equal to `value`, if given).
+    pub fn with_field(self, field: &'static str, value: Option<Value>) -> Self {
+        Self {
+            field: Some((field, value)),
             ..self
         }
     }
@@ -183,7 +193,11 @@ impl FaultyStore {
                 && m.index.is_none_or(|i| i == index)
                 && m.id.as_deref().is_none_or(|i| i == id)
                 && m.new_state.is_none_or(|s| Some(s) == state)
-                && m.pending_len.is_none_or(|n| Some(n) == pending);
+                && m.pending_len.is_none_or(|n| Some(n) == pending)
+                && m.field.as_ref().is_none_or(|(name, want)| {
+                    let found = source.and_then(|s| s.get(*name));
+                    found.is_some() && want.as_ref().is_none_or(|w| Some(w) == found)
+                });
             if hit {
                 rule.remaining -= 1;
                 self.fired.fetch_add(1, Ordering::SeqCst);
