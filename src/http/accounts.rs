@@ -28,6 +28,10 @@ pub struct Account {
     pub available: i64,
     /// Transfers applied to the balance and not yet settled.
     pub pending_transactions: Vec<String>,
+    /// Its currency, fixed when it was opened; absent for an account without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<super::openapi::Currency>, nullable = false)]
+    pub currency: Option<String>,
     /// When it was opened: RFC 3339, UTC, millisecond precision.
     #[schema(format = DateTime)]
     pub created_at: String,
@@ -44,6 +48,7 @@ impl Account {
             floor: doc.floor,
             available: doc.available().clamp(0, i64::MAX as i128) as i64,
             pending_transactions: doc.pending_transactions,
+            currency: doc.currency,
             created_at: doc.creation_time,
             updated_at: doc.modification_time,
         }
@@ -63,9 +68,15 @@ pub struct CreateAccount {
     /// Lowest balance a debit may leave, a signed 64-bit integer; default 0; at most
     /// `balance`, else 422.
     pub floor: Option<i64>,
+    /// The account's currency (1–16 characters of `[A-Z0-9_]`), fixed for its life; absent
+    /// or null: none. A transfer moves units only between accounts of one currency (or
+    /// between accounts without one).
+    #[schema(value_type = Option<super::openapi::Currency>)]
+    pub currency: Option<String>,
 }
 
-/// Opens an account with an opening balance. Replaying the same request answers 200.
+/// Opens an account with an opening balance (and optionally a currency). Replaying the same
+/// request (same balance, floor and currency) answers 200; another one with the same id 409.
 #[utoipa::path(post, path = "/accounts", tag = "accounts", request_body = CreateAccount,
     responses(
         (status = 201, description = "Account opened", body = Account),
@@ -84,6 +95,7 @@ pub async fn create_account(
     let id = field::required_id(&body, "id")?;
     let balance = field::required_integer(&body, "balance")?;
     let floor = field::integer(&body, "floor")?.unwrap_or(0);
+    let currency = field::currency(&body, "currency")?;
     if balance < floor {
         return Err(ApiError::Invalid(format!(
             "`balance` ({balance}) must not be below `floor` ({floor})"
@@ -93,6 +105,7 @@ pub async fn create_account(
         id: id.clone(),
         balance,
         floor,
+        currency,
     };
     Ok(match state.engine.create_account(new).await? {
         Created::New(doc) => {

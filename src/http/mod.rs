@@ -313,4 +313,17 @@ pub(crate) mod field {
     pub fn required_integer(body: &Map<String, Value>, name: &str) -> Result<i64, ApiError> {
         integer(body, name)?.ok_or_else(|| ApiError::Invalid(format!("`{name}` is required")))
     }
+
+    /// A currency code (`valid_currency`); absent or null: none.
+    pub fn currency(body: &Map<String, Value>, name: &str) -> Result<Option<String>, ApiError> {
+        match body.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) if crate::transfer::model::valid_currency(s) => {
+                Ok(Some(s.clone()))
+            }
+            Some(_) => Err(ApiError::Invalid(format!(
+                "`{name}` must be 1–16 characters of A-Z 0-9 _ (such as USD)"
+            ))),
+        }
+    }
 }

@@ -38,6 +38,17 @@ pub struct Id(#[allow(dead_code)] String);
 /// How long a long-poll may wait: one or more `<digits><unit>`, units `ns`, `us`, `ms`,
 /// `s`, `m`, `h` (`5s`, `500ms`, `1m30s`); `0s` answers at once; more than 30 s (however
 /// large the number) waits 30 s.
+/// A currency code: 1–16 characters of `[A-Z0-9_]`.
+#[derive(ToSchema)]
+#[schema(
+    value_type = String,
+    min_length = 1,
+    max_length = 16,
+    pattern = r"^[A-Z0-9_]{1,16}$",
+    example = "USD"
+)]
+pub struct Currency(#[allow(dead_code)] String);
+
 #[derive(ToSchema)]
 #[schema(value_type = String, pattern = r"^([0-9]+(ns|us|ms|s|m|h))+$", example = "5s")]
 pub struct Wait(#[allow(dead_code)] String);
@@ -205,7 +216,7 @@ fn protect(operation: &mut Operation, scope: Scope, optional: bool) {
         super::transfers::get_transfer, super::transfers::cancel_transfer,
         super::health::livez, super::health::healthz, super::health::readyz, super::health::metrics,
     ),
-    components(schemas(super::Problem, Id, Wait, Cursor, IdempotencyKey, BatchIdempotencyKey, Attention)),
+    components(schemas(super::Problem, Id, Wait, Cursor, IdempotencyKey, BatchIdempotencyKey, Attention, Currency)),
     modifiers(&BearerKeys),
     tags(
         (name = "accounts", description = "Accounts and their balances"),

@@ -48,6 +48,10 @@ pub struct Transfer {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub attention: Option<String>,
+    /// The currency the request stated; absent when it stated none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<super::openapi::Currency>, nullable = false)]
+    pub currency: Option<String>,
 }
 
 impl From<TransferDoc> for Transfer {
@@ -62,6 +66,7 @@ impl From<TransferDoc> for Transfer {
             created_at: doc.creation_time,
             updated_at: doc.modification_time,
             attention: doc.attention,
+            currency: doc.currency,
         }
     }
 }
@@ -84,6 +89,11 @@ pub struct CreateTransfer {
     /// Units to move: an integer from 1 to 2^63-1 (a JSON integer: `5`, not `5.0`).
     #[schema(minimum = 1)]
     pub amount: i64,
+    /// The currency (1–16 characters of `[A-Z0-9_]`) both accounts must have; absent or
+    /// null: they must merely share one, or both have none. Otherwise the transfer rolls
+    /// back with reason `currency_mismatch` and no unit moves.
+    #[schema(value_type = Option<super::openapi::Currency>)]
+    pub currency: Option<String>,
 }
 
 /// A page of transfers.
@@ -97,7 +107,7 @@ pub struct TransferPage {
 /// Accepts a transfer and answers at once; a background worker drives it.
 ///
 /// Idempotent by the transfer's `id`, given in the body or as the `Idempotency-Key` header:
-/// the same id with the same `from`, `to` and `amount` replays the transfer (`200`, as it is
+/// the same id with the same `from`, `to`, `amount` and `currency` replays the transfer (`200`, as it is
 /// now); with another, `409`. Ids are kept forever (transfers are never deleted), so a retry
 /// is a replay however late it comes.
 #[utoipa::path(post, path = "/transfers", tag = "transfers", request_body = CreateTransfer,
@@ -161,6 +171,7 @@ pub(crate) fn new_transfer(
     let from = field::required_id(body, "from")?;
     let to = field::required_id(body, "to")?;
     let amount = field::required_integer(body, "amount")?;
+    let currency = field::currency(body, "currency")?;
     if amount <= 0 {
         return Err(ApiError::Invalid("`amount` must be positive".into()));
     }
@@ -175,6 +186,7 @@ pub(crate) fn new_transfer(
         from,
         to,
         amount,
+        currency,
     })
 }
 
@@ -398,6 +410,8 @@ mod tests {
             RollbackReason::BalanceOverflow,
             RollbackReason::Cancelled,
             RollbackReason::TimedOut,
+            RollbackReason::AccountBusy,
+            RollbackReason::CurrencyMismatch,
         ] {
             assert_eq!(serde_json::to_value(reason).unwrap(), reason.as_str());
         }

@@ -542,6 +542,7 @@ mod tests {
             lease_owner: None,
             lease_expires_at: None,
             attention: None,
+            currency: None,
         }
     }
 

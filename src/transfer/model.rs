@@ -101,7 +101,8 @@ impl FromStr for TransferState {
 /// - `balance_overflow`: a balance would have overflowed a signed 64-bit integer;
 /// - `cancelled`: a client cancelled it (`POST /transfers/{id}/cancel`);
 /// - `timed_out`: it had not committed after the service's transfer timeout;
-/// - `account_busy`: an account was settling more transfers than it can remember; retry.
+/// - `account_busy`: an account was settling more transfers than it can remember; retry;
+/// - `currency_mismatch`: the accounts do not share one currency, or not the transfer's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RollbackReason {
@@ -118,6 +119,9 @@ pub enum RollbackReason {
     /// An account was settling more transfers than it can remember (`SETTLED_MAX` within
     /// `SETTLED_RETENTION`); the apply backed off and then gave up. Retry later.
     AccountBusy,
+    /// The two accounts do not have the same currency (or one has none and the other one),
+    /// or the transfer states a currency an account does not have.
+    CurrencyMismatch,
 }
 
 impl RollbackReason {
@@ -129,6 +133,7 @@ impl RollbackReason {
             RollbackReason::Cancelled => "cancelled",
             RollbackReason::TimedOut => "timed_out",
             RollbackReason::AccountBusy => "account_busy",
+            RollbackReason::CurrencyMismatch => "currency_mismatch",
         }
     }
 }
@@ -163,6 +168,10 @@ pub struct TransferDoc {
     /// procedure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention: Option<String>,
+    /// The currency the client stated ([`valid_currency`]); every account must have it.
+    /// Absent: the accounts must merely share one (or all have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
 }
 
 /// One settled transfer id remembered by an account, in the form versions before the compact
@@ -192,6 +201,10 @@ pub struct AccountDoc {
     /// from a replay of someone else's (200).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_by: Option<String>,
+    /// The account's currency ([`valid_currency`]), fixed when it is opened; absent for an
+    /// account without one. Every transfer's accounts share one currency or all have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
     /// Ids of transfers applied to this balance and not yet settled (the post's list).
     /// Changed only through [`AccountDoc::add_pending`] and [`AccountDoc::remove_pending`].
     #[serde(default)]
@@ -296,4 +309,19 @@ pub fn valid_id(id: &str) -> bool {
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+/// Currencies: 1–16 characters of `[A-Z0-9_]` (`USD`, `EUR`, `POINTS`, `USD_CENTS`).
+///
+/// ```
+/// use transfer_service::transfer::model::valid_currency;
+/// assert!(valid_currency("USD") && valid_currency("X") && valid_currency(&"A".repeat(16)));
+/// assert!(!valid_currency("") && !valid_currency(&"A".repeat(17)));
+/// assert!(!valid_currency("usd") && !valid_currency("US D") && !valid_currency("€"));
+/// ```
+pub fn valid_currency(text: &str) -> bool {
+    (1..=16).contains(&text.len())
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
 }

@@ -32,20 +32,24 @@ pub enum ServiceError {
 }
 
 /// The request to open an account.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct NewAccount {
     pub id: String,
     pub balance: i64,
     pub floor: i64,
+    /// Fixed for the account's life ([`super::model::valid_currency`]).
+    pub currency: Option<String>,
 }
 
 /// A validated transfer request.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct NewTransfer {
     pub id: String,
     pub from: String,
     pub to: String,
     pub amount: i64,
+    /// The currency the client states, if any.
+    pub currency: Option<String>,
 }
 
 /// Whether a create made something new or replayed what exists.
@@ -78,6 +82,7 @@ impl Engine {
             floor: new.floor,
             opening_balance: new.balance,
             created_by: Some(token.clone()),
+            currency: new.currency.clone(),
             pending_transactions: Vec::new(),
             pending_applied_at: Vec::new(),
             pending_credits: 0,
@@ -98,11 +103,14 @@ impl Engine {
             // Our own create, whose answer was lost (the retry found it): it is new.
             return Ok(Created::New(existing));
         }
-        if existing.opening_balance == new.balance && existing.floor == new.floor {
+        if existing.opening_balance == new.balance
+            && existing.floor == new.floor
+            && existing.currency == new.currency
+        {
             Ok(Created::Replayed(existing))
         } else {
             Err(ServiceError::Conflict(format!(
-                "account {} exists with another opening balance or floor",
+                "account {} exists with another opening balance, floor or currency",
                 new.id
             )))
         }
@@ -145,6 +153,7 @@ impl Engine {
             lease_owner: None,
             lease_expires_at: None,
             attention: None,
+            currency: new.currency.clone(),
         };
         // A create whose answer was lost is still ours (the claim finds our token): it is
         // new, and ours to drive.
@@ -163,11 +172,12 @@ impl Engine {
         if existing.src_acct == new.from
             && existing.dest_acct == new.to
             && existing.amount == new.amount
+            && existing.currency == new.currency
         {
             Ok(Created::Replayed(existing))
         } else {
             Err(ServiceError::Conflict(format!(
-                "transfer {} exists with another from, to or amount",
+                "transfer {} exists with another from, to, amount or currency",
                 new.id
             )))
         }

@@ -392,6 +392,7 @@ async fn a_create_whose_answer_was_lost_is_still_driven_at_once() {
                 from: "a".into(),
                 to: "b".into(),
                 amount: 10,
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -487,6 +488,7 @@ async fn an_account_create_whose_answer_was_lost_is_new() {
                 id: "a".into(),
                 balance: 100,
                 floor: 0,
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -496,6 +498,7 @@ async fn an_account_create_whose_answer_was_lost_is_new() {
                 id: "a".into(),
                 balance: 100,
                 floor: 0,
+                ..Default::default()
             })
             .await
             .unwrap();

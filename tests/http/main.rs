@@ -6,6 +6,7 @@
 //! - [`es_security`]: Elasticsearch with security on (API keys, privileges, HTTPS), on the
 //!   emulator (a test double);
 //! - [`batch`]: `POST /transfers/batch`, item by item, on the same backends;
+//! - [`currencies`]: account and transfer currencies, `currency_mismatch`, on the same backends;
 //! - [`admission`]: `MAX_IN_FLIGHT`, 503 with `Retry-After`, on the same backends;
 //! - [`auth`]: API keys on every protected route, reloads, the open routes;
 //! - [`idempotency`]: the `Idempotency-Key` header on single and batch creates;
@@ -25,6 +26,7 @@ mod admission;
 mod api;
 mod auth;
 mod batch;
+mod currencies;
 mod es_security;
 mod idempotency;
 mod observability;
