@@ -32,6 +32,10 @@ pub struct Account {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<super::openapi::Currency>, nullable = false)]
     pub currency: Option<String>,
+    /// Its labels, as given when it was opened; absent when it has none.
+    #[serde(skip_serializing_if = "crate::transfer::model::Metadata::is_empty")]
+    #[schema(value_type = Option<super::openapi::Metadata>, nullable = false)]
+    pub metadata: crate::transfer::model::Metadata,
     /// When it was opened: RFC 3339, UTC, millisecond precision.
     #[schema(format = DateTime)]
     pub created_at: String,
@@ -49,6 +53,7 @@ impl Account {
             available: doc.available().clamp(0, i64::MAX as i128) as i64,
             pending_transactions: doc.pending_transactions,
             currency: doc.currency,
+            metadata: doc.metadata,
             created_at: doc.creation_time,
             updated_at: doc.modification_time,
         }
@@ -73,10 +78,14 @@ pub struct CreateAccount {
     /// between accounts without one).
     #[schema(value_type = Option<super::openapi::Currency>)]
     pub currency: Option<String>,
+    /// Labels (such as an owner): at most 16 keys of `[a-z0-9_.-]{1,40}`, string values of
+    /// at most 256 characters; absent or null: none. Part of the replay comparison.
+    #[schema(value_type = Option<super::openapi::Metadata>)]
+    pub metadata: Option<crate::transfer::model::Metadata>,
 }
 
 /// Opens an account with an opening balance (and optionally a currency). Replaying the same
-/// request (same balance, floor and currency) answers 200; another one with the same id 409.
+/// request (same balance, floor, currency and metadata) answers 200; another one with the same id 409.
 #[utoipa::path(post, path = "/accounts", tag = "accounts", request_body = CreateAccount,
     responses(
         (status = 201, description = "Account opened", body = Account),
@@ -96,6 +105,7 @@ pub async fn create_account(
     let balance = field::required_integer(&body, "balance")?;
     let floor = field::integer(&body, "floor")?.unwrap_or(0);
     let currency = field::currency(&body, "currency")?;
+    let metadata = field::metadata(&body, "metadata")?;
     if balance < floor {
         return Err(ApiError::Invalid(format!(
             "`balance` ({balance}) must not be below `floor` ({floor})"
@@ -106,6 +116,7 @@ pub async fn create_account(
         balance,
         floor,
         currency,
+        metadata,
     };
     Ok(match state.engine.create_account(new).await? {
         Created::New(doc) => {

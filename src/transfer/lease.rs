@@ -543,6 +543,7 @@ mod tests {
             lease_expires_at: None,
             attention: None,
             currency: None,
+            metadata: Default::default(),
         }
     }
 

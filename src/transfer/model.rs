@@ -1,6 +1,7 @@
 //! The documents of the protocol, with the post's field names (`docs/design.md §2`), and the validated
 //! values the API accepts.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -172,6 +173,9 @@ pub struct TransferDoc {
     /// Absent: the accounts must merely share one (or all have none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub currency: Option<String>,
+    /// The client's labels ([`valid_metadata`]); empty (and not written) for most transfers.
+    #[serde(default, skip_serializing_if = "Metadata::is_empty")]
+    pub metadata: Metadata,
 }
 
 /// One settled transfer id remembered by an account, in the form versions before the compact
@@ -205,6 +209,9 @@ pub struct AccountDoc {
     /// account without one. Every transfer's accounts share one currency or all have none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub currency: Option<String>,
+    /// The client's labels ([`valid_metadata`]), fixed at creation.
+    #[serde(default, skip_serializing_if = "Metadata::is_empty")]
+    pub metadata: Metadata,
     /// Ids of transfers applied to this balance and not yet settled (the post's list).
     /// Changed only through [`AccountDoc::add_pending`] and [`AccountDoc::remove_pending`].
     #[serde(default)]
@@ -324,4 +331,57 @@ pub fn valid_currency(text: &str) -> bool {
         && text
             .bytes()
             .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// Metadata: string labels by key, in key order (so equal maps encode to equal bytes).
+pub type Metadata = BTreeMap<String, String>;
+
+/// The most keys one metadata object holds.
+pub const METADATA_MAX_KEYS: usize = 16;
+/// The longest metadata value, in characters.
+pub const METADATA_MAX_VALUE_CHARS: usize = 256;
+
+/// Metadata keys: 1–40 characters of `[a-z0-9_.-]` (no `=`: the embedded store's index
+/// joins a key and its value with it).
+///
+/// ```
+/// use transfer_service::transfer::model::valid_metadata_key;
+/// assert!(valid_metadata_key("order_id") && valid_metadata_key("a.b-c") && valid_metadata_key(&"k".repeat(40)));
+/// assert!(!valid_metadata_key("") && !valid_metadata_key(&"k".repeat(41)));
+/// assert!(!valid_metadata_key("Order") && !valid_metadata_key("a b") && !valid_metadata_key("a=b"));
+/// ```
+pub fn valid_metadata_key(key: &str) -> bool {
+    (1..=40).contains(&key.len())
+        && key.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-')
+        })
+}
+
+/// Metadata values: strings of at most 256 characters (the empty string included).
+pub fn valid_metadata_value(value: &str) -> bool {
+    value.chars().count() <= METADATA_MAX_VALUE_CHARS
+}
+
+/// Checks a whole metadata object: at most 16 keys, each key and value valid. `Err` says
+/// what is wrong, for the client.
+pub fn valid_metadata<'a>(
+    entries: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
+) -> Result<(), String> {
+    if entries.len() > METADATA_MAX_KEYS {
+        return Err(format!(
+            "`metadata` has {} keys; at most {METADATA_MAX_KEYS}",
+            entries.len()
+        ));
+    }
+    for (key, value) in entries {
+        if !valid_metadata_key(key) {
+            return Err("`metadata` keys must be 1–40 characters of a-z 0-9 _ . -".to_owned());
+        }
+        if !valid_metadata_value(value) {
+            return Err(format!(
+                "`metadata` values must be strings of at most {METADATA_MAX_VALUE_CHARS} characters"
+            ));
+        }
+    }
+    Ok(())
 }

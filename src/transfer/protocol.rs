@@ -501,6 +501,7 @@ mod tests {
             opening_balance: balance,
             created_by: None,
             currency: None,
+            metadata: Default::default(),
             pending_transactions: vec![],
             pending_applied_at: vec![],
             pending_credits: 0,
@@ -547,6 +548,7 @@ mod tests {
             lease_expires_at: Some("2026-01-01T00:00:30.000Z".into()),
             attention: None,
             currency: None,
+            metadata: Default::default(),
         }
     }
 

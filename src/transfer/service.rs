@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::admission::{Admitted, Overloaded};
 use super::documents::{decode, Versioned};
 use super::lease::{Claim, ClaimWrite, Held};
-use super::model::{AccountDoc, RollbackReason, Tombstones, TransferDoc, TransferState};
+use super::model::{AccountDoc, Metadata, RollbackReason, Tombstones, TransferDoc, TransferState};
 use super::protocol;
 use super::retry::retry;
 use super::Engine;
@@ -39,6 +39,8 @@ pub struct NewAccount {
     pub floor: i64,
     /// Fixed for the account's life ([`super::model::valid_currency`]).
     pub currency: Option<String>,
+    /// Labels ([`super::model::valid_metadata`]).
+    pub metadata: Metadata,
 }
 
 /// A validated transfer request.
@@ -50,6 +52,8 @@ pub struct NewTransfer {
     pub amount: i64,
     /// The currency the client states, if any.
     pub currency: Option<String>,
+    /// Labels ([`super::model::valid_metadata`]).
+    pub metadata: Metadata,
 }
 
 /// Whether a create made something new or replayed what exists.
@@ -83,6 +87,7 @@ impl Engine {
             opening_balance: new.balance,
             created_by: Some(token.clone()),
             currency: new.currency.clone(),
+            metadata: new.metadata.clone(),
             pending_transactions: Vec::new(),
             pending_applied_at: Vec::new(),
             pending_credits: 0,
@@ -106,11 +111,12 @@ impl Engine {
         if existing.opening_balance == new.balance
             && existing.floor == new.floor
             && existing.currency == new.currency
+            && existing.metadata == new.metadata
         {
             Ok(Created::Replayed(existing))
         } else {
             Err(ServiceError::Conflict(format!(
-                "account {} exists with another opening balance, floor or currency",
+                "account {} exists with another opening balance, floor, currency or metadata",
                 new.id
             )))
         }
@@ -154,6 +160,7 @@ impl Engine {
             lease_expires_at: None,
             attention: None,
             currency: new.currency.clone(),
+            metadata: new.metadata.clone(),
         };
         // A create whose answer was lost is still ours (the claim finds our token): it is
         // new, and ours to drive.
@@ -173,11 +180,12 @@ impl Engine {
             && existing.dest_acct == new.to
             && existing.amount == new.amount
             && existing.currency == new.currency
+            && existing.metadata == new.metadata
         {
             Ok(Created::Replayed(existing))
         } else {
             Err(ServiceError::Conflict(format!(
-                "transfer {} exists with another from, to, amount or currency",
+                "transfer {} exists with another from, to, amount, currency or metadata",
                 new.id
             )))
         }

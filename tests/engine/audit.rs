@@ -75,6 +75,7 @@ fn account(id: &str, opening: i64) -> AccountDoc {
         opening_balance: opening,
         created_by: None,
         currency: None,
+        metadata: Default::default(),
         pending_transactions: vec![],
         pending_applied_at: vec![],
         pending_credits: 0,
@@ -117,6 +118,7 @@ fn transfer(id: &str, src: &str, dest: &str, amount: i64, state: TransferState) 
         lease_expires_at: None,
         attention: None,
         currency: None,
+        metadata: Default::default(),
     }
 }
 

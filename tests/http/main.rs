@@ -10,6 +10,7 @@
 //! - [`admission`]: `MAX_IN_FLIGHT`, 503 with `Retry-After`, on the same backends;
 //! - [`auth`]: API keys on every protected route, reloads, the open routes;
 //! - [`idempotency`]: the `Idempotency-Key` header on single and batch creates;
+//! - [`metadata`]: metadata on accounts and transfers, and the listing filtered by it;
 //! - [`schema`]: the OpenAPI document's constraints against the server, both ways;
 //! - [`observability`]: metrics, request ids, logs, the OpenAPI document, Swagger UI;
 //! - [`resilience`]: store outages on the Elasticsearch backend (emulator);
@@ -29,6 +30,7 @@ mod batch;
 mod currencies;
 mod es_security;
 mod idempotency;
+mod metadata;
 mod observability;
 mod operator_kit;
 mod resilience;
