@@ -106,6 +106,9 @@ pub enum ViolationKind {
     /// A transfer the service flagged because its documents contradict each other
     /// (`attention`): left alone for a person (`docs/design.md §9`).
     NeedsAttention,
+    /// A committed or finished transfer between accounts of different currencies, or in
+    /// another currency than it stated: units moved that the protocol must have refused.
+    CurrencyMismatch,
 }
 
 impl ViolationKind {
@@ -358,6 +361,7 @@ pub async fn audit(store: &dyn Store, stuck_after_millis: i64) -> StoreResult<Au
         check_transfer(&mut report, id, t, now, stuck_after_millis);
     }
     let settled = settled_balances(&mut report, &accounts, &transfers.docs);
+    check_currencies(&mut report, &accounts, &transfers.docs);
 
     // Conservation needs every balance and every in-flight amount: `None` once one is missing.
     let mut in_flight_delta = accounts.unreadable.is_empty().then_some(0);
@@ -484,6 +488,45 @@ fn settled_balances<'a>(
         }
     }
     settled
+}
+
+/// Every committed or finished transfer moved units between accounts of one currency (or
+/// of none), the one it stated if it stated one. A missing account is reported elsewhere.
+fn check_currencies(
+    report: &mut AuditReport,
+    accounts: &Loaded<AccountDoc>,
+    transfers: &BTreeMap<String, TransferDoc>,
+) {
+    for (id, t) in transfers {
+        let state = t.transaction_state;
+        if !matches!(state, TransferState::Committed | TransferState::Finished) {
+            continue;
+        }
+        let (Some(src), Some(dest)) = (
+            accounts.docs.get(&t.src_acct),
+            accounts.docs.get(&t.dest_acct),
+        ) else {
+            continue;
+        };
+        let stated_ok = t
+            .currency
+            .as_ref()
+            .is_none_or(|c| src.currency.as_ref() == Some(c));
+        if src.currency != dest.currency || !stated_ok {
+            let shown = |c: &Option<String>| c.clone().unwrap_or_else(|| "none".into());
+            report.violation(
+                ViolationKind::CurrencyMismatch,
+                format!(
+                    "transfer {id} is {state} in currency {} from {} ({}) to {} ({})",
+                    shown(&t.currency),
+                    t.src_acct,
+                    shown(&src.currency),
+                    t.dest_acct,
+                    shown(&dest.currency)
+                ),
+            );
+        }
+    }
 }
 
 /// Checks one account: its id, its pending list, its balance, its pending sums and its floor,

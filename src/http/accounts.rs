@@ -28,6 +28,14 @@ pub struct Account {
     pub available: i64,
     /// Transfers applied to the balance and not yet settled.
     pub pending_transactions: Vec<String>,
+    /// Its currency, fixed when it was opened; absent for an account without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<super::openapi::Currency>, nullable = false)]
+    pub currency: Option<String>,
+    /// Its labels, as given when it was opened; absent when it has none.
+    #[serde(skip_serializing_if = "crate::transfer::model::Metadata::is_empty")]
+    #[schema(value_type = Option<super::openapi::Metadata>, nullable = false)]
+    pub metadata: crate::transfer::model::Metadata,
     /// When it was opened: RFC 3339, UTC, millisecond precision.
     #[schema(format = DateTime)]
     pub created_at: String,
@@ -44,6 +52,8 @@ impl Account {
             floor: doc.floor,
             available: doc.available().clamp(0, i64::MAX as i128) as i64,
             pending_transactions: doc.pending_transactions,
+            currency: doc.currency,
+            metadata: doc.metadata,
             created_at: doc.creation_time,
             updated_at: doc.modification_time,
         }
@@ -63,9 +73,19 @@ pub struct CreateAccount {
     /// Lowest balance a debit may leave, a signed 64-bit integer; default 0; at most
     /// `balance`, else 422.
     pub floor: Option<i64>,
+    /// The account's currency (1–16 characters of `[A-Z0-9_]`), fixed for its life; absent
+    /// or null: none. A transfer moves units only between accounts of one currency (or
+    /// between accounts without one).
+    #[schema(value_type = Option<super::openapi::Currency>)]
+    pub currency: Option<String>,
+    /// Labels (such as an owner): at most 16 keys of `[a-z0-9_.-]{1,40}`, string values of
+    /// at most 256 characters; absent or null: none. Part of the replay comparison.
+    #[schema(value_type = Option<super::openapi::Metadata>)]
+    pub metadata: Option<crate::transfer::model::Metadata>,
 }
 
-/// Opens an account with an opening balance. Replaying the same request answers 200.
+/// Opens an account with an opening balance (and optionally a currency). Replaying the same
+/// request (same balance, floor, currency and metadata) answers 200; another one with the same id 409.
 #[utoipa::path(post, path = "/accounts", tag = "accounts", request_body = CreateAccount,
     responses(
         (status = 201, description = "Account opened", body = Account),
@@ -84,6 +104,8 @@ pub async fn create_account(
     let id = field::required_id(&body, "id")?;
     let balance = field::required_integer(&body, "balance")?;
     let floor = field::integer(&body, "floor")?.unwrap_or(0);
+    let currency = field::currency(&body, "currency")?;
+    let metadata = field::metadata(&body, "metadata")?;
     if balance < floor {
         return Err(ApiError::Invalid(format!(
             "`balance` ({balance}) must not be below `floor` ({floor})"
@@ -93,6 +115,8 @@ pub async fn create_account(
         id: id.clone(),
         balance,
         floor,
+        currency,
+        metadata,
     };
     Ok(match state.engine.create_account(new).await? {
         Created::New(doc) => {

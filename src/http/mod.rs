@@ -332,4 +332,51 @@ pub(crate) mod field {
     pub fn required_integer(body: &Map<String, Value>, name: &str) -> Result<i64, ApiError> {
         integer(body, name)?.ok_or_else(|| ApiError::Invalid(format!("`{name}` is required")))
     }
+
+    /// A metadata object (`valid_metadata`): string values by key; absent or null: none.
+    pub fn metadata(
+        body: &Map<String, Value>,
+        name: &str,
+    ) -> Result<crate::transfer::model::Metadata, ApiError> {
+        let object = match body.get(name) {
+            None | Some(Value::Null) => return Ok(Default::default()),
+            Some(Value::Object(object)) => object,
+            Some(_) => {
+                return Err(ApiError::Invalid(format!(
+                    "`{name}` must be an object of string values"
+                )))
+            }
+        };
+        let mut strings = Vec::with_capacity(object.len());
+        for (key, value) in object {
+            match value {
+                Value::String(s) => strings.push((key.as_str(), s.as_str())),
+                _ => {
+                    return Err(ApiError::Invalid(format!(
+                        "`{name}` values must be strings (`{}` is not)",
+                        super::shorten(key)
+                    )))
+                }
+            }
+        }
+        crate::transfer::model::valid_metadata(strings.iter().copied())
+            .map_err(ApiError::Invalid)?;
+        Ok(strings
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect())
+    }
+
+    /// A currency code (`valid_currency`); absent or null: none.
+    pub fn currency(body: &Map<String, Value>, name: &str) -> Result<Option<String>, ApiError> {
+        match body.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) if crate::transfer::model::valid_currency(s) => {
+                Ok(Some(s.clone()))
+            }
+            Some(_) => Err(ApiError::Invalid(format!(
+                "`{name}` must be 1–16 characters of A-Z 0-9 _ (such as USD)"
+            ))),
+        }
+    }
 }

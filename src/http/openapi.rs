@@ -38,6 +38,50 @@ pub struct Id(#[allow(dead_code)] String);
 /// How long a long-poll may wait: one or more `<digits><unit>`, units `ns`, `us`, `ms`,
 /// `s`, `m`, `h` (`5s`, `500ms`, `1m30s`); `0s` answers at once; more than 30 s (however
 /// large the number) waits 30 s.
+/// A currency code: 1–16 characters of `[A-Z0-9_]`.
+#[derive(ToSchema)]
+#[schema(
+    value_type = String,
+    min_length = 1,
+    max_length = 16,
+    pattern = r"^[A-Z0-9_]{1,16}$",
+    example = "USD"
+)]
+pub struct Currency(#[allow(dead_code)] String);
+
+/// A metadata key: 1–40 characters of `[a-z0-9_.-]`.
+pub const METADATA_KEY_PATTERN: &str = r"^[a-z0-9_.-]{1,40}$";
+
+/// Metadata: at most 16 keys of `[a-z0-9_.-]{1,40}`, string values of at most 256
+/// characters.
+pub struct Metadata;
+
+impl utoipa::PartialSchema for Metadata {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        let key = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(1))
+            .max_length(Some(40))
+            .pattern(Some(METADATA_KEY_PATTERN));
+        let value = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .max_length(Some(crate::transfer::model::METADATA_MAX_VALUE_CHARS));
+        ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .description(Some(
+                "String labels by key: at most 16 keys of `[a-z0-9_.-]{1,40}`, each value a \
+                 string of at most 256 characters (else 422).",
+            ))
+            .max_properties(Some(crate::transfer::model::METADATA_MAX_KEYS))
+            .property_names(Some(key))
+            .additional_properties(Some(value))
+            .examples([serde_json::json!({"order_id": "123"})])
+            .into()
+    }
+}
+
+impl ToSchema for Metadata {}
+
 #[derive(ToSchema)]
 #[schema(value_type = String, pattern = r"^([0-9]+(ns|us|ms|s|m|h))+$", example = "5s")]
 pub struct Wait(#[allow(dead_code)] String);
@@ -206,7 +250,7 @@ fn protect(operation: &mut Operation, scope: Scope, optional: bool) {
         super::transfers::capture_transfer,
         super::health::livez, super::health::healthz, super::health::readyz, super::health::metrics,
     ),
-    components(schemas(super::Problem, Id, Wait, Cursor, IdempotencyKey, BatchIdempotencyKey, Attention)),
+    components(schemas(super::Problem, Id, Wait, Cursor, IdempotencyKey, BatchIdempotencyKey, Attention, Currency, Metadata)),
     modifiers(&BearerKeys),
     tags(
         (name = "accounts", description = "Accounts and their balances"),

@@ -15,7 +15,8 @@ use super::{
 };
 use crate::store::{SortKey, TransferFilter};
 use crate::transfer::model::{
-    check_hold_duration, valid_id, RollbackReason, TransferDoc, TransferState,
+    check_hold_duration, valid_id, valid_metadata_key, valid_metadata_value, Metadata,
+    RollbackReason, TransferDoc, TransferState, METADATA_MAX_KEYS,
 };
 use crate::transfer::service::{Created, NewTransfer};
 
@@ -64,6 +65,14 @@ pub struct Transfer {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false, minimum = 1)]
     pub captured_amount: Option<i64>,
+    /// The currency the request stated; absent when it stated none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<super::openapi::Currency>, nullable = false)]
+    pub currency: Option<String>,
+    /// Its labels, as given; absent when it has none.
+    #[serde(skip_serializing_if = "Metadata::is_empty")]
+    #[schema(value_type = Option<super::openapi::Metadata>, nullable = false)]
+    pub metadata: Metadata,
 }
 
 impl From<TransferDoc> for Transfer {
@@ -81,6 +90,8 @@ impl From<TransferDoc> for Transfer {
             hold: doc.hold_expires_at.is_some(),
             hold_expires_at: doc.hold_expires_at,
             captured_amount: doc.captured_amount,
+            currency: doc.currency,
+            metadata: doc.metadata,
         }
     }
 }
@@ -113,6 +124,16 @@ pub struct CreateTransfer {
     /// with `"hold": true` (else 422).
     #[schema(nullable = false, example = "10m")]
     pub hold_expires_in: Option<String>,
+    /// The currency (1–16 characters of `[A-Z0-9_]`) both accounts must have; absent or
+    /// null: they must merely share one, or both have none. Otherwise the transfer rolls
+    /// back with reason `currency_mismatch` and no unit moves.
+    #[schema(value_type = Option<super::openapi::Currency>)]
+    pub currency: Option<String>,
+    /// Labels (such as an order id): at most 16 keys of `[a-z0-9_.-]{1,40}`, string values
+    /// of at most 256 characters; absent or null: none. Part of the replay comparison, and
+    /// filterable: `GET /transfers?metadata.<key>=<value>`.
+    #[schema(value_type = Option<super::openapi::Metadata>)]
+    pub metadata: Option<Metadata>,
 }
 
 /// The body of `POST /transfers/{id}/capture`; it may also be empty.
@@ -136,7 +157,7 @@ pub struct TransferPage {
 /// Accepts a transfer and answers at once; a background worker drives it.
 ///
 /// Idempotent by the transfer's `id`, given in the body or as the `Idempotency-Key` header:
-/// the same id with the same `from`, `to` and `amount` replays the transfer (`200`, as it is
+/// the same id with the same `from`, `to`, `amount`, `currency` and `metadata` replays the transfer (`200`, as it is
 /// now); with another, `409`. Ids are kept forever (transfers are never deleted), so a retry
 /// is a replay however late it comes.
 #[utoipa::path(post, path = "/transfers", tag = "transfers", request_body = CreateTransfer,
@@ -200,6 +221,8 @@ pub(crate) fn new_transfer(
     let from = field::required_id(body, "from")?;
     let to = field::required_id(body, "to")?;
     let amount = field::required_integer(body, "amount")?;
+    let currency = field::currency(body, "currency")?;
+    let metadata = field::metadata(body, "metadata")?;
     if amount <= 0 {
         return Err(ApiError::Invalid("`amount` must be positive".into()));
     }
@@ -217,6 +240,8 @@ pub(crate) fn new_transfer(
         amount,
         hold,
         hold_expires_in,
+        currency,
+        metadata,
     })
 }
 
@@ -400,8 +425,9 @@ pub async fn capture_transfer(
 const DEFAULT_LIMIT: usize = 50;
 const MAX_LIMIT: usize = 1000;
 
-/// Transfers, newest first, optionally of one account, in one state and/or flagged for a
-/// person. Near-real-time on Elasticsearch: a transfer may take up to a second to appear.
+/// Transfers, newest first, optionally of one account, in one state, flagged for a person
+/// and/or with given metadata (`?metadata.order_id=123`, any number of keys, all must
+/// match). Near-real-time on Elasticsearch: a transfer may take up to a second to appear.
 ///
 /// The parameters combine (all must hold). They are strict: a parameter not listed here, or
 /// one given twice, is a 422.
@@ -412,6 +438,8 @@ const MAX_LIMIT: usize = 1000;
         ("state" = Option<TransferState>, Query, description = "Only transfers in this state"),
         ("attention" = Option<super::openapi::Attention>, Query,
             description = "`true`: only transfers flagged for a person (they carry `attention`: their documents contradict each other; `docs/design.md` §9 says what to do). The only value accepted: omit the parameter to list every transfer; `false` or anything else is 422"),
+        ("metadata.{key}" = Option<String>, Query, max_length = 256,
+            description = "Only transfers whose metadata has this value (exactly) for `{key}`: `metadata.order_id=123`. Any number of different keys (at most 16), all must match. `{key}` is 1–40 characters of `[a-z0-9_.-]`, the value at most 256 characters; anything else is 422"),
         ("limit" = Option<usize>, Query, minimum = 1, maximum = 1000, description = "Page size, 1–1000, default 50"),
         ("cursor" = Option<super::openapi::Cursor>, Query, description = "`next_cursor` of the previous page"),
     ),
@@ -459,19 +487,45 @@ pub async fn list_transfers(
                     "`attention` must be `true` (omit it to list every transfer)".into(),
                 ))
             }
-            other => {
-                return Err(ApiError::Invalid(format!(
-                    "unknown parameter `{}`",
-                    shorten(other)
-                )))
-            }
+            other => match other.strip_prefix("metadata.") {
+                Some(key) => filter.metadata.push(metadata_filter(key, value)?),
+                None => {
+                    return Err(ApiError::Invalid(format!(
+                        "unknown parameter `{}`",
+                        shorten(other)
+                    )))
+                }
+            },
         }
     }
+    if filter.metadata.len() > METADATA_MAX_KEYS {
+        return Err(ApiError::Invalid(format!(
+            "at most {METADATA_MAX_KEYS} `metadata.<key>` filters"
+        )));
+    }
+    // In key order, so the same filters always make the same search.
+    filter.metadata.sort();
     let (docs, next) = state.engine.list_transfers(filter).await?;
     Ok(Json(TransferPage {
         items: docs.into_iter().map(Transfer::from).collect(),
         next_cursor: next.map(|k| format!("{}~{}", k.millis, k.id)),
     }))
+}
+
+/// `metadata.<key>=<value>`: a valid key and a value a transfer's metadata can hold.
+fn metadata_filter(key: &str, value: &str) -> Result<(String, String), ApiError> {
+    if !valid_metadata_key(key) {
+        return Err(ApiError::Invalid(format!(
+            "`metadata.{}`: metadata keys are 1–40 characters of a-z 0-9 _ . -",
+            shorten(key)
+        )));
+    }
+    if !valid_metadata_value(value) {
+        return Err(ApiError::Invalid(format!(
+            "`metadata.{key}`: metadata values are at most 256 characters"
+        )));
+    }
+    Ok((key.to_owned(), value.to_owned()))
 }
 
 /// The latest creation time a cursor may carry: 9999-12-31T23:59:59.999Z, the last instant
@@ -511,6 +565,8 @@ mod tests {
             RollbackReason::Cancelled,
             RollbackReason::TimedOut,
             RollbackReason::Expired,
+            RollbackReason::AccountBusy,
+            RollbackReason::CurrencyMismatch,
         ] {
             assert_eq!(serde_json::to_value(reason).unwrap(), reason.as_str());
         }

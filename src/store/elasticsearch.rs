@@ -587,6 +587,11 @@ impl Store for ElasticsearchStore {
             // set as the embedded store's.
             clauses.push(json!({"exists": {"field": fields::ATTENTION}}));
         }
+        for (key, value) in &filter.metadata {
+            // A keyed sub-field of the `flattened` field (migration 0004): exact match.
+            let field = format!("{}.{key}", fields::METADATA);
+            clauses.push(json!({"term": {field: value}}));
+        }
         let should = match &filter.account {
             Some(account) => vec![
                 json!({"term": {fields::SRC: account}}),

@@ -243,6 +243,8 @@ pub struct TransferFilter {
     pub state: Option<String>,
     /// Only transfers flagged for a person (see [`fields::ATTENTION`]).
     pub attention: bool,
+    /// Only transfers whose `metadata` has each of these `(key, value)` pairs.
+    pub metadata: Vec<(String, String)>,
     /// Continue after this key (exclusive), `(creation_time, id)` descending.
     pub after: Option<SortKey>,
     pub limit: usize,
@@ -367,6 +369,10 @@ pub mod fields {
     /// absent field is not indexed), and the embedded store's index keeps the same ones, so
     /// both backends list the same transfers.
     pub const ATTENTION: &str = "attention";
+    /// The client's labels: an object of strings, absent on most transfers. Mapped as
+    /// `flattened` by migration `0004_transactions_metadata`; a filter on key `k` is a `term`
+    /// query on `metadata.k` (`docs/elasticsearch.md` §8).
+    pub const METADATA: &str = "metadata";
 }
 
 /// Parses an RFC 3339 timestamp (as the service writes them) to epoch milliseconds.

@@ -26,7 +26,7 @@ use super::clock::{BootTime, DynClock};
 use super::documents::{Documents, Versioned};
 use super::model::AccountDoc;
 use super::protocol::{
-    decide_account, AccountDecision, AccountOp, AccountStep, Refusal, Retention, Side,
+    decide_account, AccountDecision, AccountOp, AccountStep, CurrencyRule, Refusal, Retention, Side,
 };
 use super::retry::{backoff, retry};
 use crate::store::{StoreError, Version, WriteOutcome};
@@ -40,6 +40,8 @@ pub struct StepRequest {
     pub settle_amount: i64,
     pub side: Side,
     pub op: AccountOp,
+    /// What an apply needs of the account's currency.
+    pub currency: CurrencyRule,
     /// The worker's lease deadline (monotonic): after it, this step must not be decided.
     pub deadline: BootTime,
 }
@@ -62,9 +64,13 @@ pub enum StepResult {
     Failed(StoreError),
 }
 
+/// A step's result and, for a source's apply that was done (now or before), the source's
+/// currency: the destination's apply needs it ([`CurrencyRule::for_destination`]).
+type Reply = (StepResult, Option<String>);
+
 struct Waiting {
     request: StepRequest,
-    reply: oneshot::Sender<StepResult>,
+    reply: oneshot::Sender<Reply>,
 }
 
 struct FlushGuard<'a> {
@@ -124,6 +130,16 @@ impl AccountSteps {
 
     /// Queues a step on `account` and waits for its result.
     pub async fn run(self: &Arc<Self>, account: &str, request: StepRequest) -> StepResult {
+        self.run_observing(account, request).await.0
+    }
+
+    /// [`AccountSteps::run`], also answering the account's currency when the step is a
+    /// source's apply that is done (now or before).
+    pub async fn run_observing(
+        self: &Arc<Self>,
+        account: &str,
+        request: StepRequest,
+    ) -> (StepResult, Option<String>) {
         let (reply, result) = oneshot::channel();
         let start_flusher = {
             let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
@@ -145,7 +161,10 @@ impl AccountSteps {
             tokio::spawn(async move { this.flush(account).await });
         }
         result.await.unwrap_or_else(|_| {
-            StepResult::Failed(StoreError::Permanent("account step was dropped".into()))
+            (
+                StepResult::Failed(StoreError::Permanent("account step was dropped".into())),
+                None,
+            )
         })
     }
 
@@ -180,7 +199,7 @@ impl AccountSteps {
     }
 
     /// Decides and writes one batch, retrying on conflicts; one result per step.
-    async fn settle_batch(&self, account: &str, batch: &[Waiting]) -> Vec<StepResult> {
+    async fn settle_batch(&self, account: &str, batch: &[Waiting]) -> Vec<Reply> {
         let mut use_cache = true;
         for attempt in 0..self.max_conflicts {
             if attempt > 1 {
@@ -196,7 +215,7 @@ impl AccountSteps {
                 Some(copy) => Some(copy),
                 None => match self.read(account).await {
                     Ok(copy) => copy,
-                    Err(result) => return vec![result; batch.len()],
+                    Err(result) => return vec![(result, None); batch.len()],
                 },
             };
             let Some(copy) = copy else {
@@ -226,11 +245,11 @@ impl AccountSteps {
                 Err(result) => {
                     // The outcome is unknown: the next decision must start from a fresh read.
                     self.forget_one(account);
-                    return vec![result; batch.len()];
+                    return vec![(result, None); batch.len()];
                 }
             }
         }
-        vec![StepResult::Contention; batch.len()]
+        vec![(StepResult::Contention, None); batch.len()]
     }
 
     /// Decides every step of the batch, in order, on one copy of the account observed no
@@ -240,7 +259,7 @@ impl AccountSteps {
         &self,
         mut current: AccountDoc,
         batch: &[Waiting],
-    ) -> (Vec<StepResult>, Option<AccountDoc>) {
+    ) -> (Vec<Reply>, Option<AccountDoc>) {
         let observed = self.clock.boot_time();
         let now = self.clock.now();
         let mut changed = false;
@@ -249,7 +268,7 @@ impl AccountSteps {
             .map(|waiting| {
                 let r = &waiting.request;
                 if r.deadline <= observed {
-                    return StepResult::LeaseExpired;
+                    return (StepResult::LeaseExpired, None);
                 }
                 let step = AccountStep {
                     transfer_id: &r.transfer_id,
@@ -257,31 +276,39 @@ impl AccountSteps {
                     settle_amount: r.settle_amount,
                     side: r.side,
                     op: r.op,
+                    currency: r.currency.as_deref(),
                 };
-                match decide_account(&current, step, &now, self.retention) {
+                let result = match decide_account(&current, step, &now, self.retention) {
                     AccountDecision::Write(next) => {
                         current = next;
                         changed = true;
                         StepResult::Done
                     }
                     AccountDecision::AlreadyDone => StepResult::AlreadyDone,
-                    AccountDecision::Refuse(refusal) => StepResult::Refused(refusal),
-                }
+                    AccountDecision::Refuse(refusal) => {
+                        return (StepResult::Refused(refusal), None)
+                    }
+                };
+                // Only the source's apply is asked for it (cloned only when there is one).
+                let currency = (r.op == AccountOp::Apply && r.side == Side::Source)
+                    .then(|| current.currency.clone())
+                    .flatten();
+                (result, currency)
             })
             .collect();
         (results, changed.then_some(current))
     }
 
     /// The results for a batch on an account that does not exist.
-    fn missing(&self, batch: &[Waiting]) -> Vec<StepResult> {
+    fn missing(&self, batch: &[Waiting]) -> Vec<Reply> {
         let observed = self.clock.boot_time();
         batch
             .iter()
             .map(|w| {
                 if w.request.deadline <= observed {
-                    StepResult::LeaseExpired
+                    (StepResult::LeaseExpired, None)
                 } else {
-                    StepResult::Missing
+                    (StepResult::Missing, None)
                 }
             })
             .collect()

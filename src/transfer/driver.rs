@@ -11,7 +11,9 @@ use super::accounts::{StepRequest, StepResult};
 use super::admission::Admitted;
 use super::lease::{Held, Reread};
 use super::model::{RollbackReason, TransferDoc, TransferState};
-use super::protocol::{self, deadline_transition, plan_for, AccountOp, Refusal, Side, Step};
+use super::protocol::{
+    self, deadline_transition, plan_for, AccountOp, CurrencyRule, Refusal, Side, Step,
+};
 use super::retry::backoff;
 use super::Engine;
 use crate::store::{parse_millis, StoreError};
@@ -191,12 +193,21 @@ impl Engine {
             info!(to = %to, reason = reason.as_str(), "transfer ran out of time before committing; rolling back");
             return self.write_state(held, to, Some(reason)).await;
         }
+        // The source's currency, as its apply (done now or before) read it: the destination's
+        // apply, next in the same plan, must match it.
+        let mut source_currency = None;
         for step in plan_for(&held.doc) {
             if self.shutdown.is_cancelled() {
                 return Err(StopReason::Shutdown.into());
             }
             match *step {
-                Step::Account(op, side) => self.account_step(held, op, side).await?,
+                Step::Account(op, side) => {
+                    let currency = currency_rule(&held.doc.currency, op, side, &source_currency);
+                    let observed = self.account_step(held, op, side, currency).await?;
+                    if (op, side) == (AccountOp::Apply, Side::Source) {
+                        source_currency = Some(observed);
+                    }
+                }
                 Step::SetState(to) => self.write_state(held, to, None).await?,
                 Step::Park => return self.park(held).await,
             }
@@ -217,13 +228,15 @@ impl Engine {
     }
 
     /// One account step (core 2/3/5/6, rollback 2/3), merged with the other steps waiting
-    /// for the same account (see [`super::accounts`]).
+    /// for the same account (see [`super::accounts`]). Answers the account's currency for a
+    /// source's apply.
     async fn account_step(
         &self,
         held: &mut Held,
         op: AccountOp,
         side: Side,
-    ) -> Result<(), Interrupt> {
+        currency: CurrencyRule,
+    ) -> Result<Option<String>, Interrupt> {
         let account_id = side.account(&held.doc).to_owned();
         let mut busy = 0;
         for _ in 0..self.config.max_conflicts {
@@ -234,9 +247,11 @@ impl Engine {
                 settle_amount: held.doc.settle_amount(),
                 side,
                 op,
+                currency: currency.clone(),
                 deadline: held.deadline(),
             };
-            match self.accounts.run(&account_id, request).await {
+            let (result, observed) = self.accounts.run_observing(&account_id, request).await;
+            match result {
                 // Renew (or find out we lost it) and try again.
                 StepResult::LeaseExpired => continue,
                 // Wait for the account's oldest tombstones to age out; then give up (the
@@ -245,7 +260,7 @@ impl Engine {
                     busy += 1;
                     tokio::time::sleep(backoff(busy + 2)).await;
                 }
-                result => return step_outcome(result, op, side, &account_id),
+                result => return step_outcome(result, op, side, &account_id).map(|()| observed),
             }
         }
         Err(StopReason::Contention.into())
@@ -353,6 +368,29 @@ impl Engine {
         } else {
             Err(Interrupt::Reread)
         }
+    }
+}
+
+/// The currency rule of one account step of a transfer stating `stated`, the source's
+/// currency being `source` once its apply ran in this plan.
+fn currency_rule(
+    stated: &Option<String>,
+    op: AccountOp,
+    side: Side,
+    source: &Option<Option<String>>,
+) -> CurrencyRule {
+    match (op, side) {
+        (AccountOp::Apply, Side::Source) => CurrencyRule::for_source(stated.clone()),
+        (AccountOp::Apply, Side::Destination) => {
+            // The plan of `pending` applies the source first, always: its answer is here.
+            debug_assert!(
+                source.is_some(),
+                "the destination's apply before the source's"
+            );
+            let source = source.clone().flatten();
+            CurrencyRule::for_destination(stated.clone(), source)
+        }
+        _ => CurrencyRule::Any,
     }
 }
 

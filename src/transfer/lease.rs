@@ -580,6 +580,8 @@ mod tests {
             attention: None,
             hold_expires_at: None,
             captured_amount: None,
+            currency: None,
+            metadata: Default::default(),
         }
     }
 

@@ -1,6 +1,7 @@
 //! The documents of the protocol, with the post's field names (`docs/design.md §2`), and the validated
 //! values the API accepts.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -103,6 +104,7 @@ impl FromStr for TransferState {
 /// - `timed_out`: it had not committed after the service's transfer timeout;
 /// - `account_busy`: an account was settling more transfers than it can remember; retry;
 /// - `expired`: a hold that was neither captured nor cancelled before `hold_expires_at`.
+/// - `currency_mismatch`: the accounts do not share one currency, or not the transfer's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RollbackReason {
@@ -121,6 +123,9 @@ pub enum RollbackReason {
     AccountBusy,
     /// A hold was neither captured nor cancelled before its `hold_expires_at`.
     Expired,
+    /// The two accounts do not have the same currency (or one has none and the other one),
+    /// or the transfer states a currency an account does not have.
+    CurrencyMismatch,
 }
 
 impl RollbackReason {
@@ -133,6 +138,7 @@ impl RollbackReason {
             RollbackReason::TimedOut => "timed_out",
             RollbackReason::AccountBusy => "account_busy",
             RollbackReason::Expired => "expired",
+            RollbackReason::CurrencyMismatch => "currency_mismatch",
         }
     }
 }
@@ -179,6 +185,13 @@ pub struct TransferDoc {
     /// never changed after: every settle step reads the same value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub captured_amount: Option<i64>,
+    /// The currency the client stated ([`valid_currency`]); every account must have it.
+    /// Absent: the accounts must merely share one (or all have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
+    /// The client's labels ([`valid_metadata`]); empty (and not written) for most transfers.
+    #[serde(default, skip_serializing_if = "Metadata::is_empty")]
+    pub metadata: Metadata,
 }
 
 impl TransferDoc {
@@ -228,6 +241,13 @@ pub struct AccountDoc {
     /// from a replay of someone else's (200).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_by: Option<String>,
+    /// The account's currency ([`valid_currency`]), fixed when it is opened; absent for an
+    /// account without one. Every transfer's accounts share one currency or all have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
+    /// The client's labels ([`valid_metadata`]), fixed at creation.
+    #[serde(default, skip_serializing_if = "Metadata::is_empty")]
+    pub metadata: Metadata,
     /// Ids of transfers applied to this balance and not yet settled (the post's list).
     /// Changed only through [`AccountDoc::add_pending`] and [`AccountDoc::remove_pending`].
     #[serde(default)]
@@ -349,4 +369,72 @@ pub fn valid_id(id: &str) -> bool {
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+/// Currencies: 1–16 characters of `[A-Z0-9_]` (`USD`, `EUR`, `POINTS`, `USD_CENTS`).
+///
+/// ```
+/// use transfer_service::transfer::model::valid_currency;
+/// assert!(valid_currency("USD") && valid_currency("X") && valid_currency(&"A".repeat(16)));
+/// assert!(!valid_currency("") && !valid_currency(&"A".repeat(17)));
+/// assert!(!valid_currency("usd") && !valid_currency("US D") && !valid_currency("€"));
+/// ```
+pub fn valid_currency(text: &str) -> bool {
+    (1..=16).contains(&text.len())
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// Metadata: string labels by key, in key order (so equal maps encode to equal bytes).
+pub type Metadata = BTreeMap<String, String>;
+
+/// The most keys one metadata object holds.
+pub const METADATA_MAX_KEYS: usize = 16;
+/// The longest metadata value, in characters.
+pub const METADATA_MAX_VALUE_CHARS: usize = 256;
+
+/// Metadata keys: 1–40 characters of `[a-z0-9_.-]` (no `=`: the embedded store's index
+/// joins a key and its value with it).
+///
+/// ```
+/// use transfer_service::transfer::model::valid_metadata_key;
+/// assert!(valid_metadata_key("order_id") && valid_metadata_key("a.b-c") && valid_metadata_key(&"k".repeat(40)));
+/// assert!(!valid_metadata_key("") && !valid_metadata_key(&"k".repeat(41)));
+/// assert!(!valid_metadata_key("Order") && !valid_metadata_key("a b") && !valid_metadata_key("a=b"));
+/// ```
+pub fn valid_metadata_key(key: &str) -> bool {
+    (1..=40).contains(&key.len())
+        && key.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-')
+        })
+}
+
+/// Metadata values: strings of at most 256 characters (the empty string included).
+pub fn valid_metadata_value(value: &str) -> bool {
+    value.chars().count() <= METADATA_MAX_VALUE_CHARS
+}
+
+/// Checks a whole metadata object: at most 16 keys, each key and value valid. `Err` says
+/// what is wrong, for the client.
+pub fn valid_metadata<'a>(
+    entries: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
+) -> Result<(), String> {
+    if entries.len() > METADATA_MAX_KEYS {
+        return Err(format!(
+            "`metadata` has {} keys; at most {METADATA_MAX_KEYS}",
+            entries.len()
+        ));
+    }
+    for (key, value) in entries {
+        if !valid_metadata_key(key) {
+            return Err("`metadata` keys must be 1–40 characters of a-z 0-9 _ . -".to_owned());
+        }
+        if !valid_metadata_value(value) {
+            return Err(format!(
+                "`metadata` values must be strings of at most {METADATA_MAX_VALUE_CHARS} characters"
+            ));
+        }
+    }
+    Ok(())
 }

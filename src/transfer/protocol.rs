@@ -183,6 +183,9 @@ pub enum Refusal {
     /// (each pending entry becomes a settled id): a young tombstone is never forgotten to make
     /// room, so the apply must wait until the oldest age out. Back off, then roll back.
     AccountBusy,
+    /// The account's currency is not the one the transfer needs ([`CurrencyRule`]): roll
+    /// back. Currencies never change, so deciding again gives the same answer.
+    CurrencyMismatch,
 }
 
 impl Refusal {
@@ -193,6 +196,7 @@ impl Refusal {
             Refusal::Overflow => Some(RollbackReason::BalanceOverflow),
             Refusal::AlreadySettled => None,
             Refusal::AccountBusy => Some(RollbackReason::AccountBusy),
+            Refusal::CurrencyMismatch => Some(RollbackReason::CurrencyMismatch),
         }
     }
 }
@@ -249,6 +253,56 @@ fn is_full(account: &AccountDoc, now_millis: i64, retention: Retention) -> bool 
     young + account.pending_transactions.len() >= retention.max_entries
 }
 
+/// Which currency an apply needs its account to have.
+///
+/// Every account of a transfer must have the same currency (or all none), and the
+/// transfer's own when it states one. Account currencies are fixed at creation, so the rule
+/// is checked where each account is read anyway, on the apply: the source's apply needs the
+/// transfer's currency if stated (else any), the destination's apply needs the transfer's
+/// currency if stated, else the source's (read by the source's apply just before, which
+/// every run of `pending` repeats, done or not). A mismatch refuses the apply and rolls the
+/// transfer back: nothing was applied to the destination, and the source's apply is undone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CurrencyRule<S = String> {
+    /// Whatever the account has (the source of a transfer that states no currency).
+    Any,
+    /// Exactly this currency (`None`: the account must have none).
+    Exactly(Option<S>),
+}
+
+impl<S: AsRef<str>> CurrencyRule<S> {
+    /// The rule for the source's apply of a transfer stating `stated`.
+    pub fn for_source(stated: Option<S>) -> Self {
+        match stated {
+            Some(currency) => CurrencyRule::Exactly(Some(currency)),
+            None => CurrencyRule::Any,
+        }
+    }
+
+    /// The rule for the destination's apply: the stated currency, else the source's.
+    pub fn for_destination(stated: Option<S>, source: Option<S>) -> Self {
+        CurrencyRule::Exactly(stated.or(source))
+    }
+
+    /// Whether an account with `currency` passes.
+    pub fn admits(&self, currency: Option<&str>) -> bool {
+        match self {
+            CurrencyRule::Any => true,
+            CurrencyRule::Exactly(wanted) => wanted.as_ref().map(AsRef::as_ref) == currency,
+        }
+    }
+
+    /// The same rule, borrowed.
+    pub fn as_deref(&self) -> CurrencyRule<&str> {
+        match self {
+            CurrencyRule::Any => CurrencyRule::Any,
+            CurrencyRule::Exactly(wanted) => {
+                CurrencyRule::Exactly(wanted.as_ref().map(AsRef::as_ref))
+            }
+        }
+    }
+}
+
 /// One account step of one transfer.
 #[derive(Debug, Clone, Copy)]
 pub struct AccountStep<'a> {
@@ -260,6 +314,9 @@ pub struct AccountStep<'a> {
     pub settle_amount: i64,
     pub side: Side,
     pub op: AccountOp,
+    /// What an apply needs of the account's currency (ignored by the other ops: settling or
+    /// undoing never depends on it).
+    pub currency: CurrencyRule<&'a str>,
 }
 
 /// Decides one account step.
@@ -275,6 +332,7 @@ pub fn decide_account(
         settle_amount,
         side,
         op,
+        currency,
     } = step;
     let pending = account
         .pending_transactions
@@ -285,6 +343,10 @@ pub fn decide_account(
     let decided = match op {
         AccountOp::Apply if pending => return AccountDecision::AlreadyDone,
         AccountOp::Apply if settled => return AccountDecision::Refuse(Refusal::AlreadySettled),
+        // Before the bound: a mismatch is final, a full account only has to wait.
+        AccountOp::Apply if !currency.admits(account.currency.as_deref()) => {
+            return AccountDecision::Refuse(Refusal::CurrencyMismatch)
+        }
         AccountOp::Apply if is_full(account, now.millis, retention) => {
             return AccountDecision::Refuse(Refusal::AccountBusy)
         }
@@ -512,6 +574,8 @@ mod tests {
             floor: 0,
             opening_balance: balance,
             created_by: None,
+            currency: None,
+            metadata: Default::default(),
             pending_transactions: vec![],
             pending_applied_at: vec![],
             pending_credits: 0,
@@ -530,6 +594,7 @@ mod tests {
             settle_amount: amount,
             side,
             op,
+            currency: CurrencyRule::Any,
         }
     }
 
@@ -559,6 +624,8 @@ mod tests {
             attention: None,
             hold_expires_at: None,
             captured_amount: None,
+            currency: None,
+            metadata: Default::default(),
         }
     }
 
@@ -858,6 +925,7 @@ mod tests {
             settle_amount: 1,
             side: Side::Source,
             op: AccountOp::Apply,
+            currency: CurrencyRule::Any,
         };
         assert_eq!(
             decide_account(&a, step, &now(), RETAIN),
@@ -889,6 +957,7 @@ mod tests {
             settle_amount: i64::MAX,
             side: Side::Destination,
             op: AccountOp::Apply,
+            currency: CurrencyRule::Any,
         };
         assert_eq!(
             decide_account(&a, credit, &now(), RETAIN),
@@ -904,6 +973,61 @@ mod tests {
         let undone = write(decide(&credited, AccountOp::Undo, Side::Source, 100));
         assert_eq!(undone.balance, i64::MAX);
         assert_eq!(undone.pending_debits, 0);
+    }
+
+    #[test]
+    fn an_apply_needs_the_currency_of_its_rule_and_settling_does_not() {
+        let mut usd = account(100);
+        usd.currency = Some("USD".into());
+        let plain = account(100);
+        let apply = |a: &AccountDoc, side, rule| {
+            let step = AccountStep {
+                currency: rule,
+                ..step(AccountOp::Apply, side, 30)
+            };
+            decide_account(a, step, &now(), RETAIN)
+        };
+        let mismatch = AccountDecision::Refuse(Refusal::CurrencyMismatch);
+        // The source of a transfer stating nothing: any currency.
+        write(apply(&usd, Side::Source, CurrencyRule::for_source(None)));
+        write(apply(&plain, Side::Source, CurrencyRule::for_source(None)));
+        // Stated: exactly that one, on both sides.
+        let eur = CurrencyRule::for_source(Some("EUR"));
+        assert_eq!(apply(&usd, Side::Source, eur), mismatch);
+        assert_eq!(apply(&plain, Side::Source, eur), mismatch);
+        write(apply(
+            &usd,
+            Side::Source,
+            CurrencyRule::for_source(Some("USD")),
+        ));
+        // The destination: the stated currency, else the source's (none included).
+        let from_usd = CurrencyRule::for_destination(None, Some("USD"));
+        let from_plain = CurrencyRule::for_destination(None, None);
+        write(apply(&usd, Side::Destination, from_usd));
+        assert_eq!(apply(&plain, Side::Destination, from_usd), mismatch);
+        assert_eq!(apply(&usd, Side::Destination, from_plain), mismatch);
+        write(apply(&plain, Side::Destination, from_plain));
+        let stated = CurrencyRule::for_destination(Some("EUR"), Some("EUR"));
+        assert_eq!(apply(&usd, Side::Destination, stated), mismatch);
+        assert_eq!(
+            Refusal::CurrencyMismatch.rollback_reason(),
+            Some(RollbackReason::CurrencyMismatch)
+        );
+        // Applied already (its rule passed then): a repeat is a no-op, never a refusal; and
+        // undoing or settling does not look at currencies.
+        let applied = write(apply(&usd, Side::Source, CurrencyRule::for_source(None)));
+        assert_eq!(
+            apply(&applied, Side::Source, eur),
+            AccountDecision::AlreadyDone
+        );
+        let undo = AccountStep {
+            currency: eur,
+            ..step(AccountOp::Undo, Side::Source, 30)
+        };
+        assert_eq!(
+            write(decide_account(&applied, undo, &now(), RETAIN)).balance,
+            100
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::admission::{Admitted, Overloaded};
 use super::documents::{decode, Versioned};
 use super::lease::{Claim, ClaimWrite, Held, Leases};
-use super::model::{AccountDoc, RollbackReason, Tombstones, TransferDoc, TransferState};
+use super::model::{AccountDoc, Metadata, RollbackReason, Tombstones, TransferDoc, TransferState};
 use super::protocol;
 use super::retry::retry;
 use super::Engine;
@@ -37,15 +37,19 @@ pub enum ServiceError {
 }
 
 /// The request to open an account.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct NewAccount {
     pub id: String,
     pub balance: i64,
     pub floor: i64,
+    /// Fixed for the account's life ([`super::model::valid_currency`]).
+    pub currency: Option<String>,
+    /// Labels ([`super::model::valid_metadata`]).
+    pub metadata: Metadata,
 }
 
 /// A validated transfer request.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct NewTransfer {
     pub id: String,
     pub from: String,
@@ -55,6 +59,10 @@ pub struct NewTransfer {
     pub hold: bool,
     /// How long a hold waits; `None`: `HOLD_TIMEOUT`. Only with `hold`.
     pub hold_expires_in: Option<Duration>,
+    /// The currency the client states, if any.
+    pub currency: Option<String>,
+    /// Labels ([`super::model::valid_metadata`]).
+    pub metadata: Metadata,
 }
 
 /// Whether a create made something new or replayed what exists.
@@ -101,6 +109,8 @@ impl Engine {
             floor: new.floor,
             opening_balance: new.balance,
             created_by: Some(token.clone()),
+            currency: new.currency.clone(),
+            metadata: new.metadata.clone(),
             pending_transactions: Vec::new(),
             pending_applied_at: Vec::new(),
             pending_credits: 0,
@@ -121,11 +131,15 @@ impl Engine {
             // Our own create, whose answer was lost (the retry found it): it is new.
             return Ok(Created::New(existing));
         }
-        if existing.opening_balance == new.balance && existing.floor == new.floor {
+        if existing.opening_balance == new.balance
+            && existing.floor == new.floor
+            && existing.currency == new.currency
+            && existing.metadata == new.metadata
+        {
             Ok(Created::Replayed(existing))
         } else {
             Err(ServiceError::Conflict(format!(
-                "account {} exists with another opening balance or floor",
+                "account {} exists with another opening balance, floor, currency or metadata",
                 new.id
             )))
         }
@@ -172,6 +186,8 @@ impl Engine {
                 .hold
                 .then(|| format_millis(now.millis + self.hold_millis(&new))),
             captured_amount: None,
+            currency: new.currency.clone(),
+            metadata: new.metadata.clone(),
         };
         // A create whose answer was lost is still ours (the claim finds our token): it is
         // new, and ours to drive.
@@ -191,11 +207,13 @@ impl Engine {
             && existing.dest_acct == new.to
             && existing.amount == new.amount
             && self.same_hold(&existing, &new)
+            && existing.currency == new.currency
+            && existing.metadata == new.metadata
         {
             Ok(Created::Replayed(existing))
         } else {
             Err(ServiceError::Conflict(format!(
-                "transfer {} exists with another from, to, amount, hold or hold_expires_in",
+                "transfer {} exists with another from, to, amount, hold, hold_expires_in, currency or metadata",
                 new.id
             )))
         }

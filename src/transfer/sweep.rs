@@ -31,7 +31,7 @@ use tracing::warn;
 use super::accounts::{StepRequest, StepResult};
 use super::documents::decode;
 use super::model::{AccountDoc, TransferDoc};
-use super::protocol::{AccountOp, Side};
+use super::protocol::{AccountOp, CurrencyRule, Side};
 use super::Engine;
 use crate::store::{Index, StoreResult};
 
@@ -135,6 +135,7 @@ impl Engine {
             settle_amount: transfer.amount,
             side,
             op: AccountOp::Undo,
+            currency: CurrencyRule::Any,
             // Not a lease holder: what makes this safe is the terminal state read above.
             deadline: self.clock.boot_time() + Duration::from_secs(3600),
         };

@@ -12,7 +12,8 @@ use transfer_service::store::{format_millis, Index, Store, WriteOutcome};
 use transfer_service::transfer::clock::{Clock, SystemClock};
 use transfer_service::transfer::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
 use transfer_service::transfer::protocol::{
-    decide_account, plan, transition, AccountDecision, AccountStep, Now, Retention, Side, Step,
+    decide_account, plan, transition, AccountDecision, AccountStep, CurrencyRule, Now, Retention,
+    Side, Step,
 };
 
 use TransferState::*;
@@ -73,6 +74,8 @@ fn account(id: &str, opening: i64) -> AccountDoc {
         floor: 0,
         opening_balance: opening,
         created_by: None,
+        currency: None,
+        metadata: Default::default(),
         pending_transactions: vec![],
         pending_applied_at: vec![],
         pending_credits: 0,
@@ -116,6 +119,8 @@ fn transfer(id: &str, src: &str, dest: &str, amount: i64, state: TransferState) 
         attention: None,
         hold_expires_at: None,
         captured_amount: None,
+        currency: None,
+        metadata: Default::default(),
     }
 }
 
@@ -209,6 +214,7 @@ async fn walk(accounts: &[(&str, i64)], transfers: &[TransferDoc], script: &[(us
                     settle_amount: t.settle_amount(),
                     side,
                     op,
+                    currency: CurrencyRule::Any,
                 };
                 match decide_account(a, step, &now, retention) {
                     AccountDecision::Write(next) => {
@@ -409,6 +415,60 @@ async fn a_conservation_violation_is_detected() {
     let report = w.audit().await;
     assert_kinds(&report, &[BalanceMismatch, Conservation]);
     assert_eq!((report.total_balance, report.total_opening), (110, 100));
+}
+
+#[tokio::test]
+async fn units_moved_between_currencies_are_detected() {
+    // Balances exact, totals equal: only the currencies are wrong.
+    let in_currency = |a: AccountDoc, c: Option<&str>| AccountDoc {
+        currency: c.map(str::to_owned),
+        ..a
+    };
+    let w = World::new();
+    let usd = |id, opening, balance| {
+        in_currency(account_with(id, opening, balance, &[], (0, 0)), Some("USD"))
+    };
+    w.account(&usd("u1", 100, 60)).await;
+    w.account(&usd("u2", 0, 40)).await;
+    let eur = |balance| in_currency(account_with("e", 0, balance, &[], (0, 0)), Some("EUR"));
+    w.account(&eur(0)).await;
+    w.account(&account("n", 0)).await;
+    // Clean: one currency, stated or not.
+    w.transfer(&transfer("same", "u1", "u2", 30, Finished))
+        .await;
+    let stated = TransferDoc {
+        currency: Some("USD".into()),
+        ..transfer("stated", "u1", "u2", 10, Finished)
+    };
+    w.transfer(&stated).await;
+    assert_kinds(&w.audit().await, &[]);
+    // USD into EUR, USD into an account without a currency (committed counts too), and a
+    // transfer stating EUR between two USD accounts.
+    w.transfer(&transfer("usd-eur", "u1", "e", 10, Finished))
+        .await;
+    w.transfer(&transfer("usd-none", "u1", "n", 5, Committed))
+        .await;
+    w.account(&usd("u1", 100, 45)).await;
+    w.account(&eur(10)).await;
+    w.account(&account_with("n", 0, 5, &[], (0, 0))).await;
+    assert_kinds(&w.audit().await, &[CurrencyMismatch, CurrencyMismatch]);
+    // Rolled back: nothing moved, nothing to flag.
+    let mut rolled = transfer("rolled", "u2", "e", 1, RolledBack);
+    rolled.reason = Some(RollbackReason::CurrencyMismatch);
+    w.transfer(&rolled).await;
+    let wrong_stated = TransferDoc {
+        currency: Some("EUR".into()),
+        ..transfer("eur-between-usd", "u2", "u1", 1, Finished)
+    };
+    w.transfer(&wrong_stated).await;
+    w.account(&usd("u1", 100, 46)).await;
+    w.account(&usd("u2", 0, 39)).await;
+    let report = w.audit().await;
+    assert_kinds(
+        &report,
+        &[CurrencyMismatch, CurrencyMismatch, CurrencyMismatch],
+    );
+    assert!(report.to_string().contains("eur-between-usd"), "{report}");
 }
 
 #[tokio::test]

@@ -249,6 +249,7 @@ async fn arrange_cases(w: &World, recoverer: &Engine) -> Vec<Case> {
                         id: format!("{name}-{account}"),
                         balance,
                         floor: 0,
+                        ..Default::default()
                     })
                     .await
                     .unwrap();

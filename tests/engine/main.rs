@@ -9,6 +9,7 @@ mod support;
 
 mod audit;
 mod clocks;
+mod currencies;
 mod faults;
 mod holds;
 mod scenarios;

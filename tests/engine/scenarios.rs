@@ -392,8 +392,7 @@ async fn a_create_whose_answer_was_lost_is_still_driven_at_once() {
                 from: "a".into(),
                 to: "b".into(),
                 amount: 10,
-                hold: false,
-                hold_expires_in: None,
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -489,6 +488,7 @@ async fn an_account_create_whose_answer_was_lost_is_new() {
                 id: "a".into(),
                 balance: 100,
                 floor: 0,
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -498,6 +498,7 @@ async fn an_account_create_whose_answer_was_lost_is_new() {
                 id: "a".into(),
                 balance: 100,
                 floor: 0,
+                ..Default::default()
             })
             .await
             .unwrap();

@@ -104,6 +104,7 @@ async fn run_seeds(tombstones: usize) {
                 id: format!("s{seed}-{account}"),
                 balance,
                 floor: 0,
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -117,8 +118,7 @@ async fn run_seeds(tombstones: usize) {
             from: format!("s{seed}-a"),
             to: format!("s{seed}-b"),
             amount: 10,
-            hold: false,
-            hold_expires_in: None,
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -169,6 +169,29 @@ async fn what_the_openapi_document_allows_the_server_accepts_and_nothing_else() 
     )
     .await;
 
+    // Currencies, as `POST /accounts` reads them (a new account for each value).
+    let opened = std::sync::atomic::AtomicUsize::new(0);
+    let (sixteen, seventeen) = ("A".repeat(16), "A".repeat(17));
+    assert_pattern_is_the_rule(
+        &doc,
+        "Currency",
+        r"[A-Za-z0-9_ .€-]{0,18}",
+        &["", "A", "usd", "US D", &sixteen, &seventeen],
+        |currency| {
+            let id = format!(
+                "cur-{}",
+                opened.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            );
+            async move {
+                let body = json!({"id": id, "balance": 0, "currency": currency});
+                let (status, body) = app.post("/accounts", body).await;
+                assert!(status != 409, "{body}");
+                accepted(status)
+            }
+        },
+    )
+    .await;
+
     // `?wait=` on a settled transfer answers at once whatever the wait.
     let edges = [
         "",

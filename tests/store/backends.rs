@@ -379,6 +379,7 @@ mod suite {
                 account: account.map(String::from),
                 state: state.map(String::from),
                 attention: false,
+                metadata: Vec::new(),
                 after,
                 limit,
             }
@@ -473,6 +474,7 @@ mod suite {
             account: account.map(String::from),
             state: state.map(String::from),
             attention: true,
+            metadata: Vec::new(),
             after,
             limit,
         };
@@ -526,6 +528,139 @@ mod suite {
                 }
             }
             assert_eq!(seen, want, "{account:?}");
+        }
+    }
+
+    /// Metadata is written with the transfer and kept by every state write; filters on it
+    /// combine (all pairs, and the other filters) and page with the cursor.
+    pub async fn list_transfers_by_metadata_combines_and_pages(s: &dyn Store) {
+        // (id, state, src, created, metadata)
+        let docs = [
+            (
+                "t1",
+                "finished",
+                "a",
+                10,
+                json!({"order": "1", "shop": "x"}),
+            ),
+            ("t2", "pending", "b", 20, json!({"order": "1"})),
+            (
+                "t3",
+                "finished",
+                "a",
+                30,
+                json!({"order": "2", "shop": "x"}),
+            ),
+            ("t4", "finished", "b", 40, Value::Null),
+            (
+                "t5",
+                "rolled-back",
+                "a",
+                50,
+                json!({"order": "1", "shop": "y"}),
+            ),
+            (
+                "t6",
+                "finished",
+                "b",
+                60,
+                json!({"order": "1", "shop": "x"}),
+            ),
+            (
+                "t7",
+                "finished",
+                "a",
+                70,
+                json!({"shop": "x", "order.line": "1"}),
+            ),
+        ];
+        for (id, state, src, created, metadata) in docs {
+            let mut doc = transfer(id, "created", src, "z", created, created);
+            if !metadata.is_null() {
+                doc["metadata"] = metadata;
+            }
+            let v = written(
+                s.create(Index::Transactions, id, Source::from(&doc))
+                    .await
+                    .unwrap(),
+            );
+            // The engine's state write keeps the metadata as it is.
+            doc["transaction_state"] = json!(state);
+            s.replace_if(Index::Transactions, id, doc.into(), v)
+                .await
+                .unwrap();
+        }
+        // Metadata removed by a write (only a person could do that): no longer found by it.
+        let mut gone = transfer("t8", "finished", "a", "z", 80, 80);
+        gone["metadata"] = json!({"order": "1"});
+        let v = written(
+            s.create(Index::Transactions, "t8", gone.into())
+                .await
+                .unwrap(),
+        );
+        let plain = transfer("t8", "finished", "a", "z", 80, 80);
+        s.replace_if(Index::Transactions, "t8", plain.into(), v)
+            .await
+            .unwrap();
+        s.refresh().await.unwrap();
+
+        let list =
+            |pairs: &[(&str, &str)], account: Option<&str>, state: Option<&str>, after, limit| {
+                TransferFilter {
+                    account: account.map(String::from),
+                    state: state.map(String::from),
+                    attention: false,
+                    metadata: pairs
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                    after,
+                    limit,
+                }
+            };
+        let ids = |page: &transfer_service::store::Page| -> Vec<String> {
+            page.docs.iter().map(|d| d.id.clone()).collect()
+        };
+        type Case<'a> = (
+            &'a [(&'a str, &'a str)],
+            Option<&'a str>,
+            Option<&'a str>,
+            &'a [&'a str],
+        );
+        let cases: [Case; 8] = [
+            (&[("order", "1")], None, None, &["t6", "t5", "t2", "t1"]),
+            (&[("order", "1"), ("shop", "x")], None, None, &["t6", "t1"]),
+            (&[("shop", "x")], Some("a"), None, &["t7", "t3", "t1"]),
+            (&[("order", "1")], None, Some("finished"), &["t6", "t1"]),
+            (&[("order", "1")], Some("b"), Some("pending"), &["t2"]),
+            // A dotted key is one key, not a path into another.
+            (&[("order.line", "1")], None, None, &["t7"]),
+            // Exact values only.
+            (&[("order", "")], None, None, &[]),
+            (&[("nothing", "1")], None, None, &[]),
+        ];
+        for (pairs, account, state, want) in cases {
+            let page = s
+                .list_transfers(&list(pairs, account, state, None, 10))
+                .await
+                .unwrap();
+            assert_eq!(ids(&page), want, "{pairs:?} {account:?} {state:?}");
+            // Pages of one, following the cursor: a page may end early, never skip a match.
+            let mut seen = Vec::new();
+            let mut after = None;
+            loop {
+                let page = s
+                    .list_transfers(&list(pairs, account, state, after.clone(), 1))
+                    .await
+                    .unwrap();
+                assert!(page.docs.len() <= 1);
+                seen.extend(ids(&page));
+                match page.next {
+                    Some(next) => after = Some(next),
+                    None => break,
+                }
+            }
+            assert_eq!(seen, want, "paged: {pairs:?} {account:?} {state:?}");
         }
     }
 
@@ -663,6 +798,7 @@ macro_rules! all_backends {
                 find_stale_pages_through_more_than_100,
                 list_transfers_filters_and_pages_newest_first,
                 list_transfers_of_flagged_transfers_combines_with_the_other_filters,
+                list_transfers_by_metadata_combines_and_pages,
                 scan_pages_every_document_in_id_order,
                 ready_answers_ok,
             ], [concurrent_increments_are_exact_and_conflicts_are_seen]);

@@ -127,12 +127,15 @@ async fn migrations_apply_once_when_two_instances_start_together() {
         [
             "0001_accounts",
             "0002_transactions",
-            "0003_transactions_attention"
+            "0003_transactions_attention",
+            "0004_transactions_metadata"
         ]
     );
-    // The mapping step ran (perhaps twice, at once): `attention` is a keyword.
+    // The mapping steps ran (perhaps twice, at once): `attention` is a keyword, `metadata`
+    // flattened.
     let mapping = transactions_mapping(&emulator.url, &first).await;
     assert_eq!(mapping["attention"], json!({"type": "keyword"}));
+    assert_eq!(mapping["metadata"], json!({"type": "flattened"}));
 
     // Both indices exist under the prefix, with the mappings of the migrations.
     for index in [Index::Accounts, Index::Transactions] {
@@ -764,6 +767,7 @@ async fn listing_filters_by_account_and_state_newest_first() {
         account: Some("alice".into()),
         state: Some("finished".into()),
         attention: false,
+        metadata: Vec::new(),
         after: None,
         limit: 4,
     };

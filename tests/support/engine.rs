@@ -114,6 +114,7 @@ pub async fn open_account(engine: &Engine, id: &str, balance: i64) {
             id: id.into(),
             balance,
             floor: 0,
+            ..Default::default()
         })
         .await
         .expect("account opens");
@@ -126,8 +127,7 @@ pub fn transfer(id: &str, from: &str, to: &str, amount: i64) -> NewTransfer {
         from: from.into(),
         to: to.into(),
         amount,
-        hold: false,
-        hold_expires_in: None,
+        ..Default::default()
     }
 }
 

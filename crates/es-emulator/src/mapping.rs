@@ -27,6 +27,10 @@ pub enum FieldType {
     Date,
     Boolean,
     Object,
+    /// `flattened`: an object whose leaves are indexed as keywords under their dotted key
+    /// path. Searchable here only by a `term` query on a keyed sub-field
+    /// (`labels.release`); anything else on it is refused as not implemented.
+    Flattened,
     /// Accepted in mappings and stored, but not searchable by this emulator.
     Other,
 }
@@ -115,9 +119,10 @@ fn type_of(name: &str) -> Option<FieldType> {
         "date" | "date_nanos" => FieldType::Date,
         "boolean" => FieldType::Boolean,
         "object" | "nested" => FieldType::Object,
-        "ip" | "geo_point" | "geo_shape" | "binary" | "flattened" | "dense_vector"
-        | "sparse_vector" | "version" | "histogram" | "alias" | "search_as_you_type"
-        | "completion" | "token_count" | "rank_feature" | "rank_features" | "point" | "shape"
+        "flattened" => FieldType::Flattened,
+        "ip" | "geo_point" | "geo_shape" | "binary" | "dense_vector" | "sparse_vector"
+        | "version" | "histogram" | "alias" | "search_as_you_type" | "completion"
+        | "token_count" | "rank_feature" | "rank_features" | "point" | "shape"
         | "integer_range" | "long_range" | "float_range" | "double_range" | "date_range"
         | "ip_range" | "semantic_text" => FieldType::Other,
         _ => return None,
@@ -209,6 +214,15 @@ impl Mapping {
                     "Failed to parse mapping: No handler for type [{type_name}] declared on field [{name}]"
                 ))
             })?;
+            if ty == FieldType::Flattened {
+                // Its parameters (depth_limit, ignore_above, index, doc_values, …) change
+                // what is indexed; none is modelled.
+                if let Some(param) = def.keys().find(|k| *k != "type") {
+                    return Err(EsError::unsupported(&format!(
+                        "flattened field parameter {param} on [{path}]"
+                    )));
+                }
+            }
             let field = FieldDef {
                 ty,
                 type_name,
@@ -321,6 +335,13 @@ impl Mapping {
                 })
             });
             match declared {
+                Some(def) if def.ty == FieldType::Flattened => {
+                    if !value.is_object() {
+                        return Err(EsError::unsupported(&format!(
+                            "a flattened field [{path}] whose value is not an object"
+                        )));
+                    }
+                }
                 Some(def) if def.ty == FieldType::Object => {
                     if !def.indexed {
                         continue;
@@ -501,6 +522,7 @@ impl Mapping {
         if !def.indexed
             || def.ty == FieldType::Object
             || def.ty == FieldType::Other
+            || def.ty == FieldType::Flattened
             || def.since > mapped_at
         {
             return Vec::new();
@@ -787,6 +809,66 @@ pub fn coerce(def: &FieldDef, value: &Value) -> Result<Vec<Scalar>, Cause> {
                 Ok(vec![Scalar::Str(text)])
             }
         }
-        FieldType::Object | FieldType::Other => Ok(Vec::new()),
+        FieldType::Object | FieldType::Other | FieldType::Flattened => Ok(Vec::new()),
+    }
+}
+
+impl Mapping {
+    /// For `labels.release` where `labels` is a `flattened` field: (`labels`, `release`).
+    pub fn flattened_key<'a>(&self, field: &'a str) -> Option<(&'a str, &'a str)> {
+        field.match_indices('.').find_map(|(at, _)| {
+            let (root, key) = (&field[..at], &field[at + 1..]);
+            let def = self.fields.get(root)?;
+            (def.ty == FieldType::Flattened && !key.is_empty()).then_some((root, key))
+        })
+    }
+
+    /// The values a `flattened` field `root` indexes under `key` in a document indexed with
+    /// generation `mapped_at`: the leaves at that dotted path, as keyword text (numbers and
+    /// booleans as their JSON text).
+    pub fn flattened_values(
+        &self,
+        root: &str,
+        key: &str,
+        source: &Value,
+        mapped_at: u64,
+    ) -> Vec<String> {
+        if !self.indexed_in(root, mapped_at) {
+            return Vec::new();
+        }
+        let mut objects = Vec::new();
+        let segments: Vec<&str> = root.split('.').collect();
+        collect(source, &segments, &mut objects);
+        let mut out = Vec::new();
+        for object in objects {
+            leaves(object, "", &mut |path, leaf| {
+                if path == key {
+                    out.push(match leaf {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    });
+                }
+            });
+        }
+        out
+    }
+}
+
+/// Every leaf of `value` with its dotted key path below `prefix` (arrays add no segment).
+fn leaves(value: &Value, prefix: &str, f: &mut impl FnMut(&str, &Value)) {
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                let path = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                leaves(v, &path, f);
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| leaves(v, prefix, f)),
+        Value::Null => {}
+        leaf => f(prefix, leaf),
     }
 }

@@ -409,6 +409,32 @@ pub enum Compiled {
         boost: f64,
     },
     Constant(Box<Compiled>, f64),
+    /// A `term` on a key of a `flattened` field: some leaf at that key equals one of these.
+    FlattenedKey {
+        root: String,
+        key: String,
+        accepted: Vec<String>,
+        boost: f64,
+    },
+}
+
+/// Whether `field` is a `flattened` field or a key of one.
+fn is_flattened(mapping: &Mapping, field: &str) -> bool {
+    mapping.flattened_key(field).is_some()
+        || mapping
+            .field(field)
+            .is_some_and(|d| d.ty == FieldType::Flattened)
+}
+
+/// A query this test double does not implement, refused rather than answered wrongly.
+fn not_implemented(what: &str) -> Cause {
+    Cause::new(
+        "illegal_argument_exception",
+        format!(
+            "[{what}] is not implemented by es-emulator (a test double of a subset of the \
+             Elasticsearch REST API)"
+        ),
+    )
 }
 
 /// Why a query cannot run on an index: a `query_shard_exception` (the caller wraps it in
@@ -569,7 +595,25 @@ pub fn compile(query: &Query, mapping: &Mapping, now: i64) -> Result<Compiled, C
                     boost: *boost,
                 });
             }
+            if let Some((root, key)) = mapping.flattened_key(field) {
+                let mut accepted = Vec::new();
+                for value in values {
+                    match value {
+                        Value::String(s) => accepted.push(s.clone()),
+                        _ => return Err(not_implemented("a non-string term on a flattened key")),
+                    }
+                }
+                return Ok(Compiled::FlattenedKey {
+                    root: root.to_owned(),
+                    key: key.to_owned(),
+                    accepted,
+                    boost: *boost,
+                });
+            }
             match mapping.field(field) {
+                Some(def) if def.ty == FieldType::Flattened => {
+                    return Err(not_implemented("a term query on a whole flattened field"))
+                }
                 Some(def)
                     if def.indexed && def.ty != FieldType::Object && def.ty != FieldType::Other =>
                 {
@@ -585,6 +629,13 @@ pub fn compile(query: &Query, mapping: &Mapping, now: i64) -> Result<Compiled, C
                 }
                 _ => Compiled::Nothing,
             }
+        }
+        Query::Range { field, .. } | Query::Exists { field, .. }
+            if is_flattened(mapping, field) =>
+        {
+            return Err(not_implemented(
+                "range and exists queries on flattened fields",
+            ))
         }
         Query::Range {
             field,
@@ -747,6 +798,16 @@ impl Compiled {
                 (matched >= *minimum).then_some(score * boost)
             }
             Compiled::Constant(filter, boost) => filter.score(mapping, doc).map(|_| *boost),
+            Compiled::FlattenedKey {
+                root,
+                key,
+                accepted,
+                boost,
+            } => mapping
+                .flattened_values(root, key, &doc.source, doc.mapped_at)
+                .iter()
+                .any(|v| accepted.contains(v))
+                .then_some(*boost),
         }
     }
 }

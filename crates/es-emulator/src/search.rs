@@ -456,7 +456,7 @@ fn sort_kind(
                 ),
             ))
         }
-        FieldType::Object | FieldType::Other => {
+        FieldType::Object | FieldType::Other | FieldType::Flattened => {
             return Err(Cause::new(
                 "illegal_argument_exception",
                 format!(

@@ -2143,3 +2143,71 @@ async fn security_refuses_bulk_items_one_by_one() {
         .unwrap()
         .starts_with("action [indices:data/write/bulk] is unauthorized"));
 }
+
+/// `flattened` (docs/elasticsearch.md §8): a `term` on a keyed sub-field matches the leaf at
+/// that dotted key path exactly; everything else on a flattened field is refused as not
+/// implemented by this test double rather than answered wrongly.
+#[tokio::test]
+async fn flattened_fields_answer_keyed_terms_and_refuse_the_rest() {
+    let es = Es::manual().await;
+    let mapping =
+        json!({"mappings": {"dynamic": false, "properties": {"labels": {"type": "flattened"}}}});
+    let reply = es.send(Method::PUT, "/f", Some(mapping)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    for (id, labels) in [
+        ("1", json!({"order": "1", "shop": "x"})),
+        ("2", json!({"order": "2", "order.line": "1"})),
+        ("3", json!({"order": {"line": "1"}})),
+    ] {
+        let reply = es
+            .send(
+                Method::PUT,
+                &format!("/f/_doc/{id}"),
+                Some(json!({"labels": labels})),
+            )
+            .await;
+        assert_eq!(reply.status, 201, "{}", reply.text);
+    }
+    es.send(Method::POST, "/f/_refresh", None).await;
+    let search = |query: Value| {
+        let es = &es;
+        async move {
+            es.send(Method::POST, "/f/_search", Some(json!({"query": query})))
+                .await
+        }
+    };
+    let found = search(json!({"term": {"labels.order": "1"}})).await;
+    assert_eq!(hit_ids(&found.body), ["1"], "{}", found.text);
+    // A dotted key and the same path through an object are one keyed field.
+    let mut found = hit_ids(
+        &search(json!({"term": {"labels.order.line": "1"}}))
+            .await
+            .body,
+    );
+    found.sort();
+    assert_eq!(found, ["2", "3"]);
+    let none = search(json!({"term": {"labels.order": "3"}})).await;
+    assert!(hit_ids(&none.body).is_empty(), "{}", none.text);
+    for refused in [
+        json!({"term": {"labels": "1"}}),
+        json!({"range": {"labels.order": {"gte": "1"}}}),
+        json!({"exists": {"field": "labels.order"}}),
+        json!({"term": {"labels.order": 1}}),
+    ] {
+        let reply = search(refused.clone()).await;
+        assert_eq!(reply.status, 400, "{refused}: {}", reply.text);
+        assert!(
+            reply.text.contains("not implemented by es-emulator"),
+            "{}",
+            reply.text
+        );
+    }
+    let with_param = json!({"properties": {"other": {"type": "flattened", "depth_limit": 2}}});
+    let reply = es.send(Method::PUT, "/f/_mapping", Some(with_param)).await;
+    assert_eq!(reply.status, 400, "{}", reply.text);
+    assert!(
+        reply.text.contains("not implemented by es-emulator"),
+        "{}",
+        reply.text
+    );
+}

@@ -74,6 +74,7 @@ pub(super) const MIGRATIONS: &[Migration] = &[
     migration!("0001_accounts"),
     migration!("0002_transactions"),
     migration!("0003_transactions_attention"),
+    migration!("0004_transactions_metadata"),
 ];
 
 /// The logical name of the index holding one record per applied migration.
@@ -461,5 +462,6 @@ mod tests {
         for field in [fields::CREATED, fields::MODIFIED] {
             assert_eq!(properties[field]["type"], "date", "{field}");
         }
+        assert_eq!(properties[fields::METADATA]["type"], "flattened");
     }
 }

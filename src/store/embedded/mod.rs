@@ -114,7 +114,9 @@ impl EmbeddedStore {
             txn.open_table(TX_BY_ACCOUNT).map_err(permanent)?;
             txn.open_table(TX_RELEASED).map_err(permanent)?;
             txn.open_table(TX_ATTENTION).map_err(permanent)?;
+            txn.open_table(TX_METADATA).map_err(permanent)?;
             build_attention_index(&txn)?;
+            build_metadata_index(&txn)?;
         }
         txn.commit().map_err(permanent)?;
         Ok(Self {

@@ -162,7 +162,8 @@ pub(super) fn list_blocking(db: &Database, f: &TransferFilter) -> StoreResult<Pa
     // others are checked on the documents, so with more than one filter look further
     // (bounded, to keep one request cheap).
     let filters = [f.attention, f.account.is_some(), f.state.is_some()];
-    let scan = if filters.into_iter().filter(|&on| on).count() > 1 {
+    let count = filters.into_iter().filter(|&on| on).count() + f.metadata.len();
+    let scan = if count > 1 {
         f.limit.saturating_mul(50).max(1000)
     } else {
         f.limit + 1
@@ -189,6 +190,7 @@ pub(super) fn matches(f: &TransferFilter, keys: &TransferKeys<'_>) -> bool {
             .as_deref()
             .is_none_or(|a| keys.src == a || keys.dest == a)
         && (!f.attention || keys.attention)
+        && keys.has_metadata(&f.metadata)
 }
 
 /// Newest first: the keys of up to `scan` entries of the index that serves `f`, walked
@@ -225,6 +227,10 @@ pub(super) fn keys_before_cursor(
             let (millis, id) = key.value();
             push(millis, id);
         }
+    } else if let Some((key, value)) = f.metadata.first() {
+        // One pair names few transfers, as a rule (an order id): before the account.
+        let entry = metadata_entry(key, value);
+        walk_back_within(&txn, TX_METADATA, &entry, upper, scan, &mut push)?;
     } else if let Some(account) = &f.account {
         walk_back_within(&txn, TX_BY_ACCOUNT, account, upper, scan, &mut push)?;
     } else if let Some(state) = &f.state {

@@ -39,6 +39,20 @@ pub(super) const TX_RELEASED: TableDefinition<(&str, &str), ()> =
 pub(super) const TX_ATTENTION: TableDefinition<(i64, &str), ()> =
     TableDefinition::new("tx_attention");
 
+/// Transfers by `("<key>=<value>", creation_time, id)`, one entry per metadata pair: the
+/// listing `?metadata.<key>=<value>`. Keys cannot hold `=`, so the first `=` splits the pair.
+/// Transfers without metadata have no entries (and their writes never touch the table).
+pub(super) const TX_METADATA: TableDefinition<(&str, i64, &str), ()> =
+    TableDefinition::new("tx_metadata");
+
+/// The key in [`META`] that says [`TX_METADATA`] holds every transfer's metadata.
+pub(super) const METADATA_BUILT: &str = "built:tx_metadata";
+
+/// The entry of [`TX_METADATA`] for one pair.
+pub(super) fn metadata_entry(key: &str, value: &str) -> String {
+    format!("{key}={value}")
+}
+
 /// The key in [`META`] that says [`TX_ATTENTION`] holds every flagged transfer (it was built
 /// from the documents once, when a store written by an older version was first opened).
 pub(super) const ATTENTION_BUILT: &str = "built:tx_attention";
@@ -76,6 +90,37 @@ pub(super) fn build_attention_index(txn: &WriteTransaction) -> StoreResult<()> {
     Ok(())
 }
 
+/// Fills [`TX_METADATA`] from the stored transfers, once: a store written before the table
+/// existed holds no transfer with metadata from this service, but one may have been written
+/// by a newer version and the store opened again by an older one in between (which kept no
+/// entries). Afterwards every write keeps the table up to date.
+pub(super) fn build_metadata_index(txn: &WriteTransaction) -> StoreResult<()> {
+    let mut meta = txn.open_table(META).map_err(permanent)?;
+    if meta.get(METADATA_BUILT).map_err(permanent)?.is_some() {
+        return Ok(());
+    }
+    let docs = txn.open_table(DOCS).map_err(permanent)?;
+    let mut index = txn.open_table(TX_METADATA).map_err(permanent)?;
+    let name = Index::Transactions.name();
+    for entry in docs.range((name, "")..).map_err(permanent)? {
+        let (key, value) = entry.map_err(permanent)?;
+        let (doc_index, id) = key.value();
+        if doc_index != name {
+            break;
+        }
+        let keys = split_stored(id, value.value()).and_then(|(_, source)| transfer_keys(source));
+        if let Ok(keys) = keys {
+            for (k, v) in keys.metadata_pairs() {
+                index
+                    .insert((metadata_entry(&k, &v).as_str(), keys.created, id), ())
+                    .map_err(permanent)?;
+            }
+        }
+    }
+    meta.insert(METADATA_BUILT, 1).map_err(permanent)?;
+    Ok(())
+}
+
 /// The tables one write transaction touches, opened once per group.
 pub(super) struct Tables<'txn> {
     pub(super) docs: Table<'txn, (&'static str, &'static str), &'static [u8]>,
@@ -86,6 +131,7 @@ pub(super) struct Tables<'txn> {
     pub(super) by_account: Table<'txn, (&'static str, i64, &'static str), ()>,
     pub(super) released: Table<'txn, (&'static str, &'static str), ()>,
     pub(super) attention: Table<'txn, (i64, &'static str), ()>,
+    pub(super) metadata: Table<'txn, (&'static str, i64, &'static str), ()>,
 }
 
 impl<'txn> Tables<'txn> {
@@ -99,6 +145,7 @@ impl<'txn> Tables<'txn> {
             by_account: txn.open_table(TX_BY_ACCOUNT).map_err(storage)?,
             released: txn.open_table(TX_RELEASED).map_err(storage)?,
             attention: txn.open_table(TX_ATTENTION).map_err(storage)?,
+            metadata: txn.open_table(TX_METADATA).map_err(storage)?,
         })
     }
 }
@@ -115,6 +162,32 @@ pub(super) struct TransferKeys<'a> {
     pub(super) dest: Cow<'a, str>,
     /// Flagged for a person (see [`crate::store::fields::ATTENTION`]).
     pub(super) attention: bool,
+    /// The raw JSON of `metadata` ([`crate::store::fields::METADATA`]), if any: parsed only
+    /// when it changes or a filter asks.
+    pub(super) metadata: Option<&'a str>,
+}
+
+impl TransferKeys<'_> {
+    /// The metadata's string pairs (none when absent or not an object of strings).
+    pub(super) fn metadata_pairs(&self) -> Vec<(Cow<'_, str>, Cow<'_, str>)> {
+        let Some(raw) = self.metadata else {
+            return Vec::new();
+        };
+        serde_json::from_str::<std::collections::BTreeMap<Cow<'_, str>, Cow<'_, str>>>(raw)
+            .map(|map| map.into_iter().collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether the metadata has every pair of `wanted`.
+    pub(super) fn has_metadata(&self, wanted: &[(String, String)]) -> bool {
+        if wanted.is_empty() {
+            return true;
+        }
+        let pairs = self.metadata_pairs();
+        wanted
+            .iter()
+            .all(|(k, v)| pairs.iter().any(|(pk, pv)| pk == k && pv == v))
+    }
 }
 
 /// The indexed fields of a transfer source (named as in [`crate::store::fields`]), each as
@@ -136,6 +209,8 @@ struct IndexedFields<'a> {
     dest: Option<&'a RawValue>,
     #[serde(borrow, rename = "attention")]
     attention: Option<&'a RawValue>,
+    #[serde(borrow, rename = "metadata")]
+    metadata: Option<&'a RawValue>,
 }
 
 /// The text of a string field (borrowed unless it holds escapes); any other value reads as
@@ -166,6 +241,10 @@ pub(super) fn transfer_keys(source: &[u8]) -> StoreResult<TransferKeys<'_>> {
         src: text_of(indexed.src),
         dest: text_of(indexed.dest),
         attention: is_string(indexed.attention),
+        metadata: indexed
+            .metadata
+            .map(RawValue::get)
+            .filter(|raw| raw.starts_with('{')),
     })
 }
 
@@ -190,6 +269,24 @@ pub(super) fn update_transfer_indexes(
     let state_created = changed(|a, b| (&a.state, a.created) == (&b.state, b.created));
     let parties_changed =
         changed(|a, b| (&a.src, &a.dest, a.created) == (&b.src, &b.dest, b.created));
+    // Compared as raw text: the engine rewrites the same map in the same (key) order, so a
+    // transfer's state writes never parse it.
+    let metadata = changed(|a, b| (a.metadata, a.created) == (b.metadata, b.created))
+        && (new.metadata.is_some() || old.is_some_and(|o| o.metadata.is_some()));
+    if metadata {
+        if let Some(old) = old {
+            for (k, v) in old.metadata_pairs() {
+                t.metadata
+                    .remove((metadata_entry(&k, &v).as_str(), old.created, id))
+                    .map_err(e)?;
+            }
+        }
+        for (k, v) in new.metadata_pairs() {
+            t.metadata
+                .insert((metadata_entry(&k, &v).as_str(), new.created, id), ())
+                .map_err(e)?;
+        }
+    }
     if let Some(old) = old {
         if old.released && released {
             t.released.remove((&*old.state, id)).map_err(e)?;
