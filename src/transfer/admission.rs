@@ -22,9 +22,10 @@ use super::Engine;
 /// The default of `MAX_IN_FLIGHT`. At the 1.5–4k transfers/s measured on a 2-core machine
 /// this is 1–3 s of work queued (Little's law), so an accepted transfer still finishes in
 /// seconds. Measured with 2,000 connections posting (the benchmark, clients honouring
-/// `Retry-After`): peak RSS 151 MiB at 1,000, 186 MiB at 4,000 and 228–253 MiB at 10,000 (which
-/// also had the highest throughput: more in flight means larger group commits). 4,096 keeps
-/// the process under 200 MB there; raise it on larger machines.
+/// `Retry-After`, single runs on a shared machine): peak RSS 151 MiB at 1,000, 186–286 MiB at
+/// 4,000–4,096 and 228–253 MiB at 10,000 (which also had the highest throughput: more in
+/// flight means larger group commits). Memory grows with this bound; raise it on larger
+/// machines.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 4096;
 
 /// The counter behind the bound. One per engine.
