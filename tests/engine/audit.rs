@@ -117,6 +117,9 @@ fn transfer(id: &str, src: &str, dest: &str, amount: i64, state: TransferState) 
         lease_owner: None,
         lease_expires_at: None,
         attention: None,
+        failed_account: None,
+        legs: Vec::new(),
+        accounts: Vec::new(),
         hold_expires_at: None,
         captured_amount: None,
         currency: None,
@@ -223,6 +226,35 @@ async fn walk(accounts: &[(&str, i64)], transfers: &[TransferDoc], script: &[(us
                     }
                     AccountDecision::AlreadyDone => {}
                     refused => panic!("step {i} refused: {refused:?}"),
+                }
+            }
+            // Every account of a multi-leg transaction, each with its net change; the audit
+            // runs after each account's write.
+            Step::EachAccount(op) => {
+                let postings: Vec<(String, Side, i64, i64)> = t
+                    .postings()
+                    .iter()
+                    .map(|p| (p.account.to_owned(), p.side, p.amount, p.settle_amount))
+                    .collect();
+                for (id, side, amount, settle_amount) in postings {
+                    let a = docs.iter_mut().find(|a| a.account_id == id).unwrap();
+                    let step = AccountStep {
+                        transfer_id: &t.transaction_id,
+                        amount,
+                        settle_amount,
+                        side,
+                        op,
+                        currency: CurrencyRule::Any,
+                    };
+                    match decide_account(a, step, &now, retention) {
+                        AccountDecision::Write(next) => {
+                            *a = next;
+                            w.account(a).await;
+                        }
+                        AccountDecision::AlreadyDone => {}
+                        refused => panic!("step {i} refused: {refused:?}"),
+                    }
+                    assert_kinds(&w.audit().await, &[]);
                 }
             }
         }
