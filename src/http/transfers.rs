@@ -77,7 +77,8 @@ pub struct Transfer {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false, format = DateTime)]
     pub hold_expires_at: Option<String>,
-    /// A captured hold's units that move (the rest goes back to `from`).
+    /// A captured hold's units that move (the rest goes back to `from`); a multi-leg hold is
+    /// captured whole: the sum of its legs.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false, minimum = 1)]
     pub captured_amount: Option<i64>,
@@ -171,7 +172,8 @@ pub struct CreateTransfer {
 #[allow(dead_code)]
 pub struct CaptureHold {
     /// Units to move, from 1 to the held amount (else 422); default: all of it. The rest
-    /// goes back to the source.
+    /// goes back to the source. A multi-leg hold is captured whole: no `amount`, or the sum
+    /// of its legs (anything else is 422).
     #[schema(nullable = false, minimum = 1)]
     pub amount: Option<i64>,
 }
