@@ -242,8 +242,7 @@ impl Engine {
         first_currency: &mut Option<Option<String>>,
     ) -> Result<(), Interrupt> {
         let (account, side, amount, settle_amount) = {
-            let postings = held.doc.postings();
-            let Some(p) = postings.get(index) else {
+            let Some(p) = held.doc.posting(index) else {
                 return Err(
                     StopReason::Permanent(format!("no account {index} in its legs")).into(),
                 );

@@ -346,6 +346,26 @@ impl TransferDoc {
             .collect()
     }
 
+    /// The `index`-th of [`TransferDoc::postings`]; for a one-leg transfer without building
+    /// the list (the hot path).
+    pub fn posting(&self, index: usize) -> Option<Posting<'_>> {
+        use super::protocol::Side;
+        if self.is_multi_leg() {
+            return self.postings().get(index).copied();
+        }
+        let (account, side) = match index {
+            0 => (&self.src_acct, Side::Source),
+            1 => (&self.dest_acct, Side::Destination),
+            _ => return None,
+        };
+        Some(Posting {
+            account,
+            side,
+            amount: self.amount,
+            settle_amount: self.settle_amount(),
+        })
+    }
+
     /// The posting of `account`, if the transfer touches it.
     pub fn posting_of(&self, account: &str) -> Option<Posting<'_>> {
         self.postings().into_iter().find(|p| p.account == account)

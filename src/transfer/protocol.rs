@@ -833,6 +833,14 @@ mod tests {
             .map(|p| (p.account, p.side, p.amount, p.settle_amount))
             .collect();
         assert_eq!(got, [("a", Source, 10, 4), ("b", Destination, 10, 4)]);
+        // `posting(i)` is the i-th of them, built or not.
+        for t in [one, multi(&[("a", "b", 10), ("c", "a", 4)])] {
+            let all = t.postings();
+            for (i, p) in all.iter().enumerate() {
+                assert_eq!(t.posting(i), Some(*p));
+            }
+            assert_eq!(t.posting(all.len()), None);
+        }
     }
 
     #[test]
