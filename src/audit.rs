@@ -66,6 +66,7 @@ use crate::store::{parse_millis, Index, ScanPage, Store, StoreResult};
 use crate::transfer::clock::{Clock, SystemClock};
 use crate::transfer::documents::{decode_source, Document};
 use crate::transfer::model::{AccountDoc, TransferDoc, TransferState};
+use crate::transfer::protocol::Side;
 
 /// What kind of invariant a [`Violation`] breaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -337,14 +338,20 @@ impl PageReader {
     }
 }
 
-/// The two balance changes a transfer makes once settled: (side, account, delta). A hold
-/// settles its captured amount.
-fn deltas(t: &TransferDoc) -> [(&'static str, &str, i128); 2] {
-    let amount = t.settle_amount() as i128;
-    [
-        ("source", t.src_acct.as_str(), -amount),
-        ("destination", t.dest_acct.as_str(), amount),
-    ]
+/// The balance changes a transfer makes once settled, one per account (a multi-leg
+/// transaction's net change on each): (side, account, delta). A hold settles its captured
+/// amount.
+fn deltas(t: &TransferDoc) -> Vec<(&'static str, &str, i128)> {
+    t.postings()
+        .into_iter()
+        .map(|p| {
+            let amount = p.settle_amount as i128;
+            match p.side {
+                Side::Source => ("source", p.account, -amount),
+                Side::Destination => ("destination", p.account, amount),
+            }
+        })
+        .collect()
 }
 
 /// Audits the store. `stuck_after_millis`: an in-flight transfer older than this is reported.
@@ -401,7 +408,28 @@ fn check_transfer(
             format!("transfer {id} says its id is {}", t.transaction_id),
         );
     }
-    if t.amount <= 0 || t.src_acct == t.dest_acct {
+    if t.is_multi_leg() {
+        let total = crate::transfer::model::check_legs(&t.legs);
+        let listed: Vec<&str> = t.postings().iter().map(|p| p.account).collect();
+        if total != Ok(t.amount)
+            || t.legs.len() < 2
+            || !t.src_acct.is_empty()
+            || !t.dest_acct.is_empty()
+            || t.accounts != listed
+        {
+            report.violation(
+                MalformedTransfer,
+                format!(
+                    "transfer {id} has {} legs that no request can create \
+                     (legs {:?}, amount {}, accounts {:?})",
+                    t.legs.len(),
+                    total,
+                    t.amount,
+                    t.accounts
+                ),
+            );
+        }
+    } else if t.amount <= 0 || t.src_acct == t.dest_acct {
         report.violation(
             MalformedTransfer,
             format!(
@@ -502,27 +530,36 @@ fn check_currencies(
         if !matches!(state, TransferState::Committed | TransferState::Finished) {
             continue;
         }
-        let (Some(src), Some(dest)) = (
-            accounts.docs.get(&t.src_acct),
-            accounts.docs.get(&t.dest_acct),
-        ) else {
+        let postings = t.postings();
+        let Some(found) = postings
+            .iter()
+            .map(|p| accounts.docs.get(p.account).map(|a| (p.account, a)))
+            .collect::<Option<Vec<_>>>()
+        else {
             continue;
         };
+        let (first, first_doc) = found[0];
+        let wanted = t.currency.as_ref().or(first_doc.currency.as_ref());
         let stated_ok = t
             .currency
             .as_ref()
-            .is_none_or(|c| src.currency.as_ref() == Some(c));
-        if src.currency != dest.currency || !stated_ok {
-            let shown = |c: &Option<String>| c.clone().unwrap_or_else(|| "none".into());
+            .is_none_or(|c| first_doc.currency.as_ref() == Some(c));
+        if let Some((other, other_doc)) = found
+            .iter()
+            .find(|(_, a)| a.currency.as_ref() != wanted)
+            .copied()
+            .or((!stated_ok).then_some((first, first_doc)))
+        {
+            let shown = |c: Option<&String>| c.cloned().unwrap_or_else(|| "none".into());
             report.violation(
                 ViolationKind::CurrencyMismatch,
                 format!(
                     "transfer {id} is {state} in currency {} from {} ({}) to {} ({})",
-                    shown(&t.currency),
-                    t.src_acct,
-                    shown(&src.currency),
-                    t.dest_acct,
-                    shown(&dest.currency)
+                    shown(t.currency.as_ref()),
+                    first,
+                    shown(first_doc.currency.as_ref()),
+                    other,
+                    shown(other_doc.currency.as_ref())
                 ),
             );
         }
@@ -602,17 +639,25 @@ fn read_pending_list(
             list.countable = false;
             continue;
         };
-        let amount = t.amount as i128;
-        let delta = if t.src_acct == id {
-            list.debits += amount;
-            -amount
-        } else {
-            list.credits += amount;
-            amount
+        // The account's one entry carries its net change over the transfer's legs.
+        let Some(posting) = t.posting_of(id) else {
+            list.countable = false;
+            continue;
+        };
+        let amount = posting.amount as i128;
+        let delta = match posting.side {
+            Side::Source => {
+                list.debits += amount;
+                -amount
+            }
+            Side::Destination => {
+                list.credits += amount;
+                amount
+            }
         };
         // What settling will give back (a hold captured in part): on the balance until the
         // remove, beyond what a `committed` state counts.
-        let give_back = delta - delta.signum() * t.settle_amount() as i128;
+        let give_back = delta - delta.signum() * posting.settle_amount as i128;
         list.listed += counted_on_balance(report, id, tid, t, delta, give_back);
     }
     list
@@ -640,13 +685,18 @@ fn pending_transfer<'t>(
         );
         return None;
     };
-    if t.src_acct != id && t.dest_acct != id {
+    if t.posting_of(id).is_none() {
         report.violation(
             ViolationKind::PendingUnrelated,
             format!(
-                "account {id} has {tid} pending, but the transfer moves {} from {} to {} \
+                "account {id} has {tid} pending, but the transfer moves {} between {} \
                  (its balance, pending sums and conservation are not checked)",
-                t.amount, t.src_acct, t.dest_acct
+                t.amount,
+                t.postings()
+                    .iter()
+                    .map(|p| p.account)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         );
         return None;

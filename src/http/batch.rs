@@ -57,7 +57,10 @@ pub struct CreateBatch {
 #[serde(untagged)]
 pub enum BatchItem {
     /// `201`: created, in state `created`; `200`: an identical replay, as it is now.
-    Transfer { status: u16, transfer: Transfer },
+    Transfer {
+        status: u16,
+        transfer: Box<Transfer>,
+    },
     /// `409`: the id exists with another request; `422`: the item is invalid; `503`: the
     /// store was unavailable for this item, which may or may not have been created (retry
     /// it: with its `id`, a retry is a replay); `500`: a fault of ours, logged.
@@ -75,11 +78,11 @@ impl From<Created<crate::transfer::model::TransferDoc>> for BatchItem {
         match created {
             Created::New(doc) => BatchItem::Transfer {
                 status: 201,
-                transfer: doc.into(),
+                transfer: Box::new(doc.into()),
             },
             Created::Replayed(doc) => BatchItem::Transfer {
                 status: 200,
-                transfer: doc.into(),
+                transfer: Box::new(doc.into()),
             },
         }
     }

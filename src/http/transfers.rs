@@ -15,8 +15,8 @@ use super::{
 };
 use crate::store::{SortKey, TransferFilter};
 use crate::transfer::model::{
-    check_hold_duration, valid_id, valid_metadata_key, valid_metadata_value, Metadata,
-    RollbackReason, TransferDoc, TransferState, METADATA_MAX_KEYS,
+    check_hold_duration, check_legs, valid_id, valid_metadata_key, valid_metadata_value, Leg,
+    Metadata, RollbackReason, TransferDoc, TransferState, MAX_LEGS, METADATA_MAX_KEYS,
 };
 use crate::transfer::service::{Created, NewTransfer};
 
@@ -32,16 +32,32 @@ pub fn router() -> Router<AppState> {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Transfer {
     pub id: String,
-    /// Source account id.
-    pub from: String,
-    /// Destination account id.
-    pub to: String,
-    pub amount: i64,
+    /// Source account id of a one-leg transfer (absent on a multi-leg one: see `legs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<super::openapi::Id>, nullable = false)]
+    pub from: Option<String>,
+    /// Destination account id of a one-leg transfer (absent on a multi-leg one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<super::openapi::Id>, nullable = false)]
+    pub to: Option<String>,
+    /// Units a one-leg transfer moves (absent on a multi-leg one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, minimum = 1)]
+    pub amount: Option<i64>,
+    /// Every leg, always (one for a one-leg transfer, repeating `from`, `to` and `amount`).
+    /// All apply or none.
+    pub legs: Vec<Leg>,
     pub state: TransferState,
     /// Why it rolled back; present only in `terminating` and `rolled-back`.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub reason: Option<RollbackReason>,
+    /// With `reason`, when an account's apply was refused (`insufficient_funds`,
+    /// `account_not_found`, `balance_overflow`, `account_busy`, `currency_mismatch`): that
+    /// account. Its legs are the ones that caused the rollback.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<super::openapi::Id>, nullable = false)]
+    pub failed_account: Option<String>,
     /// When it was accepted: RFC 3339, UTC, millisecond precision.
     #[schema(format = DateTime)]
     pub created_at: String,
@@ -61,7 +77,8 @@ pub struct Transfer {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false, format = DateTime)]
     pub hold_expires_at: Option<String>,
-    /// A captured hold's units that move (the rest goes back to `from`).
+    /// A captured hold's units that move (the rest goes back to `from`); a multi-leg hold is
+    /// captured whole: the sum of its legs.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false, minimum = 1)]
     pub captured_amount: Option<i64>,
@@ -77,13 +94,17 @@ pub struct Transfer {
 
 impl From<TransferDoc> for Transfer {
     fn from(doc: TransferDoc) -> Self {
+        let legs = doc.leg_list();
+        let one_leg = !doc.is_multi_leg();
         Self {
             id: doc.transaction_id,
-            from: doc.src_acct,
-            to: doc.dest_acct,
-            amount: doc.amount,
+            from: one_leg.then_some(doc.src_acct),
+            to: one_leg.then_some(doc.dest_acct),
+            amount: one_leg.then_some(doc.amount),
+            legs,
             state: doc.transaction_state,
             reason: doc.reason,
+            failed_account: doc.failed_account,
             created_at: doc.creation_time,
             updated_at: doc.modification_time,
             attention: doc.attention,
@@ -105,15 +126,25 @@ pub struct CreateTransfer {
     /// is a new transfer). With an `Idempotency-Key` header, it must equal the key (else 422).
     #[schema(value_type = Option<super::openapi::Id>)]
     pub id: Option<String>,
-    /// Source account id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`).
-    #[schema(value_type = super::openapi::Id)]
-    pub from: String,
-    /// Destination account id (same rules); must differ from `from`, else 422.
-    #[schema(value_type = super::openapi::Id)]
-    pub to: String,
-    /// Units to move: an integer from 1 to 2^63-1 (a JSON integer: `5`, not `5.0`).
-    #[schema(minimum = 1)]
-    pub amount: i64,
+    /// Source account id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`). Required
+    /// unless `legs` is given; never with `legs` (else 422).
+    #[schema(value_type = Option<super::openapi::Id>, nullable = false)]
+    pub from: Option<String>,
+    /// Destination account id (same rules); must differ from `from`, else 422. Required
+    /// unless `legs` is given; never with `legs`.
+    #[schema(value_type = Option<super::openapi::Id>, nullable = false)]
+    pub to: Option<String>,
+    /// Units to move: an integer from 1 to 2^63-1 (a JSON integer: `5`, not `5.0`). Required
+    /// unless `legs` is given; never with `legs`.
+    #[schema(nullable = false, minimum = 1)]
+    pub amount: Option<i64>,
+    /// A multi-leg transaction instead of `from`, `to` and `amount`: 1 to 16 legs, all
+    /// applied or none. An account may appear in several legs; its floor is checked on its
+    /// net debit. Each leg's `from` ≠ `to` and `amount` ≥ 1, the amounts summing to at most
+    /// 2^63-1 (else 422). Every account must share the currency. One leg is the same as
+    /// `from`, `to` and `amount`. A multi-leg hold is captured whole.
+    #[schema(nullable = false, min_items = 1, max_items = 16)]
+    pub legs: Option<Vec<Leg>>,
     /// `true`: a hold. It is driven to `pending` (the source debited, the destination credited
     /// but not spendable) and waits there for `POST /transfers/{id}/capture`, `.../cancel`
     /// or its expiry (then it rolls back with `expired`). Default `false`.
@@ -141,7 +172,8 @@ pub struct CreateTransfer {
 #[allow(dead_code)]
 pub struct CaptureHold {
     /// Units to move, from 1 to the held amount (else 422); default: all of it. The rest
-    /// goes back to the source.
+    /// goes back to the source. A multi-leg hold is captured whole: no `amount`, or the sum
+    /// of its legs (anything else is 422).
     #[schema(nullable = false, minimum = 1)]
     pub amount: Option<i64>,
 }
@@ -218,17 +250,23 @@ pub(crate) fn new_transfer(
     id_if_absent: Option<String>,
 ) -> Result<NewTransfer, ApiError> {
     let id = field::id(body, "id")?;
-    let from = field::required_id(body, "from")?;
-    let to = field::required_id(body, "to")?;
-    let amount = field::required_integer(body, "amount")?;
+    let (from, to, amount, legs) = match body.get("legs") {
+        None | Some(Value::Null) => one_leg(body)?,
+        Some(given) => {
+            if let Some(name) = ["from", "to", "amount"]
+                .into_iter()
+                .find(|name| !matches!(body.get(*name), None | Some(Value::Null)))
+            {
+                return Err(ApiError::Invalid(format!(
+                    "give either `legs` or `from`, `to` and `amount`, not both (`{name}` is \
+                     there with `legs`)"
+                )));
+            }
+            legs_of(given)?
+        }
+    };
     let currency = field::currency(body, "currency")?;
     let metadata = field::metadata(body, "metadata")?;
-    if amount <= 0 {
-        return Err(ApiError::Invalid("`amount` must be positive".into()));
-    }
-    if from == to {
-        return Err(ApiError::Invalid("`from` and `to` must differ".into()));
-    }
     let (hold, hold_expires_in) = hold_fields(body)?;
     let id = id
         .or(id_if_absent)
@@ -238,11 +276,68 @@ pub(crate) fn new_transfer(
         from,
         to,
         amount,
+        legs,
         hold,
         hold_expires_in,
         currency,
         metadata,
     })
+}
+
+/// `from`, `to` and `amount` of a one-leg transfer.
+fn one_leg(body: &Map<String, Value>) -> Result<(String, String, i64, Vec<Leg>), ApiError> {
+    let from = field::required_id(body, "from")?;
+    let to = field::required_id(body, "to")?;
+    let amount = field::required_integer(body, "amount")?;
+    if amount <= 0 {
+        return Err(ApiError::Invalid("`amount` must be positive".into()));
+    }
+    if from == to {
+        return Err(ApiError::Invalid("`from` and `to` must differ".into()));
+    }
+    Ok((from, to, amount, Vec::new()))
+}
+
+/// `legs`: 1 to 16 objects `{"from","to","amount"}` (each checked like a one-leg transfer,
+/// their amounts summing to at most 2^63−1). One leg is a one-leg transfer, stored and
+/// answered exactly as one sent with `from`, `to` and `amount`; with several, the sum.
+fn legs_of(given: &Value) -> Result<(String, String, i64, Vec<Leg>), ApiError> {
+    let Value::Array(items) = given else {
+        return Err(ApiError::Invalid(
+            "`legs` must be an array of {\"from\", \"to\", \"amount\"} objects".into(),
+        ));
+    };
+    if items.is_empty() || items.len() > MAX_LEGS {
+        return Err(ApiError::Invalid(format!(
+            "`legs` must hold 1 to {MAX_LEGS} legs, not {}",
+            items.len()
+        )));
+    }
+    let mut legs = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let Value::Object(leg) = item else {
+            return Err(ApiError::Invalid(format!(
+                "`legs[{i}]` must be an object {{\"from\", \"to\", \"amount\"}}"
+            )));
+        };
+        let named = |error: ApiError| match error {
+            ApiError::Invalid(why) => {
+                ApiError::Invalid(why.replacen('`', &format!("`legs[{i}]."), 1))
+            }
+            other => other,
+        };
+        legs.push(Leg {
+            from: field::required_id(leg, "from").map_err(named)?,
+            to: field::required_id(leg, "to").map_err(named)?,
+            amount: field::required_integer(leg, "amount").map_err(named)?,
+        });
+    }
+    let total = check_legs(&legs).map_err(ApiError::Invalid)?;
+    if legs.len() == 1 {
+        let Leg { from, to, amount } = legs.pop().expect("one leg");
+        return Ok((from, to, amount, Vec::new()));
+    }
+    Ok((String::new(), String::new(), total, legs))
 }
 
 /// `hold` (a boolean, default false) and `hold_expires_in` (a duration string within the

@@ -596,6 +596,8 @@ impl Store for ElasticsearchStore {
             Some(account) => vec![
                 json!({"term": {fields::SRC: account}}),
                 json!({"term": {fields::DEST: account}}),
+                // A multi-leg transaction's accounts (migration 0005).
+                json!({"term": {fields::ACCOUNTS: account}}),
             ],
             None => Vec::new(),
         };

@@ -373,6 +373,11 @@ pub mod fields {
     /// `flattened` by migration `0004_transactions_metadata`; a filter on key `k` is a `term`
     /// query on `metadata.k` (`docs/elasticsearch.md` §8).
     pub const METADATA: &str = "metadata";
+    /// Every account a multi-leg transaction touches (a string array, absent on one-leg
+    /// transfers, which the listing finds by `src_acct`/`dest_acct`). Mapped as a keyword by
+    /// migration `0005_transactions_accounts`; the listing by account is a `term` on it or on
+    /// either party.
+    pub const ACCOUNTS: &str = "accounts";
 }
 
 /// Parses an RFC 3339 timestamp (as the service writes them) to epoch milliseconds.

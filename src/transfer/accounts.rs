@@ -42,6 +42,9 @@ pub struct StepRequest {
     pub op: AccountOp,
     /// What an apply needs of the account's currency.
     pub currency: CurrencyRule,
+    /// Answer the account's currency once the step is done (the first account's apply: the
+    /// other accounts' applies need it, [`CurrencyRule::for_destination`]).
+    pub report_currency: bool,
     /// The worker's lease deadline (monotonic): after it, this step must not be decided.
     pub deadline: BootTime,
 }
@@ -289,8 +292,10 @@ impl AccountSteps {
                         return (StepResult::Refused(refusal), None)
                     }
                 };
-                // Only the source's apply is asked for it (cloned only when there is one).
-                let currency = (r.op == AccountOp::Apply && r.side == Side::Source)
+                // Only the first account's apply is asked for it (cloned only when there is
+                // one).
+                let currency = r
+                    .report_currency
                     .then(|| current.currency.clone())
                     .flatten();
                 (result, currency)

@@ -56,8 +56,8 @@ pub enum StopReason {
 enum Interrupt {
     /// The transfer document changed under us (a cancel, a takeover): read it and decide again.
     Reread,
-    /// The transfer must roll back for this reason.
-    Rollback(RollbackReason),
+    /// The transfer must roll back for this reason, caused by this account's apply.
+    Rollback(RollbackReason, String),
     Stop(StopReason),
 }
 
@@ -142,10 +142,16 @@ impl Engine {
             };
             match interrupt {
                 Interrupt::Stop(reason) => return DriveOutcome::Stopped(reason),
-                Interrupt::Rollback(reason) => {
-                    // An apply was refused (only in `pending`): rollback step 1.
+                Interrupt::Rollback(reason, account) => {
+                    // An apply was refused (only in `pending`): rollback step 1, naming the
+                    // account.
                     let result = self
-                        .write_state(held, TransferState::Terminating, Some(reason))
+                        .write_state_naming(
+                            held,
+                            TransferState::Terminating,
+                            Some(reason),
+                            Some(account),
+                        )
                         .await;
                     next_interrupt = result.err();
                 }
@@ -193,24 +199,70 @@ impl Engine {
             info!(to = %to, reason = reason.as_str(), "transfer ran out of time before committing; rolling back");
             return self.write_state(held, to, Some(reason)).await;
         }
-        // The source's currency, as its apply (done now or before) read it: the destination's
-        // apply, next in the same plan, must match it.
-        let mut source_currency = None;
+        // The first account's currency, as its apply (done now or before) read it: the other
+        // accounts' applies, later in the same plan, must match it.
+        let mut first_currency = None;
         for step in plan_for(&held.doc) {
             if self.shutdown.is_cancelled() {
                 return Err(StopReason::Shutdown.into());
             }
             match *step {
                 Step::Account(op, side) => {
-                    let currency = currency_rule(&held.doc.currency, op, side, &source_currency);
-                    let observed = self.account_step(held, op, side, currency).await?;
-                    if (op, side) == (AccountOp::Apply, Side::Source) {
-                        source_currency = Some(observed);
+                    let index = match side {
+                        Side::Source => 0,
+                        Side::Destination => 1,
+                    };
+                    self.posting_step(held, op, index, &mut first_currency)
+                        .await?;
+                }
+                Step::EachAccount(op) => {
+                    for index in 0..held.doc.postings().len() {
+                        if index > 0 && self.shutdown.is_cancelled() {
+                            return Err(StopReason::Shutdown.into());
+                        }
+                        self.posting_step(held, op, index, &mut first_currency)
+                            .await?;
                     }
                 }
                 Step::SetState(to) => self.write_state(held, to, None).await?,
                 Step::Park => return self.park(held).await,
             }
+        }
+        Ok(())
+    }
+
+    /// `op` on the transfer's `index`-th account ([`TransferDoc::postings`]), with the
+    /// currency rule of its place: the first account's apply records the currency the others
+    /// must have in `first_currency`.
+    async fn posting_step(
+        &self,
+        held: &mut Held,
+        op: AccountOp,
+        index: usize,
+        first_currency: &mut Option<Option<String>>,
+    ) -> Result<(), Interrupt> {
+        let (account, side, amount, settle_amount) = {
+            let Some(p) = held.doc.posting(index) else {
+                return Err(
+                    StopReason::Permanent(format!("no account {index} in its legs")).into(),
+                );
+            };
+            (p.account.to_owned(), p.side, p.amount, p.settle_amount)
+        };
+        let currency = currency_rule(&held.doc.currency, op, index, first_currency);
+        let report = op == AccountOp::Apply && index == 0;
+        let observed = self
+            .account_step(
+                held,
+                op,
+                &account,
+                (side, amount, settle_amount),
+                currency,
+                report,
+            )
+            .await?;
+        if report {
+            *first_currency = Some(observed);
         }
         Ok(())
     }
@@ -228,29 +280,32 @@ impl Engine {
     }
 
     /// One account step (core 2/3/5/6, rollback 2/3), merged with the other steps waiting
-    /// for the same account (see [`super::accounts`]). Answers the account's currency for a
-    /// source's apply.
+    /// for the same account (see [`super::accounts`]). `change` is the account's side, the
+    /// amount applied and the amount that stays when it settles. Answers the account's
+    /// currency when `report_currency`.
     async fn account_step(
         &self,
         held: &mut Held,
         op: AccountOp,
-        side: Side,
+        account_id: &str,
+        (side, amount, settle_amount): (Side, i64, i64),
         currency: CurrencyRule,
+        report_currency: bool,
     ) -> Result<Option<String>, Interrupt> {
-        let account_id = side.account(&held.doc).to_owned();
         let mut busy = 0;
         for _ in 0..self.config.max_conflicts {
             self.ensure_lease(held).await?;
             let request = StepRequest {
                 transfer_id: held.doc.transaction_id.clone(),
-                amount: held.doc.amount,
-                settle_amount: held.doc.settle_amount(),
+                amount,
+                settle_amount,
                 side,
                 op,
                 currency: currency.clone(),
+                report_currency,
                 deadline: held.deadline(),
             };
-            let (result, observed) = self.accounts.run_observing(&account_id, request).await;
+            let (result, observed) = self.accounts.run_observing(account_id, request).await;
             match result {
                 // Renew (or find out we lost it) and try again.
                 StepResult::LeaseExpired => continue,
@@ -260,7 +315,7 @@ impl Engine {
                     busy += 1;
                     tokio::time::sleep(backoff(busy + 2)).await;
                 }
-                result => return step_outcome(result, op, side, &account_id).map(|()| observed),
+                result => return step_outcome(result, op, side, account_id).map(|()| observed),
             }
         }
         Err(StopReason::Contention.into())
@@ -274,11 +329,26 @@ impl Engine {
         to: TransferState,
         reason: Option<RollbackReason>,
     ) -> Result<(), Interrupt> {
+        self.write_state_naming(held, to, reason, None).await
+    }
+
+    /// [`Engine::write_state`], recording the account whose refused apply caused a rollback
+    /// (`failed_account`).
+    async fn write_state_naming(
+        &self,
+        held: &mut Held,
+        to: TransferState,
+        reason: Option<RollbackReason>,
+        failed_account: Option<String>,
+    ) -> Result<(), Interrupt> {
         let from = held.doc.transaction_state;
         let now = self.clock.now();
-        let Some(next) = protocol::transition(&held.doc, to, reason, &now) else {
+        let Some(mut next) = protocol::transition(&held.doc, to, reason, &now) else {
             return Err(StopReason::Permanent(format!("illegal transition {from} → {to}")).into());
         };
+        if failed_account.is_some() {
+            next.failed_account = failed_account;
+        }
         let going = || !self.shutdown.is_cancelled();
         if !self.leases.write(held, next, going).await? {
             return Err(Interrupt::Reread);
@@ -371,24 +441,26 @@ impl Engine {
     }
 }
 
-/// The currency rule of one account step of a transfer stating `stated`, the source's
-/// currency being `source` once its apply ran in this plan.
+/// The currency rule of one account step of a transfer stating `stated`: the first
+/// account's apply takes the stated currency or any; every other account's apply needs the
+/// stated one, else the first account's (`first`, once its apply ran in this plan).
 fn currency_rule(
     stated: &Option<String>,
     op: AccountOp,
-    side: Side,
-    source: &Option<Option<String>>,
+    index: usize,
+    first: &Option<Option<String>>,
 ) -> CurrencyRule {
-    match (op, side) {
-        (AccountOp::Apply, Side::Source) => CurrencyRule::for_source(stated.clone()),
-        (AccountOp::Apply, Side::Destination) => {
-            // The plan of `pending` applies the source first, always: its answer is here.
+    match (op, index) {
+        (AccountOp::Apply, 0) => CurrencyRule::for_source(stated.clone()),
+        (AccountOp::Apply, _) => {
+            // The plan of `pending` applies the first account first, always: its answer is
+            // here.
             debug_assert!(
-                source.is_some(),
-                "the destination's apply before the source's"
+                first.is_some(),
+                "another account's apply before the first's"
             );
-            let source = source.clone().flatten();
-            CurrencyRule::for_destination(stated.clone(), source)
+            let first = first.clone().flatten();
+            CurrencyRule::for_destination(stated.clone(), first)
         }
         _ => CurrencyRule::Any,
     }
@@ -407,7 +479,10 @@ fn step_outcome(
             Ok(())
         }
         StepResult::Missing => match op {
-            AccountOp::Apply => Err(Interrupt::Rollback(RollbackReason::AccountNotFound)),
+            AccountOp::Apply => Err(Interrupt::Rollback(
+                RollbackReason::AccountNotFound,
+                account_id.to_owned(),
+            )),
             // Nothing was applied to an account that does not exist.
             AccountOp::Remove | AccountOp::Undo => Ok(()),
         },
@@ -416,7 +491,9 @@ fn step_outcome(
             Err(Interrupt::Reread)
         }
         StepResult::Refused(refusal) => match (op, refusal.rollback_reason()) {
-            (AccountOp::Apply, Some(reason)) => Err(Interrupt::Rollback(reason)),
+            (AccountOp::Apply, Some(reason)) => {
+                Err(Interrupt::Rollback(reason, account_id.to_owned()))
+            }
             _ => Err(
                 StopReason::Permanent(format!("{op:?} on {account_id} refused: {refusal:?}"))
                     .into(),

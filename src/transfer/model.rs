@@ -148,9 +148,26 @@ impl RollbackReason {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TransferDoc {
     pub transaction_id: String,
+    /// The source of a one-leg transfer; empty (and not written) on a multi-leg one, which
+    /// names its accounts in `legs`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub src_acct: String,
+    /// The destination of a one-leg transfer; empty (and not written) on a multi-leg one.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub dest_acct: String,
+    /// The units a one-leg transfer moves; on a multi-leg one, the sum of its legs' amounts
+    /// (at most 2^63−1, so every account's net change fits too).
     pub amount: i64,
+    /// The legs of a multi-leg transaction (2 to [`MAX_LEGS`]), all applied or none; empty
+    /// (and not written) for a one-leg transfer, which keeps `src_acct`/`dest_acct`/`amount`
+    /// (`docs/design.md §3`, "Multi-leg transactions").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub legs: Vec<Leg>,
+    /// Every account a multi-leg transaction touches, once each, in the order of
+    /// [`TransferDoc::postings`]: what the listing by account finds it by. Empty (and not
+    /// written) for a one-leg transfer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accounts: Vec<String>,
     pub transaction_state: TransferState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<RollbackReason>,
@@ -173,6 +190,11 @@ pub struct TransferDoc {
     /// procedure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention: Option<String>,
+    /// The account whose apply was refused, with `reason` (`insufficient_funds`,
+    /// `account_not_found`, `balance_overflow`, `account_busy`, `currency_mismatch`): which
+    /// account, and so which legs, caused the rollback. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_account: Option<String>,
     /// Present on a hold only (`"hold": true` at creation): when it rolls back with
     /// `expired` unless captured or cancelled first (RFC 3339). A hold is driven to
     /// `pending` (both accounts applied, the credit not spendable) and waits there, parked
@@ -194,7 +216,161 @@ pub struct TransferDoc {
     pub metadata: Metadata,
 }
 
+/// One leg of a multi-leg transaction: `amount` units from `from` to `to`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Leg {
+    /// Source account id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`).
+    #[schema(value_type = crate::http::openapi::Id)]
+    pub from: String,
+    /// Destination account id (same rules); must differ from `from`.
+    #[schema(value_type = crate::http::openapi::Id)]
+    pub to: String,
+    /// Units this leg moves: an integer from 1 to 2^63-1.
+    #[schema(minimum = 1)]
+    pub amount: i64,
+}
+
+/// The most legs one transaction has.
+pub const MAX_LEGS: usize = 16;
+
+/// What a transfer does to one of its accounts: its net change over all legs, as a
+/// direction and a magnitude. One pending entry per account per transfer carries it, so an
+/// account in several legs is applied, settled and undone once, and its floor is checked on
+/// its net debit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Posting<'a> {
+    pub account: &'a str,
+    /// `Source` for a net debit, `Destination` for a net credit (or no net change).
+    pub side: super::protocol::Side,
+    /// The magnitude of the net change (0 when the account's legs cancel out).
+    pub amount: i64,
+    /// What stays when the transfer settles: `amount`, or a partly captured one-leg hold's
+    /// captured amount.
+    pub settle_amount: i64,
+}
+
+/// Checks the legs of a transaction: 1 to [`MAX_LEGS`], each amount positive, `from` ≠
+/// `to`, the amounts summing to at most 2^63−1. Returns that sum; `Err` says why not.
+pub fn check_legs(legs: &[Leg]) -> Result<i64, String> {
+    if legs.is_empty() || legs.len() > MAX_LEGS {
+        return Err(format!(
+            "`legs` must hold 1 to {MAX_LEGS} legs, not {}",
+            legs.len()
+        ));
+    }
+    let mut total: i64 = 0;
+    for (i, leg) in legs.iter().enumerate() {
+        if leg.amount <= 0 {
+            return Err(format!("`legs[{i}].amount` must be positive"));
+        }
+        if leg.from == leg.to {
+            return Err(format!("`legs[{i}].from` and `legs[{i}].to` must differ"));
+        }
+        total = total.checked_add(leg.amount).ok_or_else(|| {
+            "the amounts of `legs` must sum to at most 9223372036854775807".to_owned()
+        })?;
+    }
+    Ok(total)
+}
+
 impl TransferDoc {
+    /// Whether this is a multi-leg transaction (else a one-leg transfer).
+    pub fn is_multi_leg(&self) -> bool {
+        !self.legs.is_empty()
+    }
+
+    /// The legs as the API shows them: the stored ones, or the one leg of a plain transfer.
+    pub fn leg_list(&self) -> Vec<Leg> {
+        if self.is_multi_leg() {
+            self.legs.clone()
+        } else {
+            vec![Leg {
+                from: self.src_acct.clone(),
+                to: self.dest_acct.clone(),
+                amount: self.amount,
+            }]
+        }
+    }
+
+    /// What the transfer does to each account, once per account, in the order accounts
+    /// first appear in its legs (`from` before `to`): for a one-leg transfer, the source then
+    /// the destination. The first account's apply fixes the currency the others must have.
+    pub fn postings(&self) -> Vec<Posting<'_>> {
+        use super::protocol::Side;
+        if !self.is_multi_leg() {
+            let settle = self.settle_amount();
+            return vec![
+                Posting {
+                    account: &self.src_acct,
+                    side: Side::Source,
+                    amount: self.amount,
+                    settle_amount: settle,
+                },
+                Posting {
+                    account: &self.dest_acct,
+                    side: Side::Destination,
+                    amount: self.amount,
+                    settle_amount: settle,
+                },
+            ];
+        }
+        let mut nets: Vec<(&str, i128)> = Vec::with_capacity(self.legs.len() * 2);
+        for leg in &self.legs {
+            for (account, delta) in [
+                (leg.from.as_str(), -(leg.amount as i128)),
+                (leg.to.as_str(), leg.amount as i128),
+            ] {
+                match nets.iter_mut().find(|(a, _)| *a == account) {
+                    Some((_, net)) => *net += delta,
+                    None => nets.push((account, delta)),
+                }
+            }
+        }
+        nets.into_iter()
+            .map(|(account, net)| {
+                // Within i64 for every transfer `check_legs` accepted; a document that breaks
+                // it saturates (and the audit reports it).
+                let amount = i64::try_from(net.unsigned_abs()).unwrap_or(i64::MAX);
+                let side = if net < 0 {
+                    Side::Source
+                } else {
+                    Side::Destination
+                };
+                Posting {
+                    account,
+                    side,
+                    amount,
+                    settle_amount: amount,
+                }
+            })
+            .collect()
+    }
+
+    /// The `index`-th of [`TransferDoc::postings`]; for a one-leg transfer without building
+    /// the list (the hot path).
+    pub fn posting(&self, index: usize) -> Option<Posting<'_>> {
+        use super::protocol::Side;
+        if self.is_multi_leg() {
+            return self.postings().get(index).copied();
+        }
+        let (account, side) = match index {
+            0 => (&self.src_acct, Side::Source),
+            1 => (&self.dest_acct, Side::Destination),
+            _ => return None,
+        };
+        Some(Posting {
+            account,
+            side,
+            amount: self.amount,
+            settle_amount: self.settle_amount(),
+        })
+    }
+
+    /// The posting of `account`, if the transfer touches it.
+    pub fn posting_of(&self, account: &str) -> Option<Posting<'_>> {
+        self.postings().into_iter().find(|p| p.account == account)
+    }
+
     /// Whether this transfer is a hold (waits in `pending` for a capture).
     pub fn is_hold(&self) -> bool {
         self.hold_expires_at.is_some()

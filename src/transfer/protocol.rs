@@ -76,7 +76,12 @@ pub enum AccountOp {
 /// One step of a transfer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
+    /// One account of a one-leg transfer: its source or its destination.
     Account(AccountOp, Side),
+    /// Every account of a multi-leg transaction, one after the other in the order of
+    /// [`TransferDoc::postings`] (the first account's apply fixes the currency the others
+    /// must have), each with its net change: one pending entry per account.
+    EachAccount(AccountOp),
     /// A conditional write of the transfer document to this state.
     SetState(TransferState),
     /// A hold with both accounts applied and no capture: park it (a conditional write that
@@ -111,16 +116,44 @@ pub fn plan(state: TransferState) -> &'static [Step] {
 
 /// The steps that remain for `transfer`: [`plan`] of its state, except that a hold in
 /// `pending` with no capture parks where a transfer would commit.
+///
+/// A multi-leg transaction takes the same steps with [`Step::EachAccount`] in place of the
+/// two account steps ([`plan_legs`]).
 pub fn plan_for(transfer: &TransferDoc) -> &'static [Step] {
     use AccountOp::*;
     use Side::*;
+    let parks = transfer.is_hold() && transfer.captured_amount.is_none();
     match transfer.transaction_state {
-        TransferState::Pending if transfer.is_hold() && transfer.captured_amount.is_none() => &[
+        state if transfer.is_multi_leg() => plan_legs(state, parks),
+        TransferState::Pending if parks => &[
             Step::Account(Apply, Source),
             Step::Account(Apply, Destination),
             Step::Park,
         ],
         state => plan(state),
+    }
+}
+
+/// [`plan`] for a multi-leg transaction (`parks`: an uncaptured hold, which parks where it
+/// would commit).
+pub fn plan_legs(state: TransferState, parks: bool) -> &'static [Step] {
+    use AccountOp::*;
+    match state {
+        TransferState::Created => &[Step::SetState(TransferState::Pending)],
+        TransferState::Pending if parks => &[Step::EachAccount(Apply), Step::Park],
+        TransferState::Pending => &[
+            Step::EachAccount(Apply),
+            Step::SetState(TransferState::Committed),
+        ],
+        TransferState::Committed => &[
+            Step::EachAccount(Remove),
+            Step::SetState(TransferState::Finished),
+        ],
+        TransferState::Terminating => &[
+            Step::EachAccount(Undo),
+            Step::SetState(TransferState::RolledBack),
+        ],
+        TransferState::Finished | TransferState::RolledBack => &[],
     }
 }
 
@@ -622,6 +655,9 @@ mod tests {
             lease_owner: Some("w".into()),
             lease_expires_at: Some("2026-01-01T00:00:30.000Z".into()),
             attention: None,
+            failed_account: None,
+            legs: Vec::new(),
+            accounts: Vec::new(),
             hold_expires_at: None,
             captured_amount: None,
             currency: None,
@@ -691,6 +727,175 @@ mod tests {
         );
         assert!(plan(Finished).is_empty());
         assert!(plan(RolledBack).is_empty());
+    }
+
+    fn multi(legs: &[(&str, &str, i64)]) -> TransferDoc {
+        let legs: Vec<crate::transfer::model::Leg> = legs
+            .iter()
+            .map(|(f, t, a)| crate::transfer::model::Leg {
+                from: (*f).into(),
+                to: (*t).into(),
+                amount: *a,
+            })
+            .collect();
+        TransferDoc {
+            src_acct: String::new(),
+            dest_acct: String::new(),
+            amount: crate::transfer::model::check_legs(&legs).unwrap(),
+            legs,
+            ..transfer(Pending)
+        }
+    }
+
+    #[test]
+    fn a_multi_leg_transaction_takes_each_account_once_in_every_state() {
+        use AccountOp::*;
+        let t = multi(&[("a", "b", 10), ("a", "c", 5)]);
+        assert_eq!(
+            plan_for(&t),
+            &[Step::EachAccount(Apply), Step::SetState(Committed)]
+        );
+        let committed = TransferDoc {
+            transaction_state: Committed,
+            ..t.clone()
+        };
+        assert_eq!(
+            plan_for(&committed),
+            &[Step::EachAccount(Remove), Step::SetState(Finished)]
+        );
+        let terminating = TransferDoc {
+            transaction_state: Terminating,
+            ..t.clone()
+        };
+        assert_eq!(
+            plan_for(&terminating),
+            &[Step::EachAccount(Undo), Step::SetState(RolledBack)]
+        );
+        let hold = TransferDoc {
+            hold_expires_at: Some("2026-01-02T00:00:00.000Z".into()),
+            ..t.clone()
+        };
+        assert_eq!(plan_for(&hold), &[Step::EachAccount(Apply), Step::Park]);
+        let captured = TransferDoc {
+            captured_amount: Some(15),
+            ..hold
+        };
+        assert_eq!(
+            plan_for(&captured),
+            &[Step::EachAccount(Apply), Step::SetState(Committed)]
+        );
+        // A one-leg transfer keeps the post's steps.
+        assert_eq!(plan_for(&transfer(Pending)), plan(Pending));
+    }
+
+    #[test]
+    fn postings_carry_each_accounts_net_change_once_in_order_of_appearance() {
+        use Side::*;
+        let t = multi(&[("a", "b", 10), ("c", "a", 4), ("b", "c", 10), ("d", "e", 1)]);
+        let got: Vec<_> = t
+            .postings()
+            .iter()
+            .map(|p| (p.account, p.side, p.amount))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("a", Source, 6),
+                ("b", Destination, 0),
+                ("c", Destination, 6),
+                ("d", Source, 1),
+                ("e", Destination, 1)
+            ]
+        );
+        // The extremes: the sum of the legs fits, so every net change does.
+        let t = multi(&[("a", "b", i64::MAX - 1), ("c", "a", 1)]);
+        let got: Vec<_> = t
+            .postings()
+            .iter()
+            .map(|p| (p.account, p.side, p.amount))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("a", Source, i64::MAX - 2),
+                ("b", Destination, i64::MAX - 1),
+                ("c", Source, 1)
+            ]
+        );
+        // A one-leg transfer: source, then destination, a hold settling its capture.
+        let one = TransferDoc {
+            captured_amount: Some(4),
+            ..transfer(Committed)
+        };
+        let got: Vec<_> = one
+            .postings()
+            .iter()
+            .map(|p| (p.account, p.side, p.amount, p.settle_amount))
+            .collect();
+        assert_eq!(got, [("a", Source, 10, 4), ("b", Destination, 10, 4)]);
+        // `posting(i)` is the i-th of them, built or not.
+        for t in [one, multi(&[("a", "b", 10), ("c", "a", 4)])] {
+            let all = t.postings();
+            for (i, p) in all.iter().enumerate() {
+                assert_eq!(t.posting(i), Some(*p));
+            }
+            assert_eq!(t.posting(all.len()), None);
+        }
+    }
+
+    #[test]
+    fn a_net_debit_is_checked_against_the_floor_once() {
+        // `a` pays 60 and 50 and receives 30: a net debit of 80 passes on a balance of 100,
+        // though the legs' debits sum to 110.
+        let t = multi(&[("a", "b", 60), ("a", "c", 50), ("d", "a", 30)]);
+        let p = t.posting_of("a").unwrap();
+        let step = AccountStep {
+            transfer_id: "t1",
+            amount: p.amount,
+            settle_amount: p.settle_amount,
+            side: p.side,
+            op: AccountOp::Apply,
+            currency: CurrencyRule::Any,
+        };
+        let after = write(decide_account(&account(100), step, &now(), RETAIN));
+        assert_eq!(
+            (
+                after.balance,
+                after.pending_debits,
+                after.pending_transactions.len()
+            ),
+            (20, 80, 1)
+        );
+        // A net debit of 81 does not.
+        assert_eq!(
+            decide_account(&account(79), step, &now(), RETAIN),
+            AccountDecision::Refuse(Refusal::InsufficientFunds)
+        );
+    }
+
+    #[test]
+    fn legs_are_checked_one_by_one_and_their_sum_must_fit() {
+        use crate::transfer::model::{check_legs, Leg};
+        let leg = |f: &str, t: &str, a| Leg {
+            from: f.into(),
+            to: t.into(),
+            amount: a,
+        };
+        assert_eq!(check_legs(&[leg("a", "b", 1)]), Ok(1));
+        assert_eq!(check_legs(&vec![leg("a", "b", 1); 16]), Ok(16));
+        assert!(check_legs(&vec![leg("a", "b", 1); 17])
+            .unwrap_err()
+            .contains("1 to 16"));
+        assert!(check_legs(&[]).unwrap_err().contains("1 to 16"));
+        assert!(check_legs(&[leg("a", "b", 1), leg("c", "c", 1)])
+            .unwrap_err()
+            .contains("legs[1].from"));
+        assert!(check_legs(&[leg("a", "b", 0)])
+            .unwrap_err()
+            .contains("legs[0].amount"));
+        assert!(check_legs(&[leg("a", "b", i64::MAX), leg("b", "a", 1)])
+            .unwrap_err()
+            .contains("sum"));
     }
 
     #[test]

@@ -8,7 +8,9 @@ use std::time::Duration;
 use super::admission::{Admitted, Overloaded};
 use super::documents::{decode, Versioned};
 use super::lease::{Claim, ClaimWrite, Held, Leases};
-use super::model::{AccountDoc, Metadata, RollbackReason, Tombstones, TransferDoc, TransferState};
+use super::model::{
+    AccountDoc, Leg, Metadata, RollbackReason, Tombstones, TransferDoc, TransferState,
+};
 use super::protocol;
 use super::retry::retry;
 use super::Engine;
@@ -52,9 +54,15 @@ pub struct NewAccount {
 #[derive(Debug, Clone, Default)]
 pub struct NewTransfer {
     pub id: String,
+    /// A one-leg transfer's source (empty with `legs`).
     pub from: String,
+    /// A one-leg transfer's destination (empty with `legs`).
     pub to: String,
+    /// A one-leg transfer's amount; with `legs`, their sum ([`super::model::check_legs`]).
     pub amount: i64,
+    /// A multi-leg transaction's legs (2 to 16, checked by [`super::model::check_legs`]);
+    /// empty for a one-leg transfer, which is stored exactly as before legs existed.
+    pub legs: Vec<Leg>,
     /// A hold: driven to `pending` and left there for a capture, a cancel or its expiry.
     pub hold: bool,
     /// How long a hold waits; `None`: `HOLD_TIMEOUT`. Only with `hold`.
@@ -175,6 +183,8 @@ impl Engine {
             src_acct: new.from.clone(),
             dest_acct: new.to.clone(),
             amount: new.amount,
+            legs: new.legs.clone(),
+            accounts: Vec::new(),
             transaction_state: TransferState::Created,
             reason: None,
             creation_time: now.text.clone(),
@@ -182,6 +192,7 @@ impl Engine {
             lease_owner: None,
             lease_expires_at: None,
             attention: None,
+            failed_account: None,
             hold_expires_at: new
                 .hold
                 .then(|| format_millis(now.millis + self.hold_millis(&new))),
@@ -189,6 +200,14 @@ impl Engine {
             currency: new.currency.clone(),
             metadata: new.metadata.clone(),
         };
+        let mut doc = doc;
+        if doc.is_multi_leg() {
+            doc.accounts = doc
+                .postings()
+                .iter()
+                .map(|p| p.account.to_owned())
+                .collect();
+        }
         // A create whose answer was lost is still ours (the claim finds our token): it is
         // new, and ours to drive.
         let existing = match self.leases.claim(doc, ClaimWrite::Create).await? {
@@ -206,6 +225,7 @@ impl Engine {
         if existing.src_acct == new.from
             && existing.dest_acct == new.to
             && existing.amount == new.amount
+            && existing.legs == new.legs
             && self.same_hold(&existing, &new)
             && existing.currency == new.currency
             && existing.metadata == new.metadata
@@ -213,7 +233,7 @@ impl Engine {
             Ok(Created::Replayed(existing))
         } else {
             Err(ServiceError::Conflict(format!(
-                "transfer {} exists with another from, to, amount, hold, hold_expires_in, currency or metadata",
+                "transfer {} exists with another from, to, amount, legs, hold, hold_expires_in, currency or metadata",
                 new.id
             )))
         }
@@ -512,6 +532,13 @@ fn capture_plan(doc: &TransferDoc, n: i64, now_millis: i64) -> Result<CapturePla
             "transfer {id} is not a hold; only a hold can be captured"
         )));
     };
+    if doc.is_multi_leg() && n != doc.amount {
+        return Err(ServiceError::Invalid(format!(
+            "transfer {id} is a multi-leg hold: it is captured whole (send no `amount`, or \
+             the sum of its legs, {})",
+            doc.amount
+        )));
+    }
     if n <= 0 || n > doc.amount {
         return Err(ServiceError::Invalid(format!(
             "`amount` must be from 1 to the held amount {}",

@@ -31,7 +31,7 @@ use tracing::warn;
 use super::accounts::{StepRequest, StepResult};
 use super::documents::decode;
 use super::model::{AccountDoc, TransferDoc};
-use super::protocol::{AccountOp, CurrencyRule, Side};
+use super::protocol::{AccountOp, CurrencyRule};
 use super::Engine;
 use crate::store::{Index, StoreResult};
 
@@ -120,22 +120,21 @@ impl Engine {
         if !transfer.transaction_state.is_terminal() {
             return false;
         }
-        let side = if transfer.src_acct == account.account_id {
-            Side::Source
-        } else if transfer.dest_acct == account.account_id {
-            Side::Destination
-        } else {
+        // The account's one entry carries its net change over all the transfer's legs.
+        let Some(posting) = transfer.posting_of(&account.account_id) else {
             // An entry of a transfer that does not touch this account: only the audit can
             // say what it is; undoing it would guess.
             return false;
         };
+        let (side, amount) = (posting.side, posting.amount);
         let request = StepRequest {
             transfer_id: transfer.transaction_id.clone(),
-            amount: transfer.amount,
-            settle_amount: transfer.amount,
+            amount,
+            settle_amount: amount,
             side,
             op: AccountOp::Undo,
             currency: CurrencyRule::Any,
+            report_currency: false,
             // Not a lease holder: what makes this safe is the terminal state read above.
             deadline: self.clock.boot_time() + Duration::from_secs(3600),
         };
@@ -148,7 +147,7 @@ impl Engine {
                     transfer_id = %transfer.transaction_id,
                     account = %account.account_id,
                     state = %transfer.transaction_state,
-                    amount = transfer.amount,
+                    amount,
                     side = side.as_str(),
                     "a late apply of a terminal transfer was undone"
                 );

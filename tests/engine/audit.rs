@@ -117,6 +117,9 @@ fn transfer(id: &str, src: &str, dest: &str, amount: i64, state: TransferState) 
         lease_owner: None,
         lease_expires_at: None,
         attention: None,
+        failed_account: None,
+        legs: Vec::new(),
+        accounts: Vec::new(),
         hold_expires_at: None,
         captured_amount: None,
         currency: None,
@@ -223,6 +226,35 @@ async fn walk(accounts: &[(&str, i64)], transfers: &[TransferDoc], script: &[(us
                     }
                     AccountDecision::AlreadyDone => {}
                     refused => panic!("step {i} refused: {refused:?}"),
+                }
+            }
+            // Every account of a multi-leg transaction, each with its net change; the audit
+            // runs after each account's write.
+            Step::EachAccount(op) => {
+                let postings: Vec<(String, Side, i64, i64)> = t
+                    .postings()
+                    .iter()
+                    .map(|p| (p.account.to_owned(), p.side, p.amount, p.settle_amount))
+                    .collect();
+                for (id, side, amount, settle_amount) in postings {
+                    let a = docs.iter_mut().find(|a| a.account_id == id).unwrap();
+                    let step = AccountStep {
+                        transfer_id: &t.transaction_id,
+                        amount,
+                        settle_amount,
+                        side,
+                        op,
+                        currency: CurrencyRule::Any,
+                    };
+                    match decide_account(a, step, &now, retention) {
+                        AccountDecision::Write(next) => {
+                            *a = next;
+                            w.account(a).await;
+                        }
+                        AccountDecision::AlreadyDone => {}
+                        refused => panic!("step {i} refused: {refused:?}"),
+                    }
+                    assert_kinds(&w.audit().await, &[]);
                 }
             }
         }
@@ -645,4 +677,127 @@ impl World {
         self.put(Index::Transactions, id, serde_json::to_value(t).unwrap())
             .await;
     }
+}
+
+/// The steps of a multi-leg transaction (the first) through `states`.
+fn leg_steps(states: &[TransferState]) -> Vec<(usize, Step)> {
+    use transfer_service::transfer::protocol::plan_legs;
+    states
+        .iter()
+        .flat_map(|s| plan_legs(*s, false).iter().map(|step| (0, *step)))
+        .collect()
+}
+
+/// A multi-leg transaction of `legs` in `state`, as the service stores it.
+fn multi_leg(id: &str, legs: &[(&str, &str, i64)], state: TransferState) -> TransferDoc {
+    use transfer_service::transfer::model::{check_legs, Leg};
+    let legs: Vec<Leg> = legs
+        .iter()
+        .map(|(from, to, amount)| Leg {
+            from: (*from).into(),
+            to: (*to).into(),
+            amount: *amount,
+        })
+        .collect();
+    let mut t = TransferDoc {
+        src_acct: String::new(),
+        dest_acct: String::new(),
+        amount: check_legs(&legs).unwrap(),
+        legs,
+        ..transfer(id, "", "", 0, state)
+    };
+    t.accounts = t.postings().iter().map(|p| p.account.to_owned()).collect();
+    t
+}
+
+#[tokio::test]
+async fn every_state_of_a_multi_leg_transaction_is_clean() {
+    // `a` pays twice and receives once (net −12), `b` receives and pays (net +7), `c` +5.
+    let legs = [("a", "b", 10), ("a", "c", 5), ("c", "a", 3), ("b", "c", 3)];
+    let accounts = [("a", 100), ("b", 0), ("c", 0)];
+    walk(
+        &accounts,
+        &[multi_leg("t", &legs, Created)],
+        &leg_steps(&[Created, Pending, Committed]),
+    )
+    .await;
+    // Rolled back after every account was applied.
+    let mut script = steps(0, &[Created]);
+    script.push((
+        0,
+        Step::EachAccount(transfer_service::transfer::protocol::AccountOp::Apply),
+    ));
+    script.push((0, Step::SetState(Terminating)));
+    script.extend(leg_steps(&[Terminating]));
+    walk(&accounts, &[multi_leg("t", &legs, Created)], &script).await;
+}
+
+#[tokio::test]
+async fn a_multi_leg_transaction_is_counted_by_each_accounts_net_change() {
+    let w = World::new();
+    let t = multi_leg(
+        "t",
+        &[("a", "b", 10), ("a", "c", 5), ("c", "a", 3)],
+        Finished,
+    );
+    w.transfer(&t).await;
+    // Exact: a −12, b +10, c +2.
+    w.account(&account_with("a", 100, 88, &[], (0, 0))).await;
+    w.account(&account_with("b", 0, 10, &[], (0, 0))).await;
+    w.account(&account_with("c", 0, 2, &[], (0, 0))).await;
+    assert_kinds(&w.audit().await, &[]);
+    // `a` debited its legs' gross debits (15) instead of its net: not exact, nor conserved.
+    w.account(&account_with("a", 100, 85, &[], (0, 0))).await;
+    assert_kinds(&w.audit().await, &[BalanceMismatch, Conservation]);
+    w.account(&account_with("a", 100, 88, &[], (0, 0))).await;
+    // Pending: each account's one entry holds its net change in its sums.
+    let pending = TransferDoc {
+        transaction_id: "p".into(),
+        ..multi_leg("p", &[("a", "b", 4), ("b", "c", 1)], Pending)
+    };
+    w.transfer(&pending).await;
+    w.account(&account_with("a", 100, 84, &["p"], (0, 4))).await;
+    w.account(&account_with("b", 0, 13, &["p"], (3, 0))).await;
+    w.account(&account_with("c", 0, 3, &["p"], (1, 0))).await;
+    assert_kinds(&w.audit().await, &[]);
+    // `b`'s pending sums counted its gross credit (4), not its net (3).
+    w.account(&account_with("b", 0, 13, &["p"], (4, 0))).await;
+    assert_kinds(&w.audit().await, &[PendingCreditsDrift]);
+    w.account(&account_with("b", 0, 13, &["p"], (3, 0))).await;
+    // An entry of the transaction on an account it does not touch.
+    w.account(&account_with("d", 0, 0, &["p"], (0, 0))).await;
+    assert_kinds(&w.audit().await, &[PendingUnrelated]);
+}
+
+#[tokio::test]
+async fn malformed_or_mixed_currency_multi_leg_transactions_are_reported() {
+    let w = World::new();
+    for id in ["a", "b", "c"] {
+        w.account(&account(id, 0)).await;
+    }
+    // Legs whose sum is not the amount, and one whose accounts list is wrong.
+    let mut wrong_sum = multi_leg("sum", &[("a", "b", 1), ("b", "c", 1)], RolledBack);
+    wrong_sum.amount = 3;
+    w.transfer(&wrong_sum).await;
+    let mut wrong_accounts = multi_leg("acc", &[("a", "b", 1), ("b", "c", 1)], RolledBack);
+    wrong_accounts.accounts.pop();
+    w.transfer(&wrong_accounts).await;
+    assert_kinds(&w.audit().await, &[MalformedTransfer, MalformedTransfer]);
+    let w = World::new();
+    let in_currency = |a: AccountDoc, c: &str| AccountDoc {
+        currency: Some(c.into()),
+        ..a
+    };
+    let usd = |id: &str, balance| in_currency(account_with(id, 100, balance, &[], (0, 0)), "USD");
+    w.account(&usd("a", 98)).await;
+    w.account(&usd("b", 101)).await;
+    w.account(&in_currency(
+        account_with("e", 100, 101, &[], (0, 0)),
+        "EUR",
+    ))
+    .await;
+    // The third account is in another currency.
+    let t = multi_leg("mixed", &[("a", "b", 1), ("a", "e", 1)], Finished);
+    w.transfer(&t).await;
+    assert_kinds(&w.audit().await, &[CurrencyMismatch]);
 }

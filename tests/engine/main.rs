@@ -12,5 +12,6 @@ mod clocks;
 mod currencies;
 mod faults;
 mod holds;
+mod legs;
 mod scenarios;
 mod stale_worker;

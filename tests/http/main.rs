@@ -32,6 +32,7 @@ mod currencies;
 mod es_security;
 mod holds;
 mod idempotency;
+mod legs;
 mod metadata;
 mod observability;
 mod operator_kit;

@@ -128,7 +128,8 @@ async fn migrations_apply_once_when_two_instances_start_together() {
             "0001_accounts",
             "0002_transactions",
             "0003_transactions_attention",
-            "0004_transactions_metadata"
+            "0004_transactions_metadata",
+            "0005_transactions_accounts"
         ]
     );
     // The mapping steps ran (perhaps twice, at once): `attention` is a keyword, `metadata`
@@ -136,6 +137,7 @@ async fn migrations_apply_once_when_two_instances_start_together() {
     let mapping = transactions_mapping(&emulator.url, &first).await;
     assert_eq!(mapping["attention"], json!({"type": "keyword"}));
     assert_eq!(mapping["metadata"], json!({"type": "flattened"}));
+    assert_eq!(mapping["accounts"], json!({"type": "keyword"}));
 
     // Both indices exist under the prefix, with the mappings of the migrations.
     for index in [Index::Accounts, Index::Transactions] {

@@ -75,6 +75,7 @@ pub(super) const MIGRATIONS: &[Migration] = &[
     migration!("0002_transactions"),
     migration!("0003_transactions_attention"),
     migration!("0004_transactions_metadata"),
+    migration!("0005_transactions_accounts"),
 ];
 
 /// The logical name of the index holding one record per applied migration.

@@ -186,9 +186,7 @@ pub(super) fn list_blocking(db: &Database, f: &TransferFilter) -> StoreResult<Pa
 /// Whether a transfer passes every filter of `f` (the index walked serves one of them).
 pub(super) fn matches(f: &TransferFilter, keys: &TransferKeys<'_>) -> bool {
     f.state.as_deref().is_none_or(|s| keys.state == s)
-        && f.account
-            .as_deref()
-            .is_none_or(|a| keys.src == a || keys.dest == a)
+        && f.account.as_deref().is_none_or(|a| keys.involves(a))
         && (!f.attention || keys.attention)
         && keys.has_metadata(&f.metadata)
 }

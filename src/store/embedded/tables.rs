@@ -160,6 +160,9 @@ pub(super) struct TransferKeys<'a> {
     pub(super) created: i64,
     pub(super) src: Cow<'a, str>,
     pub(super) dest: Cow<'a, str>,
+    /// The raw JSON of a multi-leg transaction's `accounts` (every account it touches), if
+    /// any: parsed only when it changes or a filter asks.
+    pub(super) accounts: Option<&'a str>,
     /// Flagged for a person (see [`crate::store::fields::ATTENTION`]).
     pub(super) attention: bool,
     /// The raw JSON of `metadata` ([`crate::store::fields::METADATA`]), if any: parsed only
@@ -168,6 +171,32 @@ pub(super) struct TransferKeys<'a> {
 }
 
 impl TransferKeys<'_> {
+    /// Every account the transfer is listed under: the source and destination of a one-leg
+    /// transfer, each account of a multi-leg one; once each, never empty strings.
+    pub(super) fn parties(&self) -> Vec<Cow<'_, str>> {
+        let mut parties: Vec<Cow<'_, str>> = Vec::with_capacity(2);
+        for party in [&self.src, &self.dest] {
+            if !party.is_empty() && !parties.contains(party) {
+                parties.push(Cow::Borrowed(party.as_ref()));
+            }
+        }
+        if let Some(raw) = self.accounts {
+            for account in serde_json::from_str::<Vec<Cow<'_, str>>>(raw).unwrap_or_default() {
+                if !account.is_empty() && !parties.contains(&account) {
+                    parties.push(account);
+                }
+            }
+        }
+        parties
+    }
+
+    /// Whether the transfer is listed under `account`.
+    pub(super) fn involves(&self, account: &str) -> bool {
+        self.src == account
+            || self.dest == account
+            || (self.accounts.is_some() && self.parties().iter().any(|p| p == account))
+    }
+
     /// The metadata's string pairs (none when absent or not an object of strings).
     pub(super) fn metadata_pairs(&self) -> Vec<(Cow<'_, str>, Cow<'_, str>)> {
         let Some(raw) = self.metadata else {
@@ -207,6 +236,8 @@ struct IndexedFields<'a> {
     src: Option<&'a RawValue>,
     #[serde(borrow, rename = "dest_acct")]
     dest: Option<&'a RawValue>,
+    #[serde(borrow, rename = "accounts")]
+    accounts: Option<&'a RawValue>,
     #[serde(borrow, rename = "attention")]
     attention: Option<&'a RawValue>,
     #[serde(borrow, rename = "metadata")]
@@ -240,6 +271,10 @@ pub(super) fn transfer_keys(source: &[u8]) -> StoreResult<TransferKeys<'_>> {
         created: parse_millis(&text_of(indexed.created)).unwrap_or(0),
         src: text_of(indexed.src),
         dest: text_of(indexed.dest),
+        accounts: indexed
+            .accounts
+            .map(RawValue::get)
+            .filter(|raw| raw.starts_with('[')),
         attention: is_string(indexed.attention),
         metadata: indexed
             .metadata
@@ -267,8 +302,9 @@ pub(super) fn update_transfer_indexes(
     let created = changed(|a, b| a.created == b.created);
     let attention = changed(|a, b| (a.created, a.attention) == (b.created, b.attention));
     let state_created = changed(|a, b| (&a.state, a.created) == (&b.state, b.created));
-    let parties_changed =
-        changed(|a, b| (&a.src, &a.dest, a.created) == (&b.src, &b.dest, b.created));
+    let parties_changed = changed(|a, b| {
+        (&a.src, &a.dest, a.accounts, a.created) == (&b.src, &b.dest, b.accounts, b.created)
+    });
     // Compared as raw text: the engine rewrites the same map in the same (key) order, so a
     // transfer's state writes never parse it.
     let metadata = changed(|a, b| (a.metadata, a.created) == (b.metadata, b.created))
@@ -308,12 +344,9 @@ pub(super) fn update_transfer_indexes(
                 .map_err(e)?;
         }
         if parties_changed {
-            t.by_account
-                .remove((&*old.src, old.created, id))
-                .map_err(e)?;
-            t.by_account
-                .remove((&*old.dest, old.created, id))
-                .map_err(e)?;
+            for party in old.parties() {
+                t.by_account.remove((&*party, old.created, id)).map_err(e)?;
+            }
         }
     }
     if state_modified {
@@ -336,12 +369,11 @@ pub(super) fn update_transfer_indexes(
             .map_err(e)?;
     }
     if parties_changed {
-        t.by_account
-            .insert((&*new.src, new.created, id), ())
-            .map_err(e)?;
-        t.by_account
-            .insert((&*new.dest, new.created, id), ())
-            .map_err(e)?;
+        for party in new.parties() {
+            t.by_account
+                .insert((&*party, new.created, id), ())
+                .map_err(e)?;
+        }
     }
     Ok(())
 }
