@@ -17,14 +17,12 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use transfer_service::store::Index;
-use transfer_service::transfer::lease::PARKED;
 use transfer_service::transfer::model::TransferState;
 use transfer_service::transfer::service::{NewAccount, ServiceError};
 use transfer_service::transfer::{Engine, EngineConfig};
 
 use crate::support::engine::*;
-use crate::support::faulty::{Fault, FaultyStore, Matcher};
+use crate::support::faulty::{FaultyStore, StepWrite, STEP_FAULTS};
 
 const LEASE: Duration = Duration::from_secs(1);
 
@@ -50,150 +48,107 @@ enum Path {
 const CAPTURED: i64 = 4;
 
 /// Every step boundary: (name, path, what the write looks like).
-const STEPS: &[(&str, Path, Step)] = &[
-    ("create", Path::Commit, Step::Create),
-    ("core 1: → pending", Path::Commit, Step::State("pending")),
+const STEPS: &[(&str, Path, StepWrite)] = &[
+    ("create", Path::Commit, StepWrite::Create),
+    (
+        "core 1: → pending",
+        Path::Commit,
+        StepWrite::State("pending"),
+    ),
     (
         "core 2: apply to source",
         Path::Commit,
-        Step::Account(Side::Src, 1),
+        StepWrite::Account("src", 1),
     ),
     (
         "core 3: apply to destination",
         Path::Commit,
-        Step::Account(Side::Dest, 1),
+        StepWrite::Account("dest", 1),
     ),
     (
         "core 4: → committed",
         Path::Commit,
-        Step::State("committed"),
+        StepWrite::State("committed"),
     ),
     (
         "core 5: remove from source",
         Path::Commit,
-        Step::Account(Side::Src, 0),
+        StepWrite::Account("src", 0),
     ),
     (
         "core 6: remove from destination",
         Path::Commit,
-        Step::Account(Side::Dest, 0),
+        StepWrite::Account("dest", 0),
     ),
-    ("core 7: → finished", Path::Commit, Step::State("finished")),
+    (
+        "core 7: → finished",
+        Path::Commit,
+        StepWrite::State("finished"),
+    ),
     (
         "rollback 1: → terminating",
         Path::Rollback,
-        Step::State("terminating"),
+        StepWrite::State("terminating"),
     ),
     (
         "rollback 2: undo source",
         Path::Rollback,
-        Step::Account(Side::Src, 0),
+        StepWrite::Account("src", 0),
     ),
     (
         "rollback 3: undo destination",
         Path::Rollback,
-        Step::Account(Side::Dest, 0),
+        StepWrite::Account("dest", 0),
     ),
     (
         "rollback 4: → rolled-back",
         Path::Rollback,
-        Step::State("rolled-back"),
+        StepWrite::State("rolled-back"),
     ),
-    ("hold: create", Path::Capture, Step::Create),
-    ("hold: park", Path::Capture, Step::Park),
-    ("capture: record", Path::Capture, Step::Capture),
+    ("hold: create", Path::Capture, StepWrite::Create),
+    ("hold: park", Path::Capture, StepWrite::Park),
+    ("capture: record", Path::Capture, StepWrite::Capture),
     (
         "capture core 4: → committed",
         Path::Capture,
-        Step::State("committed"),
+        StepWrite::State("committed"),
     ),
     (
         "capture core 5: remove from source, 6 back",
         Path::Capture,
-        Step::Account(Side::Src, 0),
+        StepWrite::Account("src", 0),
     ),
     (
         "capture core 6: remove from destination, 6 off",
         Path::Capture,
-        Step::Account(Side::Dest, 0),
+        StepWrite::Account("dest", 0),
     ),
     (
         "capture core 7: → finished",
         Path::Capture,
-        Step::State("finished"),
+        StepWrite::State("finished"),
     ),
     (
         "expiry: → terminating",
         Path::Expire,
-        Step::State("terminating"),
+        StepWrite::State("terminating"),
     ),
     (
         "expiry: undo source",
         Path::Expire,
-        Step::Account(Side::Src, 0),
+        StepWrite::Account("src", 0),
     ),
     (
         "expiry: undo destination",
         Path::Expire,
-        Step::Account(Side::Dest, 0),
+        StepWrite::Account("dest", 0),
     ),
     (
         "expiry: → rolled-back",
         Path::Expire,
-        Step::State("rolled-back"),
+        StepWrite::State("rolled-back"),
     ),
 ];
-
-#[derive(Debug, Clone, Copy)]
-enum Side {
-    Src,
-    Dest,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Step {
-    Create,
-    State(&'static str),
-    /// An account write leaving this many pending ids.
-    Account(Side, usize),
-    /// The write that parks a hold.
-    Park,
-    /// The write that records a capture.
-    Capture,
-}
-
-const FAULTS: &[(&str, Fault)] = &[
-    ("error before", Fault::FailBefore),
-    ("error after", Fault::FailAfter),
-    ("crash before", Fault::Crash { applied: false }),
-    ("crash after", Fault::Crash { applied: true }),
-    (
-        "stall beyond the lease",
-        Fault::StallBefore(Duration::from_millis(3000)),
-    ),
-];
-
-fn matcher(case: &str, step: Step) -> Matcher {
-    match step {
-        Step::Create => Matcher::creates(Index::Transactions),
-        Step::State(state) => Matcher::writes(Index::Transactions).moving_to(state),
-        Step::Park => Matcher::writes(Index::Transactions)
-            .with_field("lease_owner", Some(serde_json::json!(PARKED))),
-        Step::Capture => Matcher::writes(Index::Transactions)
-            .moving_to("pending")
-            .with_field("captured_amount", None),
-        Step::Account(side, pending) => Matcher {
-            op: Some("replace"),
-            index: Some(Index::Accounts),
-            id: Some(match side {
-                Side::Src => format!("{case}-src"),
-                Side::Dest => format!("{case}-dest"),
-            }),
-            pending_len: Some(pending),
-            ..Matcher::default()
-        },
-    }
-}
 
 /// One step boundary under one fault: its accounts, and instance A whose store injects it.
 struct Case {
@@ -228,7 +183,7 @@ async fn every_step_survives_errors_crashes_and_stalls() {
     eprintln!(
         "{} step boundaries × {} faults: all terminal, exact, audit clean",
         STEPS.len(),
-        FAULTS.len()
+        STEP_FAULTS.len()
     );
 }
 
@@ -237,7 +192,7 @@ async fn every_step_survives_errors_crashes_and_stalls() {
 async fn arrange_cases(w: &World, recoverer: &Engine) -> Vec<Case> {
     let mut cases = Vec::new();
     for (s, (step_name, path, step)) in STEPS.iter().enumerate() {
-        for (f, (fault_name, fault)) in FAULTS.iter().enumerate() {
+        for (f, (fault_name, fault)) in STEP_FAULTS.iter().enumerate() {
             let name = format!("c{s}-{f}");
             let dest_balance = match path {
                 Path::Commit | Path::Capture | Path::Expire => 0,
@@ -255,7 +210,7 @@ async fn arrange_cases(w: &World, recoverer: &Engine) -> Vec<Case> {
                     .unwrap();
             }
             let faulty = FaultyStore::new(w.base.clone(), s as u64 * 10 + f as u64, Duration::ZERO);
-            faulty.inject(matcher(&name, *step), *fault, 1);
+            faulty.inject(step.matcher(&name), *fault, 1);
             let worker = w.instance(faulty.clone(), config()).engine;
             cases.push(Case {
                 name,

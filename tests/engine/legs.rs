@@ -9,14 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
-use transfer_service::store::Index;
 use transfer_service::transfer::lease::PARKED;
 use transfer_service::transfer::model::{AccountDoc, Leg, RollbackReason, TransferState};
 use transfer_service::transfer::service::{Created, NewAccount, NewTransfer, ServiceError};
 use transfer_service::transfer::{Engine, EngineConfig};
 
 use crate::support::engine::*;
-use crate::support::faulty::{Fault, FaultyStore, Matcher};
+use crate::support::faulty::{Fault, FaultyStore, StepWrite, STEP_FAULTS};
 
 const LEASE: Duration = Duration::from_secs(1);
 
@@ -342,86 +341,66 @@ enum Path {
     Capture,
 }
 
-#[derive(Debug, Clone, Copy)]
-enum Step {
-    Create,
-    State(&'static str),
-    /// A write of this account leaving this many pending ids.
-    Account(&'static str, usize),
-    Park,
-    Capture,
-}
-
-const STEPS: &[(&str, Path, Step)] = &[
-    ("create", Path::Commit, Step::Create),
-    ("→ pending", Path::Commit, Step::State("pending")),
-    ("apply a", Path::Commit, Step::Account("a", 1)),
-    ("apply b", Path::Commit, Step::Account("b", 1)),
-    ("apply c", Path::Commit, Step::Account("c", 1)),
-    ("→ committed", Path::Commit, Step::State("committed")),
-    ("remove a", Path::Commit, Step::Account("a", 0)),
-    ("remove b", Path::Commit, Step::Account("b", 0)),
-    ("remove c", Path::Commit, Step::Account("c", 0)),
-    ("→ finished", Path::Commit, Step::State("finished")),
-    ("rollback: apply b", Path::Rollback, Step::Account("b", 1)),
+const STEPS: &[(&str, Path, StepWrite)] = &[
+    ("create", Path::Commit, StepWrite::Create),
+    ("→ pending", Path::Commit, StepWrite::State("pending")),
+    ("apply a", Path::Commit, StepWrite::Account("a", 1)),
+    ("apply b", Path::Commit, StepWrite::Account("b", 1)),
+    ("apply c", Path::Commit, StepWrite::Account("c", 1)),
+    ("→ committed", Path::Commit, StepWrite::State("committed")),
+    ("remove a", Path::Commit, StepWrite::Account("a", 0)),
+    ("remove b", Path::Commit, StepWrite::Account("b", 0)),
+    ("remove c", Path::Commit, StepWrite::Account("c", 0)),
+    ("→ finished", Path::Commit, StepWrite::State("finished")),
+    (
+        "rollback: apply b",
+        Path::Rollback,
+        StepWrite::Account("b", 1),
+    ),
     (
         "rollback: → terminating",
         Path::Rollback,
-        Step::State("terminating"),
+        StepWrite::State("terminating"),
     ),
-    ("rollback: undo a", Path::Rollback, Step::Account("a", 0)),
-    ("rollback: undo b", Path::Rollback, Step::Account("b", 0)),
-    ("rollback: undo c", Path::Rollback, Step::Account("c", 0)),
+    (
+        "rollback: undo a",
+        Path::Rollback,
+        StepWrite::Account("a", 0),
+    ),
+    (
+        "rollback: undo b",
+        Path::Rollback,
+        StepWrite::Account("b", 0),
+    ),
+    (
+        "rollback: undo c",
+        Path::Rollback,
+        StepWrite::Account("c", 0),
+    ),
     (
         "rollback: → rolled-back",
         Path::Rollback,
-        Step::State("rolled-back"),
+        StepWrite::State("rolled-back"),
     ),
-    ("hold: apply c", Path::Capture, Step::Account("c", 1)),
-    ("hold: park", Path::Capture, Step::Park),
-    ("capture: record", Path::Capture, Step::Capture),
+    ("hold: apply c", Path::Capture, StepWrite::Account("c", 1)),
+    ("hold: park", Path::Capture, StepWrite::Park),
+    ("capture: record", Path::Capture, StepWrite::Capture),
     (
         "capture: → committed",
         Path::Capture,
-        Step::State("committed"),
+        StepWrite::State("committed"),
     ),
-    ("capture: remove b", Path::Capture, Step::Account("b", 0)),
+    (
+        "capture: remove b",
+        Path::Capture,
+        StepWrite::Account("b", 0),
+    ),
     (
         "capture: → finished",
         Path::Capture,
-        Step::State("finished"),
+        StepWrite::State("finished"),
     ),
 ];
-
-const FAULTS: &[(&str, Fault)] = &[
-    ("error before", Fault::FailBefore),
-    ("error after", Fault::FailAfter),
-    ("crash before", Fault::Crash { applied: false }),
-    ("crash after", Fault::Crash { applied: true }),
-    (
-        "stall beyond the lease",
-        Fault::StallBefore(Duration::from_millis(3000)),
-    ),
-];
-
-fn matcher(case: &str, step: Step) -> Matcher {
-    match step {
-        Step::Create => Matcher::creates(Index::Transactions),
-        Step::State(state) => Matcher::writes(Index::Transactions).moving_to(state),
-        Step::Park => Matcher::writes(Index::Transactions)
-            .with_field("lease_owner", Some(serde_json::json!(PARKED))),
-        Step::Capture => Matcher::writes(Index::Transactions)
-            .moving_to("pending")
-            .with_field("captured_amount", None),
-        Step::Account(account, pending) => Matcher {
-            op: Some("replace"),
-            index: Some(Index::Accounts),
-            id: Some(format!("{case}-{account}")),
-            pending_len: Some(pending),
-            ..Matcher::default()
-        },
-    }
-}
 
 struct Case {
     name: String,
@@ -442,7 +421,7 @@ async fn every_step_of_a_multi_leg_transaction_survives_errors_crashes_and_stall
     let recoverer = w.instance(w.base.clone(), config());
     let mut cases = Vec::new();
     for (s, (step_name, path, step)) in STEPS.iter().enumerate() {
-        for (f, (fault_name, fault)) in FAULTS.iter().enumerate() {
+        for (f, (fault_name, fault)) in STEP_FAULTS.iter().enumerate() {
             let name = format!("m{s}-{f}");
             for (account, opening) in ["a", "b", "c"].into_iter().zip(OPENING) {
                 let opening = match (path, account) {
@@ -452,7 +431,7 @@ async fn every_step_of_a_multi_leg_transaction_survives_errors_crashes_and_stall
                 open_account(&recoverer, &format!("{name}-{account}"), opening).await;
             }
             let faulty = FaultyStore::new(w.base.clone(), s as u64 * 10 + f as u64, Duration::ZERO);
-            faulty.inject(matcher(&name, *step), *fault, 1);
+            faulty.inject(step.matcher(&name), *fault, 1);
             let worker = w.instance(faulty.clone(), config()).engine;
             cases.push(Case {
                 name,
@@ -567,7 +546,7 @@ async fn every_step_of_a_multi_leg_transaction_survives_errors_crashes_and_stall
     eprintln!(
         "{} step boundaries × {} faults: all terminal, exact, audit clean",
         STEPS.len(),
-        FAULTS.len()
+        STEP_FAULTS.len()
     );
 }
 
@@ -595,7 +574,7 @@ async fn a_stalled_worker_never_applies_a_multi_leg_transaction_twice() {
         }
         let faulty = FaultyStore::new(w.base.clone(), 100 + k as u64, Duration::ZERO);
         faulty.inject(
-            matcher(&name, Step::Account(account, pending)),
+            StepWrite::Account(account, pending).matcher(&name),
             Fault::StallBefore(Duration::from_secs(5)),
             1,
         );

@@ -332,3 +332,54 @@ impl Store for FaultyStore {
         self.inner.refresh().await
     }
 }
+
+/// The writes at the step boundaries of the protocol, as the fault suites name them.
+#[derive(Debug, Clone, Copy)]
+pub enum StepWrite {
+    Create,
+    /// The transfer moving to this state.
+    State(&'static str),
+    /// A write of account `<case>-<name>` leaving this many pending ids.
+    Account(&'static str, usize),
+    /// The write that parks a hold.
+    Park,
+    /// The write that records a hold's capture.
+    Capture,
+}
+
+/// Every fault each step boundary is tried with: an error before or after the write, a crash
+/// before or after it, and a stall past a one-second lease.
+pub const STEP_FAULTS: &[(&str, Fault)] = &[
+    ("error before", Fault::FailBefore),
+    ("error after", Fault::FailAfter),
+    ("crash before", Fault::Crash { applied: false }),
+    ("crash after", Fault::Crash { applied: true }),
+    (
+        "stall beyond the lease",
+        Fault::StallBefore(Duration::from_millis(3000)),
+    ),
+];
+
+impl StepWrite {
+    /// The matcher that finds this write of case `case` (its accounts are `<case>-<name>`).
+    pub fn matcher(self, case: &str) -> Matcher {
+        match self {
+            StepWrite::Create => Matcher::creates(Index::Transactions),
+            StepWrite::State(state) => Matcher::writes(Index::Transactions).moving_to(state),
+            StepWrite::Park => Matcher::writes(Index::Transactions).with_field(
+                "lease_owner",
+                Some(serde_json::json!(transfer_service::transfer::lease::PARKED)),
+            ),
+            StepWrite::Capture => Matcher::writes(Index::Transactions)
+                .moving_to("pending")
+                .with_field("captured_amount", None),
+            StepWrite::Account(account, pending) => Matcher {
+                op: Some("replace"),
+                index: Some(Index::Accounts),
+                id: Some(format!("{case}-{account}")),
+                pending_len: Some(pending),
+                ..Matcher::default()
+            },
+        }
+    }
+}
