@@ -1062,6 +1062,18 @@ async fn assert_holds_outcomes(
                     "{id}: cancelled, then {state}"
                 );
             }
+            // A recorded capture wins over a cancel and the expiry: only a refused apply
+            // (funds, currency) rolls a captured hold back.
+            if let (Some(n), TransferState::RolledBack) = (t.captured_amount, state) {
+                assert!(
+                    !matches!(
+                        t.reason,
+                        Some(RollbackReason::Cancelled | RollbackReason::Expired)
+                    ),
+                    "{id}: captured for {n}, then rolled back with {:?}",
+                    t.reason
+                );
+            }
             if t.reason == Some(RollbackReason::Expired) {
                 assert!(!capture_won, "{id}: captured and expired");
                 assert!(

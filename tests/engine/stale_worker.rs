@@ -14,6 +14,7 @@
 //! captured in part, or left to expire, with the stall at the apply, the park, the capture's
 //! commit, the remove that gives `amount − n` back, or the expiry's rollback.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -177,11 +178,13 @@ async fn run_seeds(tombstones: usize) {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum HoldEnd {
     /// Captured (the whole 10, or 3 of it), after `delay` and through the stalling instance
-    /// A or the other one.
+    /// A or the other one; the hold expires `expires_in` after its creation, soon after the
+    /// capture, so a stalled commit runs past the expiry (a recorded capture must still win).
     Captured {
         n: Option<i64>,
         delay: Duration,
         on_a: bool,
+        expires_in: Duration,
     },
     /// Never captured: it expires `expires_in` after its creation.
     Expires { expires_in: Duration },
@@ -194,11 +197,15 @@ fn hold_plan(seed: u64) -> (HoldEnd, Matcher, Fault, &'static str) {
         2 => HoldEnd::Expires {
             expires_in: LEASE * rng.random_range(1..8),
         },
-        kind => HoldEnd::Captured {
-            n: (kind == 1).then_some(3),
-            delay: LEASE * rng.random_range(0..8),
-            on_a: rng.random_bool(0.7),
-        },
+        kind => {
+            let delay = LEASE * rng.random_range(0..8);
+            HoldEnd::Captured {
+                n: (kind == 1).then_some(3),
+                delay,
+                on_a: rng.random_bool(0.7),
+                expires_in: delay + LEASE * rng.random_range(1..4),
+            }
+        }
     };
     let stall = LEASE * rng.random_range(2..6);
     let fault = if rng.random_bool(0.5) {
@@ -287,10 +294,7 @@ async fn run_hold_seeds(tombstones: usize) {
     let mut captures = Vec::new();
     for seed in 0..seeds {
         let (end, ..) = hold_plan(seed);
-        let expires_in = match end {
-            HoldEnd::Expires { expires_in } => expires_in,
-            HoldEnd::Captured { .. } => Duration::from_secs(3600),
-        };
+        let (HoldEnd::Expires { expires_in } | HoldEnd::Captured { expires_in, .. }) = end;
         let (id, from, to) = (
             format!("h{seed}-t"),
             format!("h{seed}-a"),
@@ -299,7 +303,7 @@ async fn run_hold_seeds(tombstones: usize) {
         a.create_transfer(hold(&id, &from, &to, 10, expires_in))
             .await
             .unwrap();
-        if let HoldEnd::Captured { n, delay, on_a } = end {
+        if let HoldEnd::Captured { n, delay, on_a, .. } = end {
             let e = if on_a {
                 a.engine.clone()
             } else {
@@ -307,18 +311,25 @@ async fn run_hold_seeds(tombstones: usize) {
             };
             captures.push(tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
-                capture_until_answered(&e, &id, n, seed).await
+                (seed, capture_until_answered(&e, &id, n).await)
             }));
         }
     }
+    let mut captured = HashMap::new();
     for capture in captures {
-        capture.await.unwrap();
+        let (seed, won) = capture.await.unwrap();
+        captured.insert(seed, won);
     }
 
     recover_until_quiescent(&w, &b, || a.running_tasks(), Duration::from_secs(240)).await;
 
     let fired = faulty.fired.load(std::sync::atomic::Ordering::SeqCst);
-    eprintln!("{seeds} holds, {fired} stalls fired");
+    let won = captured.values().filter(|won| **won).count();
+    eprintln!(
+        "{seeds} holds, {fired} stalls fired; captures answered 200: {won}, 409 (expired \
+         first): {}",
+        captured.len() - won
+    );
     assert_invariants(&base).await;
     for seed in 0..seeds {
         let t = b
@@ -331,7 +342,8 @@ async fn run_hold_seeds(tombstones: usize) {
         let (end, _, fault, point) = hold_plan(seed);
         let what = format!("seed {seed} ({end:?}, {fault:?} at {point})");
         let want = match end {
-            HoldEnd::Captured { n, .. } => {
+            // Answered 200: it must finish, with n moved, whatever expiry follows.
+            HoldEnd::Captured { n, .. } if captured[&seed] => {
                 let n = n.unwrap_or(10);
                 assert_eq!(
                     (t.transaction_state, t.captured_amount),
@@ -340,7 +352,8 @@ async fn run_hold_seeds(tombstones: usize) {
                 );
                 (100 - n, n)
             }
-            HoldEnd::Expires { .. } => {
+            // Refused (the stall held the capture back past the expiry), or never captured.
+            HoldEnd::Captured { .. } | HoldEnd::Expires { .. } => {
                 assert_eq!(
                     (t.transaction_state, t.reason),
                     (TransferState::RolledBack, Some(RollbackReason::Expired)),
@@ -370,14 +383,15 @@ async fn run_hold_seeds(tombstones: usize) {
 
 /// Captures `id` (`n` or all of it) until a capture is answered: a capture whose store
 /// request timed out behind a stall is repeated, as a client would (an identical capture is
-/// answered the same). A refusal fails the seed: nothing else ends these holds.
-async fn capture_until_answered(e: &Arc<Engine>, id: &str, n: Option<i64>, seed: u64) {
+/// answered the same). Whether it was answered `200` (`false`: `409`, the hold expired first).
+async fn capture_until_answered(e: &Arc<Engine>, id: &str, n: Option<i64>) -> bool {
     for _ in 0..100 {
         match e.capture_transfer(id, n).await {
-            Ok(_) => return,
+            Ok(_) => return true,
+            Err(ServiceError::Conflict(_)) => return false,
             Err(ServiceError::Store(_)) => tokio::time::sleep(LEASE).await,
-            Err(other) => panic!("seed {seed}: capture of {id} refused: {other:?}"),
+            Err(other) => panic!("capture of {id}: {other:?}"),
         }
     }
-    panic!("seed {seed}: capture of {id} never answered");
+    panic!("capture of {id} never answered");
 }
