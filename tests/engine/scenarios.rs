@@ -1,7 +1,9 @@
 //! The engine against real storage (embedded redb), without HTTP: conflict and retry
 //! branches, unknown write outcomes, and a property test of random transfers, replays and
 //! cancels driven by concurrent workers of two "instances" with short leases and random
-//! delays, ending with the invariants of `docs/design.md §4`.
+//! delays, ending with the invariants of `docs/design.md §4`; and a second one that mixes
+//! holds (captured whole or in part, cancelled, expiring) and currency-mismatched transfers
+//! into such schedules.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,7 +13,7 @@ use proptest::prelude::*;
 use tokio::sync::Semaphore;
 use transfer_service::store::{DynStore, Index, Source};
 use transfer_service::transfer::documents::decode;
-use transfer_service::transfer::model::{AccountDoc, TransferState};
+use transfer_service::transfer::model::{AccountDoc, RollbackReason, TransferState};
 use transfer_service::transfer::protocol::Retention;
 use transfer_service::transfer::service::{Created, NewAccount, NewTransfer, ServiceError};
 use transfer_service::transfer::EngineConfig;
@@ -662,4 +664,486 @@ async fn a_transfer_released_at_shutdown_is_resumed_by_another_instance_at_once(
         TransferState::Finished
     );
     assert_invariants(&w.base).await;
+}
+
+// Holds and currencies in the property test: plain transfers (some stating a currency,
+// some between accounts of different currencies) and holds, captured whole or in part,
+// cancelled, replayed or left to expire, on paused time with `TRANSFER_TIMEOUT` far shorter
+// than many holds wait. At the end every transfer is terminal or a hold legitimately waiting
+// (parked, uncaptured, not yet expired); those are then captured, cancelled or left to
+// expire, and the world must end quiescent, clean and exact.
+
+/// The currency of each account of the holds schedule: four have none, two are in USD, one
+/// in EUR, so a random pair often disagrees.
+const CURRENCIES: [Option<&str>; 7] = [
+    None,
+    None,
+    None,
+    None,
+    Some("USD"),
+    Some("USD"),
+    Some("EUR"),
+];
+
+/// How much each account of the holds schedule opens with.
+const OPENING: i64 = 100;
+
+#[derive(Debug, Clone)]
+enum HoldOp {
+    /// A plain transfer, stating `currency` or not.
+    Transfer {
+        from: usize,
+        to: usize,
+        amount: i64,
+        currency: Option<&'static str>,
+    },
+    /// A hold that waits `expires_ms` for its capture.
+    Hold {
+        from: usize,
+        to: usize,
+        amount: i64,
+        currency: Option<&'static str>,
+        expires_ms: u64,
+    },
+    /// A capture of the i-th request (plain or hold): the whole amount, or `percent` of it.
+    Capture {
+        i: usize,
+        percent: Option<u8>,
+    },
+    Cancel(usize),
+    /// An identical replay of the i-th request.
+    Replay(usize),
+    Recover,
+    /// The schedule waits this long (virtual time) before its next operation.
+    Sleep(u64),
+}
+
+/// Mostly pairs that share a currency (none, or USD), sometimes any two accounts.
+fn account_pair() -> impl Strategy<Value = (usize, usize)> {
+    prop_oneof![
+        6 => (0usize..4, 1usize..4).prop_map(|(f, d)| (f, (f + d) % 4)),
+        2 => prop::bool::ANY.prop_map(|b| if b { (4, 5) } else { (5, 4) }),
+        2 => (0usize..7, 1usize..7).prop_map(|(f, d)| (f, (f + d) % 7)),
+    ]
+}
+
+fn stated_currency() -> impl Strategy<Value = Option<&'static str>> {
+    prop_oneof![8 => Just(None), 1 => Just(Some("USD")), 1 => Just(Some("EUR"))]
+}
+
+fn hold_op() -> impl Strategy<Value = HoldOp> {
+    prop_oneof![
+        4 => (account_pair(), 1i64..40, stated_currency()).prop_map(
+            |((from, to), amount, currency)| HoldOp::Transfer { from, to, amount, currency }
+        ),
+        4 => (account_pair(), 1i64..40, stated_currency(), 20u64..3_000).prop_map(
+            |((from, to), amount, currency, expires_ms)| HoldOp::Hold {
+                from, to, amount, currency, expires_ms,
+            }
+        ),
+        3 => (0usize..64, prop::option::of(1u8..=100))
+            .prop_map(|(i, percent)| HoldOp::Capture { i, percent }),
+        2 => (0usize..64).prop_map(HoldOp::Cancel),
+        1 => (0usize..64).prop_map(HoldOp::Replay),
+        1 => Just(HoldOp::Recover),
+        1 => (10u64..1_500).prop_map(HoldOp::Sleep),
+    ]
+}
+
+/// Whether the currency rule refuses a transfer from `from` to `to` stating `stated`.
+fn currency_mismatch(from: usize, to: usize, stated: Option<&str>) -> bool {
+    CURRENCIES[from] != CURRENCIES[to] || stated.is_some_and(|s| Some(s) != CURRENCIES[from])
+}
+
+fn account_name(i: usize) -> String {
+    format!("acct{i}")
+}
+
+fn account_of(name: &str) -> usize {
+    name.trim_start_matches("acct").parse().unwrap()
+}
+
+/// What a client was told, by transfer id: each capture answered `200` with the amount it
+/// asked for and the state shown, each cancel answered `200` with the state shown.
+#[derive(Debug, Default)]
+struct Answers {
+    captured: HashMap<String, Vec<(i64, TransferState)>>,
+    cancelled: HashMap<String, Vec<TransferState>>,
+}
+
+type SharedAnswers = Arc<std::sync::Mutex<Answers>>;
+
+/// The engine's timers for the holds schedule: leases short enough to expire mid-transfer,
+/// and a transfer timeout (1 s) shorter than many holds wait (up to 3 s).
+fn holds_config() -> EngineConfig {
+    EngineConfig {
+        transfer_timeout: Duration::from_secs(1),
+        ..EngineConfig::with_lease(Duration::from_millis(40))
+    }
+}
+
+async fn capture_and_record(e: &Instance, id: &str, n: Option<i64>, answers: &SharedAnswers) {
+    let asked = match n {
+        Some(n) => n,
+        None => match e.get_transfer(id).await.expect("read") {
+            Some(t) => t.amount,
+            None => return,
+        },
+    };
+    match e.capture_transfer(id, n).await {
+        Ok(t) => answers
+            .lock()
+            .unwrap()
+            .captured
+            .entry(id.to_owned())
+            .or_default()
+            .push((asked, t.transaction_state)),
+        Err(ServiceError::Conflict(_)) | Err(ServiceError::NotFound) => {}
+        Err(e) => panic!("capture {id}: {e:?}"),
+    }
+}
+
+async fn cancel_and_record(e: &Instance, id: &str, answers: &SharedAnswers) {
+    match e.cancel_transfer(id).await {
+        Ok(t) => answers
+            .lock()
+            .unwrap()
+            .cancelled
+            .entry(id.to_owned())
+            .or_default()
+            .push(t.transaction_state),
+        Err(ServiceError::Conflict(_)) | Err(ServiceError::NotFound) => {}
+        Err(e) => panic!("cancel {id}: {e:?}"),
+    }
+}
+
+async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
+    let w = world(seed, Duration::from_millis(3));
+    let a = Arc::new(w.instance(w.faulty.clone(), holds_config()));
+    let b = Arc::new(w.instance(w.faulty.clone(), holds_config()));
+    for (i, currency) in CURRENCIES.iter().enumerate() {
+        let created = a
+            .create_account(NewAccount {
+                id: account_name(i),
+                balance: OPENING,
+                currency: currency.map(str::to_owned),
+                ..Default::default()
+            })
+            .await
+            .expect("account opens");
+        assert!(matches!(created, Created::New(_)));
+    }
+    let answers = SharedAnswers::default();
+    let mut requests: Vec<NewTransfer> = Vec::new();
+    let mut tasks = Vec::new();
+    let permits = Arc::new(Semaphore::new(64));
+    for (n, op) in ops.into_iter().enumerate() {
+        let pick = |i: usize| requests[i % requests.len()].clone();
+        let task = match op {
+            HoldOp::Transfer {
+                from,
+                to,
+                amount,
+                currency,
+            } => {
+                let new = NewTransfer {
+                    currency: currency.map(str::to_owned),
+                    ..transfer(
+                        &format!("t{n}"),
+                        &account_name(from),
+                        &account_name(to),
+                        amount,
+                    )
+                };
+                requests.push(new.clone());
+                let a = a.clone();
+                tokio::spawn(async move { a.create_transfer(new).await.map(|_| ()).unwrap() })
+            }
+            HoldOp::Hold {
+                from,
+                to,
+                amount,
+                currency,
+                expires_ms,
+            } => {
+                let new = NewTransfer {
+                    currency: currency.map(str::to_owned),
+                    ..hold(
+                        &format!("h{n}"),
+                        &account_name(from),
+                        &account_name(to),
+                        amount,
+                        Duration::from_millis(expires_ms),
+                    )
+                };
+                requests.push(new.clone());
+                let a = a.clone();
+                tokio::spawn(async move { a.create_transfer(new).await.map(|_| ()).unwrap() })
+            }
+            HoldOp::Replay(i) if !requests.is_empty() => {
+                let (b, new) = (b.clone(), pick(i));
+                // The original may still be in flight: a replay can race it.
+                tokio::spawn(async move { b.create_transfer(new).await.map(|_| ()).unwrap() })
+            }
+            HoldOp::Capture { i, percent } if !requests.is_empty() => {
+                let new = pick(i);
+                let n = percent.map(|p| (new.amount * i64::from(p) / 100).max(1));
+                let (b, answers) = (b.clone(), answers.clone());
+                tokio::spawn(async move { capture_and_record(&b, &new.id, n, &answers).await })
+            }
+            HoldOp::Cancel(i) if !requests.is_empty() => {
+                let id = pick(i).id;
+                let (b, answers) = (b.clone(), answers.clone());
+                tokio::spawn(async move { cancel_and_record(&b, &id, &answers).await })
+            }
+            HoldOp::Recover => {
+                let (b, permits) = (b.clone(), permits.clone());
+                tokio::spawn(async move {
+                    let now = b.clock().wall_millis();
+                    b.recover_once(now, &permits).await.expect("recovery sweep");
+                })
+            }
+            HoldOp::Sleep(ms) => {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                continue;
+            }
+            _ => continue,
+        };
+        tasks.push(task);
+        if n % 3 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+
+    // Everything is terminal or a hold legitimately waiting; resolve those in turn.
+    let waiting = settle_to_waiting_holds(&w, &a, &b, &requests).await;
+    eprintln!(
+        "seed {seed}: {} requests, {} holds waiting at the end",
+        requests.len(),
+        waiting.len()
+    );
+    for (k, id) in waiting.iter().enumerate() {
+        match (seed as usize + k) % 4 {
+            0 => capture_and_record(&b, id, None, &answers).await,
+            1 => {
+                let half = (transfer_doc(&b, id).await.amount / 2).max(1);
+                capture_and_record(&b, id, Some(half), &answers).await
+            }
+            2 => cancel_and_record(&b, id, &answers).await,
+            // Left to expire.
+            _ => {}
+        }
+    }
+    // Past every hold's expiry (at most 3 s after its creation).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    recover_until_quiescent(&w, &b, || a.running_tasks(), Duration::from_secs(60)).await;
+    assert_invariants(&w.base).await;
+    let answers = std::mem::take(&mut *answers.lock().unwrap());
+    assert_holds_outcomes(&b, &requests, &waiting, &answers).await;
+}
+
+/// Runs recovery until no worker runs and every transfer is terminal or a hold waiting for
+/// its capture: parked, uncaptured, `pending`, before its expiry. Returns those holds.
+async fn settle_to_waiting_holds(
+    w: &World,
+    a: &Instance,
+    b: &Instance,
+    requests: &[NewTransfer],
+) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let permits = Arc::new(Semaphore::new(64));
+    loop {
+        b.recover_once(w.now_millis() + 1, &permits)
+            .await
+            .expect("recovery sweep");
+        let mut waiting = Vec::new();
+        let mut busy = Vec::new();
+        if a.running_tasks() + b.running_tasks() == 0 {
+            for new in requests {
+                let t = transfer_doc(b, &new.id).await;
+                if t.transaction_state.is_terminal() {
+                    continue;
+                }
+                let legitimately_waiting = t.is_hold()
+                    && t.transaction_state == TransferState::Pending
+                    && t.captured_amount.is_none()
+                    && t.lease_owner.as_deref() == Some(transfer_service::transfer::lease::PARKED)
+                    && t.hold_expires_millis().unwrap() > w.now_millis();
+                if legitimately_waiting {
+                    waiting.push(t.transaction_id);
+                } else {
+                    busy.push(format!("{} {:?}", t.transaction_id, t));
+                }
+            }
+            if busy.is_empty() {
+                waiting.dedup();
+                return waiting;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "neither terminal nor a hold waiting: {busy:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Each request's transfer ended as its rules say, and the balances follow exactly from the
+/// transfers that finished.
+async fn assert_holds_outcomes(
+    e: &Instance,
+    requests: &[NewTransfer],
+    waiting: &[String],
+    answers: &Answers,
+) {
+    let mut expected = [OPENING; CURRENCIES.len()];
+    let mut seen = HashMap::new();
+    let mut outcomes: std::collections::BTreeMap<String, usize> = Default::default();
+    for new in requests {
+        if seen.insert(new.id.clone(), ()).is_some() {
+            continue;
+        }
+        let t = transfer_doc(e, &new.id).await;
+        let id = &new.id;
+        assert_eq!(
+            (
+                &t.src_acct,
+                &t.dest_acct,
+                t.amount,
+                &t.currency,
+                t.is_hold()
+            ),
+            (&new.from, &new.to, new.amount, &new.currency, new.hold),
+            "{id}: the transfer as requested"
+        );
+        let (from, to) = (account_of(&new.from), account_of(&new.to));
+        let mismatch = currency_mismatch(from, to, new.currency.as_deref());
+        let state = t.transaction_state;
+        assert!(state.is_terminal(), "{id} left {state}");
+        // The currency rule: a mismatch never moves a unit; only a mismatch rolls back so.
+        if mismatch {
+            assert_eq!(state, TransferState::RolledBack, "{id}: between currencies");
+        }
+        if t.reason == Some(RollbackReason::CurrencyMismatch) {
+            assert!(mismatch, "{id}: currency_mismatch between one currency");
+        }
+        let captures = answers.captured.get(id).cloned().unwrap_or_default();
+        let cancels = answers.cancelled.get(id).cloned().unwrap_or_default();
+        let capture_won = captures
+            .iter()
+            .any(|(_, shown)| matches!(shown, TransferState::Committed | TransferState::Finished));
+        if new.hold {
+            assert_ne!(
+                t.reason,
+                Some(RollbackReason::TimedOut),
+                "{id}: TRANSFER_TIMEOUT applied to a hold"
+            );
+            if state == TransferState::Finished {
+                let n = t.captured_amount.expect("a finished hold was captured");
+                assert!(0 < n && n <= t.amount, "{id}: captured {n} of {}", t.amount);
+                for (asked, _) in &captures {
+                    assert_eq!(*asked, n, "{id}: a capture of another amount answered 200");
+                }
+            }
+            if capture_won {
+                assert_eq!(
+                    state,
+                    TransferState::Finished,
+                    "{id}: captured, then {state}"
+                );
+            }
+            if !cancels.is_empty() {
+                assert_eq!(
+                    state,
+                    TransferState::RolledBack,
+                    "{id}: cancelled, then {state}"
+                );
+            }
+            // A recorded capture wins over a cancel and the expiry: only a refused apply
+            // (funds, currency) rolls a captured hold back.
+            if let (Some(n), TransferState::RolledBack) = (t.captured_amount, state) {
+                assert!(
+                    !matches!(
+                        t.reason,
+                        Some(RollbackReason::Cancelled | RollbackReason::Expired)
+                    ),
+                    "{id}: captured for {n}, then rolled back with {:?}",
+                    t.reason
+                );
+            }
+            if t.reason == Some(RollbackReason::Expired) {
+                assert!(!capture_won, "{id}: captured and expired");
+                assert!(
+                    t.modification_time >= *t.hold_expires_at.as_ref().unwrap(),
+                    "{id}: expired before its time"
+                );
+            }
+            if waiting.contains(id) && state == TransferState::RolledBack {
+                assert!(
+                    matches!(
+                        t.reason,
+                        Some(RollbackReason::Cancelled | RollbackReason::Expired)
+                    ),
+                    "{id}: a waiting hold rolled back with {:?}",
+                    t.reason
+                );
+            }
+        } else {
+            assert_eq!(t.captured_amount, None, "{id}: a plain transfer captured");
+            assert!(
+                captures.is_empty(),
+                "{id}: a capture of a plain transfer answered 200"
+            );
+            assert_ne!(t.reason, Some(RollbackReason::Expired), "{id}");
+        }
+        if state == TransferState::Finished {
+            let moved = t.settle_amount();
+            expected[from] -= moved;
+            expected[to] += moved;
+        }
+        let kind = match (new.hold, t.captured_amount, t.reason) {
+            (true, Some(n), _) if n < t.amount => "hold captured in part".to_owned(),
+            (true, Some(_), _) => "hold captured whole".to_owned(),
+            (hold, _, reason) => format!(
+                "{} {state} {}",
+                if hold { "hold" } else { "plain" },
+                reason.map_or("", |r| r.as_str())
+            ),
+        };
+        *outcomes.entry(kind).or_insert(0) += 1;
+    }
+    eprintln!("outcomes: {outcomes:?}");
+    for (i, want) in expected.iter().enumerate() {
+        assert_eq!(
+            balance(e, &account_name(i)).await,
+            *want,
+            "{}",
+            account_name(i)
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(16),
+        failure_persistence: None,
+        .. ProptestConfig::default()
+    })]
+
+    #[test]
+    fn random_transfers_holds_captures_cancels_expiries_and_currencies_keep_every_invariant(
+        seed in any::<u64>(),
+        ops in prop::collection::vec(hold_op(), 1..40),
+    ) {
+        eprintln!("seed {seed}, {} ops", ops.len());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(run_holds_schedule(seed, ops));
+    }
 }
