@@ -296,3 +296,40 @@ async fn a_cancelled_hold_is_released_and_counted() {
     );
     assert_invariants(&w.base).await;
 }
+
+/// A capture recorded before the expiry wins, even when its worker dies at once and the
+/// commit is left to recovery after the expiry has passed: the client was told "captured".
+#[tokio::test(start_paused = true)]
+async fn a_capture_recorded_before_the_expiry_is_finished_by_recovery_after_it() {
+    use crate::support::faulty::{Fault, StepWrite};
+    let w = world(6, Duration::ZERO);
+    let e = w.instance(w.base.clone(), config());
+    open_account(&e, "a", 100).await;
+    open_account(&e, "b", 0).await;
+    start_hold(&e, "h", 30, Duration::from_secs(10)).await;
+    until_waiting(&e, "h").await;
+    // The capturing instance records the capture, then dies before committing.
+    w.faulty.inject(
+        StepWrite::Capture.matcher("h"),
+        Fault::Crash { applied: true },
+        1,
+    );
+    let dying = w.instance(w.faulty.clone(), config());
+    // Its store never answers again: the capture request hangs like a dead process's.
+    let hung = tokio::spawn(async move { dying.capture_transfer("h", Some(12)).await });
+    until(
+        "the capture to be recorded",
+        Duration::from_secs(5),
+        || async { transfer_doc(&e, "h").await.captured_amount == Some(12) },
+    )
+    .await;
+    assert_eq!(state(&e, "h").await, TransferState::Pending);
+    // Well past the expiry and the dead worker's lease: recovery commits, never expires it.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    recover_until_quiescent(&w, &e, || 0, Duration::from_secs(60)).await;
+    hung.abort();
+    let t = transfer_doc(&e, "h").await;
+    assert_eq!(t.transaction_state, TransferState::Finished, "{t:?}");
+    assert_eq!(accounts(&e).await, (88, 12));
+    assert_invariants(&w.base).await;
+}
