@@ -218,7 +218,9 @@ impl Leases {
         debug_assert!(next.is_hold() && next.captured_amount.is_none());
         next.lease_owner = Some(PARKED.to_owned());
         next.lease_expires_at = next.hold_expires_at.clone();
-        next.modification_time = self.clock.now().text;
+        let now = self.clock.now();
+        next.note_transitions(now.millis);
+        next.modification_time = now.text;
         match self.docs.replace_if(&next, held.version).await? {
             WriteOutcome::Written(version) => {
                 held.doc = next;
@@ -251,7 +253,9 @@ impl Leases {
         // The deadline is timed from before the expiry is stamped, so a pause between the two
         // can only shorten the lease we believe we hold, never stretch it.
         let sent = self.sent();
-        self.grant(&mut doc, &owner, &self.clock.now());
+        let now = self.clock.now();
+        self.grant(&mut doc, &owner, &now);
+        doc.note_transitions(now.millis);
         let written = retry(
             CLAIM_ATTEMPTS,
             || true,
@@ -291,12 +295,14 @@ impl Leases {
         go_on: impl Fn() -> bool,
     ) -> StoreResult<bool> {
         let sent = self.sent();
+        let now = self.clock.now();
         if next.transaction_state.is_terminal() {
             release(&mut next);
         } else {
             let owner = held.owner.clone();
-            self.grant(&mut next, &owner, &self.clock.now());
+            self.grant(&mut next, &owner, &now);
         }
+        next.note_transitions(now.millis);
         let version = held.version;
         let room = || go_on() && self.has_left(held, self.times.request_timeout);
         let outcome = retry(self.times.attempts, room, || {
@@ -315,6 +321,7 @@ impl Leases {
         let mut next = held.doc.clone();
         let owner = held.owner.clone();
         self.grant(&mut next, &owner, &now);
+        next.note_transitions(now.millis);
         next.modification_time = now.text;
         let outcome = self.docs.replace_if(&next, held.version).await?;
         Ok(self.update(held, next, outcome, sent))
@@ -357,6 +364,7 @@ impl Leases {
             }
             let mut next = current.doc.clone();
             release(&mut next);
+            next.note_transitions(self.clock.wall_millis());
             match self.docs.replace_if(&next, current.version).await {
                 Ok(WriteOutcome::Conflict) => match self.docs.get::<TransferDoc>(held.id()).await {
                     Ok(Some(now)) => {
@@ -378,7 +386,9 @@ impl Leases {
         let sent = self.sent();
         let mut next = held.doc.clone();
         next.attention = Some(why);
-        next.modification_time = self.clock.now().text;
+        let now = self.clock.now();
+        next.note_transitions(now.millis);
+        next.modification_time = now.text;
         release(&mut next);
         let outcome = self.docs.replace_if(&next, held.version).await?;
         Ok(self.update(held, next, outcome, sent))
@@ -394,6 +404,7 @@ impl Leases {
         if next.transaction_state.is_terminal() {
             release(&mut next);
         }
+        next.note_transitions(self.clock.wall_millis());
         self.docs.replace_if(&next, version).await
     }
 
@@ -585,6 +596,7 @@ mod tests {
             captured_amount: None,
             currency: None,
             metadata: Default::default(),
+            history: String::new(),
         }
     }
 

@@ -214,6 +214,13 @@ pub struct TransferDoc {
     /// The client's labels ([`valid_metadata`]); empty (and not written) for most transfers.
     #[serde(default, skip_serializing_if = "Metadata::is_empty")]
     pub metadata: Metadata,
+    /// The outbox of the change feed: every transition after `created`, written in the same
+    /// conditional write as the transition itself (`docs/design.md §11`). A compact string,
+    /// `<code><epoch ms>` per transition, space-separated ([`history`] has the codes);
+    /// appended only by [`TransferDoc::note_transitions`], which `src/transfer/lease.rs`
+    /// calls before every transfer write. Empty (and not written) while `created`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub history: String,
 }
 
 /// One leg of a multi-leg transaction: `amount` units from `from` to `to`.

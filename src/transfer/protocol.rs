@@ -662,6 +662,7 @@ mod tests {
             captured_amount: None,
             currency: None,
             metadata: Default::default(),
+            history: String::new(),
         }
     }
 

@@ -199,6 +199,7 @@ impl Engine {
             captured_amount: None,
             currency: new.currency.clone(),
             metadata: new.metadata.clone(),
+            history: String::new(),
         };
         let mut doc = doc;
         if doc.is_multi_leg() {

@@ -124,6 +124,7 @@ fn transfer(id: &str, src: &str, dest: &str, amount: i64, state: TransferState) 
         captured_amount: None,
         currency: None,
         metadata: Default::default(),
+        history: String::new(),
     }
 }
 

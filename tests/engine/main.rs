@@ -10,6 +10,7 @@ mod support;
 mod audit;
 mod clocks;
 mod currencies;
+mod events;
 mod faults;
 mod holds;
 mod legs;
