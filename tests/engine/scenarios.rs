@@ -2,8 +2,8 @@
 //! branches, unknown write outcomes, and a property test of random transfers, replays and
 //! cancels driven by concurrent workers of two "instances" with short leases and random
 //! delays, ending with the invariants of `docs/design.md §4`; and a second one that mixes
-//! holds (captured whole or in part, cancelled, expiring) and currency-mismatched transfers
-//! into such schedules.
+//! holds (captured whole or in part, cancelled, expiring), multi-leg transactions (some of
+//! them holds) and currency-mismatched transfers into such schedules.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,7 +13,9 @@ use proptest::prelude::*;
 use tokio::sync::Semaphore;
 use transfer_service::store::{DynStore, Index, Source};
 use transfer_service::transfer::documents::decode;
-use transfer_service::transfer::model::{AccountDoc, RollbackReason, TransferState};
+use transfer_service::transfer::model::{
+    check_legs, AccountDoc, Leg, RollbackReason, TransferState,
+};
 use transfer_service::transfer::protocol::Retention;
 use transfer_service::transfer::service::{Created, NewAccount, NewTransfer, ServiceError};
 use transfer_service::transfer::EngineConfig;
@@ -666,9 +668,10 @@ async fn a_transfer_released_at_shutdown_is_resumed_by_another_instance_at_once(
     assert_invariants(&w.base).await;
 }
 
-// Holds and currencies in the property test: plain transfers (some stating a currency,
-// some between accounts of different currencies) and holds, captured whole or in part,
-// cancelled, replayed or left to expire, on paused time with `TRANSFER_TIMEOUT` far shorter
+// Holds, multi-leg transactions and currencies in the property test: plain transfers (some
+// stating a currency, some between accounts of different currencies), multi-leg transactions
+// of 2 to 4 legs (an account possibly in several) and holds of either kind, captured whole or
+// (one-leg only) in part, cancelled, replayed or left to expire, on paused time with `TRANSFER_TIMEOUT` far shorter
 // than many holds wait. At the end every transfer is terminal or a hold legitimately waiting
 // (parked, uncaptured, not yet expired); those are then captured, cancelled or left to
 // expire, and the world must end quiescent, clean and exact.
@@ -705,6 +708,13 @@ enum HoldOp {
         currency: Option<&'static str>,
         expires_ms: u64,
     },
+    /// A multi-leg transaction of 2 to 4 `(from, to, amount)` legs, a hold waiting
+    /// `expires_ms` if that is given.
+    Legs {
+        legs: Vec<(usize, usize, i64)>,
+        currency: Option<&'static str>,
+        expires_ms: Option<u64>,
+    },
     /// A capture of the i-th request (plain or hold): the whole amount, or `percent` of it.
     Capture {
         i: usize,
@@ -727,6 +737,19 @@ fn account_pair() -> impl Strategy<Value = (usize, usize)> {
     ]
 }
 
+/// 2 to 4 legs, mostly among accounts that share a currency (none, or USD), sometimes among
+/// any; an account may be in several legs.
+fn leg_list() -> impl Strategy<Value = Vec<(usize, usize, i64)>> {
+    let within = |first: usize, n: usize| {
+        prop::collection::vec((0..n, 1..n, 1i64..30), 2..=4).prop_map(move |legs| {
+            legs.into_iter()
+                .map(|(f, d, amount)| (first + f, first + (f + d) % n, amount))
+                .collect()
+        })
+    };
+    prop_oneof![6 => within(0, 4), 2 => within(4, 2), 2 => within(0, 7)]
+}
+
 fn stated_currency() -> impl Strategy<Value = Option<&'static str>> {
     prop_oneof![8 => Just(None), 1 => Just(Some("USD")), 1 => Just(Some("EUR"))]
 }
@@ -741,6 +764,9 @@ fn hold_op() -> impl Strategy<Value = HoldOp> {
                 from, to, amount, currency, expires_ms,
             }
         ),
+        3 => (leg_list(), stated_currency(), prop::option::of(20u64..3_000)).prop_map(
+            |(legs, currency, expires_ms)| HoldOp::Legs { legs, currency, expires_ms }
+        ),
         3 => (0usize..64, prop::option::of(1u8..=100))
             .prop_map(|(i, percent)| HoldOp::Capture { i, percent }),
         2 => (0usize..64).prop_map(HoldOp::Cancel),
@@ -750,9 +776,23 @@ fn hold_op() -> impl Strategy<Value = HoldOp> {
     ]
 }
 
-/// Whether the currency rule refuses a transfer from `from` to `to` stating `stated`.
-fn currency_mismatch(from: usize, to: usize, stated: Option<&str>) -> bool {
-    CURRENCIES[from] != CURRENCIES[to] || stated.is_some_and(|s| Some(s) != CURRENCIES[from])
+/// Whether the currency rule refuses a transfer touching `accounts` stating `stated`: they
+/// do not all share one currency (or all have none), or the stated one is not theirs.
+fn currency_mismatch(accounts: &[usize], stated: Option<&str>) -> bool {
+    let first = CURRENCIES[accounts[0]];
+    accounts.iter().any(|&a| CURRENCIES[a] != first) || stated.is_some_and(|s| Some(s) != first)
+}
+
+/// A request's legs as `(from, to, amount)` account indices: its one leg, or its legs.
+fn requested_legs(new: &NewTransfer) -> Vec<(usize, usize, i64)> {
+    if new.legs.is_empty() {
+        vec![(account_of(&new.from), account_of(&new.to), new.amount)]
+    } else {
+        new.legs
+            .iter()
+            .map(|l| (account_of(&l.from), account_of(&l.to), l.amount))
+            .collect()
+    }
 }
 
 fn account_name(i: usize) -> String {
@@ -880,6 +920,32 @@ async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
                 let a = a.clone();
                 tokio::spawn(async move { a.create_transfer(new).await.map(|_| ()).unwrap() })
             }
+            HoldOp::Legs {
+                legs,
+                currency,
+                expires_ms,
+            } => {
+                let legs: Vec<Leg> = legs
+                    .into_iter()
+                    .map(|(from, to, amount)| Leg {
+                        from: account_name(from),
+                        to: account_name(to),
+                        amount,
+                    })
+                    .collect();
+                let new = NewTransfer {
+                    id: format!("{}{n}", if expires_ms.is_some() { "lh" } else { "l" }),
+                    amount: check_legs(&legs).expect("valid legs"),
+                    legs,
+                    hold: expires_ms.is_some(),
+                    hold_expires_in: expires_ms.map(Duration::from_millis),
+                    currency: currency.map(str::to_owned),
+                    ..Default::default()
+                };
+                requests.push(new.clone());
+                let a = a.clone();
+                tokio::spawn(async move { a.create_transfer(new).await.map(|_| ()).unwrap() })
+            }
             HoldOp::Replay(i) if !requests.is_empty() => {
                 let (b, new) = (b.clone(), pick(i));
                 // The original may still be in flight: a replay can race it.
@@ -889,7 +955,31 @@ async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
                 let new = pick(i);
                 let n = percent.map(|p| (new.amount * i64::from(p) / 100).max(1));
                 let (b, answers) = (b.clone(), answers.clone());
-                tokio::spawn(async move { capture_and_record(&b, &new.id, n, &answers).await })
+                match n {
+                    // A multi-leg hold is captured whole only: a part is refused (400) and
+                    // changes nothing; a multi-leg transfer that is not a hold is refused as
+                    // any such (409); one still being created is not found.
+                    Some(part) if !new.legs.is_empty() && part != new.amount => {
+                        tokio::spawn(async move {
+                            let refused = b.capture_transfer(&new.id, Some(part)).await;
+                            let hold = new.hold;
+                            assert!(
+                                matches!(
+                                    (&refused, hold),
+                                    (Err(ServiceError::Invalid(_)), true)
+                                        | (Err(ServiceError::Conflict(_)), false)
+                                        | (Err(ServiceError::NotFound), _)
+                                ),
+                                "{}: a capture of {part} of {}: {refused:?}",
+                                new.id,
+                                new.amount
+                            );
+                        })
+                    }
+                    _ => tokio::spawn(
+                        async move { capture_and_record(&b, &new.id, n, &answers).await },
+                    ),
+                }
             }
             HoldOp::Cancel(i) if !requests.is_empty() => {
                 let id = pick(i).id;
@@ -928,6 +1018,10 @@ async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
     for (k, id) in waiting.iter().enumerate() {
         match (seed as usize + k) % 4 {
             0 => capture_and_record(&b, id, None, &answers).await,
+            // A multi-leg hold is captured whole only.
+            1 if transfer_doc(&b, id).await.is_multi_leg() => {
+                capture_and_record(&b, id, None, &answers).await
+            }
             1 => {
                 let half = (transfer_doc(&b, id).await.amount / 2).max(1);
                 capture_and_record(&b, id, Some(half), &answers).await
@@ -1012,15 +1106,24 @@ async fn assert_holds_outcomes(
             (
                 &t.src_acct,
                 &t.dest_acct,
+                &t.legs,
                 t.amount,
                 &t.currency,
                 t.is_hold()
             ),
-            (&new.from, &new.to, new.amount, &new.currency, new.hold),
+            (
+                &new.from,
+                &new.to,
+                &new.legs,
+                new.amount,
+                &new.currency,
+                new.hold
+            ),
             "{id}: the transfer as requested"
         );
-        let (from, to) = (account_of(&new.from), account_of(&new.to));
-        let mismatch = currency_mismatch(from, to, new.currency.as_deref());
+        let legs = requested_legs(new);
+        let touched: Vec<usize> = legs.iter().flat_map(|&(f, d, _)| [f, d]).collect();
+        let mismatch = currency_mismatch(&touched, new.currency.as_deref());
         let state = t.transaction_state;
         assert!(state.is_terminal(), "{id} left {state}");
         // The currency rule: a mismatch never moves a unit; only a mismatch rolls back so.
@@ -1044,6 +1147,9 @@ async fn assert_holds_outcomes(
             if state == TransferState::Finished {
                 let n = t.captured_amount.expect("a finished hold was captured");
                 assert!(0 < n && n <= t.amount, "{id}: captured {n} of {}", t.amount);
+                if !new.legs.is_empty() {
+                    assert_eq!(n, t.amount, "{id}: a multi-leg hold captured in part");
+                }
                 for (asked, _) in &captures {
                     assert_eq!(*asked, n, "{id}: a capture of another amount answered 200");
                 }
@@ -1099,16 +1205,25 @@ async fn assert_holds_outcomes(
             );
             assert_ne!(t.reason, Some(RollbackReason::Expired), "{id}");
         }
+        // What the request asked for, leg by leg (a captured one-leg hold moves the captured
+        // amount); an account in several legs gets their sum.
         if state == TransferState::Finished {
-            let moved = t.settle_amount();
-            expected[from] -= moved;
-            expected[to] += moved;
+            for (from, to, amount) in legs {
+                let moved = if new.legs.is_empty() {
+                    t.captured_amount.unwrap_or(amount)
+                } else {
+                    amount
+                };
+                expected[from] -= moved;
+                expected[to] += moved;
+            }
         }
+        let shape = if new.legs.is_empty() { "" } else { "legs " };
         let kind = match (new.hold, t.captured_amount, t.reason) {
-            (true, Some(n), _) if n < t.amount => "hold captured in part".to_owned(),
-            (true, Some(_), _) => "hold captured whole".to_owned(),
+            (true, Some(n), _) if n < t.amount => format!("{shape}hold captured in part"),
+            (true, Some(_), _) => format!("{shape}hold captured whole"),
             (hold, _, reason) => format!(
-                "{} {state} {}",
+                "{shape}{} {state} {}",
                 if hold { "hold" } else { "plain" },
                 reason.map_or("", |r| r.as_str())
             ),
