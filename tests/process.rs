@@ -3,8 +3,9 @@
 //! balances exact, pending lists empty, and `transfer-service audit` clean. One of them runs
 //! two instances with one wall clock seconds ahead (libfaketime, see `support::faketime`). One
 //! reloads its API keys on SIGHUP. The single-process kill -9 run mixes holds (captured whole
-//! or in part, cancelled, left to expire in 2 s), transfers the currency rule refuses and
-//! metadata into its plain transfers; each ends as its request allows.
+//! or in part, cancelled, left to expire in 2 s), multi-leg transactions of 2 to 4 legs (some
+//! of them holds, captured whole), transfers the currency rule refuses and metadata into its
+//! plain transfers; each ends as its request allows.
 //!
 //! Lengths are kept short for `cargo test`; the acceptance runs of the README set
 //! `CRASH_SECONDS`, `CRASH_CLIENTS` and `CRASH_KILLS` (e.g. 20, 16, 10), and `SKEW_SECONDS`
@@ -208,9 +209,13 @@ enum Plan {
 /// One transfer the clients asked for.
 #[derive(Debug, Clone)]
 struct Request {
-    from: usize,
-    to: usize,
+    /// What it moves, `(from, to, amount)` by account index: the one leg of a plain
+    /// `from`/`to`/`amount` body, or each of the body's `legs`.
+    legs: Vec<(usize, usize, i64)>,
+    /// Its one leg's amount, or the sum of its legs.
     amount: i64,
+    /// Whether the body states `legs` (a multi-leg transaction).
+    multi_leg: bool,
     plan: Plan,
     /// What is posted, and re-posted as an identical replay.
     body: Value,
@@ -285,7 +290,7 @@ fn currency_of(ledger: Ledger, account: usize) -> Option<&'static str> {
 /// A new transfer `id` of a client: in a plain ledger, between any two accounts; in a mixed
 /// one, mostly between accounts of one currency, with metadata on a third of them, and
 /// often a hold (captured whole or in part, cancelled, or left to expire) or a transfer the
-/// currency rule refuses.
+/// currency rule refuses; a fifth of them multi-leg ([`multi_leg_request`]).
 fn new_request(rng: &mut StdRng, id: &str, ledger: Ledger) -> Request {
     let accounts = ledger.accounts;
     let amount = rng.random_range(1..200);
@@ -294,9 +299,9 @@ fn new_request(rng: &mut StdRng, id: &str, ledger: Ledger) -> Request {
         let to = (from + rng.random_range(1..accounts)) % accounts;
         let body = json!({"id": id, "from": format!("acct{from}"), "to": format!("acct{to}"), "amount": amount});
         return Request {
-            from,
-            to,
+            legs: vec![(from, to, amount)],
             amount,
+            multi_leg: false,
             plan: Plan::Plain,
             body,
             answered: false,
@@ -306,6 +311,9 @@ fn new_request(rng: &mut StdRng, id: &str, ledger: Ledger) -> Request {
     let half = accounts / 2;
     let same_half =
         |rng: &mut StdRng| from / half * half + (from % half + rng.random_range(1..half)) % half;
+    if rng.random_range(0..5) == 0 {
+        return multi_leg_request(rng, id, ledger, from);
+    }
     let plan = match rng.random_range(0..20) {
         0 | 1 => Plan::Capture(amount),
         2 => Plan::Capture(rng.random_range(1..=amount)),
@@ -341,9 +349,83 @@ fn new_request(rng: &mut StdRng, id: &str, ledger: Ledger) -> Request {
         body["metadata"] = json!({"order_id": format!("order-{id}"), "channel": "process-test"});
     }
     Request {
-        from,
-        to,
+        legs: vec![(from, to, amount)],
         amount,
+        multi_leg: false,
+        plan,
+        body,
+        answered: false,
+    }
+}
+
+/// A multi-leg transaction `id` of 2 to 4 legs starting at `from`, each leg within one
+/// currency half (an account may be in several legs): plain, a hold captured whole,
+/// cancelled or left to expire, or (a mismatch) with one leg into the other half or a
+/// stated currency its accounts do not have.
+fn multi_leg_request(rng: &mut StdRng, id: &str, ledger: Ledger, from: usize) -> Request {
+    let accounts = ledger.accounts;
+    let half = accounts / 2;
+    let partner = |rng: &mut StdRng, a: usize| {
+        a / half * half + (a % half + rng.random_range(1..half)) % half
+    };
+    let plan = match rng.random_range(0..10) {
+        0 | 1 => Plan::Capture(0),
+        2 => Plan::Cancel,
+        3 => Plan::Expire,
+        4 => Plan::Mismatch,
+        _ => Plan::Plain,
+    };
+    let mut legs = Vec::new();
+    for i in 0..rng.random_range(2..=4) {
+        // The first leg leaves `from`; the others leave `from` again or any account of its
+        // half.
+        let f = if i == 0 || rng.random_bool(0.3) {
+            from
+        } else {
+            partner(rng, from)
+        };
+        legs.push((f, partner(rng, f), rng.random_range(1..100)));
+    }
+    let mut stated = currency_of(ledger, from).filter(|_| rng.random_bool(0.3));
+    if plan == Plan::Mismatch {
+        if rng.random_bool(0.5) {
+            let last = legs.last_mut().unwrap();
+            last.1 = (last.0 + half) % accounts;
+        } else {
+            stated = Some("EUR");
+        }
+    }
+    let amount: i64 = legs.iter().map(|l| l.2).sum();
+    let plan = match plan {
+        Plan::Capture(_) => Plan::Capture(amount),
+        other => other,
+    };
+    let body_legs: Vec<Value> = legs
+        .iter()
+        .map(|(f, t, n)| json!({"from": format!("acct{f}"), "to": format!("acct{t}"), "amount": n}))
+        .collect();
+    let mut body = json!({"id": id, "legs": body_legs});
+    if let Some(currency) = stated {
+        body["currency"] = json!(currency);
+    }
+    match plan {
+        Plan::Capture(_) | Plan::Cancel => {
+            body["hold"] = json!(true);
+            body["hold_expires_in"] = json!("1h");
+        }
+        Plan::Expire => {
+            body["hold"] = json!(true);
+            body["hold_expires_in"] = json!(SHORT_HOLD);
+        }
+        Plan::Plain | Plan::Mismatch => {}
+    }
+    if rng.random_range(0..3) == 0 {
+        body["metadata"] = json!({"order_id": format!("order-{id}"), "channel": "process-test"});
+    }
+    Request {
+        legs,
+        amount,
+        multi_leg: true,
         plan,
         body,
         answered: false,
@@ -604,6 +686,21 @@ fn check_as_planned(id: &str, request: &Request, transfer: &Value) {
             "{id} expired before its hour: {transfer}"
         );
     }
+    let legs: Vec<Value> = request
+        .legs
+        .iter()
+        .map(|(f, t, n)| json!({"from": format!("acct{f}"), "to": format!("acct{t}"), "amount": n}))
+        .collect();
+    assert_eq!(
+        transfer["legs"],
+        json!(legs),
+        "{id}: legs as requested: {transfer}"
+    );
+    if request.multi_leg {
+        if let Some(n) = transfer["captured_amount"].as_i64() {
+            assert_eq!(n, request.amount, "{id}: a multi-leg hold captured in part");
+        }
+    }
     for field in ["currency", "metadata"] {
         let sent = request.body.get(field).filter(|v| !v.is_null());
         let shown = transfer
@@ -654,28 +751,35 @@ async fn final_states(base: &str, requests: &Requests, ledger: Ledger) -> Outcom
         for (id, transfer) in poller.await.unwrap() {
             let request = &requests[&id];
             check_as_planned(&id, request, &transfer);
-            if request.plan != Plan::Plain {
+            let shape = if request.multi_leg { "legs " } else { "" };
+            if request.plan != Plan::Plain || request.multi_leg {
                 let end = match (
                     transfer["state"].as_str(),
                     transfer["captured_amount"].as_i64(),
                 ) {
                     (Some("finished"), Some(n)) if n < request.amount => "hold captured in part",
                     (Some("finished"), Some(_)) => "hold captured whole",
+                    (Some("finished"), None) => "finished",
                     _ => transfer["reason"].as_str().unwrap_or("?"),
                 };
                 *outcome
                     .mixed
-                    .entry(format!("{:?}: {end}", PlanKind(request.plan)))
+                    .entry(format!("{shape}{:?}: {end}", PlanKind(request.plan)))
                     .or_default() += 1;
             }
             if transfer["state"] == "finished" {
-                // A captured hold moves its captured amount, anything else its amount.
-                let moved = transfer["captured_amount"]
-                    .as_i64()
-                    .unwrap_or(request.amount);
+                // Each leg as requested; a captured one-leg hold moves its captured amount
+                // (a multi-leg hold is captured whole, checked above).
                 outcome.finished += 1;
-                outcome.expected[request.from] -= moved;
-                outcome.expected[request.to] += moved;
+                for &(from, to, amount) in &request.legs {
+                    let moved = if request.multi_leg {
+                        amount
+                    } else {
+                        transfer["captured_amount"].as_i64().unwrap_or(amount)
+                    };
+                    outcome.expected[from] -= moved;
+                    outcome.expected[to] += moved;
+                }
             } else {
                 outcome.rolled_back += 1;
                 *outcome
