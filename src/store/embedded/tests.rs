@@ -83,6 +83,87 @@ async fn a_store_written_before_the_attention_index_gets_it_built_when_opened() 
     assert_eq!(store.list_transfers(&list).await.unwrap().docs.len(), 1);
 }
 
+#[tokio::test]
+async fn a_store_holding_metadata_without_its_index_gets_it_built_when_opened() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let labelled = |id: &str, modified: i64, order: &str| {
+        let mut doc = transfer(id, "finished", modified);
+        doc[fields::METADATA] = json!({"order_id": order, "channel": "web"});
+        doc
+    };
+    let by = |key: &str, value: &str| TransferFilter {
+        metadata: vec![(key.to_owned(), value.to_owned())],
+        limit: 10,
+        ..TransferFilter::default()
+    };
+    let entries = |db: &Database| -> Vec<(String, i64, String)> {
+        let txn = db.begin_read().unwrap();
+        let table = txn.open_table(TX_METADATA).unwrap();
+        let rows = table
+            .iter()
+            .unwrap()
+            .map(|entry| {
+                let key = entry.unwrap().0;
+                let (pair, created, id) = key.value();
+                (pair.to_owned(), created, id.to_owned())
+            })
+            .collect();
+        rows
+    };
+    {
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        for (id, doc) in [
+            ("t1", labelled("t1", 1, "123")),
+            ("t2", transfer("t2", "finished", 2)),
+            ("t3", labelled("t3", 3, "456")),
+        ] {
+            store
+                .create(Index::Transactions, id, doc.into())
+                .await
+                .unwrap();
+        }
+        assert_eq!(entries(&store.db).len(), 4, "two pairs each of t1 and t3");
+        // As a version without the table (or one that opened the store in between) left it:
+        // transfers with metadata, no entries, no marker.
+        let txn = store.db.begin_write().unwrap();
+        txn.delete_table(TX_METADATA).unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .remove(METADATA_BUILT)
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    let ids =
+        |page: crate::store::Page| -> Vec<String> { page.docs.into_iter().map(|d| d.id).collect() };
+    assert_eq!(
+        ids(store.list_transfers(&by("order_id", "123")).await.unwrap()),
+        ["t1"]
+    );
+    assert_eq!(
+        ids(store.list_transfers(&by("order_id", "456")).await.unwrap()),
+        ["t3"]
+    );
+    assert_eq!(
+        ids(store.list_transfers(&by("channel", "web")).await.unwrap()),
+        ["t3", "t1"]
+    );
+    let built = entries(&store.db);
+    assert_eq!(
+        built,
+        [
+            ("channel=web".to_owned(), 1, "t1".to_owned()),
+            ("channel=web".to_owned(), 3, "t3".to_owned()),
+            ("order_id=123".to_owned(), 1, "t1".to_owned()),
+            ("order_id=456".to_owned(), 3, "t3".to_owned()),
+        ]
+    );
+    // Built once: opening again neither duplicates nor loses it.
+    drop(store);
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(entries(&store.db), built);
+}
+
 fn raw(db: &Database, index: Index, id: &str) -> Option<Vec<u8>> {
     let txn = db.begin_read().unwrap();
     let docs = txn.open_table(DOCS).unwrap();
