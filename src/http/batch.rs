@@ -120,7 +120,7 @@ impl From<ApiError> for BatchItem {
     responses(
         (status = 200, description = "One outcome per item, in request order; items are independent (`201`, `200`, `409`, `422`, `503` or `500` each)", body = BatchResult),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large (over 1 MiB): a batch of 1,000 items with maximal metadata (16 keys of 40 characters, values of 256) exceeds it; send fewer items per batch", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Not an object, `transfers` missing or not an array, or not 1 to 1,000 items (nor more than `MAX_IN_FLIGHT`), or an `Idempotency-Key` that is not 1–124 characters of an id", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Too many transfers in flight (`type` `/problems/overloaded`): nothing created; retry after `Retry-After` seconds",

@@ -235,6 +235,58 @@ mod cases {
         app.shutdown().await;
     }
 
+    /// Items carry metadata as single requests do: stored, shown, found by the metadata
+    /// filter, and a bad label is a 422 slot of its own. A batch of 1,000 items each with
+    /// maximal metadata (16 keys of 40 characters, values of 256) exceeds the 1 MiB body
+    /// limit: 413 for the whole request, nothing created.
+    pub async fn batch_items_carry_metadata_and_a_maximal_batch_is_413(b: Backend) {
+        let app = TestApp::spawn(b).await;
+        app.open_account("A", 100).await;
+        app.open_account("B", 0).await;
+        let labelled = |id: &str, metadata: Value| {
+            let mut item = transfer(id, "A", "B", 1);
+            item["metadata"] = metadata;
+            item
+        };
+        let (status, body) = app
+            .batch(vec![
+                labelled("m-1", json!({"order_id": "o-7", "channel": "batch"})),
+                labelled("m-2", json!({"Bad Key": "x"})),
+                labelled("m-3", json!({"order_id": "o-8"})),
+            ])
+            .await;
+        let items = items(status, &body, 3);
+        let statuses: Vec<&Value> = items.iter().map(|i| &i["status"]).collect();
+        assert_eq!(statuses, [&json!(201), &json!(422), &json!(201)], "{body}");
+        assert_eq!(
+            items[0]["transfer"]["metadata"],
+            json!({"order_id": "o-7", "channel": "batch"}),
+            "{body}"
+        );
+        assert_eq!(app.get("/transfers/m-2").await.0, 404);
+        // Listings search what the store has made visible (a refresh on Elasticsearch).
+        app.store().refresh().await.unwrap();
+        let (status, page) = app.get("/transfers?metadata.order_id=o-8").await;
+        let found: Vec<&Value> = page["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| &t["id"])
+            .collect();
+        assert_eq!((status, found), (200, vec![&json!("m-3")]), "{page}");
+
+        let maximal: serde_json::Map<String, Value> = (0..16)
+            .map(|k| (format!("{k:02}{}", "k".repeat(38)), json!("v".repeat(256))))
+            .collect();
+        let huge: Vec<Value> = (0..1000)
+            .map(|i| labelled(&format!("x-{i}"), Value::Object(maximal.clone())))
+            .collect();
+        let (status, problem) = app.batch(huge).await;
+        assert_problem(status, &problem, 413);
+        assert_eq!(app.get("/transfers/x-0").await.0, 404);
+        app.shutdown().await;
+    }
+
     /// A store outage on one item is a 503 in its slot; the other items keep their outcome.
     pub async fn an_item_the_store_failed_is_a_503_slot(b: Backend) {
         let faulty = std::sync::OnceLock::new();
@@ -301,4 +353,5 @@ on_every_backend!(
     a_batch_holds_at_most_1000_items,
     an_item_the_store_failed_is_a_503_slot,
     a_transfer_named_batch_is_still_a_transfer,
+    batch_items_carry_metadata_and_a_maximal_batch_is_413,
 );
