@@ -956,7 +956,7 @@ async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
                 let n = percent.map(|p| (new.amount * i64::from(p) / 100).max(1));
                 let (b, answers) = (b.clone(), answers.clone());
                 match n {
-                    // A multi-leg hold is captured whole only: a part is refused (400) and
+                    // A multi-leg hold is captured whole only: a part is refused (422) and
                     // changes nothing; a multi-leg transfer that is not a hold is refused as
                     // any such (409); one still being created is not found.
                     Some(part) if !new.legs.is_empty() && part != new.amount => {
