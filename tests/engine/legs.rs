@@ -550,6 +550,78 @@ async fn every_step_of_a_multi_leg_transaction_survives_errors_crashes_and_stall
     );
 }
 
+/// The widest transaction, 16 legs over 17 accounts (`h0` pays each of `h1`..`h16`), under
+/// every fault at its widest boundaries: the apply of the last account (every other one
+/// already applied), the commit, and the remove of an account in the middle.
+#[tokio::test(start_paused = true)]
+async fn a_sixteen_leg_transaction_survives_every_fault_at_its_widest_steps() {
+    const WIDEST: &[(&str, StepWrite)] = &[
+        ("apply h16", StepWrite::Account("h16", 1)),
+        ("→ committed", StepWrite::State("committed")),
+        ("remove h8", StepWrite::Account("h8", 0)),
+    ];
+    let w = world(8, Duration::ZERO);
+    let recoverer = w.instance(w.base.clone(), config());
+    let mut cases = Vec::new();
+    for (s, (step_name, step)) in WIDEST.iter().enumerate() {
+        for (f, (fault_name, fault)) in STEP_FAULTS.iter().enumerate() {
+            let name = format!("w{s}-{f}");
+            for i in 0..=16 {
+                open_account(&recoverer, &format!("{name}-h{i}"), 1_000).await;
+            }
+            let faulty = FaultyStore::new(
+                w.base.clone(),
+                100 + s as u64 * 10 + f as u64,
+                Duration::ZERO,
+            );
+            faulty.inject(step.matcher(&name), *fault, 1);
+            let worker = w.instance(faulty.clone(), config()).engine;
+            let payees: Vec<String> = (1..=16).map(|i| format!("{name}-h{i}")).collect();
+            let payer = format!("{name}-h0");
+            let sixteen: Vec<(&str, &str, i64)> = payees
+                .iter()
+                .map(|p| (payer.as_str(), p.as_str(), 5))
+                .collect();
+            let new = legs(&format!("{name}-t"), &sixteen);
+            let create = worker.clone();
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(10), create.create_transfer(new))
+                    .await;
+            })
+            .await
+            .unwrap();
+            cases.push((name, *step_name, *fault_name, worker, faulty));
+        }
+    }
+    let live_workers = || {
+        cases
+            .iter()
+            .filter(|(_, _, _, worker, faulty)| !faulty.is_dead() && worker.running_tasks() > 0)
+            .count()
+    };
+    recover_until_quiescent(&w, &recoverer, live_workers, Duration::from_secs(60)).await;
+    assert_invariants(&w.base).await;
+    for (name, step, fault, _, faulty) in &cases {
+        let fired = faulty.fired.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(fired, 1, "{step} / {fault}: the fault did not fire");
+        let t = transfer_doc(&recoverer, &format!("{name}-t")).await;
+        assert_eq!(
+            t.transaction_state,
+            TransferState::Finished,
+            "{step} / {fault}"
+        );
+        for i in 0..=16 {
+            let doc = account_of(&recoverer, &format!("{name}-h{i}")).await;
+            let want = if i == 0 { 1_000 - 80 } else { 1_005 };
+            assert_eq!(doc.balance, want, "{step} / {fault}: h{i}");
+            assert!(
+                doc.pending_transactions.is_empty(),
+                "{step} / {fault}: h{i}"
+            );
+        }
+    }
+}
+
 async fn account_of(e: &Engine, id: &str) -> AccountDoc {
     account(e, id).await
 }
