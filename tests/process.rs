@@ -287,6 +287,29 @@ fn currency_of(ledger: Ledger, account: usize) -> Option<&'static str> {
     (ledger.mixed && account < ledger.accounts / 2).then_some("USD")
 }
 
+/// Adds what the plan and the draw ask of a transfer body: a stated currency, the hold and
+/// its expiry, and (one in three) metadata.
+fn decorate(body: &mut Value, plan: Plan, stated: Option<&str>, rng: &mut impl Rng) {
+    let id = body["id"].as_str().unwrap_or_default().to_owned();
+    if let Some(currency) = stated {
+        body["currency"] = json!(currency);
+    }
+    match plan {
+        Plan::Capture(_) | Plan::Cancel => {
+            body["hold"] = json!(true);
+            body["hold_expires_in"] = json!("1h");
+        }
+        Plan::Expire => {
+            body["hold"] = json!(true);
+            body["hold_expires_in"] = json!(SHORT_HOLD);
+        }
+        Plan::Plain | Plan::Mismatch => {}
+    }
+    if rng.random_range(0..3) == 0 {
+        body["metadata"] = json!({"order_id": format!("order-{id}"), "channel": "process-test"});
+    }
+}
+
 /// A new transfer `id` of a client: in a plain ledger, between any two accounts; in a mixed
 /// one, mostly between accounts of one currency, with metadata on a third of them, and
 /// often a hold (captured whole or in part, cancelled, or left to expire) or a transfer the
@@ -331,23 +354,7 @@ fn new_request(rng: &mut StdRng, id: &str, ledger: Ledger) -> Request {
         ),
     };
     let mut body = json!({"id": id, "from": format!("acct{from}"), "to": format!("acct{to}"), "amount": amount});
-    if let Some(currency) = stated {
-        body["currency"] = json!(currency);
-    }
-    match plan {
-        Plan::Capture(_) | Plan::Cancel => {
-            body["hold"] = json!(true);
-            body["hold_expires_in"] = json!("1h");
-        }
-        Plan::Expire => {
-            body["hold"] = json!(true);
-            body["hold_expires_in"] = json!(SHORT_HOLD);
-        }
-        Plan::Plain | Plan::Mismatch => {}
-    }
-    if rng.random_range(0..3) == 0 {
-        body["metadata"] = json!({"order_id": format!("order-{id}"), "channel": "process-test"});
-    }
+    decorate(&mut body, plan, stated, rng);
     Request {
         legs: vec![(from, to, amount)],
         amount,
@@ -405,23 +412,7 @@ fn multi_leg_request(rng: &mut StdRng, id: &str, ledger: Ledger, from: usize) ->
         .map(|(f, t, n)| json!({"from": format!("acct{f}"), "to": format!("acct{t}"), "amount": n}))
         .collect();
     let mut body = json!({"id": id, "legs": body_legs});
-    if let Some(currency) = stated {
-        body["currency"] = json!(currency);
-    }
-    match plan {
-        Plan::Capture(_) | Plan::Cancel => {
-            body["hold"] = json!(true);
-            body["hold_expires_in"] = json!("1h");
-        }
-        Plan::Expire => {
-            body["hold"] = json!(true);
-            body["hold_expires_in"] = json!(SHORT_HOLD);
-        }
-        Plan::Plain | Plan::Mismatch => {}
-    }
-    if rng.random_range(0..3) == 0 {
-        body["metadata"] = json!({"order_id": format!("order-{id}"), "channel": "process-test"});
-    }
+    decorate(&mut body, plan, stated, rng);
     Request {
         legs,
         amount,
