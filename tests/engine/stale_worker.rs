@@ -96,10 +96,7 @@ async fn the_lease_fence_alone_prevents_double_applies() {
 }
 
 async fn run_seeds(tombstones: usize) {
-    let seeds: u64 = std::env::var("STALE_WORKER_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
+    let seeds = seeds_from_env("STALE_WORKER_SEEDS", 1000);
     let w = world(7, Duration::from_millis(1));
     let (base, faulty): (DynStore, _) = (w.base.clone(), w.faulty.clone());
     let a = w.instance(faulty.clone(), config(tombstones));
@@ -269,10 +266,7 @@ async fn the_lease_fence_alone_keeps_holds_exact() {
 }
 
 async fn run_hold_seeds(tombstones: usize) {
-    let seeds: u64 = std::env::var("STALE_WORKER_HOLD_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300);
+    let seeds = seeds_from_env("STALE_WORKER_HOLD_SEEDS", 300);
     let w = world(8, Duration::from_millis(1));
     let (base, faulty): (DynStore, _) = (w.base.clone(), w.faulty.clone());
     let a = w.instance(faulty.clone(), config(tombstones));
@@ -394,4 +388,12 @@ async fn capture_until_answered(e: &Arc<Engine>, id: &str, n: Option<i64>) -> bo
         }
     }
     panic!("capture of {id} never answered");
+}
+
+/// How many seeds to run: `name` from the environment (for long runs), else `default`.
+fn seeds_from_env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
