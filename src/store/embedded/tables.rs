@@ -63,31 +63,15 @@ pub(super) const PRIMARY_TERM: u64 = 1;
 /// Fills [`TX_ATTENTION`] from the stored transfers, once: a store written before the table
 /// existed may hold flagged transfers. Afterwards every write keeps the table up to date.
 pub(super) fn build_attention_index(txn: &WriteTransaction) -> StoreResult<()> {
-    let mut meta = txn.open_table(META).map_err(permanent)?;
-    if meta.get(ATTENTION_BUILT).map_err(permanent)?.is_some() {
-        return Ok(());
-    }
-    let docs = txn.open_table(DOCS).map_err(permanent)?;
     let mut attention = txn.open_table(TX_ATTENTION).map_err(permanent)?;
-    let name = Index::Transactions.name();
-    for entry in docs.range((name, "")..).map_err(permanent)? {
-        let (key, value) = entry.map_err(permanent)?;
-        let (index, id) = key.value();
-        if index != name {
-            break;
+    build_once(txn, ATTENTION_BUILT, |id, keys| {
+        if keys.attention {
+            attention
+                .insert((keys.created, id), ())
+                .map_err(permanent)?;
         }
-        // An undecodable document is skipped here as it is by the searches.
-        let keys = split_stored(id, value.value()).and_then(|(_, source)| transfer_keys(source));
-        if let Ok(keys) = keys {
-            if keys.attention {
-                attention
-                    .insert((keys.created, id), ())
-                    .map_err(permanent)?;
-            }
-        }
-    }
-    meta.insert(ATTENTION_BUILT, 1).map_err(permanent)?;
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Fills [`TX_METADATA`] from the stored transfers, once: a store written before the table
@@ -95,29 +79,43 @@ pub(super) fn build_attention_index(txn: &WriteTransaction) -> StoreResult<()> {
 /// by a newer version and the store opened again by an older one in between (which kept no
 /// entries). Afterwards every write keeps the table up to date.
 pub(super) fn build_metadata_index(txn: &WriteTransaction) -> StoreResult<()> {
+    let mut index = txn.open_table(TX_METADATA).map_err(permanent)?;
+    build_once(txn, METADATA_BUILT, |id, keys| {
+        for (k, v) in keys.metadata_pairs() {
+            index
+                .insert((metadata_entry(&k, &v).as_str(), keys.created, id), ())
+                .map_err(permanent)?;
+        }
+        Ok(())
+    })
+}
+
+/// Unless [`META`] holds `marker`, passes every stored transfer's index keys to `add`, then
+/// records `marker`: an index added by a later version is built from the documents once. A
+/// document that does not decode is skipped here as it is by the searches.
+fn build_once(
+    txn: &WriteTransaction,
+    marker: &str,
+    mut add: impl FnMut(&str, &TransferKeys<'_>) -> StoreResult<()>,
+) -> StoreResult<()> {
     let mut meta = txn.open_table(META).map_err(permanent)?;
-    if meta.get(METADATA_BUILT).map_err(permanent)?.is_some() {
+    if meta.get(marker).map_err(permanent)?.is_some() {
         return Ok(());
     }
     let docs = txn.open_table(DOCS).map_err(permanent)?;
-    let mut index = txn.open_table(TX_METADATA).map_err(permanent)?;
     let name = Index::Transactions.name();
     for entry in docs.range((name, "")..).map_err(permanent)? {
         let (key, value) = entry.map_err(permanent)?;
-        let (doc_index, id) = key.value();
-        if doc_index != name {
+        let (index, id) = key.value();
+        if index != name {
             break;
         }
         let keys = split_stored(id, value.value()).and_then(|(_, source)| transfer_keys(source));
         if let Ok(keys) = keys {
-            for (k, v) in keys.metadata_pairs() {
-                index
-                    .insert((metadata_entry(&k, &v).as_str(), keys.created, id), ())
-                    .map_err(permanent)?;
-            }
+            add(id, &keys)?;
         }
     }
-    meta.insert(METADATA_BUILT, 1).map_err(permanent)?;
+    meta.insert(marker, 1).map_err(permanent)?;
     Ok(())
 }
 
