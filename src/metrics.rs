@@ -28,6 +28,8 @@ pub struct Metrics {
     /// Transfers created here and not yet driven to the end: the count `MAX_IN_FLIGHT`
     /// bounds (admission control).
     pub transfers_admitted_in_flight: IntGauge,
+    /// Events `GET /events` served (repeats included: the feed is at-least-once).
+    pub events_served_total: IntCounter,
     /// From `creation_time` to the terminal write.
     pub transfer_duration_seconds: Histogram,
     pub recovery_runs_total: IntCounter,
@@ -128,6 +130,10 @@ impl Metrics {
             transfers_admitted_in_flight: gauge(
                 "transfers_admitted_in_flight",
                 "Transfers created here and not yet driven to the end (bounded by MAX_IN_FLIGHT)",
+            ),
+            events_served_total: counter(
+                "events_served_total",
+                "Events served by GET /events, repeats included",
             ),
             transfer_duration_seconds: histogram(
                 "transfer_duration_seconds",

@@ -6,6 +6,7 @@ pub mod accounts;
 pub mod auth;
 pub mod batch;
 pub mod error;
+pub mod events;
 pub mod health;
 pub mod idempotency;
 pub mod openapi;
@@ -75,6 +76,7 @@ pub fn router_with_timeout(state: AppState, request_timeout: Duration) -> Router
         .merge(accounts::router())
         .merge(transfers::router())
         .merge(batch::router())
+        .merge(events::router())
         .merge(health::router())
         .merge(openapi::router())
         .fallback(unknown_route)

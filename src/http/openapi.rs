@@ -97,6 +97,18 @@ pub struct Wait(#[allow(dead_code)] String);
 )]
 pub struct Cursor(#[allow(dead_code)] String);
 
+/// The `next_cursor` of the previous page of `GET /events`, passed back as `after`: on the
+/// embedded store the position of a write (`<digits>`), on Elasticsearch
+/// `<modification time, ms since the epoch>~<id>`. Only cursors of this service's backend are
+/// accepted.
+#[derive(ToSchema)]
+#[schema(
+    value_type = String,
+    pattern = r"^(?:[0-9]{1,20}|[0-9]{1,15}~(?:[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,126}|\.\.[A-Za-z0-9._:-]{1,126}))$",
+    example = "1042"
+)]
+pub struct FeedCursor(#[allow(dead_code)] String);
+
 /// An `Idempotency-Key` of `POST /transfers`: an id (1–128 characters of `[A-Za-z0-9._:-]`,
 /// not `.` or `..`), bare or as a quoted Structured Field string (`"t-1"`).
 #[derive(ToSchema)]
@@ -238,7 +250,7 @@ fn protect(operation: &mut Operation, scope: Scope, optional: bool) {
             Beyond `MAX_IN_FLIGHT` transfers in flight, creates answer `503` with \
             `Retry-After`, having created nothing. Every error is `application/problem+json` \
             (RFC 9457). With API keys configured (`API_KEYS_FILE`), `/accounts` and \
-            `/transfers` need `Authorization: Bearer <key>` (`GET`: scope `read`; other \
+            `/transfers` and `/events` need `Authorization: Bearer <key>` (`GET`: scope `read`; other \
             methods: `write`); the probes, `/metrics` (unless `METRICS_REQUIRE_AUTH`) and this \
             document stay open."
     ),
@@ -248,13 +260,15 @@ fn protect(operation: &mut Operation, scope: Scope, optional: bool) {
         super::transfers::list_transfers,
         super::transfers::get_transfer, super::transfers::cancel_transfer,
         super::transfers::capture_transfer,
+        super::events::list_events,
         super::health::livez, super::health::healthz, super::health::readyz, super::health::metrics,
     ),
-    components(schemas(super::Problem, Id, Wait, Cursor, IdempotencyKey, BatchIdempotencyKey, Attention, Currency, Metadata)),
+    components(schemas(super::Problem, Id, Wait, Cursor, FeedCursor, IdempotencyKey, BatchIdempotencyKey, Attention, Currency, Metadata)),
     modifiers(&BearerKeys),
     tags(
         (name = "accounts", description = "Accounts and their balances"),
         (name = "transfers", description = "Transfers between two accounts"),
+        (name = "events", description = "The change feed: every transition of every transfer"),
         (name = "operations", description = "Liveness, readiness and metrics"),
     ),
 )]

@@ -29,7 +29,7 @@ pub fn router() -> Router<AppState> {
 }
 
 /// A transfer as the API shows it.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Transfer {
     pub id: String,
     /// Source account id of a one-leg transfer (absent on a multi-leg one: see `legs`).
@@ -416,7 +416,7 @@ pub async fn get_transfer(
 /// `?wait=`: one or more `<digits><unit>` with units `ns`, `us`, `ms`, `s`, `m`, `h` (`5s`,
 /// `500ms`, `1m30s`), exactly what [`WAIT_PATTERN`] admits, capped at [`MAX_WAIT`]: a number
 /// too large for any clock is "more than 30 s" too. Anything else is 422.
-fn parse_wait(text: &str) -> Result<std::time::Duration, ApiError> {
+pub(crate) fn parse_wait(text: &str) -> Result<std::time::Duration, ApiError> {
     let invalid = || {
         ApiError::Invalid(
             "`wait` must be a duration like 5s, 500ms or 1m30s (units ns, us, ms, s, m, h)".into(),

@@ -77,8 +77,8 @@ use url::Url;
 
 use self::reply::Reply;
 use super::{
-    fields, Doc, Index, Page, ScanPage, SortKey, Source, StaleQuery, Store, StoreError,
-    StoreResult, TransferFilter, WriteOp, WriteOutcome,
+    fields, ChangesPage, ChangesQuery, Doc, FeedPosition, Index, Page, ScanPage, SortKey, Source,
+    StaleQuery, Store, StoreError, StoreResult, TransferFilter, WriteOp, WriteOutcome,
 };
 
 /// How to reach the cluster.
@@ -575,6 +575,38 @@ impl Store for ElasticsearchStore {
         let body = self.page_body(body);
         self.search_transactions("find_stale", body, query.limit, Some(self.page_timeout))
             .await
+    }
+
+    /// The feed: `(modification_time, id)` ascending below the horizon. A search shows a
+    /// write one refresh after it is applied and a slow write may be applied after a later
+    /// one, so only documents stamped before the horizon are served (`docs/design.md §11`
+    /// says why that is enough, and what covers a write that took longer).
+    async fn changes(&self, query: &ChangesQuery) -> StoreResult<ChangesPage> {
+        let op = "changes";
+        let after = match &query.after {
+            None => None,
+            Some(FeedPosition::Time(key)) => Some(key),
+            Some(FeedPosition::Seq(_)) => {
+                return Err(StoreError::Permanent(format!(
+                    "{op}: a feed position on Elasticsearch is a (time, id), not a seq_no"
+                )))
+            }
+        };
+        let filter = vec![json!({"range": {fields::MODIFIED: {
+            "lt": query.horizon,
+            "format": "epoch_millis",
+        }}})];
+        let sort = json!([{fields::MODIFIED: "asc"}, {fields::ID: "asc"}]);
+        let body = search_body(filter, Vec::new(), sort, after, query.limit);
+        let body = self.page_body(body);
+        let hits = self
+            .search(op, Index::Transactions, body, Some(self.page_timeout))
+            .await?;
+        let docs = hits
+            .iter()
+            .map(|hit| Ok((FeedPosition::Time(sort_key_of(op, hit)?), doc_of(op, hit)?)))
+            .collect::<StoreResult<_>>()?;
+        Ok(ChangesPage { docs })
     }
 
     async fn list_transfers(&self, filter: &TransferFilter) -> StoreResult<Page> {

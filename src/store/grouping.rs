@@ -231,6 +231,10 @@ impl Store for GroupingStore {
         self.inner.scan(index, after, limit).await
     }
 
+    async fn changes(&self, query: &super::ChangesQuery) -> StoreResult<super::ChangesPage> {
+        self.inner.changes(query).await
+    }
+
     async fn refresh(&self) -> StoreResult<()> {
         self.inner.refresh().await
     }
@@ -341,6 +345,13 @@ mod tests {
 
         async fn ready(&self) -> StoreResult<()> {
             Ok(())
+        }
+
+        async fn changes(
+            &self,
+            _: &super::super::ChangesQuery,
+        ) -> StoreResult<super::super::ChangesPage> {
+            Ok(super::super::ChangesPage { docs: Vec::new() })
         }
 
         async fn refresh(&self) -> StoreResult<()> {

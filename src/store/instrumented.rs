@@ -122,6 +122,13 @@ impl Store for InstrumentedStore {
         result
     }
 
+    async fn changes(&self, query: &super::ChangesQuery) -> StoreResult<super::ChangesPage> {
+        let started = Instant::now();
+        let result = self.inner.changes(query).await;
+        self.record("changes", started, &result);
+        result
+    }
+
     async fn refresh(&self) -> StoreResult<()> {
         let started = Instant::now();
         let result = self.inner.refresh().await;

@@ -250,6 +250,45 @@ pub struct TransferFilter {
     pub limit: usize,
 }
 
+/// A position in the change feed (`docs/design.md §11`): where a reader has read up to.
+/// Each backend has its own kind; [`Store::changes`] refuses the other kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FeedPosition {
+    /// The embedded store: the `seq_no` of the last transfer write served. Exact: a write
+    /// committed later always has a higher one.
+    Seq(u64),
+    /// Elasticsearch: the `(modification_time, id)` of the last transfer served, below the
+    /// horizon ([`ChangesQuery::horizon`]).
+    Time(SortKey),
+}
+
+impl FeedPosition {
+    /// The cursor text: `<seq_no>` or `<millis>~<id>`.
+    pub fn encode(&self) -> String {
+        match self {
+            FeedPosition::Seq(seq_no) => seq_no.to_string(),
+            FeedPosition::Time(key) => format!("{}~{}", key.millis, key.id),
+        }
+    }
+}
+
+/// A read of the change feed: transfer documents in the order of their latest writes.
+#[derive(Debug, Clone)]
+pub struct ChangesQuery {
+    /// Continue after this position (exclusive); `None`: from the first transfer.
+    pub after: Option<FeedPosition>,
+    /// Epoch milliseconds: a backend that cannot order writes exactly (Elasticsearch) serves
+    /// only documents with `modification_time` below it; the embedded store ignores it.
+    pub horizon: i64,
+    pub limit: usize,
+}
+
+/// One page of [`Store::changes`]: each document with its position, in feed order.
+#[derive(Debug, Clone)]
+pub struct ChangesPage {
+    pub docs: Vec<(FeedPosition, Doc)>,
+}
+
 /// One page of a [`Store::scan`]. `next` is the cursor to pass for the following page, set
 /// when the page was full (there may be more). It is opaque: Elasticsearch sorts on the id
 /// repeated in the source, which a corrupt document may not share with its `_id`.
@@ -295,6 +334,11 @@ pub trait Store: Send + Sync + 'static {
     /// `after` (a previous page's `next`). Near-real-time on Elasticsearch. The auditor uses
     /// it.
     async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<ScanPage>;
+
+    /// The change feed: transfer documents in the order of their latest writes, after
+    /// `query.after`; see [`ChangesQuery`]. Refuses a position of another backend's kind
+    /// with [`StoreError::Permanent`] (the service checks the kind first).
+    async fn changes(&self, query: &ChangesQuery) -> StoreResult<ChangesPage>;
 
     /// Makes every acknowledged write visible to searches (Elasticsearch `_refresh`). Tests
     /// and the auditor use it; the engine never needs it.

@@ -2,8 +2,11 @@
 //! store returns and encoded for a write. Callers see [`TransferDoc`] and [`AccountDoc`],
 //! never the store's JSON.
 
+use std::sync::Arc;
+
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::sync::Notify;
 
 use super::model::{AccountDoc, TransferDoc};
 use crate::store::{Doc, DynStore, Index, Source, StoreError, StoreResult, Version, WriteOutcome};
@@ -48,11 +51,23 @@ impl Document for AccountDoc {
 #[derive(Clone)]
 pub struct Documents {
     store: DynStore,
+    /// Woken after every transfer write this process made that was applied: the change
+    /// feed's long-poll waits on it.
+    transfers_written: Arc<Notify>,
 }
 
 impl Documents {
     pub fn new(store: DynStore) -> Self {
-        Self { store }
+        Self {
+            store,
+            transfers_written: Arc::new(Notify::new()),
+        }
+    }
+
+    /// Woken (`notify_waiters`) after each applied transfer write of this process. Writes of
+    /// other processes do not wake it: waiters also poll.
+    pub fn transfers_written(&self) -> &Notify {
+        &self.transfers_written
     }
 
     /// A realtime read. A document that does not decode is a permanent error: only a person
@@ -66,7 +81,8 @@ impl Documents {
 
     /// Create-if-absent (`op_type=create`).
     pub async fn create<T: Document>(&self, doc: &T) -> StoreResult<WriteOutcome> {
-        self.store.create(T::INDEX, doc.id(), encode(doc)?).await
+        let outcome = self.store.create(T::INDEX, doc.id(), encode(doc)?).await;
+        self.written::<T>(outcome)
     }
 
     /// A write conditional on `version` (`if_seq_no` + `if_primary_term`).
@@ -75,9 +91,21 @@ impl Documents {
         doc: &T,
         version: Version,
     ) -> StoreResult<WriteOutcome> {
-        self.store
+        let outcome = self
+            .store
             .replace_if(T::INDEX, doc.id(), encode(doc)?, version)
-            .await
+            .await;
+        self.written::<T>(outcome)
+    }
+
+    fn written<T: Document>(
+        &self,
+        outcome: StoreResult<WriteOutcome>,
+    ) -> StoreResult<WriteOutcome> {
+        if T::INDEX == Index::Transactions && matches!(outcome, Ok(WriteOutcome::Written(_))) {
+            self.transfers_written.notify_waiters();
+        }
+        outcome
     }
 }
 

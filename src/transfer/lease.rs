@@ -535,6 +535,12 @@ mod tests {
         ) -> StoreResult<ScanPage> {
             self.inner.scan(index, after, limit).await
         }
+        async fn changes(
+            &self,
+            query: &crate::store::ChangesQuery,
+        ) -> StoreResult<crate::store::ChangesPage> {
+            self.inner.changes(query).await
+        }
         async fn refresh(&self) -> StoreResult<()> {
             self.inner.refresh().await
         }

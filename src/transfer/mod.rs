@@ -32,6 +32,7 @@ pub mod admission;
 pub mod clock;
 pub mod documents;
 pub mod driver;
+pub mod feed;
 pub mod history;
 pub mod lease;
 pub mod model;

@@ -108,6 +108,7 @@ fn request_on(route: &Route, tag: &str) -> (String, Option<Value>, &'static [u16
         ("POST", "/transfers/{id}/capture") => {
             ("/transfers/auth-none/capture".into(), None, &[404])
         }
+        ("GET", "/events") => ("/events?limit=1".into(), None, &[200]),
         (method, template) => {
             panic!("no request for {method} {template} in the auth suite: add one to `request_on`")
         }

@@ -328,6 +328,14 @@ impl Store for FaultyStore {
         self.inner.ready().await
     }
 
+    async fn changes(
+        &self,
+        query: &transfer_service::store::ChangesQuery,
+    ) -> StoreResult<transfer_service::store::ChangesPage> {
+        self.check_alive()?;
+        self.inner.changes(query).await
+    }
+
     async fn refresh(&self) -> StoreResult<()> {
         self.inner.refresh().await
     }

@@ -86,6 +86,13 @@ impl Store for AccountGate {
         self.inner.scan(index, after, limit).await
     }
 
+    async fn changes(
+        &self,
+        query: &transfer_service::store::ChangesQuery,
+    ) -> StoreResult<transfer_service::store::ChangesPage> {
+        self.inner.changes(query).await
+    }
+
     async fn refresh(&self) -> StoreResult<()> {
         self.inner.refresh().await
     }

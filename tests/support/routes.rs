@@ -49,6 +49,7 @@ pub const ROUTES: &[Route] = &[
     route("GET", "/transfers/{id}", Access::Read),
     route("POST", "/transfers/{id}/cancel", Access::Write),
     route("POST", "/transfers/{id}/capture", Access::Write),
+    route("GET", "/events", Access::Read),
     route("GET", "/livez", Access::Open),
     route("GET", "/healthz", Access::Open),
     route("GET", "/readyz", Access::Open),

@@ -212,7 +212,10 @@ pub(super) fn apply_op(
                 return Ok(Ok(WriteOutcome::Conflict))
             }
             // Only a transfer's old source is read again (for its index keys).
-            Ok((_, old)) => (source, (index == Index::Transactions).then(|| old.to_vec())),
+            Ok((seq_no, old)) => (
+                source,
+                (index == Index::Transactions).then(|| (seq_no, old.to_vec())),
+            ),
             Err(e) => return Ok(Err(e)),
         },
     };
@@ -221,7 +224,11 @@ pub(super) fn apply_op(
     // that is not a JSON object fails its op alone.
     let keys = match index {
         Index::Transactions => {
-            let old = match current.as_deref().map(transfer_keys).transpose() {
+            let old = match current
+                .as_ref()
+                .map(|(_, old)| transfer_keys(old))
+                .transpose()
+            {
                 Ok(old) => old,
                 Err(e) => return Ok(Err(e)),
             };
@@ -244,6 +251,11 @@ pub(super) fn apply_op(
         .map_err(storage)?;
     if let Some((old, new)) = keys {
         update_transfer_indexes(tables, id, old.as_ref(), &new)?;
+        // The feed: the transfer's entry moves to this write's position.
+        if let Some((old_seq_no, _)) = &current {
+            tables.changes.remove(old_seq_no).map_err(storage)?;
+        }
+        tables.changes.insert(seq_no, id).map_err(storage)?;
     }
     Ok(Ok(WriteOutcome::Written(Version {
         seq_no,

@@ -47,8 +47,9 @@ use std::borrow::Cow;
 use tokio::sync::oneshot;
 
 use super::{
-    parse_millis, Doc, Index, Page, ScanPage, SortKey, Source, StaleQuery, Store, StoreError,
-    StoreResult, TransferFilter, Version, WriteOp, WriteOutcome,
+    parse_millis, ChangesPage, ChangesQuery, Doc, FeedPosition, Index, Page, ScanPage, SortKey,
+    Source, StaleQuery, Store, StoreError, StoreResult, TransferFilter, Version, WriteOp,
+    WriteOutcome,
 };
 
 mod commit;
@@ -117,6 +118,7 @@ impl EmbeddedStore {
             txn.open_table(TX_METADATA).map_err(permanent)?;
             build_attention_index(&txn)?;
             build_metadata_index(&txn)?;
+            build_changes_index(&txn)?;
         }
         txn.commit().map_err(permanent)?;
         Ok(Self {
@@ -209,6 +211,11 @@ impl Store for EmbeddedStore {
     async fn list_transfers(&self, filter: &TransferFilter) -> StoreResult<Page> {
         let filter = filter.clone();
         self.read(move |db| list_blocking(db, &filter)).await
+    }
+
+    async fn changes(&self, query: &ChangesQuery) -> StoreResult<ChangesPage> {
+        let query = query.clone();
+        self.read(move |db| changes_blocking(db, &query)).await
     }
 
     async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<ScanPage> {

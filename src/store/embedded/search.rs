@@ -266,3 +266,34 @@ pub(super) fn walk_back_within(
     }
     Ok(())
 }
+
+/// The change feed: transfers in the order of their latest writes, after `q.after` (a
+/// `seq_no`), from one read transaction (`TX_CHANGES` explains why nothing can appear later
+/// below a position served). `q.horizon` does not apply: the order is exact.
+pub(super) fn changes_blocking(db: &Database, q: &ChangesQuery) -> StoreResult<ChangesPage> {
+    let start = match &q.after {
+        None => 0,
+        Some(FeedPosition::Seq(seq_no)) => seq_no.saturating_add(1),
+        Some(FeedPosition::Time(_)) => {
+            return Err(StoreError::Permanent(
+                "embedded store: a feed position must be a seq_no".into(),
+            ))
+        }
+    };
+    let txn = db.begin_read().map_err(storage)?;
+    let changes = txn.open_table(TX_CHANGES).map_err(storage)?;
+    let docs = txn.open_table(DOCS).map_err(storage)?;
+    let mut out = Vec::new();
+    for entry in changes.range(start..).map_err(storage)?.take(q.limit) {
+        let (seq_no, id) = entry.map_err(storage)?;
+        let (seq_no, id) = (seq_no.value(), id.value());
+        let Some(bytes) = docs
+            .get((Index::Transactions.name(), id))
+            .map_err(storage)?
+        else {
+            continue;
+        };
+        out.push((FeedPosition::Seq(seq_no), decode(id, bytes.value())?));
+    }
+    Ok(ChangesPage { docs: out })
+}

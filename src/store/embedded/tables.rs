@@ -45,6 +45,16 @@ pub(super) const TX_ATTENTION: TableDefinition<(i64, &str), ()> =
 pub(super) const TX_METADATA: TableDefinition<(&str, i64, &str), ()> =
     TableDefinition::new("tx_metadata");
 
+/// The change feed (`docs/design.md §11`): `seq_no` of each transfer's latest write → its id.
+/// A transfer's entry moves to its new `seq_no` in the transaction of every write, so the
+/// table holds one entry per transfer, in write order. `seq_no`s rise with every committed
+/// write and a reader sees only committed transactions: no write can appear later below a
+/// position a reader has passed.
+pub(super) const TX_CHANGES: TableDefinition<u64, &str> = TableDefinition::new("tx_changes");
+
+/// The key in [`META`] that says [`TX_CHANGES`] holds every transfer.
+pub(super) const CHANGES_BUILT: &str = "built:tx_changes";
+
 /// The key in [`META`] that says [`TX_METADATA`] holds every transfer's metadata.
 pub(super) const METADATA_BUILT: &str = "built:tx_metadata";
 
@@ -64,7 +74,7 @@ pub(super) const PRIMARY_TERM: u64 = 1;
 /// existed may hold flagged transfers. Afterwards every write keeps the table up to date.
 pub(super) fn build_attention_index(txn: &WriteTransaction) -> StoreResult<()> {
     let mut attention = txn.open_table(TX_ATTENTION).map_err(permanent)?;
-    build_once(txn, ATTENTION_BUILT, |id, keys| {
+    build_once(txn, ATTENTION_BUILT, |id, _, keys| {
         if keys.attention {
             attention
                 .insert((keys.created, id), ())
@@ -80,7 +90,7 @@ pub(super) fn build_attention_index(txn: &WriteTransaction) -> StoreResult<()> {
 /// entries). Afterwards every write keeps the table up to date.
 pub(super) fn build_metadata_index(txn: &WriteTransaction) -> StoreResult<()> {
     let mut index = txn.open_table(TX_METADATA).map_err(permanent)?;
-    build_once(txn, METADATA_BUILT, |id, keys| {
+    build_once(txn, METADATA_BUILT, |id, _, keys| {
         for (k, v) in keys.metadata_pairs() {
             index
                 .insert((metadata_entry(&k, &v).as_str(), keys.created, id), ())
@@ -90,13 +100,24 @@ pub(super) fn build_metadata_index(txn: &WriteTransaction) -> StoreResult<()> {
     })
 }
 
-/// Unless [`META`] holds `marker`, passes every stored transfer's index keys to `add`, then
+/// Fills [`TX_CHANGES`] from the stored transfers, once: a store written before the feed
+/// existed has transfers but no entries. Afterwards every write moves its transfer's entry.
+pub(super) fn build_changes_index(txn: &WriteTransaction) -> StoreResult<()> {
+    let mut changes = txn.open_table(TX_CHANGES).map_err(permanent)?;
+    build_once(txn, CHANGES_BUILT, |id, seq_no, _| {
+        changes.insert(seq_no, id).map_err(permanent)?;
+        Ok(())
+    })
+}
+
+/// Unless [`META`] holds `marker`, passes every stored transfer's id, `seq_no` and index
+/// keys to `add`, then
 /// records `marker`: an index added by a later version is built from the documents once. A
 /// document that does not decode is skipped here as it is by the searches.
 fn build_once(
     txn: &WriteTransaction,
     marker: &str,
-    mut add: impl FnMut(&str, &TransferKeys<'_>) -> StoreResult<()>,
+    mut add: impl FnMut(&str, u64, &TransferKeys<'_>) -> StoreResult<()>,
 ) -> StoreResult<()> {
     let mut meta = txn.open_table(META).map_err(permanent)?;
     if meta.get(marker).map_err(permanent)?.is_some() {
@@ -110,9 +131,10 @@ fn build_once(
         if index != name {
             break;
         }
-        let keys = split_stored(id, value.value()).and_then(|(_, source)| transfer_keys(source));
-        if let Ok(keys) = keys {
-            add(id, &keys)?;
+        let stored = split_stored(id, value.value())
+            .and_then(|(seq_no, source)| Ok((seq_no, transfer_keys(source)?)));
+        if let Ok((seq_no, keys)) = stored {
+            add(id, seq_no, &keys)?;
         }
     }
     meta.insert(marker, 1).map_err(permanent)?;
@@ -130,6 +152,7 @@ pub(super) struct Tables<'txn> {
     pub(super) released: Table<'txn, (&'static str, &'static str), ()>,
     pub(super) attention: Table<'txn, (i64, &'static str), ()>,
     pub(super) metadata: Table<'txn, (&'static str, i64, &'static str), ()>,
+    pub(super) changes: Table<'txn, u64, &'static str>,
 }
 
 impl<'txn> Tables<'txn> {
@@ -144,6 +167,7 @@ impl<'txn> Tables<'txn> {
             released: txn.open_table(TX_RELEASED).map_err(storage)?,
             attention: txn.open_table(TX_ATTENTION).map_err(storage)?,
             metadata: txn.open_table(TX_METADATA).map_err(storage)?,
+            changes: txn.open_table(TX_CHANGES).map_err(storage)?,
         })
     }
 }

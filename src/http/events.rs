@@ -1,0 +1,135 @@
+//! `GET /events`: the change feed (`docs/design.md §11`). Every transition of every transfer,
+//! in order per transfer, with no gaps for a reader that follows `next_cursor`; at least once
+//! (an event may come again, always with the same `id`).
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::error::{ApiError, Problem};
+use super::transfers::{parse_wait, Transfer};
+use super::{AppState, QueryParams};
+use crate::store::format_millis;
+use crate::transfer::feed::FeedEvent;
+use crate::transfer::model::TransferDoc;
+
+pub fn router() -> Router<AppState> {
+    Router::new().route("/events", get(list_events))
+}
+
+const DEFAULT_LIMIT: usize = 100;
+const MAX_LIMIT: usize = 1000;
+
+/// One event: what happened to which transfer, and when.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Event {
+    /// `<transfer id>/<type>`: the same every time this event is delivered; dedupe on it.
+    #[schema(example = "t-1/transfer.finished")]
+    pub id: String,
+    /// `transfer.<state>` for each state the transfer reached (`transfer.created`,
+    /// `transfer.pending`, `transfer.committed`, `transfer.finished`, `transfer.terminating`,
+    /// `transfer.rolled-back`), or `transfer.captured` when a hold's capture was recorded.
+    #[serde(rename = "type")]
+    #[schema(example = "transfer.finished")]
+    pub kind: &'static str,
+    /// When the write that recorded it was made (RFC 3339, UTC, milliseconds).
+    #[schema(example = "2026-11-24T07:30:00.000Z")]
+    pub at: String,
+    /// The transfer as it was when the event was read (it may be further along than `type`).
+    pub transfer: Transfer,
+}
+
+impl Event {
+    /// The events of a page, each transfer converted once however many events it has.
+    pub fn from_feed(events: Vec<FeedEvent>) -> Vec<Event> {
+        let mut last: Option<(Arc<TransferDoc>, Transfer)> = None;
+        events
+            .into_iter()
+            .map(|event| {
+                let transfer = match &last {
+                    Some((doc, view)) if Arc::ptr_eq(doc, &event.transfer) => view.clone(),
+                    _ => {
+                        let view = Transfer::from(TransferDoc::clone(&event.transfer));
+                        last = Some((event.transfer.clone(), view.clone()));
+                        view
+                    }
+                };
+                Event {
+                    id: event.id,
+                    kind: event.kind.type_name(),
+                    at: format_millis(event.at),
+                    transfer,
+                }
+            })
+            .collect()
+    }
+}
+
+/// A page of the feed.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventPage {
+    pub items: Vec<Event>,
+    /// Pass as `after` for the next page (also when this one is empty: keep following it).
+    /// Null only while the feed has no events at all.
+    #[schema(value_type = Option<super::openapi::FeedCursor>)]
+    pub next_cursor: Option<String>,
+}
+
+/// The change feed: every event of every transfer, oldest write first. Follow `next_cursor`
+/// from the start and you see every event, in order per transfer; an event may come again
+/// (same `id`): dedupe on `id`. On Elasticsearch the feed trails the present by the
+/// horizon (13.5 s with the defaults; `docs/design.md §11`).
+#[utoipa::path(get, path = "/events", tag = "events",
+    params(
+        ("after" = Option<super::openapi::FeedCursor>, Query,
+            description = "`next_cursor` of the previous page; omit to start at the beginning"),
+        ("limit" = Option<usize>, Query, minimum = 1, maximum = 1000,
+            description = "Transfers read per page, 1–1000, default 100 (each brings its events)"),
+        ("wait" = Option<super::openapi::Wait>, Query,
+            description = "When there is nothing new, long-poll up to this long (`<digits><unit>` repeated, capped at 30 s)"),
+    ),
+    responses(
+        (status = 200, description = "A page (maybe empty)", body = EventPage),
+        (status = 422, description = "Bad, unknown or repeated parameter, or a cursor this service did not issue", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Store unavailable", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn list_events(
+    State(state): State<AppState>,
+    QueryParams(query): QueryParams,
+) -> Result<Json<EventPage>, ApiError> {
+    let mut after = None;
+    let mut limit = DEFAULT_LIMIT;
+    let mut wait = std::time::Duration::ZERO;
+    for (key, value) in &query {
+        match key.as_str() {
+            "after" => {
+                after = Some(state.engine.parse_feed_cursor(value).ok_or_else(|| {
+                    ApiError::Invalid("`after` is not a cursor this service issued".into())
+                })?)
+            }
+            "limit" => {
+                limit = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_LIMIT).contains(n))
+                    .ok_or_else(|| ApiError::Invalid(format!("`limit` must be 1–{MAX_LIMIT}")))?;
+            }
+            "wait" => wait = parse_wait(value)?,
+            other => {
+                return Err(ApiError::Invalid(format!(
+                    "unknown parameter `{}`",
+                    super::shorten(other)
+                )))
+            }
+        }
+    }
+    let page = state.engine.events_page(after, limit, wait).await?;
+    Ok(Json(EventPage {
+        items: Event::from_feed(page.items),
+        next_cursor: page.next.map(|position| position.encode()),
+    }))
+}

@@ -1,0 +1,153 @@
+//! The change feed (`docs/design.md §11`): every transition of every transfer, read from the
+//! transfer documents in the order of their latest writes. Each document carries its own
+//! history (`super::history`), written in the same write as the transition, so the feed has
+//! no store of its own to lose or to keep in step.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::documents::decode;
+use super::history::EventKind;
+use super::model::TransferDoc;
+use super::service::ServiceError;
+use super::Engine;
+use crate::store::{ChangesQuery, FeedPosition, SortKey};
+
+/// The delay of a search after a write is applied on Elasticsearch: its default refresh
+/// interval (`docs/elasticsearch.md §7`; the service does not change it).
+pub const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How often a waiting read looks again when no write of this process woke it (another
+/// instance may have written, or the horizon moved on).
+const WAIT_POLL: Duration = Duration::from_millis(500);
+
+/// One event as the feed serves it.
+#[derive(Debug, Clone)]
+pub struct FeedEvent {
+    /// `<transfer id>/<type>`: the same each time the event is served.
+    pub id: String,
+    pub kind: EventKind,
+    /// Epoch milliseconds of the write that recorded it.
+    pub at: i64,
+    /// The transfer as it was when the page was read (it may have moved on since the event).
+    pub transfer: Arc<TransferDoc>,
+}
+
+/// A page of the feed and where to continue.
+#[derive(Debug, Clone)]
+pub struct EventsPage {
+    pub items: Vec<FeedEvent>,
+    /// The position to pass as `after` next: the last document read, or the position asked
+    /// for when nothing new was there (`None` only when the feed is still empty).
+    pub next: Option<FeedPosition>,
+}
+
+impl Engine {
+    /// Reads a cursor this backend issued (`FeedPosition::encode`); `None` if it is not one.
+    pub fn parse_feed_cursor(&self, text: &str) -> Option<FeedPosition> {
+        // Digits only, at most as many as the type can hold (no sign, no spaces).
+        let number = |digits: &str, max_len: usize| {
+            let ok = !digits.is_empty()
+                && digits.len() <= max_len
+                && digits.bytes().all(|b| b.is_ascii_digit());
+            ok.then(|| digits.parse::<u64>().ok()).flatten()
+        };
+        if self.feed_is_exact() {
+            return number(text, 20).map(FeedPosition::Seq);
+        }
+        let (millis, id) = text.split_once('~')?;
+        let millis = i64::try_from(number(millis, 15)?).ok()?;
+        (!id.is_empty()).then(|| {
+            FeedPosition::Time(SortKey {
+                millis,
+                id: id.to_owned(),
+            })
+        })
+    }
+
+    /// Whether the store orders writes exactly (the embedded store) or the feed must stay
+    /// below a horizon (Elasticsearch).
+    fn feed_is_exact(&self) -> bool {
+        self.store.backend() == "embedded"
+    }
+
+    /// How far behind the wall clock the feed reads on a store that cannot order writes
+    /// exactly: a write is searchable one refresh after it is applied, it is applied within
+    /// the longest a request may take (`STORE_TIMEOUT`) of its stamp or its writer stamps it
+    /// again (`super::lease`), and the reader's wall clock may differ from the writer's by the
+    /// skew margin. Zero on the embedded store.
+    pub fn feed_delay(&self) -> Duration {
+        if self.feed_is_exact() {
+            return Duration::ZERO;
+        }
+        REFRESH_INTERVAL + self.config.request_timeout + self.config.skew_margin
+    }
+
+    /// Up to `limit` transfers' events after `after`; when there are none and `wait` is not
+    /// zero, waits up to `wait` for some.
+    pub async fn events_page(
+        &self,
+        after: Option<FeedPosition>,
+        limit: usize,
+        wait: Duration,
+    ) -> Result<EventsPage, ServiceError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            // Registered before the read, so a write between the read and the wait wakes it.
+            let written = self.docs.transfers_written().notified();
+            tokio::pin!(written);
+            written.as_mut().enable();
+            let page = self.read_events(after.clone(), limit).await?;
+            let now = tokio::time::Instant::now();
+            if !page.items.is_empty() || now >= deadline {
+                return Ok(page);
+            }
+            let tick = (now + WAIT_POLL).min(deadline);
+            tokio::select! {
+                _ = written => {}
+                _ = tokio::time::sleep_until(tick) => {}
+                _ = self.shutdown.cancelled() => return Ok(page),
+            }
+        }
+    }
+
+    async fn read_events(
+        &self,
+        after: Option<FeedPosition>,
+        limit: usize,
+    ) -> Result<EventsPage, ServiceError> {
+        let horizon = self.clock.wall_millis() - self.feed_delay().as_millis() as i64;
+        let query = ChangesQuery {
+            after: after.clone(),
+            horizon,
+            limit,
+        };
+        let page = self.store.changes(&query).await?;
+        let next = page
+            .docs
+            .last()
+            .map(|(position, _)| position.clone())
+            .or(after);
+        let mut items = Vec::new();
+        for (_, doc) in page.docs {
+            // A document that does not decode is left to the auditor; the cursor moves past it.
+            let transfer = match decode::<TransferDoc>(doc) {
+                Ok(versioned) => Arc::new(versioned.doc),
+                Err(error) => {
+                    tracing::warn!(%error, "change feed: skipping a transfer that does not decode");
+                    continue;
+                }
+            };
+            for event in transfer.events() {
+                items.push(FeedEvent {
+                    id: event.id(&transfer.transaction_id),
+                    kind: event.kind,
+                    at: event.at,
+                    transfer: transfer.clone(),
+                });
+            }
+        }
+        self.metrics.events_served_total.inc_by(items.len() as u64);
+        Ok(EventsPage { items, next })
+    }
+}
