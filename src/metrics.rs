@@ -28,6 +28,9 @@ pub struct Metrics {
     /// Transfers created here and not yet driven to the end: the count `MAX_IN_FLIGHT`
     /// bounds (admission control).
     pub transfers_admitted_in_flight: IntGauge,
+    /// Transfer writes written again with a fresh `modification_time` because their answer
+    /// came late (the change feed's second line, `docs/design.md §11`).
+    pub transfers_restamped_total: IntCounter,
     /// Events `GET /events` served (repeats included: the feed is at-least-once).
     pub events_served_total: IntCounter,
     /// From `creation_time` to the terminal write.
@@ -130,6 +133,10 @@ impl Metrics {
             transfers_admitted_in_flight: gauge(
                 "transfers_admitted_in_flight",
                 "Transfers created here and not yet driven to the end (bounded by MAX_IN_FLIGHT)",
+            ),
+            transfers_restamped_total: counter(
+                "transfers_restamped_total",
+                "Transfer writes written again with a fresh stamp because their answer came late",
             ),
             events_served_total: counter(
                 "events_served_total",

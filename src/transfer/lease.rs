@@ -26,6 +26,13 @@
 //!   waiting hold alone until it expires, and a capture or cancel, which needs a worker at
 //!   once, claims a parked lease without waiting ([`Leases::is_parked`]). No worker acts on
 //!   a parked hold, so claiming it cannot race a live holder's account writes.
+//! - **The stamp and late answers** (the change feed's line that does not depend on time,
+//!   `docs/design.md §11`). Every write stamps `modification_time` after it starts timing
+//!   itself, so its stamp is never older than its send. A write acknowledged more than
+//!   `STORE_TIMEOUT` after it was sent (on the monotonic clock) may have been applied after a
+//!   feed reader's horizon passed its stamp, so it is written again with a fresh stamp and
+//!   nothing else changed ([`Leases::restamp_if_late`]); so is a terminal transfer a holder
+//!   finds on a re-read after an unanswered write, when its stamp is that old.
 //! - **A lost answer.** When a claiming write's answer is lost (a timeout, a dropped
 //!   connection, Elasticsearch retrying a request the coordinator already applied), the
 //!   claim reads the transfer: our owner token in it proves the write was applied, because no
@@ -218,10 +225,11 @@ impl Leases {
         debug_assert!(next.is_hold() && next.captured_amount.is_none());
         next.lease_owner = Some(PARKED.to_owned());
         next.lease_expires_at = next.hold_expires_at.clone();
+        let sent = self.sent();
         let now = self.clock.now();
-        next.note_transitions(now.millis);
-        next.modification_time = now.text;
-        match self.docs.replace_if(&next, held.version).await? {
+        stamp(&mut next, &now);
+        let outcome = self.docs.replace_if(&next, held.version).await?;
+        match self.restamp_if_late(&mut next, outcome, sent).await {
             WriteOutcome::Written(version) => {
                 held.doc = next;
                 held.version = version;
@@ -255,7 +263,7 @@ impl Leases {
         let sent = self.sent();
         let now = self.clock.now();
         self.grant(&mut doc, &owner, &now);
-        doc.note_transitions(now.millis);
+        stamp(&mut doc, &now);
         let written = retry(
             CLAIM_ATTEMPTS,
             || true,
@@ -267,7 +275,9 @@ impl Leases {
             },
         )
         .await;
-        if let Ok(WriteOutcome::Written(version)) = written {
+        if let Ok(outcome @ WriteOutcome::Written(_)) = written {
+            let outcome = self.restamp_if_late(&mut doc, outcome, sent).await;
+            let version = outcome.written().expect("still written");
             return Ok(Claim::Won(self.held(doc, version, owner, sent)));
         }
         // Refused, or the answer is unknown (and a retry of an applied write is refused too):
@@ -302,13 +312,14 @@ impl Leases {
             let owner = held.owner.clone();
             self.grant(&mut next, &owner, &now);
         }
-        next.note_transitions(now.millis);
+        stamp(&mut next, &now);
         let version = held.version;
         let room = || go_on() && self.has_left(held, self.times.request_timeout);
         let outcome = retry(self.times.attempts, room, || {
             self.docs.replace_if(&next, version)
         })
         .await?;
+        let outcome = self.restamp_if_late(&mut next, outcome, sent).await;
         Ok(self.update(held, next, outcome, sent))
     }
 
@@ -321,9 +332,9 @@ impl Leases {
         let mut next = held.doc.clone();
         let owner = held.owner.clone();
         self.grant(&mut next, &owner, &now);
-        next.note_transitions(now.millis);
-        next.modification_time = now.text;
+        stamp(&mut next, &now);
         let outcome = self.docs.replace_if(&next, held.version).await?;
+        let outcome = self.restamp_if_late(&mut next, outcome, sent).await;
         Ok(self.update(held, next, outcome, sent))
     }
 
@@ -341,6 +352,7 @@ impl Leases {
         };
         let state = now.doc.transaction_state;
         if state.is_terminal() {
+            self.restamp_if_old(now).await;
             return Ok(Reread::Terminal(state));
         }
         if !held.owner.holds(&now.doc) {
@@ -387,10 +399,10 @@ impl Leases {
         let mut next = held.doc.clone();
         next.attention = Some(why);
         let now = self.clock.now();
-        next.note_transitions(now.millis);
-        next.modification_time = now.text;
+        stamp(&mut next, &now);
         release(&mut next);
         let outcome = self.docs.replace_if(&next, held.version).await?;
+        let outcome = self.restamp_if_late(&mut next, outcome, sent).await;
         Ok(self.update(held, next, outcome, sent))
     }
 
@@ -404,8 +416,60 @@ impl Leases {
         if next.transaction_state.is_terminal() {
             release(&mut next);
         }
-        next.note_transitions(self.clock.wall_millis());
-        self.docs.replace_if(&next, version).await
+        let sent = self.sent();
+        stamp(&mut next, &self.clock.now());
+        let outcome = self.docs.replace_if(&next, version).await?;
+        Ok(self.restamp_if_late(&mut next, outcome, sent).await)
+    }
+
+    /// The change feed's second line (`docs/design.md §11`): a write acknowledged later than
+    /// `STORE_TIMEOUT` after it was sent, on the monotonic clock, may have become searchable
+    /// after a feed reader's horizon passed its stamp. Writing the transfer once more with a
+    /// fresh stamp and nothing else changed moves it past any horizon. Conditional on the
+    /// version just written: if someone wrote the transfer since, their write moved it
+    /// already. Returns the outcome to go on with (the re-stamp's version when it was
+    /// written; `next` then carries the new stamp).
+    async fn restamp_if_late(
+        &self,
+        next: &mut TransferDoc,
+        outcome: WriteOutcome,
+        sent: Sent,
+    ) -> WriteOutcome {
+        let WriteOutcome::Written(version) = outcome else {
+            return outcome;
+        };
+        let took = self.clock.boot_time().saturating_duration_since(sent.at);
+        if took <= self.times.request_timeout {
+            return outcome;
+        }
+        let late_stamp = std::mem::replace(&mut next.modification_time, self.clock.now().text);
+        match self.docs.replace_if(next, version).await {
+            Ok(restamped @ WriteOutcome::Written(_)) => {
+                self.metrics.transfers_restamped_total.inc();
+                restamped
+            }
+            _ => {
+                next.modification_time = late_stamp;
+                outcome
+            }
+        }
+    }
+
+    /// A terminal transfer a holder finds after a write it got no answer for may be its own
+    /// write, applied at a time nobody knows. If its stamp is older than `STORE_TIMEOUT` on
+    /// this host's wall clock it is re-stamped (see [`Leases::restamp_if_late`]); a younger
+    /// stamp was applied (it is read) within that bound of its stamp already.
+    async fn restamp_if_old(&self, found: Versioned<TransferDoc>) {
+        let stamped = parse_millis(&found.doc.modification_time).unwrap_or(0);
+        let now = self.clock.now();
+        if now.millis - stamped <= self.times.request_timeout.as_millis() as i64 {
+            return;
+        }
+        let mut next = found.doc;
+        next.modification_time = now.text;
+        if let Ok(WriteOutcome::Written(_)) = self.docs.replace_if(&next, found.version).await {
+            self.metrics.transfers_restamped_total.inc();
+        }
     }
 
     /// When a granting write is sent: the boot time its deadline counts from, and the clock
@@ -466,6 +530,13 @@ impl Leases {
 struct Sent {
     epoch: u64,
     at: BootTime,
+}
+
+/// Stamps a transfer about to be written: `modification_time` now (after the write's send
+/// time was taken, see the module docs) and any transition its history lacks.
+fn stamp(doc: &mut TransferDoc, now: &Now) {
+    doc.modification_time = now.text.clone();
+    doc.note_transitions(now.millis);
 }
 
 fn release(doc: &mut TransferDoc) {

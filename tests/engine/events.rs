@@ -3,15 +3,17 @@
 //! transition leaves its event in the store, and recovery finishes the transfer with every
 //! event, once each, in order.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use transfer_service::store::Index;
-use transfer_service::transfer::model::TransferDoc;
+use transfer_service::store::{parse_millis, Index};
+use transfer_service::transfer::model::{TransferDoc, TransferState};
 use transfer_service::transfer::service::NewAccount;
-use transfer_service::transfer::EngineConfig;
+use transfer_service::transfer::{Engine, EngineConfig};
 
 use crate::support::engine::*;
 use crate::support::faulty::{Fault, FaultyStore, Matcher};
+use crate::support::feed::FeedLog;
 
 const LEASE: Duration = Duration::from_secs(2);
 
@@ -112,4 +114,140 @@ async fn a_worker_that_dies_after_a_transition_leaves_its_event_and_recovery_emi
             "crash after {state}: times out of order {events:?}"
         );
     }
+}
+
+/// Every transfer of `ids`, with the event types its document records, in order.
+async fn histories(engine: &Engine, ids: &[String]) -> BTreeMap<String, Vec<String>> {
+    let mut expected = BTreeMap::new();
+    for id in ids {
+        let doc = transfer_doc(engine, id).await;
+        let types = event_types(&doc).into_iter().map(String::from).collect();
+        expected.insert(id.clone(), types);
+    }
+    expected
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_consumer_following_the_feed_during_a_mixed_load_sees_every_event_in_order() {
+    let seed = 11;
+    println!("seed {seed}");
+    let w = world(seed, Duration::from_millis(3));
+    let e = w.instance(w.faulty.clone(), config()).engine;
+    for n in 0..6 {
+        open_account(&e, &format!("a{n}"), 1_000).await;
+    }
+    open_account(&e, "empty", 0).await;
+    open_account(&e, "sink", 0).await;
+    // The consumer reads small pages while the load runs, long-polling when it has caught up.
+    let consumer = {
+        let e = e.clone();
+        tokio::spawn(async move {
+            let mut log = FeedLog::default();
+            let mut after = None;
+            loop {
+                let page = e
+                    .events_page(after.clone(), 7, Duration::from_millis(200))
+                    .await
+                    .expect("a page");
+                for event in &page.items {
+                    log.record(
+                        &event.id,
+                        event.kind.type_name(),
+                        &event.transfer.transaction_id,
+                    );
+                }
+                after = page.next;
+                if e.running_tasks() == 0 && page.items.is_empty() {
+                    return log;
+                }
+            }
+        })
+    };
+    let mut ids = Vec::new();
+    for n in 0..30 {
+        let id = format!("t{n}");
+        let (from, to) = (format!("a{}", n % 6), format!("a{}", (n + 1) % 6));
+        let new = match n % 5 {
+            0 => transfer(&id, &from, &to, 3),
+            1 => hold(&id, &from, &to, 4, Duration::from_secs(60)),
+            2 => legs(&id, &[(&from, &to, 2), (&to, "sink", 1)]),
+            3 => transfer(&id, "empty", &to, 5),
+            _ => hold(&id, &from, &to, 2, Duration::from_secs(60)),
+        };
+        e.create_transfer(new).await.expect("created");
+        ids.push(id);
+    }
+    for id in ids
+        .iter()
+        .filter(|id| id.ends_with('1') || id.ends_with('6'))
+    {
+        until("the hold to wait", Duration::from_secs(30), || async {
+            state(&e, id).await == TransferState::Pending
+        })
+        .await;
+        e.capture_transfer(id, Some(3)).await.expect("captured");
+    }
+    for id in ids
+        .iter()
+        .filter(|id| id.ends_with('4') || id.ends_with('9'))
+    {
+        until("the hold to wait", Duration::from_secs(30), || async {
+            state(&e, id).await == TransferState::Pending
+        })
+        .await;
+        e.cancel_transfer(id).await.expect("cancelled");
+    }
+    for id in &ids {
+        until(
+            "every transfer terminal",
+            Duration::from_secs(60),
+            || async { state(&e, id).await.is_terminal() },
+        )
+        .await;
+    }
+    let log = tokio::time::timeout(Duration::from_secs(60), consumer)
+        .await
+        .expect("the consumer catches up")
+        .expect("the consumer ran");
+    log.assert_complete(&histories(&e, &ids).await);
+    assert!(log.received >= log.distinct());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_answered_later_than_the_store_timeout_is_written_again_with_a_fresh_stamp() {
+    let w = world(0, Duration::ZERO);
+    let e = w.instance(w.faulty.clone(), config()).engine;
+    open_account(&e, "src", 100).await;
+    open_account(&e, "dest", 0).await;
+    let late = config().request_timeout + Duration::from_millis(100);
+    for (id, stall) in [("late", late), ("on-time", Duration::from_millis(10))] {
+        w.faulty.inject(
+            Matcher::writes(Index::Transactions)
+                .of_doc(id)
+                .moving_to("finished"),
+            Fault::StallAfter(stall),
+            1,
+        );
+        start_transfer(&e, id, "src", "dest", 1).await;
+        assert_eq!(
+            terminal_without_recovery(&e, id).await,
+            TransferState::Finished
+        );
+        // The stalled answer comes after the write is visible: wait for its worker.
+        until("the worker to end", Duration::from_secs(10), || async {
+            e.running_tasks() == 0
+        })
+        .await;
+    }
+    // The history keeps the stamp of the write that recorded `finished`; the document's stamp
+    // is the re-stamp's, a request timeout later.
+    let stamp_of = |doc: &TransferDoc| parse_millis(&doc.modification_time).unwrap();
+    let finished_at = |doc: &TransferDoc| doc.events().last().unwrap().at;
+    let late_doc = transfer_doc(&e, "late").await;
+    assert!(
+        stamp_of(&late_doc) >= finished_at(&late_doc) + late.as_millis() as i64,
+        "re-stamped after the late answer: {late_doc:?}"
+    );
+    let on_time = transfer_doc(&e, "on-time").await;
+    assert_eq!(stamp_of(&on_time), finished_at(&on_time), "not re-stamped");
 }

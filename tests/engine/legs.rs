@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 use transfer_service::transfer::lease::PARKED;
-use transfer_service::transfer::model::{AccountDoc, Leg, RollbackReason, TransferState};
+use transfer_service::transfer::model::{AccountDoc, RollbackReason, TransferState};
 use transfer_service::transfer::service::{Created, NewAccount, NewTransfer, ServiceError};
 use transfer_service::transfer::{Engine, EngineConfig};
 
@@ -24,25 +24,6 @@ fn config() -> EngineConfig {
         max_store_attempts: 3,
         recovery_page: 200,
         ..EngineConfig::with_lease(LEASE)
-    }
-}
-
-/// A multi-leg transaction (the engine takes legs as the HTTP layer hands them on: two or
-/// more, `amount` their sum).
-fn legs(id: &str, legs: &[(&str, &str, i64)]) -> NewTransfer {
-    let legs: Vec<Leg> = legs
-        .iter()
-        .map(|(from, to, amount)| Leg {
-            from: (*from).into(),
-            to: (*to).into(),
-            amount: *amount,
-        })
-        .collect();
-    NewTransfer {
-        id: id.into(),
-        amount: transfer_service::transfer::model::check_legs(&legs).expect("valid legs"),
-        legs,
-        ..Default::default()
     }
 }
 

@@ -6,6 +6,7 @@
 //! - [`es_security`]: Elasticsearch with security on (API keys, privileges, HTTPS), on the
 //!   emulator (a test double);
 //! - [`holds`]: holds (capture, cancel, expiry) on the same backends;
+//! - [`events`]: the change feed `GET /events`, on the same backends and with two instances;
 //! - [`batch`]: `POST /transfers/batch`, item by item, on the same backends;
 //! - [`currencies`]: account and transfer currencies, `currency_mismatch`, on the same backends;
 //! - [`admission`]: `MAX_IN_FLIGHT`, 503 with `Retry-After`, on the same backends;
@@ -30,6 +31,7 @@ mod auth;
 mod batch;
 mod currencies;
 mod es_security;
+mod events;
 mod holds;
 mod idempotency;
 mod legs;

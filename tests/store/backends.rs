@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 use transfer_service::store::{
-    format_millis, DynStore, Index, SortKey, Source, StaleQuery, Store, TransferFilter, Version,
-    WriteOp, WriteOutcome,
+    format_millis, ChangesQuery, DynStore, FeedPosition, Index, SortKey, Source, StaleQuery, Store,
+    TransferFilter, Version, WriteOp, WriteOutcome,
 };
 
 use crate::support::stores;
@@ -753,6 +753,101 @@ mod suite {
         assert!(conflicts > 0, "32 concurrent writers must have conflicted");
     }
 
+    /// The positions a backend hands out are of its own kind.
+    fn is_exact(s: &dyn Store) -> bool {
+        s.backend() == "embedded"
+    }
+
+    /// Every page of the feed from the start, with `limit` per page.
+    async fn follow_changes(s: &dyn Store, limit: usize, horizon: i64) -> Vec<String> {
+        let mut seen = Vec::new();
+        let mut after = None;
+        loop {
+            let query = ChangesQuery {
+                after: after.clone(),
+                horizon,
+                limit,
+            };
+            let page = s.changes(&query).await.unwrap();
+            assert!(page.docs.len() <= limit);
+            let Some((last, _)) = page.docs.last() else {
+                return seen;
+            };
+            after = Some(last.clone());
+            seen.extend(page.docs.into_iter().map(|(_, doc)| doc.id));
+        }
+    }
+
+    pub async fn changes_serve_transfers_in_the_order_of_their_latest_writes(s: &dyn Store) {
+        let mut versions = Vec::new();
+        for (n, id) in ["t1", "t2", "t3"].into_iter().enumerate() {
+            let stamp = 1_000 * (n as i64 + 1);
+            let doc = transfer(id, "created", "a", "b", stamp, stamp);
+            versions.push(written(
+                s.create(Index::Transactions, id, doc.into()).await.unwrap(),
+            ));
+        }
+        s.create(Index::Accounts, "a", json!({"account_id": "a"}).into())
+            .await
+            .unwrap();
+        // t1 written again, later than the others: it moves to the end.
+        let again = transfer("t1", "pending", "a", "b", 1_000, 4_000);
+        written(
+            s.replace_if(Index::Transactions, "t1", again.into(), versions[0])
+                .await
+                .unwrap(),
+        );
+        s.refresh().await.unwrap();
+        let horizon = 10_000;
+        assert_eq!(follow_changes(s, 2, horizon).await, ["t2", "t3", "t1"]);
+        assert_eq!(follow_changes(s, 100, horizon).await, ["t2", "t3", "t1"]);
+        // The page holds the documents as they are now.
+        let page = s
+            .changes(&ChangesQuery {
+                after: None,
+                horizon,
+                limit: 10,
+            })
+            .await
+            .unwrap();
+        let (_, t1) = page.docs.last().unwrap();
+        assert_eq!(
+            t1.source.to_value().unwrap()["transaction_state"],
+            "pending"
+        );
+        // A position of the other backend's kind is refused.
+        let foreign = if is_exact(s) {
+            FeedPosition::Time(SortKey {
+                millis: 1,
+                id: "t1".into(),
+            })
+        } else {
+            FeedPosition::Seq(1)
+        };
+        let query = ChangesQuery {
+            after: Some(foreign),
+            horizon,
+            limit: 10,
+        };
+        assert!(s.changes(&query).await.is_err());
+    }
+
+    pub async fn changes_stay_below_the_horizon_where_writes_are_not_ordered(s: &dyn Store) {
+        let doc = transfer("t", "created", "a", "b", 5_000, 5_000);
+        s.create(Index::Transactions, "t", doc.into())
+            .await
+            .unwrap();
+        s.refresh().await.unwrap();
+        let served = |horizon| async move { follow_changes(s, 10, horizon).await };
+        assert_eq!(served(5_001).await, ["t"]);
+        if is_exact(s) {
+            // The embedded store orders writes exactly: no horizon.
+            assert_eq!(served(5_000).await, ["t"]);
+        } else {
+            assert!(served(5_000).await.is_empty(), "stamped at the horizon");
+        }
+    }
+
     pub async fn ready_answers_ok(s: &dyn Store) {
         s.ready().await.unwrap();
     }
@@ -800,6 +895,8 @@ macro_rules! all_backends {
                 list_transfers_of_flagged_transfers_combines_with_the_other_filters,
                 list_transfers_by_metadata_combines_and_pages,
                 scan_pages_every_document_in_id_order,
+                changes_serve_transfers_in_the_order_of_their_latest_writes,
+                changes_stay_below_the_horizon_where_writes_are_not_ordered,
                 ready_answers_ok,
             ], [concurrent_increments_are_exact_and_conflicts_are_seen]);
         )*

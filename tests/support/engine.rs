@@ -15,7 +15,7 @@ use transfer_service::store::grouping::GroupingStore;
 use transfer_service::store::instrumented::InstrumentedStore;
 use transfer_service::store::DynStore;
 use transfer_service::transfer::clock::{Clock, TestClock};
-use transfer_service::transfer::model::{TransferDoc, TransferState};
+use transfer_service::transfer::model::{Leg, TransferDoc, TransferState};
 use transfer_service::transfer::service::{Created, NewAccount, NewTransfer};
 use transfer_service::transfer::{Engine, EngineConfig};
 
@@ -234,4 +234,23 @@ pub async fn assert_invariants(store: &DynStore) -> AuditReport {
     assert!(report.is_clean(), "{report}");
     assert!(report.is_quiescent(), "{report}");
     report
+}
+
+/// A multi-leg transaction (the engine takes legs as the HTTP layer hands them on: two or
+/// more, `amount` their sum).
+pub fn legs(id: &str, legs: &[(&str, &str, i64)]) -> NewTransfer {
+    let legs: Vec<Leg> = legs
+        .iter()
+        .map(|(from, to, amount)| Leg {
+            from: (*from).into(),
+            to: (*to).into(),
+            amount: *amount,
+        })
+        .collect();
+    NewTransfer {
+        id: id.into(),
+        amount: transfer_service::transfer::model::check_legs(&legs).expect("valid legs"),
+        legs,
+        ..Default::default()
+    }
 }

@@ -13,6 +13,7 @@
 //! - [`keys`]: API key files, each key hashed by the README's recipe;
 //! - [`metrics`]: `/metrics` read with a maintained Prometheus text parser;
 //! - [`logs`]: every app's JSON log lines captured in memory, found by request or transfer id;
+//! - [`feed`]: what a change-feed consumer saw, and the check that it is complete and in order;
 //! - [`wait`]: waiting on a condition with a deadline (never a fixed sleep);
 //! - [`faketime`]: a child process whose wall clock is offset (libfaketime).
 //!
@@ -59,6 +60,7 @@ pub mod app;
 pub mod engine;
 pub mod faketime;
 pub mod faulty;
+pub mod feed;
 pub mod gate;
 pub mod keys;
 pub mod logs;

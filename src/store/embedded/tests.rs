@@ -557,3 +557,50 @@ fn storage_errors_are_classified() {
     assert!(!storage(redb::StorageError::Corrupted("bad page".into())).is_retryable());
     assert!(!storage(redb::StorageError::ValueTooLarge(1 << 40)).is_retryable());
 }
+
+#[tokio::test]
+async fn a_store_written_before_the_change_feed_gets_its_index_built_when_opened() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let written = {
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        for id in ["t2", "t1"] {
+            store
+                .create(Index::Transactions, id, transfer(id, "created", 1).into())
+                .await
+                .unwrap();
+        }
+        let written = feed(&store).await;
+        // As a version without the table left it: transfers, no entries, no marker.
+        let txn = store.db.begin_write().unwrap();
+        txn.delete_table(TX_CHANGES).unwrap();
+        txn.open_table(META).unwrap().remove(CHANGES_BUILT).unwrap();
+        txn.commit().unwrap();
+        written
+    };
+    assert_eq!(
+        written,
+        [
+            (FeedPosition::Seq(0), "t2".to_owned()),
+            (FeedPosition::Seq(1), "t1".to_owned())
+        ]
+    );
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(feed(&store).await, written, "rebuilt in write order");
+    drop(store);
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(feed(&store).await, written, "built once");
+}
+
+/// The feed's first page, as (position, id).
+async fn feed(store: &EmbeddedStore) -> Vec<(FeedPosition, String)> {
+    let query = ChangesQuery {
+        after: None,
+        horizon: 0,
+        limit: 10,
+    };
+    let page = store.changes(&query).await.unwrap();
+    page.docs
+        .into_iter()
+        .map(|(position, doc)| (position, doc.id))
+        .collect()
+}
