@@ -20,7 +20,7 @@ mod support;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -29,6 +29,8 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use transfer_service::store::embedded::EmbeddedStore;
 use transfer_service::store::{Index, Store};
+
+use support::feed::{histories_in, FeedReader};
 
 const BIN: &str = env!("CARGO_BIN_EXE_transfer-service");
 
@@ -837,6 +839,34 @@ async fn assert_metadata_filter_finds(base: &str, requests: &Requests) {
 
 /// After the chaos: re-post every id whose POST got no answer, wait for every transfer to be
 /// terminal, and check exact balances and empty pending lists through the API.
+/// A consumer of `GET /events` from the start, reading from whichever instance is up and
+/// keeping its cursor across kills, until `stop` is set.
+fn follow_feed(
+    bases: Arc<RwLock<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<FeedReader> {
+    tokio::spawn(async move {
+        let client = reqwest::Client::new();
+        let mut reader = FeedReader::new(50);
+        while !stop.load(Ordering::Relaxed) {
+            let base = bases.read().unwrap()[0].clone();
+            if reader
+                .try_read_page(&client, &base, "500ms")
+                .await
+                .is_none()
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        reader
+    })
+}
+
+/// Every transfer id the clients asked for.
+fn requested_ids(requests: &Requests) -> Vec<String> {
+    requests.lock().unwrap().keys().cloned().collect()
+}
+
 async fn settle_and_check(base: &str, requests: &Requests, ledger: Ledger) {
     let unanswered = repost_unanswered(base, requests).await;
     let outcome = final_states(base, requests, ledger).await;
@@ -871,6 +901,9 @@ async fn kill_dash_nine_and_restart_keep_every_invariant() {
         MIXED,
     ));
 
+    let stop_feed = Arc::new(AtomicBool::new(false));
+    let feed = follow_feed(bases.clone(), stop_feed.clone());
+
     let mut rng = StdRng::seed_from_u64(seed);
     let mut service = Some(service);
     let gap = Duration::from_millis(seconds * 1000 / (kills + 1));
@@ -897,12 +930,27 @@ async fn kill_dash_nine_and_restart_keep_every_invariant() {
     );
     settle_and_check(&service.base, &requests, MIXED).await;
     assert_metadata_filter_finds(&service.base, &requests).await;
+    stop_feed.store(true, Ordering::Relaxed);
+    let mut feed = feed.await.unwrap();
+    // Nothing is in flight: the end of the (exact) embedded feed is the end of every history.
+    feed.read_to_the_end(&reqwest::Client::new(), &service.base)
+        .await;
     let (status, took) = service.terminate();
     assert!(status.success(), "graceful exit: {status:?}");
     assert!(took < Duration::from_secs(10), "exit took {took:?}");
     let (clean, report) = audit(&env);
     assert!(clean, "audit found violations:\n{report}");
     assert!(report.contains("in flight 0"), "{report}");
+    let store = EmbeddedStore::open(dir.path()).expect("open the store after exit");
+    let expected = histories_in(&store, &requested_ids(&requests)).await;
+    feed.log.assert_complete(&expected);
+    eprintln!(
+        "the feed consumer, across {kills} kills, saw all {} events of {} transfers in order \
+         ({} deliveries)",
+        feed.log.distinct(),
+        expected.len(),
+        feed.log.received
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -922,6 +970,9 @@ async fn two_instances_on_one_elasticsearch_share_work_and_survive_one_kill() {
     let second = Service::start(&env);
     open_accounts(&reqwest::Client::new(), &first.base, SPREAD).await;
     let bases = Arc::new(RwLock::new(vec![first.base.clone(), second.base.clone()]));
+    // A feed consumer reads from the first instance until it dies, then from the second.
+    let stop_feed = Arc::new(AtomicBool::new(false));
+    let feed = follow_feed(bases.clone(), stop_feed.clone());
     let requests: Requests = Arc::default();
     let until = Instant::now() + Duration::from_secs(seconds);
     let load = tokio::spawn(run_clients(
@@ -941,6 +992,19 @@ async fn two_instances_on_one_elasticsearch_share_work_and_survive_one_kill() {
     settle_and_check(&second.base, &requests, SPREAD).await;
     let (clean, report) = audit(&env);
     assert!(clean, "audit found violations:\n{report}");
+    stop_feed.store(true, Ordering::Relaxed);
+    let mut feed = feed.await.unwrap();
+    let store = support::stores::es_store_at(&emulator.url, "two-instances-").await;
+    let expected = histories_in(&store, &requested_ids(&requests)).await;
+    // Elasticsearch's feed trails by its horizon: read on until every event came.
+    feed.read_until_complete_at(&reqwest::Client::new(), &second.base, &expected)
+        .await;
+    eprintln!(
+        "the feed consumer saw all {} events of {} transfers in order ({} deliveries)",
+        feed.log.distinct(),
+        expected.len(),
+        feed.log.received
+    );
     let (status, _) = second.terminate();
     assert!(status.success());
 }

@@ -89,23 +89,51 @@ impl FeedReader {
     /// Reads one page (long-polling up to `wait`), records it and moves the cursor; returns
     /// how many events it held.
     pub async fn read_page(&mut self, app: &super::app::TestApp, wait: &str) -> usize {
-        let mut path = format!("/events?limit={}&wait={wait}", self.limit);
+        self.try_read_page(&app.client, &app.base, wait)
+            .await
+            .expect("GET /events answers")
+    }
+
+    /// [`FeedReader::read_page`] on the service at `base`; `None` when it did not answer
+    /// 200 (it is down or restarting: the cursor stays where it was).
+    pub async fn try_read_page(
+        &mut self,
+        client: &reqwest::Client,
+        base: &str,
+        wait: &str,
+    ) -> Option<usize> {
+        let mut url = format!("{base}/events?limit={}&wait={wait}", self.limit);
         if let Some(cursor) = &self.cursor {
-            path.push_str(&format!("&after={cursor}"));
+            url.push_str(&format!("&after={cursor}"));
         }
-        let (status, page) = app.get(&path).await;
-        assert_eq!(status, 200, "{page}");
+        let response = client.get(url).send().await.ok()?;
+        if response.status() != 200 {
+            return None;
+        }
+        let page: serde_json::Value = response.json().await.ok()?;
         self.log.record_page(&page);
         if let Some(next) = page["next_cursor"].as_str() {
             self.cursor = Some(next.to_owned());
         }
-        page["items"].as_array().map_or(0, Vec::len)
+        Some(page["items"].as_array().map_or(0, Vec::len))
     }
 
-    /// Reads pages until every transfer of `expected` has all its events (deadline: 60 s).
+    /// Reads pages until every transfer of `expected` has all its events (deadline: 60 s),
+    /// then checks they came in order.
     pub async fn read_until_complete(
         &mut self,
         app: &super::app::TestApp,
+        expected: &BTreeMap<String, Vec<String>>,
+    ) {
+        self.read_until_complete_at(&app.client, &app.base, expected)
+            .await
+    }
+
+    /// [`FeedReader::read_until_complete`] on the service at `base`.
+    pub async fn read_until_complete_at(
+        &mut self,
+        client: &reqwest::Client,
+        base: &str,
         expected: &BTreeMap<String, Vec<String>>,
     ) {
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -115,20 +143,38 @@ impl FeedReader {
                 "the feed did not deliver every event within 60 s: {:?}",
                 self.log
             );
-            self.read_page(app, "1s").await;
+            self.try_read_page(client, base, "1s").await;
         }
         self.log.assert_complete(expected);
     }
+
+    /// Reads until a page comes back empty: with nothing in flight, the end of the feed
+    /// (deadline: 60 s).
+    pub async fn read_to_the_end(&mut self, client: &reqwest::Client, base: &str) {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        while self.try_read_page(client, base, "1s").await != Some(0) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the feed did not end within 60 s"
+            );
+        }
+    }
 }
 
-/// The event types of each transfer of `ids` as the API shows its history: what a complete
-/// feed must have delivered for it. Read from the transfer documents (`GET` does not show the
-/// history), through the application's store.
+/// The event types of each transfer of `ids`, from its document in the application's store:
+/// what a complete feed must have delivered for it (the API does not show the history).
 pub async fn histories(app: &super::app::TestApp, ids: &[String]) -> BTreeMap<String, Vec<String>> {
+    histories_in(app.store().as_ref(), ids).await
+}
+
+/// [`histories`] read from `store`.
+pub async fn histories_in(
+    store: &dyn transfer_service::store::Store,
+    ids: &[String],
+) -> BTreeMap<String, Vec<String>> {
     let mut expected = BTreeMap::new();
     for id in ids {
-        let doc = app
-            .store()
+        let doc = store
             .get(transfer_service::store::Index::Transactions, id)
             .await
             .expect("read")
