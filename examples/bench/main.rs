@@ -7,6 +7,7 @@
 //! target/release/examples/bench --connections 2000       # the overload scenario
 //! target/release/examples/bench --connections 2000 --ignore-retry-after   # ... as a flood
 //! target/release/examples/bench --emulator               # on es-emulator (a TEST DOUBLE)
+//! target/release/examples/bench --follow-events          # ... with a GET /events consumer
 //! target/release/examples/bench --elasticsearch http://127.0.0.1:9200 --json
 //! ```
 //!
@@ -27,7 +28,11 @@
 //! phase), peak RSS (`VmHWM`), POST latency percentiles (accepted requests, measured by the
 //! clients, in an HDR histogram), 503s (with `Retry-After`) and how long the backlog took
 //! to drain, the ratio to `/healthz` req/s, store requests per transfer, and on the
-//! emulator the HTTP requests it received per transfer.
+//! emulator the HTTP requests it received per transfer. With `--follow-events` a consumer
+//! follows `GET /events` through the transfer phase ([`feed`]), and the report adds the
+//! events it saw and how long after each terminal write it saw it.
+
+mod feed;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -82,6 +87,9 @@ struct Args {
     /// Post batches of N transfers to POST /transfers/batch instead of single transfers.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
     batch: Option<u32>,
+    /// Follow `GET /events` during the transfer phase, as a feed consumer would.
+    #[arg(long)]
+    follow_events: bool,
     /// Print the report as one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -764,6 +772,20 @@ struct Report {
     conflicts_per_transfer: Option<f64>,
     es_http_requests_per_transfer: Option<f64>,
     peak_rss_mib: Option<f64>,
+    /// With `--follow-events`: what the feed consumer saw.
+    events: Option<EventsFollowed>,
+}
+
+/// The `--follow-events` consumer's figures.
+#[derive(Serialize)]
+struct EventsFollowed {
+    /// Distinct events per terminal transfer (4 for a plain transfer).
+    per_transfer: f64,
+    /// Deliveries per distinct event (at-least-once: above 1 when a consumer keeps up and
+    /// sees a transfer again after each of its writes).
+    deliveries_per_event: f64,
+    /// From a terminal event's `at` to its first receipt by the consumer.
+    terminal_lag_ms: Percentiles,
 }
 
 #[derive(Serialize)]
@@ -899,7 +921,7 @@ impl Report {
             shown(self.store_requests_per_transfer, 2),
             shown(self.conflicts_per_transfer, 2)
         );
-        vec![
+        let mut rows = vec![
             (
                 "service CPU/transfer (µs)",
                 shown(self.service_cpu_us_per_transfer, 0),
@@ -915,7 +937,23 @@ impl Report {
                 shown(self.es_http_requests_per_transfer, 2),
             ),
             ("peak RSS (MiB)", shown(self.peak_rss_mib, 0)),
-        ]
+        ];
+        if let Some(events) = &self.events {
+            rows.extend([
+                (
+                    "events/transfer (deliveries/event)",
+                    format!(
+                        "{:.2} ({:.2})",
+                        events.per_transfer, events.deliveries_per_event
+                    ),
+                ),
+                (
+                    "terminal write → consumer (ms)",
+                    events.terminal_lag_ms.to_string(),
+                ),
+            ]);
+        }
+        rows
     }
 }
 
@@ -966,6 +1004,11 @@ impl Report {
             conflicts_per_transfer: per_transfer(phase.counted.conflicts),
             es_http_requests_per_transfer: phase.es_requests.and_then(|n| per_transfer(n as f64)),
             peak_rss_mib: peak_rss_kib.map(|kib| kib as f64 / 1024.0),
+            events: phase.followed.as_ref().map(|f| EventsFollowed {
+                per_transfer: f.events as f64 / terminal.max(1.0),
+                deliveries_per_event: f.deliveries as f64 / (f.events.max(1) as f64),
+                terminal_lag_ms: Percentiles::of_client_latency(&f.terminal_lag_us),
+            }),
         }
     }
 }
@@ -984,6 +1027,8 @@ struct TransferPhase {
     service_cpu: Option<Duration>,
     /// HTTP requests es-emulator received over posting and draining.
     es_requests: Option<u64>,
+    /// What the `--follow-events` consumer saw.
+    followed: Option<feed::Followed>,
 }
 
 /// Where the benchmark looks while it loads the service.
@@ -1000,17 +1045,35 @@ async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> Transfer
     let before = Scrape::take(client, base).await;
     let cpu_before = target.pid.and_then(cpu_time);
     let es_before = target.emulator.map(Emulator::request_count);
+    let (expected_terminal, expected) = tokio::sync::watch::channel(None);
+    let follower = args.follow_events.then(|| {
+        let give_up_after = Duration::from_secs(60);
+        tokio::spawn(feed::follow(
+            client.clone(),
+            base.to_owned(),
+            expected,
+            give_up_after,
+        ))
+    });
     let started = Instant::now();
     let tally = run_load(args, client, base, run).await;
     let posting = started.elapsed();
     let after = wait_drained(client, base, &before).await;
     let drain = started.elapsed() - posting;
+    let counted = Counted::between(&before, &after);
+    let _ = expected_terminal.send(Some(counted.terminal() as u64));
+    let followed = match follower {
+        Some(task) => Some(task.await.expect("the feed consumer")),
+        None => None,
+    };
+    // After the consumer caught up: its reads are part of what the feed costs.
     let cpu_after = target.pid.and_then(cpu_time);
     TransferPhase {
+        followed,
         tally,
         posting,
         drain,
-        counted: Counted::between(&before, &after),
+        counted,
         after,
         service_cpu: cpu_before.zip(cpu_after).map(|(b, a)| a - b),
         es_requests: es_before
