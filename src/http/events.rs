@@ -111,13 +111,7 @@ pub async fn list_events(
                     ApiError::Invalid("`after` is not a cursor this service issued".into())
                 })?)
             }
-            "limit" => {
-                limit = value
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=MAX_LIMIT).contains(n))
-                    .ok_or_else(|| ApiError::Invalid(format!("`limit` must be 1–{MAX_LIMIT}")))?;
-            }
+            "limit" => limit = super::parse_limit(value, MAX_LIMIT)?,
             "wait" => wait = parse_wait(value)?,
             other => {
                 return Err(ApiError::Invalid(format!(

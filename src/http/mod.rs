@@ -290,6 +290,15 @@ impl<S: Send + Sync> FromRequestParts<S> for QueryParams {
 }
 
 /// At most 64 characters of a client's text, for an error detail.
+/// A page size parameter: `1..=max`, else 422.
+pub(crate) fn parse_limit(value: &str, max: usize) -> Result<usize, error::ApiError> {
+    value
+        .parse()
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| error::ApiError::Invalid(format!("`limit` must be 1–{max}")))
+}
+
 pub(crate) fn shorten(text: &str) -> String {
     const MAX: usize = 64;
     match text.char_indices().nth(MAX) {

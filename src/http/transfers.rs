@@ -566,13 +566,7 @@ pub async fn list_transfers(
                 })?;
                 filter.state = Some(s.as_str().to_owned());
             }
-            "limit" => {
-                filter.limit = value
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=MAX_LIMIT).contains(n))
-                    .ok_or_else(|| ApiError::Invalid(format!("`limit` must be 1–{MAX_LIMIT}")))?;
-            }
+            "limit" => filter.limit = super::parse_limit(value, MAX_LIMIT)?,
             "cursor" => filter.after = Some(decode_cursor(value)?),
             // Only `true`: `false` could be read as "only the unflagged ones", which the
             // listing does not offer, so it is refused rather than silently ignored.

@@ -691,15 +691,8 @@ fn leg_steps(states: &[TransferState]) -> Vec<(usize, Step)> {
 
 /// A multi-leg transaction of `legs` in `state`, as the service stores it.
 fn multi_leg(id: &str, legs: &[(&str, &str, i64)], state: TransferState) -> TransferDoc {
-    use transfer_service::transfer::model::{check_legs, Leg};
-    let legs: Vec<Leg> = legs
-        .iter()
-        .map(|(from, to, amount)| Leg {
-            from: (*from).into(),
-            to: (*to).into(),
-            amount: *amount,
-        })
-        .collect();
+    use transfer_service::transfer::model::check_legs;
+    let legs = crate::support::engine::leg_list(legs);
     let mut t = TransferDoc {
         src_acct: String::new(),
         dest_acct: String::new(),

@@ -236,17 +236,21 @@ pub async fn assert_invariants(store: &DynStore) -> AuditReport {
     report
 }
 
-/// A multi-leg transaction (the engine takes legs as the HTTP layer hands them on: two or
-/// more, `amount` their sum).
-pub fn legs(id: &str, legs: &[(&str, &str, i64)]) -> NewTransfer {
-    let legs: Vec<Leg> = legs
-        .iter()
+/// Legs from `(from, to, amount)` triples.
+pub fn leg_list(legs: &[(&str, &str, i64)]) -> Vec<Leg> {
+    legs.iter()
         .map(|(from, to, amount)| Leg {
             from: (*from).into(),
             to: (*to).into(),
             amount: *amount,
         })
-        .collect();
+        .collect()
+}
+
+/// A multi-leg transaction (the engine takes legs as the HTTP layer hands them on: two or
+/// more, `amount` their sum).
+pub fn legs(id: &str, legs: &[(&str, &str, i64)]) -> NewTransfer {
+    let legs = leg_list(legs);
     NewTransfer {
         id: id.into(),
         amount: transfer_service::transfer::model::check_legs(&legs).expect("valid legs"),
