@@ -43,23 +43,22 @@ pub struct EventsPage {
 }
 
 impl Engine {
-    /// Reads a cursor this backend issued (`FeedPosition::encode`); `None` if it is not one.
+    /// Reads a cursor of this backend's form (`FeedPosition::encode`); `None` if it is not
+    /// one. Every cursor of the form is accepted, as the OpenAPI document says: a `seq_no`
+    /// past the largest one reads as that (no write is later).
     pub fn parse_feed_cursor(&self, text: &str) -> Option<FeedPosition> {
-        // Digits only, at most as many as the type can hold (no sign, no spaces).
-        let number = |digits: &str, max_len: usize| {
-            let ok = !digits.is_empty()
-                && digits.len() <= max_len
-                && digits.bytes().all(|b| b.is_ascii_digit());
-            ok.then(|| digits.parse::<u64>().ok()).flatten()
+        // 1 to `max_len` digits, no sign, no spaces.
+        let digits = |text: &str, max_len: usize| {
+            !text.is_empty() && text.len() <= max_len && text.bytes().all(|b| b.is_ascii_digit())
         };
         if self.feed_is_exact() {
-            return number(text, 20).map(FeedPosition::Seq);
+            let seq_no = text.parse::<u64>().unwrap_or(u64::MAX);
+            return digits(text, 20).then_some(FeedPosition::Seq(seq_no));
         }
         let (millis, id) = text.split_once('~')?;
-        let millis = i64::try_from(number(millis, 15)?).ok()?;
-        (!id.is_empty()).then(|| {
+        (digits(millis, 15) && crate::transfer::model::valid_id(id)).then(|| {
             FeedPosition::Time(SortKey {
-                millis,
+                millis: millis.parse().expect("at most 15 digits"),
                 id: id.to_owned(),
             })
         })

@@ -421,6 +421,64 @@ async fn what_the_openapi_document_allows_the_server_accepts_and_nothing_else() 
     owned.shutdown().await;
 }
 
+/// The status of `GET /events?after=<cursor>` (no wait).
+async fn events_status(app: &TestApp, cursor: &str) -> u16 {
+    app.client
+        .get(app.url("/events"))
+        .query(&[("after", cursor)])
+        .send()
+        .await
+        .expect("GET")
+        .status()
+        .as_u16()
+}
+
+/// `FeedCursor` is the union of the two backends' cursors, and each backend accepts its own
+/// half, as the schema's description says: every value generated from the pattern, and from
+/// near it, is accepted exactly when it matches the pattern and is of the backend's form.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_backend_accepts_exactly_its_half_of_the_feed_cursor_pattern() {
+    let doc: Value =
+        serde_json::from_str(&transfer_service::http::openapi::document_json()).unwrap();
+    let (regex, body) = pattern(&doc, "FeedCursor");
+    let seq_form = Regex::new("^[0-9]+$").unwrap();
+    let near = r"(-|\+)?[0-9]{0,22}(~(\.{1,2}|[a-z.~ ]{0,3}))?";
+    let edges = [
+        "",
+        "~a",
+        "0",
+        "18446744073709551616",
+        "1~a",
+        "0000",
+        "123456789012345~x",
+    ];
+    let values: Vec<String> = generate(&body, SAMPLES)
+        .into_iter()
+        .chain(generate(near, SAMPLES * 2))
+        .chain(edges.iter().map(|e| e.to_string()))
+        .collect();
+    for backend in [Backend::Embedded, Backend::Emulator] {
+        let app = TestApp::spawn(backend).await;
+        let (mut accepted_count, mut refused_count) = (0, 0);
+        for value in &values {
+            let of_this_backend = seq_form.is_match(value) == matches!(backend, Backend::Embedded);
+            let expected = regex.is_match(value) && of_this_backend;
+            let got = accepted(events_status(&app, value).await);
+            assert_eq!(got, expected, "{backend:?}: after={value:?}");
+            if got {
+                accepted_count += 1;
+            } else {
+                refused_count += 1;
+            }
+        }
+        assert!(
+            accepted_count >= 10 && refused_count >= 10,
+            "{backend:?}: {accepted_count} accepted, {refused_count} refused"
+        );
+        app.shutdown().await;
+    }
+}
+
 #[test]
 fn the_document_declares_the_security_the_server_applies() {
     let doc: Value =
