@@ -8,6 +8,7 @@
 //! target/release/examples/bench --connections 2000 --ignore-retry-after   # ... as a flood
 //! target/release/examples/bench --emulator               # on es-emulator (a TEST DOUBLE)
 //! target/release/examples/bench --follow-events          # ... with a GET /events consumer
+//! target/release/examples/bench --webhook                # ... delivering to a receiver
 //! target/release/examples/bench --elasticsearch http://127.0.0.1:9200 --json
 //! ```
 //!
@@ -30,9 +31,12 @@
 //! to drain, the ratio to `/healthz` req/s, store requests per transfer, and on the
 //! emulator the HTTP requests it received per transfer. With `--follow-events` a consumer
 //! follows `GET /events` through the transfer phase ([`feed`]), and the report adds the
-//! events it saw and how long after each terminal write it saw it.
+//! events it saw and how long after each terminal write it saw it; with `--webhook` the
+//! service delivers its terminal events to a receiver in the benchmark ([`receiver`]), and
+//! the report adds the deliveries and their lag.
 
 mod feed;
+mod receiver;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -90,6 +94,10 @@ struct Args {
     /// Follow `GET /events` during the transfer phase, as a feed consumer would.
     #[arg(long)]
     follow_events: bool,
+    /// Start the service with a webhook (`WEBHOOK_URL`) to a receiver in the benchmark that
+    /// answers 204 (needs the service to start it: no --url).
+    #[arg(long, conflicts_with = "url")]
+    webhook: bool,
     /// Print the report as one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -125,7 +133,7 @@ impl Service {
     }
 }
 
-fn start_service(args: &Args, elasticsearch: Option<&str>) -> Service {
+fn start_service(args: &Args, elasticsearch: Option<&str>, webhook: Option<&str>) -> Service {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut command = Command::new(&args.binary);
     command
@@ -138,6 +146,11 @@ fn start_service(args: &Args, elasticsearch: Option<&str>) -> Service {
         .stderr(Stdio::inherit());
     if let Some(es) = elasticsearch {
         command.env("ELASTICSEARCH_URL", es);
+    }
+    if let Some(url) = webhook {
+        command
+            .env("WEBHOOK_URL", url)
+            .env("WEBHOOK_SECRET", receiver::SECRET);
     }
     let mut child = command.spawn().unwrap_or_else(|e| {
         panic!(
@@ -774,6 +787,18 @@ struct Report {
     peak_rss_mib: Option<f64>,
     /// With `--follow-events`: what the feed consumer saw.
     events: Option<EventsFollowed>,
+    /// With `--webhook`: what the receiver got.
+    webhooks: Option<WebhooksReceived>,
+}
+
+/// The `--webhook` receiver's figures.
+#[derive(Serialize)]
+struct WebhooksReceived {
+    /// Distinct events delivered per terminal transfer (1 with the default `WEBHOOK_EVENTS`).
+    per_transfer: f64,
+    deliveries_per_event: f64,
+    /// From an event's `at` to its first delivery.
+    lag_ms: Percentiles,
 }
 
 /// The `--follow-events` consumer's figures.
@@ -953,6 +978,21 @@ impl Report {
                 ),
             ]);
         }
+        if let Some(webhooks) = &self.webhooks {
+            rows.extend([
+                (
+                    "webhook events/transfer (deliveries/event)",
+                    format!(
+                        "{:.2} ({:.2})",
+                        webhooks.per_transfer, webhooks.deliveries_per_event
+                    ),
+                ),
+                (
+                    "event → webhook delivered (ms)",
+                    webhooks.lag_ms.to_string(),
+                ),
+            ]);
+        }
         rows
     }
 }
@@ -1009,6 +1049,15 @@ impl Report {
                 deliveries_per_event: f.deliveries as f64 / (f.events.max(1) as f64),
                 terminal_lag_ms: Percentiles::of_client_latency(&f.terminal_lag_us),
             }),
+            webhooks: phase.webhooks.as_ref().map(|r| WebhooksReceived {
+                per_transfer: r.ids.len() as f64 / terminal.max(1.0),
+                deliveries_per_event: r.deliveries as f64 / (r.ids.len().max(1) as f64),
+                lag_ms: Percentiles::of_client_latency(
+                    &r.lag_us
+                        .clone()
+                        .unwrap_or_else(|| Histogram::new(3).expect("histogram")),
+                ),
+            }),
         }
     }
 }
@@ -1029,6 +1078,8 @@ struct TransferPhase {
     es_requests: Option<u64>,
     /// What the `--follow-events` consumer saw.
     followed: Option<feed::Followed>,
+    /// What the `--webhook` receiver got, once it had every terminal event.
+    webhooks: Option<receiver::Received>,
 }
 
 /// Where the benchmark looks while it loads the service.
@@ -1038,6 +1089,8 @@ struct Target<'a> {
     /// The service process, when the benchmark started it.
     pid: Option<u32>,
     emulator: Option<&'a Emulator>,
+    /// What the `--webhook` receiver got.
+    webhook: Option<receiver::Shared>,
 }
 
 async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> TransferPhase {
@@ -1066,10 +1119,16 @@ async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> Transfer
         Some(task) => Some(task.await.expect("the feed consumer")),
         None => None,
     };
+    if let Some(received) = &target.webhook {
+        receiver::wait_for(received, counted.terminal() as u64, Duration::from_secs(60)).await;
+    }
     // After the consumer caught up: its reads are part of what the feed costs.
     let cpu_after = target.pid.and_then(cpu_time);
+    let webhooks =
+        (target.webhook.as_ref()).map(|received| received.lock().expect("receiver state").clone());
     TransferPhase {
         followed,
+        webhooks,
         tally,
         posting,
         drain,
@@ -1085,10 +1144,15 @@ async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> Transfer
 /// Sets up, runs the transfer phase and then the healthz phase, and stops the service.
 async fn run(args: &Args, emulator: Option<&Emulator>) -> Report {
     let elasticsearch = emulator.map(Emulator::url).or(args.elasticsearch.clone());
+    let webhook = match args.webhook {
+        true => Some(receiver::start().await),
+        false => None,
+    };
+    let webhook_url = webhook.as_ref().map(|(url, _)| url.as_str());
     let service = args
         .url
         .is_none()
-        .then(|| start_service(args, elasticsearch.as_deref()));
+        .then(|| start_service(args, elasticsearch.as_deref(), webhook_url));
     let target = Target {
         client: reqwest::Client::builder()
             .timeout(Duration::from_secs(120))
@@ -1100,6 +1164,7 @@ async fn run(args: &Args, emulator: Option<&Emulator>) -> Report {
             .unwrap_or_else(|| service.as_ref().expect("started").base.clone()),
         pid: service.as_ref().map(Service::pid),
         emulator,
+        webhook: webhook.map(|(_, received)| received),
     };
     wait_ready(&target.client, &target.base).await;
     let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
