@@ -28,3 +28,4 @@ pub mod metrics;
 pub mod store;
 pub mod telemetry;
 pub mod transfer;
+pub mod webhooks;
