@@ -13,6 +13,8 @@
 //! - [`keys`]: API key files, each key hashed by the README's recipe;
 //! - [`metrics`]: `/metrics` read with a maintained Prometheus text parser;
 //! - [`logs`]: every app's JSON log lines captured in memory, found by request or transfer id;
+//! - [`receiver`]: a webhook receiver on loopback that records, fails or hangs, and the
+//!   checks of its deliveries (every event, signatures, order per transfer);
 //! - [`wait`]: waiting on a condition with a deadline (never a fixed sleep);
 //! - [`faketime`]: a child process whose wall clock is offset (libfaketime).
 //!
@@ -63,6 +65,7 @@ pub mod gate;
 pub mod keys;
 pub mod logs;
 pub mod metrics;
+pub mod receiver;
 pub mod routes;
 pub mod stores;
 pub mod wait;
