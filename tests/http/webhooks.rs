@@ -335,3 +335,87 @@ async fn wrong_webhook_settings_stop_the_start_with_a_clear_message() {
         "{error}"
     );
 }
+
+/// Whether each instance holds the receiver's delivery lease, by its `webhook_lease_held`.
+async fn lease_held(apps: &[&TestApp]) -> Vec<bool> {
+    let mut held = Vec::new();
+    for app in apps {
+        held.push(app.scrape().await.sum("webhook_lease_held") >= 1.0);
+    }
+    held
+}
+
+/// Two instances on one emulator (a test double of Elasticsearch), one index prefix, one
+/// receiver: one instance delivers at a time; when it stops, the other takes the lease over
+/// from the saved cursor; every event reaches the receiver, repeats only by id and few.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_a_receiver_one_lease_at_a_time_and_hand_over() {
+    let receiver = Receiver::start().await;
+    receiver.fail_every(4);
+    // A lease well above a loaded machine's stalls: in this test the holder never loses it
+    // to a stall, so "one at a time" is exact (a stall would cost duplicates, not a gap).
+    let lease = Duration::from_secs(6);
+    // The emulator outlives both instances (each app on it is started as on the embedded
+    // store, then pointed at it).
+    let emulator = crate::support::stores::emulator().await;
+    let on_emulator = |config: &mut Config| {
+        hooks(&receiver, &ALL_TYPES)(config);
+        config.lease_duration = lease;
+        config.elasticsearch_url = Some(emulator.url.clone());
+        config.index_prefix = "two-hooks-".into();
+    };
+    let first = TestApp::spawn_with(Backend::Embedded, on_emulator).await;
+    let second = TestApp::spawn_with(Backend::Embedded, on_emulator).await;
+    for app in [&first, &second] {
+        assert_eq!(app.store().backend(), "elasticsearch");
+    }
+    let held = wait::until_some("one instance to hold the lease", || async {
+        let held = lease_held(&[&first, &second]).await;
+        held.contains(&true).then_some(held)
+    })
+    .await;
+    assert_eq!(held.iter().filter(|h| **h).count(), 1, "{held:?}");
+    // Load on both; meanwhile the lease stays with one of them.
+    let sampling = async {
+        let mut samples = 0;
+        for _ in 0..20 {
+            let held = lease_held(&[&first, &second]).await;
+            assert!(
+                held.iter().filter(|h| **h).count() <= 1,
+                "both hold it: {held:?}"
+            );
+            samples += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        samples
+    };
+    let (one, two, samples) = tokio::join!(
+        mixed_load(&first, "one"),
+        mixed_load(&second, "two"),
+        sampling
+    );
+    assert_eq!(samples, 20);
+    let held = lease_held(&[&first, &second]).await;
+    assert_eq!(held.iter().filter(|h| **h).count(), 1, "{held:?}");
+    // The holder stops (saving its cursor, releasing the lease); the other takes over.
+    let (holder, survivor) = if held[0] {
+        (first, second)
+    } else {
+        (second, first)
+    };
+    holder.shutdown().await;
+    wait::eventually("the other instance to take the lease over", || async {
+        lease_held(&[&survivor]).await == [true]
+    })
+    .await;
+    let three = mixed_load(&survivor, "three").await;
+    let ids: Vec<String> = one.into_iter().chain(two).chain(three).collect();
+    let events = feed_with(&survivor, &ids).await;
+    let expected = expected_per_transfer(&events, &ALL_TYPES);
+    let (deliveries, distinct) = all_delivered(&receiver, &expected).await;
+    assert!(
+        deliveries <= distinct * 2,
+        "{deliveries} deliveries of {distinct} events: too many repeats"
+    );
+    survivor.shutdown().await;
+}
