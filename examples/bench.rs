@@ -7,6 +7,7 @@
 //! target/release/examples/bench --connections 2000       # the overload scenario
 //! target/release/examples/bench --connections 2000 --ignore-retry-after   # ... as a flood
 //! target/release/examples/bench --emulator               # on es-emulator (a TEST DOUBLE)
+//! target/release/examples/bench --webhook                # ... delivering webhooks
 //! target/release/examples/bench --elasticsearch http://127.0.0.1:9200 --json
 //! ```
 //!
@@ -27,7 +28,9 @@
 //! phase), peak RSS (`VmHWM`), POST latency percentiles (accepted requests, measured by the
 //! clients, in an HDR histogram), 503s (with `Retry-After`) and how long the backlog took
 //! to drain, the ratio to `/healthz` req/s, store requests per transfer, and on the
-//! emulator the HTTP requests it received per transfer.
+//! emulator the HTTP requests it received per transfer. With `--webhook` the service also
+//! delivers the terminal events to a receiver inside this process, and the transfer phase
+//! lasts until every terminal event was delivered (its CPU time included).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -85,6 +88,11 @@ struct Args {
     /// Print the report as one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Configure a webhook (the default terminal events) to a receiver inside the benchmark,
+    /// on a runtime of its own, answering 204; the transfer phase then lasts until every
+    /// terminal event was delivered.
+    #[arg(long, conflicts_with = "url")]
+    webhook: bool,
 }
 
 impl Args {
@@ -117,7 +125,7 @@ impl Service {
     }
 }
 
-fn start_service(args: &Args, elasticsearch: Option<&str>) -> Service {
+fn start_service(args: &Args, elasticsearch: Option<&str>, webhook: Option<&str>) -> Service {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut command = Command::new(&args.binary);
     command
@@ -130,6 +138,11 @@ fn start_service(args: &Args, elasticsearch: Option<&str>) -> Service {
         .stderr(Stdio::inherit());
     if let Some(es) = elasticsearch {
         command.env("ELASTICSEARCH_URL", es);
+    }
+    if let Some(url) = webhook {
+        command
+            .env("WEBHOOK_URL", url)
+            .env("WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
     }
     let mut child = command.spawn().unwrap_or_else(|e| {
         panic!(
@@ -195,6 +208,55 @@ impl Emulator {
         if let Some(running) = self.running.take() {
             self.runtime.block_on(running.shutdown());
         }
+    }
+}
+
+/// A webhook receiver on a runtime of its own: answers 204 and counts the distinct event ids.
+struct WebhookReceiver {
+    url: String,
+    ids: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl WebhookReceiver {
+    fn start() -> WebhookReceiver {
+        use axum::http::HeaderMap;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("receiver runtime");
+        let ids: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>> =
+            Default::default();
+        let seen = ids.clone();
+        let router = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move |headers: HeaderMap| {
+                let seen = seen.clone();
+                async move {
+                    if let Some(id) = headers.get("webhook-id").and_then(|v| v.to_str().ok()) {
+                        seen.lock().unwrap().insert(id.to_owned());
+                    }
+                    axum::http::StatusCode::NO_CONTENT
+                }
+            }),
+        );
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind the receiver");
+        let url = format!("http://{}/hook", listener.local_addr().expect("address"));
+        runtime.spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        WebhookReceiver {
+            url,
+            ids,
+            _runtime: runtime,
+        }
+    }
+
+    fn delivered(&self) -> usize {
+        self.ids.lock().unwrap().len()
     }
 }
 
@@ -757,6 +819,10 @@ struct Report {
     created_to_terminal_ms: Percentiles,
     /// From the end of posting until every accepted transfer was terminal.
     drain_s: f64,
+    /// With `--webhook`: terminal events delivered, and how long after the drain the last
+    /// one arrived.
+    webhooks_delivered: Option<usize>,
+    webhook_catch_up_s: Option<f64>,
     service_cpu_us_per_transfer: Option<f64>,
     healthz_per_s: f64,
     ratio_to_healthz: f64,
@@ -889,6 +955,15 @@ impl Report {
                 self.created_to_terminal_ms.to_string(),
             ),
             ("drain after posting (s)", format!("{:.2}", self.drain_s)),
+            (
+                "webhooks delivered / catch-up (s)",
+                format!(
+                    "{} / {}",
+                    self.webhooks_delivered
+                        .map_or("-".into(), |n| n.to_string()),
+                    shown(self.webhook_catch_up_s, 2)
+                ),
+            ),
         ]
     }
 
@@ -957,6 +1032,8 @@ impl Report {
                 "transfer_duration_seconds",
             ),
             drain_s: phase.drain.as_secs_f64(),
+            webhooks_delivered: phase.webhooks.map(|(n, _)| n),
+            webhook_catch_up_s: phase.webhooks.map(|(_, d)| d.as_secs_f64()),
             service_cpu_us_per_transfer: phase
                 .service_cpu
                 .and_then(|cpu| per_transfer(cpu.as_secs_f64() * 1e6)),
@@ -984,6 +1061,8 @@ struct TransferPhase {
     service_cpu: Option<Duration>,
     /// HTTP requests es-emulator received over posting and draining.
     es_requests: Option<u64>,
+    /// With `--webhook`: terminal events delivered, and the time from the drain to the last.
+    webhooks: Option<(usize, Duration)>,
 }
 
 /// Where the benchmark looks while it loads the service.
@@ -993,6 +1072,7 @@ struct Target<'a> {
     /// The service process, when the benchmark started it.
     pid: Option<u32>,
     emulator: Option<&'a Emulator>,
+    webhook: Option<&'a WebhookReceiver>,
 }
 
 async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> TransferPhase {
@@ -1000,11 +1080,26 @@ async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> Transfer
     let before = Scrape::take(client, base).await;
     let cpu_before = target.pid.and_then(cpu_time);
     let es_before = target.emulator.map(Emulator::request_count);
+    let hooks_before = target.webhook.map(WebhookReceiver::delivered);
     let started = Instant::now();
     let tally = run_load(args, client, base, run).await;
     let posting = started.elapsed();
     let after = wait_drained(client, base, &before).await;
     let drain = started.elapsed() - posting;
+    let webhooks = match (target.webhook, hooks_before) {
+        (Some(receiver), Some(before_count)) => {
+            // Every terminal event of the phase (one per terminal transfer) delivered.
+            let terminal = Counted::between(&before, &after).terminal() as usize;
+            let deadline = Instant::now() + Duration::from_secs(600);
+            let drained = Instant::now();
+            while receiver.delivered() - before_count < terminal {
+                assert!(Instant::now() < deadline, "webhooks did not catch up");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Some((receiver.delivered() - before_count, drained.elapsed()))
+        }
+        _ => None,
+    };
     let cpu_after = target.pid.and_then(cpu_time);
     TransferPhase {
         tally,
@@ -1016,16 +1111,22 @@ async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> Transfer
         es_requests: es_before
             .zip(target.emulator)
             .map(|(b, e)| e.request_count() - b),
+        webhooks,
     }
 }
 
 /// Sets up, runs the transfer phase and then the healthz phase, and stops the service.
-async fn run(args: &Args, emulator: Option<&Emulator>) -> Report {
+async fn run(
+    args: &Args,
+    emulator: Option<&Emulator>,
+    webhook: Option<&WebhookReceiver>,
+) -> Report {
     let elasticsearch = emulator.map(Emulator::url).or(args.elasticsearch.clone());
+    let hook_url = webhook.map(|r| r.url.clone());
     let service = args
         .url
         .is_none()
-        .then(|| start_service(args, elasticsearch.as_deref()));
+        .then(|| start_service(args, elasticsearch.as_deref(), hook_url.as_deref()));
     let target = Target {
         client: reqwest::Client::builder()
             .timeout(Duration::from_secs(120))
@@ -1037,6 +1138,7 @@ async fn run(args: &Args, emulator: Option<&Emulator>) -> Report {
             .unwrap_or_else(|| service.as_ref().expect("started").base.clone()),
         pid: service.as_ref().map(Service::pid),
         emulator,
+        webhook,
     };
     wait_ready(&target.client, &target.base).await;
     let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
@@ -1068,9 +1170,11 @@ fn stop_service(mut service: Service) {
 fn main() {
     let args = Args::parse();
     let emulator = args.emulator.then(Emulator::start);
+    let webhook = args.webhook.then(WebhookReceiver::start);
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let report = runtime.block_on(run(&args, emulator.as_ref()));
+    let report = runtime.block_on(run(&args, emulator.as_ref(), webhook.as_ref()));
     drop(runtime);
+    drop(webhook);
     if let Some(emulator) = emulator {
         emulator.stop();
     }
