@@ -366,4 +366,34 @@ mod tests {
         let cli = Cli::try_parse_from(["transfer-service", "--metrics-require-auth"]).unwrap();
         assert!(cli.config.metrics_require_auth);
     }
+
+    #[test]
+    fn webhook_lists_are_comma_separated_and_default_to_the_terminal_events() {
+        let cli = Cli::try_parse_from(["transfer-service"]).unwrap();
+        let hooks = &cli.config.webhooks;
+        assert!(hooks.webhook_url.is_empty());
+        assert_eq!(
+            hooks.webhook_events,
+            ["transfer.finished", "transfer.rolled-back"]
+        );
+        assert_eq!(hooks.webhook_retry_period, Duration::from_secs(24 * 3600));
+        assert_eq!(hooks.webhook_timeout, Duration::from_secs(10));
+        let cli = Cli::try_parse_from([
+            "transfer-service",
+            "--webhook-url",
+            "http://a.test/h,https://b.test/h",
+            "--webhook-events",
+            "transfer.created,transfer.captured",
+            "--webhook-retry-period",
+            "2h",
+        ])
+        .unwrap();
+        let hooks = &cli.config.webhooks;
+        assert_eq!(hooks.webhook_url, ["http://a.test/h", "https://b.test/h"]);
+        assert_eq!(
+            hooks.webhook_events,
+            ["transfer.created", "transfer.captured"]
+        );
+        assert_eq!(hooks.webhook_retry_period, Duration::from_secs(7200));
+    }
 }
