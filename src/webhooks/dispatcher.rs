@@ -561,3 +561,56 @@ impl Sender {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mark(state: &mut State, next: u64, outstanding: usize) -> u64 {
+        let seq = state.next_seq;
+        state.next_seq += 1;
+        state.marks.push_back(Mark {
+            seq,
+            next: Some(FeedPosition::Seq(next)),
+            outstanding,
+        });
+        seq
+    }
+
+    #[test]
+    fn the_cursor_moves_only_past_pages_whose_events_and_predecessors_are_finished() {
+        let mut state = State::start(Some(FeedPosition::Seq(5)));
+        mark(&mut state, 10, 1);
+        mark(&mut state, 20, 0);
+        mark(&mut state, 30, 2);
+        state.advance();
+        // The first page still has an event out: nothing moves, not even past the empty one.
+        assert_eq!(state.cursor, Some(FeedPosition::Seq(5)));
+        assert!(!state.dirty);
+        // The third page's events finish first: still nothing.
+        state.marks[2].outstanding = 0;
+        state.advance();
+        assert_eq!(state.cursor, Some(FeedPosition::Seq(5)));
+        // The first page's last event finishes: past all three.
+        state.marks[0].outstanding = 0;
+        state.advance();
+        assert_eq!(state.cursor, Some(FeedPosition::Seq(30)));
+        assert!(state.dirty);
+        assert!(state.marks.is_empty());
+    }
+
+    #[test]
+    fn finished_ids_are_remembered_up_to_the_bound() {
+        let mut state = State::default();
+        for n in 0..REMEMBERED + 10 {
+            let id = format!("t{n}/transfer.finished");
+            state.seen.insert(id.clone());
+            state.remember_finished(id);
+        }
+        assert_eq!(state.seen.len(), REMEMBERED);
+        assert!(!state.seen.contains("t0/transfer.finished"));
+        assert!(state
+            .seen
+            .contains(&format!("t{}/transfer.finished", REMEMBERED + 9)));
+    }
+}
