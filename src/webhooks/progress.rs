@@ -191,3 +191,83 @@ impl Progress {
         self.expires
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::store::embedded::EmbeddedStore;
+    use crate::transfer::clock::{Clock, TestClock};
+
+    const LEASE: Duration = Duration::from_secs(30);
+
+    #[tokio::test]
+    async fn one_holder_at_a_time_and_a_holder_that_lost_the_lease_cannot_move_the_cursor() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: DynStore = Arc::new(EmbeddedStore::open(dir.path()).unwrap());
+        let clock = TestClock::new();
+        let other_clock = clock.skewed(0);
+        let mut a = Progress::new(store.clone(), clock.clone(), "r1".into(), LEASE);
+        let mut b = Progress::new(store.clone(), other_clock.clone(), "r1".into(), LEASE);
+
+        assert_eq!(a.claim().await.unwrap(), Claim::Held { cursor: None });
+        assert!(
+            matches!(b.claim().await.unwrap(), Claim::Busy { until } if until >= clock.wall_millis() + 29_000)
+        );
+        assert!(a.save(Some("7".into())).await.unwrap());
+        assert!(a.holds());
+
+        // By b's clock, a's lease ran out (a stalled, or the clocks disagree): b takes over
+        // from the saved cursor.
+        other_clock.set_skew_millis(31_000);
+        assert_eq!(
+            b.claim().await.unwrap(),
+            Claim::Held {
+                cursor: Some("7".into())
+            }
+        );
+        // a's next write conflicts: it can no longer move the cursor, and knows it lost.
+        assert!(!a.save(Some("9".into())).await.unwrap());
+        assert!(!a.holds());
+        let doc: ProgressDoc = store
+            .get(Index::Webhooks, "r1")
+            .await
+            .unwrap()
+            .unwrap()
+            .source
+            .decode()
+            .unwrap();
+        assert_eq!(doc.cursor.as_deref(), Some("7"));
+        assert_eq!(doc.lease_owner.as_deref(), Some(b.owner()));
+
+        // A release hands the lease over at once, with the cursor.
+        assert!(b.save(Some("8".into())).await.unwrap());
+        b.release(Some("8".into())).await.unwrap();
+        assert_eq!(
+            a.claim().await.unwrap(),
+            Claim::Held {
+                cursor: Some("8".into())
+            }
+        );
+        // Back in step, b sees a's lease as running (ahead by 31 s, it would take it again:
+        // the clock dependence, which costs duplicates).
+        other_clock.set_skew_millis(0);
+        assert!(matches!(b.claim().await.unwrap(), Claim::Busy { .. }));
+    }
+
+    #[tokio::test]
+    async fn receivers_have_documents_of_their_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: DynStore = Arc::new(EmbeddedStore::open(dir.path()).unwrap());
+        let clock = TestClock::new();
+        let mut one = Progress::new(store.clone(), clock.clone(), "r1".into(), LEASE);
+        let mut two = Progress::new(store.clone(), clock.clone(), "r2".into(), LEASE);
+        assert_eq!(one.claim().await.unwrap(), Claim::Held { cursor: None });
+        assert_eq!(two.claim().await.unwrap(), Claim::Held { cursor: None });
+        assert!(one.save(Some("3".into())).await.unwrap());
+        let doc = store.get(Index::Webhooks, "r2").await.unwrap().unwrap();
+        assert_eq!(doc.source.decode::<ProgressDoc>().unwrap().cursor, None);
+    }
+}
