@@ -18,6 +18,7 @@ use crate::store::grouping::GroupingStore;
 use crate::store::instrumented::InstrumentedStore;
 use crate::store::{DynStore, StoreError};
 use crate::transfer::{Engine, EngineConfig};
+use crate::webhooks::{WebhookSettings, Webhooks};
 
 /// How long shutdown waits for drivers to reach a step boundary.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(8);
@@ -50,6 +51,15 @@ pub enum StartError {
     ApiKeys(#[from] KeyFileError),
     #[error("METRICS_REQUIRE_AUTH needs API_KEYS_FILE: without keys nobody could scrape /metrics")]
     MetricsAuthWithoutKeys,
+    /// A webhook setting is wrong; the message names it (and never quotes the secret).
+    #[error("{0}")]
+    Webhooks(String),
+}
+
+/// The webhooks `config` asks for, checked.
+fn webhooks_from_config(config: &Config) -> Result<Option<WebhookSettings>, StartError> {
+    WebhookSettings::from_args(&config.webhooks, config.lease_duration)
+        .map_err(StartError::Webhooks)
 }
 
 /// The authentication `config` asks for: the keys of `API_KEYS_FILE`, read now (a file that
@@ -164,10 +174,13 @@ pub struct Application {
     metrics: Arc<Metrics>,
     auth: Arc<Auth>,
     api_keys_reload_interval: Duration,
+    webhooks: Option<WebhookSettings>,
 }
 
 impl Application {
     pub async fn build(config: Config) -> Result<Self, StartError> {
+        // Checked before the store is opened: a wrong setting stops the start at once.
+        webhooks_from_config(&config)?;
         let metrics = Metrics::new();
         let store = open_store(&config, &metrics, Migrations::Apply).await?;
         Self::build_with_store(config, store, metrics).await
@@ -180,6 +193,7 @@ impl Application {
         metrics: Arc<Metrics>,
     ) -> Result<Self, StartError> {
         let auth = Arc::new(auth_from_config(&config, &metrics)?);
+        let webhooks = webhooks_from_config(&config)?;
         let engine = Engine::new(store, EngineConfig::from_config(&config), metrics.clone());
         let listener = TcpListener::bind(config.listen_addr)
             .await
@@ -198,6 +212,7 @@ impl Application {
             metrics,
             auth,
             api_keys_reload_interval: config.api_keys_reload_interval,
+            webhooks,
         })
     }
 
@@ -217,6 +232,15 @@ impl Application {
     ) -> std::io::Result<()> {
         let engine = self.engine.clone();
         engine.spawn_recovery_loop();
+        // Tasks of their own: transfers never wait on a receiver.
+        let webhooks = self.webhooks.map(|settings| {
+            tracing::info!(
+                receivers = ?settings.receivers.iter().map(|r| r.label.as_str()).collect::<Vec<_>>(),
+                events = ?settings.events.iter().map(|e| e.type_name()).collect::<Vec<_>>(),
+                "webhooks on"
+            );
+            Webhooks::spawn(engine.clone(), settings, self.metrics.clone())
+        });
         let shutdown = engine.shutdown_token();
         if let Some(keys) = self.auth.keys() {
             keys.spawn_watcher(self.api_keys_reload_interval, shutdown.clone());
@@ -239,6 +263,10 @@ impl Application {
         engine.shut_down();
         if !engine.wait_idle(SHUTDOWN_GRACE).await {
             tracing::warn!("workers still running after the grace period; recovery resumes them");
+        }
+        if let Some(webhooks) = webhooks {
+            // They save their progress and release their leases on the engine's shutdown.
+            webhooks.stopped(SHUTDOWN_GRACE).await;
         }
         result
     }

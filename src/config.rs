@@ -139,6 +139,64 @@ pub struct Config {
     /// Log format: `pretty` for people, `json` for log pipelines.
     #[arg(long, env = "LOG_FORMAT", default_value = "pretty")]
     pub log_format: LogFormat,
+
+    /// Webhooks: where events are POSTed, signed (`crate::webhooks`).
+    #[command(flatten)]
+    pub webhooks: WebhookArgs,
+}
+
+/// Webhooks (README "Webhooks", docs/design.md §11 "Webhooks"). Checked at start-up by
+/// `crate::webhooks::WebhookSettings::from_args`: a bad value stops the service with a message
+/// naming it. The secret never prints (`--help` hides its environment value, `Debug` shows
+/// `***`, and an error about it never quotes it).
+#[derive(Debug, Clone, Args)]
+pub struct WebhookArgs {
+    /// POST every selected event to these URLs (comma-separated, each `http://` or
+    /// `https://`), signed per Standard Webhooks. Unset: no webhooks.
+    #[arg(long, env = "WEBHOOK_URL", value_delimiter = ',')]
+    pub webhook_url: Vec<String>,
+    /// The signing secret, `whsec_<base64 key>` (the HMAC key is the decoded bytes, at least
+    /// 16). Required with WEBHOOK_URL.
+    #[arg(long, env = "WEBHOOK_SECRET", hide_env_values = true)]
+    pub webhook_secret: Option<Secret>,
+    /// Event types to deliver, comma-separated (`transfer.created`, `transfer.pending`,
+    /// `transfer.committed`, `transfer.finished`, `transfer.terminating`,
+    /// `transfer.rolled-back`, `transfer.captured`). Default: the terminal ones.
+    #[arg(
+        long,
+        env = "WEBHOOK_EVENTS",
+        value_delimiter = ',',
+        default_value = "transfer.finished,transfer.rolled-back"
+    )]
+    pub webhook_events: Vec<String>,
+    /// How long an event is retried, counted from the event's time (so it holds across
+    /// restarts); then it is given up (logged and counted).
+    #[arg(long, env = "WEBHOOK_RETRY_PERIOD", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub webhook_retry_period: Duration,
+    /// Time limit of one delivery attempt (connect, send, answer).
+    #[arg(long, env = "WEBHOOK_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub webhook_timeout: Duration,
+    /// Retries wait a random time up to `WEBHOOK_BACKOFF_MIN × 2^(attempt − 1)` (exponential
+    /// backoff with full jitter), at most WEBHOOK_BACKOFF_MAX.
+    #[arg(long, env = "WEBHOOK_BACKOFF_MIN", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub webhook_backoff_min: Duration,
+    /// The longest wait between two attempts of one event.
+    #[arg(long, env = "WEBHOOK_BACKOFF_MAX", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub webhook_backoff_max: Duration,
+}
+
+impl Default for WebhookArgs {
+    fn default() -> Self {
+        Self {
+            webhook_url: Vec::new(),
+            webhook_secret: None,
+            webhook_events: vec!["transfer.finished".into(), "transfer.rolled-back".into()],
+            webhook_retry_period: Duration::from_secs(24 * 3600),
+            webhook_timeout: Duration::from_secs(10),
+            webhook_backoff_min: Duration::from_secs(1),
+            webhook_backoff_max: Duration::from_secs(300),
+        }
+    }
 }
 
 /// How the service authenticates to Elasticsearch and which CA it trusts (docs/elasticsearch.md
@@ -244,6 +302,7 @@ impl Config {
             api_keys_reload_interval: Duration::from_millis(100),
             metrics_require_auth: false,
             log_format: LogFormat::Pretty,
+            webhooks: WebhookArgs::default(),
         }
     }
 }
@@ -260,13 +319,20 @@ mod tests {
         // names only here.
         std::env::set_var("ELASTICSEARCH_API_KEY", "c2VjcmV0LWtleS1pZDpzM2NyM3Q=");
         std::env::set_var("ELASTICSEARCH_PASSWORD", "pa55-w0rd");
+        std::env::set_var("WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
         let help = Cli::command().render_long_help().to_string();
         let cli = Cli::try_parse_from(["transfer-service"]).unwrap();
         std::env::remove_var("ELASTICSEARCH_API_KEY");
         std::env::remove_var("ELASTICSEARCH_PASSWORD");
+        std::env::remove_var("WEBHOOK_SECRET");
         assert!(help.contains("ELASTICSEARCH_API_KEY"), "{help}");
+        assert!(help.contains("WEBHOOK_SECRET"), "{help}");
         let debug = format!("{cli:?}");
-        for secret in ["c2VjcmV0LWtleS1pZDpzM2NyM3Q=", "pa55-w0rd"] {
+        for secret in [
+            "c2VjcmV0LWtleS1pZDpzM2NyM3Q=",
+            "pa55-w0rd",
+            "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        ] {
             assert!(!help.contains(secret), "help shows {secret}");
             assert!(!debug.contains(secret), "Debug shows {secret}: {debug}");
         }
@@ -299,5 +365,35 @@ mod tests {
         assert_eq!(cli.config.api_keys_reload_interval, Duration::from_secs(5));
         let cli = Cli::try_parse_from(["transfer-service", "--metrics-require-auth"]).unwrap();
         assert!(cli.config.metrics_require_auth);
+    }
+
+    #[test]
+    fn webhook_lists_are_comma_separated_and_default_to_the_terminal_events() {
+        let cli = Cli::try_parse_from(["transfer-service"]).unwrap();
+        let hooks = &cli.config.webhooks;
+        assert!(hooks.webhook_url.is_empty());
+        assert_eq!(
+            hooks.webhook_events,
+            ["transfer.finished", "transfer.rolled-back"]
+        );
+        assert_eq!(hooks.webhook_retry_period, Duration::from_secs(24 * 3600));
+        assert_eq!(hooks.webhook_timeout, Duration::from_secs(10));
+        let cli = Cli::try_parse_from([
+            "transfer-service",
+            "--webhook-url",
+            "http://a.test/h,https://b.test/h",
+            "--webhook-events",
+            "transfer.created,transfer.captured",
+            "--webhook-retry-period",
+            "2h",
+        ])
+        .unwrap();
+        let hooks = &cli.config.webhooks;
+        assert_eq!(hooks.webhook_url, ["http://a.test/h", "https://b.test/h"]);
+        assert_eq!(
+            hooks.webhook_events,
+            ["transfer.created", "transfer.captured"]
+        );
+        assert_eq!(hooks.webhook_retry_period, Duration::from_secs(7200));
     }
 }

@@ -15,6 +15,9 @@
 //!   `health`), bearer-key authentication (`auth`), problem+json errors (`error`), OpenAPI
 //!   and Swagger UI (`openapi`).
 //! - [`auth`]: the API keys of `API_KEYS_FILE`: parsing, constant-time lookup, reloads.
+//! - [`webhooks`]: the change feed's events POSTed to `WEBHOOK_URL`s, signed per Standard
+//!   Webhooks (`signing`), from a durable cursor under a delivery lease (`progress`), one
+//!   dispatcher per URL (`dispatcher`).
 //! - [`app`]: wiring and graceful shutdown; [`config`]: flags and environment;
 //!   [`metrics`]: Prometheus series; [`telemetry`]: logging; [`audit`]: the invariant check
 //!   behind `transfer-service audit`.
@@ -28,3 +31,4 @@ pub mod metrics;
 pub mod store;
 pub mod telemetry;
 pub mod transfer;
+pub mod webhooks;

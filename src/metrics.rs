@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::transfer::model::TransferState;
@@ -63,7 +63,20 @@ pub struct Metrics {
     /// Reloads of `API_KEYS_FILE` (SIGHUP or a change), by `outcome` = `ok` | `error` (the
     /// file could not be read or parsed; the keys in force stayed).
     pub api_keys_reloads_total: IntCounterVec,
+    /// Webhook delivery attempts by `outcome` = `delivered` | `failed` (will be retried) |
+    /// `given_up` (the last attempt of an event older than `WEBHOOK_RETRY_PERIOD`).
+    pub webhook_deliveries_total: IntCounterVec,
+    /// From an event's `at` to its delivery.
+    pub webhook_delivery_lag_seconds: Histogram,
+    /// Age of the oldest event this instance holds and has not delivered, per `receiver` (the
+    /// URL without user info or query); 0 when it holds none or does not deliver.
+    pub webhook_oldest_undelivered_seconds: IntGaugeVec,
+    /// 1 while this instance holds the delivery lease of `receiver`.
+    pub webhook_lease_held: IntGaugeVec,
 }
+
+/// The `outcome`s of `webhook_deliveries_total`.
+pub const WEBHOOK_OUTCOMES: [&str; 3] = ["delivered", "failed", "given_up"];
 
 /// The routes admission control may shed (`requests_shed_total{route}`).
 /// The `outcome`s of `holds_completed_total`.
@@ -73,6 +86,10 @@ pub const SHED_ROUTES: [&str; 2] = ["/transfers", "/transfers/batch"];
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+const WEBHOOK_LAG_BUCKETS: &[f64] = &[
+    0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 21600.0,
+    86400.0,
 ];
 const TRANSFER_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0,
@@ -98,6 +115,9 @@ impl Metrics {
             register(&registry, IntCounterVec::new(Opts::new(name, help), labels))
         };
         let gauge = |name: &str, help: &str| register(&registry, IntGauge::new(name, help));
+        let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
+            register(&registry, IntGaugeVec::new(Opts::new(name, help), labels))
+        };
         let histogram = |name: &str, help: &str, buckets: &[f64]| {
             let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
             register(&registry, Histogram::with_opts(opts))
@@ -198,6 +218,26 @@ impl Metrics {
                 "Reloads of API_KEYS_FILE, by outcome (error: the keys in force stayed)",
                 &["outcome"],
             ),
+            webhook_deliveries_total: counter_vec(
+                "webhook_deliveries_total",
+                "Webhook delivery attempts, by outcome (delivered, failed and retried, given up)",
+                &["outcome"],
+            ),
+            webhook_delivery_lag_seconds: histogram(
+                "webhook_delivery_lag_seconds",
+                "Time from an event to its webhook delivery",
+                WEBHOOK_LAG_BUCKETS,
+            ),
+            webhook_oldest_undelivered_seconds: gauge_vec(
+                "webhook_oldest_undelivered_seconds",
+                "Age of the oldest event held and not yet delivered, per webhook receiver",
+                &["receiver"],
+            ),
+            webhook_lease_held: gauge_vec(
+                "webhook_lease_held",
+                "1 while this instance holds the delivery lease of the webhook receiver",
+                &["receiver"],
+            ),
             registry,
         };
         metrics.initialize_known_series();
@@ -231,6 +271,9 @@ impl Metrics {
         }
         for outcome in ["ok", "error"] {
             self.api_keys_reloads_total.with_label_values(&[outcome]);
+        }
+        for outcome in WEBHOOK_OUTCOMES {
+            self.webhook_deliveries_total.with_label_values(&[outcome]);
         }
     }
 

@@ -837,6 +837,53 @@ async fn assert_metadata_filter_finds(base: &str, requests: &Requests) {
     assert_eq!(found, [id.as_str()], "{page}");
 }
 
+/// Webhooks to `receiver` (which the test makes fail part of the time), with timers for
+/// tests: attempts time out after 300 ms, retries wait up to 20 ms × 2^n, at most 200 ms.
+fn webhook_env(receiver: &support::receiver::Receiver) -> Vec<(&'static str, String)> {
+    vec![
+        ("WEBHOOK_URL", receiver.url()),
+        ("WEBHOOK_SECRET", support::receiver::SECRET.to_owned()),
+        ("WEBHOOK_TIMEOUT", "300ms".to_owned()),
+        ("WEBHOOK_BACKOFF_MIN", "20ms".to_owned()),
+        ("WEBHOOK_BACKOFF_MAX", "200ms".to_owned()),
+    ]
+}
+
+/// The receiver ends with the terminal event of every transfer the clients asked for (the
+/// default `WEBHOOK_EVENTS`), as `GET /transfers/{id}` shows it, and nothing else; every
+/// request it got is signed; repeats only by id. Returns (deliveries, distinct events).
+async fn assert_every_terminal_event_delivered(
+    base: &str,
+    requests: &Requests,
+    receiver: &support::receiver::Receiver,
+) -> (usize, usize) {
+    let ids: Vec<String> = requests.lock().unwrap().keys().cloned().collect();
+    let client = reqwest::Client::new();
+    let mut expected = std::collections::BTreeMap::new();
+    for id in ids {
+        let transfer = get_ok(&client, base, &format!("/transfers/{id}")).await;
+        let state = transfer["state"].as_str().unwrap();
+        assert!(state == "finished" || state == "rolled-back", "{transfer}");
+        expected.insert(id.clone(), vec![format!("{id}/transfer.{state}")]);
+    }
+    let want: Vec<&String> = expected.values().flatten().collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = receiver.delivered_ids();
+        let missing = want.iter().filter(|id| !got.contains(**id)).count();
+        if missing == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{missing} of {} terminal events not delivered",
+            want.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    support::receiver::check_deliveries(receiver, &expected)
+}
+
 /// After the chaos: re-post every id whose POST got no answer, wait for every transfer to be
 /// terminal, and check exact balances and empty pending lists through the API.
 /// A consumer of `GET /events` from the start, reading from whichever instance is up and
@@ -886,7 +933,11 @@ async fn kill_dash_nine_and_restart_keep_every_invariant() {
     let seed = env_or("CRASH_SEED", rand::random::<u32>() as u64);
     eprintln!("seed {seed} (CRASH_SEED to repeat), {seconds} s, {clients} clients, {kills} kills");
     let dir = tempfile::tempdir().unwrap();
-    let env = vec![("DATA_DIR", dir.path().display().to_string())];
+    // A webhook receiver that fails one request in three, across every kill.
+    let receiver = support::receiver::Receiver::start().await;
+    receiver.fail_every(3);
+    let mut env = vec![("DATA_DIR", dir.path().display().to_string())];
+    env.extend(webhook_env(&receiver));
     let service = Service::start(&env);
     open_accounts(&reqwest::Client::new(), &service.base, MIXED).await;
     let bases = Arc::new(RwLock::new(vec![service.base.clone()]));
@@ -935,6 +986,12 @@ async fn kill_dash_nine_and_restart_keep_every_invariant() {
     // Nothing is in flight: the end of the (exact) embedded feed is the end of every history.
     feed.read_to_the_end(&reqwest::Client::new(), &service.base)
         .await;
+    let (deliveries, events) =
+        assert_every_terminal_event_delivered(&service.base, &requests, &receiver).await;
+    eprintln!(
+        "webhooks: {events} terminal events delivered ({deliveries} deliveries, {} requests)",
+        receiver.requests().len()
+    );
     let (status, took) = service.terminate();
     assert!(status.success(), "graceful exit: {status:?}");
     assert!(took < Duration::from_secs(10), "exit took {took:?}");
@@ -962,10 +1019,14 @@ async fn two_instances_on_one_elasticsearch_share_work_and_survive_one_kill() {
     // The emulator (a test double of Elasticsearch) runs in this process and keeps its state
     // while the service processes die.
     let emulator = support::stores::emulator().await;
-    let env = vec![
+    // One webhook receiver for both, failing one request in three.
+    let receiver = support::receiver::Receiver::start().await;
+    receiver.fail_every(3);
+    let mut env = vec![
         ("ELASTICSEARCH_URL", emulator.url.clone()),
         ("INDEX_PREFIX", "two-instances-".to_owned()),
     ];
+    env.extend(webhook_env(&receiver));
     let first = Service::start(&env);
     let second = Service::start(&env);
     open_accounts(&reqwest::Client::new(), &first.base, SPREAD).await;
@@ -990,6 +1051,11 @@ async fn two_instances_on_one_elasticsearch_share_work_and_survive_one_kill() {
     load.await.unwrap();
     wait_until_nothing_in_flight(&second.base, Duration::from_secs(60)).await;
     settle_and_check(&second.base, &requests, SPREAD).await;
+    // Every terminal event reached the receiver, whichever instance held its lease and
+    // despite the kill of one of them (which may have held it).
+    let (deliveries, events) =
+        assert_every_terminal_event_delivered(&second.base, &requests, &receiver).await;
+    eprintln!("webhooks: {events} terminal events delivered ({deliveries} deliveries)");
     let (clean, report) = audit(&env);
     assert!(clean, "audit found violations:\n{report}");
     stop_feed.store(true, Ordering::Relaxed);

@@ -660,6 +660,7 @@ impl Store for ElasticsearchStore {
         let id_field = match index {
             Index::Accounts => fields::ACCOUNT_ID,
             Index::Transactions => fields::ID,
+            Index::Webhooks => fields::RECEIVER_ID,
         };
         let mut body = self.page_body(json!({
             "size": limit,

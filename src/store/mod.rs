@@ -33,16 +33,21 @@ pub enum Index {
     Accounts,
     /// `transactions/{id}`: one document per transfer (the post's name for the index).
     Transactions,
+    /// `webhooks/{receiver}`: each webhook receiver's delivery progress (the durable feed
+    /// cursor) and the lease of the instance delivering to it (`crate::webhooks`). Not part
+    /// of the transfer protocol: the auditor and the feed never read it.
+    Webhooks,
 }
 
 impl Index {
-    pub const ALL: [Index; 2] = [Index::Accounts, Index::Transactions];
+    pub const ALL: [Index; 3] = [Index::Accounts, Index::Transactions, Index::Webhooks];
 
     /// The logical name; Elasticsearch index names are `INDEX_PREFIX` + this.
     pub fn name(self) -> &'static str {
         match self {
             Index::Accounts => "accounts",
             Index::Transactions => "transactions",
+            Index::Webhooks => "webhooks",
         }
     }
 }
@@ -406,6 +411,8 @@ pub mod fields {
     pub const ID: &str = "transaction_id";
     /// The account id repeated in the account source, for the same reason.
     pub const ACCOUNT_ID: &str = "account_id";
+    /// The receiver id repeated in a webhook progress document, for the same reason.
+    pub const RECEIVER_ID: &str = "receiver_id";
     /// Why a person must look at the transfer; absent on every transfer that needs nobody.
     /// Mapped (as a keyword) by migration `0003_transactions_attention`. A transfer is
     /// flagged when this field holds a string (what the engine writes): Elasticsearch's

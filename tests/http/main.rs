@@ -16,6 +16,8 @@
 //! - [`schema`]: the OpenAPI document's constraints against the server, both ways;
 //! - [`observability`]: metrics, request ids, logs, the OpenAPI document, Swagger UI;
 //! - [`resilience`]: store outages on the Elasticsearch backend (emulator);
+//! - [`webhooks`]: signed deliveries to a loopback receiver that fails and hangs, give-ups,
+//!   transfers that never wait on it, two instances sharing a receiver's lease;
 //! - [`operator_kit`]: the dashboard and alert rules in `deploy/` name only what `/metrics` has.
 //!
 //! Logs of every app in this binary go, as JSON, to one in-memory buffer (the process's one
@@ -40,3 +42,4 @@ mod observability;
 mod operator_kit;
 mod resilience;
 mod schema;
+mod webhooks;

@@ -15,8 +15,12 @@ use promql_parser::parser::{self, Expr, LabelModifier};
 use serde_json::{json, Value};
 use yaml_rust2::YamlLoader;
 
+use transfer_service::store::elasticsearch::Secret;
+
 use crate::support::app::{Backend, TestApp};
 use crate::support::metrics::Exposition;
+use crate::support::receiver::{Receiver, SECRET};
+use crate::support::wait;
 
 const DASHBOARD: &str = include_str!("../../deploy/grafana/dashboards/transfer-service.json");
 const ALERTS: &str = include_str!("../../deploy/alerts.yml");
@@ -241,14 +245,24 @@ fn missing_from(exposition: &Exposition, queries: &[Query]) -> Vec<String> {
     problems
 }
 
-/// `/metrics` of a service that has served a transfer (labelled families appear with their
-/// first label set: store requests, HTTP requests).
+/// `/metrics` of a service that has served a transfer and delivered its webhook (labelled
+/// families appear with their first label set: store requests, HTTP requests, receivers).
 async fn exposition_of_a_busy_service() -> Exposition {
-    let app = TestApp::spawn(Backend::Embedded).await;
+    let receiver = Receiver::start().await;
+    let url = receiver.url();
+    let app = TestApp::spawn_with(Backend::Embedded, |config| {
+        config.webhooks.webhook_url = vec![url];
+        config.webhooks.webhook_secret = Some(Secret::new(SECRET));
+    })
+    .await;
     app.open_account("alice", 100).await;
     app.open_account("bob", 0).await;
     app.transfer_accepted("t-1", "alice", "bob", 10).await;
     app.settled("t-1").await;
+    wait::eventually("the webhook to be delivered", || async {
+        receiver.delivered_ids().contains("t-1/transfer.finished")
+    })
+    .await;
     let exposition = app.scrape().await;
     app.shutdown().await;
     exposition

@@ -129,7 +129,8 @@ async fn migrations_apply_once_when_two_instances_start_together() {
             "0002_transactions",
             "0003_transactions_attention",
             "0004_transactions_metadata",
-            "0005_transactions_accounts"
+            "0005_transactions_accounts",
+            "0006_webhooks"
         ]
     );
     // The mapping steps ran (perhaps twice, at once): `attention` is a keyword, `metadata`

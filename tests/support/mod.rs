@@ -14,6 +14,8 @@
 //! - [`metrics`]: `/metrics` read with a maintained Prometheus text parser;
 //! - [`logs`]: every app's JSON log lines captured in memory, found by request or transfer id;
 //! - [`feed`]: what a change-feed consumer saw, and the check that it is complete and in order;
+//! - [`receiver`]: a webhook receiver on loopback that records, fails or hangs, and the
+//!   checks of its deliveries (every event, signatures, order per transfer);
 //! - [`wait`]: waiting on a condition with a deadline (never a fixed sleep);
 //! - [`faketime`]: a child process whose wall clock is offset (libfaketime).
 //!
@@ -65,6 +67,7 @@ pub mod gate;
 pub mod keys;
 pub mod logs;
 pub mod metrics;
+pub mod receiver;
 pub mod routes;
 pub mod stores;
 pub mod wait;

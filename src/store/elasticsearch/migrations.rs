@@ -76,6 +76,7 @@ pub(super) const MIGRATIONS: &[Migration] = &[
     migration!("0003_transactions_attention"),
     migration!("0004_transactions_metadata"),
     migration!("0005_transactions_accounts"),
+    migration!("0006_webhooks"),
 ];
 
 /// The logical name of the index holding one record per applied migration.

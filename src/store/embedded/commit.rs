@@ -97,7 +97,7 @@ pub(super) fn take_group(waiting: &mut Vec<(Vec<WriteOp>, Reply)>) -> Vec<(Vec<W
 /// operations per index and group instead of two per write).
 #[derive(Default)]
 pub(super) struct SeqNos {
-    last: [Option<Option<u64>>; 2],
+    last: [Option<Option<u64>>; Index::ALL.len()],
 }
 
 impl SeqNos {
@@ -105,6 +105,7 @@ impl SeqNos {
         match index {
             Index::Accounts => 0,
             Index::Transactions => 1,
+            Index::Webhooks => 2,
         }
     }
 
@@ -112,6 +113,7 @@ impl SeqNos {
         match index {
             Index::Accounts => "seq:accounts",
             Index::Transactions => "seq:transactions",
+            Index::Webhooks => "seq:webhooks",
         }
     }
 
@@ -237,7 +239,7 @@ pub(super) fn apply_op(
                 Err(e) => return Ok(Err(e)),
             }
         }
-        Index::Accounts => None,
+        Index::Accounts | Index::Webhooks => None,
     };
     let seq_no = seq_nos.next(tables, index)?;
     // Every check passed: from here on, only writes.

@@ -1,0 +1,421 @@
+//! Webhooks (README "Webhooks", docs/design.md §11 "Webhooks"): a loopback receiver
+//! (`tests/support/receiver.rs`) gets every selected event of a mixed load, signed, in order
+//! per transfer, also when it answers 500 or hangs for a while; events are given up after
+//! the retry period; transfers never wait on a receiver; two instances on one store share a
+//! receiver's lease. On the embedded store, the Elasticsearch backend on the emulator (a test
+//! double of Elasticsearch) and a real cluster when `ELASTICSEARCH_URL` is set.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use transfer_service::config::Config;
+use transfer_service::store::elasticsearch::Secret;
+
+use crate::support::app::{Backend, TestApp};
+use crate::support::receiver::{check_deliveries, expected_per_transfer, Receiver, SECRET};
+use crate::support::{logs, wait};
+
+/// Every event type.
+const ALL_TYPES: [&str; 7] = [
+    "transfer.created",
+    "transfer.pending",
+    "transfer.committed",
+    "transfer.finished",
+    "transfer.terminating",
+    "transfer.rolled-back",
+    "transfer.captured",
+];
+const TERMINAL: [&str; 2] = ["transfer.finished", "transfer.rolled-back"];
+
+/// Webhooks to `receiver` for `types`, with timers for tests: attempts time out after
+/// 300 ms, retries wait up to 20 ms × 2^n, at most 200 ms.
+fn hooks(receiver: &Receiver, types: &[&str]) -> impl FnOnce(&mut Config) {
+    let url = receiver.url();
+    let types: Vec<String> = types.iter().map(|t| t.to_string()).collect();
+    move |config: &mut Config| {
+        config.webhooks.webhook_url = vec![url];
+        config.webhooks.webhook_secret = Some(Secret::new(SECRET));
+        config.webhooks.webhook_events = types;
+        config.webhooks.webhook_timeout = Duration::from_millis(300);
+        config.webhooks.webhook_backoff_min = Duration::from_millis(20);
+        config.webhooks.webhook_backoff_max = Duration::from_millis(200);
+    }
+}
+
+/// Plain transfers, one refused for funds (rolled back), a hold captured, a hold cancelled
+/// and a multi-leg transaction, each driven to its end; their ids. Accounts are `{tag}-a`...
+async fn mixed_load(app: &TestApp, tag: &str) -> Vec<String> {
+    let [a, b, c, poor] = ["a", "b", "c", "poor"].map(|x| format!("{tag}-{x}"));
+    for (id, balance) in [(&a, 1000), (&b, 0), (&c, 0), (&poor, 1)] {
+        app.open_account(id, balance).await;
+    }
+    let mut ids = Vec::new();
+    for n in 0..4 {
+        let id = format!("{tag}-p{n}");
+        app.transfer_accepted(&id, &a, &b, 10).await;
+        ids.push(id);
+    }
+    let id = format!("{tag}-refused");
+    app.transfer_accepted(&id, &poor, &b, 5).await;
+    ids.push(id);
+    for (id, then) in [
+        (format!("{tag}-h1"), "capture"),
+        (format!("{tag}-h2"), "cancel"),
+    ] {
+        let (status, body) = app
+            .post(
+                "/transfers",
+                json!({"id": id, "from": a, "to": b, "amount": 20, "hold": true}),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        wait::eventually(&format!("{id} to wait for its capture"), || async {
+            let (_, body) = app.get(&format!("/transfers/{id}?wait=5s")).await;
+            body["state"] == "pending" && body["hold"] == true
+        })
+        .await;
+        let (status, body) = app
+            .post(&format!("/transfers/{id}/{then}"), json!({}))
+            .await;
+        assert_eq!(status, 200, "{then} {id}: {body}");
+        ids.push(id);
+    }
+    let id = format!("{tag}-m");
+    let legs = json!([{"from": a, "to": b, "amount": 3}, {"from": a, "to": c, "amount": 4}]);
+    let (status, body) = app
+        .post("/transfers", json!({"id": id, "legs": legs}))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    ids.push(id);
+    for id in &ids {
+        app.settled(id).await;
+    }
+    ids
+}
+
+/// Every event of `GET /events` from the start, once every transfer of `ids` shows its
+/// terminal event there (on Elasticsearch the feed trails the present).
+async fn feed_with(app: &TestApp, ids: &[String]) -> Vec<Value> {
+    wait::until_some("the feed to show every terminal event", || async {
+        let mut events = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let path = match &after {
+                Some(cursor) => format!("/events?limit=1000&after={cursor}"),
+                None => "/events?limit=1000".to_owned(),
+            };
+            let (status, page) = app.get(&path).await;
+            assert_eq!(status, 200, "{page}");
+            let items = page["items"].as_array().unwrap().clone();
+            if items.is_empty() {
+                break;
+            }
+            events.extend(items);
+            after = page["next_cursor"].as_str().map(str::to_owned);
+        }
+        let terminal = |id: &String| {
+            events.iter().any(|e| {
+                e["transfer"]["id"] == id.as_str()
+                    && TERMINAL.contains(&e["type"].as_str().unwrap())
+            })
+        };
+        ids.iter().all(terminal).then_some(events)
+    })
+    .await
+}
+
+/// Waits until `receiver` has every expected id, then checks every delivery.
+async fn all_delivered(
+    receiver: &Receiver,
+    expected: &std::collections::BTreeMap<String, Vec<String>>,
+) -> (usize, usize) {
+    let want: Vec<&String> = expected.values().flatten().collect();
+    wait::eventually_within(
+        Duration::from_secs(60),
+        "every event to be delivered",
+        || async {
+            let got = receiver.delivered_ids();
+            want.iter().all(|id| got.contains(*id))
+        },
+    )
+    .await;
+    check_deliveries(receiver, expected)
+}
+
+mod cases {
+    use super::*;
+
+    pub async fn every_event_of_a_mixed_load_is_delivered_signed_and_in_order_despite_500s_and_hangs(
+        b: Backend,
+    ) {
+        let receiver = Receiver::start().await;
+        // The first attempts fail: three 500s, then two that hang past WEBHOOK_TIMEOUT, then
+        // every fifth answer is a 500.
+        receiver.fail_next(3);
+        receiver.hang_next(2);
+        receiver.fail_every(5);
+        let app = TestApp::spawn_with(b, hooks(&receiver, &ALL_TYPES)).await;
+        let ids = mixed_load(&app, "mix").await;
+        let events = feed_with(&app, &ids).await;
+        let expected = expected_per_transfer(&events, &ALL_TYPES);
+        assert_eq!(expected.len(), ids.len());
+        // Each kind of transfer brought its events.
+        let kinds: Vec<&str> = expected
+            .values()
+            .flatten()
+            .map(|id| id.rsplit_once('/').unwrap().1)
+            .collect();
+        for kind in ALL_TYPES {
+            assert!(kinds.contains(&kind), "no {kind} in {expected:?}");
+        }
+        let (deliveries, distinct) = all_delivered(&receiver, &expected).await;
+        assert_eq!(distinct, expected.values().flatten().count());
+        let requests = receiver.requests();
+        assert!(requests.iter().filter(|r| r.status == 500).count() >= 3);
+        assert_eq!(
+            requests.iter().filter(|r| r.status == 0).count(),
+            2,
+            "two hung"
+        );
+        let metrics = app.scrape().await;
+        assert!(metrics.value("webhook_deliveries_total", &[("outcome", "failed")]) >= 5.0);
+        assert!(
+            metrics.value("webhook_deliveries_total", &[("outcome", "delivered")])
+                >= deliveries as f64
+        );
+        assert_eq!(
+            metrics.value("webhook_deliveries_total", &[("outcome", "given_up")]),
+            0.0
+        );
+        assert!(metrics.sum("webhook_delivery_lag_seconds_count") >= deliveries as f64);
+        app.shutdown().await;
+    }
+
+    pub async fn only_the_terminal_events_are_delivered_by_default(b: Backend) {
+        let receiver = Receiver::start().await;
+        let app = TestApp::spawn_with(b, |config| {
+            hooks(&receiver, &ALL_TYPES)(config);
+            config.webhooks.webhook_events =
+                transfer_service::config::WebhookArgs::default().webhook_events;
+        })
+        .await;
+        let ids = mixed_load(&app, "term").await;
+        let events = feed_with(&app, &ids).await;
+        let expected = expected_per_transfer(&events, &TERMINAL);
+        assert_eq!(expected.values().flatten().count(), ids.len());
+        all_delivered(&receiver, &expected).await;
+        let rolled_back = receiver
+            .delivered_ids()
+            .iter()
+            .filter(|id| id.ends_with("/transfer.rolled-back"))
+            .count();
+        assert_eq!(
+            rolled_back, 2,
+            "the refused transfer and the cancelled hold"
+        );
+        app.shutdown().await;
+    }
+
+    pub async fn an_event_is_given_up_after_the_retry_period_and_the_next_ones_flow(b: Backend) {
+        let receiver = Receiver::start().await;
+        receiver.fail_next(usize::MAX / 2);
+        let app = TestApp::spawn_with(b, |config| {
+            hooks(&receiver, &TERMINAL)(config);
+            // Longer than the feed's delay on Elasticsearch (about 2 s with the test timers),
+            // so the event is retried before it is given up.
+            config.webhooks.webhook_retry_period = Duration::from_secs(5);
+        })
+        .await;
+        app.open_account("a", 100).await;
+        app.open_account("b", 0).await;
+        // Ids of their own per backend: the log lines of every test of this binary are shared.
+        let lost = format!("lost-{b:?}");
+        let lost_event = format!("{lost}/transfer.finished");
+        let kept = format!("kept-{b:?}");
+        app.transfer_accepted(&lost, "a", "b", 1).await;
+        app.settled(&lost).await;
+        wait::eventually_within(
+            Duration::from_secs(60),
+            "the event to be given up",
+            || async {
+                app.scrape()
+                    .await
+                    .value("webhook_deliveries_total", &[("outcome", "given_up")])
+                    == 1.0
+            },
+        )
+        .await;
+        let metrics = app.scrape().await;
+        assert!(metrics.value("webhook_deliveries_total", &[("outcome", "failed")]) >= 1.0);
+        assert!(receiver.requests().iter().all(|r| r.id == lost_event));
+        assert!(logs::lines().iter().any(|line| {
+            line["level"] == "WARN"
+                && line["id"] == lost_event.as_str()
+                && line["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("giving up"))
+        }));
+        // The receiver is back: later events are delivered, the given-up one is not retried.
+        receiver.fail_next(0);
+        app.transfer_accepted(&kept, "a", "b", 1).await;
+        app.settled(&kept).await;
+        wait::eventually_within(
+            Duration::from_secs(60),
+            "the next event to be delivered",
+            || async {
+                receiver
+                    .delivered_ids()
+                    .contains(&format!("{kept}/transfer.finished"))
+            },
+        )
+        .await;
+        assert!(!receiver.delivered_ids().contains(&lost_event));
+        app.shutdown().await;
+    }
+
+    pub async fn transfers_never_wait_on_a_receiver_that_hangs(b: Backend) {
+        let receiver = Receiver::start().await;
+        receiver.hang_next(usize::MAX / 2);
+        let app = TestApp::spawn_with(b, |config| {
+            hooks(&receiver, &ALL_TYPES)(config);
+            // Far longer than the whole test: every attempt hangs until the end.
+            config.webhooks.webhook_timeout = Duration::from_secs(3600);
+        })
+        .await;
+        app.open_account("a", 1000).await;
+        app.open_account("b", 0).await;
+        let ids: Vec<String> = (0..40).map(|n| format!("t{n}")).collect();
+        let items: Vec<Value> = ids
+            .iter()
+            .map(|id| json!({"id": id, "from": "a", "to": "b", "amount": 1}))
+            .collect();
+        let (status, body) = app.batch(items).await;
+        assert_eq!(status, 200, "{body}");
+        for id in &ids {
+            app.settled(id).await;
+        }
+        assert_eq!(app.balance("b").await, 40);
+        // The receiver got requests (and answered none): the dispatcher was at work.
+        wait::eventually("the receiver to be asked", || async {
+            !receiver.requests().is_empty()
+        })
+        .await;
+        assert!(receiver.delivered().is_empty());
+        wait::eventually("the oldest undelivered event to be reported", || async {
+            app.scrape().await.sum("webhook_oldest_undelivered_seconds") >= 1.0
+        })
+        .await;
+        app.abort();
+    }
+}
+
+on_every_backend!(
+    every_event_of_a_mixed_load_is_delivered_signed_and_in_order_despite_500s_and_hangs,
+    only_the_terminal_events_are_delivered_by_default,
+    an_event_is_given_up_after_the_retry_period_and_the_next_ones_flow,
+    transfers_never_wait_on_a_receiver_that_hangs,
+);
+
+/// Webhook settings refused at start-up, each with a message naming what is wrong.
+#[tokio::test]
+async fn wrong_webhook_settings_stop_the_start_with_a_clear_message() {
+    let error = TestApp::start_error(|config| {
+        config.webhooks.webhook_url = vec!["http://127.0.0.1:9/hook".into()];
+    })
+    .await;
+    assert!(error.contains("WEBHOOK_SECRET is required"), "{error}");
+    let error = TestApp::start_error(|config| {
+        config.webhooks.webhook_url = vec!["http://127.0.0.1:9/hook".into()];
+        config.webhooks.webhook_secret = Some(Secret::new(SECRET));
+        config.webhooks.webhook_events = vec!["transfer.done".into()];
+    })
+    .await;
+    assert!(
+        error.contains("unknown event type `transfer.done`"),
+        "{error}"
+    );
+}
+
+/// Whether each instance holds the receiver's delivery lease, by its `webhook_lease_held`.
+async fn lease_held(apps: &[&TestApp]) -> Vec<bool> {
+    let mut held = Vec::new();
+    for app in apps {
+        held.push(app.scrape().await.sum("webhook_lease_held") >= 1.0);
+    }
+    held
+}
+
+/// Two instances on one emulator (a test double of Elasticsearch), one index prefix, one
+/// receiver: one instance delivers at a time; when it stops, the other takes the lease over
+/// from the saved cursor; every event reaches the receiver, repeats only by id and few.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_a_receiver_one_lease_at_a_time_and_hand_over() {
+    let receiver = Receiver::start().await;
+    receiver.fail_every(4);
+    // A lease well above a loaded machine's stalls: in this test the holder never loses it
+    // to a stall, so "one at a time" is exact (a stall would cost duplicates, not a gap).
+    let lease = Duration::from_secs(6);
+    // The emulator outlives both instances (each app on it is started as on the embedded
+    // store, then pointed at it).
+    let emulator = crate::support::stores::emulator().await;
+    let on_emulator = |config: &mut Config| {
+        hooks(&receiver, &ALL_TYPES)(config);
+        config.lease_duration = lease;
+        config.elasticsearch_url = Some(emulator.url.clone());
+        config.index_prefix = "two-hooks-".into();
+    };
+    let first = TestApp::spawn_with(Backend::Embedded, on_emulator).await;
+    let second = TestApp::spawn_with(Backend::Embedded, on_emulator).await;
+    for app in [&first, &second] {
+        assert_eq!(app.store().backend(), "elasticsearch");
+    }
+    let held = wait::until_some("one instance to hold the lease", || async {
+        let held = lease_held(&[&first, &second]).await;
+        held.contains(&true).then_some(held)
+    })
+    .await;
+    assert_eq!(held.iter().filter(|h| **h).count(), 1, "{held:?}");
+    // Load on both; meanwhile the lease stays with one of them.
+    let sampling = async {
+        let mut samples = 0;
+        for _ in 0..20 {
+            let held = lease_held(&[&first, &second]).await;
+            assert!(
+                held.iter().filter(|h| **h).count() <= 1,
+                "both hold it: {held:?}"
+            );
+            samples += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        samples
+    };
+    let (one, two, samples) = tokio::join!(
+        mixed_load(&first, "one"),
+        mixed_load(&second, "two"),
+        sampling
+    );
+    assert_eq!(samples, 20);
+    let held = lease_held(&[&first, &second]).await;
+    assert_eq!(held.iter().filter(|h| **h).count(), 1, "{held:?}");
+    // The holder stops (saving its cursor, releasing the lease); the other takes over.
+    let (holder, survivor) = if held[0] {
+        (first, second)
+    } else {
+        (second, first)
+    };
+    holder.shutdown().await;
+    wait::eventually("the other instance to take the lease over", || async {
+        lease_held(&[&survivor]).await == [true]
+    })
+    .await;
+    let three = mixed_load(&survivor, "three").await;
+    let ids: Vec<String> = one.into_iter().chain(two).chain(three).collect();
+    let events = feed_with(&survivor, &ids).await;
+    let expected = expected_per_transfer(&events, &ALL_TYPES);
+    let (deliveries, distinct) = all_delivered(&receiver, &expected).await;
+    assert!(
+        deliveries <= distinct * 2,
+        "{deliveries} deliveries of {distinct} events: too many repeats"
+    );
+    survivor.shutdown().await;
+}
