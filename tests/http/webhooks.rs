@@ -419,3 +419,76 @@ async fn two_instances_share_a_receiver_one_lease_at_a_time_and_hand_over() {
     );
     survivor.shutdown().await;
 }
+
+/// The Python verifier of the README's "Webhooks" section, taken from the README itself so the
+/// two cannot drift, accepts a real delivery and refuses it tampered or under another key.
+/// Needs `python3` (`.ci/run` installs it); without it the test skips saying so, except under
+/// CI, where it fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_python_verifier_accepts_a_real_delivery_and_refuses_a_forged_one() {
+    let ci = std::env::var("CI").is_ok_and(|v| !["", "0", "false"].contains(&v.as_str()));
+    let found = std::process::Command::new("python3")
+        .arg("--version")
+        .output();
+    if !found.is_ok_and(|o| o.status.success()) {
+        assert!(!ci, "python3 is missing: .ci/run installs it");
+        eprintln!("skipped: python3 not found (apt-get install python3)");
+        return;
+    }
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let section = &readme[readme
+        .find("**Verifying a signature**")
+        .expect("the section")..];
+    let start = section.find("```python\n").expect("a python block") + "```python\n".len();
+    let verifier = &section[start..start + section[start..].find("```").expect("its end")];
+
+    let receiver = Receiver::start().await;
+    let app = TestApp::spawn_with(Backend::Embedded, hooks(&receiver, &TERMINAL)).await;
+    app.open_account("a", 10).await;
+    app.open_account("b", 0).await;
+    app.transfer_accepted("t1", "a", "b", 3).await;
+    let delivery = wait::until_some("a delivery", || async {
+        receiver.delivered().into_iter().next()
+    })
+    .await;
+
+    let check = |secret: &str, body: &[u8]| {
+        let script = format!(
+            "{verifier}\nimport json, sys\nd = json.load(sys.stdin)\n\
+             print(verify(d['secret'], d['headers'], bytes.fromhex(d['body'])))\n"
+        );
+        let input = json!({
+            "secret": secret,
+            "headers": {
+                "webhook-id": delivery.id,
+                "webhook-timestamp": delivery.timestamp,
+                "webhook-signature": delivery.signature,
+            },
+            "body": body.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+        });
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", &script])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3");
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.to_string().as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().expect("python3 ran");
+        assert!(out.status.success(), "the verifier failed: {out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    assert_eq!(check(SECRET, &delivery.body), "True");
+    let mut forged = delivery.body.clone();
+    forged.extend_from_slice(b" ");
+    assert_eq!(check(SECRET, &forged), "False", "a changed body");
+    let other_key = "whsec_b3RoZXIta2V5LW9mLXNpeHRlZW4tYnl0ZXM=";
+    assert_eq!(check(other_key, &delivery.body), "False", "another key");
+    app.shutdown().await;
+}
