@@ -153,7 +153,12 @@ pub struct Config {
 pub struct WebhookArgs {
     /// POST every selected event to these URLs (comma-separated, each `http://` or
     /// `https://`), signed per Standard Webhooks. Unset: no webhooks.
-    #[arg(long, env = "WEBHOOK_URL", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "WEBHOOK_URL",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
     pub webhook_url: Vec<String>,
     /// The signing secret, `whsec_<base64 key>` (the HMAC key is the decoded bytes, at least
     /// 16). Required with WEBHOOK_URL.

@@ -82,7 +82,7 @@ pub struct EventPage {
 /// The change feed: every event of every transfer, oldest write first. Follow `next_cursor`
 /// from the start and you see every event, in order per transfer; an event may come again
 /// (same `id`): dedupe on `id`. On Elasticsearch the feed trails the present by the
-/// horizon (13.5 s with the defaults; `docs/design.md §11`).
+/// horizon (21 s with the defaults; `docs/design.md §11`).
 #[utoipa::path(get, path = "/events", tag = "events",
     params(
         ("after" = Option<super::openapi::FeedCursor>, Query,

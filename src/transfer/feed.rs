@@ -73,13 +73,14 @@ impl Engine {
     /// How far behind the wall clock the feed reads on a store that cannot order writes
     /// exactly: a write is searchable one refresh after it is applied, it is applied within
     /// the longest a request may take (`STORE_TIMEOUT`) of its stamp or its writer stamps it
-    /// again (`super::lease`), and the reader's wall clock may differ from the writer's by the
-    /// skew margin. Zero on the embedded store.
+    /// again (`super::lease`), and the reader's wall clock may differ from the writer's by
+    /// twice the skew margin (the clock assumption of `docs/design.md §9`: holders stop a
+    /// margin early and takers wait a margin late). Zero on the embedded store.
     pub fn feed_delay(&self) -> Duration {
         if self.feed_is_exact() {
             return Duration::ZERO;
         }
-        REFRESH_INTERVAL + self.config.request_timeout + self.config.skew_margin
+        REFRESH_INTERVAL + self.config.request_timeout + 2 * self.config.skew_margin
     }
 
     /// Up to `limit` transfers' events after `after`; when there are none and `wait` is not
@@ -102,8 +103,11 @@ impl Engine {
                 return Ok(page);
             }
             let tick = (now + WAIT_POLL).min(deadline);
+            // Behind a horizon a write that just happened is not served yet: waking on it
+            // would only search again for nothing, so there only the poll wakes the reader.
+            let woken_by_writes = self.feed_is_exact();
             tokio::select! {
-                _ = written => {}
+                _ = written, if woken_by_writes => {}
                 _ = tokio::time::sleep_until(tick) => {}
                 _ = self.shutdown.cancelled() => return Ok(page),
             }

@@ -318,7 +318,14 @@ impl Leases {
         let outcome = retry(self.times.attempts, room, || {
             self.docs.replace_if(&next, version)
         })
-        .await?;
+        .await;
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                self.restamp_if_applied_unanswered(&next).await;
+                return Err(error);
+            }
+        };
         let outcome = self.restamp_if_late(&mut next, outcome, sent).await;
         Ok(self.update(held, next, outcome, sent))
     }
@@ -376,7 +383,7 @@ impl Leases {
             }
             let mut next = current.doc.clone();
             release(&mut next);
-            next.note_transitions(self.clock.wall_millis());
+            stamp(&mut next, &self.clock.now());
             match self.docs.replace_if(&next, current.version).await {
                 Ok(WriteOutcome::Conflict) => match self.docs.get::<TransferDoc>(held.id()).await {
                     Ok(Some(now)) => {
@@ -452,6 +459,28 @@ impl Leases {
                 next.modification_time = late_stamp;
                 outcome
             }
+        }
+    }
+
+    /// After a state write whose answer never came (every attempt failed), the write may have
+    /// been applied without an answer, later than `STORE_TIMEOUT` after it was sent: if the
+    /// transfer now carries exactly what was sent (its stamp, state and owner), it is
+    /// re-stamped like any late write. A write applied after this read is the case
+    /// `docs/design.md §11` names as not covered.
+    async fn restamp_if_applied_unanswered(&self, sent: &TransferDoc) {
+        let Ok(Some(found)) = self.docs.get::<TransferDoc>(&sent.transaction_id).await else {
+            return;
+        };
+        let ours = found.doc.modification_time == sent.modification_time
+            && found.doc.transaction_state == sent.transaction_state
+            && found.doc.lease_owner == sent.lease_owner;
+        if !ours {
+            return;
+        }
+        let mut next = found.doc;
+        next.modification_time = self.clock.now().text;
+        if let Ok(WriteOutcome::Written(_)) = self.docs.replace_if(&next, found.version).await {
+            self.metrics.transfers_restamped_total.inc();
         }
     }
 

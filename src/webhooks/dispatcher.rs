@@ -407,7 +407,13 @@ impl Dispatcher {
                 self.start_head(&transfer, state, tasks);
             }
         }
-        if page.next.is_some() || outstanding > 0 {
+        // A page with nothing to deliver behind another such page only moves that page's end:
+        // no item refers to either, so while an older event blocks the cursor, empty reads
+        // do not pile up marks.
+        let last_is_done = state.marks.back().is_some_and(|m| m.outstanding == 0);
+        if outstanding == 0 && last_is_done && page.next.is_some() {
+            state.marks.back_mut().expect("a last mark").next = page.next;
+        } else if page.next.is_some() || outstanding > 0 {
             state.next_seq += 1;
             state.marks.push_back(Mark {
                 seq,
@@ -550,7 +556,7 @@ impl Sender {
                 if error.is_timeout() {
                     "timed out (WEBHOOK_TIMEOUT)".to_owned()
                 } else {
-                    format!("request failed: {error}")
+                    format!("request failed: {}", error.without_url())
                 }
             })?;
         let status = response.status();

@@ -247,3 +247,33 @@ async fn a_write_answered_later_than_the_store_timeout_is_written_again_with_a_f
     let on_time = transfer_doc(&e, "on-time").await;
     assert_eq!(stamp_of(&on_time), finished_at(&on_time), "not re-stamped");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_terminal_write_applied_without_any_answer_is_re_stamped_by_its_writer() {
+    let w = world(0, Duration::ZERO);
+    let instance = w.instance(w.faulty.clone(), config());
+    let e = instance.engine.clone();
+    open_account(&e, "src", 100).await;
+    open_account(&e, "dest", 0).await;
+    // The first attempt is applied and its answer lost; the other attempts fail unapplied,
+    // so the writer never hears of its write.
+    let finished = || {
+        Matcher::writes(Index::Transactions)
+            .of_doc("t")
+            .moving_to("finished")
+    };
+    w.faulty.inject(finished(), Fault::FailAfter, 1);
+    let retries = config().max_store_attempts as usize - 1;
+    w.faulty.inject(finished(), Fault::FailBefore, retries);
+    start_transfer(&e, "t", "src", "dest", 1).await;
+    until("the worker to give up", Duration::from_secs(30), || async {
+        e.running_tasks() == 0
+    })
+    .await;
+    assert_eq!(state(&e, "t").await, TransferState::Finished);
+    assert_eq!(
+        instance.metrics.transfers_restamped_total.get(),
+        1,
+        "the applied write found and re-stamped"
+    );
+}

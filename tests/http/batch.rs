@@ -281,7 +281,9 @@ mod cases {
         let huge: Vec<Value> = (0..1000)
             .map(|i| labelled(&format!("x-{i}"), Value::Object(maximal.clone())))
             .collect();
-        let (status, problem) = app.batch(huge).await;
+        let (status, problem) = app
+            .post_oversized("/transfers/batch", json!({ "transfers": huge }))
+            .await;
         assert_problem(status, &problem, 413);
         assert_eq!(app.get("/transfers/x-0").await.0, 404);
         app.shutdown().await;

@@ -326,6 +326,27 @@ impl TestApp {
             .await
     }
 
+    /// A JSON POST whose body is larger than the service reads (over `MAX_BODY_BYTES`): the
+    /// service answers `413` before reading all of it and closes the connection, and a client
+    /// still sending may see the connection reset before it reads that answer (a transport
+    /// race, not an answer). Sent again, up to three times, until the answer is read.
+    pub async fn post_oversized(&self, path: &str, body: Value) -> (u16, Value) {
+        let body = serde_json::to_vec(&body).expect("JSON");
+        for _ in 0..3 {
+            let sent = self
+                .client
+                .post(self.url(path))
+                .header("content-type", "application/json")
+                .body(body.clone())
+                .send()
+                .await;
+            if let Ok(response) = sent {
+                return read(response).await;
+            }
+        }
+        panic!("POST {path}: the connection was reset three times before an answer");
+    }
+
     /// `GET /metrics`, checked to be the Prometheus text format, parsed.
     pub async fn scrape(&self) -> Exposition {
         let response = self.get_response("/metrics").await;
