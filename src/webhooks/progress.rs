@@ -126,9 +126,13 @@ impl Progress {
             StoreError::Permanent(format!("webhook progress {}: {e}", self.receiver_id))
         })?;
         let until = parse_millis(&doc.lease_expires).unwrap_or(0);
+        // Another holder's lease is taken over only a skew margin (a quarter of the lease, as
+        // for transfers, `docs/design.md §9`) after its expiry on this clock, so that a holder
+        // whose clock is behind ours is not overlapped while it still believes it holds it.
+        let margin = self.lease_millis / 4;
         let free = doc.lease_owner.is_none()
             || doc.lease_owner.as_deref() == Some(self.owner.as_str())
-            || until <= now;
+            || until + margin <= now;
         if !free {
             return Ok(Claim::Busy { until });
         }
@@ -219,9 +223,12 @@ mod tests {
         assert!(a.save(Some("7".into())).await.unwrap());
         assert!(a.holds());
 
-        // By b's clock, a's lease ran out (a stalled, or the clocks disagree): b takes over
-        // from the saved cursor.
+        // Just past a's expiry on b's clock, b still waits the skew margin (7.5 s)...
         other_clock.set_skew_millis(31_000);
+        assert!(matches!(b.claim().await.unwrap(), Claim::Busy { .. }));
+        // ...and after it (a stalled, or the clocks disagree by more than the margin) b takes
+        // over from the saved cursor.
+        other_clock.set_skew_millis(38_000);
         assert_eq!(
             b.claim().await.unwrap(),
             Claim::Held {
@@ -251,7 +258,7 @@ mod tests {
                 cursor: Some("8".into())
             }
         );
-        // Back in step, b sees a's lease as running (ahead by 31 s, it would take it again:
+        // Back in step, b sees a's lease as running (ahead by 38 s, it would take it again:
         // the clock dependence, which costs duplicates).
         other_clock.set_skew_millis(0);
         assert!(matches!(b.claim().await.unwrap(), Claim::Busy { .. }));
