@@ -259,6 +259,12 @@ impl Dispatcher {
         let mut gauge = tokio::time::interval(Duration::from_secs(1));
         let mut last_save = Instant::now();
         let mut last_read = Instant::now();
+        // While reads of the feed fail: wall millis of the start of the first failed read
+        // (right after the last one that answered). Whatever was written since is not known
+        // to be delivered, so the oldest undelivered event may be that old: the gauge must
+        // not read 0 while the feed cannot be read.
+        let mut unread_since: Option<i64> = None;
+        let mut read_started = sender.engine.clock().wall_millis();
         loop {
             if read.is_none()
                 && state.pending < sender.settings.max_pending
@@ -267,6 +273,7 @@ impl Dispatcher {
                 let engine = sender.engine.clone();
                 let after = state.read_after.clone();
                 last_read = Instant::now();
+                read_started = sender.engine.clock().wall_millis();
                 read = Some(Box::pin(async move {
                     engine.events_page(after, PAGE, LONG_POLL).await
                 }));
@@ -285,11 +292,13 @@ impl Dispatcher {
                     read = None;
                     match page {
                         Ok(page) => {
+                            unread_since = None;
                             if self.accept(page, &mut state, &mut tasks) < PAGE {
                                 read_again_at = last_read + CAUGHT_UP_PAUSE;
                             }
                         }
                         Err(error) => {
+                            unread_since.get_or_insert(read_started);
                             tracing::warn!(receiver, %error, "webhooks: cannot read the change feed; retrying");
                             read_again_at = Instant::now() + STORE_RETRY;
                         }
@@ -314,7 +323,8 @@ impl Dispatcher {
                 _ = renew.tick() => save = true,
                 _ = gauge.tick() => {
                     let now = sender.engine.clock().wall_millis();
-                    let age = state.oldest().map_or(0, |at| (now - at).max(0) / 1000);
+                    let oldest = state.oldest().into_iter().chain(unread_since).min();
+                    let age = oldest.map_or(0, |at| (now - at).max(0) / 1000);
                     oldest_gauge.set(age);
                 }
             }

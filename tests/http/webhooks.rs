@@ -492,3 +492,34 @@ async fn the_readmes_python_verifier_accepts_a_real_delivery_and_refuses_a_forge
     assert_eq!(check(other_key, &delivery.body), "False", "another key");
     app.shutdown().await;
 }
+
+/// While the change feed cannot be read (the store answers 503), the oldest-undelivered
+/// gauge grows from the last read that answered instead of reading 0, so the
+/// `WebhookDeliveriesBehind` alert can fire; it falls back once reads answer again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_oldest_undelivered_age_grows_while_the_feed_cannot_be_read() {
+    let receiver = Receiver::start().await;
+    let hooks = hooks(&receiver, &TERMINAL);
+    // A lease long enough to outlast the outage: the holder keeps it and keeps trying.
+    let app = TestApp::spawn_with(Backend::Emulator, |c| {
+        hooks(c);
+        c.lease_duration = Duration::from_secs(60);
+    })
+    .await;
+    let age = || async { app.scrape().await.sum("webhook_oldest_undelivered_seconds") };
+    wait::eventually("the delivery lease held", || async {
+        app.scrape().await.sum("webhook_lease_held") == 1.0
+    })
+    .await;
+    app.emulator().set_unavailable(true);
+    wait::eventually("the age to grow during the outage", || async {
+        age().await >= 2.0
+    })
+    .await;
+    app.emulator().set_unavailable(false);
+    wait::eventually("the age back to 0 once the feed answers", || async {
+        age().await == 0.0
+    })
+    .await;
+    app.shutdown().await;
+}
