@@ -208,8 +208,10 @@ impl AccountSteps {
             if attempt > 1 {
                 tokio::time::sleep(backoff(attempt.min(6))).await;
             }
+            // Taken out of the cache, not cloned: this flusher is the only one for the
+            // account, and it puts back whatever it ends up holding.
             let cached = if use_cache {
-                self.remembered(account)
+                self.take_remembered(account)
             } else {
                 None
             };
@@ -224,30 +226,39 @@ impl AccountSteps {
             let Some(copy) = copy else {
                 return self.missing(batch);
             };
-            let (results, decided) = self.decide_batch(copy.doc, batch);
-            let Some(next) = decided else {
+            let version = copy.version;
+            let (results, current, changed) = self.decide_batch(copy.doc, batch);
+            if !changed {
                 if from_cache {
                     // Nothing to write means nothing would check the remembered copy against
                     // the store (another instance may have changed the account): decide
-                    // again on a fresh read.
+                    // again on a fresh read. The copy stays remembered, as it was.
+                    self.remember(
+                        account,
+                        Versioned {
+                            doc: current,
+                            version,
+                        },
+                    );
                     use_cache = false;
                     continue;
                 }
                 return results;
-            };
-            match self.write(&next, copy.version).await {
+            }
+            let next = current;
+            match self.write(&next, version).await {
                 Ok(WriteOutcome::Written(version)) => {
                     self.remember(account, Versioned { doc: next, version });
                     return results;
                 }
                 Ok(_) => {
-                    // Someone else wrote the account: forget our copy, read it again.
-                    self.forget_one(account);
+                    // Someone else wrote the account: our copy is gone (taken above, not put
+                    // back); read it again.
                     use_cache = false;
                 }
                 Err(result) => {
-                    // The outcome is unknown: the next decision must start from a fresh read.
-                    self.forget_one(account);
+                    // The outcome is unknown: the next decision must start from a fresh read
+                    // (the copy was taken above and is not put back).
                     return vec![(result, None); batch.len()];
                 }
             }
@@ -257,12 +268,13 @@ impl AccountSteps {
 
     /// Decides every step of the batch, in order, on one copy of the account observed no
     /// later than now; a step whose worker's deadline has passed is not decided. Returns the
-    /// results and the account to write, if any step changed it.
+    /// results, the account as decided and whether any step changed it (then it is the
+    /// account to write; else it is the copy given, untouched).
     fn decide_batch(
         &self,
         mut current: AccountDoc,
         batch: &[Waiting],
-    ) -> (Vec<Reply>, Option<AccountDoc>) {
+    ) -> (Vec<Reply>, AccountDoc, bool) {
         let observed = self.clock.boot_time();
         let now = self.clock.now();
         let mut changed = false;
@@ -301,7 +313,7 @@ impl AccountSteps {
                 (result, currency)
             })
             .collect();
-        (results, changed.then_some(current))
+        (results, current, changed)
     }
 
     /// The results for a batch on an account that does not exist.
@@ -319,12 +331,12 @@ impl AccountSteps {
             .collect()
     }
 
-    fn remembered(&self, account: &str) -> Option<Versioned<AccountDoc>> {
+    /// The remembered copy of `account`, taken out of the cache.
+    fn take_remembered(&self, account: &str) -> Option<Versioned<AccountDoc>> {
         self.cache
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(account)
-            .cloned()
+            .remove(account)
     }
 
     fn remember(&self, account: &str, copy: Versioned<AccountDoc>) {
@@ -333,13 +345,6 @@ impl AccountSteps {
             cache.clear();
         }
         cache.insert(account.to_owned(), copy);
-    }
-
-    fn forget_one(&self, account: &str) {
-        self.cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(account);
     }
 
     async fn read(&self, account: &str) -> Result<Option<Versioned<AccountDoc>>, StepResult> {
