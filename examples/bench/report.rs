@@ -1,0 +1,317 @@
+//! The benchmark's report: what one run measured, as an aligned table or `--json`.
+
+use super::*;
+
+/// Everything one run measured; the table and `--json` print this.
+#[derive(Serialize)]
+pub struct Report {
+    store: String,
+    accounts: u32,
+    clients: usize,
+    /// Whether `clients` are `--connections` (the overload scenario).
+    overload: bool,
+    batch: Option<u32>,
+    posting_s: f64,
+    /// Transfers that reached a terminal state, over posting plus draining time.
+    transfers_per_s: f64,
+    finished: f64,
+    rolled_back: f64,
+    /// Transfers the service accepted per second of posting.
+    accepted_transfers_per_s: f64,
+    accepted_posts_per_s: f64,
+    shed_per_s: f64,
+    /// Share of the 503s that carried `Retry-After` (absent when there were none).
+    shed_with_retry_after: Option<f64>,
+    /// Whether the clients waited as each 503's `Retry-After` asked.
+    clients_honour_retry_after: bool,
+    shed_items: u64,
+    failed: u64,
+    first_failure: Option<String>,
+    post_latency_ms: Percentiles,
+    /// The service's `transfer_duration_seconds` over the process's life, interpolated.
+    created_to_terminal_ms: Percentiles,
+    /// From the end of posting until every accepted transfer was terminal.
+    drain_s: f64,
+    service_cpu_us_per_transfer: Option<f64>,
+    healthz_per_s: f64,
+    ratio_to_healthz: f64,
+    store_requests_per_transfer: Option<f64>,
+    conflicts_per_transfer: Option<f64>,
+    es_http_requests_per_transfer: Option<f64>,
+    peak_rss_mib: Option<f64>,
+    /// With `--follow-events`: what the feed consumer saw.
+    events: Option<EventsFollowed>,
+    /// With `--webhook`: what the receiver got.
+    webhooks: Option<WebhooksReceived>,
+}
+
+/// The `--webhook` receiver's figures.
+#[derive(Serialize)]
+struct WebhooksReceived {
+    /// Distinct events delivered per terminal transfer (1 with the default `WEBHOOK_EVENTS`).
+    per_transfer: f64,
+    deliveries_per_event: f64,
+    /// From an event's `at` to its first delivery.
+    lag_ms: Percentiles,
+}
+
+/// The `--follow-events` consumer's figures.
+#[derive(Serialize)]
+struct EventsFollowed {
+    /// Distinct events per terminal transfer (4 for a plain transfer).
+    per_transfer: f64,
+    /// Deliveries per distinct event (at-least-once: above 1 when a consumer keeps up and
+    /// sees a transfer again after each of its writes).
+    deliveries_per_event: f64,
+    /// From a terminal event's `at` to its first receipt by the consumer.
+    terminal_lag_ms: Percentiles,
+}
+
+#[derive(Serialize)]
+struct Percentiles {
+    p50: Option<f64>,
+    p90: Option<f64>,
+    p99: Option<f64>,
+    max: Option<f64>,
+}
+
+impl Percentiles {
+    fn of_client_latency(histogram: &Histogram<u64>) -> Percentiles {
+        let ms = |us: u64| (!histogram.is_empty()).then(|| us as f64 / 1000.0);
+        Percentiles {
+            p50: ms(histogram.value_at_quantile(0.5)),
+            p90: ms(histogram.value_at_quantile(0.9)),
+            p99: ms(histogram.value_at_quantile(0.99)),
+            max: ms(histogram.max()),
+        }
+    }
+
+    fn of_service_histogram(scrape: &Scrape, name: &str) -> Percentiles {
+        let ms = |q| scrape.histogram_quantile(name, q).map(|s| s * 1000.0);
+        Percentiles {
+            p50: ms(0.5),
+            p90: ms(0.9),
+            p99: ms(0.99),
+            max: None,
+        }
+    }
+}
+
+impl std::fmt::Display for Percentiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let show = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
+        write!(
+            f,
+            "p50 {}  p90 {}  p99 {}  max {}",
+            show(self.p50),
+            show(self.p90),
+            show(self.p99),
+            show(self.max)
+        )
+    }
+}
+
+/// A table row: label and value.
+type Row = (&'static str, String);
+
+/// `v` with `digits` decimals, or `-` when absent.
+fn shown(v: Option<f64>, digits: usize) -> String {
+    v.map_or("-".into(), |v| format!("{v:.digits$}"))
+}
+
+impl Report {
+    pub fn print_table(&self) {
+        let rows = [self.setup_rows(), self.load_rows(), self.cost_rows()].concat();
+        let width = rows.iter().map(|(k, _)| k.chars().count()).max();
+        let width = width.unwrap_or(0);
+        for (label, value) in rows {
+            println!("{label:<width$}  {value}");
+        }
+    }
+
+    fn setup_rows(&self) -> Vec<Row> {
+        let shape = format!("{} / {}", self.accounts, self.clients);
+        let batch = self.batch.unwrap_or(1).to_string();
+        vec![
+            ("store", self.store.clone()),
+            (self.clients_label(), shape),
+            ("transfers per POST", batch),
+            ("posting (s)", format!("{:.1}", self.posting_s)),
+        ]
+    }
+
+    fn clients_label(&self) -> &'static str {
+        if self.overload {
+            "accounts / connections"
+        } else {
+            "accounts / clients"
+        }
+    }
+
+    /// Throughput, latency and the overload figures.
+    fn load_rows(&self) -> Vec<Row> {
+        let terminal = format!("{} / {}", self.finished, self.rolled_back);
+        let shed = match self.shed_with_retry_after {
+            None => format!("{:.0}", self.shed_per_s),
+            Some(share) => format!(
+                "{:.0} ({:.0}% with Retry-After; clients {} it)",
+                self.shed_per_s,
+                share * 100.0,
+                if self.clients_honour_retry_after {
+                    "honour"
+                } else {
+                    "ignore"
+                }
+            ),
+        };
+        let other = match &self.first_failure {
+            None => format!("{} / {}", self.shed_items, self.failed),
+            Some(why) => format!("{} / {} (first: {why})", self.shed_items, self.failed),
+        };
+        vec![
+            (
+                "transfers/s to terminal",
+                format!("{:.0}", self.transfers_per_s),
+            ),
+            ("  finished / rolled back", terminal),
+            (
+                "accepted transfers/s",
+                format!("{:.0}", self.accepted_transfers_per_s),
+            ),
+            (
+                "accepted POSTs/s",
+                format!("{:.0}", self.accepted_posts_per_s),
+            ),
+            ("503s/s", shed),
+            ("items 503 / failed", other),
+            ("POST latency (ms)", self.post_latency_ms.to_string()),
+            (
+                "created → terminal (ms)",
+                self.created_to_terminal_ms.to_string(),
+            ),
+            ("drain after posting (s)", format!("{:.2}", self.drain_s)),
+        ]
+    }
+
+    /// What a transfer costs the service, and the comparison with /healthz.
+    fn cost_rows(&self) -> Vec<Row> {
+        let store = format!(
+            "{} (conflicts {})",
+            shown(self.store_requests_per_transfer, 2),
+            shown(self.conflicts_per_transfer, 2)
+        );
+        let mut rows = vec![
+            (
+                "service CPU/transfer (µs)",
+                shown(self.service_cpu_us_per_transfer, 0),
+            ),
+            ("/healthz req/s", format!("{:.0}", self.healthz_per_s)),
+            (
+                "ratio transfers/healthz",
+                format!("{:.3}", self.ratio_to_healthz),
+            ),
+            ("store requests/transfer", store),
+            (
+                "ES HTTP requests/transfer",
+                shown(self.es_http_requests_per_transfer, 2),
+            ),
+            ("peak RSS (MiB)", shown(self.peak_rss_mib, 0)),
+        ];
+        if let Some(events) = &self.events {
+            rows.extend([
+                (
+                    "events/transfer (deliveries/event)",
+                    format!(
+                        "{:.2} ({:.2})",
+                        events.per_transfer, events.deliveries_per_event
+                    ),
+                ),
+                (
+                    "terminal write → consumer (ms)",
+                    events.terminal_lag_ms.to_string(),
+                ),
+            ]);
+        }
+        if let Some(webhooks) = &self.webhooks {
+            rows.extend([
+                (
+                    "webhook events/transfer (deliveries/event)",
+                    format!(
+                        "{:.2} ({:.2})",
+                        webhooks.per_transfer, webhooks.deliveries_per_event
+                    ),
+                ),
+                (
+                    "event → webhook delivered (ms)",
+                    webhooks.lag_ms.to_string(),
+                ),
+            ]);
+        }
+        rows
+    }
+}
+
+impl Report {
+    pub fn new(
+        args: &Args,
+        phase: &TransferPhase,
+        healthz_per_s: f64,
+        peak_rss_kib: Option<u64>,
+    ) -> Report {
+        let terminal = phase.counted.terminal();
+        // Per-transfer figures are absent when nothing reached a terminal state.
+        let per_transfer = |v: f64| (terminal > 0.0).then(|| v / terminal);
+        let posting_s = phase.posting.as_secs_f64();
+        let transfers_per_s = terminal / (phase.posting + phase.drain).as_secs_f64();
+        let tally = &phase.tally;
+        Report {
+            store: args.store(),
+            accounts: args.accounts,
+            clients: args.clients(),
+            overload: args.connections.is_some(),
+            batch: args.batch,
+            posting_s,
+            transfers_per_s,
+            finished: phase.counted.finished,
+            rolled_back: phase.counted.rolled_back,
+            accepted_transfers_per_s: tally.accepted_transfers as f64 / posting_s,
+            accepted_posts_per_s: tally.accepted_posts as f64 / posting_s,
+            shed_per_s: tally.shed as f64 / posting_s,
+            shed_with_retry_after: (tally.shed > 0)
+                .then(|| tally.shed_with_retry_after as f64 / tally.shed as f64),
+            clients_honour_retry_after: !args.ignore_retry_after,
+            shed_items: tally.shed_items,
+            failed: tally.failed,
+            first_failure: tally.first_failure.clone(),
+            post_latency_ms: Percentiles::of_client_latency(&tally.latency_us),
+            created_to_terminal_ms: Percentiles::of_service_histogram(
+                &phase.after,
+                "transfer_duration_seconds",
+            ),
+            drain_s: phase.drain.as_secs_f64(),
+            service_cpu_us_per_transfer: phase
+                .service_cpu
+                .and_then(|cpu| per_transfer(cpu.as_secs_f64() * 1e6)),
+            healthz_per_s,
+            ratio_to_healthz: transfers_per_s / healthz_per_s,
+            store_requests_per_transfer: per_transfer(phase.counted.store_requests),
+            conflicts_per_transfer: per_transfer(phase.counted.conflicts),
+            es_http_requests_per_transfer: phase.es_requests.and_then(|n| per_transfer(n as f64)),
+            peak_rss_mib: peak_rss_kib.map(|kib| kib as f64 / 1024.0),
+            events: phase.followed.as_ref().map(|f| EventsFollowed {
+                per_transfer: f.events as f64 / terminal.max(1.0),
+                deliveries_per_event: f.deliveries as f64 / (f.events.max(1) as f64),
+                terminal_lag_ms: Percentiles::of_client_latency(&f.terminal_lag_us),
+            }),
+            webhooks: phase.webhooks.as_ref().map(|r| WebhooksReceived {
+                per_transfer: r.ids.len() as f64 / terminal.max(1.0),
+                deliveries_per_event: r.deliveries as f64 / (r.ids.len().max(1) as f64),
+                lag_ms: Percentiles::of_client_latency(
+                    &r.lag_us
+                        .clone()
+                        .unwrap_or_else(|| Histogram::new(3).expect("histogram")),
+                ),
+            }),
+        }
+    }
+}
