@@ -188,6 +188,11 @@ pub struct WebhookArgs {
     /// The longest wait between two attempts of one event.
     #[arg(long, env = "WEBHOOK_BACKOFF_MAX", default_value = "5m", value_parser = humantime::parse_duration)]
     pub webhook_backoff_max: Duration,
+    /// Where a URL seen for the first time starts: `beginning` (every event in the store) or
+    /// `now` (the end of the feed when this process started). A URL already delivering keeps
+    /// its progress either way.
+    #[arg(long, env = "WEBHOOK_START", default_value = "beginning", value_parser = ["beginning", "now"])]
+    pub webhook_start: String,
 }
 
 impl Default for WebhookArgs {
@@ -200,6 +205,7 @@ impl Default for WebhookArgs {
             webhook_timeout: Duration::from_secs(10),
             webhook_backoff_min: Duration::from_secs(1),
             webhook_backoff_max: Duration::from_secs(300),
+            webhook_start: "beginning".into(),
         }
     }
 }

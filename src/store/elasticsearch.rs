@@ -596,8 +596,12 @@ impl Store for ElasticsearchStore {
             "lt": query.horizon,
             "format": "epoch_millis",
         }}})];
-        let sort = json!([{fields::MODIFIED: "asc"}, {fields::ID: "asc"}]);
-        let body = search_body(filter, Vec::new(), sort, after, query.limit);
+        let (order, after, limit) = match query.newest {
+            true => ("desc", None, 1),
+            false => ("asc", after, query.limit),
+        };
+        let sort = json!([{fields::MODIFIED: order}, {fields::ID: order}]);
+        let body = search_body(filter, Vec::new(), sort, after, limit);
         let body = self.page_body(body);
         let hits = self
             .search(op, Index::Transactions, body, Some(self.page_timeout))

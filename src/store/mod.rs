@@ -286,6 +286,9 @@ pub struct ChangesQuery {
     /// only documents with `modification_time` below it; the embedded store ignores it.
     pub horizon: i64,
     pub limit: usize,
+    /// Only the newest document (below the horizon), whatever `after` and `limit` say: where
+    /// the feed ends now.
+    pub newest: bool,
 }
 
 /// One page of [`Store::changes`]: each document with its position, in feed order.

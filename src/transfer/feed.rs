@@ -114,16 +114,35 @@ impl Engine {
         }
     }
 
+    /// Where the feed ends now: the position of the newest transfer write it serves (`None`
+    /// while it serves none). Reading on `after` it sees only later writes.
+    pub async fn feed_end(&self) -> Result<Option<FeedPosition>, ServiceError> {
+        let query = ChangesQuery {
+            after: None,
+            horizon: self.feed_horizon(),
+            limit: 1,
+            newest: true,
+        };
+        let page = self.store.changes(&query).await?;
+        Ok(page.docs.into_iter().last().map(|(position, _)| position))
+    }
+
+    /// Epoch milliseconds below which the feed serves writes ([`Engine::feed_delay`] ago).
+    fn feed_horizon(&self) -> i64 {
+        self.clock.wall_millis() - self.feed_delay().as_millis() as i64
+    }
+
     async fn read_events(
         &self,
         after: Option<FeedPosition>,
         limit: usize,
     ) -> Result<EventsPage, ServiceError> {
-        let horizon = self.clock.wall_millis() - self.feed_delay().as_millis() as i64;
+        let horizon = self.feed_horizon();
         let query = ChangesQuery {
             after: after.clone(),
             horizon,
             limit,
+            newest: false,
         };
         let page = self.store.changes(&query).await?;
         let next = page

@@ -177,6 +177,29 @@ impl Dispatcher {
         }
     }
 
+    /// Where this receiver starts if it is new: the beginning of the feed, or with
+    /// `WEBHOOK_START=now` its end as it is now (read again until the store answers). `None`:
+    /// the engine shut down first.
+    async fn start_position(&self, shutdown: &CancellationToken) -> Option<Option<String>> {
+        if !self.sender.settings.start_now {
+            return Some(None);
+        }
+        loop {
+            match self.sender.engine.feed_end().await {
+                Ok(end) => return Some(end.map(|position| position.encode())),
+                Err(error) => tracing::warn!(
+                    receiver = self.sender.receiver.label.as_str(),
+                    %error,
+                    "webhooks: cannot read where the feed ends; retrying"
+                ),
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                _ = tokio::time::sleep(STORE_RETRY) => {}
+            }
+        }
+    }
+
     /// Delivers while this instance holds the receiver's lease, waits for it otherwise, until
     /// the engine shuts down.
     pub async fn run(self) {
@@ -184,12 +207,16 @@ impl Dispatcher {
         let engine = &sender.engine;
         let shutdown = engine.shutdown_token();
         let receiver = sender.receiver.label.as_str();
+        let Some(start) = self.start_position(&shutdown).await else {
+            return;
+        };
         let mut progress = Progress::new(
             engine.store().clone(),
             engine.clock().clone(),
             sender.receiver.id.clone(),
             sender.settings.lease,
-        );
+        )
+        .starting_at(start);
         let lease_held = sender
             .metrics
             .webhook_lease_held

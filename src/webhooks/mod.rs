@@ -143,6 +143,9 @@ pub struct WebhookSettings {
     pub max_pending: usize,
     /// Delivery attempts in flight at once per receiver.
     pub max_concurrent: usize,
+    /// A URL seen for the first time starts at the end of the feed (`WEBHOOK_START=now`)
+    /// instead of its beginning.
+    pub start_now: bool,
 }
 
 /// Default of [`WebhookSettings::max_pending`].
@@ -209,6 +212,11 @@ impl WebhookSettings {
             lease,
             max_pending: MAX_PENDING,
             max_concurrent: MAX_CONCURRENT,
+            start_now: match args.webhook_start.as_str() {
+                "beginning" => false,
+                "now" => true,
+                other => return Err(format!("WEBHOOK_START: `{other}` is not beginning or now")),
+            },
         }))
     }
 }

@@ -55,6 +55,9 @@ pub struct Progress {
     /// The version of our last write while we hold the lease.
     held: Option<Version>,
     expires: i64,
+    /// The cursor a progress document is created with (the start of a URL seen for the
+    /// first time).
+    initial: Option<String>,
 }
 
 impl Progress {
@@ -72,7 +75,15 @@ impl Progress {
             lease_millis: lease.as_millis().max(1) as i64,
             held: None,
             expires: 0,
+            initial: None,
         }
+    }
+
+    /// Creates the document, if this instance is the first to, at `cursor` instead of the
+    /// beginning of the feed.
+    pub fn starting_at(mut self, cursor: Option<String>) -> Self {
+        self.initial = cursor;
+        self
     }
 
     /// This instance's owner token.
@@ -107,7 +118,7 @@ impl Progress {
         let now = self.clock.wall_millis();
         let expires = now + self.lease_millis;
         let Some(current) = self.store.get(Index::Webhooks, &self.receiver_id).await? else {
-            let source = self.doc(None, Some(self.owner.clone()), expires)?;
+            let source = self.doc(self.initial.clone(), Some(self.owner.clone()), expires)?;
             return match self
                 .store
                 .create(Index::Webhooks, &self.receiver_id, source)
@@ -116,7 +127,9 @@ impl Progress {
                 WriteOutcome::Written(version) => {
                     self.held = Some(version);
                     self.expires = expires;
-                    Ok(Claim::Held { cursor: None })
+                    Ok(Claim::Held {
+                        cursor: self.initial.clone(),
+                    })
                 }
                 // Another instance created it first: look again.
                 _ => Ok(Claim::Busy { until: now }),

@@ -12,6 +12,7 @@ use transfer_service::config::Config;
 use transfer_service::store::elasticsearch::Secret;
 
 use crate::support::app::{Backend, TestApp};
+use crate::support::feed::FeedReader;
 use crate::support::receiver::{check_deliveries, expected_per_transfer, Receiver, SECRET};
 use crate::support::{logs, wait};
 
@@ -522,4 +523,51 @@ async fn the_oldest_undelivered_age_grows_while_the_feed_cannot_be_read() {
     })
     .await;
     app.shutdown().await;
+}
+
+/// `WEBHOOK_START`: a URL seen for the first time gets the store's history by default
+/// (`beginning`), and only what happens after the service started with `now`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_url_starts_at_the_beginning_or_with_webhook_start_now_at_the_end() {
+    let first = TestApp::spawn(Backend::Emulator).await;
+    let url = first.emulator().url.clone();
+    first.open_account("a", 100).await;
+    first.open_account("b", 0).await;
+    for id in ["old-1", "old-2"] {
+        first.transfer_accepted(id, "a", "b", 1).await;
+        first.settled(id).await;
+    }
+    // The history is served (below the feed's horizon) before the receivers are added.
+    let mut reader = FeedReader::new(100);
+    let old = crate::support::feed::histories(&first, &["old-1".into(), "old-2".into()]).await;
+    reader.read_until_complete(&first, &old).await;
+
+    let from_start = Receiver::start().await;
+    let from_now = Receiver::start().await;
+    let with = |receiver: &Receiver, start: &str| {
+        let hooks = hooks(receiver, &TERMINAL);
+        let (url, start) = (url.clone(), start.to_owned());
+        move |c: &mut Config| {
+            hooks(c);
+            c.elasticsearch_url = Some(url);
+            c.webhooks.webhook_start = start;
+        }
+    };
+    let beginning = TestApp::spawn_with(Backend::Embedded, with(&from_start, "beginning")).await;
+    let now = TestApp::spawn_with(Backend::Embedded, with(&from_now, "now")).await;
+    first.transfer_accepted("new-1", "a", "b", 1).await;
+    first.settled("new-1").await;
+    let ids = |r: &Receiver| -> Vec<String> { r.delivered_ids().into_iter().collect() };
+    wait::eventually("every event delivered from the beginning", || async {
+        ids(&from_start).len() == 3
+    })
+    .await;
+    wait::eventually("the new event delivered from now", || async {
+        !ids(&from_now).is_empty()
+    })
+    .await;
+    assert_eq!(ids(&from_now), ["new-1/transfer.finished"]);
+    for app in [beginning, now, first] {
+        app.shutdown().await;
+    }
 }

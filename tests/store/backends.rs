@@ -767,6 +767,7 @@ mod suite {
                 after: after.clone(),
                 horizon,
                 limit,
+                newest: false,
             };
             let page = s.changes(&query).await.unwrap();
             assert!(page.docs.len() <= limit);
@@ -800,6 +801,25 @@ mod suite {
         s.refresh().await.unwrap();
         let horizon = 10_000;
         assert_eq!(follow_changes(s, 2, horizon).await, ["t2", "t3", "t1"]);
+        // The end of the feed: the newest write's document and position.
+        let newest = s
+            .changes(&ChangesQuery {
+                after: None,
+                horizon,
+                limit: 10,
+                newest: true,
+            })
+            .await
+            .unwrap();
+        let ends: Vec<&str> = newest.docs.iter().map(|(_, d)| d.id.as_str()).collect();
+        assert_eq!(ends, ["t1"]);
+        let after_end = ChangesQuery {
+            after: Some(newest.docs[0].0.clone()),
+            horizon,
+            limit: 10,
+            newest: false,
+        };
+        assert!(s.changes(&after_end).await.unwrap().docs.is_empty());
         assert_eq!(follow_changes(s, 100, horizon).await, ["t2", "t3", "t1"]);
         // The page holds the documents as they are now.
         let page = s
@@ -807,6 +827,7 @@ mod suite {
                 after: None,
                 horizon,
                 limit: 10,
+                newest: false,
             })
             .await
             .unwrap();
@@ -828,6 +849,7 @@ mod suite {
             after: Some(foreign),
             horizon,
             limit: 10,
+            newest: false,
         };
         assert!(s.changes(&query).await.is_err());
     }
@@ -840,11 +862,22 @@ mod suite {
         s.refresh().await.unwrap();
         let served = |horizon| async move { follow_changes(s, 10, horizon).await };
         assert_eq!(served(5_001).await, ["t"]);
+        let newest_below = |horizon| async move {
+            let query = ChangesQuery {
+                after: None,
+                horizon,
+                limit: 1,
+                newest: true,
+            };
+            s.changes(&query).await.unwrap().docs.len()
+        };
+        assert_eq!(newest_below(5_001).await, 1);
         if is_exact(s) {
             // The embedded store orders writes exactly: no horizon.
             assert_eq!(served(5_000).await, ["t"]);
         } else {
             assert!(served(5_000).await.is_empty(), "stamped at the horizon");
+            assert_eq!(newest_below(5_000).await, 0, "nothing below the horizon");
         }
     }
 

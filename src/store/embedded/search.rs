@@ -284,7 +284,21 @@ pub(super) fn changes_blocking(db: &Database, q: &ChangesQuery) -> StoreResult<C
     let changes = txn.open_table(TX_CHANGES).map_err(storage)?;
     let docs = txn.open_table(DOCS).map_err(storage)?;
     let mut out = Vec::new();
-    for entry in changes.range(start..).map_err(storage)?.take(q.limit) {
+    let entries: Vec<_> = if q.newest {
+        changes
+            .last()
+            .map_err(storage)?
+            .into_iter()
+            .map(Ok)
+            .collect()
+    } else {
+        changes
+            .range(start..)
+            .map_err(storage)?
+            .take(q.limit)
+            .collect()
+    };
+    for entry in entries {
         let (seq_no, id) = entry.map_err(storage)?;
         let (seq_no, id) = (seq_no.value(), id.value());
         let Some(bytes) = docs

@@ -597,6 +597,7 @@ async fn feed(store: &EmbeddedStore) -> Vec<(FeedPosition, String)> {
         after: None,
         horizon: 0,
         limit: 10,
+        newest: false,
     };
     let page = store.changes(&query).await.unwrap();
     page.docs
