@@ -89,6 +89,9 @@ struct Sender {
     client: reqwest::Client,
     metrics: Arc<Metrics>,
     slots: Semaphore,
+    /// [`Progress::deliver_until`] as of the last claim or save: no attempt is sent after it
+    /// (a holder that lost its lease unawares stops delivering before another takes over).
+    fence: std::sync::atomic::AtomicI64,
 }
 
 pub struct Dispatcher {
@@ -173,6 +176,7 @@ impl Dispatcher {
                 client,
                 metrics,
                 slots,
+                fence: std::sync::atomic::AtomicI64::new(0),
             }),
         }
     }
@@ -237,7 +241,9 @@ impl Dispatcher {
                     });
                     tracing::info!(receiver, owner = progress.owner(), cursor = ?cursor, "webhooks: delivering");
                     lease_held.set(1);
+                    sender.set_fence(&progress);
                     self.deliver(&mut progress, start, &shutdown).await;
+                    sender.fence.store(0, std::sync::atomic::Ordering::Release);
                     lease_held.set(0);
                     sender
                         .metrics
@@ -358,7 +364,9 @@ impl Dispatcher {
             if save || (state.dirty && last_save.elapsed() >= SAVE_EVERY) {
                 last_save = Instant::now();
                 let cursor = state.cursor.as_ref().map(FeedPosition::encode);
-                match progress.save(cursor).await {
+                let saved = progress.save(cursor).await;
+                sender.set_fence(progress);
+                match saved {
                     Ok(true) => state.dirty = false,
                     Ok(false) => {
                         tracing::warn!(
@@ -525,6 +533,7 @@ impl Sender {
             attempt += 1;
             let result = {
                 let _slot = self.slots.acquire().await.expect("never closed");
+                self.wait_for_the_fence().await;
                 self.attempt(&item).await
             };
             let now = clock.wall_millis();
@@ -572,6 +581,22 @@ impl Sender {
                 "webhooks: delivery failed; retrying"
             );
             tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// Moves the fence to what `progress` now allows.
+    fn set_fence(&self, progress: &Progress) {
+        let until = progress.deliver_until();
+        self.fence
+            .store(until, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Waits while the fence has passed: the lease is being renewed (or lost, and this task
+    /// is about to be aborted).
+    async fn wait_for_the_fence(&self) {
+        use std::sync::atomic::Ordering;
+        while self.engine.clock().wall_millis() >= self.fence.load(Ordering::Acquire) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 

@@ -96,6 +96,17 @@ impl Progress {
         self.held.is_some() && self.clock.wall_millis() < self.expires
     }
 
+    /// Until when (wall millis) this instance may send deliveries: a skew margin before the
+    /// lease it holds runs out, as another instance takes over only a margin after (so the
+    /// two never deliver at once while clocks differ by less than the margin); 0 when it
+    /// holds none.
+    pub fn deliver_until(&self) -> i64 {
+        match self.held {
+            Some(_) => self.expires - self.lease_millis / 4,
+            None => 0,
+        }
+    }
+
     fn doc(
         &self,
         cursor: Option<String>,
@@ -230,6 +241,9 @@ mod tests {
         let mut b = Progress::new(store.clone(), other_clock.clone(), "r1".into(), LEASE);
 
         assert_eq!(a.claim().await.unwrap(), Claim::Held { cursor: None });
+        // a delivers until a skew margin (7.5 s) before its lease runs out.
+        let until = a.deliver_until() - clock.wall_millis();
+        assert!((22_000..=22_500).contains(&until), "{until}");
         assert!(
             matches!(b.claim().await.unwrap(), Claim::Busy { until } if until >= clock.wall_millis() + 29_000)
         );
@@ -251,6 +265,7 @@ mod tests {
         // a's next write conflicts: it can no longer move the cursor, and knows it lost.
         assert!(!a.save(Some("9".into())).await.unwrap());
         assert!(!a.holds());
+        assert_eq!(a.deliver_until(), 0, "a lost lease sends nothing more");
         let doc: ProgressDoc = store
             .get(Index::Webhooks, "r1")
             .await
