@@ -667,6 +667,91 @@ mod tests {
         assert!(state.marks.is_empty());
     }
 
+    /// A dispatcher for a receiver nobody listens on (its attempts fail and retry; these
+    /// tests look only at its bookkeeping), selecting the terminal events.
+    fn dispatcher(dir: &std::path::Path) -> Dispatcher {
+        use crate::config::WebhookArgs;
+        use crate::store::elasticsearch::Secret;
+        let store: crate::store::DynStore =
+            Arc::new(crate::store::embedded::EmbeddedStore::open(dir).unwrap());
+        let config = crate::transfer::EngineConfig::with_lease(Duration::from_secs(30));
+        let engine = Engine::new(store, config, Metrics::new());
+        let args = WebhookArgs {
+            webhook_url: vec!["http://127.0.0.1:1/hook".into()],
+            webhook_secret: Some(Secret::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")),
+            ..WebhookArgs::default()
+        };
+        let settings = WebhookSettings::from_args(&args, Duration::from_secs(30))
+            .unwrap()
+            .unwrap();
+        let receiver = settings.receivers[0].clone();
+        Dispatcher::new(
+            engine,
+            Arc::new(settings),
+            receiver,
+            reqwest::Client::new(),
+            Metrics::new(),
+        )
+    }
+
+    /// A page holding `transfer` (finished, so with its terminal event), ending at `next`.
+    fn page(transfer: Option<&str>, next: u64) -> EventsPage {
+        let items = transfer.into_iter().flat_map(|id| {
+            let doc: crate::transfer::model::TransferDoc =
+                serde_json::from_value(serde_json::json!({
+                    "transaction_id": id, "src_acct": "a", "dest_acct": "b", "amount": 1,
+                    "transaction_state": "finished", "history": "p1000 m1000 f1000",
+                    "creation_time": "2026-01-01T00:00:00.000Z",
+                    "modification_time": "2026-01-01T00:00:01.000Z",
+                }))
+                .unwrap();
+            let doc = Arc::new(doc);
+            doc.events()
+                .into_iter()
+                .map(move |event| crate::transfer::feed::FeedEvent {
+                    id: event.id(id),
+                    kind: event.kind,
+                    at: event.at,
+                    transfer: doc.clone(),
+                })
+        });
+        EventsPage {
+            items: items.collect(),
+            next: Some(FeedPosition::Seq(next)),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_repeated_event_is_queued_once_and_empty_pages_behind_it_share_one_mark() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dispatcher(dir.path());
+        let mut state = State::start(None);
+        let mut tasks = JoinSet::new();
+        // t1's terminal event; then t1 again (its repeat), then two pages with nothing.
+        d.accept(page(Some("t1"), 10), &mut state, &mut tasks);
+        d.accept(page(Some("t1"), 11), &mut state, &mut tasks);
+        d.accept(page(None, 12), &mut state, &mut tasks);
+        d.accept(page(None, 13), &mut state, &mut tasks);
+        assert_eq!(state.pending, 1, "the repeat is not queued again");
+        assert_eq!(state.queues["t1"].len(), 1);
+        let marks: Vec<(Option<FeedPosition>, usize)> = (state.marks.iter())
+            .map(|m| (m.next.clone(), m.outstanding))
+            .collect();
+        assert_eq!(
+            marks,
+            [
+                (Some(FeedPosition::Seq(10)), 1),
+                (Some(FeedPosition::Seq(13)), 0)
+            ],
+            "the pages with nothing to deliver behind the blocked one merged"
+        );
+        assert_eq!(state.cursor, None, "blocked by t1's undelivered event");
+        tasks.abort_all();
+        d.finish("t1", Outcome::Delivered, &mut state, &mut tasks);
+        assert_eq!(state.cursor, Some(FeedPosition::Seq(13)));
+        assert!(state.dirty && state.marks.is_empty() && state.pending == 0);
+    }
+
     #[test]
     fn finished_ids_are_remembered_up_to_the_bound() {
         let mut state = State::default();
