@@ -119,6 +119,13 @@ pub struct Config {
     #[arg(long, env = "MAX_IN_FLIGHT", default_value_t = crate::transfer::admission::DEFAULT_MAX_IN_FLIGHT, value_parser = parse_max_in_flight)]
     pub max_in_flight: usize,
 
+    /// How a transfer is settled. `auto`: in one store transaction where the store has them
+    /// (the embedded store: one write of the transfer and its accounts together), by the
+    /// two-phase protocol where it has not (Elasticsearch). `two-phase`: by the protocol on
+    /// every store (to compare, or to run the embedded store exactly as Elasticsearch is run).
+    #[arg(long, env = "PROTOCOL", value_enum, default_value_t = Protocol::Auto)]
+    pub protocol: Protocol,
+
     /// File of API keys, one a line: `<name> <sha256 of the key, hex> <scopes>` (scopes
     /// `read`, `write`, comma-separated; `#` starts a comment). Set: `/accounts` and
     /// `/transfers` need `Authorization: Bearer <key>` (`GET` the `read` scope, other methods
@@ -283,6 +290,13 @@ fn parse_max_in_flight(text: &str) -> Result<usize, String> {
     }
 }
 
+/// `PROTOCOL`: see [`Config::protocol`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Protocol {
+    Auto,
+    TwoPhase,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
     Pretty,
@@ -309,6 +323,7 @@ impl Config {
             settled_retention: Duration::from_secs(3600),
             settled_max: 1000,
             max_in_flight: crate::transfer::admission::DEFAULT_MAX_IN_FLIGHT,
+            protocol: Protocol::Auto,
             api_keys_file: None,
             api_keys_reload_interval: Duration::from_millis(100),
             metrics_require_auth: false,

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use super::{
     Doc, DynStore, Index, Page, ScanPage, StaleQuery, Store, StoreError, StoreResult,
-    TransferFilter, WriteOp, WriteOutcome,
+    TransferFilter, TxnOutcome, TxnWork, WriteOp, WriteOutcome,
 };
 use crate::metrics::Metrics;
 
@@ -91,6 +91,23 @@ impl Store for InstrumentedStore {
                 }
             }
         }
+        result
+    }
+
+    fn transactions(&self) -> bool {
+        self.inner.transactions()
+    }
+
+    async fn transact(&self, work: TxnWork) -> StoreResult<TxnOutcome> {
+        let started = Instant::now();
+        let result = self.inner.transact(work).await;
+        let outcome = match &result {
+            Ok(TxnOutcome::Committed(_)) => "ok",
+            Ok(TxnOutcome::Refused) => "conflict",
+            Err(e) => error_outcome(Some(e)),
+        };
+        self.metrics
+            .store_request("transact", outcome, started.elapsed());
         result
     }
 

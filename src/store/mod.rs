@@ -4,6 +4,9 @@
 //! more: a realtime get by id, create-if-absent (`op_type=create`), a conditional replace on
 //! `(seq_no, primary_term)`, a batched write with per-item outcomes (`_bulk`), and two
 //! near-real-time searches (stale transfers for recovery, a filtered listing for the API).
+//! A store that has multi-document transactions (the embedded one) offers them as well
+//! ([`Store::transact`]); the engine settles a transfer in one of them where it can
+//! (`docs/design.md §3`, "In one transaction") and runs the two-phase protocol elsewhere.
 //! Every backend keeps Elasticsearch's semantics, so the protocol cannot tell them apart:
 //! `seq_no` increases on every applied write, a failed conditional write changes nothing, and
 //! searches may lag behind writes (decisions are therefore always made on a realtime `get`).
@@ -191,6 +194,27 @@ impl WriteOutcome {
     }
 }
 
+/// Reads inside one of the store's write transactions ([`Store::transact`]): they see every
+/// committed write, and the writes of the same transaction made before them.
+pub trait TxnReads {
+    fn get(&mut self, index: Index, id: &str) -> StoreResult<Option<Doc>>;
+}
+
+/// The work of a [`Store::transact`]: it reads what it needs inside the transaction and
+/// answers the writes to make there. It runs on the store's committer, so it must be quick
+/// and must not block.
+pub type TxnWork = Box<dyn FnOnce(&mut dyn TxnReads) -> Vec<WriteOp> + Send>;
+
+/// What a [`Store::transact`] came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxnOutcome {
+    /// Every write was applied, durably: their new versions, in the order of the writes.
+    Committed(Vec<Version>),
+    /// A write's check failed (a version that is not the live one, an id that is taken, a
+    /// missing document, the same document twice): none was applied.
+    Refused,
+}
+
 /// Store failures. Outcomes that the protocol expects (conflicts, missing documents) are
 /// never errors: they are [`WriteOutcome`]s and `Option`s.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -351,6 +375,25 @@ pub trait Store: Send + Sync + 'static {
     /// Makes every acknowledged write visible to searches (Elasticsearch `_refresh`). Tests
     /// and the auditor use it; the engine never needs it.
     async fn refresh(&self) -> StoreResult<()>;
+
+    /// Whether this store has multi-document transactions ([`Store::transact`]).
+    /// Elasticsearch has none (`docs/elasticsearch.md`); the embedded store does.
+    fn transactions(&self) -> bool {
+        false
+    }
+
+    /// Runs `work` inside one write transaction and applies the writes it answers all
+    /// together or not at all: each is checked like a [`Store::bulk`] op, and if any check
+    /// fails none is applied ([`TxnOutcome::Refused`]). Committed means durable, as for every
+    /// write; an error leaves the outcome unknown (re-read before deciding again). A store
+    /// without transactions answers a permanent error.
+    async fn transact(&self, work: TxnWork) -> StoreResult<TxnOutcome> {
+        drop(work);
+        Err(StoreError::Permanent(format!(
+            "the {} store has no multi-document transactions",
+            self.backend()
+        )))
+    }
 
     /// Create-if-absent for one document.
     async fn create(&self, index: Index, id: &str, source: Source) -> StoreResult<WriteOutcome> {

@@ -2,14 +2,17 @@
 //! store returns and encoded for a write. Callers see [`TransferDoc`] and [`AccountDoc`],
 //! never the store's JSON.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::Notify;
 
 use super::model::{AccountDoc, TransferDoc};
-use crate::store::{Doc, DynStore, Index, Source, StoreError, StoreResult, Version, WriteOutcome};
+use crate::store::{
+    Doc, DynStore, Index, Source, StoreError, StoreResult, TxnOutcome, TxnReads, Version, WriteOp,
+    WriteOutcome,
+};
 
 /// A document with the version it was read or written at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,6 +101,43 @@ impl Documents {
         self.written::<T>(outcome)
     }
 
+    /// Whether the store has multi-document transactions ([`Documents::transact`]).
+    pub fn has_transactions(&self) -> bool {
+        self.store.transactions()
+    }
+
+    /// Runs `work` inside one store transaction: it reads typed documents as they are in the
+    /// transaction and queues the writes to make there, which the store applies all together
+    /// or not at all ([`crate::store::Store::transact`]). Answers what `work` returned and what
+    /// became of its writes. `work` runs on the store's committer: decide, do not wait.
+    pub async fn transact<R: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut TxnDocs<'_>) -> R + Send + 'static,
+    ) -> StoreResult<(R, TxnOutcome)> {
+        let answer = Arc::new(Mutex::new(None));
+        let slot = answer.clone();
+        let outcome = self
+            .store
+            .transact(Box::new(move |reads| {
+                let mut docs = TxnDocs {
+                    reads,
+                    writes: Vec::new(),
+                };
+                let result = work(&mut docs);
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+                docs.writes
+            }))
+            .await?;
+        let result = answer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let result = result.ok_or_else(|| {
+            StoreError::Permanent("a transaction's work did not come to an end".into())
+        })?;
+        if matches!(&outcome, TxnOutcome::Committed(versions) if !versions.is_empty()) {
+            self.transfers_written.notify_waiters();
+        }
+        Ok((result, outcome))
+    }
+
     fn written<T: Document>(
         &self,
         outcome: StoreResult<WriteOutcome>,
@@ -106,6 +146,40 @@ impl Documents {
             self.transfers_written.notify_waiters();
         }
         outcome
+    }
+}
+
+/// Typed reads and queued writes inside one store transaction ([`Documents::transact`]).
+pub struct TxnDocs<'r> {
+    reads: &'r mut dyn TxnReads,
+    writes: Vec<WriteOp>,
+}
+
+impl TxnDocs<'_> {
+    /// The document as it is in the transaction (a document that does not decode is a
+    /// permanent error, as for [`Documents::get`]).
+    pub fn get<T: Document>(&mut self, id: &str) -> StoreResult<Option<Versioned<T>>> {
+        match self.reads.get(T::INDEX, id)? {
+            Some(doc) => decode(doc).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The document's version in the transaction, without decoding it.
+    pub fn version_of<T: Document>(&mut self, id: &str) -> StoreResult<Option<Version>> {
+        Ok(self.reads.get(T::INDEX, id)?.map(|doc| doc.version))
+    }
+
+    /// Queues a write of `doc` conditional on `version`; the transaction's writes are made
+    /// together when the work is done, in the order queued.
+    pub fn replace_if<T: Document>(&mut self, doc: &T, version: Version) -> StoreResult<()> {
+        self.writes.push(WriteOp::ReplaceIf {
+            index: T::INDEX,
+            id: doc.id().to_owned(),
+            source: encode(doc)?,
+            expected: version,
+        });
+        Ok(())
     }
 }
 

@@ -53,7 +53,7 @@ pub enum StopReason {
 }
 
 /// Why a step did not complete.
-enum Interrupt {
+pub(super) enum Interrupt {
     /// The transfer document changed under us (a cancel, a takeover): read it and decide again.
     Reread,
     /// The transfer must roll back for this reason, caused by this account's apply.
@@ -198,6 +198,9 @@ impl Engine {
         if let Some((to, reason)) = deadline_transition(&held.doc, created, now, timeout) {
             info!(to = %to, reason = reason.as_str(), "transfer ran out of time before committing; rolling back");
             return self.write_state(held, to, Some(reason)).await;
+        }
+        if self.settles_in_one_transaction(held) && self.settle_in_one_transaction(held).await? {
+            return Ok(());
         }
         // The first account's currency, as its apply (done now or before) read it: the other
         // accounts' applies, later in the same plan, must match it.
@@ -444,7 +447,7 @@ impl Engine {
 /// The currency rule of one account step of a transfer stating `stated`: the first
 /// account's apply takes the stated currency or any; every other account's apply needs the
 /// stated one, else the first account's (`first`, once its apply ran in this plan).
-fn currency_rule(
+pub(super) fn currency_rule(
     stated: &Option<String>,
     op: AccountOp,
     index: usize,

@@ -1,6 +1,7 @@
 //! The lease on a transfer: which worker may act on it, and until when. This module is the
 //! only place that writes a transfer's lease fields (`lease_owner`, `lease_expires_at`) and
-//! the only place that writes transfer documents at all.
+//! the only place that writes transfer documents at all, but for the settle in one store
+//! transaction (`super::local`), whose terminal document is sealed here ([`seal_terminal`]).
 //!
 //! # The rules
 //! - **Grant.** A worker gets a lease by a conditional write of the transfer that puts a
@@ -566,6 +567,15 @@ struct Sent {
 fn stamp(doc: &mut TransferDoc, now: &Now) {
     doc.modification_time = now.text.clone();
     doc.note_transitions(now.millis);
+}
+
+/// A terminal transfer about to be written in one store transaction (`super::local`): its
+/// lease released and its stamp taken. That write needs no lease timing: it is conditional,
+/// in the transaction, on the version the holder last wrote.
+pub(super) fn seal_terminal(doc: &mut TransferDoc, now: &Now) {
+    debug_assert!(doc.transaction_state.is_terminal());
+    release(doc);
+    stamp(doc, now);
 }
 
 fn release(doc: &mut TransferDoc) {

@@ -35,6 +35,7 @@ pub mod driver;
 pub mod feed;
 pub mod history;
 pub mod lease;
+pub mod local;
 pub mod model;
 pub mod protocol;
 pub mod recovery;
@@ -90,6 +91,10 @@ pub struct EngineConfig {
     /// Transfers created here and not yet driven to the end, at most (`MAX_IN_FLIGHT`; see
     /// [`admission`]).
     pub max_in_flight: usize,
+    /// Settle a new transfer in one store transaction where the store has them
+    /// (`PROTOCOL=auto`, `docs/design.md §3` "In one transaction"); `false`: always by the
+    /// two-phase protocol.
+    pub one_transaction: bool,
 }
 
 /// Settled ids an account keeps whatever their age (beyond `SETTLED_RETENTION`): a quiet
@@ -126,6 +131,7 @@ impl EngineConfig {
             recovery_page: 100,
             sweep_pages_per_tick: 10,
             max_in_flight: config.max_in_flight,
+            one_transaction: config.protocol == crate::config::Protocol::Auto,
         }
     }
 }
@@ -153,6 +159,7 @@ impl EngineConfig {
             recovery_page: 100,
             sweep_pages_per_tick: 10,
             max_in_flight: admission::DEFAULT_MAX_IN_FLIGHT,
+            one_transaction: true,
         }
     }
 }

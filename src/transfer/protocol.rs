@@ -438,6 +438,25 @@ fn apply(
     change: Change,
     now_millis: i64,
 ) -> Result<AccountDoc, Refusal> {
+    let (balance, pending_credits, pending_debits) = applied_sums(account, change)?;
+    let mut next = account.clone();
+    next.balance = balance;
+    next.pending_credits = pending_credits;
+    next.pending_debits = pending_debits;
+    next.add_pending(transfer_id, now_millis);
+    debug_assert!(
+        !change.debits || next.available() >= 0,
+        "a debit left {} below its floor {} (pending credits {})",
+        next.balance,
+        next.floor,
+        next.pending_credits
+    );
+    Ok(next)
+}
+
+/// The balance and pending sums once `change` is applied, or why it may not be: the rules
+/// of every apply, two-phase or in one transaction.
+fn applied_sums(account: &AccountDoc, change: Change) -> Result<(i64, i64, i64), Refusal> {
     // Spendable = balance − uncommitted credits − floor, so that undoing any pending credit
     // later can never leave the balance below the floor.
     if change.debits && account.available() < change.debit as i128 {
@@ -455,18 +474,36 @@ fn apply(
     if i64::try_from(balance as i128 + pending_debits as i128).is_err() {
         return Err(Refusal::Overflow);
     }
+    Ok((balance, pending_credits, pending_debits))
+}
+
+/// One account's part of a transfer settled in one store transaction (`docs/design.md §3`,
+/// "In one transaction"): the checks of an apply (currency, floor, overflow) and the delta,
+/// with no pending entry and no tombstone. Nothing can apply the transfer to the account
+/// again: its document becomes terminal in the same commit, and every two-phase apply comes
+/// after a `pending` write of it, which a terminal transfer refuses. An account that holds
+/// the transfer already (pending or settled) contradicts a `created` transfer: refused with
+/// [`Refusal::AlreadySettled`], for the two-phase path to sort out.
+pub fn settle_at_once(
+    account: &AccountDoc,
+    step: AccountStep<'_>,
+    now: &Now,
+    retention: Retention,
+) -> Result<AccountDoc, Refusal> {
+    let id = step.transfer_id;
+    if account.pending_transactions.iter().any(|p| p == id) || account.settled.contains(id) {
+        return Err(Refusal::AlreadySettled);
+    }
+    if !step.currency.admits(account.currency.as_deref()) {
+        return Err(Refusal::CurrencyMismatch);
+    }
+    // Nothing stays pending: the pending sums are checked as an apply would and left as
+    // they were.
+    let (balance, _, _) = applied_sums(account, Change::of(step.side, step.amount))?;
     let mut next = account.clone();
     next.balance = balance;
-    next.pending_credits = pending_credits;
-    next.pending_debits = pending_debits;
-    next.add_pending(transfer_id, now_millis);
-    debug_assert!(
-        !change.debits || next.available() >= 0,
-        "a debit left {} below its floor {} (pending credits {})",
-        next.balance,
-        next.floor,
-        next.pending_credits
-    );
+    prune_settled(&mut next, now.millis, retention);
+    next.modification_time = now.text.clone();
     Ok(next)
 }
 

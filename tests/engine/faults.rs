@@ -1,6 +1,7 @@
 //! Faults at every step boundary of the protocol and of the rollback.
 //!
-//! For each step (listed in [`STEPS`]) and each fault — an error before the write, an error
+//! For each step (listed in [`STEPS`]; the two-phase protocol's, and the one store
+//! transaction that settles a transfer where the store has them) and each fault — an error before the write, an error
 //! after it was applied, a crash before it, a crash after it (the worker's "process" dies:
 //! its store never answers again), a stall longer than the lease — a worker of instance A
 //! drives one transfer into the fault, then instance B's recovery takes over. Every transfer
@@ -50,6 +51,16 @@ const CAPTURED: i64 = 4;
 /// Every step boundary: (name, path, what the write looks like).
 const STEPS: &[(&str, Path, StepWrite)] = &[
     ("create", Path::Commit, StepWrite::Create),
+    (
+        "one transaction: settle",
+        Path::Commit,
+        StepWrite::Transaction,
+    ),
+    (
+        "one transaction: roll back",
+        Path::Rollback,
+        StepWrite::Transaction,
+    ),
     (
         "core 1: → pending",
         Path::Commit,
@@ -210,6 +221,9 @@ async fn arrange_cases(w: &World, recoverer: &Engine) -> Vec<Case> {
                     .unwrap();
             }
             let faulty = FaultyStore::new(w.base.clone(), s as u64 * 10 + f as u64, Duration::ZERO);
+            if matches!(step, StepWrite::Transaction) {
+                faulty.forward_transactions();
+            }
             faulty.inject(step.matcher(&name), *fault, 1);
             let worker = w.instance(faulty.clone(), config()).engine;
             cases.push(Case {

@@ -14,5 +14,6 @@ mod events;
 mod faults;
 mod holds;
 mod legs;
+mod one_transaction;
 mod scenarios;
 mod stale_worker;

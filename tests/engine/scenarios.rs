@@ -514,9 +514,11 @@ async fn an_account_create_whose_answer_was_lost_is_new() {
 }
 
 /// An instance whose accounts remember at most two young tombstones (and pending entries),
-/// for `retention_ms`.
+/// for `retention_ms`. Tombstones are the two-phase protocol's: it runs that protocol (a
+/// transfer settled in one store transaction leaves none).
 fn tight_tombstones(w: &World, retention_ms: i64) -> Instance {
     let mut config = EngineConfig::with_lease(Duration::from_secs(5));
+    config.one_transaction = false;
     config.retention = Retention {
         millis: retention_ms,
         max_entries: 2,

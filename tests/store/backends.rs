@@ -10,7 +10,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use transfer_service::store::{
     format_millis, ChangesQuery, DynStore, FeedPosition, Index, SortKey, Source, StaleQuery, Store,
-    TransferFilter, Version, WriteOp, WriteOutcome,
+    StoreError, TransferFilter, TxnOutcome, Version, WriteOp, WriteOutcome,
 };
 
 use crate::support::stores;
@@ -28,6 +28,15 @@ fn transfer(id: &str, state: &str, src: &str, dest: &str, created: i64, modified
         "lease_owner": "worker",
         "lease_expires_at": format_millis(modified + 30_000),
     })
+}
+
+fn replace(index: Index, id: &str, source: Value, expected: Version) -> WriteOp {
+    WriteOp::ReplaceIf {
+        index,
+        id: id.to_owned(),
+        source: source.into(),
+        expected,
+    }
 }
 
 fn written(outcome: WriteOutcome) -> Version {
@@ -881,6 +890,92 @@ mod suite {
         }
     }
 
+    /// A store without transactions says so and refuses one, writing nothing; one with them
+    /// makes every write of a transaction or none.
+    pub async fn a_transaction_writes_all_of_its_documents_or_none(s: &dyn Store) {
+        let v1 = written(
+            s.create(Index::Accounts, "a1", json!({"n": 1}).into())
+                .await
+                .unwrap(),
+        );
+        let v2 = written(
+            s.create(Index::Accounts, "a2", json!({"n": 2}).into())
+                .await
+                .unwrap(),
+        );
+        let both = |first: Version, second: Version, n: i64| -> transfer_service::store::TxnWork {
+            Box::new(move |_| {
+                vec![
+                    replace(Index::Accounts, "a1", json!({ "n": n }), first),
+                    replace(Index::Accounts, "a2", json!({ "n": n }), second),
+                ]
+            })
+        };
+        if !s.transactions() {
+            let refused = s.transact(both(v1, v2, 9)).await;
+            assert!(
+                matches!(refused, Err(StoreError::Permanent(_))),
+                "{refused:?}"
+            );
+            assert_eq!(
+                s.get(Index::Accounts, "a1").await.unwrap().unwrap().version,
+                v1
+            );
+            return;
+        }
+        let TxnOutcome::Committed(versions) = s.transact(both(v1, v2, 3)).await.unwrap() else {
+            panic!("a transaction on the live versions was refused");
+        };
+        for (id, version) in [("a1", versions[0]), ("a2", versions[1])] {
+            let doc = s.get(Index::Accounts, id).await.unwrap().unwrap();
+            assert_eq!(
+                (doc.source, doc.version),
+                (Source::from(json!({"n": 3})), version)
+            );
+        }
+        // The second write's version is stale: the first is not made either.
+        let refused = s.transact(both(versions[0], v2, 4)).await.unwrap();
+        assert_eq!(refused, TxnOutcome::Refused);
+        assert_eq!(
+            s.get(Index::Accounts, "a1").await.unwrap().unwrap().version,
+            versions[0]
+        );
+    }
+
+    /// Transactions that each read a counter and write it plus one lose no increment: the
+    /// reads of each see the writes of those before it, conflicts cannot happen.
+    pub async fn concurrent_transactions_read_each_others_writes(s: DynStore) {
+        if !s.transactions() {
+            eprintln!("skipped: the {} store has no transactions", s.backend());
+            return;
+        }
+        s.create(Index::Accounts, "counter", json!({"n": 0}).into())
+            .await
+            .unwrap();
+        let increments = (0..40).map(|_| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                s.transact(Box::new(|reads| {
+                    let doc = reads.get(Index::Accounts, "counter").unwrap().unwrap();
+                    let n = doc.source.to_value().unwrap()["n"].as_i64().unwrap();
+                    vec![replace(
+                        Index::Accounts,
+                        "counter",
+                        json!({ "n": n + 1 }),
+                        doc.version,
+                    )]
+                }))
+                .await
+                .unwrap()
+            })
+        });
+        for outcome in futures_util::future::join_all(increments).await {
+            assert!(matches!(outcome.unwrap(), TxnOutcome::Committed(_)));
+        }
+        let counter = s.get(Index::Accounts, "counter").await.unwrap().unwrap();
+        assert_eq!(counter.source, json!({"n": 40}));
+    }
+
     pub async fn ready_answers_ok(s: &dyn Store) {
         s.ready().await.unwrap();
     }
@@ -930,8 +1025,12 @@ macro_rules! all_backends {
                 scan_pages_every_document_in_id_order,
                 changes_serve_transfers_in_the_order_of_their_latest_writes,
                 changes_stay_below_the_horizon_where_writes_are_not_ordered,
+                a_transaction_writes_all_of_its_documents_or_none,
                 ready_answers_ok,
-            ], [concurrent_increments_are_exact_and_conflicts_are_seen]);
+            ], [
+                concurrent_increments_are_exact_and_conflicts_are_seen,
+                concurrent_transactions_read_each_others_writes,
+            ]);
         )*
     };
 }

@@ -6,6 +6,10 @@
 //!   applied, an error after it was applied (the outcome is unknown to the caller), a stall
 //!   before or after it is applied, or a crash (the request never answers and the store goes
 //!   dead: every later request fails, as if the process had died mid-request).
+//! - **Transactions** of the store inside ([`Store::transact`]) are hidden unless
+//!   [`FaultyStore::forward_transactions`] is called, so the fault suites' step boundaries
+//!   (single-document writes) stay where they are; forwarded, a transaction is one request
+//!   ([`Matcher::transactions`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,7 +21,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::Value;
 use transfer_service::store::{
     Doc, DynStore, Index, Page, ScanPage, StaleQuery, Store, StoreError, StoreResult,
-    TransferFilter, WriteOp, WriteOutcome,
+    TransferFilter, TxnOutcome, TxnWork, WriteOp, WriteOutcome,
 };
 
 /// Which requests a rule applies to.
@@ -38,6 +42,14 @@ pub struct Matcher {
 }
 
 impl Matcher {
+    /// Transactions ([`Store::transact`]), once forwarded.
+    pub fn transactions() -> Self {
+        Self {
+            op: Some("transact"),
+            ..Self::default()
+        }
+    }
+
     /// Reads (`get`) of documents in `index`.
     pub fn reads(index: Index) -> Self {
         Self::of("get", index)
@@ -125,6 +137,8 @@ pub struct FaultyStore {
     max_jitter: Duration,
     rules: Mutex<Vec<Rule>>,
     dead: AtomicBool,
+    /// Whether the inner store's transactions are offered.
+    transactions: AtomicBool,
     /// Faults that fired.
     pub fired: AtomicU64,
 }
@@ -137,6 +151,7 @@ impl FaultyStore {
             max_jitter,
             rules: Mutex::new(Vec::new()),
             dead: AtomicBool::new(false),
+            transactions: AtomicBool::new(false),
             fired: AtomicU64::new(0),
         })
     }
@@ -148,6 +163,11 @@ impl FaultyStore {
             fault,
             remaining: times,
         });
+    }
+
+    /// Offers the inner store's transactions (when it has them) from now on.
+    pub fn forward_transactions(&self) {
+        self.transactions.store(true, Ordering::SeqCst);
     }
 
     pub fn clear(&self) {
@@ -308,6 +328,24 @@ impl Store for FaultyStore {
         result
     }
 
+    fn transactions(&self) -> bool {
+        self.transactions.load(Ordering::SeqCst) && self.inner.transactions()
+    }
+
+    async fn transact(&self, work: TxnWork) -> StoreResult<TxnOutcome> {
+        if !self.transactions() {
+            return Err(StoreError::Permanent(
+                "transactions are not forwarded".into(),
+            ));
+        }
+        self.check_alive()?;
+        self.jitter().await;
+        let fault = self.take_fault("transact", Index::Transactions, "", None);
+        let result = self.with_fault(fault, self.inner.transact(work)).await;
+        self.check_alive()?;
+        result
+    }
+
     async fn find_stale(&self, query: &StaleQuery) -> StoreResult<Page> {
         self.check_alive()?;
         self.jitter().await;
@@ -353,6 +391,9 @@ pub enum StepWrite {
     Park,
     /// The write that records a hold's capture.
     Capture,
+    /// The one store transaction that settles a transfer where the store has them (the
+    /// worker's faulty store forwards them for these cases only).
+    Transaction,
 }
 
 /// Every fault each step boundary is tried with: an error before or after the write, a crash
@@ -378,6 +419,7 @@ impl StepWrite {
                 "lease_owner",
                 Some(serde_json::json!(transfer_service::transfer::lease::PARKED)),
             ),
+            StepWrite::Transaction => Matcher::transactions(),
             StepWrite::Capture => Matcher::writes(Index::Transactions)
                 .moving_to("pending")
                 .with_field("captured_amount", None),

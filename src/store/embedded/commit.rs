@@ -6,12 +6,39 @@ use super::*;
 /// The most ops one group commit takes; bounds the latency a large group adds.
 pub const MAX_GROUP_OPS: usize = 4096;
 
+/// What one transaction counts for against [`MAX_GROUP_OPS`]: about the writes of a transfer.
+const TXN_WEIGHT: usize = 4;
+
 pub(super) type Reply = oneshot::Sender<StoreResult<Vec<StoreResult<WriteOutcome>>>>;
+pub(super) type TxnReply = oneshot::Sender<StoreResult<TxnOutcome>>;
+
+/// One caller's work waiting for the committer.
+pub(super) enum Waiting {
+    /// A `bulk`: each op on its own.
+    Ops(Vec<WriteOp>, Reply),
+    /// A `transact`: its writes all or none.
+    Txn(TxnWork, TxnReply),
+}
+
+impl Waiting {
+    fn weight(&self) -> usize {
+        match self {
+            Waiting::Ops(ops, _) => ops.len(),
+            Waiting::Txn(..) => TXN_WEIGHT,
+        }
+    }
+}
+
+/// What the group's transaction answers one caller, once it committed.
+pub(super) enum Answer {
+    Ops(Vec<StoreResult<WriteOutcome>>),
+    Txn(TxnOutcome),
+}
 
 /// Writes waiting for the committer, and whether one is running.
 #[derive(Default)]
 pub(super) struct CommitQueue {
-    pub(super) waiting: Vec<(Vec<WriteOp>, Reply)>,
+    pub(super) waiting: Vec<Waiting>,
     pub(super) committing: bool,
     pub(super) closed: bool,
 }
@@ -51,7 +78,7 @@ impl Drop for CommitterTurn {
 pub(super) fn run_commits(db: &Database, mut turn: CommitterTurn) {
     let committer = turn.committer.clone();
     loop {
-        let group = {
+        let mut group = {
             let mut queue = lock(&committer.queue);
             if queue.waiting.is_empty() {
                 queue.committing = false;
@@ -61,17 +88,26 @@ pub(super) fn run_commits(db: &Database, mut turn: CommitterTurn) {
             }
             take_group(&mut queue.waiting)
         };
-        match apply_group(db, &group) {
-            Ok(mut results) => {
-                // `results` is in group order; hand each caller its own slice.
-                for (batch, reply) in group.into_iter().rev() {
-                    let mine = results.split_off(results.len() - batch.len());
-                    let _ = reply.send(Ok(mine));
+        match apply_group(db, &mut group) {
+            Ok(answers) => {
+                for (waiting, answer) in group.into_iter().zip(answers) {
+                    match (waiting, answer) {
+                        (Waiting::Ops(_, reply), Answer::Ops(outcomes)) => {
+                            let _ = reply.send(Ok(outcomes));
+                        }
+                        (Waiting::Txn(_, reply), Answer::Txn(outcome)) => {
+                            let _ = reply.send(Ok(outcome));
+                        }
+                        _ => unreachable!("answers are made in the group's order"),
+                    }
                 }
             }
             Err(e) => {
-                for (_, reply) in group {
-                    let _ = reply.send(Err(e.clone()));
+                for waiting in group {
+                    match waiting {
+                        Waiting::Ops(_, reply) => drop(reply.send(Err(e.clone()))),
+                        Waiting::Txn(_, reply) => drop(reply.send(Err(e.clone()))),
+                    }
                 }
             }
         }
@@ -79,14 +115,14 @@ pub(super) fn run_commits(db: &Database, mut turn: CommitterTurn) {
 }
 
 /// The oldest waiting batches, up to [`MAX_GROUP_OPS`] ops (at least one batch).
-pub(super) fn take_group(waiting: &mut Vec<(Vec<WriteOp>, Reply)>) -> Vec<(Vec<WriteOp>, Reply)> {
+pub(super) fn take_group(waiting: &mut Vec<Waiting>) -> Vec<Waiting> {
     let mut ops = 0;
     let mut count = 0;
-    for (batch, _) in waiting.iter() {
-        if count > 0 && ops + batch.len() > MAX_GROUP_OPS {
+    for batch in waiting.iter() {
+        if count > 0 && ops + batch.weight() > MAX_GROUP_OPS {
             break;
         }
-        ops += batch.len();
+        ops += batch.weight();
         count += 1;
     }
     waiting.drain(..count).collect()
@@ -149,22 +185,29 @@ impl SeqNos {
 
 /// Applies a group in one write transaction. An op that cannot be applied (a stored value
 /// that is truncated, a transfer source that is not a JSON object) fails alone, having written
-/// nothing; the group fails as a whole only when the transaction does (a storage error, a
-/// failed commit), and then no op of it was acknowledged.
-pub(super) fn apply_group(
-    db: &Database,
-    group: &[(Vec<WriteOp>, Reply)],
-) -> StoreResult<Vec<StoreResult<WriteOutcome>>> {
+/// nothing, and so does a transaction with such a write; the group fails as a whole only when
+/// the transaction does (a storage error, a failed commit), and then nothing of it was
+/// acknowledged. Each transaction's work is taken out of the group to be run.
+pub(super) fn apply_group(db: &Database, group: &mut [Waiting]) -> StoreResult<Vec<Answer>> {
     let mut txn = db.begin_write().map_err(storage)?;
     txn.set_durability(Durability::Immediate).map_err(storage)?;
-    let mut results = Vec::new();
+    let mut answers = Vec::with_capacity(group.len());
     {
         let mut tables = Tables::open(&txn)?;
         let mut seq_nos = SeqNos::default();
-        for (batch, _) in group {
-            for op in batch {
-                results.push(apply_op(&mut tables, &mut seq_nos, op)?);
-            }
+        for waiting in group.iter_mut() {
+            let answer = match waiting {
+                Waiting::Ops(ops, _) => Answer::Ops(
+                    ops.iter()
+                        .map(|op| apply_op(&mut tables, &mut seq_nos, op))
+                        .collect::<StoreResult<_>>()?,
+                ),
+                Waiting::Txn(work, _) => {
+                    let work = std::mem::replace(work, Box::new(|_| Vec::new()));
+                    Answer::Txn(run_txn(&mut tables, &mut seq_nos, work)?)
+                }
+            };
+            answers.push(answer);
         }
         seq_nos.store(&mut tables)?;
     }
@@ -176,29 +219,114 @@ pub(super) fn apply_group(
             "embedded store: commit failed, the writes may or may not be applied: {e}"
         ))
     })?;
-    Ok(results)
+    Ok(answers)
+}
+
+/// The reads of a transaction's work: the group's tables, so they see the group's earlier
+/// writes. A storage error is kept to fail the group (redb may have poisoned the
+/// transaction); the work sees it as an error too.
+struct GroupReads<'t, 'txn> {
+    tables: &'t Tables<'txn>,
+    failed: Option<StoreError>,
+}
+
+impl TxnReads for GroupReads<'_, '_> {
+    fn get(&mut self, index: Index, id: &str) -> StoreResult<Option<Doc>> {
+        let stored = match self.tables.docs.get((index.name(), id)) {
+            Ok(stored) => stored,
+            Err(e) => {
+                let e = storage(e);
+                self.failed = Some(e.clone());
+                return Err(e);
+            }
+        };
+        stored.map(|bytes| decode(id, bytes.value())).transpose()
+    }
+}
+
+/// Runs one transaction's work and applies its writes, all or none: every write is checked
+/// before any is made. A panic of the work fails this transaction alone.
+fn run_txn(
+    tables: &mut Tables<'_>,
+    seq_nos: &mut SeqNos,
+    work: TxnWork,
+) -> StoreResult<TxnOutcome> {
+    let mut reads = GroupReads {
+        tables,
+        failed: None,
+    };
+    let ops = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&mut reads)));
+    if let Some(e) = reads.failed {
+        return Err(e);
+    }
+    let Ok(ops) = ops else {
+        tracing::error!("a transaction's work panicked; nothing of it was written");
+        return Ok(TxnOutcome::Refused);
+    };
+    let mut seen = std::collections::HashSet::new();
+    if !ops.iter().all(|op| seen.insert((op.index(), op.id()))) {
+        return Ok(TxnOutcome::Refused);
+    }
+    let mut checked = Vec::with_capacity(ops.len());
+    for op in &ops {
+        match check_op(tables, op)? {
+            Ok(op) => checked.push(op),
+            Err(_) => return Ok(TxnOutcome::Refused),
+        }
+    }
+    let mut versions = Vec::with_capacity(checked.len());
+    for op in checked {
+        versions.push(write_checked(tables, seq_nos, op)?);
+    }
+    Ok(TxnOutcome::Committed(versions))
 }
 
 /// Applies one op. The inner result is the op's own outcome; an inner error is returned only
 /// before the op wrote anything (every check comes first). The outer error is a storage
 /// error, which fails the whole transaction (redb poisons a transaction that failed part-way
 /// through a change).
-///
-/// Sources are not parsed, except a transfer's indexed fields (old and new, to move its
-/// index entries): an account write costs a lookup, a copy and an insert.
 pub(super) fn apply_op(
     tables: &mut Tables<'_>,
     seq_nos: &mut SeqNos,
     op: &WriteOp,
 ) -> StoreResult<StoreResult<WriteOutcome>> {
+    Ok(match check_op(tables, op)? {
+        Ok(checked) => Ok(WriteOutcome::Written(write_checked(
+            tables, seq_nos, checked,
+        )?)),
+        Err(outcome) => outcome,
+    })
+}
+
+/// An op whose checks passed, with what its write needs to know of the stored document.
+pub(super) struct CheckedOp<'o> {
+    op: &'o WriteOp,
+    /// A transfer's stored `seq_no` (its feed entry moves) and index keys, old and new.
+    transfer: Option<(Option<u64>, IndexKeys<'o>)>,
+}
+
+/// A transfer's index entries before a write (owned: the stored document may change before
+/// the write is made) and after it.
+type IndexKeys<'o> = (Option<TransferKeys<'static>>, TransferKeys<'o>);
+
+/// Checks an op against the stored document without writing anything: `Ok(Ok(_))` when it
+/// may be written, `Ok(Err(outcome))` when it must not (a conflict, a taken id, a missing
+/// document, or a source that cannot be indexed).
+///
+/// Sources are not parsed, except a transfer's indexed fields (old and new, to move its
+/// index entries): an account write costs a lookup, a copy and an insert.
+pub(super) fn check_op<'o>(
+    tables: &Tables<'_>,
+    op: &'o WriteOp,
+) -> StoreResult<Result<CheckedOp<'o>, StoreResult<WriteOutcome>>> {
     let index = op.index();
     let id = op.id();
     let stored = tables.docs.get((index.name(), id)).map_err(storage)?;
     let (source, current) = match (op, &stored) {
         // A create only needs to know that the id is taken, whatever is stored there.
-        (WriteOp::Create { .. }, Some(_)) => return Ok(Ok(WriteOutcome::AlreadyExists)),
+        (WriteOp::Create { .. }, Some(_)) => return Ok(Err(Ok(WriteOutcome::AlreadyExists))),
         (WriteOp::Create { source, .. }, None) => (source, None),
-        (WriteOp::ReplaceIf { .. }, None) => return Ok(Ok(WriteOutcome::NotFound)),
+        (WriteOp::ReplaceIf { .. }, None) => return Ok(Err(Ok(WriteOutcome::NotFound))),
         (
             WriteOp::ReplaceIf {
                 source, expected, ..
@@ -211,38 +339,43 @@ pub(super) fn apply_op(
                     primary_term: PRIMARY_TERM,
                 }) != *expected =>
             {
-                return Ok(Ok(WriteOutcome::Conflict))
+                return Ok(Err(Ok(WriteOutcome::Conflict)))
             }
-            // Only a transfer's old source is read again (for its index keys).
-            Ok((seq_no, old)) => (
-                source,
-                (index == Index::Transactions).then(|| (seq_no, old.to_vec())),
-            ),
-            Err(e) => return Ok(Err(e)),
+            Ok((seq_no, old)) => (source, Some((seq_no, old))),
+            Err(e) => return Ok(Err(Err(e))),
         },
     };
-    drop(stored);
     // A transfer's index keys, old and new, are read before anything is written: a source
     // that is not a JSON object fails its op alone.
-    let keys = match index {
+    let transfer = match index {
         Index::Transactions => {
-            let old = match current
-                .as_ref()
-                .map(|(_, old)| transfer_keys(old))
-                .transpose()
-            {
-                Ok(old) => old,
-                Err(e) => return Ok(Err(e)),
+            let old = match current.map(|(_, old)| transfer_keys(old)).transpose() {
+                Ok(old) => old.map(TransferKeys::into_owned),
+                Err(e) => return Ok(Err(Err(e))),
             };
             match transfer_keys(source.as_bytes()) {
-                Ok(new) => Some((old, new)),
-                Err(e) => return Ok(Err(e)),
+                Ok(new) => Some((current.map(|(seq_no, _)| seq_no), (old, new))),
+                Err(e) => return Ok(Err(Err(e))),
             }
         }
         Index::Accounts | Index::Webhooks => None,
     };
+    Ok(Ok(CheckedOp { op, transfer }))
+}
+
+/// Writes a checked op: the document with its new `seq_no`, and a transfer's index and feed
+/// entries. Only storage errors can fail it.
+pub(super) fn write_checked(
+    tables: &mut Tables<'_>,
+    seq_nos: &mut SeqNos,
+    checked: CheckedOp<'_>,
+) -> StoreResult<Version> {
+    let CheckedOp { op, transfer } = checked;
+    let (index, id) = (op.index(), op.id());
+    let source = match op {
+        WriteOp::Create { source, .. } | WriteOp::ReplaceIf { source, .. } => source,
+    };
     let seq_no = seq_nos.next(tables, index)?;
-    // Every check passed: from here on, only writes.
     let bytes = source.as_bytes();
     let mut value = Vec::with_capacity(8 + bytes.len());
     value.extend_from_slice(&seq_no.to_le_bytes());
@@ -251,16 +384,16 @@ pub(super) fn apply_op(
         .docs
         .insert((index.name(), id), value.as_slice())
         .map_err(storage)?;
-    if let Some((old, new)) = keys {
+    if let Some((old_seq_no, (old, new))) = transfer {
         update_transfer_indexes(tables, id, old.as_ref(), &new)?;
         // The feed: the transfer's entry moves to this write's position.
-        if let Some((old_seq_no, _)) = &current {
+        if let Some(old_seq_no) = old_seq_no {
             tables.changes.remove(old_seq_no).map_err(storage)?;
         }
         tables.changes.insert(seq_no, id).map_err(storage)?;
     }
-    Ok(Ok(WriteOutcome::Written(Version {
+    Ok(Version {
         seq_no,
         primary_term: PRIMARY_TERM,
-    })))
+    })
 }

@@ -48,8 +48,8 @@ use tokio::sync::oneshot;
 
 use super::{
     parse_millis, ChangesPage, ChangesQuery, Doc, FeedPosition, Index, Page, ScanPage, SortKey,
-    Source, StaleQuery, Store, StoreError, StoreResult, TransferFilter, Version, WriteOp,
-    WriteOutcome,
+    Source, StaleQuery, Store, StoreError, StoreResult, TransferFilter, TxnOutcome, TxnReads,
+    TxnWork, Version, WriteOp, WriteOutcome,
 };
 
 mod commit;
@@ -133,6 +133,27 @@ impl EmbeddedStore {
         &self.path
     }
 
+    /// Queues work for the committer, starting one if none is running.
+    fn enqueue(&self, waiting: Waiting) -> StoreResult<()> {
+        let start_committer = {
+            let mut queue = lock(&self.committer.queue);
+            if queue.closed {
+                return Err(StoreError::Permanent("embedded store is closed".into()));
+            }
+            queue.waiting.push(waiting);
+            !std::mem::replace(&mut queue.committing, true)
+        };
+        if start_committer {
+            let db = self.db.clone();
+            let turn = CommitterTurn {
+                committer: self.committer.clone(),
+                finished: false,
+            };
+            tokio::task::spawn_blocking(move || run_commits(&db, turn));
+        }
+        Ok(())
+    }
+
     async fn read<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
@@ -182,22 +203,19 @@ impl Store for EmbeddedStore {
             return Ok(Vec::new());
         }
         let (reply, answer) = oneshot::channel();
-        let start_committer = {
-            let mut queue = lock(&self.committer.queue);
-            if queue.closed {
-                return Err(StoreError::Permanent("embedded store is closed".into()));
-            }
-            queue.waiting.push((ops, reply));
-            !std::mem::replace(&mut queue.committing, true)
-        };
-        if start_committer {
-            let db = self.db.clone();
-            let turn = CommitterTurn {
-                committer: self.committer.clone(),
-                finished: false,
-            };
-            tokio::task::spawn_blocking(move || run_commits(&db, turn));
-        }
+        self.enqueue(Waiting::Ops(ops, reply))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Permanent("embedded store committer has stopped".into()))?
+    }
+
+    fn transactions(&self) -> bool {
+        true
+    }
+
+    async fn transact(&self, work: TxnWork) -> StoreResult<TxnOutcome> {
+        let (reply, answer) = oneshot::channel();
+        self.enqueue(Waiting::Txn(work, reply))?;
         answer
             .await
             .map_err(|_| StoreError::Permanent("embedded store committer has stopped".into()))?

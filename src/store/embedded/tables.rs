@@ -184,12 +184,31 @@ pub(super) struct TransferKeys<'a> {
     pub(super) dest: Cow<'a, str>,
     /// The raw JSON of a multi-leg transaction's `accounts` (every account it touches), if
     /// any: parsed only when it changes or a filter asks.
-    pub(super) accounts: Option<&'a str>,
+    pub(super) accounts: Option<Cow<'a, str>>,
     /// Flagged for a person (see [`crate::store::fields::ATTENTION`]).
     pub(super) attention: bool,
     /// The raw JSON of `metadata` ([`crate::store::fields::METADATA`]), if any: parsed only
     /// when it changes or a filter asks.
-    pub(super) metadata: Option<&'a str>,
+    pub(super) metadata: Option<Cow<'a, str>>,
+}
+
+impl TransferKeys<'_> {
+    /// The same keys, owning their text (a write that checks several ops before making any
+    /// holds the old keys while the documents change under them).
+    pub(super) fn into_owned(self) -> TransferKeys<'static> {
+        let own = |text: Cow<'_, str>| Cow::Owned(text.into_owned());
+        TransferKeys {
+            state: own(self.state),
+            released: self.released,
+            modified: self.modified,
+            created: self.created,
+            src: own(self.src),
+            dest: own(self.dest),
+            accounts: self.accounts.map(own),
+            attention: self.attention,
+            metadata: self.metadata.map(own),
+        }
+    }
 }
 
 impl TransferKeys<'_> {
@@ -202,7 +221,7 @@ impl TransferKeys<'_> {
                 parties.push(Cow::Borrowed(party.as_ref()));
             }
         }
-        if let Some(raw) = self.accounts {
+        if let Some(raw) = self.accounts.as_deref() {
             for account in serde_json::from_str::<Vec<Cow<'_, str>>>(raw).unwrap_or_default() {
                 if !account.is_empty() && !parties.contains(&account) {
                     parties.push(account);
@@ -221,7 +240,7 @@ impl TransferKeys<'_> {
 
     /// The metadata's string pairs (none when absent or not an object of strings).
     pub(super) fn metadata_pairs(&self) -> Vec<(Cow<'_, str>, Cow<'_, str>)> {
-        let Some(raw) = self.metadata else {
+        let Some(raw) = self.metadata.as_deref() else {
             return Vec::new();
         };
         serde_json::from_str::<std::collections::BTreeMap<Cow<'_, str>, Cow<'_, str>>>(raw)
@@ -296,12 +315,14 @@ pub(super) fn transfer_keys(source: &[u8]) -> StoreResult<TransferKeys<'_>> {
         accounts: indexed
             .accounts
             .map(RawValue::get)
-            .filter(|raw| raw.starts_with('[')),
+            .filter(|raw| raw.starts_with('['))
+            .map(Cow::Borrowed),
         attention: is_string(indexed.attention),
         metadata: indexed
             .metadata
             .map(RawValue::get)
-            .filter(|raw| raw.starts_with('{')),
+            .filter(|raw| raw.starts_with('{'))
+            .map(Cow::Borrowed),
     })
 }
 
@@ -325,11 +346,11 @@ pub(super) fn update_transfer_indexes(
     let attention = changed(|a, b| (a.created, a.attention) == (b.created, b.attention));
     let state_created = changed(|a, b| (&a.state, a.created) == (&b.state, b.created));
     let parties_changed = changed(|a, b| {
-        (&a.src, &a.dest, a.accounts, a.created) == (&b.src, &b.dest, b.accounts, b.created)
+        (&a.src, &a.dest, &a.accounts, a.created) == (&b.src, &b.dest, &b.accounts, b.created)
     });
     // Compared as raw text: the engine rewrites the same map in the same (key) order, so a
     // transfer's state writes never parse it.
-    let metadata = changed(|a, b| (a.metadata, a.created) == (b.metadata, b.created))
+    let metadata = changed(|a, b| (&a.metadata, a.created) == (&b.metadata, b.created))
         && (new.metadata.is_some() || old.is_some_and(|o| o.metadata.is_some()));
     if metadata {
         if let Some(old) = old {

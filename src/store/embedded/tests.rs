@@ -271,35 +271,119 @@ fn in_a_group_of_callers_only_the_failing_op_fails() {
     let (_dir, store) = open();
     // A transfer's old index keys cannot be read from a broken source: its write must fail.
     break_doc(&store.db, Index::Transactions, "bad");
-    let reply = || oneshot::channel().0;
-    let group = vec![
-        (
-            vec![create("first", transfer("first", "created", 1))],
-            reply(),
-        ),
-        (
-            vec![WriteOp::ReplaceIf {
-                index: Index::Transactions,
-                id: "bad".into(),
-                source: transfer("bad", "pending", 2).into(),
-                expected: Version {
-                    seq_no: 42,
-                    primary_term: PRIMARY_TERM,
-                },
-            }],
-            reply(),
-        ),
-        (
-            vec![create("third", transfer("third", "created", 3))],
-            reply(),
-        ),
+    let ops = |ops| Waiting::Ops(ops, oneshot::channel().0);
+    let mut group = vec![
+        ops(vec![create("first", transfer("first", "created", 1))]),
+        ops(vec![WriteOp::ReplaceIf {
+            index: Index::Transactions,
+            id: "bad".into(),
+            source: transfer("bad", "pending", 2).into(),
+            expected: Version {
+                seq_no: 42,
+                primary_term: PRIMARY_TERM,
+            },
+        }]),
+        ops(vec![create("third", transfer("third", "created", 3))]),
     ];
-    let results = apply_group(&store.db, &group).expect("the group commits");
+    let results = op_results(apply_group(&store.db, &mut group).expect("the group commits"));
     assert_eq!(results.len(), 3);
     assert_eq!(written(&results[0]) + 1, written(&results[2]));
     assert!(matches!(results[1], Err(StoreError::Permanent(_))));
     assert!(raw(&store.db, Index::Transactions, "first").is_some());
     assert!(raw(&store.db, Index::Transactions, "third").is_some());
+}
+
+/// The outcomes of a group's `bulk` callers, in order.
+fn op_results(answers: Vec<Answer>) -> Vec<StoreResult<WriteOutcome>> {
+    answers
+        .into_iter()
+        .flat_map(|answer| match answer {
+            Answer::Ops(results) => results,
+            Answer::Txn(_) => Vec::new(),
+        })
+        .collect()
+}
+
+/// The outcomes of a group's transactions, in order.
+fn txn_outcomes(answers: &[Answer]) -> Vec<TxnOutcome> {
+    answers
+        .iter()
+        .filter_map(|answer| match answer {
+            Answer::Txn(outcome) => Some(outcome.clone()),
+            Answer::Ops(_) => None,
+        })
+        .collect()
+}
+
+fn txn(work: impl FnOnce(&mut dyn TxnReads) -> Vec<WriteOp> + Send + 'static) -> Waiting {
+    Waiting::Txn(Box::new(work), oneshot::channel().0)
+}
+
+#[test]
+fn a_transaction_reads_the_writes_made_before_it_in_its_group() {
+    let (_dir, store) = open();
+    let mut group = vec![
+        Waiting::Ops(
+            vec![create("t1", transfer("t1", "created", 1))],
+            oneshot::channel().0,
+        ),
+        // Writes t1 again on the version it finds: the create made just before, uncommitted.
+        txn(|reads| {
+            let t1 = reads
+                .get(Index::Transactions, "t1")
+                .expect("read")
+                .expect("the create before it is seen");
+            vec![replace(
+                "t1",
+                transfer("t1", "pending", 2),
+                t1.version.seq_no,
+            )]
+        }),
+    ];
+    let answers = apply_group(&store.db, &mut group).expect("the group commits");
+    let [TxnOutcome::Committed(versions)] = &txn_outcomes(&answers)[..] else {
+        panic!("the transaction was not committed");
+    };
+    assert_eq!(versions[0].seq_no, written(&op_results(answers)[0]) + 1);
+    let stored = read_doc(&store.db, Index::Transactions, "t1")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        stored.source.to_value().unwrap()["transaction_state"],
+        "pending"
+    );
+}
+
+#[test]
+fn a_panicking_transaction_writes_nothing_and_fails_alone() {
+    let (_dir, store) = open();
+    let mut group = vec![
+        txn(|_| panic!("a bug in the work")),
+        Waiting::Ops(
+            vec![create("t1", transfer("t1", "created", 1))],
+            oneshot::channel().0,
+        ),
+    ];
+    let answers = apply_group(&store.db, &mut group).expect("the group commits");
+    assert_eq!(txn_outcomes(&answers), vec![TxnOutcome::Refused]);
+    assert!(matches!(
+        op_results(answers)[0],
+        Ok(WriteOutcome::Written(_))
+    ));
+}
+
+#[test]
+fn a_transaction_writing_one_document_twice_writes_nothing() {
+    let (_dir, store) = open();
+    let mut group = vec![txn(|_| {
+        vec![
+            create("t1", transfer("t1", "created", 1)),
+            create("t1", transfer("t1", "created", 1)),
+        ]
+    })];
+    let answers = apply_group(&store.db, &mut group).expect("the group commits");
+    assert_eq!(txn_outcomes(&answers), vec![TxnOutcome::Refused]);
+    assert!(raw(&store.db, Index::Transactions, "t1").is_none());
 }
 
 #[tokio::test]

@@ -1,0 +1,175 @@
+//! Transfers settled in one store transaction, the embedded store's path (`docs/design.md §3`,
+//! "In one transaction"). Faults at that transaction are in `faults` (its step boundary
+//! "one transaction"); the two-phase protocol's own tests run it on stores that hide their
+//! transactions.
+
+use std::time::Duration;
+
+use transfer_service::store::{DynStore, Index, Version};
+use transfer_service::transfer::model::TransferState;
+use transfer_service::transfer::EngineConfig;
+
+use crate::support::engine::*;
+
+fn instance(w: &World) -> Instance {
+    w.instance(
+        w.base.clone(),
+        EngineConfig::with_lease(Duration::from_secs(5)),
+    )
+}
+
+async fn version_of(store: &DynStore, id: &str) -> Version {
+    let doc = store.get(Index::Accounts, id).await.unwrap();
+    doc.expect("account exists").version
+}
+
+async fn event_types(e: &Instance, id: &str) -> Vec<&'static str> {
+    let t = transfer_doc(e, id).await;
+    t.events().iter().map(|e| e.kind.type_name()).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transfer_is_settled_by_one_store_transaction_after_its_create() {
+    let w = world(40, Duration::ZERO);
+    let e = instance(&w);
+    open_account(&e, "a", 100).await;
+    open_account(&e, "b", 0).await;
+    start_transfer(&e, "t", "a", "b", 30).await;
+    assert_eq!(
+        terminal_without_recovery(&e, "t").await,
+        TransferState::Finished
+    );
+
+    assert_eq!(e.store_requests("transact", "ok"), 1);
+    assert_eq!(
+        e.store_requests("replace", "ok"),
+        0,
+        "no single-document write"
+    );
+    assert_eq!(
+        event_types(&e, "t").await,
+        [
+            "transfer.created",
+            "transfer.pending",
+            "transfer.committed",
+            "transfer.finished"
+        ],
+        "the feed shows every state it passed"
+    );
+    assert_eq!(transfer_doc(&e, "t").await.lease_owner, None);
+    for (id, want) in [("a", 70), ("b", 30)] {
+        let account = e.get_account(id).await.unwrap().unwrap();
+        assert_eq!(account.balance, want, "{id}");
+        assert!(account.pending_transactions.is_empty(), "{id}");
+        assert!(account.settled.is_empty(), "{id}: no tombstone is needed");
+    }
+    assert_invariants(&w.base).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_transfer_rolls_back_in_its_one_write_and_no_account_changes() {
+    let w = world(41, Duration::ZERO);
+    let e = instance(&w);
+    open_account(&e, "a", 5).await;
+    open_account(&e, "b", 0).await;
+    let before = (
+        version_of(&w.base, "a").await,
+        version_of(&w.base, "b").await,
+    );
+
+    start_transfer(&e, "short", "a", "b", 10).await;
+    start_transfer(&e, "nowhere", "a", "nobody", 1).await;
+    for (id, reason, account) in [
+        ("short", "insufficient_funds", "a"),
+        ("nowhere", "account_not_found", "nobody"),
+    ] {
+        assert_eq!(
+            terminal_without_recovery(&e, id).await,
+            TransferState::RolledBack
+        );
+        let t = transfer_doc(&e, id).await;
+        assert_eq!(t.reason.map(|r| r.as_str()), Some(reason), "{id}");
+        assert_eq!(t.failed_account.as_deref(), Some(account), "{id}");
+        assert_eq!(
+            event_types(&e, id).await,
+            ["transfer.created", "transfer.rolled-back"],
+            "{id}"
+        );
+    }
+    let after = (
+        version_of(&w.base, "a").await,
+        version_of(&w.base, "b").await,
+    );
+    assert_eq!(before, after, "no account was written");
+    assert_eq!(e.store_requests("transact", "ok"), 2);
+    assert_invariants(&w.base).await;
+}
+
+/// Two hot accounts, many transfers at once both ways (some refused for want of funds) and
+/// multi-leg ones through a third account: each transaction reads the accounts as the ones
+/// committed before it left them, so nothing conflicts and every balance is exact.
+#[tokio::test(start_paused = true)]
+async fn concurrent_transfers_on_hot_accounts_settle_exactly() {
+    let w = world(42, Duration::ZERO);
+    let e = instance(&w);
+    for id in ["a", "b", "c"] {
+        open_account(&e, id, 50).await;
+    }
+    let mut starts = Vec::new();
+    for i in 0..120 {
+        let engine = e.engine.clone();
+        let new = match i % 3 {
+            0 => transfer(&format!("t{i}"), "a", "b", 1 + i % 7),
+            1 => transfer(&format!("t{i}"), "b", "a", 1 + i % 11),
+            _ => legs(&format!("t{i}"), &[("a", "c", 2), ("c", "b", 3)]),
+        };
+        starts.push(tokio::spawn(async move {
+            engine.create_transfer(new).await.expect("accepted");
+        }));
+    }
+    for start in starts {
+        start.await.unwrap();
+    }
+    until("every transfer to end", Duration::from_secs(30), || async {
+        e.running_tasks() == 0
+    })
+    .await;
+    let report = assert_invariants(&w.base).await;
+    assert_eq!(report.in_flight, 0);
+    let total: i64 = [
+        balance(&e, "a").await,
+        balance(&e, "b").await,
+        balance(&e, "c").await,
+    ]
+    .iter()
+    .sum();
+    assert_eq!(total, 150, "no unit created or destroyed");
+    assert_eq!(
+        e.store_requests("transact", "conflict"),
+        0,
+        "a transaction never conflicts"
+    );
+}
+
+/// `PROTOCOL=two-phase`: the embedded store runs the protocol as Elasticsearch does.
+#[tokio::test(start_paused = true)]
+async fn the_two_phase_protocol_can_be_asked_for_on_a_store_with_transactions() {
+    let w = world(43, Duration::ZERO);
+    let mut config = EngineConfig::with_lease(Duration::from_secs(5));
+    config.one_transaction = false;
+    let e = w.instance(w.base.clone(), config);
+    open_account(&e, "a", 100).await;
+    open_account(&e, "b", 0).await;
+    start_transfer(&e, "t", "a", "b", 30).await;
+    assert_eq!(
+        terminal_without_recovery(&e, "t").await,
+        TransferState::Finished
+    );
+    assert_eq!(e.store_requests("transact", "ok"), 0);
+    assert_eq!(
+        e.store_requests("replace", "ok"),
+        7,
+        "three state writes and four account writes"
+    );
+    assert_invariants(&w.base).await;
+}
