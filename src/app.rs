@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 
 use crate::auth::{ApiKeys, KeyFileError};
 use crate::config::Config;
@@ -161,7 +161,10 @@ pub async fn open_store(
                 bulk_ops_limit(config.settled_max),
             ))
         }
-        None => Arc::new(EmbeddedStore::open(&config.data_dir)?),
+        None => Arc::new(EmbeddedStore::open_with_cache(
+            &config.data_dir,
+            config.embedded_cache_mib,
+        )?),
     };
     Ok(Arc::new(InstrumentedStore::new(backend, metrics.clone())))
 }
@@ -195,12 +198,10 @@ impl Application {
         let auth = Arc::new(auth_from_config(&config, &metrics)?);
         let webhooks = webhooks_from_config(&config)?;
         let engine = Engine::new(store, EngineConfig::from_config(&config), metrics.clone());
-        let listener = TcpListener::bind(config.listen_addr)
-            .await
-            .map_err(|source| StartError::Listen {
-                addr: config.listen_addr,
-                source,
-            })?;
+        let listener = listen(config.listen_addr).map_err(|source| StartError::Listen {
+            addr: config.listen_addr,
+            source,
+        })?;
         let addr = listener.local_addr().map_err(|source| StartError::Listen {
             addr: config.listen_addr,
             source,
@@ -311,6 +312,24 @@ pub async fn serve(config: Config) -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Connections the kernel may queue before the service accepts them. tokio's default (1,024)
+/// overflows when a few thousand clients connect at once, and a refused SYN is retried only
+/// after a second; the kernel caps this at `net.core.somaxconn` (4,096 on current Linux).
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// The listening socket (with `SO_REUSEADDR`, as `TcpListener::bind` sets it on Unix).
+fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 #[cfg(test)]

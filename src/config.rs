@@ -46,6 +46,10 @@ pub struct Config {
     #[arg(long, env = "DATA_DIR", default_value = "./data")]
     pub data_dir: PathBuf,
 
+    /// The embedded store's page cache, in MiB: what of the file it keeps in memory.
+    #[arg(long, env = "EMBEDDED_CACHE_MIB", default_value_t = crate::store::embedded::DEFAULT_CACHE_MIB)]
+    pub embedded_cache_mib: usize,
+
     /// Credentials and CA of the Elasticsearch client.
     #[command(flatten)]
     pub elasticsearch_security: ElasticsearchSecurityArgs,
@@ -311,6 +315,7 @@ impl Config {
             elasticsearch_url: None,
             elasticsearch_security: ElasticsearchSecurityArgs::default(),
             data_dir,
+            embedded_cache_mib: crate::store::embedded::DEFAULT_CACHE_MIB,
             index_prefix: "transfer-service-".into(),
             recovery_interval: Duration::from_millis(200),
             recovery_stale_after: Duration::from_secs(1),

@@ -44,6 +44,7 @@ use report::Report;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -394,9 +395,11 @@ struct BatchItem {
     status: u16,
 }
 
-/// Runs `args.clients()` clients posting until the duration is over.
+/// Runs `args.clients()` clients posting until the duration is over. Each first opens its
+/// connection (a `GET /healthz`, not counted) and all start posting together, so that the
+/// latencies are those of requests, not of thousands of connections being set up at once.
 async fn run_load(args: &Args, client: &reqwest::Client, base: &str, run: &str) -> Tally {
-    let until = Instant::now() + args.duration;
+    let ready = Arc::new(tokio::sync::Barrier::new(args.clients()));
     let tasks: Vec<_> = (0..args.clients())
         .map(|c| {
             let poster = Poster {
@@ -407,7 +410,17 @@ async fn run_load(args: &Args, client: &reqwest::Client, base: &str, run: &str) 
                 batch: args.batch,
                 client_number: c,
             };
-            tokio::spawn(poster.post_until(until, !args.ignore_retry_after))
+            let (ready, duration) = (ready.clone(), args.duration);
+            let honour = !args.ignore_retry_after;
+            tokio::spawn(async move {
+                let _ = poster
+                    .client
+                    .get(format!("{}/healthz", poster.base))
+                    .send()
+                    .await;
+                ready.wait().await;
+                poster.post_until(Instant::now() + duration, honour).await
+            })
         })
         .collect();
     let mut total = Tally::new();

@@ -198,6 +198,8 @@ impl WriteOutcome {
 /// committed write, and the writes of the same transaction made before them.
 pub trait TxnReads {
     fn get(&mut self, index: Index, id: &str) -> StoreResult<Option<Doc>>;
+    /// The document's version only (its source is not copied).
+    fn version(&mut self, index: Index, id: &str) -> StoreResult<Option<Version>>;
 }
 
 /// The work of a [`Store::transact`]: it reads what it needs inside the transaction and

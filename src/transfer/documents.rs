@@ -167,7 +167,7 @@ impl TxnDocs<'_> {
 
     /// The document's version in the transaction, without decoding it.
     pub fn version_of<T: Document>(&mut self, id: &str) -> StoreResult<Option<Version>> {
-        Ok(self.reads.get(T::INDEX, id)?.map(|doc| doc.version))
+        self.reads.version(T::INDEX, id)
     }
 
     /// Queues a write of `doc` conditional on `version`; the transaction's writes are made

@@ -230,17 +230,37 @@ struct GroupReads<'t, 'txn> {
     failed: Option<StoreError>,
 }
 
-impl TxnReads for GroupReads<'_, '_> {
-    fn get(&mut self, index: Index, id: &str) -> StoreResult<Option<Doc>> {
-        let stored = match self.tables.docs.get((index.name(), id)) {
-            Ok(stored) => stored,
+impl GroupReads<'_, '_> {
+    /// The stored value of a document, decoded by `f`.
+    fn read<T>(
+        &mut self,
+        index: Index,
+        id: &str,
+        f: impl FnOnce(&[u8]) -> StoreResult<T>,
+    ) -> StoreResult<Option<T>> {
+        match self.tables.docs.get((index.name(), id)) {
+            Ok(stored) => stored.map(|bytes| f(bytes.value())).transpose(),
             Err(e) => {
                 let e = storage(e);
                 self.failed = Some(e.clone());
-                return Err(e);
+                Err(e)
             }
-        };
-        stored.map(|bytes| decode(id, bytes.value())).transpose()
+        }
+    }
+}
+
+impl TxnReads for GroupReads<'_, '_> {
+    fn get(&mut self, index: Index, id: &str) -> StoreResult<Option<Doc>> {
+        self.read(index, id, |bytes| decode(id, bytes))
+    }
+
+    fn version(&mut self, index: Index, id: &str) -> StoreResult<Option<Version>> {
+        self.read(index, id, |bytes| {
+            split_stored(id, bytes).map(|(seq_no, _)| Version {
+                seq_no,
+                primary_term: PRIMARY_TERM,
+            })
+        })
     }
 }
 

@@ -66,6 +66,11 @@ use tables::*;
 /// File name of the database inside `DATA_DIR`.
 pub const FILE_NAME: &str = "transfer-service.redb";
 
+/// redb's page cache unless configured (`EMBEDDED_CACHE_MIB`): redb's own default is 1 GiB,
+/// which the process's memory grows into as the file grows. The working set (the accounts,
+/// the transfers in flight, the newest index pages) is far smaller.
+pub const DEFAULT_CACHE_MIB: usize = 64;
+
 /// The redb-backed store. Hold it in an `Arc` (it is a [`Store`]).
 pub struct EmbeddedStore {
     db: Arc<Database>,
@@ -90,13 +95,21 @@ impl Drop for EmbeddedStore {
 }
 
 impl EmbeddedStore {
-    /// Opens (or creates) the store in `dir`, creating the directory if needed.
+    /// Opens (or creates) the store in `dir`, creating the directory if needed, with the
+    /// default page cache.
     pub fn open(dir: &Path) -> StoreResult<Self> {
+        Self::open_with_cache(dir, DEFAULT_CACHE_MIB)
+    }
+
+    /// [`EmbeddedStore::open`] with a page cache of `cache_mib` MiB.
+    pub fn open_with_cache(dir: &Path, cache_mib: usize) -> StoreResult<Self> {
         std::fs::create_dir_all(dir).map_err(|e| {
             StoreError::Permanent(format!("cannot create data dir {}: {e}", dir.display()))
         })?;
         let path = dir.join(FILE_NAME);
-        let db = Database::create(&path)
+        let db = redb::Builder::new()
+            .set_cache_size(cache_mib.saturating_mul(1024 * 1024))
+            .create(&path)
             .map_err(|e| StoreError::Permanent(format!("cannot open {}: {e}", path.display())))?;
         Self::start(db, path)
     }
