@@ -134,19 +134,13 @@ fn decide(
     let mut changed: Vec<Versioned<AccountDoc>> = Vec::with_capacity(2);
     // The first account's currency: the others must match it (as in the two-phase applies).
     let mut first_currency = None;
+    let mut refused = None;
     for (index, posting) in transfer.postings().into_iter().enumerate() {
         let account = match txn.get::<AccountDoc>(posting.account) {
             Ok(Some(account)) => account,
             Ok(None) => {
-                let failed = posting.account.to_owned();
-                return roll_back(
-                    txn,
-                    transfer,
-                    version,
-                    now,
-                    RollbackReason::AccountNotFound,
-                    failed,
-                );
+                refused = Some((RollbackReason::AccountNotFound, posting.account.to_owned()));
+                break;
             }
             Err(error) => return Settlement::Failed(error),
         };
@@ -169,17 +163,19 @@ fn decide(
                     version: account.version,
                 });
             }
-            Err(Refusal::AlreadySettled) => return Settlement::TwoPhase,
-            Err(refusal) => {
-                let Some(reason) = refusal.rollback_reason() else {
-                    return Settlement::TwoPhase;
-                };
-                let failed = posting.account.to_owned();
-                return roll_back(txn, transfer, version, now, reason, failed);
-            }
+            Err(refusal) => match refusal.rollback_reason() {
+                Some(reason) if refusal != Refusal::AlreadySettled => {
+                    refused = Some((reason, posting.account.to_owned()));
+                    break;
+                }
+                _ => return Settlement::TwoPhase,
+            },
         }
     }
-    let Some(mut next) = moved_along(&transfer, &FINISH, None, now) else {
+    if let Some((reason, failed)) = refused {
+        return roll_back(txn, transfer, version, now, reason, failed);
+    }
+    let Some(mut next) = moved_along(transfer, &FINISH, None, now) else {
         return Settlement::TwoPhase;
     };
     seal_terminal(&mut next, now);
@@ -210,7 +206,7 @@ fn roll_back(
     reason: RollbackReason,
     failed: String,
 ) -> Settlement {
-    let Some(mut next) = moved_along(&transfer, &ROLL_BACK, Some(reason), now) else {
+    let Some(mut next) = moved_along(transfer, &ROLL_BACK, Some(reason), now) else {
         return Settlement::TwoPhase;
     };
     next.failed_account = Some(failed);
@@ -228,15 +224,16 @@ fn roll_back(
 /// `transfer` moved along `path`, each arrow checked and recorded in its history (so the
 /// change feed shows every state it passed, all at this write's time).
 fn moved_along(
-    transfer: &TransferDoc,
+    mut transfer: TransferDoc,
     path: &[TransferState],
     reason: Option<RollbackReason>,
     now: &Now,
 ) -> Option<TransferDoc> {
-    let mut doc = transfer.clone();
     for &to in path {
-        doc = protocol::transition(&doc, to, reason, now)?;
-        doc.note_transitions(now.millis);
+        if !protocol::transition_in_place(&mut transfer, to, reason, now) {
+            return None;
+        }
+        transfer.note_transitions(now.millis);
     }
-    Some(doc)
+    Some(transfer)
 }

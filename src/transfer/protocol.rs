@@ -613,12 +613,36 @@ pub fn transition(
         return None;
     }
     let mut next = transfer.clone();
-    next.transaction_state = to;
-    if reason.is_some() {
-        next.reason = reason;
-    }
-    next.modification_time = now.text.clone();
+    move_along(&mut next, to, reason, now);
     Some(next)
+}
+
+/// [`transition`] on the document itself: `false` (and nothing changed) when `to` is not
+/// an arrow from its state.
+pub fn transition_in_place(
+    transfer: &mut TransferDoc,
+    to: TransferState,
+    reason: Option<RollbackReason>,
+    now: &Now,
+) -> bool {
+    let allowed = transfer.transaction_state.can_move_to(to);
+    if allowed {
+        move_along(transfer, to, reason, now);
+    }
+    allowed
+}
+
+fn move_along(
+    transfer: &mut TransferDoc,
+    to: TransferState,
+    reason: Option<RollbackReason>,
+    now: &Now,
+) {
+    transfer.transaction_state = to;
+    if reason.is_some() {
+        transfer.reason = reason;
+    }
+    transfer.modification_time.clone_from(&now.text);
 }
 
 #[cfg(test)]

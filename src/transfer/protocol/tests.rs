@@ -859,3 +859,99 @@ fn without_tombstones_nothing_is_remembered_and_nothing_is_full() {
     ));
     assert!(a.settled.is_empty());
 }
+
+/// A transfer settled in one transaction (`settle_at_once`) keeps every rule of the apply and
+/// leaves neither a pending entry nor a tombstone.
+fn at_once(a: &AccountDoc, side: Side, amount: i64) -> Result<AccountDoc, Refusal> {
+    settle_at_once(a, step(AccountOp::Apply, side, amount), &now(), RETAIN)
+}
+
+/// `a` with another transfer (`t0`) applied by the two-phase protocol and not yet settled.
+fn with_one_in_flight(a: AccountDoc, side: Side, amount: i64) -> AccountDoc {
+    let other = AccountStep {
+        transfer_id: "t0",
+        ..step(AccountOp::Apply, side, amount)
+    };
+    write(decide_account(&a, other, &now(), RETAIN))
+}
+
+#[test]
+fn settling_at_once_moves_the_balance_and_leaves_no_entry() {
+    let source = at_once(&account(100), Side::Source, 30).unwrap();
+    let dest = at_once(&account(0), Side::Destination, 30).unwrap();
+    assert_eq!((source.balance, dest.balance), (70, 30));
+    for a in [&source, &dest] {
+        assert!(a.pending_transactions.is_empty() && a.settled.is_empty());
+        assert_eq!((a.pending_credits, a.pending_debits), (0, 0));
+        assert_eq!(a.modification_time, now().text);
+    }
+}
+
+#[test]
+fn settling_at_once_keeps_the_floor_and_uncommitted_credits_unspendable() {
+    let mut a = account(100);
+    a.floor = 50;
+    assert_eq!(
+        at_once(&a, Side::Source, 51),
+        Err(Refusal::InsufficientFunds)
+    );
+    assert_eq!(at_once(&a, Side::Source, 50).unwrap().balance, 50);
+    // 40 of its 100 are a credit not yet committed (a two-phase transfer in flight).
+    let credited = with_one_in_flight(account(60), Side::Destination, 40);
+    assert_eq!(
+        at_once(&credited, Side::Source, 61),
+        Err(Refusal::InsufficientFunds)
+    );
+    assert_eq!(
+        at_once(&credited, Side::Source, 60)
+            .unwrap()
+            .pending_credits,
+        40
+    );
+}
+
+#[test]
+fn settling_at_once_refuses_to_overflow_or_to_leave_no_room_for_pending_undos() {
+    assert_eq!(
+        at_once(&account(i64::MAX), Side::Destination, 1),
+        Err(Refusal::Overflow)
+    );
+    // A debit in flight must stay undoable: a credit may not take the room it needs.
+    let debited = with_one_in_flight(account(i64::MAX - 10), Side::Source, 10);
+    assert_eq!(
+        at_once(&debited, Side::Destination, 11),
+        Err(Refusal::Overflow)
+    );
+    assert!(at_once(&debited, Side::Destination, 10).is_ok());
+}
+
+#[test]
+fn settling_at_once_refuses_an_account_that_already_holds_the_transfer() {
+    let pending = write(decide(&account(100), AccountOp::Apply, Side::Source, 10));
+    assert_eq!(
+        at_once(&pending, Side::Source, 10),
+        Err(Refusal::AlreadySettled)
+    );
+    let settled = write(decide(&pending, AccountOp::Remove, Side::Source, 10));
+    assert_eq!(
+        at_once(&settled, Side::Source, 10),
+        Err(Refusal::AlreadySettled)
+    );
+}
+
+#[test]
+fn settling_at_once_needs_the_currency_of_its_rule() {
+    let mut euro = account(100);
+    euro.currency = Some("EUR".into());
+    let with = |rule: CurrencyRule<&'static str>| AccountStep {
+        currency: rule,
+        ..step(AccountOp::Apply, Side::Source, 10)
+    };
+    let decide = |rule| settle_at_once(&euro, with(rule), &now(), RETAIN);
+    assert_eq!(
+        decide(CurrencyRule::Exactly(Some("USD"))),
+        Err(Refusal::CurrencyMismatch)
+    );
+    assert!(decide(CurrencyRule::Exactly(Some("EUR"))).is_ok());
+    assert!(decide(CurrencyRule::Any).is_ok());
+}
