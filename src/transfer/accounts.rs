@@ -22,14 +22,14 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
-use super::clock::{BootTime, DynClock};
+use super::clock::{BootTime, Clock, DynClock};
 use super::documents::{Documents, Versioned};
 use super::model::AccountDoc;
 use super::protocol::{
     decide_account, AccountDecision, AccountOp, AccountStep, CurrencyRule, Refusal, Retention, Side,
 };
 use super::retry::{backoff, retry};
-use crate::store::{StoreError, Version, WriteOutcome};
+use crate::store::{StoreError, TxnOutcome, Version, WriteOutcome};
 
 /// One account step of one transfer, owned.
 #[derive(Debug, Clone)]
@@ -107,6 +107,8 @@ pub struct AccountSteps {
     retention: Retention,
     max_conflicts: u32,
     max_store_attempts: u32,
+    /// Batches are settled inside store transactions (see the module docs).
+    in_transactions: bool,
     queues: Mutex<HashMap<String, Vec<Waiting>>>,
     /// The last copy of each account this process wrote, with its version.
     cache: Mutex<HashMap<String, Versioned<AccountDoc>>>,
@@ -117,10 +119,11 @@ impl AccountSteps {
         docs: Documents,
         clock: DynClock,
         retention: Retention,
-        max_conflicts: u32,
-        max_store_attempts: u32,
+        (max_conflicts, max_store_attempts): (u32, u32),
+        in_transactions: bool,
     ) -> Arc<Self> {
         Arc::new(Self {
+            in_transactions: in_transactions && docs.has_transactions(),
             docs,
             clock,
             retention,
@@ -203,6 +206,9 @@ impl AccountSteps {
 
     /// Decides and writes one batch, retrying on conflicts; one result per step.
     async fn settle_batch(&self, account: &str, batch: &[Waiting]) -> Vec<Reply> {
+        if self.in_transactions {
+            return self.settle_batch_in_transaction(account, batch).await;
+        }
         let mut use_cache = true;
         for attempt in 0..self.max_conflicts {
             if attempt > 1 {
@@ -266,69 +272,52 @@ impl AccountSteps {
         vec![(StepResult::Contention, None); batch.len()]
     }
 
-    /// Decides every step of the batch, in order, on one copy of the account observed no
-    /// later than now; a step whose worker's deadline has passed is not decided. Returns the
-    /// results, the account as decided and whether any step changed it (then it is the
-    /// account to write; else it is the copy given, untouched).
+    /// [`AccountSteps::settle_batch`] inside one store transaction: read, decide and write
+    /// together. A failure whose outcome is unknown is retried: every step is idempotent, so
+    /// one applied the first time is `AlreadyDone` the second.
+    async fn settle_batch_in_transaction(&self, account: &str, batch: &[Waiting]) -> Vec<Reply> {
+        let requests: Arc<Vec<StepRequest>> =
+            Arc::new(batch.iter().map(|w| w.request.clone()).collect());
+        let failed = |result: StepResult| vec![(result, None); batch.len()];
+        let settled = self
+            .retrying(|| {
+                let (requests, clock) = (requests.clone(), self.clock.clone());
+                let (retention, id) = (self.retention, account.to_owned());
+                self.docs.transact(move |txn| {
+                    let copy = match txn.get::<AccountDoc>(&id) {
+                        Ok(Some(copy)) => copy,
+                        Ok(None) => return missing(clock.as_ref(), requests.iter()),
+                        Err(e) => return vec![(StepResult::Failed(e), None); requests.len()],
+                    };
+                    let (results, next, changed) =
+                        decide_steps(clock.as_ref(), retention, copy.doc, requests.iter());
+                    match changed.then(|| txn.replace_if(&next, copy.version)) {
+                        Some(Err(e)) => vec![(StepResult::Failed(e), None); requests.len()],
+                        _ => results,
+                    }
+                })
+            })
+            .await;
+        match settled {
+            Ok((results, TxnOutcome::Committed(_))) => results,
+            Ok((_, TxnOutcome::Refused)) => failed(StepResult::Contention),
+            Err(result) => failed(result),
+        }
+    }
+
+    /// Decides every step of the batch (see [`decide_steps`]).
     fn decide_batch(
         &self,
-        mut current: AccountDoc,
+        current: AccountDoc,
         batch: &[Waiting],
     ) -> (Vec<Reply>, AccountDoc, bool) {
-        let observed = self.clock.boot_time();
-        let now = self.clock.now();
-        let mut changed = false;
-        let results = batch
-            .iter()
-            .map(|waiting| {
-                let r = &waiting.request;
-                if r.deadline <= observed {
-                    return (StepResult::LeaseExpired, None);
-                }
-                let step = AccountStep {
-                    transfer_id: &r.transfer_id,
-                    amount: r.amount,
-                    settle_amount: r.settle_amount,
-                    side: r.side,
-                    op: r.op,
-                    currency: r.currency.as_deref(),
-                };
-                let result = match decide_account(&current, step, &now, self.retention) {
-                    AccountDecision::Write(next) => {
-                        current = next;
-                        changed = true;
-                        StepResult::Done
-                    }
-                    AccountDecision::AlreadyDone => StepResult::AlreadyDone,
-                    AccountDecision::Refuse(refusal) => {
-                        return (StepResult::Refused(refusal), None)
-                    }
-                };
-                // Only the first account's apply is asked for it (cloned only when there is
-                // one).
-                let currency = r
-                    .report_currency
-                    .then(|| current.currency.clone())
-                    .flatten();
-                (result, currency)
-            })
-            .collect();
-        (results, current, changed)
+        let requests = batch.iter().map(|w| &w.request);
+        decide_steps(self.clock.as_ref(), self.retention, current, requests)
     }
 
     /// The results for a batch on an account that does not exist.
     fn missing(&self, batch: &[Waiting]) -> Vec<Reply> {
-        let observed = self.clock.boot_time();
-        batch
-            .iter()
-            .map(|w| {
-                if w.request.deadline <= observed {
-                    (StepResult::LeaseExpired, None)
-                } else {
-                    (StepResult::Missing, None)
-                }
-            })
-            .collect()
+        missing(self.clock.as_ref(), batch.iter().map(|w| &w.request))
     }
 
     /// The remembered copy of `account`, taken out of the cache.
@@ -378,4 +367,64 @@ impl AccountSteps {
     pub fn forget(&self) {
         self.cache.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
+}
+
+/// Decides every step, in order, on one copy of the account observed no later than now; a
+/// step whose worker's deadline has passed is not decided. Returns the results, the account
+/// as decided and whether any step changed it (then it is the account to write; else it is
+/// the copy given, untouched).
+fn decide_steps<'a>(
+    clock: &dyn Clock,
+    retention: Retention,
+    mut current: AccountDoc,
+    requests: impl Iterator<Item = &'a StepRequest>,
+) -> (Vec<Reply>, AccountDoc, bool) {
+    let observed = clock.boot_time();
+    let now = clock.now();
+    let mut changed = false;
+    let results = requests
+        .map(|r| {
+            if r.deadline <= observed {
+                return (StepResult::LeaseExpired, None);
+            }
+            let step = AccountStep {
+                transfer_id: &r.transfer_id,
+                amount: r.amount,
+                settle_amount: r.settle_amount,
+                side: r.side,
+                op: r.op,
+                currency: r.currency.as_deref(),
+            };
+            let result = match decide_account(&current, step, &now, retention) {
+                AccountDecision::Write(next) => {
+                    current = next;
+                    changed = true;
+                    StepResult::Done
+                }
+                AccountDecision::AlreadyDone => StepResult::AlreadyDone,
+                AccountDecision::Refuse(refusal) => return (StepResult::Refused(refusal), None),
+            };
+            // Only the first account's apply is asked for it (cloned only when there is one).
+            let currency = r
+                .report_currency
+                .then(|| current.currency.clone())
+                .flatten();
+            (result, currency)
+        })
+        .collect();
+    (results, current, changed)
+}
+
+/// The results of steps on an account that does not exist.
+fn missing<'a>(clock: &dyn Clock, requests: impl Iterator<Item = &'a StepRequest>) -> Vec<Reply> {
+    let observed = clock.boot_time();
+    requests
+        .map(|r| {
+            if r.deadline <= observed {
+                (StepResult::LeaseExpired, None)
+            } else {
+                (StepResult::Missing, None)
+            }
+        })
+        .collect()
 }

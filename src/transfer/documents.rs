@@ -170,6 +170,16 @@ impl TxnDocs<'_> {
         self.reads.version(T::INDEX, id)
     }
 
+    /// Queues the create of `doc` (refused if its id is taken).
+    pub fn create<T: Document>(&mut self, doc: &T) -> StoreResult<()> {
+        self.writes.push(WriteOp::Create {
+            index: T::INDEX,
+            id: doc.id().to_owned(),
+            source: encode(doc)?,
+        });
+        Ok(())
+    }
+
     /// Queues a write of `doc` conditional on `version`; the transaction's writes are made
     /// together when the work is done, in the order queued.
     pub fn replace_if<T: Document>(&mut self, doc: &T, version: Version) -> StoreResult<()> {

@@ -91,7 +91,7 @@ impl Engine {
     /// permit of a new transfer (`admitted`) is given back when the task ends.
     pub(crate) fn spawn_driver(self: &Arc<Self>, held: Held, admitted: Option<Admitted>) {
         let engine = self.clone();
-        let span = tracing::info_span!("transfer", transfer_id = %held.doc.transaction_id);
+        let span = transfer_span(&held.doc.transaction_id);
         self.tasks.spawn(
             async move {
                 let outcome = engine.drive(held).await;
@@ -356,17 +356,21 @@ impl Engine {
         if !self.leases.write(held, next, going).await? {
             return Err(Interrupt::Reread);
         }
-        self.record_transition(&held.doc, from, to, now.millis);
+        self.record_transition(&held.doc, (from, to), now.millis, None);
         Ok(())
     }
 
     /// Metrics and long-poll wake-ups for a state write that succeeded.
+    ///
+    /// `took`: how long the transfer took, when its taker timed it (a transfer created and
+    /// settled by one transaction, in well under the millisecond the documents' timestamps
+    /// resolve); otherwise from `creation_time` to `now_millis`.
     pub(crate) fn record_transition(
         &self,
         doc: &TransferDoc,
-        from: TransferState,
-        to: TransferState,
+        (from, to): (TransferState, TransferState),
         now_millis: i64,
+        took: Option<std::time::Duration>,
     ) {
         self.metrics
             .transfer_state_transitions_total
@@ -381,8 +385,12 @@ impl Engine {
                 .transfers_completed_total
                 .with_label_values(&[to.as_str()])
                 .inc();
-            if let Some(created) = parse_millis(&doc.creation_time) {
-                let secs = (now_millis - created).max(0) as f64 / 1000.0;
+            let secs = match took {
+                Some(took) => Some(took.as_secs_f64()),
+                None => parse_millis(&doc.creation_time)
+                    .map(|created| (now_millis - created).max(0) as f64 / 1000.0),
+            };
+            if let Some(secs) = secs {
                 self.metrics.transfer_duration_seconds.observe(secs);
             }
             self.terminal_events.send_modify(|n| *n += 1);
@@ -442,6 +450,11 @@ impl Engine {
             Err(Interrupt::Reread)
         }
     }
+}
+
+/// The span every line about one transfer's progress is logged in.
+pub(super) fn transfer_span(transfer_id: &str) -> tracing::Span {
+    tracing::info_span!("transfer", transfer_id = %transfer_id)
 }
 
 /// The currency rule of one account step of a transfer stating `stated`: the first

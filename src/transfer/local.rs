@@ -1,5 +1,9 @@
 //! A transfer settled in one store transaction (`docs/design.md §3`, "In one transaction").
 //!
+//! A new transfer is created and settled by the same transaction ([`Engine::create_settled`]):
+//! one durable write, before `201` answers. A `created` transfer a worker holds (one that
+//! recovery resumes) is settled by one too ([`Engine::settle_in_one_transaction`]).
+//!
 //! Elastic's protocol exists because Elasticsearch writes one document at a time: it records
 //! intent (`pending`, the ids in `pending_transactions`) so that a crash between document
 //! writes can be finished or undone. A store with multi-document transactions (the embedded
@@ -18,14 +22,19 @@
 //! refuses.
 
 use super::documents::{TxnDocs, Versioned};
-use super::driver::{currency_rule, Interrupt};
+use tracing::Instrument;
+
+use super::driver::{currency_rule, transfer_span, Interrupt};
 use super::lease::{seal_terminal, Held};
 use super::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
 use super::protocol::{self, settle_at_once, AccountOp, AccountStep, Refusal, Retention};
 use super::retry::retry;
 use super::Engine;
-use crate::store::{StoreError, TxnOutcome, Version};
+use crate::store::{StoreError, StoreResult, TxnOutcome, Version};
 use crate::transfer::clock::Now;
+
+/// Attempts of a new transfer's transaction whose outcome is unknown (as for every create).
+const CREATE_ATTEMPTS: u32 = 3;
 
 /// The arrows a settled transfer takes, in its one write.
 const FINISH: [TransferState; 3] = [
@@ -36,6 +45,26 @@ const FINISH: [TransferState; 3] = [
 /// The arrow of a transfer an account refused: nothing was applied anywhere.
 const ROLL_BACK: [TransferState; 1] = [TransferState::RolledBack];
 
+/// What the transaction starts from.
+#[derive(Debug, Clone, Copy)]
+enum Start {
+    /// A new transfer: its id must be free, and it is created already settled.
+    New,
+    /// A `created` transfer its worker holds, last written at this version.
+    Held(Version),
+}
+
+/// What became of a new transfer ([`Engine::create_settled`]).
+#[derive(Debug)]
+pub(super) enum OneTransaction {
+    /// Created and settled (finished or rolled back) in one transaction.
+    Settled,
+    /// The id is taken: a replay, or another transfer.
+    Exists,
+    /// Nothing written: create it and run the two-phase protocol.
+    TwoPhase,
+}
+
 /// What the transaction decided.
 enum Settlement {
     /// Written: the transfer as written (terminal), the arrows it took, the accounts written.
@@ -44,8 +73,8 @@ enum Settlement {
         path: &'static [TransferState],
         accounts: Vec<String>,
     },
-    /// The transfer is no longer at the version its worker holds (a cancel, a takeover):
-    /// nothing written.
+    /// The transfer is no longer at the version its worker holds (a cancel, a takeover), or
+    /// a new transfer's id is taken: nothing written.
     Changed,
     /// An account already holds the transfer: nothing written; the two-phase path, which
     /// knows what that means, decides.
@@ -55,6 +84,83 @@ enum Settlement {
 }
 
 impl Engine {
+    /// Whether a new transfer is created settled, in one store transaction: not a hold, on
+    /// a store with transactions, unless `PROTOCOL=two-phase`.
+    pub(super) fn creates_settled(&self, transfer: &TransferDoc) -> bool {
+        self.config.one_transaction && !transfer.is_hold() && self.docs.has_transactions()
+    }
+
+    /// Creates `transfer` (as accepted: `created`, no lease) and settles it in the same store
+    /// transaction. An unknown outcome is retried: if the first attempt was applied, the
+    /// retry finds the id taken ([`OneTransaction::Exists`], answered as a replay: the store
+    /// cannot tell our commit from an identical request's).
+    pub(super) async fn create_settled(
+        &self,
+        transfer: &TransferDoc,
+    ) -> Result<OneTransaction, StoreError> {
+        let started = self.clock.boot_time();
+        let now = self.clock.now();
+        let retention = self.config.retention;
+        let (settlement, outcome) = retry(
+            CREATE_ATTEMPTS,
+            || true,
+            || {
+                let transfer = transfer.clone();
+                let now = now.clone();
+                self.docs
+                    .transact(move |txn| decide(txn, transfer, Start::New, &now, retention))
+            },
+        )
+        .instrument(transfer_span(&transfer.transaction_id))
+        .await?;
+        match (settlement, outcome) {
+            (Settlement::Failed(error), _) => Err(error),
+            (Settlement::Changed, _) => Ok(OneTransaction::Exists),
+            (Settlement::TwoPhase, _) | (_, TxnOutcome::Refused) => Ok(OneTransaction::TwoPhase),
+            (
+                Settlement::Settled {
+                    transfer: settled,
+                    path,
+                    accounts,
+                },
+                TxnOutcome::Committed(_),
+            ) => {
+                self.metrics.transfers_created_total.inc();
+                let took = self.clock.boot_time().saturating_duration_since(started);
+                let _span = transfer_span(&transfer.transaction_id).entered();
+                self.settled(
+                    &accounts,
+                    TransferState::Created,
+                    &settled,
+                    path,
+                    Some(took),
+                );
+                Ok(OneTransaction::Settled)
+            }
+        }
+    }
+
+    /// Metrics, wake-ups and remembered account copies after a transaction settled a transfer
+    /// that was `from` along `path`.
+    fn settled(
+        &self,
+        accounts: &[String],
+        mut from: TransferState,
+        transfer: &TransferDoc,
+        path: &[TransferState],
+        took: Option<std::time::Duration>,
+    ) {
+        let now_millis = self.clock.wall_millis();
+        // The accounts moved under any copy the account steps remember.
+        for account in accounts {
+            self.accounts.forget_account(account);
+        }
+        for &to in path {
+            self.record_transition(transfer, (from, to), now_millis, took);
+            from = to;
+        }
+    }
+
     /// Whether the worker settles `held` in one store transaction: a new (`created`) transfer
     /// that is not a hold, on a store with transactions, unless `PROTOCOL=two-phase`.
     pub(super) fn settles_in_one_transaction(&self, held: &Held) -> bool {
@@ -80,7 +186,7 @@ impl Engine {
             let version = held.version;
             let now = now.clone();
             self.docs
-                .transact(move |txn| decide(txn, transfer, version, &now, retention))
+                .transact(move |txn| decide(txn, transfer, Start::Held(version), &now, retention))
         })
         .await?;
         let (transfer, path, accounts) = match (settlement, outcome) {
@@ -102,34 +208,31 @@ impl Engine {
                 (transfer, path, accounts)
             }
         };
-        // The accounts moved under any copy the account steps remember.
-        for account in &accounts {
-            self.accounts.forget_account(account);
-        }
-        let mut from = held.doc.transaction_state;
+        let from = held.doc.transaction_state;
         held.doc = *transfer;
-        for &to in path {
-            self.record_transition(&held.doc, from, to, now.millis);
-            from = to;
-        }
+        self.settled(&accounts, from, &held.doc, path, None);
         Ok(true)
     }
 }
 
-/// The transaction's work: on the transfer as its worker holds it (`version`), every
+/// The transaction's work: on a new transfer or one as its worker holds it (`start`), every
 /// account's change, or the refusal that rolls it back; the writes queued in `txn`, the
 /// transfer's first.
 fn decide(
     txn: &mut TxnDocs<'_>,
     transfer: TransferDoc,
-    version: Version,
+    start: Start,
     now: &Now,
     retention: Retention,
 ) -> Settlement {
-    match txn.version_of::<TransferDoc>(&transfer.transaction_id) {
-        Ok(Some(stored)) if stored == version => {}
-        Ok(_) => return Settlement::Changed,
-        Err(error) => return Settlement::Failed(error),
+    match (
+        start,
+        txn.version_of::<TransferDoc>(&transfer.transaction_id),
+    ) {
+        (Start::New, Ok(None)) => {}
+        (Start::Held(version), Ok(Some(stored))) if stored == version => {}
+        (_, Ok(_)) => return Settlement::Changed,
+        (_, Err(error)) => return Settlement::Failed(error),
     }
     let mut changed: Vec<Versioned<AccountDoc>> = Vec::with_capacity(2);
     // The first account's currency: the others must match it (as in the two-phase applies).
@@ -173,14 +276,14 @@ fn decide(
         }
     }
     if let Some((reason, failed)) = refused {
-        return roll_back(txn, transfer, version, now, reason, failed);
+        return roll_back(txn, transfer, start, now, reason, failed);
     }
     let Some(mut next) = moved_along(transfer, &FINISH, None, now) else {
         return Settlement::TwoPhase;
     };
     seal_terminal(&mut next, now);
     let mut accounts = Vec::with_capacity(changed.len());
-    let queued = txn.replace_if(&next, version).and_then(|()| {
+    let queued = write_transfer(txn, &next, start).and_then(|()| {
         changed.iter().try_for_each(|account| {
             accounts.push(account.doc.account_id.clone());
             txn.replace_if(&account.doc, account.version)
@@ -201,7 +304,7 @@ fn decide(
 fn roll_back(
     txn: &mut TxnDocs<'_>,
     transfer: TransferDoc,
-    version: Version,
+    start: Start,
     now: &Now,
     reason: RollbackReason,
     failed: String,
@@ -211,13 +314,21 @@ fn roll_back(
     };
     next.failed_account = Some(failed);
     seal_terminal(&mut next, now);
-    match txn.replace_if(&next, version) {
+    match write_transfer(txn, &next, start) {
         Ok(()) => Settlement::Settled {
             transfer: Box::new(next),
             path: &ROLL_BACK,
             accounts: Vec::new(),
         },
         Err(error) => Settlement::Failed(error),
+    }
+}
+
+/// Queues the transfer's write: its create, or its replace at the held version.
+fn write_transfer(txn: &mut TxnDocs<'_>, transfer: &TransferDoc, start: Start) -> StoreResult<()> {
+    match start {
+        Start::New => txn.create(transfer),
+        Start::Held(version) => txn.replace_if(transfer, version),
     }
 }
 

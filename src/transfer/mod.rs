@@ -215,8 +215,8 @@ impl Engine {
             docs.clone(),
             clock.clone(),
             config.retention,
-            config.max_conflicts,
-            config.max_store_attempts,
+            (config.max_conflicts, config.max_store_attempts),
+            config.one_transaction,
         );
         let admission = admission::Admission::new(
             config.max_in_flight,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::admission::{Admitted, Overloaded};
 use super::documents::{decode, Versioned};
 use super::lease::{Claim, ClaimWrite, Held, Leases};
+use super::local::OneTransaction;
 use super::model::{
     AccountDoc, Leg, Metadata, RollbackReason, Tombstones, TransferDoc, TransferState,
 };
@@ -209,20 +210,40 @@ impl Engine {
                 .map(|p| p.account.to_owned())
                 .collect();
         }
-        // A create whose answer was lost is still ours (the claim finds our token): it is
-        // new, and ours to drive.
-        let existing = match self.leases.claim(doc, ClaimWrite::Create).await? {
-            Claim::Won(held) => {
-                self.metrics.transfers_created_total.inc();
-                let shown = held.doc.clone();
-                self.spawn_driver(held, Some(admitted));
-                return Ok(Created::New(shown));
-            }
-            Claim::Lost(existing) => existing.ok_or_else(|| {
-                StoreError::Unavailable("transfer exists but cannot be read yet".into())
-            })?,
+        // On a store with transactions the transfer is created settled (`super::local`).
+        let settled = if self.creates_settled(&doc) {
+            Some(self.create_settled(&doc).await?)
+        } else {
+            None
         };
-        let existing = existing.doc;
+        let existing = match settled {
+            Some(OneTransaction::Settled) => {
+                // Answered as accepted (`created`), as every create is; it is already
+                // terminal in the store.
+                return Ok(Created::New(doc));
+            }
+            Some(OneTransaction::Exists) => {
+                self.docs.get::<TransferDoc>(&doc.transaction_id).await?
+            }
+            // A create whose answer was lost is still ours (the claim finds our token): it is
+            // new, and ours to drive.
+            Some(OneTransaction::TwoPhase) | None => {
+                match self.leases.claim(doc, ClaimWrite::Create).await? {
+                    Claim::Won(held) => {
+                        self.metrics.transfers_created_total.inc();
+                        let shown = held.doc.clone();
+                        self.spawn_driver(held, Some(admitted));
+                        return Ok(Created::New(shown));
+                    }
+                    Claim::Lost(existing) => existing,
+                }
+            }
+        };
+        let existing = existing
+            .ok_or_else(|| {
+                StoreError::Unavailable("transfer exists but cannot be read yet".into())
+            })?
+            .doc;
         if existing.src_acct == new.from
             && existing.dest_acct == new.to
             && existing.amount == new.amount
@@ -379,7 +400,7 @@ impl Engine {
             return Ok(match outcome {
                 WriteOutcome::Written(_) => {
                     if let Some(to) = to {
-                        self.record_transition(&next, from, to, self.clock.wall_millis());
+                        self.record_transition(&next, (from, to), self.clock.wall_millis(), None);
                     }
                     Ok(next)
                 }
@@ -405,7 +426,7 @@ impl Engine {
         to: Option<TransferState>,
     ) -> TransferDoc {
         if let Some(to) = to {
-            self.record_transition(&held.doc, from, to, self.clock.wall_millis());
+            self.record_transition(&held.doc, (from, to), self.clock.wall_millis(), None);
         }
         let shown = held.doc.clone();
         self.spawn_driver(held, None);

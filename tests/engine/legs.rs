@@ -93,99 +93,115 @@ async fn two_and_sixteen_legs_commit_with_every_account_exact() {
 
 #[tokio::test(start_paused = true)]
 async fn an_account_in_several_legs_holds_one_entry_and_is_checked_on_its_net_debit() {
-    let w = world(2, Duration::ZERO);
-    let e = w.instance(w.base.clone(), config());
-    open_with_floor(&e, "a", 100, 20).await;
-    open_account(&e, "b", 0).await;
-    open_account(&e, "c", 50).await;
-    // `a` pays 60 and 50 and receives 30: its net debit of 80 leaves exactly its floor,
-    // though its debits sum to 110 (more than its balance).
-    let net = legs("net", &[("a", "b", 60), ("a", "b", 50), ("c", "a", 30)]);
-    e.create_transfer(net).await.unwrap();
-    assert_eq!(
-        terminal_without_recovery(&e, "net").await,
-        TransferState::Finished
-    );
-    assert_eq!(balances(&e, &["a", "b", "c"]).await, [20, 110, 20]);
-    // One more unit of net debit is refused, and the refusal names `a`.
-    let over = legs("over", &[("a", "b", 31), ("c", "a", 30)]);
-    assert_eq!(run(&e, over).await, TransferState::RolledBack);
-    let t = transfer_doc(&e, "over").await;
-    assert_eq!(t.reason, Some(RollbackReason::InsufficientFunds));
-    assert_eq!(t.failed_account.as_deref(), Some("a"));
-    assert_eq!(balances(&e, &["a", "b", "c"]).await, [20, 110, 20]);
-    // Legs that cancel out on an account: it is applied with no change, and passes even at
-    // its floor.
-    let round = legs("round", &[("a", "b", 5), ("b", "a", 5), ("c", "b", 1)]);
-    assert_eq!(run(&e, round).await, TransferState::Finished);
-    assert_eq!(balances(&e, &["a", "b", "c"]).await, [20, 111, 19]);
-    assert_invariants(&w.base).await;
+    // By the two-phase protocol (one pending entry per account), and in one transaction.
+    for one_transaction in [false, true] {
+        let w = world(2, Duration::ZERO);
+        let config = EngineConfig {
+            one_transaction,
+            ..config()
+        };
+        let e = w.instance(w.base.clone(), config);
+        open_with_floor(&e, "a", 100, 20).await;
+        open_account(&e, "b", 0).await;
+        open_account(&e, "c", 50).await;
+        // `a` pays 60 and 50 and receives 30: its net debit of 80 leaves exactly its floor,
+        // though its debits sum to 110 (more than its balance).
+        let net = legs("net", &[("a", "b", 60), ("a", "b", 50), ("c", "a", 30)]);
+        e.create_transfer(net).await.unwrap();
+        assert_eq!(
+            terminal_without_recovery(&e, "net").await,
+            TransferState::Finished
+        );
+        assert_eq!(balances(&e, &["a", "b", "c"]).await, [20, 110, 20]);
+        // One more unit of net debit is refused, and the refusal names `a`.
+        let over = legs("over", &[("a", "b", 31), ("c", "a", 30)]);
+        assert_eq!(run(&e, over).await, TransferState::RolledBack);
+        let t = transfer_doc(&e, "over").await;
+        assert_eq!(t.reason, Some(RollbackReason::InsufficientFunds));
+        assert_eq!(t.failed_account.as_deref(), Some("a"));
+        assert_eq!(balances(&e, &["a", "b", "c"]).await, [20, 110, 20]);
+        // Legs that cancel out on an account: it is applied with no change, and passes even at
+        // its floor.
+        let round = legs("round", &[("a", "b", 5), ("b", "a", 5), ("c", "b", 1)]);
+        assert_eq!(run(&e, round).await, TransferState::Finished);
+        assert_eq!(balances(&e, &["a", "b", "c"]).await, [20, 111, 19]);
+        assert_invariants(&w.base).await;
+    }
 }
 
 #[tokio::test(start_paused = true)]
 async fn one_refused_leg_rolls_every_leg_back_and_names_the_account() {
-    let w = world(3, Duration::ZERO);
-    let e = w.instance(w.base.clone(), config());
-    open_account(&e, "a", 100).await;
-    open_account(&e, "b", 100).await;
-    open_account(&e, "poor", 5).await;
-    open_account(&e, "full", i64::MAX - 5).await;
-    // The last account refuses after the others were applied: they are undone.
-    let cases = [
-        (
-            "funds",
-            vec![("a", "b", 10), ("b", "a", 3), ("poor", "b", 6)],
-            RollbackReason::InsufficientFunds,
-            "poor",
-        ),
-        (
-            "missing",
-            vec![("a", "b", 10), ("b", "ghost", 1)],
-            RollbackReason::AccountNotFound,
-            "ghost",
-        ),
-        (
-            "overflow",
-            vec![("a", "b", 10), ("b", "full", 6)],
-            RollbackReason::BalanceOverflow,
-            "full",
-        ),
-    ];
-    for (id, given, reason, account) in cases {
+    // By the two-phase protocol (one pending entry per account), and in one transaction.
+    for one_transaction in [false, true] {
+        let w = world(3, Duration::ZERO);
+        let config = EngineConfig {
+            one_transaction,
+            ..config()
+        };
+        let e = w.instance(w.base.clone(), config);
+        open_account(&e, "a", 100).await;
+        open_account(&e, "b", 100).await;
+        open_account(&e, "poor", 5).await;
+        open_account(&e, "full", i64::MAX - 5).await;
+        // The last account refuses after the others were applied: they are undone.
+        let cases = [
+            (
+                "funds",
+                vec![("a", "b", 10), ("b", "a", 3), ("poor", "b", 6)],
+                RollbackReason::InsufficientFunds,
+                "poor",
+            ),
+            (
+                "missing",
+                vec![("a", "b", 10), ("b", "ghost", 1)],
+                RollbackReason::AccountNotFound,
+                "ghost",
+            ),
+            (
+                "overflow",
+                vec![("a", "b", 10), ("b", "full", 6)],
+                RollbackReason::BalanceOverflow,
+                "full",
+            ),
+        ];
+        for (id, given, reason, account) in cases {
+            assert_eq!(
+                run(&e, legs(id, &given)).await,
+                TransferState::RolledBack,
+                "{id}"
+            );
+            let t = transfer_doc(&e, id).await;
+            assert_eq!(
+                (t.reason, t.failed_account.as_deref()),
+                (Some(reason), Some(account)),
+                "{id}"
+            );
+            assert_eq!(
+                balances(&e, &["a", "b", "poor", "full"]).await,
+                [100, 100, 5, i64::MAX - 5],
+                "{id}"
+            );
+        }
+        // A one-leg transfer names its account too.
         assert_eq!(
-            run(&e, legs(id, &given)).await,
-            TransferState::RolledBack,
-            "{id}"
-        );
-        let t = transfer_doc(&e, id).await;
-        assert_eq!(
-            (t.reason, t.failed_account.as_deref()),
-            (Some(reason), Some(account)),
-            "{id}"
+            run(&e, transfer_doc_new("plain", "poor", "a", 6)).await,
+            TransferState::RolledBack
         );
         assert_eq!(
-            balances(&e, &["a", "b", "poor", "full"]).await,
-            [100, 100, 5, i64::MAX - 5],
-            "{id}"
+            transfer_doc(&e, "plain").await.failed_account.as_deref(),
+            Some("poor")
         );
+        for id in ["a", "b", "poor", "full"] {
+            let a = account(&e, id).await;
+            assert!(
+                a.pending_transactions.is_empty()
+                    && a.pending_credits == 0
+                    && a.pending_debits == 0,
+                "{id}"
+            );
+        }
+        assert_invariants(&w.base).await;
     }
-    // A one-leg transfer names its account too.
-    assert_eq!(
-        run(&e, transfer_doc_new("plain", "poor", "a", 6)).await,
-        TransferState::RolledBack
-    );
-    assert_eq!(
-        transfer_doc(&e, "plain").await.failed_account.as_deref(),
-        Some("poor")
-    );
-    for id in ["a", "b", "poor", "full"] {
-        let a = account(&e, id).await;
-        assert!(
-            a.pending_transactions.is_empty() && a.pending_credits == 0 && a.pending_debits == 0,
-            "{id}"
-        );
-    }
-    assert_invariants(&w.base).await;
 }
 
 fn transfer_doc_new(id: &str, from: &str, to: &str, amount: i64) -> NewTransfer {

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use transfer_service::store::{DynStore, Index, Version};
+use transfer_service::transfer::lease::PARKED;
 use transfer_service::transfer::model::TransferState;
 use transfer_service::transfer::EngineConfig;
 
@@ -29,7 +30,7 @@ async fn event_types(e: &Instance, id: &str) -> Vec<&'static str> {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_transfer_is_settled_by_one_store_transaction_after_its_create() {
+async fn a_transfer_is_created_and_settled_by_one_store_transaction() {
     let w = world(40, Duration::ZERO);
     let e = instance(&w);
     open_account(&e, "a", 100).await;
@@ -136,6 +137,12 @@ async fn concurrent_transfers_on_hot_accounts_settle_exactly() {
     .await;
     let report = assert_invariants(&w.base).await;
     assert_eq!(report.in_flight, 0);
+    assert_eq!(
+        e.store_requests("transact", "ok"),
+        120,
+        "each in one transaction"
+    );
+    assert_eq!(e.store_requests("replace", "ok"), 0);
     let total: i64 = [
         balance(&e, "a").await,
         balance(&e, "b").await,
@@ -149,6 +156,59 @@ async fn concurrent_transfers_on_hot_accounts_settle_exactly() {
         0,
         "a transaction never conflicts"
     );
+}
+
+/// Review finding: a hold (two-phase: it parks in `pending`) on accounts that transfers
+/// settled in one transaction keep writing. Its account steps run inside transactions too, so
+/// they line up with the others instead of reading, then losing every conditional write.
+#[tokio::test(start_paused = true)]
+async fn a_hold_on_hot_accounts_is_applied_among_one_transaction_settles_without_conflicts() {
+    let w = world(44, Duration::ZERO);
+    let e = instance(&w);
+    open_account(&e, "a", 1_000).await;
+    open_account(&e, "b", 1_000).await;
+    let mut load = Vec::new();
+    for client in 0..32 {
+        let engine = e.engine.clone();
+        load.push(tokio::spawn(async move {
+            for n in 0..20 {
+                let (from, to) = if (client + n) % 2 == 0 {
+                    ("a", "b")
+                } else {
+                    ("b", "a")
+                };
+                let id = format!("load-{client}-{n}");
+                engine
+                    .create_transfer(transfer(&id, from, to, 1))
+                    .await
+                    .expect("accepted");
+            }
+        }));
+    }
+    tokio::task::yield_now().await;
+    e.create_transfer(hold("h", "a", "b", 10, Duration::from_secs(600)))
+        .await
+        .expect("accepted");
+    until(
+        "the hold to be applied and parked",
+        Duration::from_secs(5),
+        || async { transfer_doc(&e, "h").await.lease_owner.as_deref() == Some(PARKED) },
+    )
+    .await;
+    for task in load {
+        task.await.unwrap();
+    }
+    assert_eq!(
+        e.store_requests("replace", "conflict"),
+        0,
+        "no account write lost a race"
+    );
+    e.cancel_transfer("h").await.expect("cancelled");
+    until("every transfer to end", Duration::from_secs(30), || async {
+        e.running_tasks() == 0
+    })
+    .await;
+    assert_invariants(&w.base).await;
 }
 
 /// `PROTOCOL=two-phase`: the embedded store runs the protocol as Elasticsearch does.

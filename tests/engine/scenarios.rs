@@ -33,6 +33,13 @@ fn instance(w: &World, store: DynStore, lease: Duration) -> Instance {
     w.instance(store, EngineConfig::with_lease(lease))
 }
 
+/// [`instance`] running the two-phase protocol even on a store with transactions.
+fn two_phase_instance(w: &World, store: DynStore, lease: Duration) -> Instance {
+    let mut config = EngineConfig::with_lease(lease);
+    config.one_transaction = false;
+    w.instance(store, config)
+}
+
 /// Drives recovery (as another instance would) until every transfer is terminal.
 async fn quiesce(w: &World, recoverer: &Instance, limit: Duration) {
     recover_until_quiescent(w, recoverer, || 0, limit).await;
@@ -323,7 +330,8 @@ proptest! {
 #[tokio::test(start_paused = true)]
 async fn recovery_does_not_trust_a_remembered_account_copy_without_writing() {
     let w = world(6, Duration::ZERO);
-    let a = instance(&w, w.base.clone(), Duration::from_millis(300));
+    // The remembered copies are the two-phase protocol's: a store's transactions need none.
+    let a = two_phase_instance(&w, w.base.clone(), Duration::from_millis(300));
     open_account(&a, "a", 100).await;
     open_account(&a, "b", 0).await;
     start_transfer(&a, "warm", "a", "b", 1).await;
@@ -364,8 +372,9 @@ async fn recovery_does_not_trust_a_remembered_account_copy_without_writing() {
 #[tokio::test(start_paused = true)]
 async fn a_refusal_is_never_decided_on_a_stale_remembered_copy() {
     let w = world(7, Duration::ZERO);
-    let a = instance(&w, w.base.clone(), Duration::from_secs(5));
-    let b = instance(&w, w.base.clone(), Duration::from_secs(5));
+    // The remembered copies are the two-phase protocol's: a store's transactions need none.
+    let a = two_phase_instance(&w, w.base.clone(), Duration::from_secs(5));
+    let b = two_phase_instance(&w, w.base.clone(), Duration::from_secs(5));
     open_account(&a, "poor", 0).await;
     open_account(&a, "rich", 100).await;
     open_account(&a, "other", 0).await;

@@ -6,7 +6,9 @@ use super::*;
 /// The most ops one group commit takes; bounds the latency a large group adds.
 pub const MAX_GROUP_OPS: usize = 4096;
 
-/// What one transaction counts for against [`MAX_GROUP_OPS`]: about the writes of a transfer.
+/// What one transaction counts for against [`MAX_GROUP_OPS`]: about the writes of a
+/// transfer (its writes are known only once it has run, so the bound is approximate: a
+/// 16-leg transaction writes 17 documents).
 const TXN_WEIGHT: usize = 4;
 
 pub(super) type Reply = oneshot::Sender<StoreResult<Vec<StoreResult<WriteOutcome>>>>;
