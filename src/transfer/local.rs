@@ -114,6 +114,9 @@ impl Engine {
         .instrument(transfer_span(&transfer.transaction_id))
         .await?;
         match (settlement, outcome) {
+            // A document that does not decode is a person's to repair: the two-phase path
+            // creates the transfer and leaves it to them, as it always has (never a 500).
+            (Settlement::Failed(StoreError::Permanent(_)), _) => Ok(OneTransaction::TwoPhase),
             (Settlement::Failed(error), _) => Err(error),
             (Settlement::Changed, _) => Ok(OneTransaction::Exists),
             (Settlement::TwoPhase, _) | (_, TxnOutcome::Refused) => Ok(OneTransaction::TwoPhase),

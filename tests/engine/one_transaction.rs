@@ -8,6 +8,7 @@ use std::time::Duration;
 use transfer_service::store::{DynStore, Index, Version};
 use transfer_service::transfer::lease::PARKED;
 use transfer_service::transfer::model::TransferState;
+use transfer_service::transfer::service::Created;
 use transfer_service::transfer::EngineConfig;
 
 use crate::support::engine::*;
@@ -29,17 +30,22 @@ async fn event_types(e: &Instance, id: &str) -> Vec<&'static str> {
     t.events().iter().map(|e| e.kind.type_name()).collect()
 }
 
+/// Opens `a` (100) and `b` (0) and moves 30 from `a` to `b` as transfer `t`, to the end.
+async fn thirty_from_a_to_b(e: &Instance) {
+    open_account(e, "a", 100).await;
+    open_account(e, "b", 0).await;
+    start_transfer(e, "t", "a", "b", 30).await;
+    assert_eq!(
+        terminal_without_recovery(e, "t").await,
+        TransferState::Finished
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_transfer_is_created_and_settled_by_one_store_transaction() {
     let w = world(40, Duration::ZERO);
     let e = instance(&w);
-    open_account(&e, "a", 100).await;
-    open_account(&e, "b", 0).await;
-    start_transfer(&e, "t", "a", "b", 30).await;
-    assert_eq!(
-        terminal_without_recovery(&e, "t").await,
-        TransferState::Finished
-    );
+    thirty_from_a_to_b(&e).await;
 
     assert_eq!(e.store_requests("transact", "ok"), 1);
     assert_eq!(
@@ -218,13 +224,7 @@ async fn the_two_phase_protocol_can_be_asked_for_on_a_store_with_transactions() 
     let mut config = EngineConfig::with_lease(Duration::from_secs(5));
     config.one_transaction = false;
     let e = w.instance(w.base.clone(), config);
-    open_account(&e, "a", 100).await;
-    open_account(&e, "b", 0).await;
-    start_transfer(&e, "t", "a", "b", 30).await;
-    assert_eq!(
-        terminal_without_recovery(&e, "t").await,
-        TransferState::Finished
-    );
+    thirty_from_a_to_b(&e).await;
     assert_eq!(e.store_requests("transact", "ok"), 0);
     assert_eq!(
         e.store_requests("replace", "ok"),
@@ -232,4 +232,25 @@ async fn the_two_phase_protocol_can_be_asked_for_on_a_store_with_transactions() 
         "three state writes and four account writes"
     );
     assert_invariants(&w.base).await;
+}
+
+/// An account document that does not decode fails no request: the transfer is created and
+/// left to the two-phase path, which stops at that account for a person, as it always has.
+#[tokio::test(start_paused = true)]
+async fn an_unreadable_account_leaves_the_transfer_to_the_two_phase_path() {
+    let w = world(45, Duration::ZERO);
+    let e = instance(&w);
+    open_account(&e, "a", 100).await;
+    let unreadable = serde_json::json!({"account_id": "broken", "balance": "not a number"});
+    w.base
+        .create(Index::Accounts, "broken", unreadable.into())
+        .await
+        .unwrap();
+    let created = e.create_transfer(transfer("t", "a", "broken", 10)).await;
+    assert!(matches!(created, Ok(Created::New(_))), "{created:?}");
+    until("its worker to stop", Duration::from_secs(5), || async {
+        e.running_tasks() == 0
+    })
+    .await;
+    assert!(!state(&e, "t").await.is_terminal(), "left for a person");
 }
