@@ -713,6 +713,7 @@ mod tests {
             currency: None,
             metadata: Default::default(),
             history: String::new(),
+            created_by: None,
         }
     }
 

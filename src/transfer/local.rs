@@ -76,6 +76,9 @@ enum Settlement {
     /// The transfer is no longer at the version its worker holds (a cancel, a takeover), or
     /// a new transfer's id is taken: nothing written.
     Changed,
+    /// A new transfer's id is taken by our own earlier attempt (its token is ours): that
+    /// attempt was committed, its answer lost. The transfer as stored.
+    Ours(Box<TransferDoc>),
     /// An account already holds the transfer: nothing written; the two-phase path, which
     /// knows what that means, decides.
     TwoPhase,
@@ -101,46 +104,56 @@ impl Engine {
         let started = self.clock.boot_time();
         let now = self.clock.now();
         let retention = self.config.retention;
-        let (settlement, outcome) = retry(
-            CREATE_ATTEMPTS,
-            || true,
-            || {
-                let transfer = transfer.clone();
-                let now = now.clone();
-                self.docs
-                    .transact(move |txn| decide(txn, transfer, Start::New, &now, retention))
-            },
-        )
+        let mut ours = transfer.clone();
+        ours.created_by = Some(uuid::Uuid::new_v4().simple().to_string());
+        let going = || !self.shutdown.is_cancelled();
+        let attempt = retry(CREATE_ATTEMPTS, going, || {
+            let transfer = ours.clone();
+            let now = now.clone();
+            self.docs
+                .transact(move |txn| decide(txn, transfer, Start::New, &now, retention))
+        })
         .instrument(transfer_span(&transfer.transaction_id))
-        .await?;
-        match (settlement, outcome) {
+        .await;
+        let (settled, path, accounts) = match attempt {
+            // The work never came to an end (a bug in it): nothing was written.
+            Err(StoreError::Permanent(_)) => return Ok(OneTransaction::TwoPhase),
+            Err(error) => return Err(error),
             // A document that does not decode is a person's to repair: the two-phase path
-            // creates the transfer and leaves it to them, as it always has (never a 500).
-            (Settlement::Failed(StoreError::Permanent(_)), _) => Ok(OneTransaction::TwoPhase),
-            (Settlement::Failed(error), _) => Err(error),
-            (Settlement::Changed, _) => Ok(OneTransaction::Exists),
-            (Settlement::TwoPhase, _) | (_, TxnOutcome::Refused) => Ok(OneTransaction::TwoPhase),
-            (
+            // creates the transfer and stops at that document, as it always has (never a 500).
+            Ok((Settlement::Failed(StoreError::Permanent(_)), _)) => {
+                return Ok(OneTransaction::TwoPhase)
+            }
+            Ok((Settlement::Failed(error), _)) => return Err(error),
+            Ok((Settlement::Changed, _)) => return Ok(OneTransaction::Exists),
+            Ok((Settlement::TwoPhase, _)) | Ok((_, TxnOutcome::Refused)) => {
+                return Ok(OneTransaction::TwoPhase)
+            }
+            Ok((Settlement::Ours(stored), _)) => match stored.transaction_state {
+                TransferState::Finished => (stored, &FINISH[..], Vec::new()),
+                TransferState::RolledBack => (stored, &ROLL_BACK[..], Vec::new()),
+                _ => return Ok(OneTransaction::Exists),
+            },
+            Ok((
                 Settlement::Settled {
-                    transfer: settled,
+                    transfer,
                     path,
                     accounts,
                 },
                 TxnOutcome::Committed(_),
-            ) => {
-                self.metrics.transfers_created_total.inc();
-                let took = self.clock.boot_time().saturating_duration_since(started);
-                let _span = transfer_span(&transfer.transaction_id).entered();
-                self.settled(
-                    &accounts,
-                    TransferState::Created,
-                    &settled,
-                    path,
-                    Some(took),
-                );
-                Ok(OneTransaction::Settled)
-            }
-        }
+            )) => (transfer, path, accounts),
+        };
+        self.metrics.transfers_created_total.inc();
+        let took = self.clock.boot_time().saturating_duration_since(started);
+        let _span = transfer_span(&transfer.transaction_id).entered();
+        self.settled(
+            &accounts,
+            TransferState::Created,
+            &settled,
+            path,
+            Some(took),
+        );
+        Ok(OneTransaction::Settled)
     }
 
     /// Metrics, wake-ups and remembered account copies after a transaction settled a transfer
@@ -193,9 +206,14 @@ impl Engine {
         })
         .await?;
         let (transfer, path, accounts) = match (settlement, outcome) {
+            // A document that does not decode: the two-phase path stops at it for a person.
+            (Settlement::Failed(StoreError::Permanent(_)), _) | (Settlement::TwoPhase, _) => {
+                return Ok(false)
+            }
             (Settlement::Failed(error), _) => return Err(error.into()),
-            (Settlement::TwoPhase, _) => return Ok(false),
-            (Settlement::Changed, _) | (_, TxnOutcome::Refused) => return Err(Interrupt::Reread),
+            (Settlement::Changed | Settlement::Ours(_), _) | (_, TxnOutcome::Refused) => {
+                return Err(Interrupt::Reread)
+            }
             (
                 Settlement::Settled {
                     transfer,
@@ -233,6 +251,7 @@ fn decide(
         txn.version_of::<TransferDoc>(&transfer.transaction_id),
     ) {
         (Start::New, Ok(None)) => {}
+        (Start::New, Ok(Some(_))) => return taken(txn, &transfer),
         (Start::Held(version), Ok(Some(stored))) if stored == version => {}
         (_, Ok(_)) => return Settlement::Changed,
         (_, Err(error)) => return Settlement::Failed(error),
@@ -299,6 +318,19 @@ fn decide(
             accounts,
         },
         Err(error) => Settlement::Failed(error),
+    }
+}
+
+/// A new transfer's id is taken: by our own earlier attempt when the stored transfer
+/// carries our token, else by another request.
+fn taken(txn: &mut TxnDocs<'_>, transfer: &TransferDoc) -> Settlement {
+    match txn.get::<TransferDoc>(&transfer.transaction_id) {
+        Ok(Some(stored))
+            if stored.doc.created_by.is_some() && stored.doc.created_by == transfer.created_by =>
+        {
+            Settlement::Ours(Box::new(stored.doc))
+        }
+        _ => Settlement::Changed,
     }
 }
 

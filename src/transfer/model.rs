@@ -221,6 +221,12 @@ pub struct TransferDoc {
     /// calls before every transfer write. Empty (and not written) while `created`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub history: String,
+    /// A token unique to the request that created the transfer in one store transaction
+    /// (`docs/design.md §3`, "In one transaction"): a create whose answer was lost finds its
+    /// own token on the retry and answers `201`, not a replay's `200`. Absent on transfers
+    /// created otherwise (the lease owner's token serves them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_by: Option<String>,
 }
 
 /// One leg of a multi-leg transaction: `amount` units from `from` to `to`.

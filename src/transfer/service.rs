@@ -201,6 +201,7 @@ impl Engine {
             currency: new.currency.clone(),
             metadata: new.metadata.clone(),
             history: String::new(),
+            created_by: None,
         };
         let mut doc = doc;
         if doc.is_multi_leg() {

@@ -125,6 +125,7 @@ fn transfer(id: &str, src: &str, dest: &str, amount: i64, state: TransferState) 
         currency: None,
         metadata: Default::default(),
         history: String::new(),
+        created_by: None,
     }
 }
 

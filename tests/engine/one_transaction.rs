@@ -12,6 +12,7 @@ use transfer_service::transfer::service::Created;
 use transfer_service::transfer::EngineConfig;
 
 use crate::support::engine::*;
+use crate::support::faulty::{Fault, Matcher};
 
 fn instance(w: &World) -> Instance {
     w.instance(
@@ -209,6 +210,7 @@ async fn a_hold_on_hot_accounts_is_applied_among_one_transaction_settles_without
         0,
         "no account write lost a race"
     );
+    assert_eq!(e.store_requests("transact", "conflict"), 0);
     e.cancel_transfer("h").await.expect("cancelled");
     until("every transfer to end", Duration::from_secs(30), || async {
         e.running_tasks() == 0
@@ -252,5 +254,41 @@ async fn an_unreadable_account_leaves_the_transfer_to_the_two_phase_path() {
         e.running_tasks() == 0
     })
     .await;
-    assert!(!state(&e, "t").await.is_terminal(), "left for a person");
+    // The two-phase path ran: `t` is pending, stopped at the account it cannot read.
+    assert_eq!(
+        state(&e, "t").await,
+        TransferState::Pending,
+        "left for a person"
+    );
+}
+
+/// Review finding: a create whose transaction was committed but whose answer was lost is
+/// retried, finds its own token, and is answered as new (`201`) with its metrics, not as a
+/// replay of someone else's.
+#[tokio::test(start_paused = true)]
+async fn a_create_whose_answer_was_lost_is_still_answered_as_new() {
+    let w = world(46, Duration::ZERO);
+    w.faulty.forward_transactions();
+    w.faulty
+        .inject(Matcher::transactions(), Fault::FailAfter, 1);
+    let e = w.instance(
+        w.faulty.clone(),
+        EngineConfig::with_lease(Duration::from_secs(5)),
+    );
+    open_account(&e, "a", 100).await;
+    open_account(&e, "b", 0).await;
+    let created = e.create_transfer(transfer("t", "a", "b", 10)).await;
+    assert!(matches!(created, Ok(Created::New(_))), "{created:?}");
+    assert_eq!(w.faulty.fired.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(state(&e, "t").await, TransferState::Finished);
+    assert_eq!(e.metrics.transfers_created_total.get(), 1);
+    let finished = e
+        .metrics
+        .transfers_completed_total
+        .with_label_values(&["finished"]);
+    assert_eq!(finished.get(), 1);
+    // Another request with the same body is a replay.
+    let again = e.create_transfer(transfer("t", "a", "b", 10)).await;
+    assert!(matches!(again, Ok(Created::Replayed(_))), "{again:?}");
+    assert_invariants(&w.base).await;
 }

@@ -77,6 +77,7 @@ fn transfer(state: TransferState) -> TransferDoc {
         currency: None,
         metadata: Default::default(),
         history: String::new(),
+        created_by: None,
     }
 }
 
