@@ -354,15 +354,6 @@ impl AccountSteps {
             .map_err(StepResult::Failed)
     }
 
-    /// Forgets the remembered copy of `account` (it was written elsewhere: the next step
-    /// reads it).
-    pub fn forget_account(&self, account: &str) {
-        self.cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(account);
-    }
-
     /// Forgets every remembered copy (tests use it to simulate another process).
     pub fn forget(&self) {
         self.cache.lock().unwrap_or_else(|e| e.into_inner()).clear();

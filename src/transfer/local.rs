@@ -10,8 +10,9 @@
 //! one) makes that unnecessary: the worker reads the transfer and its accounts inside one
 //! write transaction, decides with the same rules as the protocol's applies
 //! ([`protocol::settle_at_once`]), and writes the terminal transfer and every account together,
-//! or nothing. A crash before the commit leaves the transfer `created` (recovery settles it
-//! like any other); after it, everything is written.
+//! or nothing. A crash before the commit leaves nothing of a new transfer (its client had no
+//! answer and retries) and a held one `created` (recovery settles it); after it, everything
+//! is written.
 //!
 //! # Why it needs no clock
 //! The transaction writes the transfer only if its version is still the one its worker last
@@ -21,9 +22,9 @@
 //! two-phase apply follows a `pending` write of the transfer, which a terminal transfer
 //! refuses.
 
-use super::documents::{TxnDocs, Versioned};
 use tracing::Instrument;
 
+use super::documents::{TxnDocs, Versioned};
 use super::driver::{currency_rule, transfer_span, Interrupt};
 use super::lease::{seal_terminal, Held};
 use super::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
@@ -67,11 +68,10 @@ pub(super) enum OneTransaction {
 
 /// What the transaction decided.
 enum Settlement {
-    /// Written: the transfer as written (terminal), the arrows it took, the accounts written.
+    /// Written: the transfer as written (terminal) and the arrows it took.
     Settled {
         transfer: Box<TransferDoc>,
         path: &'static [TransferState],
-        accounts: Vec<String>,
     },
     /// The transfer is no longer at the version its worker holds (a cancel, a takeover), or
     /// a new transfer's id is taken: nothing written.
@@ -90,13 +90,18 @@ impl Engine {
     /// Whether a new transfer is created settled, in one store transaction: not a hold, on
     /// a store with transactions, unless `PROTOCOL=two-phase`.
     pub(super) fn creates_settled(&self, transfer: &TransferDoc) -> bool {
-        self.config.one_transaction && !transfer.is_hold() && self.docs.has_transactions()
+        self.uses_transactions() && !transfer.is_hold()
+    }
+
+    /// Whether the store's transactions are used: it has them, and `PROTOCOL` is `auto`.
+    pub(super) fn uses_transactions(&self) -> bool {
+        self.config.one_transaction && self.docs.has_transactions()
     }
 
     /// Creates `transfer` (as accepted: `created`, no lease) and settles it in the same store
     /// transaction. An unknown outcome is retried: if the first attempt was applied, the
-    /// retry finds the id taken ([`OneTransaction::Exists`], answered as a replay: the store
-    /// cannot tell our commit from an identical request's).
+    /// retry finds the id taken by a transfer carrying this request's token (`created_by`),
+    /// and it is answered as new all the same.
     pub(super) async fn create_settled(
         &self,
         transfer: &TransferDoc,
@@ -115,7 +120,7 @@ impl Engine {
         })
         .instrument(transfer_span(&transfer.transaction_id))
         .await;
-        let (settled, path, accounts) = match attempt {
+        let (settled, path) = match attempt {
             // The work never came to an end (a bug in it): nothing was written.
             Err(StoreError::Permanent(_)) => return Ok(OneTransaction::TwoPhase),
             Err(error) => return Err(error),
@@ -130,60 +135,44 @@ impl Engine {
                 return Ok(OneTransaction::TwoPhase)
             }
             Ok((Settlement::Ours(stored), _)) => match stored.transaction_state {
-                TransferState::Finished => (stored, &FINISH[..], Vec::new()),
-                TransferState::RolledBack => (stored, &ROLL_BACK[..], Vec::new()),
+                TransferState::Finished => (stored, &FINISH[..]),
+                TransferState::RolledBack => (stored, &ROLL_BACK[..]),
                 _ => return Ok(OneTransaction::Exists),
             },
-            Ok((
-                Settlement::Settled {
-                    transfer,
-                    path,
-                    accounts,
-                },
-                TxnOutcome::Committed(_),
-            )) => (transfer, path, accounts),
+            Ok((Settlement::Settled { transfer, path }, TxnOutcome::Committed(_))) => {
+                (transfer, path)
+            }
         };
         self.metrics.transfers_created_total.inc();
         let took = self.clock.boot_time().saturating_duration_since(started);
         let _span = transfer_span(&transfer.transaction_id).entered();
-        self.settled(
-            &accounts,
-            TransferState::Created,
-            &settled,
-            path,
-            Some(took),
-        );
+        self.settled(TransferState::Created, &settled, path, Some(took));
         Ok(OneTransaction::Settled)
     }
 
-    /// Metrics, wake-ups and remembered account copies after a transaction settled a transfer
-    /// that was `from` along `path`.
+    /// Metrics and wake-ups after a transaction settled a transfer that was `from` along
+    /// `path`. (No remembered account copy needs forgetting: where transactions are used, the
+    /// account steps run in them too and remember none, `super::accounts`.)
     fn settled(
         &self,
-        accounts: &[String],
         mut from: TransferState,
         transfer: &TransferDoc,
         path: &[TransferState],
         took: Option<std::time::Duration>,
     ) {
         let now_millis = self.clock.wall_millis();
-        // The accounts moved under any copy the account steps remember.
-        for account in accounts {
-            self.accounts.forget_account(account);
-        }
         for &to in path {
             self.record_transition(transfer, (from, to), now_millis, took);
             from = to;
         }
     }
 
-    /// Whether the worker settles `held` in one store transaction: a new (`created`) transfer
-    /// that is not a hold, on a store with transactions, unless `PROTOCOL=two-phase`.
+    /// Whether the worker settles `held` in one store transaction: a `created` transfer that
+    /// is not a hold, where transactions are used.
     pub(super) fn settles_in_one_transaction(&self, held: &Held) -> bool {
-        self.config.one_transaction
+        self.uses_transactions()
             && held.doc.transaction_state == TransferState::Created
             && !held.doc.is_hold()
-            && self.docs.has_transactions()
     }
 
     /// Settles a `created` transfer in one store transaction. `Ok(true)`: it is terminal
@@ -205,7 +194,7 @@ impl Engine {
                 .transact(move |txn| decide(txn, transfer, Start::Held(version), &now, retention))
         })
         .await?;
-        let (transfer, path, accounts) = match (settlement, outcome) {
+        let (transfer, path) = match (settlement, outcome) {
             // A document that does not decode: the two-phase path stops at it for a person.
             (Settlement::Failed(StoreError::Permanent(_)), _) | (Settlement::TwoPhase, _) => {
                 return Ok(false)
@@ -214,24 +203,17 @@ impl Engine {
             (Settlement::Changed | Settlement::Ours(_), _) | (_, TxnOutcome::Refused) => {
                 return Err(Interrupt::Reread)
             }
-            (
-                Settlement::Settled {
-                    transfer,
-                    path,
-                    accounts,
-                },
-                TxnOutcome::Committed(versions),
-            ) => {
+            (Settlement::Settled { transfer, path }, TxnOutcome::Committed(versions)) => {
                 let Some(&version) = versions.first() else {
                     return Err(Interrupt::Reread);
                 };
                 held.version = version;
-                (transfer, path, accounts)
+                (transfer, path)
             }
         };
         let from = held.doc.transaction_state;
         held.doc = *transfer;
-        self.settled(&accounts, from, &held.doc, path, None);
+        self.settled(from, &held.doc, path, None);
         Ok(true)
     }
 }
@@ -304,18 +286,15 @@ fn decide(
         return Settlement::TwoPhase;
     };
     seal_terminal(&mut next, now);
-    let mut accounts = Vec::with_capacity(changed.len());
     let queued = write_transfer(txn, &next, start).and_then(|()| {
-        changed.iter().try_for_each(|account| {
-            accounts.push(account.doc.account_id.clone());
-            txn.replace_if(&account.doc, account.version)
-        })
+        changed
+            .iter()
+            .try_for_each(|account| txn.replace_if(&account.doc, account.version))
     });
     match queued {
         Ok(()) => Settlement::Settled {
             transfer: Box::new(next),
             path: &FINISH,
-            accounts,
         },
         Err(error) => Settlement::Failed(error),
     }
@@ -353,7 +332,6 @@ fn roll_back(
         Ok(()) => Settlement::Settled {
             transfer: Box::new(next),
             path: &ROLL_BACK,
-            accounts: Vec::new(),
         },
         Err(error) => Settlement::Failed(error),
     }
