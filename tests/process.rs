@@ -1461,3 +1461,28 @@ async fn two_instances_one_wall_clock_seconds_ahead_end_exact_after_the_sweep() 
         test_started.elapsed(),
     );
 }
+
+/// The binary allocates with jemalloc, configured by the service (`src/main.rs`): asked to
+/// confirm its configuration, jemalloc lists the service's settings as applied.
+#[cfg(not(target_env = "msvc"))]
+#[test]
+fn the_allocator_is_jemalloc_with_the_services_settings() {
+    let output = Command::new(BIN)
+        .arg("--help")
+        .env("_RJEM_MALLOC_CONF", "confirm_conf:true")
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for setting in [
+        "narenas:2",
+        "background_thread:true",
+        "dirty_decay_ms:1000",
+        "muzzy_decay_ms:0",
+    ] {
+        assert!(
+            stderr.contains(&format!("Set conf value: {setting}")),
+            "jemalloc did not apply {setting}:\n{stderr}"
+        );
+    }
+}
