@@ -7,28 +7,39 @@ use transfer_service::{app, audit, http, telemetry};
 /// The allocator: jemalloc instead of glibc's malloc. A transfer allocates and frees many
 /// blocks on different threads (hyper's 8 KiB read buffers, redb's 4 KiB pages), where glibc
 /// spent a fifth of the service's CPU. The benchmark measured about 25% less CPU per transfer
-/// under 2,000 connections and 8% less at 64 clients; peak RSS grew by some 20 MiB, which the
-/// smaller default page cache (`EMBEDDED_CACHE_MIB`) more than gives back (README
-/// "Benchmark").
+/// under 2,000 connections and 8% less at 64 clients. Peak RSS grew by some 20 MiB (49 → 60
+/// MiB at 64 clients); under 2,000 connections the smaller default page cache
+/// (`EMBEDDED_CACHE_MIB`) gives it back (README "Benchmark").
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's settings, read at its first allocation (an operator's `_RJEM_MALLOC_CONF`
-/// environment variable is read after them and wins):
-/// - `narenas:2`: one arena per core of the 2-core machine we size for, not jemalloc's four per core; fewer arenas hold
-///   fewer free pages;
-/// - `background_thread:true`, `dirty_decay_ms:1000`, `muzzy_decay_ms:0`: freed pages go
-///   back to the kernel from a background thread within about a second (the default keeps
-///   them ten), so a burst leaves no lasting RSS.
+/// environment variable is read after them and wins; jemalloc's plain `MALLOC_CONF` is not
+/// read by this build):
+/// - `narenas:2`: one arena per core of the 2-core machine we size for, not jemalloc's four
+///   per core (it counts the cores the process may run on, not a container's CPU quota); fewer arenas
+///   hold fewer free pages;
+/// - `dirty_decay_ms:1000`, `muzzy_decay_ms:0`: freed pages go back to the kernel within
+///   about a second (the default keeps them ten), so a burst leaves no lasting RSS;
+/// - `background_thread:true` (Linux with glibc only: jemalloc has no background threads on
+///   macOS, where asking for them fails its start, nor working ones with musl): that purging
+///   happens on jemalloc's own thread, not in the middle of a request's free.
 #[cfg(not(target_env = "msvc"))]
 #[allow(non_upper_case_globals)]
 #[export_name = "_rjem_malloc_conf"]
 static malloc_conf: Option<&'static std::ffi::c_char> = Some(
     // SAFETY: a pointer to the first byte of a static NUL-terminated string, which is what
     // jemalloc reads through `malloc_conf`.
-    unsafe { &*c"narenas:2,background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0".as_ptr() },
+    unsafe { &*JEMALLOC_SETTINGS.as_ptr() },
 );
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const JEMALLOC_SETTINGS: &std::ffi::CStr =
+    c"narenas:2,background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0";
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+const JEMALLOC_SETTINGS: &std::ffi::CStr = c"narenas:2,dirty_decay_ms:1000,muzzy_decay_ms:0";
 
 fn main() -> std::process::ExitCode {
     let runtime = tokio::runtime::Builder::new_multi_thread()
