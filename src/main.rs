@@ -18,8 +18,8 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// environment variable is read after them and wins; jemalloc's plain `MALLOC_CONF` is not
 /// read by this build):
 /// - `narenas:2`: one arena per core of the 2-core machine we size for, not jemalloc's four
-///   per core (it counts the cores the process may run on, not a container's CPU quota); fewer arenas
-///   hold fewer free pages;
+///   per core (it counts the cores the process may run on, not a container's CPU quota);
+///   fewer arenas hold fewer free pages;
 /// - `dirty_decay_ms:1000`, `muzzy_decay_ms:0`: freed pages go back to the kernel within
 ///   about a second (the default keeps them ten), so a burst leaves no lasting RSS;
 /// - `background_thread:true` (Linux with glibc only: jemalloc has no background threads on
