@@ -27,7 +27,8 @@
 //! finished or rolled back, end to end: terminal transfers over posting plus draining time),
 //! the service's CPU time per terminal transfer (utime+stime of the child over the transfer
 //! phase), peak RSS (`VmHWM`), POST latency percentiles (accepted requests, measured by the
-//! clients, in an HDR histogram), 503s (with `Retry-After`) and how long the backlog took
+//! clients, in an HDR histogram; and as the service timed them, from its
+//! `http_request_duration_seconds`), 503s (with `Retry-After`) and how long the backlog took
 //! to drain, the ratio to `/healthz` req/s, store requests per transfer, and on the
 //! emulator the HTTP requests it received per transfer. With `--follow-events` a consumer
 //! follows `GET /events` through the transfer phase ([`feed`]), and the report adds the
@@ -35,9 +36,12 @@
 //! service delivers its terminal events to a receiver in the benchmark ([`receiver`]), and
 //! the report adds the deliveries and their lag.
 
+mod connection;
 mod feed;
 mod receiver;
 mod report;
+
+use connection::{Answer, Connection};
 
 use report::Report;
 
@@ -398,13 +402,12 @@ struct BatchItem {
 /// Runs `args.clients()` clients posting until the duration is over. Each first opens its
 /// connection (a `GET /healthz`, not counted) and all start posting together, so that the
 /// latencies are those of requests, not of thousands of connections being set up at once.
-async fn run_load(args: &Args, client: &reqwest::Client, base: &str, run: &str) -> Tally {
+async fn run_load(args: &Args, base: &str, run: &str) -> Tally {
     let ready = Arc::new(tokio::sync::Barrier::new(args.clients()));
     let tasks: Vec<_> = (0..args.clients())
         .map(|c| {
-            let poster = Poster {
-                client: client.clone(),
-                base: base.to_owned(),
+            let mut poster = Poster {
+                connection: Connection::to(base),
                 run: run.to_owned(),
                 accounts: args.accounts,
                 batch: args.batch,
@@ -413,11 +416,7 @@ async fn run_load(args: &Args, client: &reqwest::Client, base: &str, run: &str) 
             let (ready, duration) = (ready.clone(), args.duration);
             let honour = !args.ignore_retry_after;
             tokio::spawn(async move {
-                let _ = poster
-                    .client
-                    .get(format!("{}/healthz", poster.base))
-                    .send()
-                    .await;
+                let _ = poster.connection.get("/healthz").await;
                 ready.wait().await;
                 poster.post_until(Instant::now() + duration, honour).await
             })
@@ -432,8 +431,7 @@ async fn run_load(args: &Args, client: &reqwest::Client, base: &str, run: &str) 
 
 /// One client of the load.
 struct Poster {
-    client: reqwest::Client,
-    base: String,
+    connection: Connection,
     run: String,
     accounts: u32,
     /// Items per `POST /transfers/batch`; `None` posts single transfers.
@@ -445,7 +443,7 @@ impl Poster {
     /// Posts until `until`, one request at a time. A client that honours `Retry-After`
     /// waits as long as a 503 asks (cut at `until`) before its next request; one that does
     /// not posts again at once.
-    async fn post_until(self, until: Instant, honour_retry_after: bool) -> Tally {
+    async fn post_until(mut self, until: Instant, honour_retry_after: bool) -> Tally {
         let mut tally = Tally::new();
         let mut n = 0u64;
         while Instant::now() < until {
@@ -468,42 +466,31 @@ impl Poster {
         tally
     }
 
-    async fn post_single(&self, n: &mut u64) -> Outcome {
-        let body = self.transfer(n);
-        let sent = self
-            .client
-            .post(format!("{}/transfers", self.base))
-            .json(&body)
-            .send()
-            .await;
-        match sent {
-            Ok(r) if matches!(r.status().as_u16(), 200 | 201) => Outcome::Answered {
+    async fn post_single(&mut self, n: &mut u64) -> Outcome {
+        let body = serde_json::to_vec(&self.transfer(n)).expect("a transfer encodes");
+        match self.connection.post_json("/transfers", body).await {
+            Ok(a) if matches!(a.status, 200 | 201) => Outcome::Answered {
                 accepted: 1,
                 shed: 0,
                 refused: 0,
             },
-            Ok(r) => outcome_of_refusal(&r),
-            Err(e) => Outcome::Failed(e.to_string()),
+            Ok(a) => outcome_of_refusal(&a, "/transfers"),
+            Err(e) => Outcome::Failed(e),
         }
     }
 
-    async fn post_batch(&self, n: &mut u64, size: u32) -> Outcome {
+    async fn post_batch(&mut self, n: &mut u64, size: u32) -> Outcome {
         let body = BatchBody {
             transfers: (0..size).map(|_| self.transfer(n)).collect(),
         };
-        let sent = self
-            .client
-            .post(format!("{}/transfers/batch", self.base))
-            .json(&body)
-            .send()
-            .await;
-        match sent {
-            Ok(r) if r.status().as_u16() == 200 => match r.json::<BatchAnswer>().await {
+        let body = serde_json::to_vec(&body).expect("a batch encodes");
+        match self.connection.post_json("/transfers/batch", body).await {
+            Ok(a) if a.status == 200 => match serde_json::from_slice::<BatchAnswer>(&a.body) {
                 Ok(answer) => outcome_of_items(&answer.items),
                 Err(e) => Outcome::Failed(format!("batch answer: {e}")),
             },
-            Ok(r) => outcome_of_refusal(&r),
-            Err(e) => Outcome::Failed(e.to_string()),
+            Ok(a) => outcome_of_refusal(&a, "/transfers/batch"),
+            Err(e) => Outcome::Failed(e),
         }
     }
 
@@ -522,18 +509,13 @@ impl Poster {
     }
 }
 
-fn outcome_of_refusal(response: &reqwest::Response) -> Outcome {
-    if response.status().as_u16() == 503 {
-        let seconds = response
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok());
+fn outcome_of_refusal(answer: &Answer, path: &str) -> Outcome {
+    if answer.status == 503 {
         Outcome::Shed {
-            retry_after: seconds.map(Duration::from_secs),
+            retry_after: answer.retry_after,
         }
     } else {
-        Outcome::Failed(format!("{} {}", response.status(), response.url().path()))
+        Outcome::Failed(format!("{} {path}", answer.status))
     }
 }
 
@@ -553,23 +535,17 @@ fn outcome_of_items(items: &[BatchItem]) -> Outcome {
 }
 
 /// `GET /healthz` from `clients` clients for `duration`; answers per second.
-async fn healthz_rate(
-    client: &reqwest::Client,
-    base: &str,
-    clients: usize,
-    duration: Duration,
-) -> f64 {
+async fn healthz_rate(base: &str, clients: usize, duration: Duration) -> f64 {
     let started = Instant::now();
     let until = started + duration;
     let tasks: Vec<_> = (0..clients)
         .map(|_| {
-            let (client, url) = (client.clone(), format!("{base}/healthz"));
+            let mut connection = Connection::to(base);
             tokio::spawn(async move {
                 let mut ok = 0u64;
                 while Instant::now() < until {
-                    if let Ok(r) = client.get(&url).send().await {
-                        ok += u64::from(r.status().is_success());
-                        let _ = r.bytes().await;
+                    if let Ok(answer) = connection.get("/healthz").await {
+                        ok += u64::from((200..300).contains(&answer.status));
                     }
                 }
                 ok
@@ -625,17 +601,36 @@ impl Scrape {
             .sum()
     }
 
-    /// A quantile of the histogram `name` (one label set), linear within a bucket.
-    fn histogram_quantile(&self, name: &str, q: f64) -> Option<f64> {
-        let sample = self.0.families.get(name)?.iter_samples().next()?;
-        let PrometheusValue::Histogram(histogram) = &sample.value else {
-            panic!("{name} is not a histogram");
-        };
-        let mut buckets: Vec<(f64, f64)> = histogram
-            .buckets
-            .iter()
-            .map(|b| (b.upper_bound, b.count.as_f64()))
-            .collect();
+    /// A quantile of the histogram `name` over the label sets `keep` passes (their buckets
+    /// added up), linear within a bucket.
+    fn histogram_quantile(
+        &self,
+        name: &str,
+        keep: impl Fn(&Labels) -> bool,
+        q: f64,
+    ) -> Option<f64> {
+        let mut counts: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+        for sample in self.0.families.get(name)?.iter_samples() {
+            let labels = sample.get_labelset().expect("labels");
+            let labels: Labels = labels
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            if !keep(&labels) {
+                continue;
+            }
+            let PrometheusValue::Histogram(histogram) = &sample.value else {
+                panic!("{name} is not a histogram");
+            };
+            for bucket in &histogram.buckets {
+                // Keyed by the bound's bits: every label set has the same bounds.
+                let entry = counts
+                    .entry(bucket.upper_bound.to_bits())
+                    .or_insert((bucket.upper_bound, 0.0));
+                entry.1 += bucket.count.as_f64();
+            }
+        }
+        let mut buckets: Vec<(f64, f64)> = counts.into_values().collect();
         buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
         quantile_of_buckets(&buckets, q)
     }
@@ -809,7 +804,7 @@ async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> Transfer
         ))
     });
     let started = Instant::now();
-    let tally = run_load(args, client, base, run).await;
+    let tally = run_load(args, base, run).await;
     let posting = started.elapsed();
     let after = wait_drained(client, base, &before).await;
     let drain = started.elapsed() - posting;
@@ -871,13 +866,7 @@ async fn run(args: &Args, emulator: Option<&Emulator>) -> Report {
     open_accounts(&target.client, &target.base, &run, args.accounts).await;
 
     let phase = transfer_phase(args, &target, &run).await;
-    let healthz = healthz_rate(
-        &target.client,
-        &target.base,
-        args.clients(),
-        args.healthz_duration,
-    )
-    .await;
+    let healthz = healthz_rate(&target.base, args.clients(), args.healthz_duration).await;
     let peak_rss_kib = target.pid.and_then(|pid| memory_kib(pid, "VmHWM:"));
     if let Some(service) = service {
         stop_service(service);
@@ -952,5 +941,36 @@ mod tests {
         let median = quantile_of_buckets(&buckets, 0.5).unwrap();
         assert!((median - 0.125).abs() < 1e-9, "{median}");
         assert_eq!(quantile_of_buckets(&[(1.0, 0.0)], 0.5), None);
+    }
+
+    #[test]
+    fn a_histogram_quantile_adds_up_the_buckets_of_the_label_sets_it_keeps() {
+        let text = "\
+# TYPE latency histogram
+latency_bucket{status=\"201\",le=\"0.1\"} 10
+latency_bucket{status=\"201\",le=\"0.2\"} 10
+latency_bucket{status=\"201\",le=\"+Inf\"} 10
+latency_sum{status=\"201\"} 0.5
+latency_count{status=\"201\"} 10
+latency_bucket{status=\"202\",le=\"0.1\"} 0
+latency_bucket{status=\"202\",le=\"0.2\"} 10
+latency_bucket{status=\"202\",le=\"+Inf\"} 10
+latency_sum{status=\"202\"} 1.5
+latency_count{status=\"202\"} 10
+latency_bucket{status=\"503\",le=\"0.1\"} 1000
+latency_bucket{status=\"503\",le=\"0.2\"} 1000
+latency_bucket{status=\"503\",le=\"+Inf\"} 1000
+latency_sum{status=\"503\"} 1
+latency_count{status=\"503\"} 1000
+";
+        let scrape = Scrape(parse_prometheus(text).unwrap());
+        let accepted = |labels: &Labels| labels.get("status").is_some_and(|s| s.starts_with('2'));
+        // 20 samples, 10 in each bucket: the median is the top of the first; the 503s, a
+        // thousand at the bottom, do not count.
+        let median = scrape.histogram_quantile("latency", accepted, 0.5).unwrap();
+        assert!((median - 0.1).abs() < 1e-9, "{median}");
+        let p90 = scrape.histogram_quantile("latency", accepted, 0.9).unwrap();
+        assert!((p90 - 0.18).abs() < 1e-9, "{p90}");
+        assert_eq!(scrape.histogram_quantile("latency", |_| false, 0.5), None);
     }
 }

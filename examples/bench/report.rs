@@ -28,6 +28,10 @@ pub struct Report {
     failed: u64,
     first_failure: Option<String>,
     post_latency_ms: Percentiles,
+    /// The same POSTs as the service timed them (`http_request_duration_seconds` of the
+    /// accepted status, over the process's life): from the request's arrival at the router to
+    /// its response, without the time in the sockets and the clients.
+    service_post_latency_ms: Percentiles,
     /// The service's `transfer_duration_seconds` over the process's life, interpolated.
     created_to_terminal_ms: Percentiles,
     /// From the end of posting until every accepted transfer was terminal.
@@ -86,8 +90,16 @@ impl Percentiles {
         }
     }
 
-    fn of_service_histogram(scrape: &Scrape, name: &str) -> Percentiles {
-        let ms = |q| scrape.histogram_quantile(name, q).map(|s| s * 1000.0);
+    fn of_service_histogram(
+        scrape: &Scrape,
+        name: &str,
+        keep: impl Fn(&Labels) -> bool,
+    ) -> Percentiles {
+        let ms = |q| {
+            scrape
+                .histogram_quantile(name, &keep, q)
+                .map(|s| s * 1000.0)
+        };
         Percentiles {
             p50: ms(0.5),
             p90: ms(0.9),
@@ -185,6 +197,10 @@ impl Report {
             ("503s/s", shed),
             ("items 503 / failed", other),
             ("POST latency (ms)", self.post_latency_ms.to_string()),
+            (
+                "  in the service (ms)",
+                self.service_post_latency_ms.to_string(),
+            ),
             (
                 "created → terminal (ms)",
                 self.created_to_terminal_ms.to_string(),
@@ -284,9 +300,15 @@ impl Report {
             failed: tally.failed,
             first_failure: tally.first_failure.clone(),
             post_latency_ms: Percentiles::of_client_latency(&tally.latency_us),
+            service_post_latency_ms: Percentiles::of_service_histogram(
+                &phase.after,
+                "http_request_duration_seconds",
+                |labels| accepted_post(args, labels),
+            ),
             created_to_terminal_ms: Percentiles::of_service_histogram(
                 &phase.after,
                 "transfer_duration_seconds",
+                all,
             ),
             drain_s: phase.drain.as_secs_f64(),
             service_cpu_us_per_transfer: phase
@@ -314,4 +336,16 @@ impl Report {
             }),
         }
     }
+}
+
+/// Whether a sample of `http_request_duration_seconds` is of the POSTs the clients make that
+/// were accepted: `201` from `POST /transfers`, or `200` from `POST /transfers/batch`.
+fn accepted_post(args: &Args, labels: &Labels) -> bool {
+    let (route, status) = match args.batch {
+        Some(_) => ("/transfers/batch", "200"),
+        None => ("/transfers", "201"),
+    };
+    labels.get("method") == Some(&"POST")
+        && labels.get("route") == Some(&route)
+        && labels.get("status") == Some(&status)
 }

@@ -160,7 +160,7 @@ async fn track(State(state): State<AppState>, request: Request, next: Next) -> R
     state
         .metrics
         .http_request_duration_seconds
-        .with_label_values(&[&method, &route])
+        .with_label_values(&[&method, &route, status.as_str()])
         .observe(started.elapsed().as_secs_f64());
     response
 }

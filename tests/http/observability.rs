@@ -221,7 +221,11 @@ async fn metrics_count_every_transfer_transition_and_request(backend: Backend) {
     assert_eq!(
         m.value(
             "http_request_duration_seconds_count",
-            &[("method", "POST"), ("route", "/transfers")]
+            &[
+                ("method", "POST"),
+                ("route", "/transfers"),
+                ("status", "201")
+            ]
         ),
         10.0
     );
@@ -606,7 +610,11 @@ async fn a_request_cut_off_by_the_timeout_is_counted_and_logged_once() {
     assert_eq!(
         m.value(
             "http_request_duration_seconds_count",
-            &[("method", "GET"), ("route", "/transfers/{id}")]
+            &[
+                ("method", "GET"),
+                ("route", "/transfers/{id}"),
+                ("status", "503")
+            ]
         ),
         1.0
     );
