@@ -375,9 +375,9 @@ mod tests {
     }
 
     #[test]
-    fn max_in_flight_defaults_to_4096_and_refuses_0() {
+    fn max_in_flight_defaults_to_1024_and_refuses_0() {
         let cli = Cli::try_parse_from(["transfer-service"]).unwrap();
-        assert_eq!(cli.config.max_in_flight, 4096);
+        assert_eq!(cli.config.max_in_flight, 1024);
         let cli = Cli::try_parse_from(["transfer-service", "--max-in-flight", "2"]).unwrap();
         assert_eq!(cli.config.max_in_flight, 2);
         for bad in ["0", "-1", "many"] {
