@@ -118,8 +118,9 @@ pub struct Config {
 
     /// Transfers this instance accepts and has not yet driven to the end, at most; beyond it
     /// `POST /transfers` and `POST /transfers/batch` answer 503 with `Retry-After`, creating
-    /// nothing. The default is a few seconds of work on a small machine (see
-    /// `transfer::admission`). A batch larger than this is refused (422).
+    /// nothing. The default is about a tenth of a second of work on 2 cores (see
+    /// `transfer::admission`). A batch larger than this is refused (422); a batch needs
+    /// places for all its items at once, so keep batches well below it.
     #[arg(long, env = "MAX_IN_FLIGHT", default_value_t = crate::transfer::admission::DEFAULT_MAX_IN_FLIGHT, value_parser = parse_max_in_flight)]
     pub max_in_flight: usize,
 

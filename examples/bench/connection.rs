@@ -28,18 +28,28 @@ pub struct Answer {
     pub body: Bytes,
 }
 
+/// How long one request may take, connecting included, before it counts as failed (the
+/// connection is then dropped): a stalled service ends the run instead of hanging it.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
 impl Connection {
-    /// A connection to `base` (`http://host:port`, plain HTTP), opened on first use.
-    pub fn to(base: &str) -> Connection {
-        let authority = base
+    /// A connection to `base` (`http://host:port`, plain HTTP, no path), opened on first use.
+    pub fn to(base: &str) -> Result<Connection, String> {
+        let rest = base
             .strip_prefix("http://")
-            .unwrap_or_else(|| panic!("the load speaks plain HTTP; {base} is not http://"))
-            .trim_end_matches('/')
-            .to_owned();
-        Connection {
+            .ok_or_else(|| format!("the load speaks plain HTTP: {base} is not http://host:port"))?;
+        let authority = rest.trim_end_matches('/');
+        if authority.is_empty() || authority.contains('/') {
+            return Err(format!("{base}: expected http://host:port, without a path"));
+        }
+        let authority = match authority.rsplit_once(':') {
+            Some((_, port)) if port.parse::<u16>().is_ok() => authority.to_owned(),
+            _ => format!("{authority}:80"),
+        };
+        Ok(Connection {
             authority,
             sender: None,
-        }
+        })
     }
 
     pub async fn get(&mut self, path: &str) -> Result<Answer, String> {
@@ -66,14 +76,35 @@ impl Connection {
         let request = request
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
             .map_err(|e| e.to_string())?;
-        let sender = self.ready().await?;
-        let answered = sender.send_request(request).await;
-        let response = match answered {
-            Ok(response) => response,
-            Err(error) => {
+        match tokio::time::timeout(REQUEST_TIMEOUT, self.exchange(request)).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(error)) => {
                 self.sender = None;
-                return Err(format!("{path}: {error}"));
+                Err(format!("{path}: {error}"))
             }
+            Err(_) => {
+                self.sender = None;
+                Err(format!("{path}: no answer within {REQUEST_TIMEOUT:?}"))
+            }
+        }
+    }
+
+    /// Sends `request` and reads the whole answer. A request the connection never took (the
+    /// service had closed it while it sat idle) goes once more, on a new connection.
+    async fn exchange(&mut self, request: Request<Full<Bytes>>) -> Result<Answer, String> {
+        let response = match self.ready().await?.try_send_request(request).await {
+            Ok(response) => response,
+            Err(mut error) => match error.take_message() {
+                Some(unsent) => {
+                    self.sender = None;
+                    self.ready()
+                        .await?
+                        .send_request(unsent)
+                        .await
+                        .map_err(|e| e.to_string())?
+                }
+                None => return Err(error.into_error().to_string()),
+            },
         };
         let status = response.status().as_u16();
         let retry_after = response
@@ -82,13 +113,12 @@ impl Connection {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
-        let body = match response.into_body().collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(error) => {
-                self.sender = None;
-                return Err(format!("{path}: reading the answer: {error}"));
-            }
-        };
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| format!("reading the answer: {e}"))?
+            .to_bytes();
         Ok(Answer {
             status,
             retry_after,
@@ -96,17 +126,20 @@ impl Connection {
         })
     }
 
-    /// The connection, opened if there is none or the last one closed, ready for a request.
+    /// The connection, ready for a request: opened if there is none or the last one closed,
+    /// and opened again if the one there turns out to be closed.
     async fn ready(&mut self) -> Result<&mut SendRequest<Full<Bytes>>, String> {
-        if self.sender.as_ref().is_none_or(|s| s.is_closed()) {
-            self.sender = Some(self.open().await?);
-        }
-        let sender = self.sender.as_mut().expect("just opened");
-        if let Err(error) = sender.ready().await {
+        for _ in 0..2 {
+            if self.sender.as_ref().is_none_or(|s| s.is_closed()) {
+                self.sender = Some(self.open().await?);
+            }
+            let sender = self.sender.as_mut().expect("just opened");
+            if sender.ready().await.is_ok() {
+                return Ok(self.sender.as_mut().expect("ready"));
+            }
             self.sender = None;
-            return Err(format!("connection to {}: {error}", self.authority));
         }
-        Ok(self.sender.as_mut().expect("ready"))
+        Err(format!("connection to {} closed at once", self.authority))
     }
 
     async fn open(&self) -> Result<SendRequest<Full<Bytes>>, String> {
@@ -120,5 +153,23 @@ impl Connection {
         // The connection's I/O runs as a task of its own and ends when `sender` is dropped.
         tokio::spawn(connection);
         Ok(sender)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_base_is_plain_http_with_a_host_and_a_port_or_80() {
+        let authority = |base: &str| Connection::to(base).map(|c| c.authority);
+        assert_eq!(
+            authority("http://127.0.0.1:8080/").unwrap(),
+            "127.0.0.1:8080"
+        );
+        assert_eq!(authority("http://localhost").unwrap(), "localhost:80");
+        assert!(authority("https://localhost:8443").is_err());
+        assert!(authority("http://localhost:8080/api").is_err());
+        assert!(authority("http://").is_err());
     }
 }

@@ -407,7 +407,7 @@ async fn run_load(args: &Args, base: &str, run: &str) -> Tally {
     let tasks: Vec<_> = (0..args.clients())
         .map(|c| {
             let mut poster = Poster {
-                connection: Connection::to(base),
+                connection: Connection::to(base).expect("the base URL was checked"),
                 run: run.to_owned(),
                 accounts: args.accounts,
                 batch: args.batch,
@@ -458,7 +458,12 @@ impl Poster {
                 } if honour_retry_after => Some(wait),
                 _ => None,
             };
+            let failed = matches!(outcome, Outcome::Failed(_));
             tally.count(outcome, sent.elapsed());
+            if failed {
+                // A service that is gone or refusing connections is not hammered in a loop.
+                tokio::time::sleep(PAUSE_AFTER_FAILURE).await;
+            }
             if let Some(wait) = pause {
                 tokio::time::sleep(wait.min(until.saturating_duration_since(Instant::now()))).await;
             }
@@ -534,24 +539,41 @@ fn outcome_of_items(items: &[BatchItem]) -> Outcome {
     }
 }
 
-/// `GET /healthz` from `clients` clients for `duration`; answers per second.
+/// How long a client pauses after a failed request before its next one.
+const PAUSE_AFTER_FAILURE: Duration = Duration::from_millis(50);
+
+/// `GET /healthz` from `clients` clients for `duration`; answers per second. Like the load,
+/// each client opens its connection first (one request, not counted) and all start together.
 async fn healthz_rate(base: &str, clients: usize, duration: Duration) -> f64 {
-    let started = Instant::now();
-    let until = started + duration;
+    // Passed twice: once every connection is open, and again once the clock has started.
+    let ready = Arc::new(tokio::sync::Barrier::new(clients + 1));
+    let started = Arc::new(std::sync::OnceLock::<Instant>::new());
     let tasks: Vec<_> = (0..clients)
         .map(|_| {
-            let mut connection = Connection::to(base);
+            let mut connection = Connection::to(base).expect("the base URL was checked");
+            let (ready, started) = (ready.clone(), started.clone());
             tokio::spawn(async move {
+                let _ = connection.get("/healthz").await;
+                ready.wait().await;
+                ready.wait().await;
+                let until = *started.get().expect("set between the two passes") + duration;
                 let mut ok = 0u64;
                 while Instant::now() < until {
-                    if let Ok(answer) = connection.get("/healthz").await {
-                        ok += u64::from((200..300).contains(&answer.status));
+                    match connection.get("/healthz").await {
+                        Ok(answer) => ok += u64::from((200..300).contains(&answer.status)),
+                        Err(_) => tokio::time::sleep(PAUSE_AFTER_FAILURE).await,
                     }
                 }
                 ok
             })
         })
         .collect();
+    ready.wait().await;
+    // Every connection is open: the clock starts for all at once.
+    let start = Instant::now();
+    started.set(start).expect("set once");
+    ready.wait().await;
+    let started = start;
     let mut ok = 0;
     for task in tasks {
         ok += task.await.expect("healthz client");
@@ -610,6 +632,7 @@ impl Scrape {
         q: f64,
     ) -> Option<f64> {
         let mut counts: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+        let mut bounds: Option<Vec<u64>> = None;
         for sample in self.0.families.get(name)?.iter_samples() {
             let labels = sample.get_labelset().expect("labels");
             let labels: Labels = labels
@@ -622,8 +645,16 @@ impl Scrape {
             let PrometheusValue::Histogram(histogram) = &sample.value else {
                 panic!("{name} is not a histogram");
             };
+            // Buckets add up only if every label set has the same bounds (one histogram's
+            // label sets do).
+            let these: Vec<u64> = histogram
+                .buckets
+                .iter()
+                .map(|b| b.upper_bound.to_bits())
+                .collect();
+            let first = bounds.get_or_insert_with(|| these.clone());
+            assert_eq!(first, &these, "{name}: label sets with other bucket bounds");
             for bucket in &histogram.buckets {
-                // Keyed by the bound's bits: every label set has the same bounds.
                 let entry = counts
                     .entry(bucket.upper_bound.to_bits())
                     .or_insert((bucket.upper_bound, 0.0));
@@ -884,6 +915,12 @@ fn stop_service(mut service: Service) {
 
 fn main() {
     let args = Args::parse();
+    if let Some(url) = &args.url {
+        if let Err(error) = Connection::to(url) {
+            eprintln!("--url: {error}");
+            std::process::exit(2);
+        }
+    }
     let emulator = args.emulator.then(Emulator::start);
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let report = runtime.block_on(run(&args, emulator.as_ref()));

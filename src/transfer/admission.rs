@@ -20,16 +20,19 @@ use prometheus::IntGauge;
 
 use super::Engine;
 
-/// The default of `MAX_IN_FLIGHT`: a bound on the queue, and so on the wait of an accepted
-/// create (Little's law: in flight / throughput). At the 8–10k transfers/s of a 2-core
-/// machine under 2,000 connections (the benchmark, clients honouring `Retry-After`), 1,024
-/// in flight kept accepted POSTs within 250 ms at p99 as the clients saw them (164 and
-/// 236 ms in two runs; 317 and 375 ms at 4,096, where none was shed) and peak RSS at
-/// 162 MiB, for 11–19% fewer transfers/s: the 503s cost CPU and smaller groups cost more a
-/// transfer. Clients posting batches of 100 from 64 connections (6,400 transfers wanting in)
-/// get 30% less throughput than at 4,096 and a third of the latency. Raise it where
-/// throughput matters more than the wait, or on a faster machine (the same bound is then a
-/// shorter wait).
+/// The default of `MAX_IN_FLIGHT`: a bound on the work queued ahead of a create (on average
+/// an accepted transfer is in flight for the bound ÷ the throughput, Little's law). At the
+/// 7.5–10k transfers/s of a 2-core machine under 2,000 connections, 1,024 is 100–135 ms of
+/// work. Measured there (the benchmark, clients honouring `Retry-After`, 3 runs): accepted
+/// POSTs within 189–245 ms at p99 as the clients saw them (317–375 ms at 4,096, where
+/// nothing was shed) and peak RSS 160–163 MiB, at about the same rate in those runs (11–19%
+/// fewer transfers/s in earlier single runs: the 503s cost CPU, and smaller groups cost more
+/// a transfer). Clients posting batches of 100 from 64 connections (6,400 transfers wanting
+/// in) get 28% less throughput than at 4,096 and a third of the latency. A batch needs places
+/// for all its items at once, so under load near the bound large batches are refused first
+/// (one of 1,000 gets in only while at most 24 are in flight): keep batches to a fraction of
+/// the bound, or raise it. Raise it too where throughput matters more than the wait, or on a
+/// faster machine (the same bound is then a shorter wait).
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
 
 /// The counter behind the bound. One per engine.
