@@ -1,6 +1,8 @@
 //! The embedded store under kill -9: a child process writes documents from several tasks and
 //! prints each id once the store acknowledged it; the parent kills the child with SIGKILL
-//! mid-stream, reopens the file and finds every acknowledged document, intact.
+//! mid-stream, reopens the file and finds every acknowledged document, intact, at the version
+//! it was acknowledged with. Between checkpoints an acknowledged write is in the write-ahead log
+//! only, so this is also the test of its replay.
 //!
 //! The child is this same test binary, re-run on the `embedded_crash::child_writer` test with
 //! `CRASH_CHILD_DIR` set (without it, that test does nothing).
@@ -46,6 +48,12 @@ async fn child_writer() {
     }
 }
 
+/// The id and `seq_no` of an `ACK <id> <seq_no>` line.
+fn acknowledged(rest: &str) -> (String, u64) {
+    let (id, seq_no) = rest.split_once(' ').unwrap();
+    (id.to_owned(), seq_no.parse().unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_survive_sigkill() {
     let dir = tempfile::tempdir().unwrap();
@@ -68,8 +76,7 @@ async fn acknowledged_writes_survive_sigkill() {
             match lines.next() {
                 Some(Ok(line)) => {
                     if let Some(rest) = line.strip_prefix("ACK ") {
-                        let (id, _) = rest.split_once(' ').unwrap();
-                        acked.push(id.to_owned());
+                        acked.push(acknowledged(rest));
                     }
                 }
                 _ => panic!("child ended early"),
@@ -80,17 +87,18 @@ async fn acknowledged_writes_survive_sigkill() {
         // Lines already printed before the kill are acknowledged too.
         for line in lines.map_while(Result::ok) {
             if let Some(rest) = line.strip_prefix("ACK ") {
-                acked.push(rest.split_once(' ').unwrap().0.to_owned());
+                acked.push(acknowledged(rest));
             }
         }
 
         let store = EmbeddedStore::open(dir.path()).expect("reopen after kill -9");
-        for id in &acked {
+        for (id, seq_no) in &acked {
             let doc = store
                 .get(Index::Accounts, id)
                 .await
                 .unwrap()
                 .unwrap_or_else(|| panic!("round {round}: acknowledged {id} lost"));
+            assert_eq!(doc.version.seq_no, *seq_no, "round {round}: {id}'s version");
             let mut parts = id.split('-').skip(1);
             let (worker, i) = (parts.next().unwrap(), parts.next().unwrap());
             assert_eq!(

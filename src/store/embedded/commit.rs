@@ -45,15 +45,48 @@ pub(super) struct CommitQueue {
     pub(super) closed: bool,
 }
 
-/// The queue, and a signal for whoever waits for the committer to finish.
-#[derive(Default)]
+/// The queue, a signal for whoever waits for the committer to finish, and the write-ahead
+/// log (only the running committer uses it).
 pub(super) struct Committer {
     pub(super) queue: Mutex<CommitQueue>,
     pub(super) idle: Condvar,
+    pub(super) log: Mutex<Wal>,
+    /// Why the store stopped writing, once it has (see [`Committer::stop_writing`]).
+    pub(super) stopped: std::sync::OnceLock<String>,
 }
 
-pub(super) fn lock(queue: &Mutex<CommitQueue>) -> std::sync::MutexGuard<'_, CommitQueue> {
-    queue.lock().unwrap_or_else(|e| e.into_inner())
+impl Committer {
+    pub(super) fn new(log: Wal) -> Self {
+        Self {
+            queue: Mutex::default(),
+            idle: Condvar::new(),
+            log: Mutex::new(log),
+            stopped: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Refuses every later write: after a group's record was written, a failure leaves the
+    /// log and redb's state in memory disagreeing about that group, and later groups would
+    /// build on the difference. A restart replays the log and starts from what is on disk.
+    fn stop_writing(&self, reason: String) -> StoreError {
+        tracing::error!(%reason, "embedded store: writes stopped until the service restarts");
+        let reason = self.stopped.get_or_init(|| {
+            format!("embedded store: {reason}; writes are refused until the service restarts")
+        });
+        StoreError::Unavailable(reason.clone())
+    }
+
+    /// `Unavailable` once writes have stopped.
+    pub(super) fn check_writing(&self) -> StoreResult<()> {
+        match self.stopped.get() {
+            Some(reason) => Err(StoreError::Unavailable(reason.clone())),
+            None => Ok(()),
+        }
+    }
+}
+
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// One committer's turn. Should it end abnormally (a panic, or the runtime dropping the
@@ -90,7 +123,7 @@ pub(super) fn run_commits(db: &Database, mut turn: CommitterTurn) {
             }
             take_group(&mut queue.waiting)
         };
-        match apply_group(db, &mut group) {
+        match apply_group(db, &committer, &mut group) {
             Ok(answers) => {
                 for (waiting, answer) in group.into_iter().zip(answers) {
                     match (waiting, answer) {
@@ -155,20 +188,32 @@ impl SeqNos {
         }
     }
 
+    /// The last `seq_no` handed out in `index`, if any.
+    fn last(&mut self, tables: &Tables<'_>, index: Index) -> StoreResult<Option<u64>> {
+        let slot = &mut self.last[Self::slot(index)];
+        if let Some(last) = *slot {
+            return Ok(last);
+        }
+        let stored = tables.meta.get(Self::counter(index)).map_err(storage)?;
+        let last = stored.map(|last| last.value());
+        *slot = Some(last);
+        Ok(last)
+    }
+
     /// The `seq_no` of the next write to `index` (the first one ever is 0).
     pub(super) fn next(&mut self, tables: &Tables<'_>, index: Index) -> StoreResult<u64> {
-        let slot = &mut self.last[Self::slot(index)];
-        let last = match *slot {
-            Some(last) => last,
-            None => tables
-                .meta
-                .get(Self::counter(index))
-                .map_err(storage)?
-                .map(|last| last.value()),
-        };
-        let next = last.map_or(0, |last| last + 1);
-        *slot = Some(Some(next));
+        let next = self.last(tables, index)?.map_or(0, |last| last + 1);
+        self.last[Self::slot(index)] = Some(Some(next));
         Ok(next)
+    }
+
+    /// Notes a `seq_no` written again by replay: the counter is at least that.
+    fn saw(&mut self, tables: &Tables<'_>, index: Index, seq_no: u64) -> StoreResult<()> {
+        let last = self
+            .last(tables, index)?
+            .map_or(seq_no, |last| last.max(seq_no));
+        self.last[Self::slot(index)] = Some(Some(last));
+        Ok(())
     }
 
     /// Writes the counters that moved into [`META`], in the group's transaction.
@@ -188,40 +233,98 @@ impl SeqNos {
 /// Applies a group in one write transaction. An op that cannot be applied (a stored value
 /// that is truncated, a transfer source that is not a JSON object) fails alone, having written
 /// nothing, and so does a transaction with such a write; the group fails as a whole only when
-/// the transaction does (a storage error, a failed commit), and then nothing of it was
-/// acknowledged. Each transaction's work is taken out of the group to be run.
-pub(super) fn apply_group(db: &Database, group: &mut [Waiting]) -> StoreResult<Vec<Answer>> {
+/// the transaction does (a storage error, a failed log write or commit), and then nothing of
+/// it was acknowledged. Each transaction's work is taken out of the group to be run.
+///
+/// Durability comes from the log ([`super::wal`]): the group's writes are appended and synced
+/// there before its transaction commits, without an fsync of its own unless a checkpoint is
+/// due.
+pub(super) fn apply_group(
+    db: &Database,
+    committer: &Committer,
+    group: &mut [Waiting],
+) -> StoreResult<Vec<Answer>> {
+    committer.check_writing()?;
+    let mut log = lock(&committer.log);
+    let checkpoint = log.checkpoint_due();
+    let mut record = log.record();
     let mut txn = db.begin_write().map_err(storage)?;
-    txn.set_durability(Durability::Immediate).map_err(storage)?;
+    let durability = match checkpoint {
+        true => Durability::Immediate,
+        false => Durability::None,
+    };
+    txn.set_durability(durability).map_err(storage)?;
     let mut answers = Vec::with_capacity(group.len());
     {
         let mut tables = Tables::open(&txn)?;
-        let mut seq_nos = SeqNos::default();
+        let mut writes = GroupWrites {
+            seq_nos: SeqNos::default(),
+            record: &mut record,
+        };
         for waiting in group.iter_mut() {
             let answer = match waiting {
                 Waiting::Ops(ops, _) => Answer::Ops(
                     ops.iter()
-                        .map(|op| apply_op(&mut tables, &mut seq_nos, op))
+                        .map(|op| apply_op(&mut tables, &mut writes, op))
                         .collect::<StoreResult<_>>()?,
                 ),
                 Waiting::Txn(work, _) => {
                     let work = std::mem::replace(work, Box::new(|_| Vec::new()));
-                    Answer::Txn(run_txn(&mut tables, &mut seq_nos, work)?)
+                    Answer::Txn(run_txn(&mut tables, &mut writes, work)?)
                 }
             };
             answers.push(answer);
         }
-        seq_nos.store(&mut tables)?;
+        writes.seq_nos.store(&mut tables)?;
+        if !record.is_empty() {
+            tables
+                .meta
+                .insert(LOG_APPLIED, record.number())
+                .map_err(storage)?;
+        }
     }
-    // Only now is anything acknowledged: until commit returns, a crash loses the whole group
-    // and no caller has been told it was written. A failed commit leaves the outcome unknown
-    // to the callers (they re-read before deciding again), whatever redb's reason.
+    // The record is on disk before the transaction commits, so nothing a reader can see or a
+    // caller is told lives only in memory. Should the log write fail, the transaction is
+    // dropped (nothing of the group is visible) and the store stops writing: the file may hold
+    // part of the record, and a later record after it would not be read back.
+    let logged = !record.is_empty();
+    if logged {
+        log.append(&mut record)
+            .map_err(|e| committer.stop_writing(format!("cannot write the log: {e}")))?;
+    }
+    // Only now is anything acknowledged. A failed commit leaves the outcome unknown to the
+    // callers (they re-read before deciding again), whatever redb's reason; once the record
+    // is logged, replay will apply it, so the store stops writing until then.
     txn.commit().map_err(|e| {
-        StoreError::Unavailable(format!(
-            "embedded store: commit failed, the writes may or may not be applied: {e}"
-        ))
+        let reason = format!("commit failed, the writes may or may not be applied: {e}");
+        match logged {
+            true => committer.stop_writing(reason),
+            false => StoreError::Unavailable(format!("embedded store: {reason}")),
+        }
     })?;
+    if checkpoint {
+        // Every record so far is in the redb file now. A log that does not shrink is still
+        // correct (replay skips what the file holds), so a failure here only costs space.
+        if let Err(error) = log.checkpointed() {
+            tracing::warn!(%error, "embedded store: cannot empty the write-ahead log");
+        }
+    }
     Ok(answers)
+}
+
+/// Makes every commit so far durable in the redb file (an empty transaction committed with
+/// `Durability::Immediate`), then empties the log.
+pub(super) fn checkpoint(db: &Database, log: &mut Wal) -> StoreResult<()> {
+    let txn = db.begin_write().map_err(storage)?;
+    txn.commit().map_err(storage)?;
+    log.checkpointed()
+        .map_err(|e| StoreError::Unavailable(format!("embedded store: {e}")))
+}
+
+/// What a group's writes add to besides the tables: the `seq_no` counters and the log record.
+pub(super) struct GroupWrites<'r> {
+    pub(super) seq_nos: SeqNos,
+    pub(super) record: &'r mut LogRecord,
 }
 
 /// The reads of a transaction's work: the group's tables, so they see the group's earlier
@@ -270,7 +373,7 @@ impl TxnReads for GroupReads<'_, '_> {
 /// before any is made. A panic of the work fails this transaction alone.
 fn run_txn(
     tables: &mut Tables<'_>,
-    seq_nos: &mut SeqNos,
+    writes: &mut GroupWrites<'_>,
     work: TxnWork,
 ) -> StoreResult<TxnOutcome> {
     let mut reads = GroupReads {
@@ -298,7 +401,7 @@ fn run_txn(
     }
     let mut versions = Vec::with_capacity(checked.len());
     for op in checked {
-        versions.push(write_checked(tables, seq_nos, op)?);
+        versions.push(write_checked(tables, writes, op)?);
     }
     Ok(TxnOutcome::Committed(versions))
 }
@@ -309,12 +412,12 @@ fn run_txn(
 /// through a change).
 pub(super) fn apply_op(
     tables: &mut Tables<'_>,
-    seq_nos: &mut SeqNos,
+    writes: &mut GroupWrites<'_>,
     op: &WriteOp,
 ) -> StoreResult<StoreResult<WriteOutcome>> {
     Ok(match check_op(tables, op)? {
         Ok(checked) => Ok(WriteOutcome::Written(write_checked(
-            tables, seq_nos, checked,
+            tables, writes, checked,
         )?)),
         Err(outcome) => outcome,
     })
@@ -369,27 +472,37 @@ pub(super) fn check_op<'o>(
     };
     // A transfer's index keys, old and new, are read before anything is written: a source
     // that is not a JSON object fails its op alone.
-    let transfer = match index {
+    match transfer_change(index, current, source.as_bytes()) {
+        Ok(transfer) => Ok(Ok(CheckedOp { op, transfer })),
+        Err(e) => Ok(Err(Err(e))),
+    }
+}
+
+/// What a write of `source` over the stored `current` (`seq_no` and source) moves: for a
+/// transfer, its stored `seq_no` and its index keys, old and new. Fails when either source is
+/// not a JSON object.
+fn transfer_change<'s>(
+    index: Index,
+    current: Option<(u64, &[u8])>,
+    source: &'s [u8],
+) -> StoreResult<Option<(Option<u64>, IndexKeys<'s>)>> {
+    match index {
         Index::Transactions => {
-            let old = match current.map(|(_, old)| transfer_keys(old)).transpose() {
-                Ok(old) => old.map(TransferKeys::into_owned),
-                Err(e) => return Ok(Err(Err(e))),
-            };
-            match transfer_keys(source.as_bytes()) {
-                Ok(new) => Some((current.map(|(seq_no, _)| seq_no), (old, new))),
-                Err(e) => return Ok(Err(Err(e))),
-            }
+            let old = current
+                .map(|(_, old)| transfer_keys(old).map(TransferKeys::into_owned))
+                .transpose()?;
+            let new = transfer_keys(source)?;
+            Ok(Some((current.map(|(seq_no, _)| seq_no), (old, new))))
         }
-        Index::Accounts | Index::Webhooks => None,
-    };
-    Ok(Ok(CheckedOp { op, transfer }))
+        Index::Accounts | Index::Webhooks => Ok(None),
+    }
 }
 
 /// Writes a checked op: the document with its new `seq_no`, and a transfer's index and feed
 /// entries. Only storage errors can fail it.
 pub(super) fn write_checked(
     tables: &mut Tables<'_>,
-    seq_nos: &mut SeqNos,
+    writes: &mut GroupWrites<'_>,
     checked: CheckedOp<'_>,
 ) -> StoreResult<Version> {
     let CheckedOp { op, transfer } = checked;
@@ -397,14 +510,32 @@ pub(super) fn write_checked(
     let source = match op {
         WriteOp::Create { source, .. } | WriteOp::ReplaceIf { source, .. } => source,
     };
-    let seq_no = seq_nos.next(tables, index)?;
+    let seq_no = writes.seq_nos.next(tables, index)?;
     let bytes = source.as_bytes();
     let mut value = Vec::with_capacity(8 + bytes.len());
     value.extend_from_slice(&seq_no.to_le_bytes());
     value.extend_from_slice(bytes);
+    store_document(tables, index, id, seq_no, &value, transfer)?;
+    writes.record.push(index, id, &value);
+    Ok(Version {
+        seq_no,
+        primary_term: PRIMARY_TERM,
+    })
+}
+
+/// Stores a document's value (`seq_no` and source) and moves a transfer's index and feed
+/// entries (`transfer`, from [`transfer_change`]).
+fn store_document(
+    tables: &mut Tables<'_>,
+    index: Index,
+    id: &str,
+    seq_no: u64,
+    value: &[u8],
+    transfer: Option<(Option<u64>, IndexKeys<'_>)>,
+) -> StoreResult<()> {
     tables
         .docs
-        .insert((index.name(), id), value.as_slice())
+        .insert((index.name(), id), value)
         .map_err(storage)?;
     if let Some((old_seq_no, (old, new))) = transfer {
         update_transfer_indexes(tables, id, old.as_ref(), &new)?;
@@ -414,8 +545,53 @@ pub(super) fn write_checked(
         }
         tables.changes.insert(seq_no, id).map_err(storage)?;
     }
-    Ok(Version {
-        seq_no,
-        primary_term: PRIMARY_TERM,
-    })
+    Ok(())
+}
+
+/// Applies the log's records after the last one the redb file holds, in order, in `txn`
+/// (which the caller commits durably), and returns the number of the last record applied.
+/// Each write is made again exactly as its group made it, over the same state.
+pub(super) fn replay_log(txn: &WriteTransaction, content: &[u8]) -> StoreResult<u64> {
+    let mut tables = Tables::open(txn)?;
+    let held = tables.meta.get(LOG_APPLIED).map_err(permanent)?;
+    let mut last = held.map_or(0, |n| n.value());
+    let mut seq_nos = SeqNos::default();
+    for (number, logged) in read_records(content)? {
+        if number <= last {
+            continue;
+        }
+        if number != last + 1 {
+            return Err(StoreError::Permanent(format!(
+                "embedded store: the write-ahead log skips from record {last} to {number}: \
+                 it was not written with this database file"
+            )));
+        }
+        for write in logged {
+            replay_write(&mut tables, &mut seq_nos, &write)?;
+        }
+        last = number;
+    }
+    seq_nos.store(&mut tables)?;
+    tables.meta.insert(LOG_APPLIED, last).map_err(permanent)?;
+    Ok(last)
+}
+
+/// Writes one logged document again: its value as logged, its index entries moved from
+/// whatever the state holds now (the state its group saw).
+fn replay_write(
+    tables: &mut Tables<'_>,
+    seq_nos: &mut SeqNos,
+    write: &LoggedWrite<'_>,
+) -> StoreResult<()> {
+    let LoggedWrite { index, id, value } = *write;
+    let (seq_no, source) = split_stored(id, value)?;
+    let stored = tables.docs.get((index.name(), id)).map_err(permanent)?;
+    let current = stored
+        .as_ref()
+        .map(|bytes| split_stored(id, bytes.value()))
+        .transpose()?;
+    let transfer = transfer_change(index, current, source)?;
+    drop(stored);
+    store_document(tables, index, id, seq_no, value, transfer)?;
+    seq_nos.saw(tables, index, seq_no)
 }

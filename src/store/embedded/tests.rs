@@ -1,5 +1,6 @@
 //! Unit tests of the embedded store's internals (the shared store suite is in `tests/store/`).
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -285,7 +286,9 @@ fn in_a_group_of_callers_only_the_failing_op_fails() {
         }]),
         ops(vec![create("third", transfer("third", "created", 3))]),
     ];
-    let results = op_results(apply_group(&store.db, &mut group).expect("the group commits"));
+    let results = op_results(
+        apply_group(&store.db, &store.committer, &mut group).expect("the group commits"),
+    );
     assert_eq!(results.len(), 3);
     assert_eq!(written(&results[0]) + 1, written(&results[2]));
     assert!(matches!(results[1], Err(StoreError::Permanent(_))));
@@ -340,7 +343,7 @@ fn a_transaction_reads_the_writes_made_before_it_in_its_group() {
             )]
         }),
     ];
-    let answers = apply_group(&store.db, &mut group).expect("the group commits");
+    let answers = apply_group(&store.db, &store.committer, &mut group).expect("the group commits");
     let [TxnOutcome::Committed(versions)] = &txn_outcomes(&answers)[..] else {
         panic!("the transaction was not committed");
     };
@@ -364,7 +367,7 @@ fn a_panicking_transaction_writes_nothing_and_fails_alone() {
             oneshot::channel().0,
         ),
     ];
-    let answers = apply_group(&store.db, &mut group).expect("the group commits");
+    let answers = apply_group(&store.db, &store.committer, &mut group).expect("the group commits");
     assert_eq!(txn_outcomes(&answers), vec![TxnOutcome::Refused]);
     assert!(matches!(
         op_results(answers)[0],
@@ -381,7 +384,7 @@ fn a_transaction_writing_one_document_twice_writes_nothing() {
             create("t1", transfer("t1", "created", 1)),
         ]
     })];
-    let answers = apply_group(&store.db, &mut group).expect("the group commits");
+    let answers = apply_group(&store.db, &store.committer, &mut group).expect("the group commits");
     assert_eq!(txn_outcomes(&answers), vec![TxnOutcome::Refused]);
     assert!(raw(&store.db, Index::Transactions, "t1").is_none());
 }
@@ -603,7 +606,10 @@ async fn an_io_error_in_the_group_commit_is_unavailable_not_permanent() {
     let disk = FlakyDisk::default();
     let failing = disk.failing.clone();
     let db = redb::Builder::new().create_with_backend(disk).unwrap();
-    let store = EmbeddedStore::start(db, PathBuf::from("memory")).unwrap();
+    // Every group checkpoints, so every commit writes to the disk.
+    let log_dir = tempfile::tempdir().expect("temp dir");
+    let (log, content) = Wal::open(log_dir.path(), Duration::ZERO).unwrap();
+    let store = EmbeddedStore::start(db, PathBuf::from("memory"), log, &content).unwrap();
     let ok = store
         .create(Index::Accounts, "a", json!({ "n": 1 }).into())
         .await
@@ -688,4 +694,257 @@ async fn feed(store: &EmbeddedStore) -> Vec<(FeedPosition, String)> {
         .into_iter()
         .map(|(position, doc)| (position, doc.id))
         .collect()
+}
+
+/// A store that never checkpoints on its own: every acknowledged write lives in the log
+/// until the store is closed.
+fn open_without_checkpoints(dir: &Path) -> EmbeddedStore {
+    EmbeddedStore::open_with(dir, DEFAULT_CACHE_MIB, Duration::from_secs(24 * 3600)).unwrap()
+}
+
+/// What `kill -9` would leave of `dir` now (the store is idle: nothing is being written):
+/// a copy of its files, taken while the store is still open.
+fn crash_image(dir: &Path, with_log: bool) -> tempfile::TempDir {
+    let image = tempfile::tempdir().expect("temp dir");
+    let mut files = vec![FILE_NAME];
+    if with_log {
+        files.push(LOG_FILE_NAME);
+    }
+    for name in files {
+        std::fs::copy(dir.join(name), image.path().join(name)).expect("copy");
+    }
+    image
+}
+
+/// A one-leg transfer moving through states, an account, and their versions as written.
+async fn write_history(store: &EmbeddedStore) -> Vec<(Index, &'static str, Version)> {
+    let mut written = Vec::new();
+    for (index, id, source) in [
+        (Index::Accounts, "a1", json!({ "balance": 5 })),
+        (Index::Transactions, "t1", transfer("t1", "created", 1)),
+        (Index::Transactions, "t2", transfer("t2", "created", 2)),
+    ] {
+        let WriteOutcome::Written(version) = store.create(index, id, source.into()).await.unwrap()
+        else {
+            panic!("{id} not written");
+        };
+        written.push((index, id, version));
+    }
+    let (_, _, t1) = written[1];
+    let outcome = store
+        .replace_if(
+            Index::Transactions,
+            "t1",
+            transfer("t1", "committed", 3).into(),
+            t1,
+        )
+        .await
+        .unwrap();
+    let WriteOutcome::Written(version) = outcome else {
+        panic!("t1 not replaced: {outcome:?}");
+    };
+    written[1].2 = version;
+    written
+}
+
+async fn in_state(store: &EmbeddedStore, state: &str) -> Vec<String> {
+    let filter = TransferFilter {
+        state: Some(state.to_owned()),
+        limit: 10,
+        ..TransferFilter::default()
+    };
+    let page = store.list_transfers(&filter).await.unwrap();
+    page.docs.into_iter().map(|d| d.id).collect()
+}
+
+#[tokio::test]
+async fn writes_acknowledged_between_checkpoints_survive_a_crash_by_replay() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open_without_checkpoints(dir.path());
+    let written = write_history(&store).await;
+
+    // The redb file alone does not hold them: the log is what makes them durable.
+    let file_only = EmbeddedStore::open(crash_image(dir.path(), false).path()).unwrap();
+    for (index, id, _) in &written {
+        assert_eq!(file_only.get(*index, id).await.unwrap(), None, "{id}");
+    }
+
+    let image = crash_image(dir.path(), true);
+    let replayed = EmbeddedStore::open(image.path()).unwrap();
+    for (index, id, version) in &written {
+        let doc = replayed.get(*index, id).await.unwrap().expect("replayed");
+        let before = store.get(*index, id).await.unwrap().expect("written");
+        assert_eq!(
+            (doc.version, doc.source.as_bytes()),
+            (*version, before.source.as_bytes())
+        );
+    }
+    // The secondary indexes and the feed moved as the writes did.
+    assert_eq!(in_state(&replayed, "committed").await, ["t1"]);
+    assert_eq!(in_state(&replayed, "created").await, ["t2"]);
+    assert_eq!(
+        feed(&replayed).await,
+        [
+            (FeedPosition::Seq(1), "t2".to_owned()),
+            (FeedPosition::Seq(2), "t1".to_owned())
+        ]
+    );
+    // Numbering goes on after the replayed writes.
+    let next = replayed
+        .create(
+            Index::Transactions,
+            "t3",
+            transfer("t3", "created", 4).into(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(next, WriteOutcome::Written(Version { seq_no: 3, .. })),
+        "{next:?}"
+    );
+}
+
+#[tokio::test]
+async fn replay_is_not_repeated_once_the_log_is_applied() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open_without_checkpoints(dir.path());
+    let written = write_history(&store).await;
+    let image = crash_image(dir.path(), true);
+    drop(EmbeddedStore::open(image.path()).unwrap());
+    // Applied and checkpointed by that open; the log is empty and a second open changes
+    // nothing (no write is applied twice, no seq_no handed out again).
+    assert_eq!(
+        std::fs::metadata(image.path().join(LOG_FILE_NAME))
+            .unwrap()
+            .len(),
+        0
+    );
+    let reopened = EmbeddedStore::open(image.path()).unwrap();
+    for (index, id, version) in &written {
+        let doc = reopened.get(*index, id).await.unwrap().expect("kept");
+        assert_eq!(doc.version, *version);
+    }
+    assert_eq!(in_state(&reopened, "created").await, ["t2"]);
+}
+
+#[tokio::test]
+async fn a_checkpoint_puts_every_write_in_the_file_and_empties_the_log() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = EmbeddedStore::open_with(dir.path(), DEFAULT_CACHE_MIB, Duration::ZERO).unwrap();
+    let written = write_history(&store).await;
+    assert_eq!(
+        std::fs::metadata(dir.path().join(LOG_FILE_NAME))
+            .unwrap()
+            .len(),
+        0
+    );
+    let file_only = EmbeddedStore::open(crash_image(dir.path(), false).path()).unwrap();
+    for (index, id, version) in &written {
+        let doc = file_only
+            .get(*index, id)
+            .await
+            .unwrap()
+            .expect("in the file");
+        assert_eq!(doc.version, *version);
+    }
+}
+
+#[tokio::test]
+async fn closing_the_store_checkpoints() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open_without_checkpoints(dir.path());
+    let written = write_history(&store).await;
+    assert!(
+        std::fs::metadata(dir.path().join(LOG_FILE_NAME))
+            .unwrap()
+            .len()
+            > 0
+    );
+    drop(store);
+    assert_eq!(
+        std::fs::metadata(dir.path().join(LOG_FILE_NAME))
+            .unwrap()
+            .len(),
+        0
+    );
+    std::fs::remove_file(dir.path().join(LOG_FILE_NAME)).unwrap();
+    let file_only = EmbeddedStore::open(dir.path()).unwrap();
+    for (index, id, _) in &written {
+        assert!(file_only.get(*index, id).await.unwrap().is_some(), "{id}");
+    }
+}
+
+#[tokio::test]
+async fn a_log_that_does_not_continue_the_file_refuses_to_open() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    {
+        let store = open_without_checkpoints(dir.path());
+        write_history(&store).await;
+    } // closed: checkpointed, the file holds records 1-4
+    let store = open_without_checkpoints(dir.path());
+    store
+        .create(Index::Accounts, "a2", json!({ "balance": 1 }).into())
+        .await
+        .unwrap(); // record 5, in the log only
+    let image = crash_image(dir.path(), true);
+    // The log beside another database file (a fresh one, holding no record).
+    std::fs::remove_file(image.path().join(FILE_NAME)).unwrap();
+    let opened = EmbeddedStore::open(image.path());
+    assert!(
+        matches!(&opened, Err(StoreError::Permanent(e)) if e.contains("skips from record 0 to 5")),
+        "{:?}",
+        opened.err()
+    );
+}
+
+#[tokio::test]
+async fn after_a_failed_log_write_the_store_stops_writing_until_reopened() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open_without_checkpoints(dir.path());
+    let kept = store
+        .create(Index::Accounts, "kept", json!({ "n": 1 }).into())
+        .await
+        .unwrap();
+    assert!(matches!(kept, WriteOutcome::Written(_)));
+    lock(&store.committer.log).fail_appends = true;
+    let failed = store
+        .create(Index::Accounts, "lost", json!({ "n": 2 }).into())
+        .await;
+    assert!(
+        matches!(&failed, Err(StoreError::Unavailable(_))),
+        "{failed:?}"
+    );
+    assert_eq!(
+        store.get(Index::Accounts, "lost").await.unwrap(),
+        None,
+        "never visible"
+    );
+    // The disk recovers, but the log may end in half a record: nothing more is written.
+    lock(&store.committer.log).fail_appends = false;
+    let refused = store
+        .create(Index::Accounts, "later", json!({ "n": 3 }).into())
+        .await;
+    assert!(
+        matches!(&refused, Err(StoreError::Unavailable(e)) if e.contains("restarts")),
+        "{refused:?}"
+    );
+    assert!(matches!(
+        store.ready().await,
+        Err(StoreError::Unavailable(_))
+    ));
+
+    let image = crash_image(dir.path(), true);
+    let restarted = EmbeddedStore::open(image.path()).unwrap();
+    assert!(restarted
+        .get(Index::Accounts, "kept")
+        .await
+        .unwrap()
+        .is_some());
+    assert_eq!(restarted.get(Index::Accounts, "lost").await.unwrap(), None);
+    let written = restarted
+        .create(Index::Accounts, "later", json!({ "n": 3 }).into())
+        .await
+        .unwrap();
+    assert!(matches!(written, WriteOutcome::Written(_)));
+    restarted.ready().await.unwrap();
 }

@@ -1,0 +1,348 @@
+//! The write-ahead log: what makes a group's writes durable between checkpoints.
+//!
+//! A group's transaction commits to redb with `Durability::None` (its pages stay in redb's
+//! memory, visible to readers, not written or fsynced), after its writes were appended here as
+//! one record and the log was `fdatasync`ed. Every [`CHECKPOINT_INTERVAL`] (or
+//! [`CHECKPOINT_BYTES`] of log) a group commits with `Durability::Immediate` instead, which
+//! makes every earlier commit durable in the redb file too, and the log is emptied. A page a
+//! second of groups rewrote is then written once, not once per group, and each group costs
+//! one sequential append and one `fdatasync`.
+//!
+//! **The rule that makes it safe:** nothing is acknowledged, nor visible to a reader, before
+//! its record is on disk: the record is written and synced while the group's transaction is
+//! still open, and the transaction commits after. A crash therefore leaves the redb file at
+//! its last durable commit plus a log holding every record since (and perhaps one record
+//! whose group was never acknowledged, which is then applied: its outcome was unknown to its
+//! callers, as after a failed commit).
+//!
+//! **Replay.** Every group's transaction stores its record's number in `META`
+//! ([`LOG_APPLIED`]), so the redb file says which records it already holds, whichever commit
+//! was the last durable one. Opening the store applies the records after that number, in
+//! order, in one durable transaction, then empties the log. A record holds each document
+//! exactly as the group stored it (its `seq_no` and source); replay writes them again over the
+//! same state the group saw, moving the secondary indexes as the group did. Only the log's
+//! tail can be torn (records are appended one at a time, each synced before the next): a
+//! record whose length or checksum does not hold ends the log. A log that does not continue
+//! the file (its first record to apply is not the next number) refuses the open: the two
+//! files were not written together.
+//!
+//! **After a failure** to write the log or to commit once the record is written, the redb
+//! state in memory and the log may disagree about that group; later groups would build on
+//! the difference. So the store stops writing ([`Wal::failed`]): every later write and
+//! `ready` answer `Unavailable` until the process restarts and replays the log.
+//!
+//! Time only decides how often checkpoints happen (how long a replay may take and how much
+//! redb keeps in memory); no rule of durability depends on it.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// File name of the log inside `DATA_DIR`, beside [`FILE_NAME`].
+pub const LOG_FILE_NAME: &str = "transfer-service.wal";
+
+/// A checkpoint at least this often under load.
+pub const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A checkpoint once the log holds this much, whatever the time.
+pub const CHECKPOINT_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The key in [`META`] holding the number of the last log record the file's state includes.
+pub(super) const LOG_APPLIED: &str = "log:applied";
+
+/// Bytes before each record's body: its length and CRC-32, little endian.
+const HEADER: usize = 8;
+
+/// The writes of one group, encoded as they are made: the body of one log record.
+pub(super) struct LogRecord {
+    number: u64,
+    body: Vec<u8>,
+}
+
+impl LogRecord {
+    fn new(number: u64) -> Self {
+        let mut body = Vec::with_capacity(4096);
+        body.extend_from_slice(&[0; HEADER]);
+        body.extend_from_slice(&number.to_le_bytes());
+        Self { number, body }
+    }
+
+    /// The record's number (one more than the last record's).
+    pub(super) fn number(&self) -> u64 {
+        self.number
+    }
+
+    /// Whether the group wrote anything.
+    pub(super) fn is_empty(&self) -> bool {
+        self.body.len() == HEADER + 8
+    }
+
+    /// Adds one stored document: its index, id and stored value (`seq_no` and source).
+    pub(super) fn push(&mut self, index: Index, id: &str, value: &[u8]) {
+        let name = index.name().as_bytes();
+        self.body.push(name.len() as u8);
+        self.body.extend_from_slice(name);
+        self.body
+            .extend_from_slice(&(id.len() as u32).to_le_bytes());
+        self.body.extend_from_slice(id.as_bytes());
+        self.body
+            .extend_from_slice(&(value.len() as u32).to_le_bytes());
+        self.body.extend_from_slice(value);
+    }
+
+    /// The bytes to append: the header filled in, then the body.
+    fn seal(&mut self) -> &[u8] {
+        let body = &self.body[HEADER..];
+        let len = u32::try_from(body.len()).expect("a group's record is far below 4 GiB");
+        let crc = crc32fast::hash(body);
+        self.body[..4].copy_from_slice(&len.to_le_bytes());
+        self.body[4..HEADER].copy_from_slice(&crc.to_le_bytes());
+        &self.body
+    }
+}
+
+/// One document of a record read back.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct LoggedWrite<'a> {
+    pub(super) index: Index,
+    pub(super) id: &'a str,
+    pub(super) value: &'a [u8],
+}
+
+/// The log file, the next record's number, and when the last checkpoint was.
+pub(super) struct Wal {
+    file: File,
+    next_number: u64,
+    bytes: u64,
+    last_checkpoint: Instant,
+    checkpoint_interval: Duration,
+    /// Tests make the next appends fail, as a full or failing disk would.
+    #[cfg(test)]
+    pub(super) fail_appends: bool,
+}
+
+impl Wal {
+    /// Opens (or creates) the log in `dir` and returns it with its whole content, to replay.
+    pub(super) fn open(dir: &Path, checkpoint_interval: Duration) -> StoreResult<(Self, Vec<u8>)> {
+        let path = dir.join(LOG_FILE_NAME);
+        let cannot = |e: std::io::Error| {
+            StoreError::Permanent(format!("cannot open {}: {e}", path.display()))
+        };
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(&path)
+            .map_err(cannot)?;
+        let mut content = Vec::new();
+        file.read_to_end(&mut content).map_err(cannot)?;
+        let wal = Self {
+            file,
+            next_number: 1,
+            bytes: content.len() as u64,
+            last_checkpoint: Instant::now(),
+            checkpoint_interval,
+            #[cfg(test)]
+            fail_appends: false,
+        };
+        Ok((wal, content))
+    }
+
+    /// A new record for the next group.
+    pub(super) fn record(&self) -> LogRecord {
+        LogRecord::new(self.next_number)
+    }
+
+    /// Whether this group should make everything durable in the redb file.
+    pub(super) fn checkpoint_due(&self) -> bool {
+        self.bytes >= CHECKPOINT_BYTES || self.last_checkpoint.elapsed() >= self.checkpoint_interval
+    }
+
+    /// Appends `record` and syncs it: once this returns, the record survives a crash.
+    pub(super) fn append(&mut self, record: &mut LogRecord) -> std::io::Result<()> {
+        let bytes = record.seal();
+        #[cfg(test)]
+        if self.fail_appends {
+            // Half the record reaches the file, as when the disk fills mid-write.
+            self.file.write_all(&bytes[..bytes.len() / 2])?;
+            return Err(std::io::Error::other("injected: the disk is full"));
+        }
+        self.file.write_all(bytes)?;
+        self.file.sync_data()?;
+        self.bytes += bytes.len() as u64;
+        self.next_number = record.number + 1;
+        Ok(())
+    }
+
+    /// Numbers the next record after `last_applied`, the last record the redb file holds.
+    pub(super) fn continue_after(&mut self, last_applied: u64) {
+        self.next_number = last_applied + 1;
+    }
+
+    /// Empties the log after a durable commit that includes every record in it. Should the
+    /// file not shrink, its records are all at or below the number the redb file holds, and
+    /// replay skips them.
+    pub(super) fn checkpointed(&mut self) -> std::io::Result<()> {
+        self.last_checkpoint = Instant::now();
+        if self.bytes == 0 {
+            return Ok(());
+        }
+        self.file.set_len(0)?;
+        self.file.sync_all()?;
+        self.bytes = 0;
+        Ok(())
+    }
+}
+
+/// The complete records of a log's content, in order, as `(number, writes)`. Reading stops
+/// at the first record that is torn or fails its checksum: the tail a crash left, never
+/// acknowledged. A record whose checksum holds but which does not parse was written by
+/// another version: an error, rather than writes silently skipped.
+pub(super) fn read_records(content: &[u8]) -> StoreResult<Vec<(u64, Vec<LoggedWrite<'_>>)>> {
+    let mut records = Vec::new();
+    let mut rest = content;
+    while let Some((header, after)) = rest.split_first_chunk::<HEADER>() {
+        let (len, crc) = header.split_at(4);
+        let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
+        let Some(body) = after.get(..len) else {
+            break;
+        };
+        if crc32fast::hash(body) != crc {
+            break;
+        }
+        let record = decode_record(body).ok_or_else(|| {
+            StoreError::Permanent(format!(
+                "embedded store: log record at byte {} does not parse",
+                content.len() - rest.len()
+            ))
+        })?;
+        records.push(record);
+        rest = &after[len..];
+    }
+    if !rest.is_empty() {
+        tracing::warn!(
+            ignored_bytes = rest.len(),
+            "the write-ahead log ends in a torn record (a crash while it was written); \
+             its group was never acknowledged"
+        );
+    }
+    Ok(records)
+}
+
+/// A record's body: its number, then its writes; `None` if it does not parse.
+fn decode_record(body: &[u8]) -> Option<(u64, Vec<LoggedWrite<'_>>)> {
+    let (number, mut rest) = body.split_first_chunk::<8>()?;
+    let mut writes = Vec::new();
+    while !rest.is_empty() {
+        let (&name_len, after) = rest.split_first()?;
+        let (name, after) = after.split_at_checked(name_len as usize)?;
+        let index = Index::ALL
+            .into_iter()
+            .find(|index| index.name().as_bytes() == name)?;
+        let (id_len, after) = after.split_first_chunk::<4>()?;
+        let (id, after) = after.split_at_checked(u32::from_le_bytes(*id_len) as usize)?;
+        let (value_len, after) = after.split_first_chunk::<4>()?;
+        let (value, after) = after.split_at_checked(u32::from_le_bytes(*value_len) as usize)?;
+        writes.push(LoggedWrite {
+            index,
+            id: std::str::from_utf8(id).ok()?,
+            value,
+        });
+        rest = after;
+    }
+    Some((u64::from_le_bytes(*number), writes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(number: u64, writes: &[(Index, &str, &[u8])]) -> Vec<u8> {
+        let mut record = LogRecord::new(number);
+        for (index, id, value) in writes {
+            record.push(*index, id, value);
+        }
+        record.seal().to_vec()
+    }
+
+    fn numbers(content: &[u8]) -> Vec<u64> {
+        let records = read_records(content).expect("records");
+        records.iter().map(|(number, _)| *number).collect()
+    }
+
+    #[test]
+    fn records_read_back_as_written() {
+        let mut content = record(7, &[(Index::Accounts, "a1", b"\x01value")]);
+        content.extend(record(8, &[]));
+        content.extend(record(
+            9,
+            &[
+                (Index::Transactions, "t-\u{e9}", b"{}"),
+                (Index::Webhooks, "", b""),
+            ],
+        ));
+        let records = read_records(&content).unwrap();
+        let expected = |index, id, value| LoggedWrite { index, id, value };
+        assert_eq!(
+            records[0],
+            (
+                7,
+                vec![expected(Index::Accounts, "a1", b"\x01value".as_slice())]
+            )
+        );
+        assert_eq!(records[1], (8, vec![]));
+        assert_eq!(
+            records[2],
+            (
+                9,
+                vec![
+                    expected(Index::Transactions, "t-\u{e9}", b"{}".as_slice()),
+                    expected(Index::Webhooks, "", b"".as_slice()),
+                ]
+            )
+        );
+    }
+
+    #[test]
+    fn a_torn_tail_ends_the_log_at_the_last_whole_record() {
+        let first = record(1, &[(Index::Accounts, "a", b"12345678{}")]);
+        let second = record(2, &[(Index::Accounts, "b", b"12345678{\"x\":1}")]);
+        let content = [first.clone(), second.clone()].concat();
+        for cut in 0..content.len() {
+            let expected: &[u64] = match cut {
+                c if c < first.len() => &[],
+                _ => &[1],
+            };
+            assert_eq!(numbers(&content[..cut]), expected, "cut at byte {cut}");
+        }
+        assert_eq!(numbers(&content), [1, 2]);
+    }
+
+    #[test]
+    fn a_record_that_fails_its_checksum_ends_the_log() {
+        let first = record(1, &[(Index::Accounts, "a", b"12345678{}")]);
+        let second = record(2, &[(Index::Accounts, "b", b"12345678{}")]);
+        for flipped in first.len() + HEADER..first.len() + second.len() {
+            let mut content = [first.clone(), second.clone()].concat();
+            content[flipped] ^= 0x40;
+            assert_eq!(numbers(&content), [1], "byte {flipped} flipped");
+        }
+    }
+
+    #[test]
+    fn a_checksummed_record_that_does_not_parse_is_an_error_not_a_skip() {
+        let mut unknown = LogRecord::new(1);
+        unknown
+            .body
+            .extend_from_slice(&[5, b'o', b't', b'h', b'e', b'r']);
+        let content = unknown.seal().to_vec();
+        assert!(matches!(
+            read_records(&content),
+            Err(StoreError::Permanent(_))
+        ));
+    }
+}
