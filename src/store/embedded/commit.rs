@@ -207,12 +207,21 @@ impl SeqNos {
         Ok(next)
     }
 
-    /// Notes a `seq_no` written again by replay: the counter is at least that.
-    fn saw(&mut self, tables: &Tables<'_>, index: Index, seq_no: u64) -> StoreResult<()> {
-        let last = self
-            .last(tables, index)?
-            .map_or(seq_no, |last| last.max(seq_no));
-        self.last[Self::slot(index)] = Some(Some(last));
+    /// Takes a `seq_no` written again by replay, which must be the next one: a group's writes
+    /// took consecutive numbers from the counter the file holds. Anything else means the
+    /// file was written after the log (by a version that does not read it, say), and
+    /// replaying would roll documents back and hand numbers out twice.
+    fn replayed(&mut self, tables: &Tables<'_>, index: Index, seq_no: u64) -> StoreResult<()> {
+        let last = self.last(tables, index)?;
+        if seq_no != last.map_or(0, |last| last + 1) {
+            return Err(StoreError::Permanent(format!(
+                "embedded store: the write-ahead log continues {} at seq_no {seq_no} but the \
+                 database file's last is {last:?}: the file was written after the log, which \
+                 is left as it is",
+                index.name()
+            )));
+        }
+        self.last[Self::slot(index)] = Some(Some(seq_no));
         Ok(())
     }
 
@@ -585,6 +594,7 @@ fn replay_write(
 ) -> StoreResult<()> {
     let LoggedWrite { index, id, value } = *write;
     let (seq_no, source) = split_stored(id, value)?;
+    seq_nos.replayed(tables, index, seq_no)?;
     let stored = tables.docs.get((index.name(), id)).map_err(permanent)?;
     let current = stored
         .as_ref()
@@ -592,6 +602,5 @@ fn replay_write(
         .transpose()?;
     let transfer = transfer_change(index, current, source)?;
     drop(stored);
-    store_document(tables, index, id, seq_no, value, transfer)?;
-    seq_nos.saw(tables, index, seq_no)
+    store_document(tables, index, id, seq_no, value, transfer)
 }

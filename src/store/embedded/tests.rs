@@ -624,19 +624,21 @@ async fn an_io_error_in_the_group_commit_is_unavailable_not_permanent() {
         matches!(&failed, Err(StoreError::Unavailable(_))),
         "{failed:?}"
     );
-    // redb refuses further writes after an I/O error (until reopened): still transient
-    // from the callers' point of view, never a refusal of their request.
+    // The failed commit's record was in the log already: the store stops writing until a
+    // restart replays it, transient from the callers' point of view, never a refusal of
+    // their request.
     failing.store(false, Ordering::SeqCst);
     let after = store
         .create(Index::Accounts, "c", json!({ "n": 3 }).into())
         .await;
     assert!(
-        matches!(
-            &after,
-            Ok(WriteOutcome::Written(_)) | Err(StoreError::Unavailable(_))
-        ),
+        matches!(&after, Err(StoreError::Unavailable(e)) if e.contains("restarts")),
         "{after:?}"
     );
+    assert!(matches!(
+        store.ready().await,
+        Err(StoreError::Unavailable(_))
+    ));
 }
 
 #[test]
@@ -810,21 +812,56 @@ async fn replay_is_not_repeated_once_the_log_is_applied() {
     let store = open_without_checkpoints(dir.path());
     let written = write_history(&store).await;
     let image = crash_image(dir.path(), true);
+    let log = std::fs::read(image.path().join(LOG_FILE_NAME)).unwrap();
     drop(EmbeddedStore::open(image.path()).unwrap());
-    // Applied and checkpointed by that open; the log is empty and a second open changes
-    // nothing (no write is applied twice, no seq_no handed out again).
+    // Applied and checkpointed by that open; the log is empty.
     assert_eq!(
-        std::fs::metadata(image.path().join(LOG_FILE_NAME))
-            .unwrap()
-            .len(),
-        0
+        std::fs::read(image.path().join(LOG_FILE_NAME)).unwrap(),
+        b""
     );
+    // As if emptying it had not reached the disk: its records are all in the file now, and
+    // opening again skips them (no write applied twice, no seq_no handed out again).
+    std::fs::write(image.path().join(LOG_FILE_NAME), log).unwrap();
     let reopened = EmbeddedStore::open(image.path()).unwrap();
     for (index, id, version) in &written {
         let doc = reopened.get(*index, id).await.unwrap().expect("kept");
         assert_eq!(doc.version, *version);
     }
     assert_eq!(in_state(&reopened, "created").await, ["t2"]);
+}
+
+#[tokio::test]
+async fn a_log_older_than_writes_made_to_the_file_is_refused_not_replayed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open_without_checkpoints(dir.path());
+    write_history(&store).await;
+    let image = crash_image(dir.path(), true);
+    let log = std::fs::read(image.path().join(LOG_FILE_NAME)).unwrap();
+    // A version that does not read the log opens the file after the crash and writes an
+    // account: the document at the next seq_no, and the counter (never `log:applied`).
+    std::fs::remove_file(image.path().join(LOG_FILE_NAME)).unwrap();
+    {
+        let older = EmbeddedStore::open(image.path()).unwrap();
+        let txn = older.db.begin_write().unwrap();
+        {
+            let mut docs = txn.open_table(DOCS).unwrap();
+            let value = [&0u64.to_le_bytes()[..], br#"{"balance":9}"#].concat();
+            docs.insert((Index::Accounts.name(), "a9"), value.as_slice())
+                .unwrap();
+            txn.open_table(META)
+                .unwrap()
+                .insert("seq:accounts", 0)
+                .unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    std::fs::write(image.path().join(LOG_FILE_NAME), log).unwrap();
+    let opened = EmbeddedStore::open(image.path());
+    assert!(
+        matches!(&opened, Err(StoreError::Permanent(e)) if e.contains("written after the log")),
+        "{:?}",
+        opened.err()
+    );
 }
 
 #[tokio::test]

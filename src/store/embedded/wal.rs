@@ -53,8 +53,21 @@ pub const CHECKPOINT_BYTES: u64 = 64 * 1024 * 1024;
 /// The key in [`META`] holding the number of the last log record the file's state includes.
 pub(super) const LOG_APPLIED: &str = "log:applied";
 
-/// Bytes before each record's body: its length and CRC-32, little endian.
+/// Bytes before each record's body: its length and a CRC-32 of the length and the body,
+/// little endian.
 const HEADER: usize = 8;
+
+/// The smallest body: the record's number.
+const MIN_BODY: usize = 8;
+
+/// The checksum of a record: its length and its body (so that a run of zeros, which a crash
+/// can leave at the end of a file, is not a valid empty record).
+fn checksum(len: [u8; 4], body: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&len);
+    hasher.update(body);
+    hasher.finalize()
+}
 
 /// The writes of one group, encoded as they are made: the body of one log record.
 pub(super) struct LogRecord {
@@ -96,9 +109,11 @@ impl LogRecord {
     /// The bytes to append: the header filled in, then the body.
     fn seal(&mut self) -> &[u8] {
         let body = &self.body[HEADER..];
-        let len = u32::try_from(body.len()).expect("a group's record is far below 4 GiB");
-        let crc = crc32fast::hash(body);
-        self.body[..4].copy_from_slice(&len.to_le_bytes());
+        let len = u32::try_from(body.len())
+            .expect("a group's record is far below 4 GiB")
+            .to_le_bytes();
+        let crc = checksum(len, body);
+        self.body[..4].copy_from_slice(&len);
         self.body[4..HEADER].copy_from_slice(&crc.to_le_bytes());
         &self.body
     }
@@ -139,6 +154,10 @@ impl Wal {
             .map_err(cannot)?;
         let mut content = Vec::new();
         file.read_to_end(&mut content).map_err(cannot)?;
+        // The file's name must survive a power loss too, from its first record on.
+        File::open(dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(cannot)?;
         let wal = Self {
             file,
             next_number: 1,
@@ -197,33 +216,37 @@ impl Wal {
     }
 }
 
-/// The complete records of a log's content, in order, as `(number, writes)`. Reading stops
-/// at the first record that is torn or fails its checksum: the tail a crash left, never
-/// acknowledged. A record whose checksum holds but which does not parse was written by
-/// another version: an error, rather than writes silently skipped.
+/// The complete records of a log's content, in order, as `(number, writes)`.
+///
+/// Only the tail can be torn: records are appended one at a time, each synced before the
+/// next. So an unreadable record (torn, failing its checksum) that is the last thing in the
+/// file, or is followed only by zeros, ends the log: the tail of a crash, never acknowledged.
+/// One followed by anything else is corruption, and so is a record whose checksum holds but
+/// which does not parse (another version wrote it): errors, rather than acknowledged writes
+/// silently skipped (the log is left as it is for a person to look at).
 pub(super) fn read_records(content: &[u8]) -> StoreResult<Vec<(u64, Vec<LoggedWrite<'_>>)>> {
     let mut records = Vec::new();
     let mut rest = content;
-    while let Some((header, after)) = rest.split_first_chunk::<HEADER>() {
-        let (len, crc) = header.split_at(4);
-        let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
-        let crc = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
-        let Some(body) = after.get(..len) else {
-            break;
-        };
-        if crc32fast::hash(body) != crc {
-            break;
-        }
+    let at = |rest: &[u8]| content.len() - rest.len();
+    while let Some((body, after)) = next_record(rest) {
         let record = decode_record(body).ok_or_else(|| {
             StoreError::Permanent(format!(
-                "embedded store: log record at byte {} does not parse",
-                content.len() - rest.len()
+                "embedded store: the write-ahead log's record at byte {} does not parse",
+                at(rest)
             ))
         })?;
         records.push(record);
-        rest = &after[len..];
+        rest = after;
     }
     if !rest.is_empty() {
+        if !is_torn_tail(rest) {
+            return Err(StoreError::Permanent(format!(
+                "embedded store: the write-ahead log is corrupt at byte {} and records follow; \
+                 {} is left as it is",
+                at(rest),
+                LOG_FILE_NAME
+            )));
+        }
         tracing::warn!(
             ignored_bytes = rest.len(),
             "the write-ahead log ends in a torn record (a crash while it was written); \
@@ -231,6 +254,30 @@ pub(super) fn read_records(content: &[u8]) -> StoreResult<Vec<(u64, Vec<LoggedWr
         );
     }
     Ok(records)
+}
+
+/// The body of the record at the start of `rest` and what follows it, if the record is
+/// whole and its checksum holds.
+fn next_record(rest: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (header, after) = rest.split_first_chunk::<HEADER>()?;
+    let (len, crc) = header.split_at(4);
+    let len: [u8; 4] = len.try_into().expect("4 bytes");
+    let crc = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
+    let (body, after) = after.split_at_checked(u32::from_le_bytes(len) as usize)?;
+    (body.len() >= MIN_BODY && checksum(len, body) == crc).then_some((body, after))
+}
+
+/// Whether an unreadable record at the start of `rest` is the last thing in the log: it
+/// reaches the end of the file (as far as its length says), or only zeros follow it.
+fn is_torn_tail(rest: &[u8]) -> bool {
+    let Some((header, after)) = rest.split_first_chunk::<HEADER>() else {
+        return true;
+    };
+    let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+    match after.get(len..) {
+        None => true,
+        Some(following) => following.iter().all(|&b| b == 0),
+    }
 }
 
 /// A record's body: its number, then its writes; `None` if it does not parse.
@@ -323,14 +370,39 @@ mod tests {
     }
 
     #[test]
-    fn a_record_that_fails_its_checksum_ends_the_log() {
+    fn a_last_record_that_fails_its_checksum_ends_the_log() {
         let first = record(1, &[(Index::Accounts, "a", b"12345678{}")]);
         let second = record(2, &[(Index::Accounts, "b", b"12345678{}")]);
-        for flipped in first.len() + HEADER..first.len() + second.len() {
+        for flipped in first.len() + 4..first.len() + second.len() {
             let mut content = [first.clone(), second.clone()].concat();
             content[flipped] ^= 0x40;
             assert_eq!(numbers(&content), [1], "byte {flipped} flipped");
         }
+    }
+
+    #[test]
+    fn zeros_after_the_last_record_end_the_log() {
+        let first = record(1, &[(Index::Accounts, "a", b"12345678{}")]);
+        for zeros in [1, HEADER, 4096] {
+            let content = [first.clone(), vec![0; zeros]].concat();
+            assert_eq!(numbers(&content), [1], "{zeros} zeros");
+        }
+        let torn = record(2, &[(Index::Accounts, "b", b"12345678{}")]);
+        let zero_filled = [&torn[..HEADER + 3], &vec![0; 64][..]].concat();
+        assert_eq!(numbers(&[first.clone(), zero_filled].concat()), [1]);
+    }
+
+    #[test]
+    fn a_corrupt_record_followed_by_records_is_an_error_not_an_end() {
+        let records: Vec<Vec<u8>> = (1..=3)
+            .map(|n| record(n, &[(Index::Accounts, "a", b"12345678{}")]))
+            .collect();
+        let mut content = records.concat();
+        content[records[0].len() + HEADER + 2] ^= 0x01; // in the second record's body
+        assert!(
+            matches!(read_records(&content), Err(StoreError::Permanent(e)) if e.contains("corrupt")),
+            "the third record is acknowledged and must not be skipped"
+        );
     }
 
     #[test]
