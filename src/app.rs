@@ -161,9 +161,10 @@ pub async fn open_store(
                 bulk_ops_limit(config.settled_max),
             ))
         }
-        None => Arc::new(EmbeddedStore::open_with_cache(
+        None => Arc::new(EmbeddedStore::open_with(
             &config.data_dir,
             config.embedded_cache_mib,
+            config.embedded_checkpoint_interval,
         )?),
     };
     Ok(Arc::new(InstrumentedStore::new(backend, metrics.clone())))

@@ -50,6 +50,12 @@ pub struct Config {
     #[arg(long, env = "EMBEDDED_CACHE_MIB", default_value_t = crate::store::embedded::DEFAULT_CACHE_MIB)]
     pub embedded_cache_mib: usize,
 
+    /// How often, at most, the embedded store makes its writes durable in its file too and
+    /// empties its write-ahead log (a checkpoint). Only latency and replay time depend on it:
+    /// every acknowledged write is in the log until then.
+    #[arg(long, env = "EMBEDDED_CHECKPOINT_INTERVAL", default_value = "50ms", value_parser = humantime::parse_duration)]
+    pub embedded_checkpoint_interval: Duration,
+
     /// Credentials and CA of the Elasticsearch client.
     #[command(flatten)]
     pub elasticsearch_security: ElasticsearchSecurityArgs,
@@ -317,6 +323,7 @@ impl Config {
             elasticsearch_security: ElasticsearchSecurityArgs::default(),
             data_dir,
             embedded_cache_mib: crate::store::embedded::DEFAULT_CACHE_MIB,
+            embedded_checkpoint_interval: crate::store::embedded::CHECKPOINT_INTERVAL,
             index_prefix: "transfer-service-".into(),
             recovery_interval: Duration::from_millis(200),
             recovery_stale_after: Duration::from_secs(1),
@@ -387,6 +394,18 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn the_embedded_checkpoint_interval_defaults_to_the_stores() {
+        let cli = Cli::try_parse_from(["transfer-service"]).unwrap();
+        assert_eq!(
+            cli.config.embedded_checkpoint_interval,
+            crate::store::embedded::CHECKPOINT_INTERVAL
+        );
+        let cli = Cli::try_parse_from(["transfer-service", "--embedded-checkpoint-interval", "1s"])
+            .unwrap();
+        assert_eq!(cli.config.embedded_checkpoint_interval, Duration::from_secs(1));
     }
 
     #[test]
