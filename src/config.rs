@@ -405,7 +405,10 @@ mod tests {
         );
         let cli = Cli::try_parse_from(["transfer-service", "--embedded-checkpoint-interval", "1s"])
             .unwrap();
-        assert_eq!(cli.config.embedded_checkpoint_interval, Duration::from_secs(1));
+        assert_eq!(
+            cli.config.embedded_checkpoint_interval,
+            Duration::from_secs(1)
+        );
     }
 
     #[test]
