@@ -565,10 +565,13 @@ pub(super) fn replay_log(txn: &WriteTransaction, content: &[u8]) -> StoreResult<
     let held = tables.meta.get(LOG_APPLIED).map_err(permanent)?;
     let mut last = held.map_or(0, |n| n.value());
     let mut seq_nos = SeqNos::default();
+    let (mut records, mut writes) = (0, 0);
     for (number, logged) in read_records(content)? {
         if number <= last {
             continue;
         }
+        records += 1;
+        writes += logged.len();
         if number != last + 1 {
             return Err(StoreError::Permanent(format!(
                 "embedded store: the write-ahead log skips from record {last} to {number}: \
@@ -582,6 +585,9 @@ pub(super) fn replay_log(txn: &WriteTransaction, content: &[u8]) -> StoreResult<
     }
     seq_nos.store(&mut tables)?;
     tables.meta.insert(LOG_APPLIED, last).map_err(permanent)?;
+    if records > 0 {
+        tracing::info!(records, writes, "embedded store: write-ahead log replayed");
+    }
     Ok(last)
 }
 
