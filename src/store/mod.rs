@@ -257,6 +257,7 @@ pub struct SortKey {
 /// `modified_before`, oldest first.
 #[derive(Debug, Clone)]
 pub struct StaleQuery {
+    /// In-flight states: the embedded store keeps no recovery entries for terminal ones.
     pub states: Vec<String>,
     /// Epoch milliseconds: documents with `modification_time < modified_before`, and also
     /// those whose lease was released (no `lease_owner`), however recent.

@@ -10,7 +10,10 @@ pub(super) const DOCS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::n
 /// `"seq:<index>"` → the last `seq_no` handed out in that index.
 pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
-/// Transfers by `(state, modification_time, id)`: the recovery query.
+/// In-flight transfers by `(state, modification_time, id)`: the recovery query, which asks
+/// only for in-flight states. A transfer's entry goes when it becomes terminal (a store
+/// written before late 2026 may still hold entries of terminal transfers; nothing reads
+/// them), so most transfers, settled at once, never have one.
 pub(super) const TX_BY_STATE_MODIFIED: TableDefinition<(&str, i64, &str), ()> =
     TableDefinition::new("tx_by_state_modified");
 
@@ -212,6 +215,11 @@ impl TransferKeys<'_> {
 }
 
 impl TransferKeys<'_> {
+    /// Not finished or rolled back: a candidate for recovery.
+    pub(super) fn in_flight(&self) -> bool {
+        !matches!(&*self.state, "finished" | "rolled-back")
+    }
+
     /// Every account the transfer is listed under: the source and destination of a one-leg
     /// transfer, each account of a multi-leg one; once each, never empty strings.
     pub(super) fn parties(&self) -> Vec<Cow<'_, str>> {
@@ -303,11 +311,9 @@ fn text_of(raw: Option<&RawValue>) -> Cow<'_, str> {
 pub(super) fn transfer_keys(source: &[u8]) -> StoreResult<TransferKeys<'_>> {
     let indexed: IndexedFields<'_> = serde_json::from_slice(source).map_err(permanent)?;
     let is_string = |raw: Option<&RawValue>| raw.is_some_and(|raw| raw.get().starts_with('"'));
-    let state = text_of(indexed.state);
-    Ok(TransferKeys {
-        // Terminal transfers have no owner either; only in-flight ones are candidates.
-        released: indexed.lease_owner.is_none() && !matches!(&*state, "finished" | "rolled-back"),
-        state,
+    let mut keys = TransferKeys {
+        released: false,
+        state: text_of(indexed.state),
         modified: parse_millis(&text_of(indexed.modified)).unwrap_or(0),
         created: parse_millis(&text_of(indexed.created)).unwrap_or(0),
         src: text_of(indexed.src),
@@ -323,7 +329,10 @@ pub(super) fn transfer_keys(source: &[u8]) -> StoreResult<TransferKeys<'_>> {
             .map(RawValue::get)
             .filter(|raw| raw.starts_with('{'))
             .map(Cow::Borrowed),
-    })
+    };
+    // Terminal transfers have no owner either; only in-flight ones are candidates.
+    keys.released = indexed.lease_owner.is_none() && keys.in_flight();
+    Ok(keys)
 }
 
 /// Moves a transfer's index entries from `old` keys (if it existed) to `new` keys, touching
@@ -392,7 +401,7 @@ pub(super) fn update_transfer_indexes(
             }
         }
     }
-    if state_modified {
+    if state_modified && new.in_flight() {
         t.by_state_modified
             .insert((&*new.state, new.modified, id), ())
             .map_err(e)?;

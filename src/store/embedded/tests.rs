@@ -985,3 +985,55 @@ async fn after_a_failed_log_write_the_store_stops_writing_until_reopened() {
     assert!(matches!(written, WriteOutcome::Written(_)));
     restarted.ready().await.unwrap();
 }
+
+/// The recovery index's entries, as (state, id).
+fn recovery_entries(db: &Database) -> Vec<(String, String)> {
+    let txn = db.begin_read().unwrap();
+    let table = txn.open_table(TX_BY_STATE_MODIFIED).unwrap();
+    let rows = table
+        .iter()
+        .unwrap()
+        .map(|entry| {
+            let key = entry.unwrap().0;
+            let (state, _, id) = key.value();
+            (state.to_owned(), id.to_owned())
+        })
+        .collect();
+    rows
+}
+
+#[tokio::test]
+async fn only_in_flight_transfers_have_recovery_entries() {
+    let (_dir, store) = open();
+    let created = store
+        .create(
+            Index::Transactions,
+            "t1",
+            transfer("t1", "created", 1).into(),
+        )
+        .await
+        .unwrap();
+    store
+        .create(
+            Index::Transactions,
+            "t2",
+            transfer("t2", "rolled-back", 1).into(),
+        )
+        .await
+        .unwrap();
+    let entry = |state: &str, id: &str| (state.to_owned(), id.to_owned());
+    assert_eq!(recovery_entries(&store.db), [entry("created", "t1")]);
+    let WriteOutcome::Written(version) = created else {
+        panic!("t1: {created:?}");
+    };
+    store
+        .replace_if(
+            Index::Transactions,
+            "t1",
+            transfer("t1", "finished", 2).into(),
+            version,
+        )
+        .await
+        .unwrap();
+    assert_eq!(recovery_entries(&store.db), []);
+}
