@@ -50,10 +50,11 @@ pub struct Config {
     #[arg(long, env = "EMBEDDED_CACHE_MIB", default_value_t = crate::store::embedded::DEFAULT_CACHE_MIB)]
     pub embedded_cache_mib: usize,
 
-    /// How often, at most, the embedded store makes its writes durable in its file too and
-    /// empties its write-ahead log (a checkpoint). Only latency and replay time depend on it:
-    /// every acknowledged write is in the log until then.
-    #[arg(long, env = "EMBEDDED_CHECKPOINT_INTERVAL", default_value = "50ms", value_parser = humantime::parse_duration)]
+    /// The longest time between the embedded store's checkpoints under load (its writes made
+    /// durable in its file too, its write-ahead log emptied); a twentieth of it when many
+    /// writers wait. Only latency, CPU and replay time depend on it: every acknowledged write
+    /// is in the log until then.
+    #[arg(long, env = "EMBEDDED_CHECKPOINT_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub embedded_checkpoint_interval: Duration,
 
     /// Credentials and CA of the Elasticsearch client.
@@ -403,11 +404,15 @@ mod tests {
             cli.config.embedded_checkpoint_interval,
             crate::store::embedded::CHECKPOINT_INTERVAL
         );
-        let cli = Cli::try_parse_from(["transfer-service", "--embedded-checkpoint-interval", "1s"])
-            .unwrap();
+        let cli = Cli::try_parse_from([
+            "transfer-service",
+            "--embedded-checkpoint-interval",
+            "200ms",
+        ])
+        .unwrap();
         assert_eq!(
             cli.config.embedded_checkpoint_interval,
-            Duration::from_secs(1)
+            Duration::from_millis(200)
         );
     }
 

@@ -255,7 +255,7 @@ pub(super) fn apply_group(
 ) -> StoreResult<Vec<Answer>> {
     committer.check_writing()?;
     let mut log = lock(&committer.log);
-    let checkpoint = log.checkpoint_due();
+    let checkpoint = log.checkpoint_due(group.iter().map(Waiting::weight).sum());
     let mut record = log.record();
     let mut txn = db.begin_write().map_err(storage)?;
     let durability = match checkpoint {

@@ -67,7 +67,7 @@ use commit::*;
 use search::*;
 use tables::*;
 use wal::*;
-pub use wal::{CHECKPOINT_BYTES, CHECKPOINT_INTERVAL, LOG_FILE_NAME};
+pub use wal::{BUSY_GROUP_OPS, CHECKPOINT_BYTES, CHECKPOINT_INTERVAL, LOG_FILE_NAME};
 
 /// File name of the database inside `DATA_DIR`.
 pub const FILE_NAME: &str = "transfer-service.redb";

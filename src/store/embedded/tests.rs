@@ -759,6 +759,16 @@ async fn in_state(store: &EmbeddedStore, state: &str) -> Vec<String> {
     page.docs.into_iter().map(|d| d.id).collect()
 }
 
+/// Opening `dir` fails, `Permanent`, saying `why`.
+fn assert_refused_to_open(dir: &Path, why: &str) {
+    let opened = EmbeddedStore::open(dir);
+    assert!(
+        matches!(&opened, Err(StoreError::Permanent(e)) if e.contains(why)),
+        "{:?}",
+        opened.err()
+    );
+}
+
 #[tokio::test]
 async fn writes_acknowledged_between_checkpoints_survive_a_crash_by_replay() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -856,12 +866,7 @@ async fn a_log_older_than_writes_made_to_the_file_is_refused_not_replayed() {
         txn.commit().unwrap();
     }
     std::fs::write(image.path().join(LOG_FILE_NAME), log).unwrap();
-    let opened = EmbeddedStore::open(image.path());
-    assert!(
-        matches!(&opened, Err(StoreError::Permanent(e)) if e.contains("written after the log")),
-        "{:?}",
-        opened.err()
-    );
+    assert_refused_to_open(image.path(), "written after the log");
 }
 
 #[tokio::test]
@@ -926,12 +931,7 @@ async fn a_log_that_does_not_continue_the_file_refuses_to_open() {
     let image = crash_image(dir.path(), true);
     // The log beside another database file (a fresh one, holding no record).
     std::fs::remove_file(image.path().join(FILE_NAME)).unwrap();
-    let opened = EmbeddedStore::open(image.path());
-    assert!(
-        matches!(&opened, Err(StoreError::Permanent(e)) if e.contains("skips from record 0 to 5")),
-        "{:?}",
-        opened.err()
-    );
+    assert_refused_to_open(image.path(), "skips from record 0 to 5");
 }
 
 #[tokio::test]

@@ -2,8 +2,9 @@
 //!
 //! A group's transaction commits to redb with `Durability::None` (its pages stay in redb's
 //! memory, visible to readers, not written or fsynced), after its writes were appended here as
-//! one record and the log was `fdatasync`ed. Every [`CHECKPOINT_INTERVAL`] (or
-//! [`CHECKPOINT_BYTES`] of log) a group commits with `Durability::Immediate` instead, which
+//! one record and the log was `fdatasync`ed. Every [`CHECKPOINT_INTERVAL`] (sooner while
+//! groups are busy, see [`BUSY_GROUP_OPS`]; or every [`CHECKPOINT_BYTES`] of log) a group
+//! commits with `Durability::Immediate` instead, which
 //! makes every earlier commit durable in the redb file too, and the log is emptied. A page a
 //! second of groups rewrote is then written once, not once per group, and each group costs
 //! one sequential append and one `fdatasync`.
@@ -44,12 +45,22 @@ use super::*;
 /// File name of the log inside `DATA_DIR`, beside [`FILE_NAME`].
 pub const LOG_FILE_NAME: &str = "transfer-service.wal";
 
-/// A checkpoint at least this often under load (`EMBEDDED_CHECKPOINT_INTERVAL`). Each one
-/// holds up the groups behind it while redb writes and fsyncs the pages dirtied since the
-/// last: under 2,000 connections, every second made the p99 of accepted creates 290–370 ms
-/// in the service, every 50 ms 200 ms; at 64 clients the p99 is some 45 ms instead of
-/// 15–25 ms (README, "Benchmark").
-pub const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(50);
+/// A checkpoint at least this often under load (`EMBEDDED_CHECKPOINT_INTERVAL`); sooner
+/// when the groups are busy ([`BUSY_GROUP_OPS`]).
+///
+/// Each checkpoint holds up every writer waiting behind it while redb writes and fsyncs the
+/// pages dirtied since the last one. With few writers waiting (64 clients), rare checkpoints
+/// delay a small share of requests and cost the least CPU: every second, p99 12–15 ms; every
+/// 50 ms, 43–45 ms and more CPU. With many (2,000 connections, a thousand in flight), each
+/// stall delays many requests: every second, the p99 of accepted creates was 290–370 ms in
+/// the service; every 50 ms, 200 ms (README, "Benchmark").
+pub const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A group weighing at least this many ops (about 256 transfers) means many writers are
+/// waiting: for the next interval, a group checkpoints once a twentieth of it has passed
+/// (50 ms by default), keeping each stall short. (Under 2,000 connections the groups
+/// alternate between a few ops and several thousand; at 64 clients none exceeds 256.)
+pub const BUSY_GROUP_OPS: usize = 1024;
 
 /// A checkpoint once the log holds this much, whatever the time.
 pub const CHECKPOINT_BYTES: u64 = 64 * 1024 * 1024;
@@ -138,6 +149,8 @@ pub(super) struct Wal {
     bytes: u64,
     last_checkpoint: Instant,
     checkpoint_interval: Duration,
+    /// Until when checkpoints come every twentieth of the interval: a busy group was seen.
+    busy_until: Option<Instant>,
     /// Tests make the next appends fail, as a full or failing disk would.
     #[cfg(test)]
     pub(super) fail_appends: bool,
@@ -168,6 +181,7 @@ impl Wal {
             bytes: content.len() as u64,
             last_checkpoint: Instant::now(),
             checkpoint_interval,
+            busy_until: None,
             #[cfg(test)]
             fail_appends: false,
         };
@@ -179,9 +193,17 @@ impl Wal {
         LogRecord::new(self.next_number)
     }
 
-    /// Whether this group should make everything durable in the redb file.
-    pub(super) fn checkpoint_due(&self) -> bool {
-        self.bytes >= CHECKPOINT_BYTES || self.last_checkpoint.elapsed() >= self.checkpoint_interval
+    /// Whether a group of `weight` ops should make everything durable in the redb file.
+    pub(super) fn checkpoint_due(&mut self, weight: usize) -> bool {
+        let now = Instant::now();
+        if weight >= BUSY_GROUP_OPS {
+            self.busy_until = Some(now + self.checkpoint_interval);
+        }
+        let busy = self.busy_until.is_some_and(|until| now < until);
+        let since = now.saturating_duration_since(self.last_checkpoint);
+        self.bytes >= CHECKPOINT_BYTES
+            || since >= self.checkpoint_interval
+            || (busy && since >= self.checkpoint_interval / 20)
     }
 
     /// Appends `record` and syncs it: once this returns, the record survives a crash.
@@ -420,5 +442,48 @@ mod tests {
             read_records(&content),
             Err(StoreError::Permanent(_))
         ));
+    }
+}
+
+#[cfg(test)]
+mod checkpoint_tests {
+    use super::*;
+
+    /// A log whose last checkpoint was `ago`, checkpointing every second.
+    fn log_checkpointed(ago: Duration) -> (tempfile::TempDir, Wal) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (mut log, _) = Wal::open(dir.path(), Duration::from_secs(1)).unwrap();
+        log.last_checkpoint = Instant::now().checked_sub(ago).expect("boot was long ago");
+        (dir, log)
+    }
+
+    #[test]
+    fn quiet_groups_checkpoint_once_the_interval_has_passed() {
+        let (_dir, mut log) = log_checkpointed(Duration::from_millis(500));
+        assert!(!log.checkpoint_due(4));
+        assert!(!log.checkpoint_due(BUSY_GROUP_OPS - 1));
+        let (_dir, mut log) = log_checkpointed(Duration::from_millis(1001));
+        assert!(log.checkpoint_due(4));
+    }
+
+    #[test]
+    fn after_a_busy_group_checkpoints_come_every_twentieth_of_it() {
+        let (_dir, mut log) = log_checkpointed(Duration::from_millis(10));
+        assert!(!log.checkpoint_due(BUSY_GROUP_OPS));
+        let (_dir, mut log) = log_checkpointed(Duration::from_millis(60));
+        assert!(!log.checkpoint_due(BUSY_GROUP_OPS - 1), "no busy group yet");
+        assert!(log.checkpoint_due(BUSY_GROUP_OPS));
+        // Small groups between the busy ones checkpoint as often, for an interval.
+        assert!(log.checkpoint_due(4));
+        log.busy_until = Instant::now().checked_sub(Duration::from_millis(1));
+        assert!(!log.checkpoint_due(4), "busy no more");
+    }
+
+    #[test]
+    fn a_long_log_checkpoints_whatever_the_time() {
+        let (_dir, mut log) = log_checkpointed(Duration::ZERO);
+        assert!(!log.checkpoint_due(4));
+        log.bytes = CHECKPOINT_BYTES;
+        assert!(log.checkpoint_due(4));
     }
 }
