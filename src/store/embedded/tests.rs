@@ -628,12 +628,17 @@ async fn an_io_error_in_the_group_commit_is_unavailable_not_permanent() {
     // restart replays it, transient from the callers' point of view, never a refusal of
     // their request.
     failing.store(false, Ordering::SeqCst);
-    let after = store
-        .create(Index::Accounts, "c", json!({ "n": 3 }).into())
+    assert_writes_stopped(&store).await;
+}
+
+/// Writes are refused (transient for the callers) and `ready` fails, until a restart.
+async fn assert_writes_stopped(store: &EmbeddedStore) {
+    let refused = store
+        .create(Index::Accounts, "later", json!({ "n": 3 }).into())
         .await;
     assert!(
-        matches!(&after, Err(StoreError::Unavailable(e)) if e.contains("restarts")),
-        "{after:?}"
+        matches!(&refused, Err(StoreError::Unavailable(e)) if e.contains("restarts")),
+        "{refused:?}"
     );
     assert!(matches!(
         store.ready().await,
@@ -732,21 +737,27 @@ async fn write_history(store: &EmbeddedStore) -> Vec<(Index, &'static str, Versi
         };
         written.push((index, id, version));
     }
-    let (_, _, t1) = written[1];
+    written[1].2 = move_transfer(store, "t1", "committed", 3, written[1].2).await;
+    written
+}
+
+/// Writes transfer `id` again in `state`, over `version`; its new version.
+async fn move_transfer(
+    store: &EmbeddedStore,
+    id: &str,
+    state: &str,
+    modified: i64,
+    version: Version,
+) -> Version {
+    let source = transfer(id, state, modified).into();
     let outcome = store
-        .replace_if(
-            Index::Transactions,
-            "t1",
-            transfer("t1", "committed", 3).into(),
-            t1,
-        )
+        .replace_if(Index::Transactions, id, source, version)
         .await
         .unwrap();
     let WriteOutcome::Written(version) = outcome else {
-        panic!("t1 not replaced: {outcome:?}");
+        panic!("{id} not replaced: {outcome:?}");
     };
-    written[1].2 = version;
-    written
+    version
 }
 
 async fn in_state(store: &EmbeddedStore, state: &str) -> Vec<String> {
@@ -958,17 +969,7 @@ async fn after_a_failed_log_write_the_store_stops_writing_until_reopened() {
     );
     // The disk recovers, but the log may end in half a record: nothing more is written.
     lock(&store.committer.log).fail_appends = false;
-    let refused = store
-        .create(Index::Accounts, "later", json!({ "n": 3 }).into())
-        .await;
-    assert!(
-        matches!(&refused, Err(StoreError::Unavailable(e)) if e.contains("restarts")),
-        "{refused:?}"
-    );
-    assert!(matches!(
-        store.ready().await,
-        Err(StoreError::Unavailable(_))
-    ));
+    assert_writes_stopped(&store).await;
 
     let image = crash_image(dir.path(), true);
     let restarted = EmbeddedStore::open(image.path()).unwrap();
@@ -1026,14 +1027,6 @@ async fn only_in_flight_transfers_have_recovery_entries() {
     let WriteOutcome::Written(version) = created else {
         panic!("t1: {created:?}");
     };
-    store
-        .replace_if(
-            Index::Transactions,
-            "t1",
-            transfer("t1", "finished", 2).into(),
-            version,
-        )
-        .await
-        .unwrap();
+    move_transfer(&store, "t1", "finished", 2, version).await;
     assert_eq!(recovery_entries(&store.db), []);
 }
