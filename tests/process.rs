@@ -971,8 +971,10 @@ async fn kill_dash_nine_and_restart_keep_every_invariant() {
         tokio::time::sleep(gap.mul_f64(rng.random_range(0.5..1.5))).await;
         service.take().unwrap().kill9();
         let next = Service::start(&checkpoints(kill as usize + 1));
-        if kill % 2 == 0 {
-            // The killed instance never checkpointed: what it acknowledged was in the log.
+        if kill == 0 {
+            // The first instance never checkpointed and always wrote (it opened the
+            // accounts): what it acknowledged was in the log only. (A later "1h" instance
+            // may start after the load ended and write nothing, so only this one is sure.)
             assert!(
                 next.logged("embedded store: write-ahead log replayed"),
                 "start {} did not replay the log",

@@ -99,6 +99,13 @@ pub(super) fn released_keys(
 pub(super) fn find_stale_blocking(db: &Database, q: &StaleQuery) -> StoreResult<Page> {
     let txn = db.begin_read().map_err(storage)?;
     let table = txn.open_table(TX_BY_STATE_MODIFIED).map_err(storage)?;
+    debug_assert!(
+        !q.states
+            .iter()
+            .any(|s| matches!(s.as_str(), "finished" | "rolled-back")),
+        "the recovery index holds in-flight transfers only: {:?}",
+        q.states
+    );
     // Up to `limit` candidates from each state, merged by (modification_time, id).
     let mut keys = Vec::new();
     // The lowest last candidate among the states whose scan stopped at its bound: beyond it,

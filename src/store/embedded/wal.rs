@@ -149,8 +149,9 @@ pub(super) struct Wal {
     bytes: u64,
     last_checkpoint: Instant,
     checkpoint_interval: Duration,
-    /// Until when checkpoints come every twentieth of the interval: a busy group was seen.
-    busy_until: Option<Instant>,
+    /// When the last busy group was seen: for an interval after it, checkpoints come every
+    /// twentieth of the interval.
+    busy_seen: Option<Instant>,
     /// Tests make the next appends fail, as a full or failing disk would.
     #[cfg(test)]
     pub(super) fail_appends: bool,
@@ -181,7 +182,7 @@ impl Wal {
             bytes: content.len() as u64,
             last_checkpoint: Instant::now(),
             checkpoint_interval,
-            busy_until: None,
+            busy_seen: None,
             #[cfg(test)]
             fail_appends: false,
         };
@@ -197,9 +198,12 @@ impl Wal {
     pub(super) fn checkpoint_due(&mut self, weight: usize) -> bool {
         let now = Instant::now();
         if weight >= BUSY_GROUP_OPS {
-            self.busy_until = Some(now + self.checkpoint_interval);
+            self.busy_seen = Some(now);
         }
-        let busy = self.busy_until.is_some_and(|until| now < until);
+        // Durations since, never instants plus durations: any configured interval is safe.
+        let busy = self
+            .busy_seen
+            .is_some_and(|seen| now.saturating_duration_since(seen) < self.checkpoint_interval);
         let since = now.saturating_duration_since(self.last_checkpoint);
         self.bytes >= CHECKPOINT_BYTES
             || since >= self.checkpoint_interval
@@ -475,8 +479,18 @@ mod checkpoint_tests {
         assert!(log.checkpoint_due(BUSY_GROUP_OPS));
         // Small groups between the busy ones checkpoint as often, for an interval.
         assert!(log.checkpoint_due(4));
-        log.busy_until = Instant::now().checked_sub(Duration::from_millis(1));
+        log.busy_seen = Instant::now().checked_sub(Duration::from_millis(1001));
         assert!(!log.checkpoint_due(4), "busy no more");
+    }
+
+    #[test]
+    fn any_configured_interval_is_safe() {
+        for interval in [Duration::ZERO, Duration::MAX] {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let (mut log, _) = Wal::open(dir.path(), interval).unwrap();
+            let due = log.checkpoint_due(BUSY_GROUP_OPS);
+            assert_eq!(due, interval.is_zero(), "{interval:?}");
+        }
     }
 
     #[test]
