@@ -108,8 +108,8 @@ impl Drop for CommitterTurn {
     }
 }
 
-/// The committer: drains waiting batches into one transaction, commits once, answers all;
-/// again until nothing waits. Runs on the blocking pool.
+/// The committer: drains waiting batches into one transaction, commits once, answers all,
+/// checkpoints if one is due; again until nothing waits. Runs on the blocking pool.
 pub(super) fn run_commits(db: &Database, mut turn: CommitterTurn) {
     let committer = turn.committer.clone();
     loop {
@@ -123,6 +123,7 @@ pub(super) fn run_commits(db: &Database, mut turn: CommitterTurn) {
             }
             take_group(&mut queue.waiting)
         };
+        let weight: usize = group.iter().map(Waiting::weight).sum();
         match apply_group(db, &committer, &mut group) {
             Ok(answers) => {
                 for (waiting, answer) in group.into_iter().zip(answers) {
@@ -146,6 +147,25 @@ pub(super) fn run_commits(db: &Database, mut turn: CommitterTurn) {
                 }
             }
         }
+        // After the answers: a checkpoint holds up only the writers behind it, not the group
+        // just answered (whose writes are durable in the log already).
+        checkpoint_if_due(db, &committer, weight);
+    }
+}
+
+/// Checkpoints if the log says one is due after a group of `weight` ops. A checkpoint that
+/// fails leaves redb's state uncertain while the log holds every write: the store stops
+/// writing until a restart replays the log.
+fn checkpoint_if_due(db: &Database, committer: &Committer, weight: usize) {
+    if committer.check_writing().is_err() {
+        return;
+    }
+    let mut log = lock(&committer.log);
+    if !log.checkpoint_due(weight) {
+        return;
+    }
+    if let Err(e) = checkpoint(db, &mut log) {
+        committer.stop_writing(format!("checkpoint failed: {e}"));
     }
 }
 
@@ -246,8 +266,8 @@ impl SeqNos {
 /// it was acknowledged. Each transaction's work is taken out of the group to be run.
 ///
 /// Durability comes from the log ([`super::wal`]): the group's writes are appended and synced
-/// there before its transaction commits, without an fsync of its own unless a checkpoint is
-/// due.
+/// there before its transaction commits, without an fsync of its own (checkpoints come
+/// after, in [`run_commits`]).
 pub(super) fn apply_group(
     db: &Database,
     committer: &Committer,
@@ -255,14 +275,9 @@ pub(super) fn apply_group(
 ) -> StoreResult<Vec<Answer>> {
     committer.check_writing()?;
     let mut log = lock(&committer.log);
-    let checkpoint = log.checkpoint_due(group.iter().map(Waiting::weight).sum());
     let mut record = log.record();
     let mut txn = db.begin_write().map_err(storage)?;
-    let durability = match checkpoint {
-        true => Durability::Immediate,
-        false => Durability::None,
-    };
-    txn.set_durability(durability).map_err(storage)?;
+    txn.set_durability(Durability::None).map_err(storage)?;
     let mut answers = Vec::with_capacity(group.len());
     {
         let mut tables = Tables::open(&txn)?;
@@ -311,23 +326,20 @@ pub(super) fn apply_group(
             false => StoreError::Unavailable(format!("embedded store: {reason}")),
         }
     })?;
-    if checkpoint {
-        // Every record so far is in the redb file now. A log that does not shrink is still
-        // correct (replay skips what the file holds), so a failure here only costs space.
-        if let Err(error) = log.checkpointed() {
-            tracing::warn!(%error, "embedded store: cannot empty the write-ahead log");
-        }
-    }
     Ok(answers)
 }
 
 /// Makes every commit so far durable in the redb file (an empty transaction committed with
-/// `Durability::Immediate`), then empties the log.
+/// `Durability::Immediate`), then empties the log. Only the commit can fail it: a log that
+/// does not shrink is still correct (replay skips what the file holds), so a failure to
+/// empty it only costs space.
 pub(super) fn checkpoint(db: &Database, log: &mut Wal) -> StoreResult<()> {
     let txn = db.begin_write().map_err(storage)?;
     txn.commit().map_err(storage)?;
-    log.checkpointed()
-        .map_err(|e| StoreError::Unavailable(format!("embedded store: {e}")))
+    if let Err(error) = log.checkpointed() {
+        tracing::warn!(%error, "embedded store: cannot empty the write-ahead log");
+    }
+    Ok(())
 }
 
 /// What a group's writes add to besides the tables: the `seq_no` counters and the log record.

@@ -3,9 +3,9 @@
 //! A group's transaction commits to redb with `Durability::None` (its pages stay in redb's
 //! memory, visible to readers, not written or fsynced), after its writes were appended here as
 //! one record and the log was `fdatasync`ed. Every [`CHECKPOINT_INTERVAL`] (sooner while
-//! groups are busy, see [`BUSY_GROUP_OPS`]; or every [`CHECKPOINT_BYTES`] of log) a group
-//! commits with `Durability::Immediate` instead, which
-//! makes every earlier commit durable in the redb file too, and the log is emptied. A page a
+//! groups are busy, see [`BUSY_GROUP_OPS`]; or every [`CHECKPOINT_BYTES`] of log), once a
+//! group's callers are answered, an empty transaction commits with `Durability::Immediate`,
+//! which makes every earlier commit durable in the redb file too, and the log is emptied. A page a
 //! second of groups rewrote is then written once, not once per group, and each group costs
 //! one sequential append and one `fdatasync`.
 //!
