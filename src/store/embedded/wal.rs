@@ -27,10 +27,10 @@
 //! the file (its first record to apply is not the next number) refuses the open: the two
 //! files were not written together.
 //!
-//! **After a failure** to write the log or to commit once the record is written, the redb
-//! state in memory and the log may disagree about that group; later groups would build on
-//! the difference. So the store stops writing ([`Wal::failed`]): every later write and
-//! `ready` answer `Unavailable` until the process restarts and replays the log.
+//! **After a failure** to write the log, to commit once the record is written, or to
+//! checkpoint, the redb state in memory and the log may disagree; later groups would build
+//! on the difference. So the store stops writing (`Committer::stop_writing`): every later
+//! write and `ready` answer `Unavailable` until the process restarts and replays the log.
 //!
 //! Time only decides how often checkpoints happen (how long a replay may take and how much
 //! redb keeps in memory); no rule of durability depends on it.
