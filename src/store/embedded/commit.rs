@@ -76,6 +76,16 @@ impl Committer {
         StoreError::Unavailable(reason.clone())
     }
 
+    /// Waits until no committer's turn is running (its checkpoint included); returns the
+    /// queue, locked.
+    pub(super) fn wait_idle(&self) -> std::sync::MutexGuard<'_, CommitQueue> {
+        let mut queue = lock(&self.queue);
+        while queue.committing {
+            queue = self.idle.wait(queue).unwrap_or_else(|e| e.into_inner());
+        }
+        queue
+    }
+
     /// `Unavailable` once writes have stopped.
     pub(super) fn check_writing(&self) -> StoreResult<()> {
         match self.stopped.get() {

@@ -94,16 +94,8 @@ impl Drop for EmbeddedStore {
     /// Then, unless writes have stopped, it checkpoints: the redb file alone holds every
     /// write, so the next start has nothing to replay.
     fn drop(&mut self) {
-        let mut queue = lock(&self.committer.queue);
-        queue.closed = true;
-        while queue.committing {
-            queue = self
-                .committer
-                .idle
-                .wait(queue)
-                .unwrap_or_else(|e| e.into_inner());
-        }
-        drop(queue);
+        lock(&self.committer.queue).closed = true;
+        drop(self.committer.wait_idle());
         if self.committer.check_writing().is_ok() {
             if let Err(error) = checkpoint(&self.db, &mut lock(&self.committer.log)) {
                 tracing::warn!(%error, "embedded store: no checkpoint at close; the next start replays the log");

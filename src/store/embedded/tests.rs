@@ -635,14 +635,7 @@ async fn a_failed_checkpoint_stops_writing_until_a_restart() {
 /// Waits until the committer has finished its turn, the checkpoint after its last group
 /// included.
 fn committer_idle(store: &EmbeddedStore) {
-    let mut queue = lock(&store.committer.queue);
-    while queue.committing {
-        queue = store
-            .committer
-            .idle
-            .wait(queue)
-            .unwrap_or_else(|e| e.into_inner());
-    }
+    drop(store.committer.wait_idle());
 }
 
 /// Writes are refused (transient for the callers) and `ready` fails, until a restart.
