@@ -1,6 +1,8 @@
 //! Group commit: one committer at a time applies every waiting batch in one write transaction
 //! and answers each caller its own outcomes.
 
+use std::time::Instant;
+
 use super::*;
 
 /// The most ops one group commit takes; bounds the latency a large group adds.
@@ -13,6 +15,7 @@ const TXN_WEIGHT: usize = 4;
 
 pub(super) type Reply = oneshot::Sender<StoreResult<Vec<StoreResult<WriteOutcome>>>>;
 pub(super) type TxnReply = oneshot::Sender<StoreResult<TxnOutcome>>;
+pub(super) type FlushReply = oneshot::Sender<StoreResult<()>>;
 
 /// One caller's work waiting for the committer.
 pub(super) enum Waiting {
@@ -20,6 +23,9 @@ pub(super) enum Waiting {
     Ops(Vec<WriteOp>, Reply),
     /// A `transact`: its writes all or none.
     Txn(TxnWork, TxnReply),
+    /// A search about to read redb's tables: the open transaction commits after this group
+    /// (see [`super::recent`]).
+    Flush(FlushReply),
 }
 
 impl Waiting {
@@ -27,6 +33,7 @@ impl Waiting {
         match self {
             Waiting::Ops(ops, _) => ops.len(),
             Waiting::Txn(..) => TXN_WEIGHT,
+            Waiting::Flush(_) => 0,
         }
     }
 }
@@ -35,6 +42,7 @@ impl Waiting {
 pub(super) enum Answer {
     Ops(Vec<StoreResult<WriteOutcome>>),
     Txn(TxnOutcome),
+    Flushed,
 }
 
 /// Writes waiting for the committer, and whether one is running.
@@ -45,12 +53,16 @@ pub(super) struct CommitQueue {
     pub(super) closed: bool,
 }
 
-/// The queue, a signal for whoever waits for the committer to finish, and the write-ahead
-/// log (only the running committer uses it).
+/// The queue, a signal for whoever waits for the committer to finish, the write-ahead log
+/// and the open transaction (only the running committer uses them), and the recent writes.
 pub(super) struct Committer {
     pub(super) queue: Mutex<CommitQueue>,
     pub(super) idle: Condvar,
     pub(super) log: Mutex<Wal>,
+    /// The write transaction kept open across groups, between turns too ([`super::recent`]).
+    pub(super) open: Mutex<Option<OpenTxn>>,
+    /// What the open transaction holds of acknowledged groups, for `get`.
+    pub(super) recent: Recent,
     /// Why the store stopped writing, once it has (see [`Committer::stop_writing`]).
     pub(super) stopped: std::sync::OnceLock<String>,
 }
@@ -61,6 +73,8 @@ impl Committer {
             queue: Mutex::default(),
             idle: Condvar::new(),
             log: Mutex::new(log),
+            open: Mutex::new(None),
+            recent: Recent::default(),
             stopped: std::sync::OnceLock::new(),
         }
     }
@@ -144,6 +158,9 @@ pub(super) fn run_commits(db: &Database, mut turn: CommitterTurn) {
                         (Waiting::Txn(_, reply), Answer::Txn(outcome)) => {
                             let _ = reply.send(Ok(outcome));
                         }
+                        (Waiting::Flush(reply), Answer::Flushed) => {
+                            let _ = reply.send(Ok(()));
+                        }
                         _ => unreachable!("answers are made in the group's order"),
                     }
                 }
@@ -153,6 +170,7 @@ pub(super) fn run_commits(db: &Database, mut turn: CommitterTurn) {
                     match waiting {
                         Waiting::Ops(_, reply) => drop(reply.send(Err(e.clone()))),
                         Waiting::Txn(_, reply) => drop(reply.send(Err(e.clone()))),
+                        Waiting::Flush(reply) => drop(reply.send(Err(e.clone()))),
                     }
                 }
             }
@@ -174,7 +192,7 @@ fn checkpoint_if_due(db: &Database, committer: &Committer, weight: usize) {
     if !log.checkpoint_due(weight) {
         return;
     }
-    if let Err(e) = checkpoint(db, &mut log) {
+    if let Err(e) = checkpoint(db, committer, &mut log) {
         committer.stop_writing(format!("checkpoint failed: {e}"));
     }
 }
@@ -269,15 +287,63 @@ impl SeqNos {
     }
 }
 
-/// Applies a group in one write transaction. An op that cannot be applied (a stored value
-/// that is truncated, a transfer source that is not a JSON object) fails alone, having written
-/// nothing, and so does a transaction with such a write; the group fails as a whole only when
-/// the transaction does (a storage error, a failed log write or commit), and then nothing of
-/// it was acknowledged. Each transaction's work is taken out of the group to be run.
+/// The committer's write transaction, open across groups until it commits.
+pub(super) struct OpenTxn {
+    txn: WriteTransaction,
+    opened: Instant,
+    /// Writes of acknowledged groups it holds (also in [`Committer::recent`]). Dropping a
+    /// transaction that holds any loses them from redb's state in memory while the log holds
+    /// them: the store must then stop writing.
+    acknowledged: usize,
+}
+
+impl OpenTxn {
+    fn begin(db: &Database) -> StoreResult<Self> {
+        let mut txn = db.begin_write().map_err(storage)?;
+        txn.set_durability(Durability::None).map_err(storage)?;
+        Ok(Self {
+            txn,
+            opened: Instant::now(),
+            acknowledged: 0,
+        })
+    }
+
+    /// Commits with `durability`; then the recent writes are in redb's tables.
+    pub(super) fn commit(
+        mut self,
+        committer: &Committer,
+        durability: Durability,
+    ) -> StoreResult<()> {
+        self.txn.set_durability(durability).map_err(storage)?;
+        self.txn.commit().map_err(storage)?;
+        committer.recent.committed();
+        Ok(())
+    }
+
+    /// Drops the transaction after a failure in it: `error` for the group that met it, and
+    /// the store stops writing if acknowledged groups are lost with it.
+    fn abandon(self, committer: &Committer, error: StoreError) -> StoreError {
+        match self.acknowledged {
+            0 => error,
+            _ => committer.stop_writing(format!(
+                "the open transaction failed, with acknowledged writes in it: {error}"
+            )),
+        }
+    }
+}
+
+/// Applies a group in the open write transaction (beginning one if none is open). An op that
+/// cannot be applied (a stored value that is truncated, a transfer source that is not a JSON
+/// object) fails alone, having written nothing, and so does a transaction with such a write;
+/// the group fails as a whole only when the transaction does (a storage error, a failed log
+/// write or commit), and then nothing of it was acknowledged. Each transaction's work is
+/// taken out of the group to be run.
 ///
 /// Durability comes from the log ([`super::wal`]): the group's writes are appended and synced
-/// there before its transaction commits, without an fsync of its own (checkpoints come
-/// after, in [`run_commits`]).
+/// there before anything of them is visible or acknowledged. Then they join
+/// [`Committer::recent`] and the transaction stays open for the next groups, unless a commit
+/// is due ([`Wal::commit_due`]) or a search waits in the group ([`Waiting::Flush`]); those
+/// commits have no fsync of their own (checkpoints come after, in [`run_commits`]).
 pub(super) fn apply_group(
     db: &Database,
     committer: &Committer,
@@ -285,51 +351,38 @@ pub(super) fn apply_group(
 ) -> StoreResult<Vec<Answer>> {
     committer.check_writing()?;
     let mut log = lock(&committer.log);
+    let mut open = match lock(&committer.open).take() {
+        Some(open) => open,
+        None => OpenTxn::begin(db)?,
+    };
     let mut record = log.record();
-    let mut txn = db.begin_write().map_err(storage)?;
-    txn.set_durability(Durability::None).map_err(storage)?;
-    let mut answers = Vec::with_capacity(group.len());
-    {
-        let mut tables = Tables::open(&txn)?;
-        let mut writes = GroupWrites {
-            seq_nos: SeqNos::default(),
-            record: &mut record,
-        };
-        for waiting in group.iter_mut() {
-            let answer = match waiting {
-                Waiting::Ops(ops, _) => Answer::Ops(
-                    ops.iter()
-                        .map(|op| apply_op(&mut tables, &mut writes, op))
-                        .collect::<StoreResult<_>>()?,
-                ),
-                Waiting::Txn(work, _) => {
-                    let work = std::mem::replace(work, Box::new(|_| Vec::new()));
-                    Answer::Txn(run_txn(&mut tables, &mut writes, work)?)
-                }
-            };
-            answers.push(answer);
+    let mut written = Vec::new();
+    let answers = match apply_writes(&open.txn, group, &mut record, &mut written) {
+        Ok(answers) => answers,
+        Err(e) => return Err(open.abandon(committer, e)),
+    };
+    // Nothing a reader can see or a caller is told lives only in memory: the record is on
+    // disk first. Should the log write fail, the transaction is dropped (nothing of the group
+    // is visible) and the store stops writing: the file may hold part of the record, and a
+    // later record after it would not be read back.
+    if !record.is_empty() {
+        if let Err(e) = log.append(&mut record) {
+            drop(open);
+            return Err(committer.stop_writing(format!("cannot write the log: {e}")));
         }
-        writes.seq_nos.store(&mut tables)?;
-        if !record.is_empty() {
-            tables
-                .meta
-                .insert(LOG_APPLIED, record.number())
-                .map_err(storage)?;
-        }
+        open.acknowledged += written.len();
+        committer.recent.add(written);
     }
-    // The record is on disk before the transaction commits, so nothing a reader can see or a
-    // caller is told lives only in memory. Should the log write fail, the transaction is
-    // dropped (nothing of the group is visible) and the store stops writing: the file may hold
-    // part of the record, and a later record after it would not be read back.
-    let logged = !record.is_empty();
-    if logged {
-        log.append(&mut record)
-            .map_err(|e| committer.stop_writing(format!("cannot write the log: {e}")))?;
+    let flush = group.iter().any(|w| matches!(w, Waiting::Flush(_)));
+    if !(flush || log.commit_due(open.opened, open.acknowledged)) {
+        *lock(&committer.open) = Some(open);
+        return Ok(answers);
     }
-    // Only now is anything acknowledged. A failed commit leaves the outcome unknown to the
-    // callers (they re-read before deciding again), whatever redb's reason; once the record
-    // is logged, replay will apply it, so the store stops writing until then.
-    txn.commit().map_err(|e| {
+    // A failed commit leaves the outcome unknown to the callers (they re-read before deciding
+    // again), whatever redb's reason; once records are logged, replay will apply them, so the
+    // store stops writing until then.
+    let logged = open.acknowledged > 0;
+    open.commit(committer, Durability::None).map_err(|e| {
         let reason = format!("commit failed, the writes may or may not be applied: {e}");
         match logged {
             true => committer.stop_writing(reason),
@@ -339,23 +392,67 @@ pub(super) fn apply_group(
     Ok(answers)
 }
 
-/// Makes every commit so far durable in the redb file (an empty transaction committed with
-/// `Durability::Immediate`), then empties the log. Only the commit can fail it: a log that
-/// does not shrink is still correct (replay skips what the file holds), so a failure to
-/// empty it only costs space.
-pub(super) fn checkpoint(db: &Database, log: &mut Wal) -> StoreResult<()> {
-    let txn = db.begin_write().map_err(storage)?;
-    txn.commit().map_err(storage)?;
+/// Runs a group's ops and transactions in `txn`, adding each write to the log `record` and
+/// to `written` (index, id, stored value), and stores the `seq_no` counters and the record's
+/// number. An error is a storage error: the transaction may be poisoned.
+fn apply_writes(
+    txn: &WriteTransaction,
+    group: &mut [Waiting],
+    record: &mut LogRecord,
+    written: &mut Vec<(Index, String, Vec<u8>)>,
+) -> StoreResult<Vec<Answer>> {
+    let mut answers = Vec::with_capacity(group.len());
+    let mut tables = Tables::open(txn)?;
+    let mut writes = GroupWrites {
+        seq_nos: SeqNos::default(),
+        record,
+        written,
+    };
+    for waiting in group.iter_mut() {
+        let answer = match waiting {
+            Waiting::Ops(ops, _) => Answer::Ops(
+                ops.iter()
+                    .map(|op| apply_op(&mut tables, &mut writes, op))
+                    .collect::<StoreResult<_>>()?,
+            ),
+            Waiting::Txn(work, _) => {
+                let work = std::mem::replace(work, Box::new(|_| Vec::new()));
+                Answer::Txn(run_txn(&mut tables, &mut writes, work)?)
+            }
+            Waiting::Flush(_) => Answer::Flushed,
+        };
+        answers.push(answer);
+    }
+    writes.seq_nos.store(&mut tables)?;
+    if !writes.record.is_empty() {
+        let number = writes.record.number();
+        tables.meta.insert(LOG_APPLIED, number).map_err(storage)?;
+    }
+    Ok(answers)
+}
+
+/// Makes every commit so far durable in the redb file (the open transaction, or an empty one,
+/// committed with `Durability::Immediate`), then empties the log. Only the commit can fail
+/// it: a log that does not shrink is still correct (replay skips what the file holds), so a
+/// failure to empty it only costs space.
+pub(super) fn checkpoint(db: &Database, committer: &Committer, log: &mut Wal) -> StoreResult<()> {
+    let open = match lock(&committer.open).take() {
+        Some(open) => open,
+        None => OpenTxn::begin(db)?,
+    };
+    open.commit(committer, Durability::Immediate)?;
     if let Err(error) = log.checkpointed() {
         tracing::warn!(%error, "embedded store: cannot empty the write-ahead log");
     }
     Ok(())
 }
 
-/// What a group's writes add to besides the tables: the `seq_no` counters and the log record.
+/// What a group's writes add to besides the tables: the `seq_no` counters, the log record
+/// and the documents written (for [`Committer::recent`]).
 pub(super) struct GroupWrites<'r> {
     pub(super) seq_nos: SeqNos,
     pub(super) record: &'r mut LogRecord,
+    pub(super) written: &'r mut Vec<(Index, String, Vec<u8>)>,
 }
 
 /// The reads of a transaction's work: the group's tables, so they see the group's earlier
@@ -548,6 +645,7 @@ pub(super) fn write_checked(
     value.extend_from_slice(bytes);
     store_document(tables, index, id, seq_no, &value, transfer)?;
     writes.record.push(index, id, &value);
+    writes.written.push((index, id.to_owned(), value));
     Ok(Version {
         seq_no,
         primary_term: PRIMARY_TERM,

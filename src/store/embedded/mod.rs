@@ -56,6 +56,7 @@ use super::{
 };
 
 mod commit;
+mod recent;
 mod search;
 mod tables;
 #[cfg(test)]
@@ -64,6 +65,7 @@ mod wal;
 
 pub use commit::MAX_GROUP_OPS;
 use commit::*;
+use recent::*;
 use search::*;
 use tables::*;
 use wal::*;
@@ -91,16 +93,21 @@ impl Drop for EmbeddedStore {
     /// Refuses new writes and waits for the committer to finish, so that once the store is
     /// dropped the file is closed and may be opened again (by this process or another).
     ///
-    /// Then, unless writes have stopped, it checkpoints: the redb file alone holds every
-    /// write, so the next start has nothing to replay.
+    /// Then, unless writes have stopped, it checkpoints (the open transaction commits
+    /// durably): the redb file alone holds every write, so the next start has nothing to
+    /// replay.
     fn drop(&mut self) {
         lock(&self.committer.queue).closed = true;
         drop(self.committer.wait_idle());
         if self.committer.check_writing().is_ok() {
-            if let Err(error) = checkpoint(&self.db, &mut lock(&self.committer.log)) {
+            let mut log = lock(&self.committer.log);
+            if let Err(error) = checkpoint(&self.db, &self.committer, &mut log) {
                 tracing::warn!(%error, "embedded store: no checkpoint at close; the next start replays the log");
             }
         }
+        // After stopped writes, an open transaction is rolled back before the file closes
+        // (the log holds its acknowledged groups).
+        drop(lock(&self.committer.open).take());
     }
 }
 
@@ -192,6 +199,30 @@ impl EmbeddedStore {
         Ok(())
     }
 
+    /// Has the committer commit its open transaction if it holds acknowledged writes, so that
+    /// a search, scan or feed read that starts after this sees every write acknowledged
+    /// before it was called (see [`recent`]).
+    async fn flush(&self) -> StoreResult<()> {
+        if self.committer.recent.is_empty() {
+            return Ok(());
+        }
+        let (reply, answer) = oneshot::channel();
+        self.enqueue(Waiting::Flush(reply))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Permanent("embedded store committer has stopped".into()))?
+    }
+
+    /// [`EmbeddedStore::flush`], then `f` on the blocking pool.
+    async fn search<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Database) -> StoreResult<T> + Send + 'static,
+    {
+        self.flush().await?;
+        self.read(f).await
+    }
+
     async fn read<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
@@ -232,6 +263,10 @@ impl Store for EmbeddedStore {
     }
 
     async fn get(&self, index: Index, id: &str) -> StoreResult<Option<Doc>> {
+        // The recent writes first, then redb: the order `recent` explains.
+        if let Some(value) = self.committer.recent.get(index, id) {
+            return decode(id, &value).map(Some);
+        }
         let id = id.to_owned();
         self.read(move |db| read_doc(db, index, &id)).await
     }
@@ -261,22 +296,22 @@ impl Store for EmbeddedStore {
 
     async fn find_stale(&self, query: &StaleQuery) -> StoreResult<Page> {
         let query = query.clone();
-        self.read(move |db| find_stale_blocking(db, &query)).await
+        self.search(move |db| find_stale_blocking(db, &query)).await
     }
 
     async fn list_transfers(&self, filter: &TransferFilter) -> StoreResult<Page> {
         let filter = filter.clone();
-        self.read(move |db| list_blocking(db, &filter)).await
+        self.search(move |db| list_blocking(db, &filter)).await
     }
 
     async fn changes(&self, query: &ChangesQuery) -> StoreResult<ChangesPage> {
         let query = query.clone();
-        self.read(move |db| changes_blocking(db, &query)).await
+        self.search(move |db| changes_blocking(db, &query)).await
     }
 
     async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<ScanPage> {
         let after = after.map(str::to_owned);
-        self.read(move |db| {
+        self.search(move |db| {
             let txn = db.begin_read().map_err(storage)?;
             let docs = txn.open_table(DOCS).map_err(storage)?;
             let start = after.as_deref().unwrap_or("");
@@ -311,6 +346,6 @@ impl Store for EmbeddedStore {
     }
 
     async fn refresh(&self) -> StoreResult<()> {
-        Ok(())
+        self.flush().await
     }
 }

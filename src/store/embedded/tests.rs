@@ -27,8 +27,9 @@ fn transfer(id: &str, state: &str, modified: i64) -> Value {
 
 /// Overwrites a stored document with bytes that do not decode, leaving its version
 /// prefix and its index entries in place (as a torn or foreign write would).
-fn break_doc(db: &Database, index: Index, id: &str) {
-    let txn = db.begin_write().unwrap();
+fn break_doc(store: &EmbeddedStore, index: Index, id: &str) {
+    settle(store);
+    let txn = store.db.begin_write().unwrap();
     {
         let mut docs = txn.open_table(DOCS).unwrap();
         let mut value = 42u64.to_le_bytes().to_vec();
@@ -66,6 +67,7 @@ async fn a_store_written_before_the_attention_index_gets_it_built_when_opened() 
             .await
             .unwrap();
         // As an older version left it: no index of flagged transfers, no marker.
+        settle(&store);
         let txn = store.db.begin_write().unwrap();
         txn.delete_table(TX_ATTENTION).unwrap();
         txn.open_table(META)
@@ -97,8 +99,9 @@ async fn a_store_holding_metadata_without_its_index_gets_it_built_when_opened() 
         limit: 10,
         ..TransferFilter::default()
     };
-    let entries = |db: &Database| -> Vec<(String, i64, String)> {
-        let txn = db.begin_read().unwrap();
+    let entries = |store: &EmbeddedStore| -> Vec<(String, i64, String)> {
+        settle(store);
+        let txn = store.db.begin_read().unwrap();
         let table = txn.open_table(TX_METADATA).unwrap();
         let rows = table
             .iter()
@@ -123,9 +126,10 @@ async fn a_store_holding_metadata_without_its_index_gets_it_built_when_opened() 
                 .await
                 .unwrap();
         }
-        assert_eq!(entries(&store.db).len(), 4, "two pairs each of t1 and t3");
+        assert_eq!(entries(&store).len(), 4, "two pairs each of t1 and t3");
         // As a version without the table (or one that opened the store in between) left it:
         // transfers with metadata, no entries, no marker.
+        settle(&store);
         let txn = store.db.begin_write().unwrap();
         txn.delete_table(TX_METADATA).unwrap();
         txn.open_table(META)
@@ -149,7 +153,7 @@ async fn a_store_holding_metadata_without_its_index_gets_it_built_when_opened() 
         ids(store.list_transfers(&by("channel", "web")).await.unwrap()),
         ["t3", "t1"]
     );
-    let built = entries(&store.db);
+    let built = entries(&store);
     assert_eq!(
         built,
         [
@@ -162,17 +166,21 @@ async fn a_store_holding_metadata_without_its_index_gets_it_built_when_opened() 
     // Built once: opening again neither duplicates nor loses it.
     drop(store);
     let store = EmbeddedStore::open(dir.path()).unwrap();
-    assert_eq!(entries(&store.db), built);
+    assert_eq!(entries(&store), built);
 }
 
-fn raw(db: &Database, index: Index, id: &str) -> Option<Vec<u8>> {
+fn raw(store: &EmbeddedStore, index: Index, id: &str) -> Option<Vec<u8>> {
+    settle(store);
+    let db = &store.db;
     let txn = db.begin_read().unwrap();
     let docs = txn.open_table(DOCS).unwrap();
     let value = docs.get((index.name(), id)).unwrap();
     value.map(|v| v.value().to_vec())
 }
 
-fn created_index_ids(db: &Database) -> Vec<String> {
+fn created_index_ids(store: &EmbeddedStore) -> Vec<String> {
+    settle(store);
+    let db = &store.db;
     let txn = db.begin_read().unwrap();
     let table = txn.open_table(TX_BY_CREATED).unwrap();
     let ids = table
@@ -221,8 +229,8 @@ async fn an_op_on_an_undecodable_document_fails_alone_and_writes_nothing() {
         )
         .await
         .unwrap();
-    break_doc(&store.db, Index::Transactions, "bad");
-    let before = raw(&store.db, Index::Transactions, "bad");
+    break_doc(&store, Index::Transactions, "bad");
+    let before = raw(&store, Index::Transactions, "bad");
 
     let results = store
         .bulk(vec![
@@ -247,8 +255,8 @@ async fn an_op_on_an_undecodable_document_fails_alone_and_writes_nothing() {
     );
     // No sequence number was spent on the failed ops: nothing of theirs was written.
     assert_eq!(written(&results[3]), one + 1);
-    assert_eq!(raw(&store.db, Index::Transactions, "bad"), before);
-    let mut indexed = created_index_ids(&store.db);
+    assert_eq!(raw(&store, Index::Transactions, "bad"), before);
+    let mut indexed = created_index_ids(&store);
     indexed.sort();
     assert_eq!(
         indexed,
@@ -271,7 +279,7 @@ async fn an_op_on_an_undecodable_document_fails_alone_and_writes_nothing() {
 fn in_a_group_of_callers_only_the_failing_op_fails() {
     let (_dir, store) = open();
     // A transfer's old index keys cannot be read from a broken source: its write must fail.
-    break_doc(&store.db, Index::Transactions, "bad");
+    break_doc(&store, Index::Transactions, "bad");
     let ops = |ops| Waiting::Ops(ops, oneshot::channel().0);
     let mut group = vec![
         ops(vec![create("first", transfer("first", "created", 1))]),
@@ -292,8 +300,8 @@ fn in_a_group_of_callers_only_the_failing_op_fails() {
     assert_eq!(results.len(), 3);
     assert_eq!(written(&results[0]) + 1, written(&results[2]));
     assert!(matches!(results[1], Err(StoreError::Permanent(_))));
-    assert!(raw(&store.db, Index::Transactions, "first").is_some());
-    assert!(raw(&store.db, Index::Transactions, "third").is_some());
+    assert!(raw(&store, Index::Transactions, "first").is_some());
+    assert!(raw(&store, Index::Transactions, "third").is_some());
 }
 
 /// The outcomes of a group's `bulk` callers, in order.
@@ -302,7 +310,7 @@ fn op_results(answers: Vec<Answer>) -> Vec<StoreResult<WriteOutcome>> {
         .into_iter()
         .flat_map(|answer| match answer {
             Answer::Ops(results) => results,
-            Answer::Txn(_) => Vec::new(),
+            Answer::Txn(_) | Answer::Flushed => Vec::new(),
         })
         .collect()
 }
@@ -313,7 +321,7 @@ fn txn_outcomes(answers: &[Answer]) -> Vec<TxnOutcome> {
         .iter()
         .filter_map(|answer| match answer {
             Answer::Txn(outcome) => Some(outcome.clone()),
-            Answer::Ops(_) => None,
+            Answer::Ops(_) | Answer::Flushed => None,
         })
         .collect()
 }
@@ -348,6 +356,7 @@ fn a_transaction_reads_the_writes_made_before_it_in_its_group() {
         panic!("the transaction was not committed");
     };
     assert_eq!(versions[0].seq_no, written(&op_results(answers)[0]) + 1);
+    settle(&store);
     let stored = read_doc(&store.db, Index::Transactions, "t1")
         .unwrap()
         .unwrap();
@@ -386,7 +395,7 @@ fn a_transaction_writing_one_document_twice_writes_nothing() {
     })];
     let answers = apply_group(&store.db, &store.committer, &mut group).expect("the group commits");
     assert_eq!(txn_outcomes(&answers), vec![TxnOutcome::Refused]);
-    assert!(raw(&store.db, Index::Transactions, "t1").is_none());
+    assert!(raw(&store, Index::Transactions, "t1").is_none());
 }
 
 #[tokio::test]
@@ -394,7 +403,7 @@ async fn an_account_source_is_stored_and_returned_as_given_without_being_parsed(
     let (_dir, store) = open();
     // Accounts have no index keys: like Elasticsearch, a conditional replace with the right
     // version overwrites whatever is stored, and the bytes come back as they were written.
-    break_doc(&store.db, Index::Accounts, "a");
+    break_doc(&store, Index::Accounts, "a");
     let source = Source::from_store(&br#"{"balance":1,  "z":[1,2]}"#[..]);
     let outcome = store
         .replace_if(
@@ -459,7 +468,7 @@ async fn find_stale_skips_undecodable_documents_and_pages_past_them() {
     // Broken: the two oldest (a whole first page), and a run in the middle.
     let broken = ["c00", "p01", "c04", "p05", "c06"];
     for id in broken {
-        break_doc(&store.db, Index::Transactions, id);
+        break_doc(&store, Index::Transactions, id);
     }
     let good: Vec<_> = all
         .iter()
@@ -527,7 +536,7 @@ async fn list_transfers_skips_undecodable_documents_and_pages_past_them() {
             .unwrap();
     }
     for id in ["t5", "t4", "t2"] {
-        break_doc(&store.db, Index::Transactions, id);
+        break_doc(&store, Index::Transactions, id);
     }
     for filter in [
         TransferFilter::default(),
@@ -634,6 +643,16 @@ async fn a_failed_checkpoint_stops_writing_until_a_restart() {
 
 /// Waits until the committer has finished its turn, the checkpoint after its last group
 /// included.
+/// Commits the committer's open transaction once its turn is over (as a search would have
+/// it), so that the test may read or write redb's tables directly.
+fn settle(store: &EmbeddedStore) {
+    committer_idle(store);
+    if let Some(open) = lock(&store.committer.open).take() {
+        open.commit(&store.committer, Durability::None)
+            .expect("the open transaction commits");
+    }
+}
+
 fn committer_idle(store: &EmbeddedStore) {
     drop(store.committer.wait_idle());
 }
@@ -675,6 +694,7 @@ async fn a_store_written_before_the_change_feed_gets_its_index_built_when_opened
         }
         let written = feed(&store).await;
         // As a version without the table left it: transfers, no entries, no marker.
+        settle(&store);
         let txn = store.db.begin_write().unwrap();
         txn.delete_table(TX_CHANGES).unwrap();
         txn.open_table(META).unwrap().remove(CHANGES_BUILT).unwrap();
@@ -870,6 +890,7 @@ async fn a_log_older_than_writes_made_to_the_file_is_refused_not_replayed() {
     std::fs::remove_file(image.path().join(LOG_FILE_NAME)).unwrap();
     {
         let older = EmbeddedStore::open(image.path()).unwrap();
+        settle(&older);
         let txn = older.db.begin_write().unwrap();
         {
             let mut docs = txn.open_table(DOCS).unwrap();
@@ -996,7 +1017,9 @@ async fn after_a_failed_log_write_the_store_stops_writing_until_reopened() {
 }
 
 /// The recovery index's entries, as (state, id).
-fn recovery_entries(db: &Database) -> Vec<(String, String)> {
+fn recovery_entries(store: &EmbeddedStore) -> Vec<(String, String)> {
+    settle(store);
+    let db = &store.db;
     let txn = db.begin_read().unwrap();
     let table = txn.open_table(TX_BY_STATE_MODIFIED).unwrap();
     let rows = table
@@ -1031,10 +1054,10 @@ async fn only_in_flight_transfers_have_recovery_entries() {
         .await
         .unwrap();
     let entry = |state: &str, id: &str| (state.to_owned(), id.to_owned());
-    assert_eq!(recovery_entries(&store.db), [entry("created", "t1")]);
+    assert_eq!(recovery_entries(&store), [entry("created", "t1")]);
     let WriteOutcome::Written(version) = created else {
         panic!("t1: {created:?}");
     };
     move_transfer(&store, "t1", "finished", 2, version).await;
-    assert_eq!(recovery_entries(&store.db), []);
+    assert_eq!(recovery_entries(&store), []);
 }

@@ -62,6 +62,10 @@ pub const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
 /// alternate between a few ops and several thousand; at 64 clients none exceeds 256.)
 pub const BUSY_GROUP_OPS: usize = 1024;
 
+/// The most acknowledged writes the committer's open transaction holds before it commits
+/// ([`Wal::commit_due`]): about 5,000 transfers, a few MiB of recent writes.
+pub const OPEN_TXN_WRITES: usize = 16_384;
+
 /// A checkpoint once the log holds this much, whatever the time.
 pub const CHECKPOINT_BYTES: u64 = 64 * 1024 * 1024;
 
@@ -208,6 +212,16 @@ impl Wal {
         self.bytes >= CHECKPOINT_BYTES
             || since >= self.checkpoint_interval
             || (busy && since >= self.checkpoint_interval / 20)
+    }
+
+    /// Whether the committer's open transaction, opened at `opened` and holding `acknowledged`
+    /// writes, should commit now ([`super::recent`]): after a tenth of the checkpoint interval,
+    /// or once it holds [`OPEN_TXN_WRITES`] writes. This bounds what redb and the recent
+    /// writes hold in memory; searches commit it sooner when they need to. Nothing of
+    /// durability depends on it.
+    pub(super) fn commit_due(&self, opened: Instant, acknowledged: usize) -> bool {
+        acknowledged >= OPEN_TXN_WRITES
+            || Instant::now().saturating_duration_since(opened) >= self.checkpoint_interval / 10
     }
 
     /// Appends `record` and syncs it: once this returns, the record survives a crash.

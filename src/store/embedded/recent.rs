@@ -1,0 +1,58 @@
+//! The recent writes: documents the committer's open transaction holds for groups already
+//! acknowledged, so that a `get` sees every acknowledged write before that transaction
+//! commits.
+//!
+//! **Why a transaction stays open.** redb copies a page the first time a transaction changes
+//! it, and its commit checksums and writes every page it changed. One transaction per group
+//! paid that for the same account, index and document pages again and again; a transaction
+//! kept open across groups pays it once per page until it commits (`Wal::commit_due`, or a
+//! search, or a checkpoint).
+//!
+//! **Why this is safe.** A group's writes are added here only once its record is synced in
+//! the log, before its callers are answered, and removed only after the transaction holding
+//! them has committed. A `get` looks here first and then opens a redb read transaction: if
+//! the write it should see is not here, either it was not acknowledged yet or it was
+//! committed before the get looked, so the read transaction sees it. Searches, scans and the
+//! feed read redb's tables, so they first have the committer commit (`EmbeddedStore::flush`)
+//! whenever anything is here: they stay realtime.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+
+use super::*;
+
+/// Acknowledged documents not committed to redb yet, by index and id: the stored value
+/// (`seq_no` and source) of each one's latest write.
+#[derive(Default)]
+pub(super) struct Recent {
+    docs: RwLock<[HashMap<String, Vec<u8>>; Index::ALL.len()]>,
+}
+
+impl Recent {
+    /// The latest acknowledged value of a document the open transaction holds.
+    pub(super) fn get(&self, index: Index, id: &str) -> Option<Vec<u8>> {
+        let docs = self.docs.read().unwrap_or_else(|e| e.into_inner());
+        docs[index as usize].get(id).cloned()
+    }
+
+    /// Whether every acknowledged write is committed to redb.
+    pub(super) fn is_empty(&self) -> bool {
+        let docs = self.docs.read().unwrap_or_else(|e| e.into_inner());
+        docs.iter().all(HashMap::is_empty)
+    }
+
+    /// Adds a group's writes, in order (a later write of a document replaces an earlier one).
+    /// Call once the group's record is synced, before answering its callers.
+    pub(super) fn add(&self, writes: Vec<(Index, String, Vec<u8>)>) {
+        let mut docs = self.docs.write().unwrap_or_else(|e| e.into_inner());
+        for (index, id, value) in writes {
+            docs[index as usize].insert(id, value);
+        }
+    }
+
+    /// Forgets every write. Call only after the transaction holding them has committed.
+    pub(super) fn committed(&self) {
+        let mut docs = self.docs.write().unwrap_or_else(|e| e.into_inner());
+        docs.iter_mut().for_each(HashMap::clear);
+    }
+}
