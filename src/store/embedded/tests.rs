@@ -996,6 +996,9 @@ async fn after_a_failed_log_write_the_store_stops_writing_until_reopened() {
         None,
         "never visible"
     );
+    // The open transaction that held the acknowledged write is gone; the write is not.
+    assert!(!transaction_open(&store));
+    assert!(store.get(Index::Accounts, "kept").await.unwrap().is_some());
     // The disk recovers, but the log may end in half a record: nothing more is written.
     lock(&store.committer.log).fail_appends = false;
     assert_writes_stopped(&store).await;
@@ -1060,4 +1063,64 @@ async fn only_in_flight_transfers_have_recovery_entries() {
     };
     move_transfer(&store, "t1", "finished", 2, version).await;
     assert_eq!(recovery_entries(&store), []);
+}
+
+/// Whether the committer's transaction is open, holding writes not yet in redb's tables.
+fn transaction_open(store: &EmbeddedStore) -> bool {
+    committer_idle(store);
+    lock(&store.committer.open).is_some()
+}
+
+#[tokio::test]
+async fn a_get_sees_an_acknowledged_write_before_its_transaction_commits() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open_without_checkpoints(dir.path());
+    let source = json!({ "balance": 5 });
+    store
+        .create(Index::Accounts, "a1", source.clone().into())
+        .await
+        .unwrap();
+    assert!(transaction_open(&store), "the transaction stays open");
+    let in_tables = read_doc(&store.db, Index::Accounts, "a1").unwrap();
+    assert_eq!(in_tables, None, "not committed to redb's tables yet");
+    let doc = store.get(Index::Accounts, "a1").await.unwrap();
+    assert_eq!(doc.expect("acknowledged, so visible").source, source);
+}
+
+#[tokio::test]
+async fn searches_commit_the_open_transaction_first_so_they_stay_realtime() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open_without_checkpoints(dir.path());
+    write_history(&store).await;
+    assert!(transaction_open(&store));
+    assert_eq!(in_state(&store, "committed").await, ["t1"]);
+    assert!(!transaction_open(&store), "the listing had it commit");
+    assert!(store.committer.recent.is_empty());
+    // Every other reader of the tables does the same.
+    move_transfer(&store, "t2", "committed", 4, version_of(&store, "t2").await).await;
+    assert_eq!(stale_ids(&store, &["committed"], 10).await, ["t1", "t2"]);
+    move_transfer(&store, "t2", "finished", 5, version_of(&store, "t2").await).await;
+    let page = store.scan(Index::Transactions, None, 10).await.unwrap();
+    let t2 = page.docs.iter().find(|d| d.id == "t2").expect("t2 scanned");
+    assert_eq!(
+        t2.source.decode::<Value>().unwrap()["transaction_state"],
+        "finished"
+    );
+    move_transfer(&store, "t1", "finished", 6, version_of(&store, "t1").await).await;
+    let newest = feed(&store).await.pop().expect("a feed entry").1;
+    assert_eq!(newest, "t1", "the feed shows the latest write");
+    assert!(!transaction_open(&store));
+}
+
+async fn version_of(store: &EmbeddedStore, id: &str) -> Version {
+    let doc = store.get(Index::Transactions, id).await.unwrap();
+    doc.expect("the transfer exists").version
+}
+
+#[tokio::test]
+async fn a_refresh_with_nothing_acknowledged_since_the_last_commit_asks_nothing_of_the_committer() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open_without_checkpoints(dir.path());
+    store.refresh().await.unwrap();
+    assert!(!transaction_open(&store), "no empty transaction was begun");
 }

@@ -508,6 +508,23 @@ mod checkpoint_tests {
     }
 
     #[test]
+    fn the_open_transaction_commits_after_a_tenth_of_the_interval_or_many_writes() {
+        let (_dir, log) = log_checkpointed(Duration::ZERO);
+        let ago = |ms| {
+            Instant::now()
+                .checked_sub(Duration::from_millis(ms))
+                .unwrap()
+        };
+        assert!(!log.commit_due(ago(50), 1));
+        assert!(!log.commit_due(ago(50), OPEN_TXN_WRITES - 1));
+        assert!(log.commit_due(ago(50), OPEN_TXN_WRITES));
+        assert!(log.commit_due(ago(101), 1));
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (never, _) = Wal::open(dir.path(), Duration::MAX).unwrap();
+        assert!(!never.commit_due(ago(10_000), 1));
+    }
+
+    #[test]
     fn a_long_log_checkpoints_whatever_the_time() {
         let (_dir, mut log) = log_checkpointed(Duration::ZERO);
         assert!(!log.checkpoint_due(4));
