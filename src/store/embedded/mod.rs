@@ -10,8 +10,9 @@
 //! - **Group commit.** One committer at a time owns the write transactions: the caller that
 //!   finds nobody committing becomes it, on tokio's blocking pool, and while it commits the
 //!   others queue. It takes every batch that is waiting (up to [`MAX_GROUP_OPS`] ops),
-//!   applies them one by one in a single transaction and commits once, answers every caller,
-//!   and goes on until the queue is empty. (On the blocking pool, tokio knows work is under
+//!   applies them one by one in its open transaction, logs them once, answers every caller,
+//!   and goes on until the queue is empty. (The transaction stays open across groups and
+//!   commits now and then, or before a search: `recent`.) (On the blocking pool, tokio knows work is under
 //!   way: tests on paused time do not see the clock jump while a commit runs.) Concurrent writers therefore
 //!   share one log append and one fsync instead of paying one each. Each op is checked on its own, so a
 //!   conflicting op changes nothing and does not affect the others (like `_bulk`); an op that
@@ -32,7 +33,7 @@
 //! - One process holds the file at a time (redb locks it); a second one fails to open it.
 //!
 //! Here: the store and its `Store` implementation. `commit`: the group commit; `wal`: the
-//! write-ahead log and its replay;
+//! write-ahead log and its replay; `recent`: the acknowledged writes of the open transaction;
 //! `tables`: the tables, the document encoding and the secondary indexes; `search`: the
 //! searches that walk those indexes.
 

@@ -1,8 +1,8 @@
 //! The write-ahead log: what makes a group's writes durable between checkpoints.
 //!
-//! A group's transaction commits to redb with `Durability::None` (its pages stay in redb's
-//! memory, visible to readers, not written or fsynced), after its writes were appended here as
-//! one record and the log was `fdatasync`ed. Every [`CHECKPOINT_INTERVAL`] (sooner while
+//! The committer's transaction commits to redb with `Durability::None` (its pages stay in
+//! redb's memory, not written or fsynced), and each group's writes were appended here as one
+//! record and the log was `fdatasync`ed before anyone saw them ([`super::recent`]). Every [`CHECKPOINT_INTERVAL`] (sooner while
 //! groups are busy, see [`BUSY_GROUP_OPS`]; or every [`CHECKPOINT_BYTES`] of log), once a
 //! group's callers are answered, an empty transaction commits with `Durability::Immediate`,
 //! which makes every earlier commit durable in the redb file too, and the log is emptied. A page a
@@ -10,8 +10,9 @@
 //! one sequential append and one `fdatasync`.
 //!
 //! **The rule that makes it safe:** nothing is acknowledged, nor visible to a reader, before
-//! its record is on disk: the record is written and synced while the group's transaction is
-//! still open, and the transaction commits after. A crash therefore leaves the redb file at
+//! its record is on disk: the record is written and synced while the transaction holding the
+//! group is still open, before the group's writes join the recent writes, and the
+//! transaction commits after. A crash therefore leaves the redb file at
 //! its last durable commit plus a log holding every record since (and perhaps one record
 //! whose group was never acknowledged, which is then applied: its outcome was unknown to its
 //! callers, as after a failed commit).
