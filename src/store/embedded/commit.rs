@@ -457,41 +457,61 @@ pub(super) struct GroupWrites<'r> {
 
 /// The reads of a transaction's work: the group's tables, so they see the group's earlier
 /// writes. A storage error is kept to fail the group (redb may have poisoned the
-/// transaction); the work sees it as an error too.
+/// transaction); the work sees it as an error too. The `seq_no` of each document read (or
+/// its absence) is kept: checking the transaction's writes then needs no second lookup.
 struct GroupReads<'t, 'txn> {
     tables: &'t Tables<'txn>,
     failed: Option<StoreError>,
+    seen: Vec<(Index, String, Option<u64>)>,
 }
 
 impl GroupReads<'_, '_> {
-    /// The stored value of a document, decoded by `f`.
+    /// The stored value of a document, decoded by `f` (which also answers its `seq_no`).
     fn read<T>(
         &mut self,
         index: Index,
         id: &str,
-        f: impl FnOnce(&[u8]) -> StoreResult<T>,
+        f: impl FnOnce(&[u8]) -> StoreResult<(u64, T)>,
     ) -> StoreResult<Option<T>> {
-        match self.tables.docs.get((index.name(), id)) {
-            Ok(stored) => stored.map(|bytes| f(bytes.value())).transpose(),
+        let stored = match self.tables.docs.get((index.name(), id)) {
+            Ok(stored) => stored.map(|bytes| f(bytes.value())).transpose()?,
             Err(e) => {
                 let e = storage(e);
                 self.failed = Some(e.clone());
-                Err(e)
+                return Err(e);
             }
-        }
+        };
+        let seq_no = stored.as_ref().map(|(seq_no, _)| *seq_no);
+        self.seen.push((index, id.to_owned(), seq_no));
+        Ok(stored.map(|(_, value)| value))
+    }
+
+    /// What the work read of `op`'s document, if it read it.
+    fn seen(&self, op: &WriteOp) -> Option<Option<u64>> {
+        let (index, id) = (op.index(), op.id());
+        self.seen
+            .iter()
+            .rev()
+            .find(|(i, seen_id, _)| *i == index && seen_id == id)
+            .map(|(_, _, seq_no)| *seq_no)
     }
 }
 
 impl TxnReads for GroupReads<'_, '_> {
     fn get(&mut self, index: Index, id: &str) -> StoreResult<Option<Doc>> {
-        self.read(index, id, |bytes| decode(id, bytes))
+        self.read(index, id, |bytes| {
+            decode(id, bytes).map(|doc| (doc.version.seq_no, doc))
+        })
     }
 
     fn version(&mut self, index: Index, id: &str) -> StoreResult<Option<Version>> {
         self.read(index, id, |bytes| {
-            split_stored(id, bytes).map(|(seq_no, _)| Version {
-                seq_no,
-                primary_term: PRIMARY_TERM,
+            split_stored(id, bytes).map(|(seq_no, _)| {
+                let version = Version {
+                    seq_no,
+                    primary_term: PRIMARY_TERM,
+                };
+                (seq_no, version)
             })
         })
     }
@@ -507,9 +527,10 @@ fn run_txn(
     let mut reads = GroupReads {
         tables,
         failed: None,
+        seen: Vec::new(),
     };
     let ops = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&mut reads)));
-    if let Some(e) = reads.failed {
+    if let Some(e) = reads.failed.take() {
         return Err(e);
     }
     let Ok(ops) = ops else {
@@ -520,9 +541,11 @@ fn run_txn(
     if !ops.iter().all(|op| seen.insert((op.index(), op.id()))) {
         return Ok(TxnOutcome::Refused);
     }
+    // Nothing was written since the work read: what it saw is what a lookup would find.
+    let seen: Vec<_> = ops.iter().map(|op| reads.seen(op)).collect();
     let mut checked = Vec::with_capacity(ops.len());
-    for op in &ops {
-        match check_op(tables, op)? {
+    for (op, seen) in ops.iter().zip(seen) {
+        match check_op(tables, op, seen)? {
             Ok(op) => checked.push(op),
             Err(_) => return Ok(TxnOutcome::Refused),
         }
@@ -543,7 +566,7 @@ pub(super) fn apply_op(
     writes: &mut GroupWrites<'_>,
     op: &WriteOp,
 ) -> StoreResult<StoreResult<WriteOutcome>> {
-    Ok(match check_op(tables, op)? {
+    Ok(match check_op(tables, op, None)? {
         Ok(checked) => Ok(WriteOutcome::Written(write_checked(
             tables, writes, checked,
         )?)),
@@ -566,40 +589,65 @@ type IndexKeys<'o> = (Option<TransferKeys<'static>>, TransferKeys<'o>);
 /// may be written, `Ok(Err(outcome))` when it must not (a conflict, a taken id, a missing
 /// document, or a source that cannot be indexed).
 ///
+/// `seen` is the document's `seq_no` (or its absence) as the transaction's work read it,
+/// nothing having been written since: it stands for the lookup, unless the op overwrites a
+/// stored transfer, whose old index keys come from its stored source.
+///
 /// Sources are not parsed, except a transfer's indexed fields (old and new, to move its
-/// index entries): an account write costs a lookup, a copy and an insert.
+/// index entries): an account write costs a lookup (none when the work read it), a copy and
+/// an insert.
 pub(super) fn check_op<'o>(
     tables: &Tables<'_>,
     op: &'o WriteOp,
+    seen: Option<Option<u64>>,
 ) -> StoreResult<Result<CheckedOp<'o>, StoreResult<WriteOutcome>>> {
     let index = op.index();
     let id = op.id();
-    let stored = tables.docs.get((index.name(), id)).map_err(storage)?;
-    let (source, current) = match (op, &stored) {
-        // A create only needs to know that the id is taken, whatever is stored there.
+    let looked_up;
+    let current = match seen {
+        Some(seq_no) if index != Index::Transactions || seq_no.is_none() => {
+            seq_no.map(|seq_no| (seq_no, None))
+        }
+        _ => {
+            looked_up = tables.docs.get((index.name(), id)).map_err(storage)?;
+            match looked_up
+                .as_ref()
+                .map(|bytes| split_stored(id, bytes.value()))
+            {
+                None => None,
+                Some(Ok((seq_no, old))) => Some((seq_no, Some(old))),
+                // A create only needs to know that the id is taken, whatever is stored there.
+                Some(Err(_)) if matches!(op, WriteOp::Create { .. }) => {
+                    return Ok(Err(Ok(WriteOutcome::AlreadyExists)))
+                }
+                Some(Err(e)) => return Ok(Err(Err(e))),
+            }
+        }
+    };
+    let source = match (op, current) {
         (WriteOp::Create { .. }, Some(_)) => return Ok(Err(Ok(WriteOutcome::AlreadyExists))),
-        (WriteOp::Create { source, .. }, None) => (source, None),
+        (WriteOp::Create { source, .. }, None) => source,
         (WriteOp::ReplaceIf { .. }, None) => return Ok(Err(Ok(WriteOutcome::NotFound))),
         (
             WriteOp::ReplaceIf {
                 source, expected, ..
             },
-            Some(bytes),
-        ) => match split_stored(id, bytes.value()) {
-            Ok((seq_no, _))
-                if (Version {
-                    seq_no,
-                    primary_term: PRIMARY_TERM,
-                }) != *expected =>
-            {
-                return Ok(Err(Ok(WriteOutcome::Conflict)))
+            Some((seq_no, _)),
+        ) => {
+            let stored = Version {
+                seq_no,
+                primary_term: PRIMARY_TERM,
+            };
+            if stored != *expected {
+                return Ok(Err(Ok(WriteOutcome::Conflict)));
             }
-            Ok((seq_no, old)) => (source, Some((seq_no, old))),
-            Err(e) => return Ok(Err(Err(e))),
-        },
+            source
+        }
     };
     // A transfer's index keys, old and new, are read before anything is written: a source
-    // that is not a JSON object fails its op alone.
+    // that is not a JSON object fails its op alone. (A stored transfer's source is always
+    // looked up above.)
+    let current = current.and_then(|(seq_no, old)| old.map(|old| (seq_no, old)));
     match transfer_change(index, current, source.as_bytes()) {
         Ok(transfer) => Ok(Ok(CheckedOp { op, transfer })),
         Err(e) => Ok(Err(Err(e))),

@@ -366,6 +366,77 @@ fn a_transaction_reads_the_writes_made_before_it_in_its_group() {
     );
 }
 
+/// What a transaction's work read stands for the lookup when its writes are checked: it
+/// must give the same outcomes a lookup would.
+#[test]
+fn a_transactions_writes_are_checked_against_what_its_work_read() {
+    let (_dir, store) = open();
+    let account = |n: i64, seq_no: u64| WriteOp::ReplaceIf {
+        index: Index::Accounts,
+        id: "a1".into(),
+        source: json!({ "n": n }).into(),
+        expected: Version {
+            seq_no,
+            primary_term: PRIMARY_TERM,
+        },
+    };
+    let a1_seq_no = |reads: &mut dyn TxnReads| {
+        let a1 = reads.get(Index::Accounts, "a1").expect("read");
+        a1.expect("a1 exists").version.seq_no
+    };
+    let mut group = vec![
+        Waiting::Ops(
+            vec![WriteOp::Create {
+                index: Index::Accounts,
+                id: "a1".into(),
+                source: json!({ "n": 0 }).into(),
+            }],
+            oneshot::channel().0,
+        ),
+        // Read at one version, written at another: a conflict.
+        txn(move |reads| vec![account(1, a1_seq_no(reads) + 1)]),
+        // Read absent and created; read and written at the version read: committed.
+        txn(move |reads| {
+            assert_eq!(
+                reads.version(Index::Transactions, "t1").expect("read"),
+                None
+            );
+            let seq_no = a1_seq_no(reads);
+            vec![
+                create("t1", transfer("t1", "finished", 1)),
+                account(2, seq_no),
+            ]
+        }),
+        // Read as taken (by the transaction before), created again: refused.
+        txn(|reads| {
+            assert!(reads
+                .version(Index::Transactions, "t1")
+                .expect("read")
+                .is_some());
+            vec![create("t1", transfer("t1", "finished", 1))]
+        }),
+        // Read absent, replaced: refused.
+        txn(|reads| {
+            assert_eq!(
+                reads.version(Index::Transactions, "t2").expect("read"),
+                None
+            );
+            vec![replace("t2", transfer("t2", "finished", 1), 0)]
+        }),
+    ];
+    let answers = apply_group(&store.db, &store.committer, &mut group).expect("the group commits");
+    let outcomes = txn_outcomes(&answers);
+    assert_eq!(outcomes[0], TxnOutcome::Refused, "stale version");
+    assert!(
+        matches!(outcomes[1], TxnOutcome::Committed(_)),
+        "{outcomes:?}"
+    );
+    assert_eq!(outcomes[2..], [TxnOutcome::Refused, TxnOutcome::Refused]);
+    settle(&store);
+    let a1 = read_doc(&store.db, Index::Accounts, "a1").unwrap().unwrap();
+    assert_eq!(a1.source, Source::from(json!({ "n": 2 })));
+}
+
 #[test]
 fn a_panicking_transaction_writes_nothing_and_fails_alone() {
     let (_dir, store) = open();
