@@ -1,5 +1,5 @@
-//! Group commit: one committer at a time applies every waiting batch in one write transaction
-//! and answers each caller its own outcomes.
+//! Group commit: one committer at a time applies every waiting batch in its open write
+//! transaction, logs it once, and answers each caller its own outcomes.
 
 use std::time::Instant;
 
@@ -38,7 +38,7 @@ impl Waiting {
     }
 }
 
-/// What the group's transaction answers one caller, once it committed.
+/// What the group's transaction answers one caller, once its record is in the log.
 pub(super) enum Answer {
     Ops(Vec<StoreResult<WriteOutcome>>),
     Txn(TxnOutcome),
@@ -60,6 +60,8 @@ pub(super) struct Committer {
     pub(super) idle: Condvar,
     pub(super) log: Mutex<Wal>,
     /// The write transaction kept open across groups, between turns too ([`super::recent`]).
+    /// redb has one writer at a time: nothing else may begin a write transaction while it is
+    /// here (the store's start and close, and tests after `settle`, are the only others).
     pub(super) open: Mutex<Option<OpenTxn>>,
     /// What the open transaction holds of acknowledged groups, for `get`.
     pub(super) recent: Recent,
@@ -83,7 +85,9 @@ impl Committer {
     /// log and redb's state in memory disagreeing about that group, and later groups would
     /// build on the difference. A restart replays the log and starts from what is on disk.
     fn stop_writing(&self, reason: String) -> StoreError {
-        tracing::error!(%reason, "embedded store: writes stopped until the service restarts");
+        if self.stopped.get().is_none() {
+            tracing::error!(%reason, "embedded store: writes stopped until the service restarts");
+        }
         let reason = self.stopped.get_or_init(|| {
             format!("embedded store: {reason}; writes are refused until the service restarts")
         });
@@ -132,8 +136,8 @@ impl Drop for CommitterTurn {
     }
 }
 
-/// The committer: drains waiting batches into one transaction, commits once, answers all,
-/// checkpoints if one is due; again until nothing waits. Runs on the blocking pool.
+/// The committer: drains waiting batches into its open transaction, logs them once, answers
+/// all, checkpoints if one is due; again until nothing waits. Runs on the blocking pool.
 pub(super) fn run_commits(db: &Database, mut turn: CommitterTurn) {
     let committer = turn.committer.clone();
     loop {
@@ -290,11 +294,11 @@ impl SeqNos {
 /// The committer's write transaction, open across groups until it commits.
 pub(super) struct OpenTxn {
     txn: WriteTransaction,
-    opened: Instant,
-    /// Writes of acknowledged groups it holds (also in [`Committer::recent`]). Dropping a
-    /// transaction that holds any loses them from redb's state in memory while the log holds
-    /// them: the store must then stop writing.
-    acknowledged: usize,
+    pub(super) opened: Instant,
+    /// Writes it holds whose records are in the log (acknowledged, or about to be, and in
+    /// [`Committer::recent`]). Losing a transaction that holds any leaves redb's state behind
+    /// the log: the store must then stop writing ([`Taken`]).
+    logged: usize,
 }
 
 impl OpenTxn {
@@ -304,7 +308,7 @@ impl OpenTxn {
         Ok(Self {
             txn,
             opened: Instant::now(),
-            acknowledged: 0,
+            logged: 0,
         })
     }
 
@@ -319,15 +323,73 @@ impl OpenTxn {
         committer.recent.committed();
         Ok(())
     }
+}
 
-    /// Drops the transaction after a failure in it: `error` for the group that met it, and
-    /// the store stops writing if acknowledged groups are lost with it.
-    fn abandon(self, committer: &Committer, error: StoreError) -> StoreError {
-        match self.acknowledged {
+/// The open transaction while the committer works in it, taken out of [`Committer::open`]
+/// (or begun). It must end committed, put back, or given up through [`Taken::give_up`]; if
+/// it is dropped otherwise (a panic anywhere in the committer's work), the logged writes it
+/// held are gone from redb's state in memory while the log holds them, and later groups
+/// would reuse their `seq_no`s: the store stops writing, and a restart replays the log.
+struct Taken<'c> {
+    committer: &'c Committer,
+    open: Option<OpenTxn>,
+}
+
+impl<'c> Taken<'c> {
+    fn take(db: &Database, committer: &'c Committer) -> StoreResult<Self> {
+        let open = match lock(&committer.open).take() {
+            Some(open) => open,
+            None => OpenTxn::begin(db)?,
+        };
+        Ok(Self {
+            committer,
+            open: Some(open),
+        })
+    }
+
+    fn get(&mut self) -> &mut OpenTxn {
+        self.open.as_mut().expect("taken until it ends")
+    }
+
+    /// Puts the transaction back for the next group.
+    fn put_back(mut self) {
+        *lock(&self.committer.open) = self.open.take();
+    }
+
+    /// Commits it; see [`OpenTxn::commit`]. A failure with logged writes stops writing.
+    fn commit(mut self, durability: Durability) -> StoreResult<()> {
+        let open = self.open.take().expect("taken until it ends");
+        let logged = open.logged > 0;
+        open.commit(self.committer, durability).map_err(|e| {
+            let reason = format!("commit failed, the writes may or may not be applied: {e}");
+            match logged {
+                true => self.committer.stop_writing(reason),
+                false => StoreError::Unavailable(format!("embedded store: {reason}")),
+            }
+        })
+    }
+
+    /// Drops the transaction after `error` in it (redb may have poisoned it): `error` for the
+    /// group that met it, and the store stops writing if logged writes are lost with it.
+    fn give_up(mut self, error: StoreError) -> StoreError {
+        let open = self.open.take().expect("taken until it ends");
+        match open.logged {
             0 => error,
-            _ => committer.stop_writing(format!(
+            _ => self.committer.stop_writing(format!(
                 "the open transaction failed, with acknowledged writes in it: {error}"
             )),
+        }
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        if self.open.as_ref().is_some_and(|open| open.logged > 0) {
+            self.committer.stop_writing(
+                "the committer stopped part-way (a panic) with acknowledged writes in its open \
+                 transaction"
+                    .into(),
+            );
         }
     }
 }
@@ -336,8 +398,10 @@ impl OpenTxn {
 /// cannot be applied (a stored value that is truncated, a transfer source that is not a JSON
 /// object) fails alone, having written nothing, and so does a transaction with such a write;
 /// the group fails as a whole only when the transaction does (a storage error, a failed log
-/// write or commit), and then nothing of it was acknowledged. Each transaction's work is
-/// taken out of the group to be run.
+/// write or commit), and then nothing of it was acknowledged. Such a failure also loses the
+/// earlier groups the open transaction held (logged, acknowledged): the store then stops
+/// writing until a restart replays them ([`Taken`]). Each transaction's work is taken out of
+/// the group to be run.
 ///
 /// Durability comes from the log ([`super::wal`]): the group's writes are appended and synced
 /// there before anything of them is visible or acknowledged. Then they join
@@ -351,44 +415,35 @@ pub(super) fn apply_group(
 ) -> StoreResult<Vec<Answer>> {
     committer.check_writing()?;
     let mut log = lock(&committer.log);
-    let mut open = match lock(&committer.open).take() {
-        Some(open) => open,
-        None => OpenTxn::begin(db)?,
-    };
+    let mut taken = Taken::take(db, committer)?;
     let mut record = log.record();
     let mut written = Vec::new();
-    let answers = match apply_writes(&open.txn, group, &mut record, &mut written) {
+    let answers = match apply_writes(&taken.get().txn, group, &mut record, &mut written) {
         Ok(answers) => answers,
-        Err(e) => return Err(open.abandon(committer, e)),
+        Err(e) => return Err(taken.give_up(e)),
     };
     // Nothing a reader can see or a caller is told lives only in memory: the record is on
-    // disk first. Should the log write fail, the transaction is dropped (nothing of the group
-    // is visible) and the store stops writing: the file may hold part of the record, and a
-    // later record after it would not be read back.
+    // disk first. Should the log write fail, the file may hold part of the record, and a
+    // later record after it would not be read back: the store stops writing (and the
+    // transaction is dropped, so nothing of the group is visible).
     if !record.is_empty() {
         if let Err(e) = log.append(&mut record) {
-            drop(open);
-            return Err(committer.stop_writing(format!("cannot write the log: {e}")));
+            let stopped = committer.stop_writing(format!("cannot write the log: {e}"));
+            return Err(taken.give_up(stopped));
         }
-        open.acknowledged += written.len();
+        taken.get().logged += written.len();
         committer.recent.add(written);
     }
     let flush = group.iter().any(|w| matches!(w, Waiting::Flush(_)));
-    if !(flush || log.commit_due(open.opened, open.acknowledged)) {
-        *lock(&committer.open) = Some(open);
+    let open = taken.get();
+    if !(flush || log.commit_due(open.opened, open.logged)) {
+        taken.put_back();
         return Ok(answers);
     }
     // A failed commit leaves the outcome unknown to the callers (they re-read before deciding
     // again), whatever redb's reason; once records are logged, replay will apply them, so the
     // store stops writing until then.
-    let logged = open.acknowledged > 0;
-    open.commit(committer, Durability::None).map_err(|e| {
-        let reason = format!("commit failed, the writes may or may not be applied: {e}");
-        match logged {
-            true => committer.stop_writing(reason),
-            false => StoreError::Unavailable(format!("embedded store: {reason}")),
-        }
-    })?;
+    taken.commit(Durability::None)?;
     Ok(answers)
 }
 
@@ -436,11 +491,7 @@ fn apply_writes(
 /// it: a log that does not shrink is still correct (replay skips what the file holds), so a
 /// failure to empty it only costs space.
 pub(super) fn checkpoint(db: &Database, committer: &Committer, log: &mut Wal) -> StoreResult<()> {
-    let open = match lock(&committer.open).take() {
-        Some(open) => open,
-        None => OpenTxn::begin(db)?,
-    };
-    open.commit(committer, Durability::Immediate)?;
+    Taken::take(db, committer)?.commit(Durability::Immediate)?;
     if let Err(error) = log.checkpointed() {
         tracing::warn!(%error, "embedded store: cannot empty the write-ahead log");
     }

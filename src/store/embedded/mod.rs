@@ -106,8 +106,9 @@ impl Drop for EmbeddedStore {
                 tracing::warn!(%error, "embedded store: no checkpoint at close; the next start replays the log");
             }
         }
-        // After stopped writes, an open transaction is rolled back before the file closes
-        // (the log holds its acknowledged groups).
+        // Defensive: every path that stops writing has given up the open transaction
+        // already; should one remain, it is rolled back before the file closes (the log
+        // holds its acknowledged groups).
         drop(lock(&self.committer.open).take());
     }
 }

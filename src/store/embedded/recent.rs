@@ -22,7 +22,8 @@ use std::sync::RwLock;
 use super::*;
 
 /// Acknowledged documents not committed to redb yet, by index and id: the stored value
-/// (`seq_no` and source) of each one's latest write.
+/// (`seq_no` and source) of each one's latest write. (The store never deletes a document;
+/// a delete would need a tombstone here.)
 #[derive(Default)]
 pub(super) struct Recent {
     docs: RwLock<[HashMap<String, Vec<u8>>; Index::ALL.len()]>,

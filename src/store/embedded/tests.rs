@@ -712,8 +712,6 @@ async fn a_failed_checkpoint_stops_writing_until_a_restart() {
     assert_writes_stopped(&store).await;
 }
 
-/// Waits until the committer has finished its turn, the checkpoint after its last group
-/// included.
 /// Commits the committer's open transaction once its turn is over (as a search would have
 /// it), so that the test may read or write redb's tables directly.
 fn settle(store: &EmbeddedStore) {
@@ -724,6 +722,8 @@ fn settle(store: &EmbeddedStore) {
     }
 }
 
+/// Waits until the committer has finished its turn, the checkpoint after its last group
+/// included.
 fn committer_idle(store: &EmbeddedStore) {
     drop(store.committer.wait_idle());
 }
@@ -1194,4 +1194,77 @@ async fn a_refresh_with_nothing_acknowledged_since_the_last_commit_asks_nothing_
     let store = open_without_checkpoints(dir.path());
     store.refresh().await.unwrap();
     assert!(!transaction_open(&store), "no empty transaction was begun");
+}
+
+#[tokio::test]
+async fn a_committer_that_panics_holding_acknowledged_writes_stops_writing_until_reopened() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open_without_checkpoints(dir.path());
+    let kept = store
+        .create(Index::Accounts, "kept", json!({ "n": 1 }).into())
+        .await
+        .unwrap()
+        .written();
+    assert!(
+        transaction_open(&store),
+        "kept is in the open transaction only"
+    );
+    lock(&store.committer.log).panic_appends = true;
+    let lost = store
+        .create(Index::Accounts, "lost", json!({ "n": 2 }).into())
+        .await;
+    assert!(lost.is_err(), "{lost:?}");
+    lock(&store.committer.log).panic_appends = false;
+    // The open transaction went with the panic: later writes would reuse kept's seq_no.
+    assert_writes_stopped(&store).await;
+    let doc = store.get(Index::Accounts, "kept").await.unwrap();
+    assert_eq!(
+        doc.map(|d| d.version),
+        kept,
+        "still read, from the recent writes"
+    );
+
+    let image = crash_image(dir.path(), true);
+    let restarted = EmbeddedStore::open(image.path()).unwrap();
+    let doc = restarted.get(Index::Accounts, "kept").await.unwrap();
+    assert_eq!(doc.map(|d| d.version), kept, "replayed");
+    assert_eq!(restarted.get(Index::Accounts, "lost").await.unwrap(), None);
+    let next = restarted
+        .create(Index::Accounts, "next", json!({ "n": 3 }).into())
+        .await
+        .unwrap();
+    let seq_no = |version: Option<Version>| version.map(|v| v.seq_no);
+    assert_eq!(
+        seq_no(next.written()),
+        seq_no(kept).map(|s| s + 1),
+        "numbering continues"
+    );
+}
+
+#[tokio::test]
+async fn the_open_transaction_commits_with_the_first_group_after_a_tenth_of_the_interval() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let interval = Duration::from_secs(1);
+    let store = EmbeddedStore::open_with(dir.path(), DEFAULT_CACHE_MIB, interval).unwrap();
+    let account = |n: u32| (format!("a{n}"), Source::from(json!({ "n": n })));
+    // Writes until a transaction is left open (a group slower than 100 ms commits its own).
+    let mut n = 0;
+    let opened = loop {
+        n += 1;
+        let (id, source) = account(n);
+        store.create(Index::Accounts, &id, source).await.unwrap();
+        committer_idle(&store);
+        if let Some(open) = lock(&store.committer.open).as_ref() {
+            break open.opened;
+        }
+    };
+    // Past a tenth of the interval since it opened (real time, which only grows).
+    std::thread::sleep(
+        (interval / 10 + Duration::from_millis(10)).saturating_sub(opened.elapsed()),
+    );
+    let (id, source) = account(n + 1);
+    store.create(Index::Accounts, &id, source).await.unwrap();
+    assert!(!transaction_open(&store), "committed with that group");
+    assert!(store.committer.recent.is_empty());
+    assert!(read_doc(&store.db, Index::Accounts, &id).unwrap().is_some());
 }

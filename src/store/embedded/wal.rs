@@ -4,7 +4,7 @@
 //! redb's memory, not written or fsynced), and each group's writes were appended here as one
 //! record and the log was `fdatasync`ed before anyone saw them ([`super::recent`]). Every [`CHECKPOINT_INTERVAL`] (sooner while
 //! groups are busy, see [`BUSY_GROUP_OPS`]; or every [`CHECKPOINT_BYTES`] of log), once a
-//! group's callers are answered, an empty transaction commits with `Durability::Immediate`,
+//! group's callers are answered, the open transaction (or an empty one) commits with `Durability::Immediate`,
 //! which makes every earlier commit durable in the redb file too, and the log is emptied. A page a
 //! second of groups rewrote is then written once, not once per group, and each group costs
 //! one sequential append and one `fdatasync`.
@@ -160,6 +160,9 @@ pub(super) struct Wal {
     /// Tests make the next appends fail, as a full or failing disk would.
     #[cfg(test)]
     pub(super) fail_appends: bool,
+    /// Tests make the next append panic, as a bug in the committer would.
+    #[cfg(test)]
+    pub(super) panic_appends: bool,
 }
 
 impl Wal {
@@ -190,6 +193,8 @@ impl Wal {
             busy_seen: None,
             #[cfg(test)]
             fail_appends: false,
+            #[cfg(test)]
+            panic_appends: false,
         };
         Ok((wal, content))
     }
@@ -228,6 +233,10 @@ impl Wal {
     /// Appends `record` and syncs it: once this returns, the record survives a crash.
     pub(super) fn append(&mut self, record: &mut LogRecord) -> std::io::Result<()> {
         let bytes = record.seal();
+        #[cfg(test)]
+        if self.panic_appends {
+            panic!("injected: a bug in the committer");
+        }
         #[cfg(test)]
         if self.fail_appends {
             // Half the record reaches the file, as when the disk fills mid-write.
