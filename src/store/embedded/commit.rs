@@ -36,6 +36,15 @@ impl Waiting {
             Waiting::Flush(_) => 0,
         }
     }
+
+    /// Answers the caller `error`.
+    fn fail(self, error: StoreError) {
+        match self {
+            Waiting::Ops(_, reply) => drop(reply.send(Err(error))),
+            Waiting::Txn(_, reply) => drop(reply.send(Err(error))),
+            Waiting::Flush(reply) => drop(reply.send(Err(error))),
+        }
+    }
 }
 
 /// What the group's transaction answers one caller, once its record is in the log.
@@ -128,9 +137,17 @@ pub(super) struct CommitterTurn {
 impl Drop for CommitterTurn {
     fn drop(&mut self) {
         if !self.finished {
+            // Those still queued were never applied: they may retry, unless writes stopped.
+            let error = self.committer.check_writing().err().unwrap_or_else(|| {
+                StoreError::Unavailable(
+                    "embedded store: the committer stopped before this write was applied".into(),
+                )
+            });
             let mut queue = lock(&self.committer.queue);
             queue.committing = false;
-            queue.waiting.clear();
+            for waiting in queue.waiting.drain(..) {
+                waiting.fail(error.clone());
+            }
             self.committer.idle.notify_all();
         }
     }
@@ -171,11 +188,7 @@ pub(super) fn run_commits(db: &Database, mut turn: CommitterTurn) {
             }
             Err(e) => {
                 for waiting in group {
-                    match waiting {
-                        Waiting::Ops(_, reply) => drop(reply.send(Err(e.clone()))),
-                        Waiting::Txn(_, reply) => drop(reply.send(Err(e.clone()))),
-                        Waiting::Flush(reply) => drop(reply.send(Err(e.clone()))),
-                    }
+                    waiting.fail(e.clone());
                 }
             }
         }

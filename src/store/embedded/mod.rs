@@ -210,9 +210,7 @@ impl EmbeddedStore {
         }
         let (reply, answer) = oneshot::channel();
         self.enqueue(Waiting::Flush(reply))?;
-        answer
-            .await
-            .map_err(|_| StoreError::Permanent("embedded store committer has stopped".into()))?
+        answer.await.map_err(|_| committer_stopped())?
     }
 
     /// [`EmbeddedStore::flush`], then `f` on the blocking pool.
@@ -235,6 +233,14 @@ impl EmbeddedStore {
             .await
             .map_err(|e| StoreError::Permanent(format!("read task failed: {e}")))?
     }
+}
+
+/// A caller whose answer the committer dropped: it stopped part-way through the caller's group
+/// (a panic), so the outcome is unknown, as after a failed commit.
+fn committer_stopped() -> StoreError {
+    StoreError::Unavailable(
+        "embedded store: the committer stopped part-way; the outcome is unknown".into(),
+    )
 }
 
 fn permanent(e: impl std::fmt::Display) -> StoreError {
@@ -279,9 +285,7 @@ impl Store for EmbeddedStore {
         }
         let (reply, answer) = oneshot::channel();
         self.enqueue(Waiting::Ops(ops, reply))?;
-        answer
-            .await
-            .map_err(|_| StoreError::Permanent("embedded store committer has stopped".into()))?
+        answer.await.map_err(|_| committer_stopped())?
     }
 
     fn transactions(&self) -> bool {
@@ -291,9 +295,7 @@ impl Store for EmbeddedStore {
     async fn transact(&self, work: TxnWork) -> StoreResult<TxnOutcome> {
         let (reply, answer) = oneshot::channel();
         self.enqueue(Waiting::Txn(work, reply))?;
-        answer
-            .await
-            .map_err(|_| StoreError::Permanent("embedded store committer has stopped".into()))?
+        answer.await.map_err(|_| committer_stopped())?
     }
 
     async fn find_stale(&self, query: &StaleQuery) -> StoreResult<Page> {

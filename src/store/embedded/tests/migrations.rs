@@ -1,0 +1,167 @@
+//! Indexes added by later versions, built from the documents when an older store is opened.
+
+use super::*;
+
+#[tokio::test]
+async fn a_store_written_before_the_attention_index_gets_it_built_when_opened() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let flagged = || {
+        let mut doc = transfer("t2", "pending", 2);
+        doc[fields::ATTENTION] = json!("contradiction");
+        doc
+    };
+    let list = TransferFilter {
+        attention: true,
+        limit: 10,
+        ..TransferFilter::default()
+    };
+    {
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        store
+            .create(
+                Index::Transactions,
+                "t1",
+                transfer("t1", "pending", 1).into(),
+            )
+            .await
+            .unwrap();
+        store
+            .create(Index::Transactions, "t2", flagged().into())
+            .await
+            .unwrap();
+        // As an older version left it: no index of flagged transfers, no marker.
+        settle(&store);
+        let txn = store.db.begin_write().unwrap();
+        txn.delete_table(TX_ATTENTION).unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .remove(ATTENTION_BUILT)
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    let page = store.list_transfers(&list).await.unwrap();
+    let ids: Vec<&str> = page.docs.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(ids, ["t2"]);
+    // Built once: opening again neither duplicates nor loses it.
+    drop(store);
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(store.list_transfers(&list).await.unwrap().docs.len(), 1);
+}
+
+#[tokio::test]
+async fn a_store_holding_metadata_without_its_index_gets_it_built_when_opened() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let labelled = |id: &str, modified: i64, order: &str| {
+        let mut doc = transfer(id, "finished", modified);
+        doc[fields::METADATA] = json!({"order_id": order, "channel": "web"});
+        doc
+    };
+    let by = |key: &str, value: &str| TransferFilter {
+        metadata: vec![(key.to_owned(), value.to_owned())],
+        limit: 10,
+        ..TransferFilter::default()
+    };
+    let entries = |store: &EmbeddedStore| -> Vec<(String, i64, String)> {
+        settle(store);
+        let txn = store.db.begin_read().unwrap();
+        let table = txn.open_table(TX_METADATA).unwrap();
+        let rows = table
+            .iter()
+            .unwrap()
+            .map(|entry| {
+                let key = entry.unwrap().0;
+                let (pair, created, id) = key.value();
+                (pair.to_owned(), created, id.to_owned())
+            })
+            .collect();
+        rows
+    };
+    {
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        for (id, doc) in [
+            ("t1", labelled("t1", 1, "123")),
+            ("t2", transfer("t2", "finished", 2)),
+            ("t3", labelled("t3", 3, "456")),
+        ] {
+            store
+                .create(Index::Transactions, id, doc.into())
+                .await
+                .unwrap();
+        }
+        assert_eq!(entries(&store).len(), 4, "two pairs each of t1 and t3");
+        // As a version without the table (or one that opened the store in between) left it:
+        // transfers with metadata, no entries, no marker.
+        settle(&store);
+        let txn = store.db.begin_write().unwrap();
+        txn.delete_table(TX_METADATA).unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .remove(METADATA_BUILT)
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    let ids =
+        |page: crate::store::Page| -> Vec<String> { page.docs.into_iter().map(|d| d.id).collect() };
+    assert_eq!(
+        ids(store.list_transfers(&by("order_id", "123")).await.unwrap()),
+        ["t1"]
+    );
+    assert_eq!(
+        ids(store.list_transfers(&by("order_id", "456")).await.unwrap()),
+        ["t3"]
+    );
+    assert_eq!(
+        ids(store.list_transfers(&by("channel", "web")).await.unwrap()),
+        ["t3", "t1"]
+    );
+    let built = entries(&store);
+    assert_eq!(
+        built,
+        [
+            ("channel=web".to_owned(), 1, "t1".to_owned()),
+            ("channel=web".to_owned(), 3, "t3".to_owned()),
+            ("order_id=123".to_owned(), 1, "t1".to_owned()),
+            ("order_id=456".to_owned(), 3, "t3".to_owned()),
+        ]
+    );
+    // Built once: opening again neither duplicates nor loses it.
+    drop(store);
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(entries(&store), built);
+}
+
+#[tokio::test]
+async fn a_store_written_before_the_change_feed_gets_its_index_built_when_opened() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let written = {
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        for id in ["t2", "t1"] {
+            store
+                .create(Index::Transactions, id, transfer(id, "created", 1).into())
+                .await
+                .unwrap();
+        }
+        let written = feed(&store).await;
+        // As a version without the table left it: transfers, no entries, no marker.
+        settle(&store);
+        let txn = store.db.begin_write().unwrap();
+        txn.delete_table(TX_CHANGES).unwrap();
+        txn.open_table(META).unwrap().remove(CHANGES_BUILT).unwrap();
+        txn.commit().unwrap();
+        written
+    };
+    assert_eq!(
+        written,
+        [
+            (FeedPosition::Seq(0), "t2".to_owned()),
+            (FeedPosition::Seq(1), "t1".to_owned())
+        ]
+    );
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(feed(&store).await, written, "rebuilt in write order");
+    drop(store);
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(feed(&store).await, written, "built once");
+}

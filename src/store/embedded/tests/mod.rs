@@ -1,0 +1,222 @@
+//! Unit tests of the embedded store's internals (the shared store suite is in `tests/store/`),
+//! by concept, on the helpers below.
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::*;
+use crate::store::{fields, format_millis};
+
+mod durability;
+mod groups;
+mod migrations;
+mod open_transaction;
+mod searches;
+
+fn open() -> (tempfile::TempDir, EmbeddedStore) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = EmbeddedStore::open(dir.path()).expect("open");
+    (dir, store)
+}
+
+fn transfer(id: &str, state: &str, modified: i64) -> Value {
+    json!({
+        "transaction_id": id,
+        "src_acct": "a",
+        "dest_acct": "b",
+        "amount": 1,
+        "transaction_state": state,
+        "creation_time": format_millis(modified),
+        "modification_time": format_millis(modified),
+    })
+}
+
+/// Overwrites a stored document with bytes that do not decode, leaving its version
+/// prefix and its index entries in place (as a torn or foreign write would).
+fn break_doc(store: &EmbeddedStore, index: Index, id: &str) {
+    settle(store);
+    let txn = store.db.begin_write().unwrap();
+    {
+        let mut docs = txn.open_table(DOCS).unwrap();
+        let mut value = 42u64.to_le_bytes().to_vec();
+        value.extend_from_slice(b"{\"not json");
+        docs.insert((index.name(), id), value.as_slice()).unwrap();
+    }
+    txn.commit().unwrap();
+}
+
+fn raw(store: &EmbeddedStore, index: Index, id: &str) -> Option<Vec<u8>> {
+    settle(store);
+    let db = &store.db;
+    let txn = db.begin_read().unwrap();
+    let docs = txn.open_table(DOCS).unwrap();
+    let value = docs.get((index.name(), id)).unwrap();
+    value.map(|v| v.value().to_vec())
+}
+
+fn created_index_ids(store: &EmbeddedStore) -> Vec<String> {
+    settle(store);
+    let db = &store.db;
+    let txn = db.begin_read().unwrap();
+    let table = txn.open_table(TX_BY_CREATED).unwrap();
+    let ids = table
+        .iter()
+        .unwrap()
+        .map(|entry| entry.unwrap().0.value().1.to_owned())
+        .collect();
+    ids
+}
+
+fn replace(id: &str, source: Value, seq_no: u64) -> WriteOp {
+    WriteOp::ReplaceIf {
+        index: Index::Transactions,
+        id: id.into(),
+        source: source.into(),
+        expected: Version {
+            seq_no,
+            primary_term: PRIMARY_TERM,
+        },
+    }
+}
+
+fn create(id: &str, source: Value) -> WriteOp {
+    WriteOp::Create {
+        index: Index::Transactions,
+        id: id.into(),
+        source: source.into(),
+    }
+}
+
+fn written(result: &StoreResult<WriteOutcome>) -> u64 {
+    match result {
+        Ok(WriteOutcome::Written(v)) => v.seq_no,
+        other => panic!("expected a write, got {other:?}"),
+    }
+}
+
+async fn stale_ids(store: &EmbeddedStore, states: &[&str], limit: usize) -> Vec<String> {
+    let mut after = None;
+    let mut ids = Vec::new();
+    for _ in 0..100 {
+        let page = store
+            .find_stale(&StaleQuery {
+                states: states.iter().map(|s| s.to_string()).collect(),
+                modified_before: 1_000_000,
+                after: after.clone(),
+                limit,
+            })
+            .await
+            .expect("a broken document does not fail the page");
+        ids.extend(page.docs.into_iter().map(|d| d.id));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return ids,
+        }
+    }
+    panic!("paging does not end: {ids:?}");
+}
+
+/// Commits the committer's open transaction once its turn is over (as a search would have
+/// it), so that the test may read or write redb's tables directly.
+fn settle(store: &EmbeddedStore) {
+    committer_idle(store);
+    if let Some(open) = lock(&store.committer.open).take() {
+        open.commit(&store.committer, Durability::None)
+            .expect("the open transaction commits");
+    }
+}
+
+/// Waits until the committer has finished its turn, the checkpoint after its last group
+/// included.
+fn committer_idle(store: &EmbeddedStore) {
+    drop(store.committer.wait_idle());
+}
+
+/// Writes are refused (transient for the callers) and `ready` fails, until a restart.
+async fn assert_writes_stopped(store: &EmbeddedStore) {
+    let refused = store
+        .create(Index::Accounts, "later", json!({ "n": 3 }).into())
+        .await;
+    assert!(
+        matches!(&refused, Err(StoreError::Unavailable(e)) if e.contains("restarts")),
+        "{refused:?}"
+    );
+    assert!(matches!(
+        store.ready().await,
+        Err(StoreError::Unavailable(_))
+    ));
+}
+
+/// The feed's first page, as (position, id).
+async fn feed(store: &EmbeddedStore) -> Vec<(FeedPosition, String)> {
+    let query = ChangesQuery {
+        after: None,
+        horizon: 0,
+        limit: 10,
+        newest: false,
+    };
+    let page = store.changes(&query).await.unwrap();
+    page.docs
+        .into_iter()
+        .map(|(position, doc)| (position, doc.id))
+        .collect()
+}
+
+/// A store that never checkpoints on its own: every acknowledged write lives in the log
+/// until the store is closed.
+fn open_without_checkpoints(dir: &Path) -> EmbeddedStore {
+    EmbeddedStore::open_with(dir, DEFAULT_CACHE_MIB, Duration::from_secs(24 * 3600)).unwrap()
+}
+
+/// A one-leg transfer moving through states, an account, and their versions as written.
+async fn write_history(store: &EmbeddedStore) -> Vec<(Index, &'static str, Version)> {
+    let mut written = Vec::new();
+    for (index, id, source) in [
+        (Index::Accounts, "a1", json!({ "balance": 5 })),
+        (Index::Transactions, "t1", transfer("t1", "created", 1)),
+        (Index::Transactions, "t2", transfer("t2", "created", 2)),
+    ] {
+        let WriteOutcome::Written(version) = store.create(index, id, source.into()).await.unwrap()
+        else {
+            panic!("{id} not written");
+        };
+        written.push((index, id, version));
+    }
+    written[1].2 = move_transfer(store, "t1", "committed", 3, written[1].2).await;
+    written
+}
+
+/// Writes transfer `id` again in `state`, over `version`; its new version.
+async fn move_transfer(
+    store: &EmbeddedStore,
+    id: &str,
+    state: &str,
+    modified: i64,
+    version: Version,
+) -> Version {
+    let source = transfer(id, state, modified).into();
+    let outcome = store
+        .replace_if(Index::Transactions, id, source, version)
+        .await
+        .unwrap();
+    let WriteOutcome::Written(version) = outcome else {
+        panic!("{id} not replaced: {outcome:?}");
+    };
+    version
+}
+
+async fn in_state(store: &EmbeddedStore, state: &str) -> Vec<String> {
+    let filter = TransferFilter {
+        state: Some(state.to_owned()),
+        limit: 10,
+        ..TransferFilter::default()
+    };
+    let page = store.list_transfers(&filter).await.unwrap();
+    page.docs.into_iter().map(|d| d.id).collect()
+}
+
+/// Whether the committer's transaction is open, holding writes not yet in redb's tables.
+fn transaction_open(store: &EmbeddedStore) -> bool {
+    committer_idle(store);
+    lock(&store.committer.open).is_some()
+}

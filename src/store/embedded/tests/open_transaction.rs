@@ -1,0 +1,90 @@
+//! The committer's transaction open across groups: what `get` and the searches see before it
+//! commits, and when it commits.
+
+use super::*;
+
+#[tokio::test]
+async fn a_get_sees_an_acknowledged_write_before_its_transaction_commits() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open_without_checkpoints(dir.path());
+    let source = json!({ "balance": 5 });
+    store
+        .create(Index::Accounts, "a1", source.clone().into())
+        .await
+        .unwrap();
+    assert!(transaction_open(&store), "the transaction stays open");
+    let in_tables = read_doc(&store.db, Index::Accounts, "a1").unwrap();
+    assert_eq!(in_tables, None, "not committed to redb's tables yet");
+    let doc = store.get(Index::Accounts, "a1").await.unwrap();
+    assert_eq!(doc.expect("acknowledged, so visible").source, source);
+}
+
+#[tokio::test]
+async fn searches_commit_the_open_transaction_first_so_they_stay_realtime() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open_without_checkpoints(dir.path());
+    write_history(&store).await;
+    assert!(transaction_open(&store));
+    assert_eq!(in_state(&store, "committed").await, ["t1"]);
+    assert!(!transaction_open(&store), "the listing had it commit");
+    assert!(store.committer.recent.is_empty());
+    // Every other reader of the tables does the same.
+    move_transfer(&store, "t2", "committed", 4, version_of(&store, "t2").await).await;
+    assert_eq!(stale_ids(&store, &["committed"], 10).await, ["t1", "t2"]);
+    move_transfer(&store, "t2", "finished", 5, version_of(&store, "t2").await).await;
+    let page = store.scan(Index::Transactions, None, 10).await.unwrap();
+    let t2 = page.docs.iter().find(|d| d.id == "t2").expect("t2 scanned");
+    assert_eq!(
+        t2.source.decode::<Value>().unwrap()["transaction_state"],
+        "finished"
+    );
+    move_transfer(&store, "t1", "finished", 6, version_of(&store, "t1").await).await;
+    let newest = feed(&store).await.pop().expect("a feed entry").1;
+    assert_eq!(newest, "t1", "the feed shows the latest write");
+    assert!(!transaction_open(&store));
+}
+
+async fn version_of(store: &EmbeddedStore, id: &str) -> Version {
+    let doc = store.get(Index::Transactions, id).await.unwrap();
+    doc.expect("the transfer exists").version
+}
+
+#[tokio::test]
+async fn a_refresh_with_nothing_acknowledged_since_the_last_commit_asks_nothing_of_the_committer() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open_without_checkpoints(dir.path());
+    store.refresh().await.unwrap();
+    assert!(!transaction_open(&store), "no empty transaction was begun");
+}
+
+#[tokio::test]
+async fn the_open_transaction_commits_with_the_first_group_after_a_tenth_of_the_interval() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let interval = Duration::from_secs(1);
+    let store = EmbeddedStore::open_with(dir.path(), DEFAULT_CACHE_MIB, interval).unwrap();
+    let account = |n: u32| (format!("a{n}"), Source::from(json!({ "n": n })));
+    // Writes until a transaction is left open (a group slower than 100 ms commits its own).
+    let mut n = 0;
+    let opened = loop {
+        n += 1;
+        assert!(
+            n < 100,
+            "every group took 100 ms or more: the machine is too slow to tell"
+        );
+        let (id, source) = account(n);
+        store.create(Index::Accounts, &id, source).await.unwrap();
+        committer_idle(&store);
+        if let Some(open) = lock(&store.committer.open).as_ref() {
+            break open.opened;
+        }
+    };
+    // Past a tenth of the interval since it opened (real time, which only grows).
+    std::thread::sleep(
+        (interval / 10 + Duration::from_millis(10)).saturating_sub(opened.elapsed()),
+    );
+    let (id, source) = account(n + 1);
+    store.create(Index::Accounts, &id, source).await.unwrap();
+    assert!(!transaction_open(&store), "committed with that group");
+    assert!(store.committer.recent.is_empty());
+    assert!(read_doc(&store.db, Index::Accounts, &id).unwrap().is_some());
+}

@@ -1,0 +1,177 @@
+//! The searches over the secondary indexes: undecodable documents skipped, recovery entries.
+
+use super::*;
+
+#[tokio::test]
+async fn find_stale_skips_undecodable_documents_and_pages_past_them() {
+    let (_dir, store) = open();
+    // Two states, interleaved in time, so pages merge candidates of both.
+    let mut all = Vec::new();
+    for i in 0..12 {
+        let (id, state) = if i % 2 == 0 {
+            (format!("c{i:02}"), "created")
+        } else {
+            (format!("p{i:02}"), "pending")
+        };
+        store
+            .create(
+                Index::Transactions,
+                &id,
+                transfer(&id, state, 1_000 + i).into(),
+            )
+            .await
+            .unwrap();
+        all.push(id);
+    }
+    // Broken: the two oldest (a whole first page), and a run in the middle.
+    let broken = ["c00", "p01", "c04", "p05", "c06"];
+    for id in broken {
+        break_doc(&store, Index::Transactions, id);
+    }
+    let good: Vec<_> = all
+        .iter()
+        .filter(|id| !broken.contains(&id.as_str()))
+        .cloned()
+        .collect();
+    for limit in [1, 2, 3, 5, 20] {
+        assert_eq!(
+            stale_ids(&store, &["created", "pending"], limit).await,
+            good,
+            "limit {limit}"
+        );
+    }
+    let created: Vec<_> = good
+        .iter()
+        .filter(|id| id.starts_with('c'))
+        .cloned()
+        .collect();
+    assert_eq!(stale_ids(&store, &["created"], 1).await, created);
+}
+
+#[tokio::test]
+async fn find_stale_pages_are_unchanged_without_broken_documents() {
+    let (_dir, store) = open();
+    for i in 0..7 {
+        let id = format!("t{i}");
+        let state = if i % 3 == 0 { "pending" } else { "created" };
+        store
+            .create(
+                Index::Transactions,
+                &id,
+                transfer(&id, state, 1_000 + i).into(),
+            )
+            .await
+            .unwrap();
+    }
+    let page = store
+        .find_stale(&StaleQuery {
+            states: vec!["created".into(), "pending".into()],
+            modified_before: 1_000_000,
+            after: None,
+            limit: 3,
+        })
+        .await
+        .unwrap();
+    let ids: Vec<_> = page.docs.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(ids, ["t0", "t1", "t2"]);
+    assert_eq!(page.next.map(|k| k.id).as_deref(), Some("t2"));
+    let all = stale_ids(&store, &["created", "pending"], 3).await;
+    assert_eq!(all, ["t0", "t1", "t2", "t3", "t4", "t5", "t6"]);
+}
+
+#[tokio::test]
+async fn list_transfers_skips_undecodable_documents_and_pages_past_them() {
+    let (_dir, store) = open();
+    for i in 0..6 {
+        let id = format!("t{i}");
+        store
+            .create(
+                Index::Transactions,
+                &id,
+                transfer(&id, "created", 1_000 + i).into(),
+            )
+            .await
+            .unwrap();
+    }
+    for id in ["t5", "t4", "t2"] {
+        break_doc(&store, Index::Transactions, id);
+    }
+    for filter in [
+        TransferFilter::default(),
+        TransferFilter {
+            state: Some("created".into()),
+            ..Default::default()
+        },
+        TransferFilter {
+            account: Some("a".into()),
+            ..Default::default()
+        },
+    ] {
+        for limit in [1, 2, 10] {
+            let mut after = None;
+            let mut ids = Vec::new();
+            for _ in 0..100 {
+                let page = store
+                    .list_transfers(&TransferFilter {
+                        after: after.clone(),
+                        limit,
+                        ..filter.clone()
+                    })
+                    .await
+                    .expect("a broken document does not fail the page");
+                ids.extend(page.docs.into_iter().map(|d| d.id));
+                after = page.next;
+                if after.is_none() {
+                    break;
+                }
+            }
+            assert_eq!(ids, ["t3", "t1", "t0"], "{filter:?}, limit {limit}");
+        }
+    }
+}
+
+/// The recovery index's entries, as (state, id).
+fn recovery_entries(store: &EmbeddedStore) -> Vec<(String, String)> {
+    settle(store);
+    let db = &store.db;
+    let txn = db.begin_read().unwrap();
+    let table = txn.open_table(TX_BY_STATE_MODIFIED).unwrap();
+    let rows = table
+        .iter()
+        .unwrap()
+        .map(|entry| {
+            let key = entry.unwrap().0;
+            let (state, _, id) = key.value();
+            (state.to_owned(), id.to_owned())
+        })
+        .collect();
+    rows
+}
+
+#[tokio::test]
+async fn only_in_flight_transfers_have_recovery_entries() {
+    let (_dir, store) = open();
+    let created = store
+        .create(
+            Index::Transactions,
+            "t1",
+            transfer("t1", "created", 1).into(),
+        )
+        .await
+        .unwrap();
+    store
+        .create(
+            Index::Transactions,
+            "t2",
+            transfer("t2", "rolled-back", 1).into(),
+        )
+        .await
+        .unwrap();
+    let entry = |state: &str, id: &str| (state.to_owned(), id.to_owned());
+    assert_eq!(recovery_entries(&store), [entry("created", "t1")]);
+    let WriteOutcome::Written(version) = created else {
+        panic!("t1: {created:?}");
+    };
+    move_transfer(&store, "t1", "finished", 2, version).await;
+    assert_eq!(recovery_entries(&store), []);
+}
