@@ -5,14 +5,7 @@ use super::*;
 #[tokio::test]
 async fn an_op_on_an_undecodable_document_fails_alone_and_writes_nothing() {
     let (_dir, store) = open();
-    store
-        .create(
-            Index::Transactions,
-            "bad",
-            transfer("bad", "created", 1_000).into(),
-        )
-        .await
-        .unwrap();
+    create_transfer(&store, "bad", "created", 1_000).await;
     break_doc(&store, Index::Transactions, "bad");
     let before = raw(&store, Index::Transactions, "bad");
 

@@ -17,14 +17,7 @@ async fn a_store_written_before_the_attention_index_gets_it_built_when_opened() 
     };
     {
         let store = EmbeddedStore::open(dir.path()).unwrap();
-        store
-            .create(
-                Index::Transactions,
-                "t1",
-                transfer("t1", "pending", 1).into(),
-            )
-            .await
-            .unwrap();
+        create_transfer(&store, "t1", "pending", 1).await;
         store
             .create(Index::Transactions, "t2", flagged().into())
             .await
@@ -138,10 +131,7 @@ async fn a_store_written_before_the_change_feed_gets_its_index_built_when_opened
     let written = {
         let store = EmbeddedStore::open(dir.path()).unwrap();
         for id in ["t2", "t1"] {
-            store
-                .create(Index::Transactions, id, transfer(id, "created", 1).into())
-                .await
-                .unwrap();
+            create_transfer(&store, id, "created", 1).await;
         }
         let written = feed(&store).await;
         // As a version without the table left it: transfers, no entries, no marker.

@@ -31,6 +31,12 @@ fn transfer(id: &str, state: &str, modified: i64) -> Value {
     })
 }
 
+/// Stores a new transfer `id` in `state`, modified (and created) at `modified`.
+async fn create_transfer(store: &EmbeddedStore, id: &str, state: &str, modified: i64) {
+    let source = transfer(id, state, modified).into();
+    store.create(Index::Transactions, id, source).await.unwrap();
+}
+
 /// Overwrites a stored document with bytes that do not decode, leaving its version
 /// prefix and its index entries in place (as a torn or foreign write would).
 fn break_doc(store: &EmbeddedStore, index: Index, id: &str) {

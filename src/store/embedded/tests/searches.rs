@@ -13,14 +13,7 @@ async fn find_stale_skips_undecodable_documents_and_pages_past_them() {
         } else {
             (format!("p{i:02}"), "pending")
         };
-        store
-            .create(
-                Index::Transactions,
-                &id,
-                transfer(&id, state, 1_000 + i).into(),
-            )
-            .await
-            .unwrap();
+        create_transfer(&store, &id, state, 1_000 + i).await;
         all.push(id);
     }
     // Broken: the two oldest (a whole first page), and a run in the middle.
@@ -54,14 +47,7 @@ async fn find_stale_pages_are_unchanged_without_broken_documents() {
     for i in 0..7 {
         let id = format!("t{i}");
         let state = if i % 3 == 0 { "pending" } else { "created" };
-        store
-            .create(
-                Index::Transactions,
-                &id,
-                transfer(&id, state, 1_000 + i).into(),
-            )
-            .await
-            .unwrap();
+        create_transfer(&store, &id, state, 1_000 + i).await;
     }
     let page = store
         .find_stale(&StaleQuery {
@@ -84,14 +70,7 @@ async fn list_transfers_skips_undecodable_documents_and_pages_past_them() {
     let (_dir, store) = open();
     for i in 0..6 {
         let id = format!("t{i}");
-        store
-            .create(
-                Index::Transactions,
-                &id,
-                transfer(&id, "created", 1_000 + i).into(),
-            )
-            .await
-            .unwrap();
+        create_transfer(&store, &id, "created", 1_000 + i).await;
     }
     for id in ["t5", "t4", "t2"] {
         break_doc(&store, Index::Transactions, id);
@@ -159,14 +138,7 @@ async fn only_in_flight_transfers_have_recovery_entries() {
         )
         .await
         .unwrap();
-    store
-        .create(
-            Index::Transactions,
-            "t2",
-            transfer("t2", "rolled-back", 1).into(),
-        )
-        .await
-        .unwrap();
+    create_transfer(&store, "t2", "rolled-back", 1).await;
     let entry = |state: &str, id: &str| (state.to_owned(), id.to_owned());
     assert_eq!(recovery_entries(&store), [entry("created", "t1")]);
     let WriteOutcome::Written(version) = created else {
