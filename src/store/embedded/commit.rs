@@ -1,6 +1,7 @@
 //! Group commit: one committer at a time applies every waiting batch in its open write
 //! transaction, logs it once, and answers each caller its own outcomes.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use super::*;
@@ -306,7 +307,7 @@ impl SeqNos {
 
 /// The committer's write transaction, open across groups until it commits.
 pub(super) struct OpenTxn {
-    txn: WriteTransaction,
+    pub(super) txn: WriteTransaction,
     pub(super) opened: Instant,
     /// Writes it holds whose records are in the log (acknowledged, or about to be, and in
     /// [`Committer::recent`]). Losing a transaction that holds any leaves redb's state behind
@@ -325,12 +326,14 @@ impl OpenTxn {
         })
     }
 
-    /// Commits with `durability`; then the recent writes are in redb's tables.
+    /// Writes the unindexed documents the recent writes hold, then commits with `durability`;
+    /// then every recent write is in redb's tables.
     pub(super) fn commit(
         mut self,
         committer: &Committer,
         durability: Durability,
     ) -> StoreResult<()> {
+        committer.recent.write_unindexed(&self.txn)?;
         self.txn.set_durability(durability).map_err(storage)?;
         self.txn.commit().map_err(storage)?;
         committer.recent.committed();
@@ -430,8 +433,15 @@ pub(super) fn apply_group(
     let mut log = lock(&committer.log);
     let mut taken = Taken::take(db, committer)?;
     let mut record = log.record();
-    let mut written = Vec::new();
-    let answers = match apply_writes(&taken.get().txn, group, &mut record, &mut written) {
+    let mut written = DocsById::default();
+    let applied = apply_writes(
+        &taken.get().txn,
+        &committer.recent,
+        group,
+        &mut record,
+        &mut written,
+    );
+    let answers = match applied {
         Ok(answers) => answers,
         Err(e) => return Err(taken.give_up(e)),
     };
@@ -444,7 +454,7 @@ pub(super) fn apply_group(
             let stopped = committer.stop_writing(format!("cannot write the log: {e}"));
             return Err(taken.give_up(stopped));
         }
-        taken.get().logged += written.len();
+        taken.get().logged += written.iter().map(HashMap::len).sum::<usize>();
         committer.recent.add(written);
     }
     let flush = group.iter().any(|w| matches!(w, Waiting::Flush(_)));
@@ -461,13 +471,16 @@ pub(super) fn apply_group(
 }
 
 /// Runs a group's ops and transactions in `txn`, adding each write to the log `record` and
-/// to `written` (index, id, stored value), and stores the `seq_no` counters and the record's
-/// number. An error is a storage error: the transaction may be poisoned.
+/// to `written` (the latest value of each document), and stores the `seq_no` counters and the
+/// record's number. Unindexed documents are read from `written`, then from the `recent`
+/// writes, then from the tables (see [`GroupView`]). An error is a storage error: the
+/// transaction may be poisoned.
 fn apply_writes(
     txn: &WriteTransaction,
+    recent: &Recent,
     group: &mut [Waiting],
     record: &mut LogRecord,
-    written: &mut Vec<(Index, String, Vec<u8>)>,
+    written: &mut DocsById,
 ) -> StoreResult<Vec<Answer>> {
     let mut answers = Vec::with_capacity(group.len());
     let mut tables = Tables::open(txn)?;
@@ -475,6 +488,7 @@ fn apply_writes(
         seq_nos: SeqNos::default(),
         record,
         written,
+        recent,
     };
     for waiting in group.iter_mut() {
         let answer = match waiting {
@@ -512,19 +526,73 @@ pub(super) fn checkpoint(db: &Database, committer: &Committer, log: &mut Wal) ->
 }
 
 /// What a group's writes add to besides the tables: the `seq_no` counters, the log record
-/// and the documents written (for [`Committer::recent`]).
+/// and the documents written (for [`Committer::recent`]); and the recent writes, where the
+/// unindexed documents of earlier groups are.
 pub(super) struct GroupWrites<'r> {
     pub(super) seq_nos: SeqNos,
     pub(super) record: &'r mut LogRecord,
-    pub(super) written: &'r mut Vec<(Index, String, Vec<u8>)>,
+    pub(super) written: &'r mut DocsById,
+    pub(super) recent: &'r Recent,
 }
 
-/// The reads of a transaction's work: the group's tables, so they see the group's earlier
-/// writes. A storage error is kept to fail the group (redb may have poisoned the
+impl GroupWrites<'_> {
+    /// Where the group reads documents, its writes so far included.
+    fn view<'v, 'txn>(&'v self, tables: &'v Tables<'txn>) -> GroupView<'v, 'txn> {
+        GroupView {
+            tables,
+            written: self.written,
+            recent: self.recent,
+        }
+    }
+}
+
+/// Where a group reads a document as its earlier writes left it. A transfer is written into
+/// the tables at once (its index entries move with it). An unindexed document is not
+/// ([`super::recent`]): its latest value is in the group's own writes, else in the recent
+/// writes of earlier groups, else in the tables.
+pub(super) struct GroupView<'v, 'txn> {
+    tables: &'v Tables<'txn>,
+    written: &'v DocsById,
+    recent: &'v Recent,
+}
+
+/// A stored value as [`GroupView::lookup`] finds it.
+enum Stored<'v> {
+    Table(redb::AccessGuard<'v, &'static [u8]>),
+    Memory(Vec<u8>),
+}
+
+impl Stored<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Stored::Table(guard) => guard.value(),
+            Stored::Memory(bytes) => bytes,
+        }
+    }
+}
+
+impl<'v> GroupView<'v, '_> {
+    /// The stored value (`seq_no` and source) of a document, if any.
+    fn lookup(&self, index: Index, id: &str) -> StoreResult<Option<Stored<'v>>> {
+        if !indexed(index) {
+            if let Some(value) = self.written[index as usize].get(id) {
+                return Ok(Some(Stored::Memory(value.clone())));
+            }
+            if let Some(value) = self.recent.get(index, id) {
+                return Ok(Some(Stored::Memory(value)));
+            }
+        }
+        let stored = self.tables.docs.get((index.name(), id)).map_err(storage)?;
+        Ok(stored.map(Stored::Table))
+    }
+}
+
+/// The reads of a transaction's work, through the group's view (so they see the group's
+/// earlier writes). A storage error is kept to fail the group (redb may have poisoned the
 /// transaction); the work sees it as an error too. The `seq_no` of each document read (or
 /// its absence) is kept: checking the transaction's writes then needs no second lookup.
-struct GroupReads<'t, 'txn> {
-    tables: &'t Tables<'txn>,
+struct GroupReads<'v, 'txn> {
+    view: GroupView<'v, 'txn>,
     failed: Option<StoreError>,
     seen: Vec<(Index, String, Option<u64>)>,
 }
@@ -537,10 +605,9 @@ impl GroupReads<'_, '_> {
         id: &str,
         f: impl FnOnce(&[u8]) -> StoreResult<(u64, T)>,
     ) -> StoreResult<Option<T>> {
-        let stored = match self.tables.docs.get((index.name(), id)) {
-            Ok(stored) => stored.map(|bytes| f(bytes.value())).transpose()?,
+        let stored = match self.view.lookup(index, id) {
+            Ok(stored) => stored.map(|stored| f(stored.bytes())).transpose()?,
             Err(e) => {
-                let e = storage(e);
                 self.failed = Some(e.clone());
                 return Err(e);
             }
@@ -589,7 +656,7 @@ fn run_txn(
     work: TxnWork,
 ) -> StoreResult<TxnOutcome> {
     let mut reads = GroupReads {
-        tables,
+        view: writes.view(tables),
         failed: None,
         seen: Vec::new(),
     };
@@ -609,7 +676,7 @@ fn run_txn(
     let seen: Vec<_> = ops.iter().map(|op| reads.seen(op)).collect();
     let mut checked = Vec::with_capacity(ops.len());
     for (op, seen) in ops.iter().zip(seen) {
-        match check_op(tables, op, seen)? {
+        match check_op(&writes.view(tables), op, seen)? {
             Ok(op) => checked.push(op),
             Err(_) => return Ok(TxnOutcome::Refused),
         }
@@ -630,7 +697,8 @@ pub(super) fn apply_op(
     writes: &mut GroupWrites<'_>,
     op: &WriteOp,
 ) -> StoreResult<StoreResult<WriteOutcome>> {
-    Ok(match check_op(tables, op, None)? {
+    let checked = check_op(&writes.view(tables), op, None)?;
+    Ok(match checked {
         Ok(checked) => Ok(WriteOutcome::Written(write_checked(
             tables, writes, checked,
         )?)),
@@ -658,10 +726,10 @@ type IndexKeys<'o> = (Option<TransferKeys<'static>>, TransferKeys<'o>);
 /// stored transfer, whose old index keys come from its stored source.
 ///
 /// Sources are not parsed, except a transfer's indexed fields (old and new, to move its
-/// index entries): an account write costs a lookup (none when the work read it), a copy and
-/// an insert.
+/// index entries): an account write costs a lookup (none when the work read it) and a copy;
+/// its insert comes once per commit, whatever the number of writes ([`super::recent`]).
 pub(super) fn check_op<'o>(
-    tables: &Tables<'_>,
+    view: &GroupView<'_, '_>,
     op: &'o WriteOp,
     seen: Option<Option<u64>>,
 ) -> StoreResult<Result<CheckedOp<'o>, StoreResult<WriteOutcome>>> {
@@ -673,10 +741,10 @@ pub(super) fn check_op<'o>(
             seq_no.map(|seq_no| (seq_no, None))
         }
         _ => {
-            looked_up = tables.docs.get((index.name(), id)).map_err(storage)?;
+            looked_up = view.lookup(index, id)?;
             match looked_up
                 .as_ref()
-                .map(|bytes| split_stored(id, bytes.value()))
+                .map(|stored| split_stored(id, stored.bytes()))
             {
                 None => None,
                 Some(Ok((seq_no, old))) => Some((seq_no, Some(old))),
@@ -738,8 +806,9 @@ fn transfer_change<'s>(
     }
 }
 
-/// Writes a checked op: the document with its new `seq_no`, and a transfer's index and feed
-/// entries. Only storage errors can fail it.
+/// Writes a checked op: a transfer's document with its new `seq_no`, index and feed entries
+/// into the tables; an unindexed document into the group's writes only (the commit writes
+/// it). Only storage errors can fail it.
 pub(super) fn write_checked(
     tables: &mut Tables<'_>,
     writes: &mut GroupWrites<'_>,
@@ -755,9 +824,12 @@ pub(super) fn write_checked(
     let mut value = Vec::with_capacity(8 + bytes.len());
     value.extend_from_slice(&seq_no.to_le_bytes());
     value.extend_from_slice(bytes);
-    store_document(tables, index, id, seq_no, &value, transfer)?;
+    // An unindexed document reaches the tables when the open transaction commits.
+    if indexed(index) {
+        store_document(tables, index, id, seq_no, &value, transfer)?;
+    }
     writes.record.push(index, id, &value);
-    writes.written.push((index, id.to_owned(), value));
+    writes.written[index as usize].insert(id.to_owned(), value);
     Ok(Version {
         seq_no,
         primary_term: PRIMARY_TERM,

@@ -15,18 +15,28 @@
 //! committed before the get looked, so the read transaction sees it. Searches, scans and the
 //! feed read redb's tables, so they first have the committer commit (`EmbeddedStore::flush`)
 //! whenever anything is here: they stay realtime.
+//!
+//! **Unindexed documents wait here.** Accounts and webhook cursors have no index entries, and
+//! a busy account is rewritten by most groups. The committer does not write them into the
+//! open transaction as it goes: until that transaction commits, this map is where they live
+//! (the committer reads them here too), and the commit writes each one once, its latest
+//! value, in key order ([`Recent::write_unindexed`]). Transfers go into the tables at once:
+//! moving their index entries needs what the tables hold.
 
 use std::collections::HashMap;
 use std::sync::RwLock;
 
 use super::*;
 
-/// Acknowledged documents not committed to redb yet, by index and id: the stored value
-/// (`seq_no` and source) of each one's latest write. (The store never deletes a document;
-/// a delete would need a tombstone here.)
+/// Documents by index (in [`Index::ALL`] order) and id: the stored value (`seq_no` and
+/// source) of each one's latest write.
+pub(super) type DocsById = [HashMap<String, Vec<u8>>; Index::ALL.len()];
+
+/// Acknowledged documents not committed to redb yet. (The store never deletes a document; a
+/// delete would need a tombstone here.)
 #[derive(Default)]
 pub(super) struct Recent {
-    docs: RwLock<[HashMap<String, Vec<u8>>; Index::ALL.len()]>,
+    docs: RwLock<DocsById>,
 }
 
 impl Recent {
@@ -42,13 +52,30 @@ impl Recent {
         docs.iter().all(HashMap::is_empty)
     }
 
-    /// Adds a group's writes, in order (a later write of a document replaces an earlier one).
-    /// Call once the group's record is synced, before answering its callers.
-    pub(super) fn add(&self, writes: Vec<(Index, String, Vec<u8>)>) {
+    /// Adds a group's writes (each replaces an earlier write of its document). Call once the
+    /// group's record is synced, before answering its callers.
+    pub(super) fn add(&self, writes: DocsById) {
         let mut docs = self.docs.write().unwrap_or_else(|e| e.into_inner());
-        for (index, id, value) in writes {
-            docs[index as usize].insert(id, value);
+        for (held, written) in docs.iter_mut().zip(writes) {
+            held.extend(written);
         }
+    }
+
+    /// Writes every unindexed document held here into `txn`'s documents, in key order (which
+    /// keeps neighbouring inserts on the same pages). Call just before `txn` commits.
+    pub(super) fn write_unindexed(&self, txn: &WriteTransaction) -> StoreResult<()> {
+        let docs = self.docs.read().unwrap_or_else(|e| e.into_inner());
+        let mut table = txn.open_table(DOCS).map_err(storage)?;
+        for index in Index::ALL.into_iter().filter(|&index| !indexed(index)) {
+            let mut held: Vec<_> = docs[index as usize].iter().collect();
+            held.sort_unstable_by_key(|&(id, _)| id);
+            for (id, value) in held {
+                table
+                    .insert((index.name(), id.as_str()), value.as_slice())
+                    .map_err(storage)?;
+            }
+        }
+        Ok(())
     }
 
     /// Forgets every write. Call only after the transaction holding them has committed.

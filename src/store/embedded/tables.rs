@@ -7,6 +7,13 @@ use super::*;
 /// ([`split_stored`]).
 pub(super) const DOCS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("docs");
 
+/// Whether an index's documents have index entries (transfers do). The others (accounts,
+/// webhook cursors) are written into [`DOCS`] only when the open transaction commits, once
+/// each ([`super::recent`]); until then the recent writes hold them.
+pub(super) fn indexed(index: Index) -> bool {
+    index == Index::Transactions
+}
+
 /// `"seq:<index>"` → the last `seq_no` handed out in that index.
 pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 

@@ -88,3 +88,74 @@ async fn the_open_transaction_commits_with_the_first_group_after_a_tenth_of_the_
     assert!(store.committer.recent.is_empty());
     assert!(read_doc(&store.db, Index::Accounts, &id).unwrap().is_some());
 }
+
+/// Accounts are not written into the open transaction as groups change them: the recent
+/// writes hold them until it commits, and later groups read and check them there.
+#[tokio::test]
+async fn an_account_rewritten_by_later_groups_reaches_the_tables_once_at_the_commit() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open_without_checkpoints(dir.path());
+    let created = store
+        .create(Index::Accounts, "a1", json!({ "n": 1 }).into())
+        .await
+        .unwrap();
+    let v1 = version(created);
+    let replaced = store
+        .replace_if(Index::Accounts, "a1", json!({ "n": 2 }).into(), v1)
+        .await
+        .unwrap();
+    let v2 = version(replaced);
+    assert!(transaction_open(&store));
+    assert_eq!(in_open_transaction(&store, Index::Accounts, "a1"), None);
+
+    // Later groups find the latest write, as they would in the tables.
+    let stale = store
+        .replace_if(Index::Accounts, "a1", json!({ "n": 3 }).into(), v1)
+        .await;
+    assert_eq!(stale.unwrap(), WriteOutcome::Conflict);
+    let again = store
+        .create(Index::Accounts, "a1", json!({ "n": 3 }).into())
+        .await;
+    assert_eq!(again.unwrap(), WriteOutcome::AlreadyExists);
+    let outcome = store
+        .transact(Box::new(|reads| {
+            let a1 = reads.get(Index::Accounts, "a1").unwrap().expect("a1 read");
+            assert_eq!(a1.source.decode::<Value>().unwrap()["n"], 2);
+            vec![WriteOp::ReplaceIf {
+                index: Index::Accounts,
+                id: "a1".into(),
+                source: json!({ "n": 4 }).into(),
+                expected: a1.version,
+            }]
+        }))
+        .await
+        .unwrap();
+    let TxnOutcome::Committed(versions) = outcome else {
+        panic!("refused: {outcome:?}");
+    };
+    assert_eq!(versions[0].seq_no, v2.seq_no + 1);
+
+    settle(&store);
+    let stored = read_doc(&store.db, Index::Accounts, "a1").unwrap();
+    let stored = stored.expect("written at the commit");
+    assert_eq!(stored.version, versions[0]);
+    assert_eq!(stored.source.decode::<Value>().unwrap()["n"], 4);
+}
+
+fn version(outcome: WriteOutcome) -> Version {
+    match outcome {
+        WriteOutcome::Written(version) => version,
+        other => panic!("not written: {other:?}"),
+    }
+}
+
+/// The stored value of a document in the committer's open transaction (not in the recent
+/// writes), once its turn is over.
+fn in_open_transaction(store: &EmbeddedStore, index: Index, id: &str) -> Option<Vec<u8>> {
+    committer_idle(store);
+    let open = lock(&store.committer.open);
+    let txn = &open.as_ref().expect("a transaction is open").txn;
+    let docs = txn.open_table(DOCS).unwrap();
+    let stored = docs.get((index.name(), id)).unwrap();
+    stored.map(|bytes| bytes.value().to_vec())
+}
