@@ -169,7 +169,13 @@ pub(super) fn list_blocking(db: &Database, f: &TransferFilter) -> StoreResult<Pa
     // others are checked on the documents, so with more than one filter look further
     // (bounded, to keep one request cheap).
     let filters = [f.attention, f.account.is_some(), f.state.is_some()];
-    let count = filters.into_iter().filter(|&on| on).count() + f.metadata.len();
+    // A state the state index leaves out is checked on the documents of the unfiltered walk.
+    let unlisted = f
+        .state
+        .as_deref()
+        .is_some_and(|state| !listed_by_state(state));
+    let count =
+        filters.into_iter().filter(|&on| on).count() + f.metadata.len() + usize::from(unlisted);
     let scan = if count > 1 {
         f.limit.saturating_mul(50).max(1000)
     } else {
@@ -238,7 +244,7 @@ pub(super) fn keys_before_cursor(
         walk_back_within(&txn, TX_METADATA, &entry, upper, scan, &mut push)?;
     } else if let Some(account) = &f.account {
         walk_back_within(&txn, TX_BY_ACCOUNT, account, upper, scan, &mut push)?;
-    } else if let Some(state) = &f.state {
+    } else if let Some(state) = f.state.as_deref().filter(|state| listed_by_state(state)) {
         walk_back_within(&txn, TX_BY_STATE_CREATED, state, upper, scan, &mut push)?;
     } else {
         let table = txn.open_table(TX_BY_CREATED).map_err(storage)?;

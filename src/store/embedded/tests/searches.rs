@@ -111,10 +111,18 @@ async fn list_transfers_skips_undecodable_documents_and_pages_past_them() {
 
 /// The recovery index's entries, as (state, id).
 fn recovery_entries(store: &EmbeddedStore) -> Vec<(String, String)> {
+    entries_by_state(store, TX_BY_STATE_MODIFIED)
+}
+
+/// The entries of an index by `(state, time, id)`, as (state, id).
+fn entries_by_state(
+    store: &EmbeddedStore,
+    index: TableDefinition<'static, (&'static str, i64, &'static str), ()>,
+) -> Vec<(String, String)> {
     settle(store);
     let db = &store.db;
     let txn = db.begin_read().unwrap();
-    let table = txn.open_table(TX_BY_STATE_MODIFIED).unwrap();
+    let table = txn.open_table(index).unwrap();
     let rows = table
         .iter()
         .unwrap()
@@ -146,4 +154,55 @@ async fn only_in_flight_transfers_have_recovery_entries() {
     };
     move_transfer(&store, "t1", "finished", 2, version).await;
     assert_eq!(recovery_entries(&store), []);
+}
+
+#[tokio::test]
+async fn finished_transfers_have_no_state_entries_and_are_listed_from_the_creation_index() {
+    let (_dir, store) = open();
+    create_transfer(&store, "t1", "finished", 1).await;
+    let source = transfer("t2", "created", 2).into();
+    let created = store.create(Index::Transactions, "t2", source).await;
+    create_transfer(&store, "t3", "finished", 3).await;
+    create_transfer(&store, "t4", "rolled-back", 4).await;
+    let entry = |state: &str, id: &str| (state.to_owned(), id.to_owned());
+    assert_eq!(
+        entries_by_state(&store, TX_BY_STATE_CREATED),
+        [entry("created", "t2"), entry("rolled-back", "t4")]
+    );
+    let Ok(WriteOutcome::Written(version)) = created else {
+        panic!("t2: {created:?}");
+    };
+    move_transfer(&store, "t2", "finished", 5, version).await;
+    assert_eq!(
+        entries_by_state(&store, TX_BY_STATE_CREATED),
+        [entry("rolled-back", "t4")]
+    );
+
+    for limit in [1, 2, 10] {
+        assert_eq!(
+            list_all(&store, "finished", limit).await,
+            ["t2", "t3", "t1"],
+            "limit {limit}"
+        );
+    }
+    assert_eq!(list_all(&store, "rolled-back", 1).await, ["t4"]);
+}
+
+/// Every transfer listed in `state`, newest first, paging `limit` at a time.
+async fn list_all(store: &EmbeddedStore, state: &str, limit: usize) -> Vec<String> {
+    let mut filter = TransferFilter {
+        state: Some(state.to_owned()),
+        limit,
+        ..TransferFilter::default()
+    };
+    let mut ids = Vec::new();
+    for _ in 0..10 {
+        let page = store.list_transfers(&filter).await.unwrap();
+        ids.extend(page.docs.into_iter().map(|doc| doc.id));
+        match page.next {
+            Some(next) => filter.after = Some(next),
+            None => return ids,
+        }
+    }
+    panic!("paging does not end: {ids:?}");
 }
