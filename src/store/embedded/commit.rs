@@ -73,7 +73,8 @@ pub(super) struct Committer {
     /// redb has one writer at a time: nothing else may begin a write transaction while it is
     /// here (the store's start and close, and tests after `settle`, are the only others).
     pub(super) open: Mutex<Option<OpenTxn>>,
-    /// What the open transaction holds of acknowledged groups, for `get`.
+    /// The documents written by the acknowledged groups of the open transaction: for `get`,
+    /// for the committer's own reads, and, for accounts, until the commit writes them.
     pub(super) recent: Recent,
     /// Why the store stopped writing, once it has (see [`Committer::stop_writing`]).
     pub(super) stopped: std::sync::OnceLock<String>,
@@ -309,9 +310,10 @@ impl SeqNos {
 pub(super) struct OpenTxn {
     pub(super) txn: WriteTransaction,
     pub(super) opened: Instant,
-    /// Writes it holds whose records are in the log (acknowledged, or about to be, and in
-    /// [`Committer::recent`]). Losing a transaction that holds any leaves redb's state behind
-    /// the log: the store must then stop writing ([`Taken`]).
+    /// Documents written by the groups it holds whose records are in the log (acknowledged,
+    /// or about to be, and in [`Committer::recent`]; the unindexed ones are written into it
+    /// when it commits). Losing a transaction that holds any leaves redb's state behind the
+    /// log: the store must then stop writing ([`Taken`]).
     logged: usize,
 }
 
@@ -343,23 +345,35 @@ impl OpenTxn {
 
 /// The open transaction while the committer works in it, taken out of [`Committer::open`]
 /// (or begun). It must end committed, put back, or given up through [`Taken::give_up`]; if
-/// it is dropped otherwise (a panic anywhere in the committer's work), the logged writes it
-/// held are gone from redb's state in memory while the log holds them, and later groups
-/// would reuse their `seq_no`s: the store stops writing, and a restart replays the log.
+/// it is dropped otherwise (a panic anywhere in the committer's work, its commit included),
+/// the logged writes it held are gone from redb's state in memory while the log holds them:
+/// later groups would reuse their `seq_no`s, and a later commit would write the recent
+/// accounts over a state that lacks the groups they came with. The store stops writing,
+/// and a restart replays the log.
 struct Taken<'c> {
     committer: &'c Committer,
     open: Option<OpenTxn>,
+    /// Logged writes are being committed: the transaction has left `open` for redb's commit,
+    /// and a panic there loses them as surely.
+    committing_logged: bool,
 }
 
 impl<'c> Taken<'c> {
     fn take(db: &Database, committer: &'c Committer) -> StoreResult<Self> {
         let open = match lock(&committer.open).take() {
             Some(open) => open,
+            // Recent writes belong to the open transaction: none may outlive it while writing.
+            None if !committer.recent.is_empty() => {
+                return Err(committer.stop_writing(
+                    "acknowledged writes are in memory but no transaction holds them".into(),
+                ))
+            }
             None => OpenTxn::begin(db)?,
         };
         Ok(Self {
             committer,
             open: Some(open),
+            committing_logged: false,
         })
     }
 
@@ -376,7 +390,10 @@ impl<'c> Taken<'c> {
     fn commit(mut self, durability: Durability) -> StoreResult<()> {
         let open = self.open.take().expect("taken until it ends");
         let logged = open.logged > 0;
-        open.commit(self.committer, durability).map_err(|e| {
+        self.committing_logged = logged;
+        let committed = open.commit(self.committer, durability);
+        self.committing_logged = false;
+        committed.map_err(|e| {
             let reason = format!("commit failed, the writes may or may not be applied: {e}");
             match logged {
                 true => self.committer.stop_writing(reason),
@@ -400,7 +417,7 @@ impl<'c> Taken<'c> {
 
 impl Drop for Taken<'_> {
     fn drop(&mut self) {
-        if self.open.as_ref().is_some_and(|open| open.logged > 0) {
+        if self.committing_logged || self.open.as_ref().is_some_and(|open| open.logged > 0) {
             self.committer.stop_writing(
                 "the committer stopped part-way (a panic) with acknowledged writes in its open \
                  transaction"

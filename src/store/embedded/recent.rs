@@ -1,6 +1,6 @@
-//! The recent writes: documents the committer's open transaction holds for groups already
-//! acknowledged, so that a `get` sees every acknowledged write before that transaction
-//! commits.
+//! The recent writes: the documents written by the groups the committer's open transaction
+//! holds, once acknowledged, so that a `get` sees every acknowledged write before that
+//! transaction commits (and, for accounts, until it commits they are only here).
 //!
 //! **Why a transaction stays open.** redb copies a page the first time a transaction changes
 //! it, and its commit checksums and writes every page it changed. One transaction per group
@@ -37,10 +37,13 @@ pub(super) type DocsById = [HashMap<String, Vec<u8>>; Index::ALL.len()];
 #[derive(Default)]
 pub(super) struct Recent {
     docs: RwLock<DocsById>,
+    /// Test hook: writing the unindexed documents at a commit panics.
+    #[cfg(test)]
+    pub(super) panic_writes: std::sync::atomic::AtomicBool,
 }
 
 impl Recent {
-    /// The latest acknowledged value of a document the open transaction holds.
+    /// The latest acknowledged value of a document written since the open transaction began.
     pub(super) fn get(&self, index: Index, id: &str) -> Option<Vec<u8>> {
         let docs = self.docs.read().unwrap_or_else(|e| e.into_inner());
         docs[index as usize].get(id).cloned()
@@ -70,6 +73,10 @@ impl Recent {
             let mut held: Vec<_> = docs[index as usize].iter().collect();
             held.sort_unstable_by_key(|&(id, _)| id);
             for (id, value) in held {
+                #[cfg(test)]
+                if self.panic_writes.load(std::sync::atomic::Ordering::Relaxed) {
+                    panic!("injected: a bug while the open transaction commits");
+                }
                 table
                     .insert((index.name(), id.as_str()), value.as_slice())
                     .map_err(storage)?;

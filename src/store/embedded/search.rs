@@ -196,7 +196,8 @@ pub(super) fn list_blocking(db: &Database, f: &TransferFilter) -> StoreResult<Pa
     Ok(page)
 }
 
-/// Whether a transfer passes every filter of `f` (the index walked serves one of them).
+/// Whether a transfer passes every filter of `f` (the index walked serves at most one of
+/// them: none for `?state=finished` alone, [`listed_by_state`]).
 pub(super) fn matches(f: &TransferFilter, keys: &TransferKeys<'_>) -> bool {
     f.state.as_deref().is_none_or(|s| keys.state == s)
         && f.account.as_deref().is_none_or(|a| keys.involves(a))

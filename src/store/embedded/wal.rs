@@ -63,8 +63,9 @@ pub const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
 /// alternate between a few ops and several thousand; at 64 clients none exceeds 256.)
 pub const BUSY_GROUP_OPS: usize = 1024;
 
-/// The most acknowledged writes the committer's open transaction holds before it commits
-/// ([`Wal::commit_due`]): about 5,000 transfers, a few MiB of recent writes.
+/// The most documents the acknowledged groups of the committer's open transaction may have
+/// written before it commits ([`Wal::commit_due`]): a few thousand transfers, a few MiB of
+/// recent writes.
 pub const OPEN_TXN_WRITES: usize = 16_384;
 
 /// A checkpoint once the log holds this much, whatever the time.
@@ -220,9 +221,9 @@ impl Wal {
             || (busy && since >= self.checkpoint_interval / 20)
     }
 
-    /// Whether the committer's open transaction, opened at `opened` and holding `acknowledged`
-    /// writes, should commit now ([`super::recent`]): after a tenth of the checkpoint interval,
-    /// or once it holds [`OPEN_TXN_WRITES`] writes. This bounds what redb and the recent
+    /// Whether the committer's open transaction, opened at `opened`, whose acknowledged groups
+    /// wrote `acknowledged` documents, should commit now ([`super::recent`]): after a tenth of
+    /// the checkpoint interval, or at [`OPEN_TXN_WRITES`] documents. This bounds what redb and the recent
     /// writes hold in memory; searches commit it sooner when they need to. Nothing of
     /// durability depends on it.
     pub(super) fn commit_due(&self, opened: Instant, acknowledged: usize) -> bool {

@@ -330,7 +330,7 @@ async fn a_committer_that_panics_holding_acknowledged_writes_stops_writing_until
         .written();
     assert!(
         transaction_open(&store),
-        "kept is in the open transaction only"
+        "kept is in the recent writes only"
     );
     lock(&store.committer.log).panic_appends = true;
     let lost = store
@@ -362,4 +362,42 @@ async fn a_committer_that_panics_holding_acknowledged_writes_stops_writing_until
         seq_no(kept).map(|s| s + 1),
         "numbering continues"
     );
+}
+
+#[tokio::test]
+async fn a_committer_that_panics_while_committing_acknowledged_accounts_stops_writing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open_without_checkpoints(dir.path());
+    let kept = store
+        .create(Index::Accounts, "kept", json!({ "n": 1 }).into())
+        .await
+        .unwrap()
+        .written();
+    store
+        .committer
+        .recent
+        .panic_writes
+        .store(true, Ordering::Relaxed);
+    // A search has the open transaction commit, which writes the account, and panics.
+    let search = store.refresh().await;
+    assert!(
+        matches!(search, Err(StoreError::Unavailable(_))),
+        "{search:?}"
+    );
+    store
+        .committer
+        .recent
+        .panic_writes
+        .store(false, Ordering::Relaxed);
+    // Stopped by the panic itself (the caller is answered after the guard ran).
+    assert!(store.committer.check_writing().is_err());
+    // No transaction holds kept's group any more: a later commit must not write it.
+    assert_writes_stopped(&store).await;
+    let doc = store.get(Index::Accounts, "kept").await.unwrap();
+    assert_eq!(doc.map(|d| d.version), kept, "still read");
+
+    let image = crash_image(dir.path(), true);
+    let restarted = EmbeddedStore::open(image.path()).unwrap();
+    let doc = restarted.get(Index::Accounts, "kept").await.unwrap();
+    assert_eq!(doc.map(|d| d.version), kept, "replayed");
 }

@@ -186,6 +186,15 @@ async fn finished_transfers_have_no_state_entries_and_are_listed_from_the_creati
         );
     }
     assert_eq!(list_all(&store, "rolled-back", 1).await, ["t4"]);
+    let of_account = TransferFilter {
+        account: Some("a".into()),
+        state: Some("finished".into()),
+        limit: 10,
+        ..TransferFilter::default()
+    };
+    let page = store.list_transfers(&of_account).await.unwrap();
+    let ids: Vec<_> = page.docs.into_iter().map(|doc| doc.id).collect();
+    assert_eq!(ids, ["t2", "t3", "t1"], "with the account filter too");
 }
 
 /// Every transfer listed in `state`, newest first, paging `limit` at a time.
