@@ -319,10 +319,10 @@ async fn after_a_failed_log_write_the_store_stops_writing_until_reopened() {
     restarted.ready().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_committer_that_panics_holding_acknowledged_writes_stops_writing_until_reopened() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = open_without_checkpoints(dir.path());
+/// A store that never checkpoints, holding one acknowledged account, "kept", in its recent
+/// writes only; and kept's version.
+async fn store_keeping_an_account(dir: &Path) -> (EmbeddedStore, Option<Version>) {
+    let store = open_without_checkpoints(dir);
     let kept = store
         .create(Index::Accounts, "kept", json!({ "n": 1 }).into())
         .await
@@ -332,6 +332,34 @@ async fn a_committer_that_panics_holding_acknowledged_writes_stops_writing_until
         transaction_open(&store),
         "kept is in the recent writes only"
     );
+    (store, kept)
+}
+
+/// After a panic with kept acknowledged: writes stop, kept is still read, and a restart
+/// from what `kill -9` would leave replays it. Returns the restarted store.
+async fn assert_kept_until_replayed(
+    store: &EmbeddedStore,
+    dir: &Path,
+    kept: Option<Version>,
+) -> (tempfile::TempDir, EmbeddedStore) {
+    assert_writes_stopped(store).await;
+    let doc = store.get(Index::Accounts, "kept").await.unwrap();
+    assert_eq!(
+        doc.map(|d| d.version),
+        kept,
+        "still read, from the recent writes"
+    );
+    let image = crash_image(dir, true);
+    let restarted = EmbeddedStore::open(image.path()).unwrap();
+    let doc = restarted.get(Index::Accounts, "kept").await.unwrap();
+    assert_eq!(doc.map(|d| d.version), kept, "replayed");
+    (image, restarted)
+}
+
+#[tokio::test]
+async fn a_committer_that_panics_holding_acknowledged_writes_stops_writing_until_reopened() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (store, kept) = store_keeping_an_account(dir.path()).await;
     lock(&store.committer.log).panic_appends = true;
     let lost = store
         .create(Index::Accounts, "lost", json!({ "n": 2 }).into())
@@ -339,18 +367,7 @@ async fn a_committer_that_panics_holding_acknowledged_writes_stops_writing_until
     assert!(matches!(lost, Err(StoreError::Unavailable(_))), "{lost:?}");
     lock(&store.committer.log).panic_appends = false;
     // The open transaction went with the panic: later writes would reuse kept's seq_no.
-    assert_writes_stopped(&store).await;
-    let doc = store.get(Index::Accounts, "kept").await.unwrap();
-    assert_eq!(
-        doc.map(|d| d.version),
-        kept,
-        "still read, from the recent writes"
-    );
-
-    let image = crash_image(dir.path(), true);
-    let restarted = EmbeddedStore::open(image.path()).unwrap();
-    let doc = restarted.get(Index::Accounts, "kept").await.unwrap();
-    assert_eq!(doc.map(|d| d.version), kept, "replayed");
+    let (_image, restarted) = assert_kept_until_replayed(&store, dir.path(), kept).await;
     assert_eq!(restarted.get(Index::Accounts, "lost").await.unwrap(), None);
     let next = restarted
         .create(Index::Accounts, "next", json!({ "n": 3 }).into())
@@ -367,37 +384,24 @@ async fn a_committer_that_panics_holding_acknowledged_writes_stops_writing_until
 #[tokio::test]
 async fn a_committer_that_panics_while_committing_acknowledged_accounts_stops_writing() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let store = open_without_checkpoints(dir.path());
-    let kept = store
-        .create(Index::Accounts, "kept", json!({ "n": 1 }).into())
-        .await
-        .unwrap()
-        .written();
-    store
-        .committer
-        .recent
-        .panic_writes
-        .store(true, Ordering::Relaxed);
+    let (store, kept) = store_keeping_an_account(dir.path()).await;
+    let panic_writes = |on| {
+        store
+            .committer
+            .recent
+            .panic_writes
+            .store(on, Ordering::Relaxed)
+    };
+    panic_writes(true);
     // A search has the open transaction commit, which writes the account, and panics.
     let search = store.refresh().await;
     assert!(
         matches!(search, Err(StoreError::Unavailable(_))),
         "{search:?}"
     );
-    store
-        .committer
-        .recent
-        .panic_writes
-        .store(false, Ordering::Relaxed);
-    // Stopped by the panic itself (the caller is answered after the guard ran).
+    panic_writes(false);
+    // Stopped by the panic itself (the caller is answered after the guard ran): no
+    // transaction holds kept's group any more, and a later commit must not write it.
     assert!(store.committer.check_writing().is_err());
-    // No transaction holds kept's group any more: a later commit must not write it.
-    assert_writes_stopped(&store).await;
-    let doc = store.get(Index::Accounts, "kept").await.unwrap();
-    assert_eq!(doc.map(|d| d.version), kept, "still read");
-
-    let image = crash_image(dir.path(), true);
-    let restarted = EmbeddedStore::open(image.path()).unwrap();
-    let doc = restarted.get(Index::Accounts, "kept").await.unwrap();
-    assert_eq!(doc.map(|d| d.version), kept, "replayed");
+    assert_kept_until_replayed(&store, dir.path(), kept).await;
 }
