@@ -573,10 +573,11 @@ pub(super) struct GroupView<'v, 'txn> {
     recent: &'v Recent,
 }
 
-/// A stored value as [`GroupView::lookup`] finds it.
+/// A stored value as [`GroupView::lookup`] finds it: in the tables, or in memory (borrowed
+/// from the group's own writes, copied from the recent writes, which are behind a lock).
 enum Stored<'v> {
     Table(redb::AccessGuard<'v, &'static [u8]>),
-    Memory(Vec<u8>),
+    Memory(Cow<'v, [u8]>),
 }
 
 impl Stored<'_> {
@@ -593,10 +594,10 @@ impl<'v> GroupView<'v, '_> {
     fn lookup(&self, index: Index, id: &str) -> StoreResult<Option<Stored<'v>>> {
         if !indexed(index) {
             if let Some(value) = self.written[index as usize].get(id) {
-                return Ok(Some(Stored::Memory(value.clone())));
+                return Ok(Some(Stored::Memory(Cow::Borrowed(value))));
             }
             if let Some(value) = self.recent.get(index, id) {
-                return Ok(Some(Stored::Memory(value)));
+                return Ok(Some(Stored::Memory(Cow::Owned(value))));
             }
         }
         let stored = self.tables.docs.get((index.name(), id)).map_err(storage)?;

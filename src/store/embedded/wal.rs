@@ -223,9 +223,9 @@ impl Wal {
 
     /// Whether the committer's open transaction, opened at `opened`, whose acknowledged groups
     /// wrote `acknowledged` documents, should commit now ([`super::recent`]): after a tenth of
-    /// the checkpoint interval, or at [`OPEN_TXN_WRITES`] documents. This bounds what redb and the recent
-    /// writes hold in memory; searches commit it sooner when they need to. Nothing of
-    /// durability depends on it.
+    /// the checkpoint interval, or at [`OPEN_TXN_WRITES`] documents. This bounds what redb
+    /// and the recent writes hold in memory; searches commit it sooner when they need to.
+    /// Nothing of durability depends on it.
     pub(super) fn commit_due(&self, opened: Instant, acknowledged: usize) -> bool {
         acknowledged >= OPEN_TXN_WRITES
             || Instant::now().saturating_duration_since(opened) >= self.checkpoint_interval / 10
