@@ -1493,7 +1493,7 @@ fn the_allocator_is_jemalloc_with_the_services_settings() {
         .unwrap();
     assert!(output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    let mut settings = vec!["narenas:2", "dirty_decay_ms:1000", "muzzy_decay_ms:0"];
+    let mut settings = vec!["narenas:1", "dirty_decay_ms:1000", "muzzy_decay_ms:0"];
     if cfg!(all(target_os = "linux", target_env = "gnu")) {
         settings.push("background_thread:true");
     }
