@@ -7,7 +7,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
 
-use super::{field, ApiError, AppState, JsonObject, PathId, Problem};
+use super::body::AccountBody;
+use super::{field, ApiError, AppState, JsonFields, PathId, Problem};
 use crate::transfer::model::AccountDoc;
 use crate::transfer::service::{Created, NewAccount};
 
@@ -99,13 +100,14 @@ pub struct CreateAccount {
     ))]
 pub async fn create_account(
     State(state): State<AppState>,
-    JsonObject(body): JsonObject,
+    JsonFields(body): JsonFields<AccountBody>,
 ) -> Result<Response, ApiError> {
-    let id = field::required_id(&body, "id")?;
-    let balance = field::required_integer(&body, "balance")?;
-    let floor = field::integer(&body, "floor")?.unwrap_or(0);
-    let currency = field::currency(&body, "currency")?;
-    let metadata = field::metadata(&body, "metadata")?;
+    field::given_once(&body)?;
+    let id = field::required_id(body.id, "id")?;
+    let balance = field::required_integer(body.balance, "balance")?;
+    let floor = field::integer(body.floor, "floor")?.unwrap_or(0);
+    let currency = field::currency(body.currency, "currency")?;
+    let metadata = field::metadata(body.metadata, "metadata")?;
     if balance < floor {
         return Err(ApiError::Invalid(format!(
             "`balance` ({balance}) must not be below `floor` ({floor})"

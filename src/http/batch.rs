@@ -15,11 +15,11 @@ use axum::routing::post;
 use axum::{Json, Router};
 use futures_util::stream::{self, StreamExt};
 use serde::Serialize;
-use serde_json::{Map, Value};
 
+use super::body::{Array, BatchBody, Object, TransferBody};
 use super::transfers::{counted_if_shed, new_transfer, CreateTransfer, Transfer};
 use super::{
-    idempotency, ApiError, AppState, JsonObject, PathId, Problem, QueryParams, NOT_AN_OBJECT,
+    field, idempotency, ApiError, AppState, JsonFields, PathId, Problem, QueryParams, NOT_AN_OBJECT,
 };
 use crate::transfer::admission::Admitted;
 use crate::transfer::service::{Created, NewTransfer};
@@ -130,12 +130,12 @@ impl From<ApiError> for BatchItem {
 pub async fn create_batch(
     State(state): State<AppState>,
     headers: HeaderMap,
-    JsonObject(body): JsonObject,
+    JsonFields(body): JsonFields<BatchBody>,
 ) -> Result<Json<BatchResult>, ApiError> {
     let key = idempotency::batch_key(&headers)?;
-    let items = envelope(&body, state.engine.max_in_flight())?;
+    let items = envelope(body, state.engine.max_in_flight())?;
     let parsed: Vec<Result<NewTransfer, ApiError>> = items
-        .iter()
+        .into_iter()
         .enumerate()
         .map(|(index, value)| {
             let id_if_absent = key.as_deref().map(|key| idempotency::item_id(key, index));
@@ -153,13 +153,12 @@ pub async fn create_batch(
 
 /// The items of a well-formed envelope: `transfers`, an array of 1 to [`MAX_BATCH`] items,
 /// and no more than admission control could ever admit at once.
-fn envelope(body: &Map<String, Value>, max_in_flight: usize) -> Result<&Vec<Value>, ApiError> {
-    let items = match body.get("transfers") {
-        None | Some(Value::Null) => {
-            return Err(ApiError::Invalid("`transfers` is required".into()))
-        }
-        Some(Value::Array(items)) => items,
-        Some(_) => {
+fn envelope(body: BatchBody, max_in_flight: usize) -> Result<Vec<Object<TransferBody>>, ApiError> {
+    field::given_once(&body)?;
+    let items = match body.transfers {
+        None => return Err(ApiError::Invalid("`transfers` is required".into())),
+        Some(Array::Given(items)) => items,
+        Some(Array::Other) => {
             return Err(ApiError::Invalid(
                 "`transfers` must be an array of transfers".into(),
             ))
@@ -188,10 +187,13 @@ fn envelope(body: &Map<String, Value>, max_in_flight: usize) -> Result<&Vec<Valu
 
 /// One item, validated as the body of `POST /transfers` is; without an `id` it gets
 /// `id_if_absent` (derived from the batch's `Idempotency-Key`), else a UUIDv7.
-fn item(value: &Value, id_if_absent: Option<String>) -> Result<NewTransfer, ApiError> {
+fn item(
+    value: Object<TransferBody>,
+    id_if_absent: Option<String>,
+) -> Result<NewTransfer, ApiError> {
     match value {
-        Value::Object(body) => new_transfer(body, id_if_absent),
-        _ => Err(ApiError::Invalid(NOT_AN_OBJECT.into())),
+        Object::Given(body) => new_transfer(body, id_if_absent),
+        Object::Other => Err(ApiError::Invalid(NOT_AN_OBJECT.into())),
     }
 }
 

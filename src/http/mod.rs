@@ -5,6 +5,7 @@
 pub mod accounts;
 pub mod auth;
 pub mod batch;
+pub mod body;
 pub mod error;
 pub mod events;
 pub mod health;
@@ -26,7 +27,6 @@ use axum::http::{header, HeaderName};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use serde_json::{Map, Value};
 use tower_http::classify::ServerErrorsFailureClass;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
@@ -192,11 +192,12 @@ fn log_failure(failure: ServerErrorsFailureClass, latency: Duration, _span: &tra
 /// The 422 detail of a body (or batch item) that is JSON but not an object.
 pub(crate) const NOT_AN_OBJECT: &str = "body must be a JSON object";
 
-/// A JSON object body: 415 unless `Content-Type` is JSON, 413 over the limit, 400 unless the
-/// body parses, 422 unless it is an object. Handlers then validate each field (422).
-pub struct JsonObject(pub Map<String, Value>);
+/// A JSON object body with the fields of `T` ([`body`]): 415 unless `Content-Type` is JSON,
+/// 413 over the limit, 400 unless the body parses, 422 unless it is an object. Handlers then
+/// validate each field (422).
+pub struct JsonFields<T>(pub T);
 
-impl<S: Send + Sync> FromRequest<S> for JsonObject {
+impl<S: Send + Sync, T: body::Fields> FromRequest<S> for JsonFields<T> {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
@@ -214,31 +215,26 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
             return Err(ApiError::UnsupportedMediaType);
         }
         let bytes = Bytes::from_request(request, state).await?;
-        let value: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| ApiError::Malformed(format!("body is not valid JSON: {e}")))?;
-        match value {
-            Value::Object(map) => Ok(JsonObject(map)),
-            _ => Err(ApiError::Invalid(NOT_AN_OBJECT.into())),
-        }
+        body::parse(&bytes).map(JsonFields)
     }
 }
 
 /// An optional JSON object body: an empty body is `None`; anything else must be what
-/// [`JsonObject`] accepts.
-pub struct OptionalJsonObject(pub Option<Map<String, Value>>);
+/// [`JsonFields`] accepts.
+pub struct OptionalJsonFields<T>(pub Option<T>);
 
-impl<S: Send + Sync> FromRequest<S> for OptionalJsonObject {
+impl<S: Send + Sync, T: body::Fields> FromRequest<S> for OptionalJsonFields<T> {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
         let (parts, body) = request.into_parts();
         let bytes = Bytes::from_request(Request::from_parts(parts.clone(), body), state).await?;
         if bytes.is_empty() {
-            return Ok(OptionalJsonObject(None));
+            return Ok(OptionalJsonFields(None));
         }
         let request = Request::from_parts(parts, axum::body::Body::from(bytes));
-        let JsonObject(map) = JsonObject::from_request(request, state).await?;
-        Ok(OptionalJsonObject(Some(map)))
+        let JsonFields(fields) = JsonFields::from_request(request, state).await?;
+        Ok(OptionalJsonFields(Some(fields)))
     }
 }
 
@@ -307,84 +303,91 @@ pub(crate) fn shorten(text: &str) -> String {
     }
 }
 
-/// Field readers with clear 422 messages.
+/// Field validators with clear 422 messages, over the typed fields of [`body`] (absent or
+/// null: `None`).
 pub(crate) mod field {
+    use super::body::{Fields, Integer, MetadataField, Text};
     use super::ApiError;
     use crate::transfer::model::valid_id;
-    use serde_json::{Map, Value};
 
-    pub fn id(body: &Map<String, Value>, name: &str) -> Result<Option<String>, ApiError> {
-        match body.get(name) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) if valid_id(s) => Ok(Some(s.clone())),
+    /// 422 if the body gave a field twice.
+    pub fn given_once(fields: &impl Fields) -> Result<(), ApiError> {
+        match fields.twice() {
+            Some(name) => Err(ApiError::Invalid(format!(
+                "`{name}` is given more than once"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    pub fn id(value: Option<Text>, name: &str) -> Result<Option<String>, ApiError> {
+        match value {
+            None => Ok(None),
+            Some(Text::Given(s)) if valid_id(&s) => Ok(Some(s)),
             Some(_) => Err(ApiError::Invalid(format!(
                 "`{name}` must be 1–128 characters of A-Z a-z 0-9 . _ : -"
             ))),
         }
     }
 
-    pub fn required_id(body: &Map<String, Value>, name: &str) -> Result<String, ApiError> {
-        id(body, name)?.ok_or_else(|| ApiError::Invalid(format!("`{name}` is required")))
+    pub fn required_id(value: Option<Text>, name: &str) -> Result<String, ApiError> {
+        id(value, name)?.ok_or_else(|| ApiError::Invalid(format!("`{name}` is required")))
     }
 
     /// A signed 64-bit integer; not a float, a string or out of range.
-    pub fn integer(body: &Map<String, Value>, name: &str) -> Result<Option<i64>, ApiError> {
-        match body.get(name) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Number(n)) => n.as_i64().map(Some).ok_or_else(|| {
-                ApiError::Invalid(format!(
-                    "`{name}` must be an integer between -2^63 and 2^63-1"
-                ))
-            }),
-            Some(_) => Err(ApiError::Invalid(format!("`{name}` must be an integer"))),
+    pub fn integer(value: Option<Integer>, name: &str) -> Result<Option<i64>, ApiError> {
+        match value {
+            None => Ok(None),
+            Some(Integer::Given(n)) => Ok(Some(n)),
+            Some(Integer::OtherNumber) => Err(ApiError::Invalid(format!(
+                "`{name}` must be an integer between -2^63 and 2^63-1"
+            ))),
+            Some(Integer::Other) => Err(ApiError::Invalid(format!("`{name}` must be an integer"))),
         }
     }
 
-    pub fn required_integer(body: &Map<String, Value>, name: &str) -> Result<i64, ApiError> {
-        integer(body, name)?.ok_or_else(|| ApiError::Invalid(format!("`{name}` is required")))
+    pub fn required_integer(value: Option<Integer>, name: &str) -> Result<i64, ApiError> {
+        integer(value, name)?.ok_or_else(|| ApiError::Invalid(format!("`{name}` is required")))
     }
 
     /// A metadata object (`valid_metadata`): string values by key; absent or null: none.
     pub fn metadata(
-        body: &Map<String, Value>,
+        value: Option<MetadataField>,
         name: &str,
     ) -> Result<crate::transfer::model::Metadata, ApiError> {
-        let object = match body.get(name) {
-            None | Some(Value::Null) => return Ok(Default::default()),
-            Some(Value::Object(object)) => object,
-            Some(_) => {
+        let labels = match value {
+            None => return Ok(Default::default()),
+            Some(MetadataField::Given(labels)) => labels,
+            Some(MetadataField::Other) => {
                 return Err(ApiError::Invalid(format!(
                     "`{name}` must be an object of string values"
                 )))
             }
         };
-        let mut strings = Vec::with_capacity(object.len());
-        for (key, value) in object {
+        let mut strings = Vec::with_capacity(labels.len());
+        for (key, value) in labels {
             match value {
-                Value::String(s) => strings.push((key.as_str(), s.as_str())),
-                _ => {
+                Text::Given(s) => strings.push((key, s)),
+                Text::Other => {
                     return Err(ApiError::Invalid(format!(
                         "`{name}` values must be strings (`{}` is not)",
-                        super::shorten(key)
+                        super::shorten(&key)
                     )))
                 }
             }
         }
-        crate::transfer::model::valid_metadata(strings.iter().copied())
-            .map_err(ApiError::Invalid)?;
-        Ok(strings
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect())
+        crate::transfer::model::valid_metadata(
+            strings.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        )
+        .map_err(ApiError::Invalid)?;
+        Ok(strings.into_iter().collect())
     }
 
     /// A currency code (`valid_currency`); absent or null: none.
-    pub fn currency(body: &Map<String, Value>, name: &str) -> Result<Option<String>, ApiError> {
-        match body.get(name) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) if crate::transfer::model::valid_currency(s) => {
-                Ok(Some(s.clone()))
-            }
+    pub fn currency(value: Option<Text>, name: &str) -> Result<Option<String>, ApiError> {
+        match value {
+            None => Ok(None),
+            Some(Text::Given(s)) if crate::transfer::model::valid_currency(&s) => Ok(Some(s)),
             Some(_) => Err(ApiError::Invalid(format!(
                 "`{name}` must be 1–16 characters of A-Z 0-9 _ (such as USD)"
             ))),

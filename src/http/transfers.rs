@@ -7,10 +7,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
-use serde_json::{Map, Value};
 
+use super::body::{Array, CaptureBody, Flag, LegBody, Object, Text, TransferBody};
 use super::{
-    field, idempotency, shorten, ApiError, AppState, JsonObject, OptionalJsonObject, PathId,
+    field, idempotency, shorten, ApiError, AppState, JsonFields, OptionalJsonFields, PathId,
     Problem, QueryParams, MAX_WAIT,
 };
 use crate::store::{SortKey, TransferFilter};
@@ -217,10 +217,10 @@ pub struct TransferPage {
 pub async fn create_transfer(
     State(state): State<AppState>,
     headers: HeaderMap,
-    JsonObject(body): JsonObject,
+    JsonFields(body): JsonFields<TransferBody>,
 ) -> Result<Response, ApiError> {
     let key = idempotency::transfer_key(&headers)?;
-    let new = new_transfer(&body, key.clone())?;
+    let new = new_transfer(body, key.clone())?;
     if let Some(key) = &key {
         idempotency::check_same(&new.id, key)?;
     }
@@ -246,17 +246,20 @@ pub async fn create_transfer(
 /// The body of `POST /transfers` (one item of a batch), validated: 422 on the first invalid
 /// field. A missing id becomes `id_if_absent` (from an `Idempotency-Key`), else a new UUIDv7.
 pub(crate) fn new_transfer(
-    body: &Map<String, Value>,
+    mut body: TransferBody,
     id_if_absent: Option<String>,
 ) -> Result<NewTransfer, ApiError> {
-    let id = field::id(body, "id")?;
-    let (from, to, amount, legs) = match body.get("legs") {
-        None | Some(Value::Null) => one_leg(body)?,
+    field::given_once(&body)?;
+    let id = field::id(body.id.take(), "id")?;
+    let (from, to, amount, legs) = match body.legs.take() {
+        None => one_leg(body.from.take(), body.to.take(), body.amount.take())?,
         Some(given) => {
-            if let Some(name) = ["from", "to", "amount"]
-                .into_iter()
-                .find(|name| !matches!(body.get(*name), None | Some(Value::Null)))
-            {
+            let one_leg_fields = [
+                ("from", body.from.is_some()),
+                ("to", body.to.is_some()),
+                ("amount", body.amount.is_some()),
+            ];
+            if let Some((name, _)) = one_leg_fields.into_iter().find(|(_, given)| *given) {
                 return Err(ApiError::Invalid(format!(
                     "give either `legs` or `from`, `to` and `amount`, not both (`{name}` is \
                      there with `legs`)"
@@ -265,9 +268,9 @@ pub(crate) fn new_transfer(
             legs_of(given)?
         }
     };
-    let currency = field::currency(body, "currency")?;
-    let metadata = field::metadata(body, "metadata")?;
-    let (hold, hold_expires_in) = hold_fields(body)?;
+    let currency = field::currency(body.currency, "currency")?;
+    let metadata = field::metadata(body.metadata, "metadata")?;
+    let (hold, hold_expires_in) = hold_fields(body.hold, body.hold_expires_in)?;
     let id = id
         .or(id_if_absent)
         .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
@@ -285,10 +288,14 @@ pub(crate) fn new_transfer(
 }
 
 /// `from`, `to` and `amount` of a one-leg transfer.
-fn one_leg(body: &Map<String, Value>) -> Result<(String, String, i64, Vec<Leg>), ApiError> {
-    let from = field::required_id(body, "from")?;
-    let to = field::required_id(body, "to")?;
-    let amount = field::required_integer(body, "amount")?;
+fn one_leg(
+    from: Option<Text>,
+    to: Option<Text>,
+    amount: Option<super::body::Integer>,
+) -> Result<(String, String, i64, Vec<Leg>), ApiError> {
+    let from = field::required_id(from, "from")?;
+    let to = field::required_id(to, "to")?;
+    let amount = field::required_integer(amount, "amount")?;
     if amount <= 0 {
         return Err(ApiError::Invalid("`amount` must be positive".into()));
     }
@@ -301,8 +308,8 @@ fn one_leg(body: &Map<String, Value>) -> Result<(String, String, i64, Vec<Leg>),
 /// `legs`: 1 to 16 objects `{"from","to","amount"}` (each checked like a one-leg transfer,
 /// their amounts summing to at most 2^63−1). One leg is a one-leg transfer, stored and
 /// answered exactly as one sent with `from`, `to` and `amount`; with several, the sum.
-fn legs_of(given: &Value) -> Result<(String, String, i64, Vec<Leg>), ApiError> {
-    let Value::Array(items) = given else {
+fn legs_of(given: Array<Object<LegBody>>) -> Result<(String, String, i64, Vec<Leg>), ApiError> {
+    let Array::Given(items) = given else {
         return Err(ApiError::Invalid(
             "`legs` must be an array of {\"from\", \"to\", \"amount\"} objects".into(),
         ));
@@ -314,8 +321,8 @@ fn legs_of(given: &Value) -> Result<(String, String, i64, Vec<Leg>), ApiError> {
         )));
     }
     let mut legs = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let Value::Object(leg) = item else {
+    for (i, item) in items.into_iter().enumerate() {
+        let Object::Given(leg) = item else {
             return Err(ApiError::Invalid(format!(
                 "`legs[{i}]` must be an object {{\"from\", \"to\", \"amount\"}}"
             )));
@@ -326,10 +333,11 @@ fn legs_of(given: &Value) -> Result<(String, String, i64, Vec<Leg>), ApiError> {
             }
             other => other,
         };
+        field::given_once(&leg).map_err(named)?;
         legs.push(Leg {
-            from: field::required_id(leg, "from").map_err(named)?,
-            to: field::required_id(leg, "to").map_err(named)?,
-            amount: field::required_integer(leg, "amount").map_err(named)?,
+            from: field::required_id(leg.from, "from").map_err(named)?,
+            to: field::required_id(leg.to, "to").map_err(named)?,
+            amount: field::required_integer(leg.amount, "amount").map_err(named)?,
         });
     }
     let total = check_legs(&legs).map_err(ApiError::Invalid)?;
@@ -342,27 +350,30 @@ fn legs_of(given: &Value) -> Result<(String, String, i64, Vec<Leg>), ApiError> {
 
 /// `hold` (a boolean, default false) and `hold_expires_in` (a duration string within the
 /// hold bounds, only with `"hold": true`).
-fn hold_fields(body: &Map<String, Value>) -> Result<(bool, Option<std::time::Duration>), ApiError> {
-    let hold = match body.get("hold") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(hold)) => *hold,
-        Some(_) => return Err(ApiError::Invalid("`hold` must be true or false".into())),
+fn hold_fields(
+    hold: Option<Flag>,
+    expires_in: Option<Text>,
+) -> Result<(bool, Option<std::time::Duration>), ApiError> {
+    let hold = match hold {
+        None => false,
+        Some(Flag::Given(hold)) => hold,
+        Some(Flag::Other) => return Err(ApiError::Invalid("`hold` must be true or false".into())),
     };
-    let expires_in = match body.get("hold_expires_in") {
-        None | Some(Value::Null) => None,
+    let expires_in = match expires_in {
+        None => None,
         Some(_) if !hold => {
             return Err(ApiError::Invalid(
                 "`hold_expires_in` is only for a hold (`\"hold\": true`)".into(),
             ))
         }
-        Some(Value::String(text)) => {
+        Some(Text::Given(text)) => {
             let invalid = |why: String| {
-                ApiError::Invalid(format!("`hold_expires_in` {}: {why}", shorten(text)))
+                ApiError::Invalid(format!("`hold_expires_in` {}: {why}", shorten(&text)))
             };
-            let duration = humantime::parse_duration(text).map_err(|e| invalid(e.to_string()))?;
+            let duration = humantime::parse_duration(&text).map_err(|e| invalid(e.to_string()))?;
             Some(check_hold_duration(duration).map_err(invalid)?)
         }
-        Some(_) => {
+        Some(Text::Other) => {
             return Err(ApiError::Invalid(
                 "`hold_expires_in` must be a duration string such as \"10m\"".into(),
             ))
@@ -503,10 +514,13 @@ pub async fn cancel_transfer(
 pub async fn capture_transfer(
     State(state): State<AppState>,
     PathId(id): PathId,
-    body: OptionalJsonObject,
+    OptionalJsonFields(body): OptionalJsonFields<CaptureBody>,
 ) -> Result<Json<Transfer>, ApiError> {
-    let amount = match &body.0 {
-        Some(body) => field::integer(body, "amount")?,
+    let amount = match body {
+        Some(body) => {
+            field::given_once(&body)?;
+            field::integer(body.amount, "amount")?
+        }
         None => None,
     };
     let Some(id) = id else {

@@ -139,6 +139,51 @@ mod cases {
         app.shutdown().await;
     }
 
+    /// A field given twice is ambiguous (parsers disagree on which one counts): a 422 naming
+    /// it, alone, in a batch item's slot (the items around it go through) and in a leg.
+    pub async fn a_field_given_twice_is_422_and_creates_nothing(b: Backend) {
+        let app = TestApp::spawn(b).await;
+        app.open_account("A", 100).await;
+        app.open_account("B", 0).await;
+        let twice = r#"{"id":"d1","from":"A","to":"B","amount":1,"amount":50}"#;
+        let in_a_leg = r#"{"id":"d2","legs":[{"from":"A","to":"B","amount":1,"from":"B"}]}"#;
+        for (body, detail) in [
+            (twice, "`amount` is given more than once"),
+            (in_a_leg, "`legs[0].from` is given more than once"),
+        ] {
+            let response = app
+                .post_raw("/transfers", Some("application/json"), body.into())
+                .await;
+            let status = response.status().as_u16();
+            let problem: Value = response.json().await.expect("problem+json");
+            assert_problem(status, &problem, 422);
+            assert_eq!(problem["detail"], detail, "{body}");
+        }
+        let batch = format!(
+            r#"{{"transfers":[{},{twice},{}]}}"#,
+            transfer("ok-1", "A", "B", 1),
+            transfer("ok-2", "A", "B", 2)
+        );
+        let response = app
+            .post_raw("/transfers/batch", Some("application/json"), batch.into())
+            .await;
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.expect("JSON");
+        let items = items(status, &body, 3);
+        assert_eq!(items[1]["status"], 422, "{body}");
+        assert_eq!(
+            items[1]["problem"]["detail"], "`amount` is given more than once",
+            "{body}"
+        );
+        app.settled("ok-1").await;
+        app.settled("ok-2").await;
+        for id in ["d1", "d2"] {
+            assert_eq!(app.get(&format!("/transfers/{id}")).await.0, 404, "{id}");
+        }
+        assert_eq!((app.balance("A").await, app.balance("B").await), (97, 3));
+        app.shutdown().await;
+    }
+
     /// What is wrong with the envelope fails the whole request, and creates nothing: 400 not
     /// JSON, 415 not JSON by its type, 413 over the body limit, 422 anything else.
     pub async fn malformed_envelopes_are_problems_for_the_whole_request(b: Backend) {
@@ -351,6 +396,7 @@ on_every_backend!(
     batch_answers_every_item_in_request_order,
     replays_and_conflicts_are_answered_per_item,
     invalid_items_are_422_slots,
+    a_field_given_twice_is_422_and_creates_nothing,
     malformed_envelopes_are_problems_for_the_whole_request,
     a_batch_holds_at_most_1000_items,
     an_item_the_store_failed_is_a_503_slot,
