@@ -2,7 +2,6 @@
 //! transaction, logs it once, and answers each caller its own outcomes.
 
 use std::collections::HashMap;
-use std::time::Instant;
 
 use super::*;
 
@@ -309,7 +308,6 @@ impl SeqNos {
 /// The committer's write transaction, open across groups until it commits.
 pub(super) struct OpenTxn {
     pub(super) txn: WriteTransaction,
-    pub(super) opened: Instant,
     /// Documents written by the groups it holds whose records are in the log (acknowledged,
     /// or about to be, and in [`Committer::recent`]; the unindexed ones are written into it
     /// when it commits). Losing a transaction that holds any leaves redb's state behind the
@@ -321,11 +319,7 @@ impl OpenTxn {
     fn begin(db: &Database) -> StoreResult<Self> {
         let mut txn = db.begin_write().map_err(storage)?;
         txn.set_durability(Durability::None).map_err(storage)?;
-        Ok(Self {
-            txn,
-            opened: Instant::now(),
-            logged: 0,
-        })
+        Ok(Self { txn, logged: 0 })
     }
 
     /// Writes the unindexed documents the recent writes hold, then commits with `durability`;
@@ -476,7 +470,7 @@ pub(super) fn apply_group(
     }
     let flush = group.iter().any(|w| matches!(w, Waiting::Flush(_)));
     let open = taken.get();
-    if !(flush || log.commit_due(open.opened, open.logged)) {
+    if !(flush || log.commit_due(open.logged)) {
         taken.put_back();
         return Ok(answers);
     }
