@@ -75,6 +75,9 @@ pub(super) struct Committer {
     /// The documents written by the acknowledged groups of the open transaction: for `get`,
     /// for the committer's own reads, and, for accounts, until the commit writes them.
     pub(super) recent: Recent,
+    /// New transfers' listing entries not in the tables yet ([`super::creation`]). Only the
+    /// committer changes them, holding `log`.
+    pub(super) creations: Mutex<CreationEntries>,
     /// Why the store stopped writing, once it has (see [`Committer::stop_writing`]).
     pub(super) stopped: std::sync::OnceLock<String>,
 }
@@ -87,6 +90,7 @@ impl Committer {
             log: Mutex::new(log),
             open: Mutex::new(None),
             recent: Recent::default(),
+            creations: Mutex::default(),
             stopped: std::sync::OnceLock::new(),
         }
     }
@@ -246,7 +250,7 @@ impl SeqNos {
         }
     }
 
-    fn counter(index: Index) -> &'static str {
+    pub(super) fn counter(index: Index) -> &'static str {
         match index {
             Index::Accounts => "seq:accounts",
             Index::Transactions => "seq:transactions",
@@ -313,13 +317,27 @@ pub(super) struct OpenTxn {
     /// when it commits). Losing a transaction that holds any leaves redb's state behind the
     /// log: the store must then stop writing ([`Taken`]).
     logged: usize,
+    /// Listing entries of a run written into it ([`super::creation`]): losing them would
+    /// lose them until a restart catches them up, so they count as logged writes for
+    /// [`OpenTxn::must_keep`] (not for the size that makes it commit).
+    listing_entries: usize,
 }
 
 impl OpenTxn {
+    /// Whether losing it loses what the tables must get: writes of the log, or listing
+    /// entries of a run.
+    fn must_keep(&self) -> bool {
+        self.logged > 0 || self.listing_entries > 0
+    }
+
     fn begin(db: &Database) -> StoreResult<Self> {
         let mut txn = db.begin_write().map_err(storage)?;
         txn.set_durability(Durability::None).map_err(storage)?;
-        Ok(Self { txn, logged: 0 })
+        Ok(Self {
+            txn,
+            logged: 0,
+            listing_entries: 0,
+        })
     }
 
     /// Writes the unindexed documents the recent writes hold, then commits with `durability`;
@@ -383,7 +401,7 @@ impl<'c> Taken<'c> {
     /// Commits it; see [`OpenTxn::commit`]. A failure with logged writes stops writing.
     fn commit(mut self, durability: Durability) -> StoreResult<()> {
         let open = self.open.take().expect("taken until it ends");
-        let logged = open.logged > 0;
+        let logged = open.must_keep();
         self.committing_logged = logged;
         let committed = open.commit(self.committer, durability);
         self.committing_logged = false;
@@ -400,9 +418,9 @@ impl<'c> Taken<'c> {
     /// group that met it, and the store stops writing if logged writes are lost with it.
     fn give_up(mut self, error: StoreError) -> StoreError {
         let open = self.open.take().expect("taken until it ends");
-        match open.logged {
-            0 => error,
-            _ => self.committer.stop_writing(format!(
+        match open.must_keep() {
+            false => error,
+            true => self.committer.stop_writing(format!(
                 "the open transaction failed, with acknowledged writes in it: {error}"
             )),
         }
@@ -411,7 +429,7 @@ impl<'c> Taken<'c> {
 
 impl Drop for Taken<'_> {
     fn drop(&mut self) {
-        if self.committing_logged || self.open.as_ref().is_some_and(|open| open.logged > 0) {
+        if self.committing_logged || self.open.as_ref().is_some_and(OpenTxn::must_keep) {
             self.committer.stop_writing(
                 "the committer stopped part-way (a panic) with acknowledged writes in its open \
                  transaction"
@@ -442,15 +460,27 @@ pub(super) fn apply_group(
 ) -> StoreResult<Vec<Answer>> {
     committer.check_writing()?;
     let mut log = lock(&committer.log);
+    let mut creations = lock(&committer.creations);
     let mut taken = Taken::take(db, committer)?;
+    match last_transfer_seq_no(&taken.get().txn) {
+        Ok(last) => creations.begin_run_if_due(last),
+        Err(e) => return Err(taken.give_up(e)),
+    }
     let mut record = log.record();
     let mut written = DocsById::default();
+    let mut created = Vec::new();
+    let mut added = 0;
     let applied = apply_writes(
         &taken.get().txn,
-        &committer.recent,
+        GroupWrites {
+            seq_nos: SeqNos::default(),
+            record: &mut record,
+            written: &mut written,
+            recent: &committer.recent,
+            created: &mut created,
+            creations: &mut creations,
+        },
         group,
-        &mut record,
-        &mut written,
     );
     let answers = match applied {
         Ok(answers) => answers,
@@ -467,8 +497,19 @@ pub(super) fn apply_group(
         }
         taken.get().logged += written.iter().map(HashMap::len).sum::<usize>();
         committer.recent.add(written);
+        added = creations.add(created);
     }
     let flush = group.iter().any(|w| matches!(w, Waiting::Flush(_)));
+    // Listing entries: a chunk of the run after each group, all of them before a search.
+    if flush || creations.writing() {
+        let chunk = match flush {
+            true => Chunk::All,
+            false => Chunk::After(added),
+        };
+        if let Err(e) = write_creations(taken.get(), &mut creations, chunk) {
+            return Err(taken.give_up(e));
+        }
+    }
     let open = taken.get();
     if !(flush || log.commit_due(open.logged)) {
         taken.put_back();
@@ -481,26 +522,52 @@ pub(super) fn apply_group(
     Ok(answers)
 }
 
-/// Runs a group's ops and transactions in `txn`, adding each write to the log `record` and
-/// to `written` (the latest value of each document), and stores the `seq_no` counters and the
-/// record's number. Unindexed documents are read from `written`, then from the `recent`
-/// writes, then from the tables (see [`GroupView`]). An error is a storage error: the
-/// transaction may be poisoned.
+/// The last transfer `seq_no` handed out, as `txn` holds it.
+fn last_transfer_seq_no(txn: &WriteTransaction) -> StoreResult<u64> {
+    let meta = txn.open_table(META).map_err(storage)?;
+    let last = meta
+        .get(SeqNos::counter(Index::Transactions))
+        .map_err(storage)?;
+    Ok(last.map_or(0, |last| last.value()))
+}
+
+/// How much of the listing entries to write.
+enum Chunk {
+    /// The next chunk of the run, after a group that added this many entries.
+    After(usize),
+    /// All of them (before a search, and at close).
+    All,
+}
+
+/// Writes listing entries into the open transaction. It then holds writes that must not be
+/// lost without a restart catching them up, as logged ones ([`OpenTxn::must_keep`]).
+fn write_creations(
+    open: &mut OpenTxn,
+    creations: &mut CreationEntries,
+    chunk: Chunk,
+) -> StoreResult<()> {
+    let last = last_transfer_seq_no(&open.txn)?;
+    let mut tables = Tables::open(&open.txn)?;
+    let written = match chunk {
+        Chunk::After(added) => creations.write_chunk(&mut tables, added)?,
+        Chunk::All => creations.write_all(&mut tables, last)?,
+    };
+    open.listing_entries += written;
+    Ok(())
+}
+
+/// Runs a group's ops and transactions in `txn`, adding each write to the log `record`, to
+/// `written` (the latest value of each document) and new transfers' listing entries to
+/// `created`, and stores the `seq_no` counters and the record's number. Unindexed documents
+/// are read from `written`, then from the `recent` writes, then from the tables (see
+/// [`GroupView`]). An error is a storage error: the transaction may be poisoned.
 fn apply_writes(
     txn: &WriteTransaction,
-    recent: &Recent,
+    mut writes: GroupWrites<'_>,
     group: &mut [Waiting],
-    record: &mut LogRecord,
-    written: &mut DocsById,
 ) -> StoreResult<Vec<Answer>> {
     let mut answers = Vec::with_capacity(group.len());
     let mut tables = Tables::open(txn)?;
-    let mut writes = GroupWrites {
-        seq_nos: SeqNos::default(),
-        record,
-        written,
-        recent,
-    };
     for waiting in group.iter_mut() {
         let answer = match waiting {
             Waiting::Ops(ops, _) => Answer::Ops(
@@ -524,6 +591,23 @@ fn apply_writes(
     Ok(answers)
 }
 
+/// Writes every pending listing entry into the open transaction, before a checkpoint at
+/// close: a store closed cleanly has them all in its file.
+pub(super) fn write_all_creations(db: &Database, committer: &Committer) -> StoreResult<()> {
+    let mut creations = lock(&committer.creations);
+    if creations.is_empty() {
+        return Ok(());
+    }
+    let mut taken = Taken::take(db, committer)?;
+    match write_creations(taken.get(), &mut creations, Chunk::All) {
+        Ok(()) => {
+            taken.put_back();
+            Ok(())
+        }
+        Err(e) => Err(taken.give_up(e)),
+    }
+}
+
 /// Makes every commit so far durable in the redb file (the open transaction, or an empty one,
 /// committed with `Durability::Immediate`), then empties the log. Only the commit can fail
 /// it: a log that does not shrink is still correct (replay skips what the file holds), so a
@@ -536,14 +620,17 @@ pub(super) fn checkpoint(db: &Database, committer: &Committer, log: &mut Wal) ->
     Ok(())
 }
 
-/// What a group's writes add to besides the tables: the `seq_no` counters, the log record
-/// and the documents written (for [`Committer::recent`]); and the recent writes, where the
-/// unindexed documents of earlier groups are.
+/// What a group's writes add to besides the tables: the `seq_no` counters, the log record,
+/// the documents written (for [`Committer::recent`]) and new transfers' listing entries (for
+/// [`Committer::creations`]); and the recent writes, where the unindexed documents of earlier
+/// groups are.
 pub(super) struct GroupWrites<'r> {
     pub(super) seq_nos: SeqNos,
     pub(super) record: &'r mut LogRecord,
     pub(super) written: &'r mut DocsById,
     pub(super) recent: &'r Recent,
+    pub(super) created: &'r mut Vec<Creation>,
+    pub(super) creations: &'r mut CreationEntries,
 }
 
 impl GroupWrites<'_> {
@@ -836,9 +923,24 @@ pub(super) fn write_checked(
     let mut value = Vec::with_capacity(8 + bytes.len());
     value.extend_from_slice(&seq_no.to_le_bytes());
     value.extend_from_slice(bytes);
-    // An unindexed document reaches the tables when the open transaction commits.
+    // An unindexed document reaches the tables when the open transaction commits; a new
+    // transfer's listing entries, with a later run.
     if indexed(index) {
-        store_document(tables, index, id, seq_no, &value, transfer)?;
+        if let Some((_, (Some(old), new))) = &transfer {
+            if old.created != new.created || old.parties() != new.parties() {
+                writes.created.retain(|c| c.id() != id);
+                writes.creations.forget(id);
+            }
+        }
+        store_document(
+            tables,
+            index,
+            id,
+            seq_no,
+            &value,
+            transfer,
+            Some(writes.created),
+        )?;
     }
     writes.record.push(index, id, &value);
     writes.written[index as usize].insert(id.to_owned(), value);
@@ -857,13 +959,14 @@ fn store_document(
     seq_no: u64,
     value: &[u8],
     transfer: Option<(Option<u64>, IndexKeys<'_>)>,
+    created: Option<&mut Vec<Creation>>,
 ) -> StoreResult<()> {
     tables
         .docs
         .insert((index.name(), id), value)
         .map_err(storage)?;
     if let Some((old_seq_no, (old, new))) = transfer {
-        update_transfer_indexes(tables, id, old.as_ref(), &new)?;
+        update_transfer_indexes(tables, id, old.as_ref(), &new, created)?;
         // The feed: the transfer's entry moves to this write's position.
         if let Some(old_seq_no) = old_seq_no {
             tables.changes.remove(old_seq_no).map_err(storage)?;
@@ -924,5 +1027,5 @@ fn replay_write(
         .transpose()?;
     let transfer = transfer_change(index, current, source)?;
     drop(stored);
-    store_document(tables, index, id, seq_no, value, transfer)
+    store_document(tables, index, id, seq_no, value, transfer, None)
 }

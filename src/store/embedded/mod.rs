@@ -57,6 +57,7 @@ use super::{
 };
 
 mod commit;
+mod creation;
 mod recent;
 mod search;
 mod tables;
@@ -66,6 +67,7 @@ mod wal;
 
 pub use commit::MAX_GROUP_OPS;
 use commit::*;
+use creation::*;
 use recent::*;
 use search::*;
 use tables::*;
@@ -102,7 +104,10 @@ impl Drop for EmbeddedStore {
         drop(self.committer.wait_idle());
         if self.committer.check_writing().is_ok() {
             let mut log = lock(&self.committer.log);
-            if let Err(error) = checkpoint(&self.db, &self.committer, &mut log) {
+            let written = write_all_creations(&self.db, &self.committer);
+            if let Err(error) =
+                written.and_then(|()| checkpoint(&self.db, &self.committer, &mut log))
+            {
                 tracing::warn!(%error, "embedded store: no checkpoint at close; the next start replays the log");
             }
         }
@@ -165,6 +170,7 @@ impl EmbeddedStore {
             build_metadata_index(&txn)?;
             build_changes_index(&txn)?;
         }
+        catch_up_creation_entries(&txn)?;
         txn.commit().map_err(permanent)?;
         log.continue_after(replayed);
         log.checkpointed().map_err(permanent)?;
@@ -205,7 +211,10 @@ impl EmbeddedStore {
     /// a search, scan or feed read that starts after this sees every write acknowledged
     /// before it was called (see [`recent`]).
     async fn flush(&self) -> StoreResult<()> {
-        if self.committer.recent.is_empty() {
+        // The committer holds the listing entries while it runs a group: then ask it.
+        let creations_written =
+            (self.committer.creations.try_lock()).is_ok_and(|creations| creations.is_empty());
+        if self.committer.recent.is_empty() && creations_written {
             return Ok(());
         }
         let (reply, answer) = oneshot::channel();

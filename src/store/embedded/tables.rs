@@ -363,8 +363,12 @@ pub(super) fn update_transfer_indexes(
     id: &str,
     old: Option<&TransferKeys<'_>>,
     new: &TransferKeys<'_>,
+    deferred: Option<&mut Vec<Creation>>,
 ) -> StoreResult<()> {
     let e = storage;
+    // A new transfer's creation entries wait for a run, given a list to wait in
+    // ([`super::creation`]); otherwise (replay) they are written now.
+    let deferred = deferred.filter(|_| old.is_none());
     // Which entries move: all of them for a new transfer.
     let changed = |same: fn(&TransferKeys<'_>, &TransferKeys<'_>) -> bool| {
         old.is_none_or(|old| !same(old, new))
@@ -426,7 +430,7 @@ pub(super) fn update_transfer_indexes(
             .insert((&*new.state, new.modified, id), ())
             .map_err(e)?;
     }
-    if created {
+    if created && deferred.is_none() {
         t.by_created.insert((new.created, id), ()).map_err(e)?;
     }
     if new.released && released {
@@ -440,12 +444,16 @@ pub(super) fn update_transfer_indexes(
             .insert((&*new.state, new.created, id), ())
             .map_err(e)?;
     }
-    if parties_changed {
-        for party in new.parties() {
-            t.by_account
-                .insert((&*party, new.created, id), ())
-                .map_err(e)?;
+    match deferred {
+        Some(deferred) => deferred.push(Creation::of(id, new)),
+        None if parties_changed => {
+            for party in new.parties() {
+                t.by_account
+                    .insert((&*party, new.created, id), ())
+                    .map_err(e)?;
+            }
         }
+        None => {}
     }
     Ok(())
 }

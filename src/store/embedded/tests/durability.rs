@@ -85,7 +85,7 @@ fn storage_errors_are_classified() {
 
 /// What `kill -9` would leave of `dir` now (the store is idle: nothing is being written):
 /// a copy of its files, taken while the store is still open.
-fn crash_image(dir: &Path, with_log: bool) -> tempfile::TempDir {
+pub(super) fn crash_image(dir: &Path, with_log: bool) -> tempfile::TempDir {
     let image = tempfile::tempdir().expect("temp dir");
     let mut files = vec![FILE_NAME];
     if with_log {

@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 use super::*;
 use crate::store::{fields, format_millis};
 
+mod creation_entries;
 mod durability;
 mod groups;
 mod migrations;
@@ -122,10 +123,12 @@ async fn stale_ids(store: &EmbeddedStore, states: &[&str], limit: usize) -> Vec<
     panic!("paging does not end: {ids:?}");
 }
 
-/// Commits the committer's open transaction once its turn is over (as a search would have
-/// it), so that the test may read or write redb's tables directly.
+/// Writes the pending listing entries and commits the committer's open transaction once its
+/// turn is over (as a search would have it), so that the test may read or write redb's
+/// tables directly.
 fn settle(store: &EmbeddedStore) {
     committer_idle(store);
+    write_all_creations(&store.db, &store.committer).expect("the listing entries are written");
     if let Some(open) = lock(&store.committer.open).take() {
         open.commit(&store.committer, Durability::None)
             .expect("the open transaction commits");

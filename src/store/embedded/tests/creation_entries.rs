@@ -1,0 +1,132 @@
+//! New transfers' listing entries (by creation time, by account), written in sorted runs:
+//! what a listing sees before a run, what a run writes, and what a crash leaves.
+
+use redb::ReadableTableMetadata;
+
+use super::durability::crash_image;
+use super::*;
+
+async fn of_account(store: &EmbeddedStore, account: &str) -> Vec<String> {
+    let filter = TransferFilter {
+        account: Some(account.to_owned()),
+        limit: 100,
+        ..TransferFilter::default()
+    };
+    let page = store.list_transfers(&filter).await.unwrap();
+    page.docs.into_iter().map(|d| d.id).collect()
+}
+
+/// The entries of `TX_BY_ACCOUNT` as redb's tables hold them now, without writing anything.
+fn account_entries_in_tables(store: &EmbeddedStore) -> usize {
+    committer_idle(store);
+    let txn = store.db.begin_read().unwrap();
+    let table = txn.open_table(TX_BY_ACCOUNT).unwrap();
+    table.len().unwrap() as usize
+}
+
+fn entries_from(store: &EmbeddedStore) -> Option<u64> {
+    let txn = store.db.begin_read().unwrap();
+    let meta = txn.open_table(META).unwrap();
+    let from = meta.get(CREATION_ENTRIES_FROM).unwrap();
+    from.map(|from| from.value())
+}
+
+/// No run begins before `due` says so.
+fn runs_due(store: &EmbeddedStore, due: bool) {
+    lock(&store.committer.creations).run_after = match due {
+        true => Duration::ZERO,
+        false => Duration::MAX,
+    };
+}
+
+#[tokio::test]
+async fn new_transfers_wait_for_a_run_and_a_listing_has_them_written_first() {
+    let (_dir, store) = open();
+    runs_due(&store, false);
+    for (n, id) in ["t1", "t2", "t3"].into_iter().enumerate() {
+        create_transfer(&store, id, "created", 1_000 + n as i64).await;
+    }
+    // Committing the transaction does not write them: a run, or a listing, does.
+    if let Some(open) = lock(&store.committer.open).take() {
+        open.commit(&store.committer, Durability::None).unwrap();
+    }
+    assert_eq!(account_entries_in_tables(&store), 0, "pending, not written");
+    assert_eq!(of_account(&store, "a").await, ["t3", "t2", "t1"]);
+    assert_eq!(of_account(&store, "b").await, ["t3", "t2", "t1"]);
+    assert_eq!(account_entries_in_tables(&store), 6);
+    assert!(lock(&store.committer.creations).is_empty());
+}
+
+#[tokio::test]
+async fn a_run_is_written_in_chunks_after_groups_and_then_moves_the_mark() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open_without_checkpoints(dir.path());
+    runs_due(&store, false);
+    let count = 600;
+    for n in 0..count {
+        create_transfer(&store, &format!("t{n:03}"), "created", 1_000 + n).await;
+    }
+    committer_idle(&store);
+    runs_due(&store, true);
+    assert_eq!(entries_from(&store), Some(0));
+    // Each later group writes a chunk (at least 256 entries) of the 1,800 pending.
+    let mut groups = 0;
+    while !lock(&store.committer.creations).is_empty() {
+        groups += 1;
+        assert!(groups < 20, "the run never ends");
+        let id = format!("a{groups}");
+        store
+            .create(Index::Accounts, &id, json!({ "n": groups }).into())
+            .await
+            .unwrap();
+        committer_idle(&store);
+    }
+    assert!(groups > 1, "written over several groups, not at once");
+    settle(&store);
+    assert_eq!(account_entries_in_tables(&store), 2 * count as usize);
+    assert_eq!(created_index_ids(&store).len(), count as usize);
+    assert_eq!(
+        entries_from(&store),
+        Some(count as u64),
+        "past the last seq_no"
+    );
+}
+
+#[tokio::test]
+async fn a_crash_with_entries_pending_leaves_the_next_start_to_write_them() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // A checkpoint after every group: the file alone holds the transfers, the log is empty.
+    let store = EmbeddedStore::open_with(dir.path(), DEFAULT_CACHE_MIB, Duration::ZERO).unwrap();
+    runs_due(&store, false);
+    for (n, id) in ["t1", "t2"].into_iter().enumerate() {
+        create_transfer(&store, id, "created", 1_000 + n as i64).await;
+    }
+    committer_idle(&store);
+    assert!(!lock(&store.committer.creations).is_empty());
+    let image = crash_image(dir.path(), true);
+    let reopened = EmbeddedStore::open(image.path()).unwrap();
+    assert_eq!(
+        account_entries_in_tables(&reopened),
+        4,
+        "written at the start"
+    );
+    assert_eq!(of_account(&reopened, "a").await, ["t2", "t1"]);
+    assert_eq!(created_index_ids(&reopened), ["t1", "t2"]);
+    assert_eq!(entries_from(&reopened), Some(2));
+}
+
+#[tokio::test]
+async fn closing_the_store_writes_every_pending_entry() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open_without_checkpoints(dir.path());
+    runs_due(&store, false);
+    create_transfer(&store, "t1", "created", 1_000).await;
+    drop(store);
+    // The file as closing left it, without the catching up a start would do.
+    let db = redb::Database::open(dir.path().join(FILE_NAME)).unwrap();
+    let txn = db.begin_read().unwrap();
+    assert_eq!(txn.open_table(TX_BY_ACCOUNT).unwrap().len().unwrap(), 2);
+    let meta = txn.open_table(META).unwrap();
+    let from = meta.get(CREATION_ENTRIES_FROM).unwrap().map(|v| v.value());
+    assert_eq!(from, Some(1));
+}
