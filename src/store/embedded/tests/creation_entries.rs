@@ -130,3 +130,29 @@ async fn closing_the_store_writes_every_pending_entry() {
     let from = meta.get(CREATION_ENTRIES_FROM).unwrap().map(|v| v.value());
     assert_eq!(from, Some(1));
 }
+
+/// The engine never changes a transfer's accounts, but the store does not rely on it: a
+/// change before the run forgets the pending entries, and the tables get the new ones.
+#[tokio::test]
+async fn a_transfer_whose_accounts_change_before_its_run_is_listed_under_the_new_ones() {
+    let (_dir, store) = open();
+    runs_due(&store, false);
+    create_transfer(&store, "t1", "created", 1_000).await;
+    let version = store
+        .get(Index::Transactions, "t1")
+        .await
+        .unwrap()
+        .expect("created")
+        .version;
+    let mut moved = transfer("t1", "created", 1_000);
+    moved["src_acct"] = json!("c");
+    let outcome = store
+        .replace_if(Index::Transactions, "t1", moved.into(), version)
+        .await
+        .unwrap();
+    assert!(matches!(outcome, WriteOutcome::Written(_)), "{outcome:?}");
+    assert_eq!(of_account(&store, "a").await, Vec::<String>::new());
+    assert_eq!(of_account(&store, "c").await, ["t1"]);
+    assert_eq!(of_account(&store, "b").await, ["t1"]);
+    assert_eq!(account_entries_in_tables(&store), 2);
+}
