@@ -78,6 +78,9 @@ pub(super) struct Committer {
     /// New transfers' listing entries not in the tables yet ([`super::creation`]). Only the
     /// committer changes them, holding `log`.
     pub(super) creations: Mutex<CreationEntries>,
+    /// Whether the open transaction holds listing entries (written from `creations`) that
+    /// are not committed: a search must then have it commit, even with nothing recent.
+    pub(super) listing_uncommitted: std::sync::atomic::AtomicBool,
     /// Why the store stopped writing, once it has (see [`Committer::stop_writing`]).
     pub(super) stopped: std::sync::OnceLock<String>,
 }
@@ -91,6 +94,7 @@ impl Committer {
             open: Mutex::new(None),
             recent: Recent::default(),
             creations: Mutex::default(),
+            listing_uncommitted: std::sync::atomic::AtomicBool::new(false),
             stopped: std::sync::OnceLock::new(),
         }
     }
@@ -351,6 +355,7 @@ impl OpenTxn {
         self.txn.set_durability(durability).map_err(storage)?;
         self.txn.commit().map_err(storage)?;
         committer.recent.committed();
+        (committer.listing_uncommitted).store(false, std::sync::atomic::Ordering::SeqCst);
         Ok(())
     }
 }
@@ -469,6 +474,7 @@ pub(super) fn apply_group(
     let mut record = log.record();
     let mut written = DocsById::default();
     let mut created = Vec::new();
+    let mut moved = Vec::new();
     let mut added = 0;
     let applied = apply_writes(
         &taken.get().txn,
@@ -478,7 +484,7 @@ pub(super) fn apply_group(
             written: &mut written,
             recent: &committer.recent,
             created: &mut created,
-            creations: &mut creations,
+            moved: &mut moved,
         },
         group,
     );
@@ -497,6 +503,9 @@ pub(super) fn apply_group(
         }
         taken.get().logged += written.iter().map(HashMap::len).sum::<usize>();
         committer.recent.add(written);
+        for id in &moved {
+            creations.forget(id);
+        }
         added = creations.add(created);
     }
     let flush = group.iter().any(|w| matches!(w, Waiting::Flush(_)));
@@ -506,7 +515,7 @@ pub(super) fn apply_group(
             true => Chunk::All,
             false => Chunk::After(added),
         };
-        if let Err(e) = write_creations(taken.get(), &mut creations, chunk) {
+        if let Err(e) = write_creations(committer, taken.get(), &mut creations, chunk) {
             return Err(taken.give_up(e));
         }
     }
@@ -540,20 +549,34 @@ enum Chunk {
 }
 
 /// Writes listing entries into the open transaction. It then holds writes that must not be
-/// lost without a restart catching them up, as logged ones ([`OpenTxn::must_keep`]).
+/// lost without a restart catching them up, as logged ones ([`OpenTxn::must_keep`]). Any
+/// failure stops writing: the entries and the mark may be written in part, and only a
+/// restart, catching up from the mark the file holds, knows what is missing.
 fn write_creations(
+    committer: &Committer,
     open: &mut OpenTxn,
     creations: &mut CreationEntries,
     chunk: Chunk,
 ) -> StoreResult<()> {
-    let last = last_transfer_seq_no(&open.txn)?;
-    let mut tables = Tables::open(&open.txn)?;
-    let written = match chunk {
-        Chunk::After(added) => creations.write_chunk(&mut tables, added)?,
-        Chunk::All => creations.write_all(&mut tables, last)?,
+    let mut write = || {
+        let last = last_transfer_seq_no(&open.txn)?;
+        let mut tables = Tables::open(&open.txn)?;
+        match chunk {
+            Chunk::After(added) => creations.write_chunk(&mut tables, added),
+            Chunk::All => creations.write_all(&mut tables, last),
+        }
     };
-    open.listing_entries += written;
-    Ok(())
+    match write() {
+        Ok(0) => Ok(()),
+        Ok(written) => {
+            open.listing_entries += written;
+            // Set while `creations` is still held: a search that finds them written finds
+            // this set, until the commit.
+            (committer.listing_uncommitted).store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        }
+        Err(e) => Err(committer.stop_writing(format!("cannot write listing entries: {e}"))),
+    }
 }
 
 /// Runs a group's ops and transactions in `txn`, adding each write to the log `record`, to
@@ -599,7 +622,7 @@ pub(super) fn write_all_creations(db: &Database, committer: &Committer) -> Store
         return Ok(());
     }
     let mut taken = Taken::take(db, committer)?;
-    match write_creations(taken.get(), &mut creations, Chunk::All) {
+    match write_creations(committer, taken.get(), &mut creations, Chunk::All) {
         Ok(()) => {
             taken.put_back();
             Ok(())
@@ -630,7 +653,9 @@ pub(super) struct GroupWrites<'r> {
     pub(super) written: &'r mut DocsById,
     pub(super) recent: &'r Recent,
     pub(super) created: &'r mut Vec<Creation>,
-    pub(super) creations: &'r mut CreationEntries,
+    /// Transfers whose creation time or accounts this group changed: their pending entries
+    /// are forgotten once the group is logged.
+    pub(super) moved: &'r mut Vec<String>,
 }
 
 impl GroupWrites<'_> {
@@ -926,12 +951,16 @@ pub(super) fn write_checked(
     // An unindexed document reaches the tables when the open transaction commits; a new
     // transfer's listing entries, with a later run.
     if indexed(index) {
-        if let Some((_, (Some(old), new))) = &transfer {
-            if old.created != new.created || old.parties() != new.parties() {
-                writes.created.retain(|c| c.id() != id);
-                writes.creations.forget(id);
+        // A change of a transfer's creation entries (which the engine never makes) is
+        // written at once, all of them, and its pending ones are forgotten.
+        let moved = match &transfer {
+            Some((_, (Some(old), new)))
+                if old.created != new.created || old.parties() != new.parties() =>
+            {
+                Some(Creation::of(id, new))
             }
-        }
+            _ => None,
+        };
         store_document(
             tables,
             index,
@@ -941,6 +970,11 @@ pub(super) fn write_checked(
             transfer,
             Some(writes.created),
         )?;
+        if let Some(entries) = moved {
+            writes.created.retain(|c| c.id() != id);
+            writes.moved.push(id.to_owned());
+            entries.write(tables)?;
+        }
     }
     writes.record.push(index, id, &value);
     writes.written[index as usize].insert(id.to_owned(), value);

@@ -10,7 +10,7 @@
 //! writes each account's new entries next to each other, a page once for many of them.
 //!
 //! **How.** A new transfer's creation entries are pending here once its group's record is
-//! in the log. When a run is due (a second after the first pending entry, or many entries),
+//! in the log. When a run is due (a second after the first pending entry, or many transfers'),
 //! the pending entries are sorted and written a chunk at a time, one chunk after each group,
 //! into the committer's transaction ([`CreationEntries::write_chunk`]). A search, scan or
 //! feed read has the committer write all of them first ([`CreationEntries::write_all`], with
@@ -41,8 +41,8 @@ pub(super) const CREATION_ENTRIES_FROM: &str = "creation_entries:from";
 /// A run is due this long after its first pending entry...
 const RUN_AFTER: Duration = Duration::from_secs(1);
 
-/// ... or once this many entries are pending.
-const RUN_ENTRIES: usize = 65_536;
+/// ... or once this many transfers' entries are pending.
+const RUN_TRANSFERS: usize = 65_536;
 
 /// Entries written after each group while a run is being written: twice what the group
 /// added (so runs keep ahead of the load), and at least this many. A chunk then costs a
@@ -196,7 +196,7 @@ impl CreationEntries {
     }
 
     fn run_due(&self) -> bool {
-        self.pending.len() >= RUN_ENTRIES
+        self.pending.len() >= RUN_TRANSFERS
             || self
                 .pending_since
                 .is_some_and(|since| since.elapsed() >= self.run_after)

@@ -38,6 +38,7 @@
 //! searches that walk those indexes.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 
 use async_trait::async_trait;
@@ -212,9 +213,14 @@ impl EmbeddedStore {
     /// before it was called (see [`recent`]).
     async fn flush(&self) -> StoreResult<()> {
         // The committer holds the listing entries while it runs a group: then ask it.
-        let creations_written =
-            (self.committer.creations.try_lock()).is_ok_and(|creations| creations.is_empty());
-        if self.committer.recent.is_empty() && creations_written {
+        let creations_written = match self.committer.creations.try_lock() {
+            Ok(creations) => creations.is_empty(),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner().is_empty(),
+            Err(std::sync::TryLockError::WouldBlock) => false,
+        };
+        // Entries written into the open transaction and not committed yet.
+        let uncommitted = (self.committer.listing_uncommitted).load(Ordering::SeqCst);
+        if self.committer.recent.is_empty() && creations_written && !uncommitted {
             return Ok(());
         }
         let (reply, answer) = oneshot::channel();

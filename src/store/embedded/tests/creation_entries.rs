@@ -155,4 +155,47 @@ async fn a_transfer_whose_accounts_change_before_its_run_is_listed_under_the_new
     assert_eq!(of_account(&store, "c").await, ["t1"]);
     assert_eq!(of_account(&store, "b").await, ["t1"]);
     assert_eq!(account_entries_in_tables(&store), 2);
+    assert_eq!(
+        created_index_ids(&store),
+        ["t1"],
+        "still listed by creation time"
+    );
+}
+
+/// A group that writes nothing can finish a run: the transaction then holds listing entries
+/// with nothing recent, and a search must still have it commit.
+#[tokio::test]
+async fn entries_a_run_left_in_the_open_transaction_are_committed_before_a_search() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open_without_checkpoints(dir.path());
+    runs_due(&store, false);
+    for (n, id) in ["t1", "t2"].into_iter().enumerate() {
+        create_transfer(&store, id, "created", 1_000 + n as i64).await;
+    }
+    committer_idle(&store);
+    if let Some(open) = lock(&store.committer.open).take() {
+        open.commit(&store.committer, Durability::None).unwrap();
+    }
+    runs_due(&store, true);
+    let taken = store
+        .create(
+            Index::Transactions,
+            "t1",
+            transfer("t1", "created", 5).into(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        taken,
+        WriteOutcome::AlreadyExists,
+        "a group that writes nothing"
+    );
+    committer_idle(&store);
+    assert!(store.committer.recent.is_empty());
+    assert!(
+        lock(&store.committer.creations).is_empty(),
+        "the run is written"
+    );
+    assert!(transaction_open(&store), "into the open transaction");
+    assert_eq!(of_account(&store, "a").await, ["t2", "t1"]);
 }
