@@ -7,13 +7,15 @@ use super::durability::crash_image;
 use super::*;
 
 async fn of_account(store: &EmbeddedStore, account: &str) -> Vec<String> {
-    let filter = TransferFilter {
-        account: Some(account.to_owned()),
-        limit: 100,
-        ..TransferFilter::default()
-    };
-    let page = store.list_transfers(&filter).await.unwrap();
-    page.docs.into_iter().map(|d| d.id).collect()
+    let account = Some(account.to_owned());
+    listed(
+        store,
+        TransferFilter {
+            account,
+            ..TransferFilter::default()
+        },
+    )
+    .await
 }
 
 /// The entries of `TX_BY_ACCOUNT` as redb's tables hold them now, without writing anything.

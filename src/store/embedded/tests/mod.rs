@@ -214,14 +214,26 @@ async fn move_transfer(
     version
 }
 
-async fn in_state(store: &EmbeddedStore, state: &str) -> Vec<String> {
+/// The ids of the first page (up to 100) that `filter` lists.
+async fn listed(store: &EmbeddedStore, filter: TransferFilter) -> Vec<String> {
     let filter = TransferFilter {
-        state: Some(state.to_owned()),
-        limit: 10,
-        ..TransferFilter::default()
+        limit: 100,
+        ..filter
     };
     let page = store.list_transfers(&filter).await.unwrap();
     page.docs.into_iter().map(|d| d.id).collect()
+}
+
+async fn in_state(store: &EmbeddedStore, state: &str) -> Vec<String> {
+    let state = Some(state.to_owned());
+    listed(
+        store,
+        TransferFilter {
+            state,
+            ..TransferFilter::default()
+        },
+    )
+    .await
 }
 
 /// Whether the committer's transaction is open, holding writes not yet in redb's tables.
