@@ -108,6 +108,9 @@ pub(super) struct CreationEntries {
     run: Option<Run>,
     /// [`RUN_AFTER`]; tests choose.
     pub(super) run_after: Duration,
+    /// Test hook: writing an entry fails once, after this many more (a storage error).
+    #[cfg(test)]
+    pub(super) fail_after: Option<usize>,
 }
 
 impl Default for CreationEntries {
@@ -117,6 +120,8 @@ impl Default for CreationEntries {
             pending_since: None,
             run: None,
             run_after: RUN_AFTER,
+            #[cfg(test)]
+            fail_after: None,
         }
     }
 }
@@ -237,6 +242,14 @@ impl CreationEntries {
         let end = run.len().min(run.written.saturating_add(budget));
         let split = run.by_created.len();
         for i in run.written..end {
+            #[cfg(test)]
+            if let Some(left) = &mut self.fail_after {
+                if *left == 0 {
+                    self.fail_after = None;
+                    return Err(StoreError::Unavailable("injected: a listing entry".into()));
+                }
+                *left -= 1;
+            }
             if i < split {
                 let (created, id) = &run.by_created[i];
                 tables

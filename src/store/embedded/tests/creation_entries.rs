@@ -201,3 +201,36 @@ async fn entries_a_run_left_in_the_open_transaction_are_committed_before_a_searc
     assert!(transaction_open(&store), "into the open transaction");
     assert_eq!(of_account(&store, "a").await, ["t2", "t1"]);
 }
+
+/// A storage error part-way through writing entries leaves entries and the mark written in
+/// part, in a transaction that is then lost. Here a search finishes a run (its mark moves)
+/// and fails in the next: were writing to go on, the first run's entries would be lost for
+/// good. The store stops writing, and the restart catches up from the mark the file holds.
+#[tokio::test]
+async fn a_failure_while_writing_entries_stops_writing_and_the_restart_catches_up() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // A checkpoint after every group: each group begins a transaction of its own.
+    let store = EmbeddedStore::open_with(dir.path(), DEFAULT_CACHE_MIB, Duration::ZERO).unwrap();
+    runs_due(&store, false);
+    let count = 1000;
+    for n in 0..count {
+        create_transfer(&store, &format!("t{n:04}"), "created", 1_000 + n).await;
+    }
+    runs_due(&store, true);
+    // Two groups: the run of 3,000 entries begins, 256 are written after each.
+    let account = json!({ "n": 1 }).into();
+    store.create(Index::Accounts, "x", account).await.unwrap();
+    create_transfer(&store, "t-new", "created", 9_000).await;
+    committer_idle(&store);
+    lock(&store.committer.creations).fail_after = Some(3 * count as usize - 2 * 256 + 1);
+    let listed = store.list_transfers(&TransferFilter::default()).await;
+    assert!(listed.is_err(), "the search's flush failed");
+    assert_writes_stopped(&store).await;
+    let image = crash_image(dir.path(), true);
+    let reopened = EmbeddedStore::open(image.path()).unwrap();
+    assert_eq!(
+        account_entries_in_tables(&reopened),
+        2 * (count as usize + 1)
+    );
+    assert_eq!(created_index_ids(&reopened).len(), count as usize + 1);
+}
