@@ -65,6 +65,7 @@ mod tables;
 #[cfg(test)]
 mod tests;
 mod wal;
+mod writes;
 
 pub use commit::MAX_GROUP_OPS;
 use commit::*;
@@ -74,6 +75,7 @@ use search::*;
 use tables::*;
 use wal::*;
 pub use wal::{BUSY_GROUP_OPS, CHECKPOINT_BYTES, CHECKPOINT_INTERVAL, LOG_FILE_NAME};
+use writes::*;
 
 /// File name of the database inside `DATA_DIR`.
 pub const FILE_NAME: &str = "transfer-service.redb";
