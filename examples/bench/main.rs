@@ -216,8 +216,13 @@ impl Emulator {
         self.running.as_ref().expect("running").url.clone()
     }
 
-    fn request_count(&self) -> u64 {
-        self.running.as_ref().expect("running").request_count()
+    /// The HTTP requests received so far, by kind (`_bulk`, document `GET`, `_search`, ...).
+    fn request_counts(&self) -> BTreeMap<&'static str, u64> {
+        let running = self.running.as_ref().expect("running");
+        es_emulator::KINDS
+            .iter()
+            .map(|&kind| (kind, running.request_count_of(kind)))
+            .collect()
     }
 
     fn stop(mut self) {
@@ -794,8 +799,8 @@ struct TransferPhase {
     after: Scrape,
     /// The service's utime+stime over posting and draining.
     service_cpu: Option<Duration>,
-    /// HTTP requests es-emulator received over posting and draining.
-    es_requests: Option<u64>,
+    /// HTTP requests es-emulator received over posting and draining, by kind.
+    es_requests: Option<BTreeMap<&'static str, u64>>,
     /// What the `--follow-events` consumer saw.
     followed: Option<feed::Followed>,
     /// What the `--webhook` receiver got, once it had every terminal event.
@@ -817,7 +822,7 @@ async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> Transfer
     let (client, base) = (&target.client, target.base.as_str());
     let before = Scrape::take(client, base).await;
     let cpu_before = target.pid.and_then(cpu_time);
-    let es_before = target.emulator.map(Emulator::request_count);
+    let es_before = target.emulator.map(Emulator::request_counts);
     let (expected_terminal, expected) = tokio::sync::watch::channel(None);
     let follower = args.follow_events.then(|| {
         let give_up_after = Duration::from_secs(60);
@@ -855,9 +860,13 @@ async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> Transfer
         counted,
         after,
         service_cpu: cpu_before.zip(cpu_after).map(|(b, a)| a - b),
-        es_requests: es_before
-            .zip(target.emulator)
-            .map(|(b, e)| e.request_count() - b),
+        es_requests: es_before.zip(target.emulator).map(|(before, e)| {
+            let after = e.request_counts();
+            after
+                .into_iter()
+                .map(|(kind, n)| (kind, n - before.get(kind).copied().unwrap_or(0)))
+                .collect()
+        }),
     }
 }
 

@@ -42,6 +42,8 @@ pub struct Report {
     store_requests_per_transfer: Option<f64>,
     conflicts_per_transfer: Option<f64>,
     es_http_requests_per_transfer: Option<f64>,
+    /// The same by kind of request (`bulk`, `get`, `search`, ...), the kinds received only.
+    es_http_requests_by_kind: Option<BTreeMap<String, f64>>,
     peak_rss_mib: Option<f64>,
     /// With `--follow-events`: what the feed consumer saw.
     events: Option<EventsFollowed>,
@@ -209,6 +211,19 @@ impl Report {
         ]
     }
 
+    /// The emulator's requests per transfer by kind, as `bulk 0.40, get 0.06` (`-` without
+    /// the emulator).
+    fn es_requests_by_kind(&self) -> String {
+        match &self.es_http_requests_by_kind {
+            Some(kinds) => kinds
+                .iter()
+                .map(|(kind, n)| format!("{kind} {n:.2}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            None => "-".into(),
+        }
+    }
+
     /// What a transfer costs the service, and the comparison with /healthz.
     fn cost_rows(&self) -> Vec<Row> {
         let store = format!(
@@ -231,6 +246,7 @@ impl Report {
                 "ES HTTP requests/transfer",
                 shown(self.es_http_requests_per_transfer, 2),
             ),
+            ("  by kind", self.es_requests_by_kind()),
             ("peak RSS (MiB)", shown(self.peak_rss_mib, 0)),
         ];
         if let Some(events) = &self.events {
@@ -318,7 +334,15 @@ impl Report {
             ratio_to_healthz: transfers_per_s / healthz_per_s,
             store_requests_per_transfer: per_transfer(phase.counted.store_requests),
             conflicts_per_transfer: per_transfer(phase.counted.conflicts),
-            es_http_requests_per_transfer: phase.es_requests.and_then(|n| per_transfer(n as f64)),
+            es_http_requests_per_transfer: (phase.es_requests.as_ref())
+                .and_then(|kinds| per_transfer(kinds.values().sum::<u64>() as f64)),
+            es_http_requests_by_kind: phase.es_requests.as_ref().map(|kinds| {
+                kinds
+                    .iter()
+                    .filter(|&(_, &n)| n > 0)
+                    .filter_map(|(kind, &n)| Some((kind.to_string(), per_transfer(n as f64)?)))
+                    .collect()
+            }),
             peak_rss_mib: peak_rss_kib.map(|kib| kib as f64 / 1024.0),
             events: phase.followed.as_ref().map(|f| EventsFollowed {
                 per_transfer: f.events as f64 / terminal.max(1.0),
