@@ -3,7 +3,7 @@
 //! created nothing, until accepted work finishes. Transfers are held in flight by a store
 //! wrapper that holds account writes until the test opens it (no sleeps). Run on the embedded
 //! store, the Elasticsearch backend on the emulator (a test double of Elasticsearch) and the
-//! real cluster at `ELASTICSEARCH_URL` (skipped when it is unset).
+//! real cluster (`tools/es-cluster/run`; skipped, saying why, where none can run).
 
 use std::sync::Arc;
 

@@ -1,8 +1,8 @@
 //! The HTTP contract of `docs/design.md` §5, one test per row and per bad-input class, run
 //! against the embedded store (`embedded::*`), the Elasticsearch backend on the emulator
 //! (`emulator::*`, a test double of the Elasticsearch REST subset), and the same backend on the
-//! real cluster at `ELASTICSEARCH_URL` (`real_es::*`, which say they skipped, and why, when it
-//! is unset).
+//! real cluster (`real_es::*`, from `tools/es-cluster/run`; they say they skipped, and why, where no
+//! cluster can run).
 
 use crate::support::app::{Backend, TestApp};
 use serde_json::{json, Value};

@@ -1,7 +1,7 @@
 //! `POST /transfers/batch` (docs/design.md §5): every item answered as `POST /transfers`
 //! would answer it, in request order; only the envelope fails the whole request. Run on the
 //! embedded store, the Elasticsearch backend on the emulator (a test double of Elasticsearch)
-//! and the real cluster at `ELASTICSEARCH_URL` (skipped when it is unset).
+//! and a real cluster (`tools/es-cluster/run`; skipped, saying why, where none can run).
 
 use std::time::Duration;
 

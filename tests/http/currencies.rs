@@ -2,7 +2,7 @@
 //! part of its create's replay comparison; a transfer's optional `currency`; a transfer
 //! between currencies rolls back with `currency_mismatch` and moves nothing. Run on the
 //! embedded store, the Elasticsearch backend on the emulator (a test double of
-//! Elasticsearch) and the real cluster at `ELASTICSEARCH_URL` (skipped when it is unset).
+//! Elasticsearch) and a real cluster (`tools/es-cluster/run`; skipped, saying why, where none can run).
 
 use serde_json::{json, Value};
 

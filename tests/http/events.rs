@@ -1,6 +1,6 @@
 //! The change feed over HTTP (`docs/design.md §11`): `GET /events` on the embedded store, the
 //! Elasticsearch backend on the emulator (a test double of the Elasticsearch REST subset) and
-//! a real cluster when `ELASTICSEARCH_URL` is set; and two instances writing to one emulator.
+//! a real cluster (`tools/es-cluster/run`); and two instances writing to one emulator.
 
 use std::time::{Duration, Instant};
 

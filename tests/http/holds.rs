@@ -1,7 +1,7 @@
 //! Holds over HTTP (`docs/design.md §5`): `"hold": true` on `POST /transfers`,
 //! `POST /transfers/{id}/capture` and `.../cancel`, every success and error row, on the
 //! embedded store, the Elasticsearch backend on the emulator (a test double of the
-//! Elasticsearch REST subset) and a real cluster when `ELASTICSEARCH_URL` is set.
+//! Elasticsearch REST subset) and a real cluster (`tools/es-cluster/run`).
 
 use crate::support::app::{Backend, TestApp};
 use crate::support::wait;

@@ -3,7 +3,7 @@
 //! key is the transfer's id; a key that is not a valid id, or that differs from the body's
 //! `id`, is a 422 that says why; a batch's key derives the ids of its items without one. Run
 //! on the embedded store, the Elasticsearch backend on the emulator (a test double of
-//! Elasticsearch) and the real cluster at `ELASTICSEARCH_URL` (skipped when it is unset).
+//! Elasticsearch) and a real cluster (`tools/es-cluster/run`; skipped, saying why, where none can run).
 
 use serde_json::{json, Value};
 

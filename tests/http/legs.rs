@@ -3,7 +3,7 @@
 //! refused account named, capture whole only, the replay comparison, batches, and the
 //! listing by account finding a transaction under each of its accounts. Run on the embedded
 //! store, the Elasticsearch backend on the emulator (a test double of Elasticsearch) and the
-//! real cluster at `ELASTICSEARCH_URL` (skipped when it is unset).
+//! real cluster (`tools/es-cluster/run`; skipped, saying why, where none can run).
 
 use serde_json::{json, Value};
 

@@ -2,7 +2,7 @@
 //! returned, part of the replay comparison, validated (422 saying why), and filterable with
 //! `GET /transfers?metadata.<key>=<value>` (ANDed, with the other filters and the cursor).
 //! Run on the embedded store, the Elasticsearch backend on the emulator (a test double of
-//! Elasticsearch) and the real cluster at `ELASTICSEARCH_URL` (skipped when it is unset).
+//! Elasticsearch) and a real cluster (`tools/es-cluster/run`; skipped, saying why, where none can run).
 
 use serde_json::{json, Value};
 

@@ -3,7 +3,7 @@
 //! per transfer, also when it answers 500 or hangs for a while; events are given up after
 //! the retry period; transfers never wait on a receiver; two instances on one store share a
 //! receiver's lease. On the embedded store, the Elasticsearch backend on the emulator (a test
-//! double of Elasticsearch) and a real cluster when `ELASTICSEARCH_URL` is set.
+//! double of Elasticsearch) and a real cluster (`tools/es-cluster/run`).
 
 use std::time::Duration;
 

@@ -1,8 +1,8 @@
 //! One store test suite, run with the same test names against every backend:
 //! `embedded::*` (redb in a temp dir), `emulator::*` (the Elasticsearch backend against the
 //! in-process emulator, a test double of the REST subset), and `real_es::*` (the
-//! Elasticsearch backend against the cluster at `ELASTICSEARCH_URL`; each of those tests says
-//! it skipped, and why, when the variable is unset).
+//! Elasticsearch backend against a real cluster (`tools/es-cluster/run`); each of those tests
+//! says it skipped, and why, where no cluster can run).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -27,7 +27,7 @@ pub enum Backend {
     Embedded,
     /// The Elasticsearch backend against the in-process emulator (a test double).
     Emulator,
-    /// The Elasticsearch backend against the cluster at `ELASTICSEARCH_URL`, with an index
+    /// The Elasticsearch backend against a real cluster (`super::cluster`), with an index
     /// prefix of its own per test.
     RealEs,
 }

@@ -2,8 +2,10 @@
 //! `tests/process.rs`):
 //!
 //! - [`app`]: the real application on port 0, on the embedded store, on the Elasticsearch
-//!   emulator (the `es-emulator` crate, a TEST DOUBLE of Elasticsearch) or on the real cluster
-//!   at `ELASTICSEARCH_URL`, with a client whose helpers read like sentences;
+//!   emulator (the `es-emulator` crate, a TEST DOUBLE of Elasticsearch) or on a real
+//!   Elasticsearch cluster, with a client whose helpers read like sentences;
+//! - [`cluster`]: real Elasticsearch clusters from `tools/es-cluster/run`, one shared per test
+//!   binary, or one of a test's own with several nodes it can stop and start;
 //! - [`routes`]: every route of the API with the scope it needs, in one list;
 //! - [`stores`]: a bare store on each of those backends, for the store suites;
 //! - [`gate`]: a store wrapper that holds account writes until the test opens it (transfers
@@ -23,8 +25,8 @@
 #![allow(dead_code)]
 
 /// Runs each named `cases::<case>(backend)` of the calling module as a test on every
-/// backend: `embedded`, `emulator` (the test double) and `real_es` (the cluster at
-/// `ELASTICSEARCH_URL`; it says why it skips when that is not set).
+/// backend: `embedded`, `emulator` (the test double) and `real_es` (a real cluster from
+/// [`cluster`]; it says why it skips where none can run).
 #[allow(unused_macros)]
 macro_rules! on_every_backend {
     ($($case:ident),* $(,)?) => {
@@ -59,6 +61,7 @@ macro_rules! on_every_backend {
 }
 
 pub mod app;
+pub mod cluster;
 pub mod engine;
 pub mod faketime;
 pub mod faulty;

@@ -1,6 +1,6 @@
 //! Stores under test, on every backend: the embedded store in a temp dir, the Elasticsearch
 //! backend on the emulator (the `es-emulator` crate, a TEST DOUBLE of Elasticsearch, in this
-//! process), and the Elasticsearch backend on the real cluster at `ELASTICSEARCH_URL`.
+//! process), and the Elasticsearch backend on a real cluster (`super::cluster`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -17,13 +17,10 @@ pub struct StoreUnderTest {
     _guard: Box<dyn std::any::Any + Send>,
 }
 
-/// The real cluster to test against, if any; says why a `real_es` test skips otherwise.
+/// The real cluster to test against: the binary's shared one (see [`super::cluster`]); `None`
+/// where this machine cannot run one, said once, loudly.
 pub fn real_cluster() -> Option<String> {
-    let url = std::env::var("ELASTICSEARCH_URL").ok();
-    if url.is_none() {
-        eprintln!("skipped: ELASTICSEARCH_URL is not set, so there is no real cluster to test");
-    }
-    url
+    super::cluster::shared()
 }
 
 static PREFIXES: AtomicU64 = AtomicU64::new(0);

@@ -1,0 +1,187 @@
+//! Real Elasticsearch clusters for the tests, started by the repository's launcher
+//! (`tools/es-cluster/run`: Elastic's server jars, N nodes in one JVM on 127.0.0.1).
+//!
+//! - [`shared`]: one single-node cluster per test binary, started on first use and shared by
+//!   every `real_es` test of the binary (each test keeps to indices of its own prefix). It goes
+//!   away with the test process: the launcher stops when its standard input closes.
+//! - [`Cluster::start`]: a cluster of the test's own (several nodes, node settings), for the
+//!   tests that stop nodes or shrink thread pools.
+//!
+//! `ELASTICSEARCH_URL`, when set, names a cluster to use instead of the shared one. Without
+//! `java` and `mvn` the real-cluster tests skip and say so, except under `CI=true`, where that
+//! is a failure: CI must run them.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// How long a cluster may take to build (first run: Maven's downloads) and become healthy.
+const START_DEADLINE: Duration = Duration::from_secs(600);
+
+/// A running cluster, stopped (every node, its data deleted) when dropped.
+pub struct Cluster {
+    /// Node 0's URL.
+    pub url: String,
+    /// Every node's URL, in node order.
+    pub nodes: Vec<String>,
+    control: Mutex<Control>,
+}
+
+struct Control {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+/// What a cluster is started with.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterSpec {
+    pub nodes: usize,
+    /// Node settings (`key=value`) for every node.
+    pub settings: Vec<String>,
+}
+
+impl Cluster {
+    /// Starts a cluster as `spec` says and waits until it is healthy; `None` (having said why)
+    /// where this machine cannot run one and the run is not CI's.
+    pub fn start(spec: &ClusterSpec) -> Option<Cluster> {
+        if !java_and_maven_present() {
+            return None;
+        }
+        let mut command = Command::new(launcher());
+        command.arg("--nodes").arg(spec.nodes.max(1).to_string());
+        for setting in &spec.settings {
+            command.arg("--setting").arg(setting);
+        }
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start tools/es-cluster/run");
+        let stdin = child.stdin.take();
+        let mut stdout = BufReader::new(child.stdout.take().expect("launcher stdout"));
+        let url = read_value(&mut stdout, "ELASTICSEARCH_URL=");
+        let nodes = read_value(&mut stdout, "ELASTICSEARCH_NODES=")
+            .split(',')
+            .map(str::to_owned)
+            .collect();
+        Some(Cluster {
+            url,
+            nodes,
+            control: Mutex::new(Control {
+                child,
+                stdin,
+                stdout,
+            }),
+        })
+    }
+
+    /// Stops node `i` (its data is kept), waiting until it is down.
+    pub fn stop_node(&self, i: usize) {
+        self.command(&format!("stop {i}"), &format!("stopped {i}"));
+    }
+
+    /// Starts node `i` again on its ports and data, waiting until the cluster is yellow or
+    /// better with it.
+    pub fn start_node(&self, i: usize) {
+        self.command(&format!("start {i}"), &format!("started {i}"));
+    }
+
+    fn command(&self, line: &str, expected: &str) {
+        let mut control = self.control.lock().unwrap();
+        let stdin = control.stdin.as_mut().expect("launcher stdin");
+        writeln!(stdin, "{line}").expect("write to the launcher");
+        stdin.flush().expect("flush the launcher's stdin");
+        let mut answer = String::new();
+        control
+            .stdout
+            .read_line(&mut answer)
+            .expect("read the launcher");
+        assert_eq!(answer.trim(), expected, "the launcher's answer to `{line}`");
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let mut control = self.control.lock().unwrap_or_else(|e| e.into_inner());
+        // End of input: the launcher stops every node and deletes the data.
+        drop(control.stdin.take());
+        let _ = control.child.wait();
+    }
+}
+
+/// The cluster every `real_es` test of this binary shares: `ELASTICSEARCH_URL` if set, else a
+/// one-node cluster started on first use. `None` (said once, loudly) where none can run.
+pub fn shared() -> Option<String> {
+    static SHARED: OnceLock<Option<String>> = OnceLock::new();
+    SHARED
+        .get_or_init(|| {
+            if let Ok(url) = std::env::var("ELASTICSEARCH_URL") {
+                return Some(url);
+            }
+            let cluster = Cluster::start(&ClusterSpec {
+                nodes: 1,
+                ..ClusterSpec::default()
+            })?;
+            let url = cluster.url.clone();
+            // Kept for the life of the process: the launcher stops when the process exits and
+            // its standard input closes.
+            std::mem::forget(cluster);
+            Some(url)
+        })
+        .clone()
+}
+
+/// Whether `java` and `mvn` are on the PATH. Without them: a failure under `CI=true`, else a
+/// loud skip (said once per process).
+fn java_and_maven_present() -> bool {
+    let present = ["java", "mvn"].iter().all(|tool| on_path(tool));
+    if !present {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true but java or mvn is missing: the real-Elasticsearch suites must run in CI \
+             (.ci/run installs openjdk-17-jdk-headless and maven)"
+        );
+        static SAID: OnceLock<()> = OnceLock::new();
+        SAID.get_or_init(|| {
+            eprintln!(
+                "\n*** SKIPPED: the real-Elasticsearch tests: java or mvn is not installed, so \
+                 tools/es-cluster/run cannot start a cluster (install openjdk-17-jdk-headless \
+                 and maven, or set ELASTICSEARCH_URL) ***\n"
+            )
+        });
+    }
+    present
+}
+
+fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()))
+        .unwrap_or(false)
+}
+
+fn launcher() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/es-cluster/run")
+}
+
+/// Reads the launcher's lines until one starts with `key`; panics (with what it read) if the
+/// launcher exits first or takes longer than [`START_DEADLINE`].
+fn read_value(stdout: &mut BufReader<ChildStdout>, key: &str) -> String {
+    let deadline = Instant::now() + START_DEADLINE;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let read = stdout.read_line(&mut line).expect("read the launcher");
+        assert!(
+            read > 0,
+            "tools/es-cluster/run exited before printing {key}"
+        );
+        if let Some(value) = line.trim().strip_prefix(key) {
+            return value.to_owned();
+        }
+        assert!(Instant::now() < deadline, "no {key} from the launcher");
+    }
+}
