@@ -140,6 +140,18 @@ impl Service {
         }
     }
 
+    /// Waits until `/readyz` answers 200: on Elasticsearch the process serves before its
+    /// migrations are applied (they retry in the background), and refuses writes until then.
+    async fn until_ready(&self) {
+        let client = reqwest::Client::new();
+        let url = format!("{}/readyz", self.base);
+        support::wait::eventually("the service to be ready", || async {
+            let answer = client.get(&url).send().await;
+            answer.is_ok_and(|r| r.status() == 200)
+        })
+        .await;
+    }
+
     /// Whether the process has logged a line whose message starts with `prefix`.
     fn logged(&self, prefix: &str) -> bool {
         self.messages
@@ -1029,25 +1041,41 @@ async fn kill_dash_nine_and_restart_keep_every_invariant() {
     );
 }
 
+/// On the emulator (a test double of Elasticsearch), which runs in this process and keeps its
+/// state while the service processes die.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_on_one_elasticsearch_share_work_and_survive_one_kill() {
+    let emulator = support::stores::emulator().await;
+    two_instances_share_work_and_survive_one_kill(&emulator.url, "two-instances-").await;
+}
+
+/// The same on a real Elasticsearch cluster (`tools/es-cluster/run`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_real_elasticsearch_share_work_and_survive_one_kill() {
+    let Some(url) = support::cluster::shared() else {
+        return;
+    };
+    let prefix = support::stores::unique_prefix("two-instances");
+    two_instances_share_work_and_survive_one_kill(&url, &prefix).await;
+}
+
+async fn two_instances_share_work_and_survive_one_kill(url: &str, prefix: &str) {
     let seconds = env_or("CRASH_SECONDS", 6);
     let clients = env_or("CRASH_CLIENTS", 16) as usize;
     let seed = env_or("CRASH_SEED", rand::random::<u32>() as u64);
     eprintln!("seed {seed} (CRASH_SEED to repeat)");
-    // The emulator (a test double of Elasticsearch) runs in this process and keeps its state
-    // while the service processes die.
-    let emulator = support::stores::emulator().await;
     // One webhook receiver for both, failing one request in three.
     let receiver = support::receiver::Receiver::start().await;
     receiver.fail_every(3);
     let mut env = vec![
-        ("ELASTICSEARCH_URL", emulator.url.clone()),
-        ("INDEX_PREFIX", "two-instances-".to_owned()),
+        ("ELASTICSEARCH_URL", url.to_owned()),
+        ("INDEX_PREFIX", prefix.to_owned()),
     ];
     env.extend(webhook_env(&receiver));
     let first = Service::start(&env);
     let second = Service::start(&env);
+    first.until_ready().await;
+    second.until_ready().await;
     open_accounts(&reqwest::Client::new(), &first.base, SPREAD).await;
     let bases = Arc::new(RwLock::new(vec![first.base.clone(), second.base.clone()]));
     // A feed consumer reads from the first instance until it dies, then from the second.
@@ -1079,7 +1107,7 @@ async fn two_instances_on_one_elasticsearch_share_work_and_survive_one_kill() {
     assert!(clean, "audit found violations:\n{report}");
     stop_feed.store(true, Ordering::Relaxed);
     let mut feed = feed.await.unwrap();
-    let store = support::stores::es_store_at(&emulator.url, "two-instances-").await;
+    let store = support::stores::es_store_at(url, prefix).await;
     let expected = histories_in(&store, &requested_ids(&requests)).await;
     // Elasticsearch's feed trails by its horizon: read on until every event came.
     feed.read_until_complete_at(&reqwest::Client::new(), &second.base, &expected)

@@ -226,10 +226,29 @@ async fn on_elasticsearch_clocks_apart_or_standing_still_end_exact_after_the_swe
     let mut compensated = 0;
     for (seed, clocks) in [(0, Clocks::BAhead(3)), (1, Clocks::AFrozen(10))] {
         let w = world_on_emulator(seed, Duration::from_millis(2)).await;
-        let outcome = run_in(w, seed, clocks, true).await;
-        assert!(outcome.clean, "seed {seed} {clocks:?}: {}", outcome.report);
-        compensated += outcome.compensated;
+        compensated += clocks_apart_end_exact_after_the_sweep(w, seed, clocks).await;
     }
     eprintln!("on Elasticsearch: {compensated} late applies undone by the sweep");
     assert!(compensated > 0, "the clocks must have caused late applies");
+}
+
+/// The same on the real cluster, with its real refresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_real_elasticsearch_clocks_apart_or_standing_still_end_exact_after_the_sweep() {
+    let mut compensated = 0;
+    for (seed, clocks) in [(0, Clocks::BAhead(3)), (1, Clocks::AFrozen(10))] {
+        let Some(w) = world_on_real_cluster(seed, Duration::from_millis(2)).await else {
+            return;
+        };
+        compensated += clocks_apart_end_exact_after_the_sweep(w, seed, clocks).await;
+    }
+    eprintln!("on real Elasticsearch: {compensated} late applies undone by the sweep");
+    assert!(compensated > 0, "the clocks must have caused late applies");
+}
+
+/// One run in `w`, which must end exact; the late applies the sweep undid.
+async fn clocks_apart_end_exact_after_the_sweep(w: World, seed: u64, clocks: Clocks) -> u64 {
+    let outcome = run_in(w, seed, clocks, true).await;
+    assert!(outcome.clean, "seed {seed} {clocks:?}: {}", outcome.report);
+    outcome.compensated
 }

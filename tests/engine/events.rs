@@ -15,6 +15,9 @@ use crate::support::engine::*;
 use crate::support::faulty::{Fault, FaultyStore, Matcher};
 use crate::support::feed::FeedLog;
 
+/// The delay the fault injector adds to the Elasticsearch runs' requests, at most.
+const JITTER: Duration = Duration::from_millis(20);
+
 const LEASE: Duration = Duration::from_secs(2);
 
 fn config() -> EngineConfig {
@@ -278,18 +281,32 @@ async fn a_terminal_write_applied_without_any_answer_is_re_stamped_by_its_writer
     );
 }
 
-/// On Elasticsearch (the emulator, a test double, in real time) the feed stays below its
+/// On Elasticsearch (in real time) the feed stays below its
 /// horizon: a consumer reading all along, on an instance whose clock is ahead of the writer's
 /// by almost what `docs/design.md §9` allows (1.9 skew margins), while the writer's transfer
 /// writes are applied 0.45 s after they are sent (under `STORE_TIMEOUT`), still sees every
 /// event of every transfer, in order. With a horizon of one skew margin instead of two, a
 /// write stamped by the slow clock and applied late can fall behind the cursor: this test
 /// then fails in some runs (one in four here; the gap needs a refresh late in its interval).
+/// On the emulator (a test double) and on the real cluster, with its real one-second refresh.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_elasticsearch_a_reader_ahead_of_a_slow_writer_misses_nothing() {
     let seed = 5;
     println!("seed {seed}");
-    let w = world_on_emulator(seed, Duration::from_millis(20)).await;
+    a_reader_ahead_of_a_slow_writer_misses_nothing(world_on_emulator(seed, JITTER).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_real_elasticsearch_a_reader_ahead_of_a_slow_writer_misses_nothing() {
+    let seed = 5;
+    println!("seed {seed}");
+    let Some(w) = world_on_real_cluster(seed, JITTER).await else {
+        return;
+    };
+    a_reader_ahead_of_a_slow_writer_misses_nothing(w).await;
+}
+
+async fn a_reader_ahead_of_a_slow_writer_misses_nothing(w: World) {
     let margin = config().skew_margin;
     let behind = -(margin.as_millis() as i64 * 19 / 10);
     let writer = w.instance_with_clock(w.faulty.clone(), config(), w.clock.skewed(behind));

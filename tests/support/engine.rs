@@ -49,14 +49,30 @@ pub fn world(seed: u64, jitter: Duration) -> World {
 /// service does. Its requests go over sockets, so tests on it run in real time, not paused.
 pub async fn world_on_emulator(seed: u64, jitter: Duration) -> World {
     let emulator = super::stores::emulator().await;
-    let store = Arc::new(super::stores::migrated_es_store(&emulator.url).await);
+    world_on_elasticsearch(&emulator.url.clone(), Box::new(emulator), seed, jitter).await
+}
+
+/// The same on the real cluster the test binary shares (`super::cluster`), on indices of its
+/// own; `None` (said why) where no cluster can run.
+pub async fn world_on_real_cluster(seed: u64, jitter: Duration) -> Option<World> {
+    let url = super::cluster::shared()?;
+    Some(world_on_elasticsearch(&url, Box::new(()), seed, jitter).await)
+}
+
+async fn world_on_elasticsearch(
+    url: &str,
+    guard: Box<dyn std::any::Any + Send>,
+    seed: u64,
+    jitter: Duration,
+) -> World {
+    let store = Arc::new(super::stores::migrated_es_store(url).await);
     let base: DynStore = Arc::new(GroupingStore::new(store, 512));
     let faulty = FaultyStore::new(base.clone(), seed, jitter);
     World {
         base,
         faulty,
         clock: TestClock::new(),
-        _guard: Box::new(emulator),
+        _guard: guard,
     }
 }
 
