@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::support::app::{Backend, TestApp};
+use crate::support::app::{Backend, SharedElasticsearch, TestApp};
 use crate::support::feed::{histories, FeedReader};
 
 /// A mixed load on `app` (accounts `a`, `b`, `c`, `empty`): plain transfers, a rollback, a
@@ -168,13 +168,24 @@ on_every_backend!(
     bad_parameters_are_422_problems,
 );
 
-/// Two instances on one emulator, each taking half the load; a consumer on either sees every
-/// event of both.
+/// Two instances on one Elasticsearch, each taking half the load; a consumer on either sees
+/// every event of both. On the emulator (a test double) and on the real cluster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_two_instances_on_one_store_a_consumer_of_either_sees_every_event() {
-    let first = TestApp::spawn(Backend::Emulator).await;
-    let url = first.emulator().url.clone();
-    let second = TestApp::spawn_with(Backend::Embedded, |c| c.elasticsearch_url = Some(url)).await;
+    with_two_instances_a_consumer_of_either_sees_every_event(Backend::Emulator).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_instances_on_real_elasticsearch_a_consumer_of_either_sees_every_event() {
+    with_two_instances_a_consumer_of_either_sees_every_event(Backend::RealEs).await;
+}
+
+async fn with_two_instances_a_consumer_of_either_sees_every_event(backend: Backend) {
+    let Some(shared) = SharedElasticsearch::on(backend).await else {
+        return;
+    };
+    let first = TestApp::spawn_with(Backend::Embedded, |c| shared.configure(c)).await;
+    let second = TestApp::spawn_with(Backend::Embedded, |c| shared.configure(c)).await;
     open_accounts(&first).await;
     let (one, two) = tokio::join!(mixed_load(&first, "one"), mixed_load(&second, "two"));
     let ids: Vec<String> = one.into_iter().chain(two).collect();

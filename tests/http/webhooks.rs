@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use transfer_service::config::Config;
 use transfer_service::store::elasticsearch::Secret;
 
-use crate::support::app::{Backend, TestApp};
+use crate::support::app::{Backend, SharedElasticsearch, TestApp};
 use crate::support::feed::FeedReader;
 use crate::support::receiver::{check_deliveries, expected_per_transfer, Receiver, SECRET};
 use crate::support::{logs, wait};
@@ -351,22 +351,32 @@ async fn lease_held(apps: &[&TestApp]) -> Vec<bool> {
 /// from the saved cursor; every event reaches the receiver, repeats only by id and few.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_share_a_receiver_one_lease_at_a_time_and_hand_over() {
+    two_instances_share_a_receiver_and_hand_over(Backend::Emulator).await;
+}
+
+/// The same on the real cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_real_elasticsearch_two_instances_share_a_receiver_and_hand_over() {
+    two_instances_share_a_receiver_and_hand_over(Backend::RealEs).await;
+}
+
+async fn two_instances_share_a_receiver_and_hand_over(backend: Backend) {
+    // The store outlives both instances.
+    let Some(shared) = SharedElasticsearch::on(backend).await else {
+        return;
+    };
     let receiver = Receiver::start().await;
     receiver.fail_every(4);
     // A lease well above a loaded machine's stalls: in this test the holder never loses it
     // to a stall, so "one at a time" is exact (a stall would cost duplicates, not a gap).
     let lease = Duration::from_secs(6);
-    // The emulator outlives both instances (each app on it is started as on the embedded
-    // store, then pointed at it).
-    let emulator = crate::support::stores::emulator().await;
-    let on_emulator = |config: &mut Config| {
+    let on_shared = |config: &mut Config| {
         hooks(&receiver, &ALL_TYPES)(config);
         config.lease_duration = lease;
-        config.elasticsearch_url = Some(emulator.url.clone());
-        config.index_prefix = "two-hooks-".into();
+        shared.configure(config);
     };
-    let first = TestApp::spawn_with(Backend::Embedded, on_emulator).await;
-    let second = TestApp::spawn_with(Backend::Embedded, on_emulator).await;
+    let first = TestApp::spawn_with(Backend::Embedded, on_shared).await;
+    let second = TestApp::spawn_with(Backend::Embedded, on_shared).await;
     for app in [&first, &second] {
         assert_eq!(app.store().backend(), "elasticsearch");
     }

@@ -32,6 +32,40 @@ pub enum Backend {
     RealEs,
 }
 
+/// An Elasticsearch that several applications share and that outlives them: a fresh emulator,
+/// or the real cluster (`super::cluster`) on an index prefix of its own. Each app on it is
+/// started as on the embedded store, then pointed at it by [`SharedElasticsearch::configure`].
+pub struct SharedElasticsearch {
+    pub url: String,
+    pub prefix: String,
+    _emulator: Option<RunningEmulator>,
+}
+
+impl SharedElasticsearch {
+    /// On the emulator or the real cluster; `None` (said why) where no real cluster can run.
+    pub async fn on(backend: Backend) -> Option<SharedElasticsearch> {
+        let (url, emulator) = match backend {
+            Backend::Emulator => {
+                let emulator = stores::emulator().await;
+                (emulator.url.clone(), Some(emulator))
+            }
+            Backend::RealEs => (stores::real_cluster()?, None),
+            Backend::Embedded => panic!("the embedded store is not shared between processes"),
+        };
+        Some(SharedElasticsearch {
+            url,
+            prefix: stores::unique_prefix("shared"),
+            _emulator: emulator,
+        })
+    }
+
+    /// Points `config` at this Elasticsearch and prefix.
+    pub fn configure(&self, config: &mut Config) {
+        config.elasticsearch_url = Some(self.url.clone());
+        config.index_prefix = self.prefix.clone();
+    }
+}
+
 /// A running application and what keeps it alive.
 pub struct TestApp {
     pub base: String,
