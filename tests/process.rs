@@ -32,6 +32,9 @@ use transfer_service::store::{Index, Store};
 
 use support::feed::{histories_in, FeedReader};
 
+#[path = "process/real_cluster.rs"]
+mod real_cluster;
+
 const BIN: &str = env!("CARGO_BIN_EXE_transfer-service");
 
 /// The accounts `acct0`… the clients move units between, each opened with `opening`.
