@@ -8,7 +8,7 @@ use axum::{Json, Router};
 use serde::Serialize;
 
 use super::body::AccountBody;
-use super::{field, ApiError, AppState, JsonFields, PathId, Problem};
+use super::{field, ApiError, AppState, JsonFields, PathId, Problem, QueryParams};
 use crate::transfer::model::AccountDoc;
 use crate::transfer::service::{Created, NewAccount};
 
@@ -61,8 +61,10 @@ impl Account {
     }
 }
 
-/// The body of `POST /accounts`. Other fields are ignored.
+/// The body of `POST /accounts`. Any other field is a 422 naming it (names are
+/// case-sensitive).
 #[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)]
 pub struct CreateAccount {
     /// 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`.
@@ -100,9 +102,10 @@ pub struct CreateAccount {
     ))]
 pub async fn create_account(
     State(state): State<AppState>,
+    _: QueryParams,
     JsonFields(body): JsonFields<AccountBody>,
 ) -> Result<Response, ApiError> {
-    field::given_once(&body)?;
+    field::known_and_once(&body)?;
     let id = field::required_id(body.id, "id")?;
     let balance = field::required_integer(body.balance, "balance")?;
     let floor = field::integer(body.floor, "floor")?.unwrap_or(0);
@@ -142,6 +145,7 @@ pub async fn create_account(
 pub async fn get_account(
     State(state): State<AppState>,
     PathId(id): PathId,
+    _: QueryParams,
 ) -> Result<Json<Account>, ApiError> {
     let Some(id) = id else {
         return Err(ApiError::NotFound("no account with this id".into()));

@@ -43,8 +43,10 @@ pub fn router() -> Router<AppState> {
     Router::new().route(ROUTE, post(create_batch).get(get_transfer_named_batch))
 }
 
-/// The body of `POST /transfers/batch`.
+/// The body of `POST /transfers/batch`. Any other field is a 422 for the whole batch; an
+/// item with a field a transfer does not have is that item's 422.
 #[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)]
 pub struct CreateBatch {
     /// 1 to 1,000 transfers, each exactly the body of `POST /transfers`.
@@ -130,6 +132,7 @@ impl From<ApiError> for BatchItem {
 pub async fn create_batch(
     State(state): State<AppState>,
     headers: HeaderMap,
+    _: QueryParams,
     JsonFields(body): JsonFields<BatchBody>,
 ) -> Result<Json<BatchResult>, ApiError> {
     let key = idempotency::batch_key(&headers)?;
@@ -154,7 +157,7 @@ pub async fn create_batch(
 /// The items of a well-formed envelope: `transfers`, an array of 1 to [`MAX_BATCH`] items,
 /// and no more than admission control could ever admit at once.
 fn envelope(body: BatchBody, max_in_flight: usize) -> Result<Vec<Object<TransferBody>>, ApiError> {
-    field::given_once(&body)?;
+    field::known_and_once(&body)?;
     let items = match body.transfers {
         None => return Err(ApiError::Invalid("`transfers` is required".into())),
         Some(Array::Given(items)) => items,
@@ -258,7 +261,7 @@ async fn create_in_order(
 /// `/transfers/{id}` for this one id).
 async fn get_transfer_named_batch(
     state: State<AppState>,
-    query: QueryParams,
+    query: QueryParams<super::transfers::WaitQuery>,
 ) -> Result<Json<Transfer>, ApiError> {
     super::transfers::get_transfer(state, PathId(Some("batch".into())), query).await
 }

@@ -10,9 +10,12 @@
 //! What a body may hold is exactly what parsing it whole accepted before: every value is
 //! parsed and checked, the fields nobody reads included ([`Discard`]), so what `serde_json`
 //! refuses (nesting deeper than 128, a number out of range, a lone surrogate, trailing
-//! characters) is a 400 wherever it is. One thing is stricter: a field given twice, which a
+//! characters) is a 400 wherever it is. Two things are stricter: a field given twice, which a
 //! whole-body parse resolved silently (the last won), is a 422 naming it ([`Fields::twice`]):
-//! which of the two the client meant is a guess, and parsers disagree on it.
+//! which of the two the client meant is a guess, and parsers disagree on it; and a field the
+//! body type does not have (`amt`, `Hold`: names are case-sensitive) is a 422 naming it and
+//! the field it is closest to ([`Fields::unknown`], [`did_you_mean`]): ignoring it would do
+//! something else than the client asked (capture all of a hold instead of part of it).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -73,6 +76,9 @@ pub trait Fields: Default {
     /// The field names, as they are spelled in JSON (at most 64).
     const NAMES: &'static [&'static str];
 
+    /// What the object is, for messages: "a transfer", "a capture".
+    const KIND: &'static str;
+
     /// Reads the value of field `name` (one of [`Fields::NAMES`]).
     fn read<'de, A: MapAccess<'de>>(
         &mut self,
@@ -85,21 +91,29 @@ pub trait Fields: Default {
 
     /// The first field given more than once, if any.
     fn twice(&self) -> Option<&'static str>;
+
+    /// Notes a key that is none of [`Fields::NAMES`] (only the first is kept).
+    fn given_unknown(&mut self, name: String);
+
+    /// The first key given that is none of [`Fields::NAMES`], if any.
+    fn unknown(&self) -> Option<&str>;
 }
 
 /// Declares a body type: a struct whose fields are `Option<T>` of lenient types (absent
 /// or null: `None`), readable as an [`Object`].
 macro_rules! json_fields {
-    ($(#[$meta:meta])* pub struct $name:ident { $($(#[$field_meta:meta])* $field:ident: $ty:ty,)* }) => {
+    ($(#[$meta:meta])* pub struct $name:ident ($kind:literal) { $($(#[$field_meta:meta])* $field:ident: $ty:ty,)* }) => {
         $(#[$meta])*
         #[derive(Debug, Default)]
         pub struct $name {
             $($(#[$field_meta])* pub $field: Option<$ty>,)*
             twice: Option<&'static str>,
+            unknown: Option<String>,
         }
 
         impl $crate::http::body::Fields for $name {
             const NAMES: &'static [&'static str] = &[$(stringify!($field)),*];
+            const KIND: &'static str = $kind;
 
             fn read<'de, A: serde::de::MapAccess<'de>>(
                 &mut self,
@@ -120,13 +134,21 @@ macro_rules! json_fields {
             fn twice(&self) -> Option<&'static str> {
                 self.twice
             }
+
+            fn given_unknown(&mut self, name: String) {
+                self.unknown.get_or_insert(name);
+            }
+
+            fn unknown(&self) -> Option<&str> {
+                self.unknown.as_deref()
+            }
         }
     };
 }
 
 json_fields! {
     /// The body of `POST /transfers`, and each item of a batch.
-    pub struct TransferBody {
+    pub struct TransferBody ("a transfer") {
         id: Text,
         from: Text,
         to: Text,
@@ -141,7 +163,7 @@ json_fields! {
 
 json_fields! {
     /// One of a transfer's `legs`.
-    pub struct LegBody {
+    pub struct LegBody ("a leg") {
         from: Text,
         to: Text,
         amount: Integer,
@@ -150,14 +172,14 @@ json_fields! {
 
 json_fields! {
     /// The body of `POST /transfers/batch`.
-    pub struct BatchBody {
+    pub struct BatchBody ("a batch") {
         transfers: Array<Object<TransferBody>>,
     }
 }
 
 json_fields! {
     /// The body of `POST /accounts`.
-    pub struct AccountBody {
+    pub struct AccountBody ("an account") {
         id: Text,
         balance: Integer,
         floor: Integer,
@@ -168,7 +190,7 @@ json_fields! {
 
 json_fields! {
     /// The body of `POST /transfers/{id}/capture`.
-    pub struct CaptureBody {
+    pub struct CaptureBody ("a capture") {
         amount: Integer,
     }
 }
@@ -273,10 +295,19 @@ impl<T: Fields> Lenient for Object<T> {
         let mut fields = T::default();
         // Which of the fields were given, one bit each (a body type has at most 64).
         let mut given = 0u64;
-        while let Some(index) = map.next_key_seed(FieldName(T::NAMES))? {
-            let Some(index) = index else {
-                map.next_value::<Discard>()?;
-                continue;
+        while let Some(key) = map.next_key_seed(FieldName {
+            names: T::NAMES,
+            keep_unknown: fields.unknown().is_none(),
+        })? {
+            let index = match key {
+                Key::Known(index) => index,
+                Key::Unknown(name) => {
+                    if let Some(name) = name {
+                        fields.given_unknown(name);
+                    }
+                    map.next_value::<Discard>()?;
+                    continue;
+                }
             };
             let name = T::NAMES[index];
             if given & (1 << index) != 0 {
@@ -372,12 +403,22 @@ deserialize_leniently!(
     [T: DeserializeOwned] Array<T>,
 );
 
-/// An object key: its position in `names` (`None`: a field nobody reads). Keys are matched
-/// without being copied.
-struct FieldName(&'static [&'static str]);
+/// An object key: its position in `names`, or a key the object does not have (copied only
+/// when `keep_unknown`: the first one, for the message). Known keys are matched without being
+/// copied.
+struct FieldName {
+    names: &'static [&'static str],
+    keep_unknown: bool,
+}
+
+/// What [`FieldName`] read.
+enum Key {
+    Known(usize),
+    Unknown(Option<String>),
+}
 
 impl<'de> DeserializeSeed<'de> for FieldName {
-    type Value = Option<usize>;
+    type Value = Key;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_str(self)
@@ -385,15 +426,53 @@ impl<'de> DeserializeSeed<'de> for FieldName {
 }
 
 impl Visitor<'_> for FieldName {
-    type Value = Option<usize>;
+    type Value = Key;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a field name")
     }
 
     fn visit_str<E>(self, key: &str) -> Result<Self::Value, E> {
-        Ok(self.0.iter().position(|name| *name == key))
+        Ok(match self.names.iter().position(|name| *name == key) {
+            Some(index) => Key::Known(index),
+            None => Key::Unknown(self.keep_unknown.then(|| key.to_owned())),
+        })
     }
+}
+
+/// The name in `names` that `given` most likely misspells, if one is close enough (by
+/// [`closeness`]): the same name in other case (`Hold`), a name with letters left out or
+/// added (`amt`, `flor`, `curency`, `transfer`), or one a couple of edits away (`amuont`).
+pub fn did_you_mean(given: &str, names: &[&'static str]) -> Option<&'static str> {
+    /// Below this two names are unrelated (`foo` and `to` are 0.33 apart).
+    const CLOSE: f64 = 0.7;
+    names
+        .iter()
+        .map(|name| (closeness(given, name), *name))
+        .filter(|(score, _)| *score >= CLOSE)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, name)| name)
+}
+
+/// How alike two field names are, from 0 to 1, ignoring case: 1 for the same letters, 0.9
+/// when the shorter is the longer with letters left out and both start alike (an
+/// abbreviation or a dropped letter), else the normalized Damerau-Levenshtein similarity.
+fn closeness(given: &str, name: &str) -> f64 {
+    let (given, name) = (given.to_lowercase(), name.to_lowercase());
+    if given == name {
+        return 1.0;
+    }
+    let (short, long) = if given.len() <= name.len() {
+        (&given, &name)
+    } else {
+        (&name, &given)
+    };
+    let mut rest = long.chars();
+    let left_out = short.chars().all(|c| rest.any(|l| l == c));
+    if left_out && short.chars().count() >= 2 && short.chars().next() == long.chars().next() {
+        return 0.9;
+    }
+    strsim::normalized_damerau_levenshtein(&given, &name)
 }
 
 /// Any JSON value, parsed and checked as a whole-body parse would (depth, numbers,
@@ -503,6 +582,50 @@ mod tests {
         assert_eq!(body.twice(), Some("id"), "a null counts as given");
         let body = transfer(r#"{"x":1,"x":2}"#).unwrap();
         assert_eq!(body.twice(), None, "fields nobody reads may repeat");
+    }
+
+    #[test]
+    fn the_first_unknown_field_is_kept_case_sensitively() {
+        let body = transfer(r#"{"id":"t","Hold":true,"x":1,"metadata":{"Any":"1"}}"#).unwrap();
+        assert_eq!(body.unknown(), Some("Hold"));
+        assert!(body.hold.is_none(), "`Hold` is not `hold`");
+        assert!(
+            body.metadata.is_some(),
+            "metadata keys are labels, not fields"
+        );
+        let body = parse::<BatchBody>(br#"{"transfers":[{"amt":1}],"extra":{"a":[1]}}"#).unwrap();
+        assert_eq!(body.unknown(), Some("extra"));
+        let Some(Array::Given(items)) = body.transfers else {
+            panic!("an array of items")
+        };
+        let Object::Given(item) = &items[0] else {
+            panic!("an object")
+        };
+        assert_eq!(item.unknown(), Some("amt"), "each object keeps its own");
+        assert_eq!(transfer(r#"{"id":"t"}"#).unwrap().unknown(), None);
+    }
+
+    #[test]
+    fn a_misspelled_field_is_matched_to_the_field_meant() {
+        let transfer = TransferBody::NAMES;
+        let account = AccountBody::NAMES;
+        for (given, names, meant) in [
+            ("amt", CaptureBody::NAMES, Some("amount")),
+            ("Hold", transfer, Some("hold")),
+            ("AMOUNT", transfer, Some("amount")),
+            ("flor", account, Some("floor")),
+            ("curency", account, Some("currency")),
+            ("hold_expires", transfer, Some("hold_expires_in")),
+            ("metdata", transfer, Some("metadata")),
+            ("transfer", BatchBody::NAMES, Some("transfers")),
+            ("amuont", CaptureBody::NAMES, Some("amount")),
+            ("from_account", LegBody::NAMES, Some("from")),
+            ("foo", transfer, None),
+            ("colour", account, None),
+            ("", transfer, None),
+        ] {
+            assert_eq!(did_you_mean(given, names), meant, "{given:?}");
+        }
     }
 
     #[test]

@@ -21,6 +21,14 @@ pub fn router() -> Router<AppState> {
     Router::new().route("/events", get(list_events))
 }
 
+/// The query of `GET /events`.
+pub struct EventsQuery;
+
+impl super::QuerySpec for EventsQuery {
+    const NAMES: &'static [&'static str] = &["after", "limit", "wait"];
+    const EXAMPLE: &'static str = "?after=<next_cursor>&wait=30s";
+}
+
 const DEFAULT_LIMIT: usize = 100;
 const MAX_LIMIT: usize = 1000;
 
@@ -99,7 +107,7 @@ pub struct EventPage {
     ))]
 pub async fn list_events(
     State(state): State<AppState>,
-    QueryParams(query): QueryParams,
+    QueryParams(query, _): QueryParams<EventsQuery>,
 ) -> Result<Json<EventPage>, ApiError> {
     let mut after = None;
     let mut limit = DEFAULT_LIMIT;

@@ -9,7 +9,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
 
-use super::AppState;
+use super::{AppState, QueryParams};
 use crate::store::StoreError;
 
 /// The content type of the Prometheus text exposition format.
@@ -50,14 +50,16 @@ pub struct Readiness {
 /// orchestrator restart every instance); `/readyz` is the one that follows the store.
 #[utoipa::path(get, path = "/livez", tag = "operations",
     responses((status = 200, description = "Live", body = Health)))]
-pub async fn livez() -> Json<Health> {
-    healthz().await
+pub async fn livez(_: QueryParams) -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+    })
 }
 
 /// Liveness (the older name, kept for existing probes): the process answers.
 #[utoipa::path(get, path = "/healthz", tag = "operations",
     responses((status = 200, description = "Live", body = Health)))]
-pub async fn healthz() -> Json<Health> {
+pub async fn healthz(_: QueryParams) -> Json<Health> {
     Json(Health {
         status: "ok".into(),
     })
@@ -69,7 +71,10 @@ pub async fn healthz() -> Json<Health> {
         (status = 200, description = "Ready", body = Readiness),
         (status = 503, description = "Store unreachable or not migrated", body = Readiness),
     ))]
-pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) {
+pub async fn readyz(
+    State(state): State<AppState>,
+    _: QueryParams,
+) -> (StatusCode, Json<Readiness>) {
     let store = state.engine.store();
     let (status, detail) = match store.ready().await {
         Ok(()) => (StatusCode::OK, None),
@@ -107,7 +112,7 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readines
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "Prometheus text exposition format (version 0.0.4)",
         body = String, content_type = "text/plain")))]
-pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+pub async fn metrics(State(state): State<AppState>, _: QueryParams) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE)],
         state.metrics.encode(),

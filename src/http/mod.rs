@@ -14,6 +14,7 @@ pub mod openapi;
 pub mod transfers;
 
 use std::collections::HashMap;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -261,28 +262,84 @@ impl<S: Send + Sync> FromRequestParts<S> for PathId {
     }
 }
 
-/// The query string as name → value. A name given twice is refused (422): which value would
-/// win is a guess. Percent-decoding never fails: bytes that are not UTF-8 become U+FFFD, which
-/// no parameter accepts.
-pub struct QueryParams(pub HashMap<String, String>);
+/// The query parameters a route takes, for [`QueryParams`]: anything else is refused.
+pub trait QuerySpec {
+    /// The names it takes, exactly (case-sensitive).
+    const NAMES: &'static [&'static str];
+    /// Families of names it takes: `metadata.` takes every `metadata.<key>` (the handler
+    /// checks the key).
+    const PREFIXES: &'static [&'static str] = &[];
+    /// A query it accepts, for messages (`?wait=5s`).
+    const EXAMPLE: &'static str = "";
+}
 
-impl<S: Send + Sync> FromRequestParts<S> for QueryParams {
+/// A route that takes no query parameter.
+pub struct NoQuery;
+
+impl QuerySpec for NoQuery {
+    const NAMES: &'static [&'static str] = &[];
+}
+
+/// The query string as name → value, holding only the parameters the route takes (`S`): an
+/// unknown name (`WAIT` is not `wait`) or one given twice is a 422 naming it, so that a typo
+/// is never silently ignored (it would turn a long-poll off, or a filter). Every route's
+/// handler takes this extractor, also the routes that take no parameter (`NoQuery`).
+/// Percent-decoding never fails: bytes that are not UTF-8 become U+FFFD, which no parameter
+/// accepts.
+pub struct QueryParams<S: QuerySpec = NoQuery>(pub HashMap<String, String>, PhantomData<S>);
+
+impl<S: Send + Sync, Q: QuerySpec> FromRequestParts<S> for QueryParams<Q> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         let Query(pairs) = Query::<Vec<(String, String)>>::from_request_parts(parts, state).await?;
         let mut params = HashMap::with_capacity(pairs.len());
         for (name, value) in pairs {
+            let known = Q::NAMES.contains(&name.as_str())
+                || Q::PREFIXES.iter().any(|prefix| name.starts_with(prefix));
+            if !known {
+                return Err(ApiError::Invalid(unknown_parameter::<Q>(&name, parts)));
+            }
             if params.contains_key(&name) {
                 return Err(ApiError::Invalid(format!(
-                    "query parameter `{}` is given more than once",
+                    "query parameter `{}` is given more than once; give it once",
                     shorten(&name)
                 )));
             }
             params.insert(name, value);
         }
-        Ok(QueryParams(params))
+        Ok(QueryParams(params, PhantomData))
     }
+}
+
+/// "unknown parameter `WAIT` (did you mean `wait`?): GET /transfers/{id} takes `wait`, such
+/// as `?wait=5s`", or "… takes no query parameters".
+fn unknown_parameter<Q: QuerySpec>(name: &str, parts: &Parts) -> String {
+    let route = parts
+        .extensions
+        .get::<MatchedPath>()
+        .map_or("this route", |path| path.as_str());
+    let name = shorten(name);
+    if Q::NAMES.is_empty() && Q::PREFIXES.is_empty() {
+        return format!(
+            "unknown parameter `{name}`: {} {route} takes no query parameters",
+            parts.method
+        );
+    }
+    let meant = body::did_you_mean(&name, Q::NAMES)
+        .map(|meant| format!(" (did you mean `{meant}`?)"))
+        .unwrap_or_default();
+    let taken: Vec<String> = Q::NAMES
+        .iter()
+        .map(|n| format!("`{n}`"))
+        .chain(Q::PREFIXES.iter().map(|p| format!("`{p}<key>`")))
+        .collect();
+    format!(
+        "unknown parameter `{name}`{meant}: {} {route} takes {}, such as `{}`",
+        parts.method,
+        taken.join(", "),
+        Q::EXAMPLE
+    )
 }
 
 /// At most 64 characters of a client's text, for an error detail.
@@ -310,13 +367,34 @@ pub(crate) mod field {
     use super::ApiError;
     use crate::transfer::model::valid_id;
 
-    /// 422 if the body gave a field twice.
-    pub fn given_once(fields: &impl Fields) -> Result<(), ApiError> {
+    /// 422 if the body gave a field its type does not have (naming it, and the field it
+    /// most likely misspells), or one field twice.
+    pub fn known_and_once<T: Fields>(fields: &T) -> Result<(), ApiError> {
+        if let Some(name) = fields.unknown() {
+            return Err(ApiError::Invalid(unknown_field(name, T::KIND, T::NAMES)));
+        }
         match fields.twice() {
             Some(name) => Err(ApiError::Invalid(format!(
                 "`{name}` is given more than once"
             ))),
             None => Ok(()),
+        }
+    }
+
+    /// "`amt` is not a field of a capture; did you mean `amount`?", or with no close one the
+    /// fields there are. Names are case-sensitive: `Hold` is not `hold`.
+    pub fn unknown_field(name: &str, kind: &str, names: &[&'static str]) -> String {
+        let name = super::shorten(name);
+        match super::body::did_you_mean(&name, names) {
+            Some(meant) => format!("`{name}` is not a field of {kind}; did you mean `{meant}`?"),
+            None => format!(
+                "`{name}` is not a field of {kind}; its fields are {}",
+                names
+                    .iter()
+                    .map(|n| format!("`{n}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         }
     }
 

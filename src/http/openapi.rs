@@ -9,7 +9,8 @@
 //! `Idempotency-Key`s), each pattern written once; the tests generate strings from each
 //! pattern and send them. Security (the bearer keys, `401`/`403` on every protected
 //! operation) is added by [`BearerKeys`] from the same rule the server applies
-//! ([`super::auth::required_scope`]).
+//! ([`super::auth::required_scope`]); the `422` of an unknown query parameter on every
+//! operation by [`StrictQueries`].
 
 use axum::http::Method;
 use axum::Router;
@@ -237,11 +238,49 @@ fn protect(operation: &mut Operation, scope: Scope, optional: bool) {
     );
 }
 
+/// Adds to every operation the `422` of an unknown or repeated query parameter
+/// ([`super::QueryParams`], which every handler takes).
+pub struct StrictQueries;
+
+/// What [`StrictQueries`] says an unknown query parameter answers.
+const STRICT_QUERY: &str = "an unknown query parameter (names are case-sensitive), or one \
+    given twice; `type` `/problems/invalid-field`, the detail naming it";
+
+impl Modify for StrictQueries {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        for item in doc.paths.paths.values_mut() {
+            for (_, operation) in operations(item) {
+                let responses = &mut operation.responses.responses;
+                match responses.get_mut("422") {
+                    Some(utoipa::openapi::RefOr::T(response)) => {
+                        response.description =
+                            format!("{}; or {STRICT_QUERY}", response.description);
+                    }
+                    Some(utoipa::openapi::RefOr::Ref(_)) => {}
+                    None => {
+                        let mut first = STRICT_QUERY.to_owned();
+                        first[..1].make_ascii_uppercase();
+                        let response = ResponseBuilder::new()
+                            .description(first)
+                            .content(
+                                "application/problem+json",
+                                Content::new(Some(Ref::from_schema_name("Problem"))),
+                            )
+                            .build();
+                        responses.insert("422".into(), response.into());
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[derive(OpenApi)]
 #[openapi(
     info(
         title = "transfer-service",
-        description = "Atomic transfers between accounts, by two-phase commit.\n\n\
+        description = "Atomic transfers between accounts: in an embedded store by default, or in \
+            Elasticsearch by two-phase commit.\n\n\
             `POST /transfers` answers `201` with state `created` at once; a background worker \
             drives the transfer to `finished` or `rolled-back`; poll `GET /transfers/{id}` \
             (or long-poll with `?wait=5s`). A transfer's `id` is its idempotency key (or the \
@@ -249,7 +288,8 @@ fn protect(operation: &mut Operation, scope: Scope, optional: bool) {
             `POST /transfers/batch` takes up to 1,000 transfers, each answered as alone. \
             Beyond `MAX_IN_FLIGHT` transfers in flight, creates answer `503` with \
             `Retry-After`, having created nothing. Every error is `application/problem+json` \
-            (RFC 9457). With API keys configured (`API_KEYS_FILE`), `/accounts` and \
+            (RFC 9457). Input is strict: a body field or query parameter the operation does \
+            not have is a `422` naming it. With API keys configured (`API_KEYS_FILE`), `/accounts` and \
             `/transfers` and `/events` need `Authorization: Bearer <key>` (`GET`: scope `read`; other \
             methods: `write`); the probes, `/metrics` (unless `METRICS_REQUIRE_AUTH`) and this \
             document stay open."
@@ -264,7 +304,7 @@ fn protect(operation: &mut Operation, scope: Scope, optional: bool) {
         super::health::livez, super::health::healthz, super::health::readyz, super::health::metrics,
     ),
     components(schemas(super::Problem, Id, Wait, Cursor, FeedCursor, IdempotencyKey, BatchIdempotencyKey, Attention, Currency, Metadata)),
-    modifiers(&BearerKeys),
+    modifiers(&BearerKeys, &StrictQueries),
     tags(
         (name = "accounts", description = "Accounts and their balances"),
         (name = "transfers", description = "Transfers between two accounts"),

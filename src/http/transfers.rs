@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::body::{Array, CaptureBody, Flag, LegBody, Object, Text, TransferBody};
 use super::{
     field, idempotency, shorten, ApiError, AppState, JsonFields, OptionalJsonFields, PathId,
-    Problem, QueryParams, MAX_WAIT,
+    Problem, QueryParams, QuerySpec, MAX_WAIT,
 };
 use crate::store::{SortKey, TransferFilter};
 use crate::transfer::model::{
@@ -117,8 +117,10 @@ impl From<TransferDoc> for Transfer {
     }
 }
 
-/// The body of `POST /transfers`. Other fields are ignored.
+/// The body of `POST /transfers`. Any other field is a 422 naming it (names are
+/// case-sensitive: `Hold` is not `hold`).
 #[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)]
 pub struct CreateTransfer {
     /// Idempotency key: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`. Absent or
@@ -144,7 +146,7 @@ pub struct CreateTransfer {
     /// 2^63-1 (else 422). Every account must share the currency. One leg is the same as
     /// `from`, `to` and `amount`. A multi-leg hold is captured whole.
     #[schema(nullable = false, min_items = 1, max_items = 16)]
-    pub legs: Option<Vec<Leg>>,
+    pub legs: Option<Vec<CreateLeg>>,
     /// `true`: a hold. It is driven to `pending` (the source debited, the destination credited
     /// but not spendable) and waits there for `POST /transfers/{id}/capture`, `.../cancel`
     /// or its expiry (then it rolls back with `expired`). Default `false`.
@@ -167,8 +169,27 @@ pub struct CreateTransfer {
     pub metadata: Option<Metadata>,
 }
 
-/// The body of `POST /transfers/{id}/capture`; it may also be empty.
+/// One of the `legs` of `POST /transfers`: `amount` units from `from` to `to`. Any other
+/// field is a 422.
 #[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct CreateLeg {
+    /// Source account id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`).
+    #[schema(value_type = super::openapi::Id)]
+    pub from: String,
+    /// Destination account id (same rules); must differ from `from`.
+    #[schema(value_type = super::openapi::Id)]
+    pub to: String,
+    /// Units this leg moves: an integer from 1 to 2^63-1.
+    #[schema(minimum = 1)]
+    pub amount: i64,
+}
+
+/// The body of `POST /transfers/{id}/capture`; it may also be empty. Any other field is a
+/// 422 naming it.
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)]
 pub struct CaptureHold {
     /// Units to move, from 1 to the held amount (else 422); default: all of it. The rest
@@ -217,6 +238,7 @@ pub struct TransferPage {
 pub async fn create_transfer(
     State(state): State<AppState>,
     headers: HeaderMap,
+    _: QueryParams,
     JsonFields(body): JsonFields<TransferBody>,
 ) -> Result<Response, ApiError> {
     let key = idempotency::transfer_key(&headers)?;
@@ -249,7 +271,7 @@ pub(crate) fn new_transfer(
     mut body: TransferBody,
     id_if_absent: Option<String>,
 ) -> Result<NewTransfer, ApiError> {
-    field::given_once(&body)?;
+    field::known_and_once(&body)?;
     let id = field::id(body.id.take(), "id")?;
     let (from, to, amount, legs) = match body.legs.take() {
         None => one_leg(body.from.take(), body.to.take(), body.amount.take())?,
@@ -333,7 +355,7 @@ fn legs_of(given: Array<Object<LegBody>>) -> Result<(String, String, i64, Vec<Le
             }
             other => other,
         };
-        field::given_once(&leg).map_err(named)?;
+        field::known_and_once(&leg).map_err(named)?;
         legs.push(Leg {
             from: field::required_id(leg.from, "from").map_err(named)?,
             to: field::required_id(leg.to, "to").map_err(named)?,
@@ -394,12 +416,20 @@ pub(crate) fn counted_if_shed(state: &AppState, route: &str, error: ApiError) ->
     error
 }
 
+/// The query of `GET /transfers/{id}`.
+pub struct WaitQuery;
+
+impl QuerySpec for WaitQuery {
+    const NAMES: &'static [&'static str] = &["wait"];
+    const EXAMPLE: &'static str = "?wait=5s";
+}
+
 /// A transfer; with `?wait=5s`, answers as soon as it is terminal or when the wait ends.
 #[utoipa::path(get, path = "/transfers/{id}", tag = "transfers",
     params(("id" = super::openapi::Id, Path,
             description = "Transfer id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`; any other value is 404)"),
         ("wait" = Option<super::openapi::Wait>, Query,
-            description = "Long-poll up to this long for a terminal state: `<digits><unit>`, repeated (`5s`, `500ms`, `1m30s`; units `ns`, `us`, `ms`, `s`, `m`, `h`); `0s` answers at once, more than 30 s waits 30 s. Other parameters are ignored.")),
+            description = "Long-poll up to this long for a terminal state: `<digits><unit>`, repeated (`5s`, `500ms`, `1m30s`; units `ns`, `us`, `ms`, `s`, `m`, `h`); `0s` answers at once, more than 30 s waits 30 s. Any other parameter, or `wait` given twice, is a 422.")),
     responses(
         (status = 200, description = "The transfer", body = Transfer),
         (status = 404, description = "No such transfer", body = Problem, content_type = "application/problem+json"),
@@ -409,7 +439,7 @@ pub(crate) fn counted_if_shed(state: &AppState, route: &str, error: ApiError) ->
 pub async fn get_transfer(
     State(state): State<AppState>,
     PathId(id): PathId,
-    QueryParams(query): QueryParams,
+    QueryParams(query, _): QueryParams<WaitQuery>,
 ) -> Result<Json<Transfer>, ApiError> {
     let wait = query.get("wait").map(|text| parse_wait(text)).transpose()?;
     let Some(id) = id else {
@@ -480,6 +510,7 @@ pub const WAIT_PATTERN: &str = "^([0-9]+(ns|us|ms|s|m|h))+$";
 pub async fn cancel_transfer(
     State(state): State<AppState>,
     PathId(id): PathId,
+    _: QueryParams,
 ) -> Result<Json<Transfer>, ApiError> {
     let Some(id) = id else {
         return Err(ApiError::NotFound("no transfer with this id".into()));
@@ -514,11 +545,12 @@ pub async fn cancel_transfer(
 pub async fn capture_transfer(
     State(state): State<AppState>,
     PathId(id): PathId,
+    _: QueryParams,
     OptionalJsonFields(body): OptionalJsonFields<CaptureBody>,
 ) -> Result<Json<Transfer>, ApiError> {
     let amount = match body {
         Some(body) => {
-            field::given_once(&body)?;
+            field::known_and_once(&body)?;
             field::integer(body.amount, "amount")?
         }
         None => None,
@@ -533,6 +565,15 @@ pub async fn capture_transfer(
 
 const DEFAULT_LIMIT: usize = 50;
 const MAX_LIMIT: usize = 1000;
+
+/// The query of `GET /transfers`.
+pub struct ListQuery;
+
+impl QuerySpec for ListQuery {
+    const NAMES: &'static [&'static str] = &["account", "state", "attention", "limit", "cursor"];
+    const PREFIXES: &'static [&'static str] = &["metadata."];
+    const EXAMPLE: &'static str = "?account=alice&state=finished&limit=50";
+}
 
 /// Transfers, newest first, optionally of one account, in one state, flagged for a person
 /// and/or with given metadata (`?metadata.order_id=123`, any number of keys, all must
@@ -559,7 +600,7 @@ const MAX_LIMIT: usize = 1000;
     ))]
 pub async fn list_transfers(
     State(state): State<AppState>,
-    QueryParams(query): QueryParams,
+    QueryParams(query, _): QueryParams<ListQuery>,
 ) -> Result<Json<TransferPage>, ApiError> {
     let mut filter = TransferFilter {
         limit: DEFAULT_LIMIT,

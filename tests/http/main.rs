@@ -14,6 +14,7 @@
 //! - [`idempotency`]: the `Idempotency-Key` header on single and batch creates;
 //! - [`metadata`]: metadata on accounts and transfers, and the listing filtered by it;
 //! - [`schema`]: the OpenAPI document's constraints against the server, both ways;
+//! - [`strict_input`]: unknown body fields and query parameters refused on every route;
 //! - [`observability`]: metrics, request ids, logs, the OpenAPI document, Swagger UI;
 //! - [`resilience`]: store outages on the Elasticsearch backend (emulator);
 //! - [`webhooks`]: signed deliveries to a loopback receiver that fails and hangs, give-ups,
@@ -42,4 +43,5 @@ mod observability;
 mod operator_kit;
 mod resilience;
 mod schema;
+mod strict_input;
 mod webhooks;

@@ -1,6 +1,6 @@
 //! Every route the API serves, in one list: what the `route` label of the metrics may say,
-//! what the OpenAPI document must describe, and what the auth suite checks on each protected
-//! route. A route added to the service and not here fails the OpenAPI check (every operation
+//! what the OpenAPI document must describe, what the auth suite checks on each protected
+//! route, and where the strict-input suite sends unknown query parameters. A route added to the service and not here fails the OpenAPI check (every operation
 //! of the document must be listed), so the other suites follow it.
 
 /// What a route needs when the service has API keys.
