@@ -13,7 +13,7 @@ use crate::http::auth::Auth;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::store::elasticsearch::{ElasticsearchStore, EsConfig};
-use crate::store::embedded::EmbeddedStore;
+use crate::store::embedded::{EmbeddedStore, ReadOnlyEmbeddedStore};
 use crate::store::grouping::GroupingStore;
 use crate::store::instrumented::InstrumentedStore;
 use crate::store::{DynStore, StoreError};
@@ -81,13 +81,16 @@ pub fn auth_from_config(config: &Config, metrics: &Arc<Metrics>) -> Result<Auth,
     }
 }
 
-/// What opening an Elasticsearch store does about migrations, which also says who opens it
-/// (and so which timeouts apply; see [`open_store`]).
+/// What opening a store does about migrations, which also says who opens it (and so which
+/// timeouts apply; see [`open_store`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Migrations {
-    /// Apply them (retried in the background until the cluster answers): the service.
+    /// Apply them (retried in the background until the cluster answers), creating the store
+    /// if there is none: the service.
     Apply,
-    /// Only check they were applied, writing nothing; fail otherwise: the auditor.
+    /// Only check they were applied, writing nothing; fail otherwise: the auditor. The
+    /// embedded store is opened read-only (`ReadOnlyEmbeddedStore`): an error where there is
+    /// no store, never a new one.
     Verify,
 }
 
@@ -161,6 +164,10 @@ pub async fn open_store(
                 bulk_ops_limit(config.settled_max),
             ))
         }
+        None if migrations == Migrations::Verify => Arc::new(ReadOnlyEmbeddedStore::open(
+            &config.data_dir,
+            config.embedded_cache_mib,
+        )?),
         None => Arc::new(EmbeddedStore::open_with(
             &config.data_dir,
             config.embedded_cache_mib,

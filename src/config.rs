@@ -9,7 +9,8 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::store::elasticsearch::{EsSecuritySettings, Secret};
 
-/// transfer-service: atomic transfers between accounts, by two-phase commit.
+/// transfer-service: moves units between accounts atomically, in its embedded store (the
+/// default) or in Elasticsearch by two-phase commit.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "transfer-service", version, about)]
 pub struct Cli {
@@ -19,11 +20,40 @@ pub struct Cli {
     pub command: Option<Command>,
 }
 
+impl Cli {
+    /// The command line as the binary reads it: every setting is global, so it is accepted
+    /// after the subcommand as well as before it (`audit --data-dir X`), and the
+    /// subcommand's `--help` lists them.
+    pub fn command_line() -> clap::Command {
+        use clap::CommandFactory;
+        Self::command().mut_args(|arg| arg.global(true))
+    }
+
+    /// Parses `args` (the program name first) as [`Cli::command_line`] reads them.
+    pub fn try_parse_args<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::FromArgMatches;
+        let mut matches = Self::command_line().try_get_matches_from(args)?;
+        Self::from_arg_matches_mut(&mut matches)
+    }
+
+    /// The process's command line ([`Cli::try_parse_args`]); exits with clap's message on
+    /// an error, and after printing `--help` or `--version`.
+    pub fn parse_args() -> Self {
+        Self::try_parse_args(std::env::args_os()).unwrap_or_else(|error| error.exit())
+    }
+}
+
 #[derive(Debug, Clone, Subcommand)]
 pub enum Command {
     /// Serve HTTP (the default when no command is given).
     Serve,
-    /// Check every invariant of docs/design.md §4 on the configured store; exit 1 on a violation.
+    /// Check every invariant of docs/design.md §4 on the configured store; exit 1 on a
+    /// violation, 2 when the store cannot be read. Reads only: the embedded store is opened
+    /// read-only (a DATA_DIR without one is an error), Elasticsearch's indices must exist.
     Audit,
     /// Print the OpenAPI document served at `/openapi.json` and exit (regenerates the
     /// committed `openapi/openapi.json`).
@@ -352,6 +382,39 @@ mod tests {
     use clap::CommandFactory;
 
     use super::*;
+
+    #[test]
+    fn settings_are_taken_after_the_subcommand_too() {
+        let after = Cli::try_parse_args(["transfer-service", "audit", "--data-dir", "/x"]).unwrap();
+        assert!(matches!(after.command, Some(Command::Audit)));
+        assert_eq!(after.config.data_dir, PathBuf::from("/x"));
+        let before =
+            Cli::try_parse_args(["transfer-service", "--data-dir", "/y", "audit"]).unwrap();
+        assert_eq!(before.config.data_dir, PathBuf::from("/y"));
+        let defaults = Cli::try_parse_args(["transfer-service", "audit"]).unwrap();
+        assert_eq!(defaults.config.data_dir, PathBuf::from("./data"));
+        let error = Cli::try_parse_args(["transfer-service", "audit", "--data-dri", "/x"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("--data-dir"), "a suggestion: {error}");
+    }
+
+    #[test]
+    fn help_says_what_the_service_is_and_audit_help_lists_the_settings() {
+        let mut command = Cli::command_line();
+        let help = command.render_help().to_string();
+        let first = help.lines().next().unwrap();
+        assert!(
+            first.contains("embedded store") && first.contains("Elasticsearch"),
+            "{first}"
+        );
+        command.build();
+        let audit = command.find_subcommand_mut("audit").unwrap();
+        let help = audit.render_long_help().to_string();
+        for flag in ["--data-dir", "--elasticsearch-url", "--audit-page-timeout"] {
+            assert!(help.contains(flag), "{flag} in:\n{help}");
+        }
+    }
 
     #[test]
     fn secrets_are_neither_in_help_nor_in_debug() {

@@ -1,6 +1,5 @@
 use std::io::Write;
 
-use clap::Parser;
 use transfer_service::config::{Cli, Command};
 use transfer_service::{app, audit, http, telemetry};
 
@@ -59,7 +58,7 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_args();
     let command = cli.command.clone().unwrap_or(Command::Serve);
     // `openapi` prints the document on stdout, where nothing else may write.
     if !matches!(command, Command::Openapi) {

@@ -10,6 +10,7 @@
 //! - [`batch`]: `POST /transfers/batch`, item by item, on the same backends;
 //! - [`currencies`]: account and transfer currencies, `currency_mismatch`, on the same backends;
 //! - [`admission`]: `MAX_IN_FLIGHT`, 503 with `Retry-After`, on the same backends;
+//! - [`cli`]: the command line: `--help`, and `audit` that only reads;
 //! - [`auth`]: API keys on every protected route, reloads, the open routes;
 //! - [`idempotency`]: the `Idempotency-Key` header on single and batch creates;
 //! - [`metadata`]: metadata on accounts and transfers, and the listing filtered by it;
@@ -32,6 +33,7 @@ mod admission;
 mod api;
 mod auth;
 mod batch;
+mod cli;
 mod currencies;
 mod es_security;
 mod events;

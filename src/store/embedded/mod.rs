@@ -32,7 +32,8 @@
 //!   recovery and the listing page past it instead of stopping there.
 //! - One process holds the file at a time (redb locks it); a second one fails to open it.
 //!
-//! Here: the store and its `Store` implementation. `commit`: the group commit; `wal`: the
+//! Here: the store and its `Store` implementation. `read_only`: the store as the auditor
+//! opens it, reading the file and writing nothing. `commit`: the group commit; `wal`: the
 //! write-ahead log and its replay; `recent`: the acknowledged writes of the open transaction;
 //! `tables`: the tables, the document encoding and the secondary indexes; `search`: the
 //! searches that walk those indexes.
@@ -59,6 +60,7 @@ use super::{
 
 mod commit;
 mod creation;
+mod read_only;
 mod recent;
 mod search;
 mod tables;
@@ -70,6 +72,7 @@ mod writes;
 pub use commit::MAX_GROUP_OPS;
 use commit::*;
 use creation::*;
+pub use read_only::ReadOnlyEmbeddedStore;
 use recent::*;
 use search::*;
 use tables::*;
@@ -252,6 +255,36 @@ impl EmbeddedStore {
     }
 }
 
+/// Up to `limit` documents of `index` in id order, after the id `after` (for
+/// [`Store::scan`]), from the file as committed: of the running store or of one opened
+/// read-only ([`ReadOnlyEmbeddedStore`]).
+fn scan_docs(
+    db: &impl ReadableDatabase,
+    index: Index,
+    after: Option<&str>,
+    limit: usize,
+) -> StoreResult<ScanPage> {
+    let txn = db.begin_read().map_err(storage)?;
+    let docs = txn.open_table(DOCS).map_err(storage)?;
+    let start = after.unwrap_or("");
+    let mut out = Vec::new();
+    for entry in docs.range((index.name(), start)..).map_err(storage)? {
+        let (key, value) = entry.map_err(storage)?;
+        let (doc_index, id) = key.value();
+        if doc_index != index.name() || out.len() == limit {
+            break;
+        }
+        if after == Some(id) {
+            continue;
+        }
+        out.push(decode(id, value.value())?);
+    }
+    let next = (out.len() == limit)
+        .then(|| out.last().map(|d| d.id.clone()))
+        .flatten();
+    Ok(ScanPage { docs: out, next })
+}
+
 /// A caller whose answer the committer dropped: it stopped part-way through the caller's group
 /// (a panic), so the outcome is unknown, as after a failed commit.
 fn committer_stopped() -> StoreError {
@@ -332,28 +365,8 @@ impl Store for EmbeddedStore {
 
     async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<ScanPage> {
         let after = after.map(str::to_owned);
-        self.search(move |db| {
-            let txn = db.begin_read().map_err(storage)?;
-            let docs = txn.open_table(DOCS).map_err(storage)?;
-            let start = after.as_deref().unwrap_or("");
-            let mut out = Vec::new();
-            for entry in docs.range((index.name(), start)..).map_err(storage)? {
-                let (key, value) = entry.map_err(storage)?;
-                let (doc_index, id) = key.value();
-                if doc_index != index.name() || out.len() == limit {
-                    break;
-                }
-                if after.as_deref() == Some(id) {
-                    continue;
-                }
-                out.push(decode(id, value.value())?);
-            }
-            let next = (out.len() == limit)
-                .then(|| out.last().map(|d| d.id.clone()))
-                .flatten();
-            Ok(ScanPage { docs: out, next })
-        })
-        .await
+        self.search(move |db| scan_docs(db, index, after.as_deref(), limit))
+            .await
     }
 
     async fn ready(&self) -> StoreResult<()> {

@@ -482,6 +482,15 @@ pub(super) fn decode(id: &str, bytes: &[u8]) -> StoreResult<Doc> {
 }
 
 pub(super) fn read_doc(db: &Database, index: Index, id: &str) -> StoreResult<Option<Doc>> {
+    read_doc_of(db, index, id)
+}
+
+/// [`read_doc`] on any redb handle (also one opened read-only).
+pub(super) fn read_doc_of(
+    db: &impl ReadableDatabase,
+    index: Index,
+    id: &str,
+) -> StoreResult<Option<Doc>> {
     let txn = db.begin_read().map_err(storage)?;
     let docs = txn.open_table(DOCS).map_err(storage)?;
     match docs.get((index.name(), id)).map_err(storage)? {
