@@ -217,11 +217,11 @@ impl Emulator {
     }
 
     /// The HTTP requests received so far, by kind (`_bulk`, document `GET`, `_search`, ...).
-    fn request_counts(&self) -> BTreeMap<&'static str, u64> {
+    fn request_counts(&self) -> BTreeMap<String, u64> {
         let running = self.running.as_ref().expect("running");
         es_emulator::KINDS
             .iter()
-            .map(|&kind| (kind, running.request_count_of(kind)))
+            .map(|&kind| (kind.to_owned(), running.request_count_of(kind)))
             .collect()
     }
 
@@ -229,6 +229,71 @@ impl Emulator {
         if let Some(running) = self.running.take() {
             self.runtime.block_on(running.shutdown());
         }
+    }
+}
+
+/// What a real cluster (`--elasticsearch`) counts of itself, from `_nodes/stats`: the HTTP
+/// requests it received by route (Elasticsearch 8.x keeps them per route), and its processes'
+/// CPU time. Summed over the nodes; a cluster from `tools/es-cluster/run` is one process, so
+/// its CPU is read from one node.
+#[derive(Debug, Clone, Default)]
+struct ClusterStats {
+    requests: BTreeMap<String, u64>,
+    cpu: Duration,
+}
+
+impl ClusterStats {
+    async fn take(client: &reqwest::Client, url: &str) -> Option<ClusterStats> {
+        let stats: serde_json::Value = client
+            .get(format!("{url}/_nodes/stats/http,process"))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        let nodes = stats["nodes"].as_object()?;
+        let mut taken = ClusterStats::default();
+        for node in nodes.values() {
+            for (route, counts) in node["http"]["routes"].as_object()? {
+                let n = counts["requests"]["count"].as_u64().unwrap_or(0);
+                *taken
+                    .requests
+                    .entry(route_kind(route).to_owned())
+                    .or_default() += n;
+            }
+        }
+        let cpu_ms = nodes.values().next()?["process"]["cpu"]["total_in_millis"].as_u64()?;
+        taken.cpu = Duration::from_millis(cpu_ms);
+        Some(taken)
+    }
+
+    fn since(&self, before: &ClusterStats) -> ClusterStats {
+        let requests = (self.requests.iter())
+            .map(|(kind, n)| {
+                (
+                    kind.clone(),
+                    n - before.requests.get(kind).copied().unwrap_or(0),
+                )
+            })
+            .collect();
+        ClusterStats {
+            requests,
+            cpu: self.cpu.saturating_sub(before.cpu),
+        }
+    }
+}
+
+/// The emulator's kind of a request to an Elasticsearch route template.
+fn route_kind(route: &str) -> &'static str {
+    match route {
+        r if r.contains("_bulk") => "bulk",
+        r if r.contains("_search") => "search",
+        r if r.contains("_refresh") => "refresh",
+        r if r.contains("_create") => "create",
+        r if r.contains("/_doc/") => "get",
+        "/{index}" => "indices",
+        _ => "other",
     }
 }
 
@@ -799,8 +864,11 @@ struct TransferPhase {
     after: Scrape,
     /// The service's utime+stime over posting and draining.
     service_cpu: Option<Duration>,
-    /// HTTP requests es-emulator received over posting and draining, by kind.
-    es_requests: Option<BTreeMap<&'static str, u64>>,
+    /// HTTP requests es-emulator or the real cluster received over posting and draining, by
+    /// kind.
+    es_requests: Option<BTreeMap<String, u64>>,
+    /// The real cluster's CPU time over posting and draining (`--elasticsearch`).
+    es_cpu: Option<Duration>,
     /// What the `--follow-events` consumer saw.
     followed: Option<feed::Followed>,
     /// What the `--webhook` receiver got, once it had every terminal event.
@@ -814,6 +882,8 @@ struct Target<'a> {
     /// The service process, when the benchmark started it.
     pid: Option<u32>,
     emulator: Option<&'a Emulator>,
+    /// The real cluster's URL (`--elasticsearch`), read for its own counts.
+    cluster: Option<String>,
     /// What the `--webhook` receiver got.
     webhook: Option<receiver::Shared>,
 }
@@ -823,6 +893,10 @@ async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> Transfer
     let before = Scrape::take(client, base).await;
     let cpu_before = target.pid.and_then(cpu_time);
     let es_before = target.emulator.map(Emulator::request_counts);
+    let cluster_before = match &target.cluster {
+        Some(url) => ClusterStats::take(client, url).await,
+        None => None,
+    };
     let (expected_terminal, expected) = tokio::sync::watch::channel(None);
     let follower = args.follow_events.then(|| {
         let give_up_after = Duration::from_secs(60);
@@ -849,6 +923,13 @@ async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> Transfer
     }
     // After the consumer caught up: its reads are part of what the feed costs.
     let cpu_after = target.pid.and_then(cpu_time);
+    let cluster = match (&target.cluster, cluster_before) {
+        (Some(url), Some(before)) => {
+            let after = ClusterStats::take(client, url).await;
+            after.map(|after| after.since(&before))
+        }
+        _ => None,
+    };
     let webhooks =
         (target.webhook.as_ref()).map(|received| received.lock().expect("receiver state").clone());
     TransferPhase {
@@ -860,13 +941,20 @@ async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> Transfer
         counted,
         after,
         service_cpu: cpu_before.zip(cpu_after).map(|(b, a)| a - b),
-        es_requests: es_before.zip(target.emulator).map(|(before, e)| {
-            let after = e.request_counts();
-            after
-                .into_iter()
-                .map(|(kind, n)| (kind, n - before.get(kind).copied().unwrap_or(0)))
-                .collect()
-        }),
+        es_cpu: cluster.as_ref().map(|c| c.cpu),
+        es_requests: es_before
+            .zip(target.emulator)
+            .map(|(before, e)| {
+                let after = e.request_counts();
+                after
+                    .into_iter()
+                    .map(|(kind, n)| {
+                        let since = n - before.get(&kind).copied().unwrap_or(0);
+                        (kind, since)
+                    })
+                    .collect()
+            })
+            .or(cluster.map(|c| c.requests)),
     }
 }
 
@@ -893,6 +981,7 @@ async fn run(args: &Args, emulator: Option<&Emulator>) -> Report {
             .unwrap_or_else(|| service.as_ref().expect("started").base.clone()),
         pid: service.as_ref().map(Service::pid),
         emulator,
+        cluster: args.elasticsearch.clone(),
         webhook: webhook.map(|(_, received)| received),
     };
     wait_ready(&target.client, &target.base).await;

@@ -37,6 +37,8 @@ pub struct Report {
     /// From the end of posting until every accepted transfer was terminal.
     drain_s: f64,
     service_cpu_us_per_transfer: Option<f64>,
+    /// The real cluster's CPU a transfer (`--elasticsearch`; it shares the machine's cores).
+    elasticsearch_cpu_us_per_transfer: Option<f64>,
     healthz_per_s: f64,
     ratio_to_healthz: f64,
     store_requests_per_transfer: Option<f64>,
@@ -236,6 +238,10 @@ impl Report {
                 "service CPU/transfer (µs)",
                 shown(self.service_cpu_us_per_transfer, 0),
             ),
+            (
+                "Elasticsearch CPU/transfer (µs)",
+                shown(self.elasticsearch_cpu_us_per_transfer, 0),
+            ),
             ("/healthz req/s", format!("{:.0}", self.healthz_per_s)),
             (
                 "ratio transfers/healthz",
@@ -329,6 +335,9 @@ impl Report {
             drain_s: phase.drain.as_secs_f64(),
             service_cpu_us_per_transfer: phase
                 .service_cpu
+                .and_then(|cpu| per_transfer(cpu.as_secs_f64() * 1e6)),
+            elasticsearch_cpu_us_per_transfer: phase
+                .es_cpu
                 .and_then(|cpu| per_transfer(cpu.as_secs_f64() * 1e6)),
             healthz_per_s,
             ratio_to_healthz: transfers_per_s / healthz_per_s,
