@@ -12,6 +12,7 @@
 mod support;
 
 mod backends;
+mod differential;
 mod embedded_crash;
 mod es_backend;
 mod paging;

@@ -184,13 +184,8 @@ pub fn parse(body: &[u8], default_index: Option<&str>) -> Result<Vec<BulkItem>, 
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let action: Value = serde_json::from_slice(line).map_err(|e| {
-            EsError::new(
-                400,
-                "x_content_parse_exception",
-                format!("[{number}:{}] {e}", e.column()),
-            )
-        })?;
+        let action: Value =
+            serde_json::from_slice(line).map_err(|e| EsError::x_content_at(&e, number))?;
         let Value::Object(action) = action else {
             return Err(malformed(
                 number,

@@ -60,13 +60,37 @@ impl Cause {
         Value::Object(out)
     }
 
-    fn deepest(&self) -> &Cause {
+    /// The `root_cause` Elasticsearch reports for this cause: the deepest cause of the chain
+    /// that is an `ElasticsearchException` (`ElasticsearchException.guessRootCauses`), so
+    /// the walk stops above a plain Java or XContent exception (`illegal_argument_exception`,
+    /// `x_content_parse_exception`, …). Observed on 8.19.21 by the differential test:
+    /// `document_parsing_exception` caused by `illegal_argument_exception` has the former as
+    /// its root cause, `parsing_exception` caused by `named_object_not_found_exception` too.
+    pub fn root(&self) -> &Cause {
         match &self.caused_by {
-            Some(inner) => inner.deepest(),
-            None => self,
+            Some(inner) if !NOT_ELASTICSEARCH_EXCEPTIONS.contains(&inner.kind.as_str()) => {
+                inner.root()
+            }
+            _ => self,
         }
     }
 }
+
+/// Exception types the emulator raises that are not `ElasticsearchException`s in
+/// Elasticsearch's Java code (JDK exceptions, and the XContent library's parse exceptions):
+/// [`Cause::root`] does not descend into them.
+const NOT_ELASTICSEARCH_EXCEPTIONS: &[&str] = &[
+    "illegal_argument_exception",
+    "illegal_state_exception",
+    "number_format_exception",
+    "arithmetic_exception",
+    "date_time_parse_exception",
+    "x_content_parse_exception",
+    "x_content_e_o_f_exception",
+    "json_parse_exception",
+    "json_e_o_f_exception",
+    "named_object_not_found_exception",
+];
 
 /// A whole-request error: `{"error":{"root_cause":[…],"type",…},"status":N}`.
 #[derive(Debug, Clone)]
@@ -109,7 +133,7 @@ impl EsError {
     pub fn envelope(&self) -> Value {
         let roots = match &self.root_causes {
             Some(list) => list.iter().map(|c| Value::Object(c.flat())).collect(),
-            None => vec![Value::Object(self.cause.deepest().flat())],
+            None => vec![Value::Object(self.cause.root().flat())],
         };
         let mut error = Map::new();
         error.insert("root_cause".into(), Value::Array(roots));
@@ -147,13 +171,28 @@ impl EsError {
         EsError::new(400, "parse_exception", reason)
     }
 
-    /// A body that is not valid JSON, or has the wrong shape.
+    /// A body that is not valid JSON, or has the wrong shape: `x_content_parse_exception`
+    /// caused by Jackson's `json_parse_exception`, or, for a body cut short,
+    /// `x_content_e_o_f_exception` caused by `json_e_o_f_exception` (8.19.21, observed by
+    /// the differential test).
     pub fn x_content(error: &serde_json::Error) -> Self {
-        EsError::new(
-            400,
-            "x_content_parse_exception",
-            format!("[{}:{}] {error}", error.line(), error.column()),
-        )
+        Self::x_content_at(error, error.line())
+    }
+
+    /// [`Self::x_content`] for a parse of line `line` of a larger body (a bulk action line).
+    pub fn x_content_at(error: &serde_json::Error, line: usize) -> Self {
+        let (kind, inner) = if error.is_eof() {
+            ("x_content_e_o_f_exception", "json_e_o_f_exception")
+        } else {
+            ("x_content_parse_exception", "json_parse_exception")
+        };
+        let reason = if error.is_eof() {
+            "Unexpected end of file".to_owned()
+        } else {
+            error.to_string()
+        };
+        EsError::new(400, kind, format!("[{line}:{}] {reason}", error.column()))
+            .caused_by(Cause::new(inner, error.to_string()))
     }
 
     /// An unknown or malformed search/query construct.
@@ -215,7 +254,7 @@ impl EsError {
             .meta("grouped", true)
             .meta("failed_shards", Value::Array(vec![failed_shard]));
         let mut error = EsError::from_cause(400, cause);
-        error.root_causes = Some(vec![inner.clone()]);
+        error.root_causes = Some(vec![inner.root().clone()]);
         error.cause.caused_by = Some(Box::new(inner));
         error
     }

@@ -142,7 +142,7 @@ pub fn info(ctx: &Ctx<'_>) -> Answer {
             "cluster_name": "es-emulator",
             "cluster_uuid": uuid,
             "version": {
-                "number": "8.19.0",
+                "number": "8.19.21",
                 "build_flavor": "default",
                 "build_type": "es-emulator (test double)",
                 "build_hash": "0000000000000000000000000000000000000000",
@@ -270,11 +270,12 @@ fn check_index_read(ctx: &Ctx<'_>) -> Result<(), EsError> {
 
 pub fn index_exists(ctx: &Ctx<'_>, index: &str) -> Answer {
     check_index_read(ctx)?;
-    let found = ctx
-        .shared
-        .cluster()
-        .resolve(index, false)
-        .is_ok_and(|names| !names.is_empty());
+    let found = match ctx.shared.cluster().resolve(index, false) {
+        Ok(names) => !names.is_empty(),
+        Err(missing) if missing.status == 404 => false,
+        // An invalid name is a 400 (its body is dropped, as for every HEAD).
+        Err(invalid) => return Err(invalid),
+    };
     Ok(empty_response(if found { 200 } else { 404 }))
 }
 
@@ -341,7 +342,7 @@ pub fn get_mapping(ctx: &Ctx<'_>, index: &str) -> Answer {
     let mut out = Map::new();
     for name in cluster.resolve(index, ignore)? {
         if let Some(state) = cluster.indices.get(&name) {
-            out.insert(name, json!({"mappings": state.mapping.tree}));
+            out.insert(name, json!({"mappings": state.mapping.shown()}));
         }
     }
     Ok(json_response(200, &Value::Object(out)))

@@ -72,7 +72,8 @@
 //!   remembers the mapping generation it was indexed with).
 //! - §10/§11 `_seq_no` per index (one shard) from 0, +1 per applied op (not for conflicts or
 //!   failed items), `_primary_term` 1, `_version` per document.
-//! - `GET|HEAD /` (cluster info, `version.number` 8.19.0), `GET /_cluster/health` (`green`, or
+//! - `GET|HEAD /` (cluster info, `version.number` 8.19.21: the version the service's
+//!   differential test compares the emulator with), `GET /_cluster/health` (`green`, or
 //!   `yellow` while some index has replicas, which a one-node cluster cannot assign; a stricter
 //!   `wait_for_status` answers 408 at once instead of waiting).
 //! - Failure injection for tests: [`RunningEmulator::fail_next`],
@@ -85,10 +86,15 @@
 //!   [`RunningEmulator::set_api_key_grant`]). Optional HTTPS with a given certificate
 //!   ([`EmulatorConfig::tls`]).
 //! - Wrong method on a known path: 405 with Elasticsearch's plain-string `error` and `Allow`;
-//!   unknown paths: 400 "no handler found for uri"; known Elasticsearch APIs this double lacks
-//!   and unrecognized URL parameters: 400 `illegal_argument_exception`; malformed JSON: 400
-//!   `x_content_parse_exception` (request bodies) or `document_parsing_exception` (document
-//!   sources); bodies up to 100 MiB (413 beyond).
+//!   paths no handler matches: 400 with a plain-string `error` "no handler found for uri" (a
+//!   first segment starting with `_` that is no API is an index name, refused with
+//!   `invalid_index_name_exception`); known Elasticsearch APIs this double lacks and
+//!   unrecognized URL parameters: 400 `illegal_argument_exception`; malformed JSON: 400
+//!   `x_content_parse_exception`, or `x_content_e_o_f_exception` for a body cut short
+//!   (request bodies, bulk action lines), or `document_parsing_exception` (document sources);
+//!   `root_cause` is the deepest Elasticsearch exception of the chain, as
+//!   `ElasticsearchException.guessRootCauses` computes it; bodies up to 100 MiB (413 beyond).
+//! - Mappings are shown as given, except `dynamic`, which Elasticsearch prints as a string.
 //!
 //! # Not implemented
 //! - §4 the `_update` API and bulk `update` (400), §9 ingest pipelines and stored scripts (a

@@ -505,6 +505,16 @@ impl Mapping {
         }
     }
 
+    /// The mapping as `GET /{index}/_mapping` and `GET /{index}` show it: as given, except
+    /// that Elasticsearch prints `dynamic` as a string (`"false"`, `"true"`, `"strict"`)
+    /// however it was sent, at the root and on object fields (observed on 8.19.21 by the
+    /// differential test, `tests/store/differential.rs` of the service).
+    pub fn shown(&self) -> Value {
+        let mut tree = self.tree.clone();
+        dynamic_as_text(&mut tree);
+        tree
+    }
+
     /// Whether `field` is mapped and was mapped when a document of generation `mapped_at`
     /// was indexed.
     pub fn indexed_in(&self, field: &str, mapped_at: u64) -> bool {
@@ -870,5 +880,22 @@ fn leaves(value: &Value, prefix: &str, f: &mut impl FnMut(&str, &Value)) {
         Value::Array(items) => items.iter().for_each(|v| leaves(v, prefix, f)),
         Value::Null => {}
         leaf => f(prefix, leaf),
+    }
+}
+
+/// `dynamic: <bool>` → `dynamic: "<bool>"` on a mapping object and on every object field
+/// under its `properties` (not on a field that happens to be named `dynamic`).
+fn dynamic_as_text(object: &mut Value) {
+    let Value::Object(map) = object else {
+        return;
+    };
+    if let Some(Value::Bool(flag)) = map.get("dynamic") {
+        let text = flag.to_string();
+        map.insert("dynamic".into(), Value::String(text));
+    }
+    if let Some(Value::Object(properties)) = map.get_mut("properties") {
+        for def in properties.values_mut() {
+            dynamic_as_text(def);
+        }
     }
 }

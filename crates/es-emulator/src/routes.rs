@@ -244,13 +244,11 @@ fn route_of(segments: &[String]) -> Route {
         ["_refresh"] => Route::Refresh(None),
         ["_search"] => Route::Search(None),
         ["_count"] => Route::Count(None),
-        [first, ..] if first.starts_with('_') => {
-            if KNOWN_APIS.contains(first) || *first == "_search" {
-                Route::Unsupported
-            } else {
-                Route::NoHandler
-            }
-        }
+        // `/_search/scroll` and the like.
+        [first, ..] if KNOWN_APIS.contains(first) || *first == "_search" => Route::Unsupported,
+        // Any other first segment is an index name, `_x` included: Elasticsearch routes
+        // `GET /_x` to the get-index API, which refuses the name (400
+        // `invalid_index_name_exception`, observed on 8.19.21), not "no handler".
         [index] => Route::Index((*index).to_owned()),
         [index, "_bulk"] => Route::Bulk(own(index)),
         [index, "_refresh"] => Route::Refresh(own(index)),
@@ -282,11 +280,14 @@ fn kind_of(route: &Route, method: &Method, params: &Params) -> &'static str {
     }
 }
 
+/// Elasticsearch's answer to a path no REST handler matches: 400 with a plain-string
+/// `error` and no `status` (observed on 8.19.21: `{"error":"no handler found for uri
+/// [/i/_doc/1/x] and method [GET]"}`).
 fn no_handler(path: &str, method: &Method) -> Response {
-    EsError::illegal_argument(format!(
-        "no handler found for uri [{path}] and method [{method}]"
-    ))
-    .into_response()
+    let body = serde_json::json!({
+        "error": format!("no handler found for uri [{path}] and method [{method}]"),
+    });
+    errors::json_response(400, &body)
 }
 
 async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {

@@ -360,7 +360,7 @@ impl IndexState {
         index.insert("version".into(), json!({"created": "8521000"}));
         json!({ &self.name: {
             "aliases": {},
-            "mappings": self.mapping.tree,
+            "mappings": self.mapping.shown(),
             "settings": {"index": index},
         }})
     }
@@ -599,6 +599,13 @@ impl Cluster {
                         names.push(name.clone());
                     }
                 }
+            } else if part.starts_with('_') {
+                // IndexNameExpressionResolver refuses a concrete name starting with `_`
+                // (observed on 8.19.21: `GET /_x` → 400 with this reason).
+                return Err(EsError::invalid_index_name(
+                    part,
+                    "must not start with '_'.",
+                ));
             } else if self.indices.contains_key(part) {
                 names.push(part.to_owned());
             } else if !ignore_unavailable {

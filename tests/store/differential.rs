@@ -1,0 +1,1340 @@
+//! The differential test (issue 27, item 4): the same sequence of raw HTTP requests — the
+//! subset of `docs/elasticsearch.md` the Elasticsearch backend sends — goes to a real
+//! Elasticsearch cluster (`crate::support::cluster::shared`) and to a fresh `es-emulator` (the
+//! TEST DOUBLE), each on index names of its own, and the answers must agree on what the
+//! backend reads: status codes, the `X-elastic-product` header, error types (and the 409
+//! reasons the backend tells apart), `_seq_no`/`_primary_term`/`_version`/`result`, bulk items
+//! in order, `found`/`_source`, search hits with their `sort` values and `hits.total`.
+//!
+//! Each area is a table of [`Step`]s: a request (with `${alias}` for an index name and
+//! `${label:/json/pointer}` for a value an earlier step of the same engine answered, so a
+//! compare-and-set uses the `_seq_no` that engine gave) and the fields to compare. The table
+//! runs on Elasticsearch first, then on the emulator; every difference of every step is
+//! listed in one failure, named by its step. Each step also names the status it is meant to
+//! provoke, checked on both engines, so a table that stopped testing what it says fails too.
+//!
+//! What is normalized, and why:
+//! - index names: each engine works on `<unique prefix><alias>`; names in values and keys are
+//!   read back as `${alias}`;
+//! - nothing else is compared unless a step names it: `took`, uuids, node names and the exact
+//!   wording of most reasons legitimately differ and the backend reads none of them;
+//! - `_seq_no` is compared as an absolute value: every index here is created by the table
+//!   itself with one primary shard, whose sequence numbers start at 0 and rise by one per
+//!   applied operation (§11), so the same requests give the same numbers on any correct
+//!   engine. An off-by-one start would be a real difference (reasons quote seq_nos too).
+//!
+//! `TEST_LOG=1` prints both answers of every step. When no cluster can run here (no
+//! `java`/`mvn`), every test returns at once after the harness said so loudly (a failure
+//! under `CI=true`).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use crate::support::{cluster, stores};
+
+/// The indices a table may name (`${alias}`), each `<engine's prefix><alias>`. `missing` is
+/// never created; `BadName` is not a valid index name.
+const ALIASES: [&str; 7] = [
+    "accounts",
+    "transactions",
+    "migrations",
+    "webhooks",
+    "scratch",
+    "missing",
+    "BadName",
+];
+
+const MIGRATION_ACCOUNTS: &str = include_str!("../../migrations/0001_accounts.json");
+const MIGRATION_TRANSACTIONS: &str = include_str!("../../migrations/0002_transactions.json");
+const MIGRATION_ATTENTION: &str = include_str!("../../migrations/0003_transactions_attention.json");
+const MIGRATION_METADATA: &str = include_str!("../../migrations/0004_transactions_metadata.json");
+const MIGRATION_ACCOUNTS_FIELD: &str =
+    include_str!("../../migrations/0005_transactions_accounts.json");
+const MIGRATION_WEBHOOKS: &str = include_str!("../../migrations/0006_webhooks.json");
+
+/// The `body` of a migration file: what the backend sends to create an index or add fields.
+fn migration_body(file: &str) -> String {
+    let step: Value = serde_json::from_str(file).expect("a migration file is JSON");
+    step["body"].to_string()
+}
+
+/// What the backend sends to create its migrations index (`migrations_index_body` in
+/// `src/store/elasticsearch/migrations.rs`).
+fn migrations_index_body() -> String {
+    json!({
+        "settings": { "number_of_shards": 1 },
+        "mappings": {
+            "dynamic": false,
+            "properties": {
+                "description": { "type": "text" },
+                "applied_at": { "type": "date" }
+            }
+        }
+    })
+    .to_string()
+}
+
+// Field patterns: `/`-separated keys; `*` is every element of an array (its length is
+// compared too) or every key of an object (the key names are compared too).
+
+/// A write answer (§0).
+const WRITE: &[&str] = &[
+    "_index",
+    "_id",
+    "_version",
+    "result",
+    "_seq_no",
+    "_primary_term",
+    "_shards",
+    "forced_refresh",
+];
+/// An error envelope (§0); `error/type` is compared on every step anyway.
+const ERROR: &[&str] = &["status", "error/root_cause/*/type"];
+/// The reason of a 409, which the backend reads to tell the conflicts apart (reply.rs).
+const REASON: &[&str] = &["error/reason"];
+/// A realtime GET (§2).
+const GOT: &[&str] = &[
+    "_index",
+    "_id",
+    "_version",
+    "_seq_no",
+    "_primary_term",
+    "found",
+    "_source",
+];
+/// A `_bulk` answer (§6): every item, in order, under its action's name.
+const BULK: &[&str] = &[
+    "errors",
+    "items/*/*/_index",
+    "items/*/*/_id",
+    "items/*/*/status",
+    "items/*/*/result",
+    "items/*/*/_version",
+    "items/*/*/_seq_no",
+    "items/*/*/_primary_term",
+    "items/*/*/error/type",
+];
+/// The reasons of failed bulk items: the backend reads those of 409s (reply.rs tells
+/// "document already exists" from "but no document was found" from a CAS mismatch).
+const ITEM_REASONS: &[&str] = &["items/*/*/error/reason"];
+/// A search answer (§7), as `hits_of`/`page_of`/`doc_of`/`sort_key_of` read it.
+const HITS: &[&str] = &[
+    "timed_out",
+    "_shards/failed",
+    "hits/total",
+    "hits/max_score",
+    "hits/hits/*/_index",
+    "hits/hits/*/_id",
+    "hits/hits/*/_seq_no",
+    "hits/hits/*/_primary_term",
+    "hits/hits/*/_version",
+    "hits/hits/*/_score",
+    "hits/hits/*/_source",
+    "hits/hits/*/sort",
+];
+/// An index creation or a mapping update (§8).
+const ACKNOWLEDGED: &[&str] = &["acknowledged", "shards_acknowledged", "index"];
+/// A refresh (§7): the backend reads `_shards.failed`.
+const SHARDS: &[&str] = &["_shards"];
+
+/// One request of a table and what to compare of its answers.
+struct Step {
+    name: &'static str,
+    method: Method,
+    /// Path and query, with `${…}` placeholders.
+    path: &'static str,
+    /// `(content type, body)`, with `${…}` placeholders.
+    body: Option<(&'static str, String)>,
+    /// The status the step is meant to provoke (on both engines).
+    status: u16,
+    compare: Vec<&'static str>,
+    /// Keeps the answer for later steps' `${label:/pointer}`.
+    save: Option<&'static str>,
+}
+
+impl Step {
+    fn new(name: &'static str, method: Method, path: &'static str) -> Self {
+        Step {
+            name,
+            method,
+            path,
+            body: None,
+            status: 200,
+            compare: Vec::new(),
+            save: None,
+        }
+    }
+
+    fn get(name: &'static str, path: &'static str) -> Self {
+        Self::new(name, Method::GET, path)
+    }
+
+    fn head(name: &'static str, path: &'static str) -> Self {
+        Self::new(name, Method::HEAD, path)
+    }
+
+    fn put(name: &'static str, path: &'static str, json: impl Into<String>) -> Self {
+        Self::new(name, Method::PUT, path).body("application/json", json)
+    }
+
+    fn post(name: &'static str, path: &'static str, json: impl Into<String>) -> Self {
+        Self::new(name, Method::POST, path).body("application/json", json)
+    }
+
+    /// `POST /_bulk` as the backend sends it: NDJSON, every line (the last one included)
+    /// ended by `\n`, with the server-side `timeout`.
+    fn bulk(name: &'static str, lines: &[&str]) -> Self {
+        let mut body = String::new();
+        for line in lines {
+            body.push_str(line);
+            body.push('\n');
+        }
+        Self::new(name, Method::POST, "/_bulk?timeout=5000ms")
+            .body("application/x-ndjson", body)
+            .compare(BULK)
+    }
+
+    fn body(mut self, content_type: &'static str, body: impl Into<String>) -> Self {
+        self.body = Some((content_type, body.into()));
+        self
+    }
+
+    fn status(mut self, status: u16) -> Self {
+        self.status = status;
+        self
+    }
+
+    fn compare(mut self, fields: &[&'static str]) -> Self {
+        self.compare.extend_from_slice(fields);
+        self
+    }
+
+    fn save(mut self, label: &'static str) -> Self {
+        self.save = Some(label);
+        self
+    }
+}
+
+/// What an engine answered to one step, reduced to the compared fields.
+#[derive(Debug, PartialEq)]
+struct Answer {
+    status: u16,
+    /// `X-elastic-product`; the backend refuses answers without it.
+    product: Option<String>,
+    /// Compared field → value (`"<absent>"` when the field is not there).
+    fields: BTreeMap<String, Value>,
+}
+
+/// One engine's run of a table.
+struct Run {
+    url: String,
+    /// `alias` → the physical index name on this engine.
+    names: Vec<(&'static str, String)>,
+    saved: BTreeMap<&'static str, Value>,
+    client: reqwest::Client,
+}
+
+impl Run {
+    fn new(url: &str, what: &str) -> Self {
+        let prefix = stores::unique_prefix(what);
+        Run {
+            url: url.trim_end_matches('/').to_owned(),
+            names: ALIASES
+                .iter()
+                .map(|a| (*a, format!("{prefix}{a}")))
+                .collect(),
+            saved: BTreeMap::new(),
+            client: reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .expect("an HTTP client"),
+        }
+    }
+
+    /// Replaces `${alias}` by this engine's index name and `${label:/pointer}` by the value
+    /// this engine answered (a string as it is, anything else as JSON).
+    fn expand(&self, step: &str, template: &str) -> String {
+        let mut out = String::new();
+        let mut rest = template;
+        while let Some(start) = rest.find("${") {
+            out.push_str(&rest[..start]);
+            let end = rest[start..]
+                .find('}')
+                .unwrap_or_else(|| panic!("step `{step}`: unclosed ${{ in {template}"))
+                + start;
+            let key = &rest[start + 2..end];
+            match key.split_once(':') {
+                Some((label, pointer)) => {
+                    let value = self
+                        .saved
+                        .get(label)
+                        .and_then(|body| body.pointer(pointer))
+                        .unwrap_or_else(|| {
+                            panic!("step `{step}`: no {pointer} in the answer saved as {label}")
+                        });
+                    match value {
+                        Value::String(text) => out.push_str(text),
+                        other => out.push_str(&other.to_string()),
+                    }
+                }
+                None => out.push_str(self.name(key)),
+            }
+            rest = &rest[end + 1..];
+        }
+        out.push_str(rest);
+        out
+    }
+
+    fn name(&self, alias: &str) -> &str {
+        self.names
+            .iter()
+            .find(|(a, _)| *a == alias)
+            .map(|(_, name)| name.as_str())
+            .unwrap_or_else(|| panic!("unknown index alias {alias}"))
+    }
+
+    /// Index names read back as `${alias}` (the longest first, though no name contains
+    /// another).
+    fn normalize(&self, value: Value) -> Value {
+        match value {
+            Value::String(text) => Value::String(self.normalize_text(&text)),
+            Value::Array(items) => {
+                Value::Array(items.into_iter().map(|v| self.normalize(v)).collect())
+            }
+            Value::Object(map) => Value::Object(
+                map.into_iter()
+                    .map(|(k, v)| (self.normalize_text(&k), self.normalize(v)))
+                    .collect(),
+            ),
+            other => other,
+        }
+    }
+
+    fn normalize_text(&self, text: &str) -> String {
+        let mut names: Vec<&(&str, String)> = self.names.iter().collect();
+        names.sort_by_key(|(_, name)| std::cmp::Reverse(name.len()));
+        names.iter().fold(text.to_owned(), |text, (alias, name)| {
+            text.replace(name.as_str(), &format!("${{{alias}}}"))
+        })
+    }
+
+    async fn send(&mut self, step: &Step) -> Answer {
+        let url = format!("{}{}", self.url, self.expand(step.name, step.path));
+        let mut request = self.client.request(step.method.clone(), &url);
+        if let Some((content_type, body)) = &step.body {
+            request = request
+                .header("content-type", *content_type)
+                .body(self.expand(step.name, body));
+        }
+        let response = request
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("step `{}`: {url}: {e}", step.name));
+        let status = response.status().as_u16();
+        let product = response
+            .headers()
+            .get("x-elastic-product")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let bytes = response.bytes().await.expect("the answer's body");
+        let body = if bytes.iter().all(u8::is_ascii_whitespace) {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+                Value::String(format!(
+                    "<not JSON> {}",
+                    String::from_utf8_lossy(&bytes).trim()
+                ))
+            })
+        };
+        if let Some(label) = step.save {
+            self.saved.insert(label, body.clone());
+        }
+        let body = self.normalize(body);
+        let mut fields = BTreeMap::new();
+        if step.method == Method::HEAD {
+            fields.insert("<body>".to_owned(), body.clone());
+        }
+        if body.is_string() {
+            fields.insert("<body>".to_owned(), body.clone());
+        }
+        for pattern in step.compare.iter().chain(&["error/type"]) {
+            let segments: Vec<&str> = pattern.split('/').collect();
+            select(&body, &segments, String::new(), &mut fields);
+        }
+        Answer {
+            status,
+            product,
+            fields,
+        }
+    }
+}
+
+/// Puts into `out` the values of `body` at `pattern` (see the pattern notes above).
+fn select(body: &Value, pattern: &[&str], at: String, out: &mut BTreeMap<String, Value>) {
+    let Some((first, rest)) = pattern.split_first() else {
+        out.insert(at, body.clone());
+        return;
+    };
+    match (*first, body) {
+        ("*", Value::Array(items)) => {
+            out.insert(format!("{at}/#len"), json!(items.len()));
+            for (i, item) in items.iter().enumerate() {
+                select(item, rest, format!("{at}/{i}"), out);
+            }
+        }
+        ("*", Value::Object(map)) => {
+            for (key, value) in map {
+                select(value, rest, format!("{at}/{key}"), out);
+            }
+        }
+        ("*", _) => {
+            out.insert(format!("{at}/*"), json!("<absent>"));
+        }
+        (key, value) => match value.get(key) {
+            Some(inner) => select(inner, rest, format!("{at}/{key}"), out),
+            None => {
+                out.insert(format!("{at}/{key}"), json!("<absent>"));
+            }
+        },
+    }
+}
+
+/// Runs `steps` on the shared real cluster and on a fresh emulator and fails with every
+/// difference, named by its step. Returns at once where no cluster can run.
+async fn differential(area: &str, steps: Vec<Step>) {
+    let Some(real_url) = cluster::shared() else {
+        return;
+    };
+    let emulator = stores::manual_emulator().await;
+    let mut real = Run::new(&real_url, "diff-es");
+    let mut emulated = Run::new(&emulator.url, "diff-emu");
+
+    let mut real_answers = Vec::with_capacity(steps.len());
+    for step in &steps {
+        real_answers.push(real.send(step).await);
+    }
+    let mut emulated_answers = Vec::with_capacity(steps.len());
+    for step in &steps {
+        emulated_answers.push(emulated.send(step).await);
+    }
+
+    let mut report = String::new();
+    for ((step, es), emu) in steps.iter().zip(&real_answers).zip(&emulated_answers) {
+        let name = step.name;
+        if std::env::var_os("TEST_LOG").is_some() {
+            eprintln!("{area} / {name}:\n  Elasticsearch {es:?}\n  emulator      {emu:?}");
+        }
+        if es.status != step.status {
+            let _ = writeln!(
+                report,
+                "step `{name}`: meant to answer {}, Elasticsearch answered {} ({:?})",
+                step.status, es.status, es.fields
+            );
+        }
+        if es.status != emu.status {
+            let _ = writeln!(
+                report,
+                "step `{name}`: status: Elasticsearch {} / emulator {}",
+                es.status, emu.status
+            );
+        }
+        if es.product != emu.product {
+            let _ = writeln!(
+                report,
+                "step `{name}`: X-elastic-product: Elasticsearch {:?} / emulator {:?}",
+                es.product, emu.product
+            );
+        }
+        let absent = json!("<field not compared on this side>");
+        for key in es.fields.keys().chain(emu.fields.keys()) {
+            let (a, b) = (
+                es.fields.get(key).unwrap_or(&absent),
+                emu.fields.get(key).unwrap_or(&absent),
+            );
+            if a != b && !report.contains(&format!("step `{name}`: {key}:")) {
+                let _ = writeln!(
+                    report,
+                    "step `{name}`: {key}: Elasticsearch {a} / emulator {b}"
+                );
+            }
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "{area}: the emulator and Elasticsearch answer differently \
+         (Elasticsearch is right):\n{report}"
+    );
+}
+
+/// Creates the backend's data indices with the migrations' own bodies, as steps.
+fn create_indices() -> Vec<Step> {
+    vec![
+        Step::put(
+            "create accounts (migration 0001)",
+            "/${accounts}",
+            migration_body(MIGRATION_ACCOUNTS),
+        )
+        .compare(ACKNOWLEDGED),
+        Step::put(
+            "create transactions (migration 0002)",
+            "/${transactions}",
+            migration_body(MIGRATION_TRANSACTIONS),
+        )
+        .compare(ACKNOWLEDGED),
+        Step::put(
+            "map attention (migration 0003)",
+            "/${transactions}/_mapping",
+            migration_body(MIGRATION_ATTENTION),
+        )
+        .compare(ACKNOWLEDGED),
+        Step::put(
+            "map metadata (migration 0004)",
+            "/${transactions}/_mapping",
+            migration_body(MIGRATION_METADATA),
+        )
+        .compare(ACKNOWLEDGED),
+        Step::put(
+            "map accounts (migration 0005)",
+            "/${transactions}/_mapping",
+            migration_body(MIGRATION_ACCOUNTS_FIELD),
+        )
+        .compare(ACKNOWLEDGED),
+    ]
+}
+
+fn account(id: &str, balance: i64) -> String {
+    json!({
+        "account_id": id,
+        "balance": balance,
+        "floor": 0,
+        "opening_balance": balance,
+        "pending_transactions": ["t-pending"],
+        "pending_applied_at": [1_767_225_600_000_i64],
+        "pending_credits": 0,
+        "pending_debits": 5,
+        "settled_transactions": [{"id": "t-old", "at": 1}],
+        "creation_time": "2026-01-01T00:00:00.000Z",
+        "modification_time": "2026-01-01T00:00:00.000Z",
+    })
+    .to_string()
+}
+
+/// A transfer document as the engine writes it; `extra` adds or replaces fields.
+fn transfer(id: &str, state: &str, created_ms: i64, modified_ms: i64, extra: Value) -> String {
+    let mut doc = json!({
+        "transaction_id": id,
+        "src_acct": "a1",
+        "dest_acct": "a2",
+        "amount": 5,
+        "transaction_state": state,
+        "lease_owner": "worker-1",
+        "lease_expires_at": transfer_service::store::format_millis(modified_ms + 30_000),
+        "request_fingerprint": "f00d",
+        "creation_time": transfer_service::store::format_millis(created_ms),
+        "modification_time": transfer_service::store::format_millis(modified_ms),
+    });
+    for (key, value) in extra.as_object().expect("extra fields are an object") {
+        if value.is_null() {
+            doc.as_object_mut().unwrap().remove(key);
+        } else {
+            doc[key] = value.clone();
+        }
+    }
+    doc.to_string()
+}
+
+/// Index creation, `HEAD`, mapping additions and the migration records (§8, §1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn index_creation_and_mapping_additions_match_elasticsearch() {
+    let mut steps = vec![
+        // On the launcher's nodes `GET /` is a small plugin of the launcher answering with
+        // the server's own build values (docs/elasticsearch.md), so only those are compared.
+        Step::get("cluster info", "/").compare(&["version/number", "version/lucene_version"]),
+        Step::head("HEAD of an index not created yet", "/${accounts}").status(404),
+        Step::put(
+            "create the migrations index",
+            "/${migrations}",
+            migrations_index_body(),
+        )
+        .compare(ACKNOWLEDGED),
+    ];
+    steps.extend(create_indices());
+    steps.extend([
+        Step::head("HEAD of a created index", "/${accounts}"),
+        Step::put(
+            "create an index that exists",
+            "/${accounts}",
+            migration_body(MIGRATION_ACCOUNTS),
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::put(
+            "create webhooks (migration 0006)",
+            "/${webhooks}",
+            migration_body(MIGRATION_WEBHOOKS),
+        )
+        .compare(ACKNOWLEDGED),
+        Step::get("read the accounts mapping", "/${accounts}/_mapping").compare(&["*"]),
+        Step::get("read the transactions mapping", "/${transactions}/_mapping").compare(&["*"]),
+        Step::put(
+            "map attention again (a restart's migration)",
+            "/${transactions}/_mapping",
+            migration_body(MIGRATION_ATTENTION),
+        )
+        .compare(ACKNOWLEDGED),
+        Step::put(
+            "change a mapped field's type",
+            "/${transactions}/_mapping",
+            r#"{"properties":{"attention":{"type":"long"}}}"#,
+        )
+        .status(400)
+        .compare(ERROR)
+        .compare(REASON),
+        Step::get(
+            "the refused change left the mapping as it was",
+            "/${transactions}/_mapping",
+        )
+        .compare(&["*"]),
+        Step::put(
+            "map a field on a missing index",
+            "/${missing}/_mapping",
+            migration_body(MIGRATION_ATTENTION),
+        )
+        .status(404)
+        .compare(ERROR),
+        Step::get(
+            "read the mapping of a missing index",
+            "/${missing}/_mapping",
+        )
+        .status(404)
+        .compare(ERROR),
+        Step::head("HEAD of a missing index", "/${missing}").status(404),
+        Step::put(
+            "create an index with an invalid name",
+            "/${BadName}",
+            migration_body(MIGRATION_ACCOUNTS),
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::put(
+            "record migration 0001",
+            "/${migrations}/_create/0001_accounts",
+            r#"{"description":"accounts","applied_at":"2026-01-01T00:00:00.000Z"}"#,
+        )
+        .status(201)
+        .compare(WRITE),
+        Step::put(
+            "record migration 0001 again (another instance)",
+            "/${migrations}/_create/0001_accounts",
+            r#"{"description":"accounts","applied_at":"2026-01-01T00:00:01.000Z"}"#,
+        )
+        .status(409)
+        .compare(ERROR)
+        .compare(REASON),
+        Step::get(
+            "read the record",
+            "/${migrations}/_doc/0001_accounts?realtime=true",
+        )
+        .compare(GOT),
+        Step::get(
+            "read a record not written",
+            "/${migrations}/_doc/0006_webhooks?realtime=true",
+        )
+        .status(404)
+        .compare(GOT),
+    ]);
+    differential("index creation and mapping additions", steps).await;
+}
+
+/// `op_type=create`, `_create`, and index with `if_seq_no`/`if_primary_term` (§1, §3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_and_compare_and_set_match_elasticsearch() {
+    let mut steps = create_indices();
+    steps.extend([
+        Step::put(
+            "create a new id with op_type=create",
+            "/${accounts}/_doc/a1?op_type=create",
+            account("a1", 100),
+        )
+        .status(201)
+        .compare(WRITE)
+        .save("a1"),
+        Step::put(
+            "create an existing id with op_type=create",
+            "/${accounts}/_doc/a1?op_type=create",
+            account("a1", 999),
+        )
+        .status(409)
+        .compare(ERROR)
+        .compare(REASON),
+        Step::put(
+            "create a new id with _create",
+            "/${accounts}/_create/a2",
+            account("a2", 50),
+        )
+        .status(201)
+        .compare(WRITE)
+        .save("a2"),
+        Step::post(
+            "create an existing id with POST _create",
+            "/${accounts}/_create/a2",
+            account("a2", 1),
+        )
+        .status(409)
+        .compare(ERROR)
+        .compare(REASON),
+        Step::put(
+            "index with the current seq_no and term",
+            "/${accounts}/_doc/a1?if_seq_no=${a1:/_seq_no}&if_primary_term=${a1:/_primary_term}",
+            account("a1", 90),
+        )
+        .compare(WRITE)
+        .save("a1v2"),
+        Step::put(
+            "index with a stale seq_no",
+            "/${accounts}/_doc/a1?if_seq_no=${a1:/_seq_no}&if_primary_term=${a1:/_primary_term}",
+            account("a1", 80),
+        )
+        .status(409)
+        .compare(ERROR)
+        .compare(REASON),
+        Step::put(
+            "index with the current seq_no and another term",
+            "/${accounts}/_doc/a1?if_seq_no=${a1v2:/_seq_no}&if_primary_term=7",
+            account("a1", 80),
+        )
+        .status(409)
+        .compare(ERROR)
+        .compare(REASON),
+        Step::put(
+            "index a missing document with a seq_no and term",
+            "/${accounts}/_doc/ghost?if_seq_no=${a1v2:/_seq_no}&if_primary_term=1",
+            account("ghost", 1),
+        )
+        .status(409)
+        .compare(ERROR)
+        .compare(REASON),
+        Step::get(
+            "the missing document stays missing",
+            "/${accounts}/_doc/ghost",
+        )
+        .status(404)
+        .compare(GOT),
+        Step::put(
+            "index with if_seq_no and no term",
+            "/${accounts}/_doc/a1?if_seq_no=${a1v2:/_seq_no}",
+            account("a1", 70),
+        )
+        .status(400)
+        .compare(ERROR)
+        .compare(REASON),
+        Step::put(
+            "index with a term and no if_seq_no",
+            "/${accounts}/_doc/a1?if_primary_term=1",
+            account("a1", 70),
+        )
+        .status(400)
+        .compare(ERROR)
+        .compare(REASON),
+        Step::put(
+            "create with a seq_no and term",
+            "/${accounts}/_create/a3?if_seq_no=0&if_primary_term=1",
+            account("a3", 1),
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::put(
+            "index with a negative seq_no",
+            "/${accounts}/_doc/a1?if_seq_no=-5&if_primary_term=1",
+            account("a1", 70),
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::put(
+            "index an existing id without a condition",
+            "/${accounts}/_doc/a2",
+            account("a2", 40),
+        )
+        .compare(WRITE),
+        Step::put(
+            "index the same source again",
+            "/${accounts}/_doc/a2",
+            account("a2", 40),
+        )
+        .compare(WRITE),
+        Step::put(
+            "index with refresh=true",
+            "/${accounts}/_doc/a4?refresh=true",
+            account("a4", 4),
+        )
+        .status(201)
+        .compare(WRITE),
+        Step::get(
+            "read the conditionally indexed document",
+            "/${accounts}/_doc/a1",
+        )
+        .compare(GOT),
+        Step::put(
+            "create in a missing index (auto-created)",
+            "/${scratch}/_doc/x?op_type=create",
+            r#"{"note":"auto-created"}"#,
+        )
+        .status(201)
+        .compare(WRITE),
+    ]);
+    differential("create and compare-and-set", steps).await;
+}
+
+/// `_bulk` as the backend sends it: `create` and conditional `index` items, mixed outcomes,
+/// and the requests refused as a whole (§6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_with_mixed_outcomes_matches_elasticsearch() {
+    let mut steps = create_indices();
+    let a1 = account("a1", 100);
+    let a2 = account("a2", 100);
+    let t1 = transfer("t1", "pending", 1_000, 1_000, json!({}));
+    let t2 = transfer("t2", "pending", 2_000, 2_000, json!({}));
+    let a1_debited = account("a1", 95);
+    let a2_credited = account("a2", 105);
+    let t1_committed = transfer("t1", "committed", 1_000, 3_000, json!({}));
+    steps.extend([
+        Step::bulk(
+            "bulk: three creates",
+            &[
+                r#"{"create":{"_index":"${accounts}","_id":"a1"}}"#,
+                &a1,
+                r#"{"create":{"_index":"${transactions}","_id":"t1"}}"#,
+                &t1,
+                r#"{"create":{"_index":"${accounts}","_id":"a2"}}"#,
+                &a2,
+            ],
+        )
+        .save("b1"),
+        Step::bulk(
+            "bulk: mixed outcomes, a conflict in the middle",
+            &[
+                r#"{"index":{"_index":"${accounts}","_id":"a1","if_seq_no":${b1:/items/0/create/_seq_no},"if_primary_term":${b1:/items/0/create/_primary_term}}}"#,
+                &a1_debited,
+                r#"{"create":{"_index":"${transactions}","_id":"t1"}}"#,
+                &t1,
+                r#"{"index":{"_index":"${accounts}","_id":"a2","if_seq_no":${b1:/items/0/create/_seq_no},"if_primary_term":1}}"#,
+                &a2_credited,
+                r#"{"create":{"_index":"${transactions}","_id":"t2"}}"#,
+                &t2,
+                r#"{"index":{"_index":"${accounts}","_id":"ghost","if_seq_no":0,"if_primary_term":1}}"#,
+                &a2,
+                r#"{"index":{"_index":"${transactions}","_id":"t1","if_seq_no":${b1:/items/1/create/_seq_no},"if_primary_term":${b1:/items/1/create/_primary_term}}}"#,
+                &t1_committed,
+                r#"{"index":{"_index":"${accounts}","_id":"a2","if_seq_no":${b1:/items/2/create/_seq_no},"if_primary_term":${b1:/items/2/create/_primary_term}}}"#,
+                &a2_credited,
+            ],
+        )
+        .compare(ITEM_REASONS)
+        .save("b2"),
+        Step::get("a1 after the bulk", "/${accounts}/_doc/a1?realtime=true").compare(GOT),
+        Step::get("a2 after the bulk", "/${accounts}/_doc/a2?realtime=true").compare(GOT),
+        Step::get("t1 after the bulk", "/${transactions}/_doc/t1?realtime=true").compare(GOT),
+        Step::get(
+            "the CAS on a missing id created nothing",
+            "/${accounts}/_doc/ghost?realtime=true",
+        )
+        .status(404)
+        .compare(GOT),
+        Step::bulk(
+            "bulk: the same CAS twice in one request",
+            &[
+                r#"{"index":{"_index":"${transactions}","_id":"t2","if_seq_no":${b2:/items/3/create/_seq_no},"if_primary_term":1}}"#,
+                &t2,
+                r#"{"index":{"_index":"${transactions}","_id":"t2","if_seq_no":${b2:/items/3/create/_seq_no},"if_primary_term":1}}"#,
+                &t2,
+            ],
+        )
+        .compare(ITEM_REASONS),
+        Step::bulk(
+            "bulk: a source that does not fit the mapping fails its item alone",
+            &[
+                r#"{"create":{"_index":"${accounts}","_id":"a5"}}"#,
+                r#"{"account_id":"a5","balance":"not a number"}"#,
+                r#"{"create":{"_index":"${accounts}","_id":"a6"}}"#,
+                &account("a6", 6),
+            ],
+        ),
+        Step::bulk(
+            "bulk: a create with a seq_no fails the whole request",
+            &[
+                r#"{"create":{"_index":"${accounts}","_id":"a7"}}"#,
+                &account("a7", 7),
+                r#"{"create":{"_index":"${accounts}","_id":"a8","if_seq_no":1,"if_primary_term":1}}"#,
+                &account("a8", 8),
+            ],
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::get(
+            "nothing of a refused bulk was applied",
+            "/${accounts}/_doc/a7?realtime=true",
+        )
+        .status(404)
+        .compare(GOT),
+        Step::post(
+            "bulk: no final newline",
+            "/_bulk",
+            format!(
+                "{}\n{}",
+                r#"{"create":{"_index":"${accounts}","_id":"a9"}}"#,
+                account("a9", 9)
+            ),
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::post(
+            "bulk: an action line cut short (EOF)",
+            "/_bulk",
+            "{\"create\":{\"_index\":\"${accounts}\",\"_id\":\n{}\n",
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::post(
+            "bulk: an unknown action",
+            "/_bulk",
+            "{\"upsert\":{\"_index\":\"${accounts}\",\"_id\":\"x\"}}\n{}\n",
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::post("bulk: an empty body", "/_bulk", "")
+            .status(400)
+            .compare(ERROR),
+    ]);
+    differential("bulk", steps).await;
+}
+
+/// Realtime gets: found before any refresh, absent document, missing index (§2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realtime_gets_match_elasticsearch() {
+    let mut steps = create_indices();
+    let a1 = account("a1", 100);
+    steps.extend([
+        Step::bulk(
+            "bulk: create a1 (not refreshed)",
+            &[r#"{"create":{"_index":"${accounts}","_id":"a1"}}"#, &a1],
+        ),
+        Step::get(
+            "get a document written and not refreshed",
+            "/${accounts}/_doc/a1?realtime=true",
+        )
+        .compare(GOT),
+        Step::get("get with the default realtime", "/${accounts}/_doc/a1").compare(GOT),
+        Step::get(
+            "get an absent document",
+            "/${accounts}/_doc/absent?realtime=true",
+        )
+        .status(404)
+        .compare(GOT),
+        Step::get(
+            "get from a missing index",
+            "/${missing}/_doc/a1?realtime=true",
+        )
+        .status(404)
+        .compare(ERROR)
+        .compare(&["error/reason", "error/index", "error/resource.id"]),
+        Step::head("HEAD of a document", "/${accounts}/_doc/a1"),
+        Step::head("HEAD of an absent document", "/${accounts}/_doc/absent").status(404),
+    ]);
+    differential("realtime get", steps).await;
+}
+
+/// The backend's searches (listing, recovery, the feed, scans) with `search_after` paging,
+/// after an explicit refresh (§7).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn searches_with_search_after_match_elasticsearch() {
+    let mut steps = create_indices();
+    let t = |id, state, created, modified, extra| transfer(id, state, created, modified, extra);
+    let docs = [
+        t("t1", "committed", 1_000, 9_000, json!({})),
+        t("t2", "pending", 2_000, 2_000, json!({"lease_owner": null})),
+        t(
+            "t3",
+            "pending",
+            3_000,
+            3_000,
+            json!({"attention": "legs disagree"}),
+        ),
+        t(
+            "t4",
+            "committed",
+            4_000,
+            4_000,
+            json!({"metadata": {"order": "o-1", "desk": "fx"}}),
+        ),
+        t(
+            "t5",
+            "rolled_back",
+            5_000,
+            5_000,
+            json!({"src_acct": "b1", "dest_acct": "b2", "accounts": ["b1", "a1", "b2"]}),
+        ),
+        // Same creation time as t5: the id breaks the tie.
+        t(
+            "t6",
+            "pending",
+            5_000,
+            6_000,
+            json!({"src_acct": "b3", "dest_acct": "a1"}),
+        ),
+    ];
+    let mut bulk_lines: Vec<String> = Vec::new();
+    for (i, doc) in docs.iter().enumerate() {
+        bulk_lines.push(format!(
+            r#"{{"create":{{"_index":"${{transactions}}","_id":"t{}"}}}}"#,
+            i + 1
+        ));
+        bulk_lines.push(doc.clone());
+    }
+    for id in ["a3", "a1", "a2"] {
+        bulk_lines.push(format!(
+            r#"{{"create":{{"_index":"${{accounts}}","_id":"{id}"}}}}"#
+        ));
+        bulk_lines.push(account(id, 10));
+    }
+    let lines: Vec<&str> = bulk_lines.iter().map(String::as_str).collect();
+    let list_by_account = |after: Option<&str>| {
+        let mut body = json!({
+            "size": 2,
+            "seq_no_primary_term": true,
+            "track_total_hits": false,
+            "query": {"bool": {"filter": [], "should": [
+                {"term": {"src_acct": "a1"}},
+                {"term": {"dest_acct": "a1"}},
+                {"term": {"accounts": "a1"}},
+            ], "minimum_should_match": 1}},
+            "sort": [{"creation_time": "desc"}, {"transaction_id": "desc"}],
+        })
+        .to_string();
+        if let Some(after) = after {
+            body = body.replacen('{', &format!(r#"{{"search_after":{after},"#), 1);
+        }
+        body
+    };
+    let filtered = |clause: Value| {
+        json!({
+            "size": 10,
+            "seq_no_primary_term": true,
+            "track_total_hits": false,
+            "query": {"bool": {"filter": [clause]}},
+            "sort": [{"creation_time": "desc"}, {"transaction_id": "desc"}],
+        })
+        .to_string()
+    };
+    let scan = |after: Option<&str>| {
+        let mut body = json!({
+            "size": 2,
+            "seq_no_primary_term": true,
+            "track_total_hits": false,
+            "query": {"match_all": {}},
+            "sort": [{"account_id": "asc"}],
+            "timeout": "5000ms",
+        });
+        if let Some(after) = after {
+            body["search_after"] = json!([after]);
+        }
+        body.to_string()
+    };
+    steps.extend([
+        Step::bulk("bulk: six transfers and three accounts", &lines),
+        Step::new(
+            "refresh both indices",
+            Method::POST,
+            "/${accounts},${transactions}/_refresh",
+        )
+        .compare(SHARDS),
+        Step::post(
+            "list by account: page 1",
+            "/${transactions}/_search",
+            list_by_account(None),
+        )
+        .compare(HITS)
+        .save("p1"),
+        Step::post(
+            "list by account: page 2 (search_after)",
+            "/${transactions}/_search",
+            list_by_account(Some("${p1:/hits/hits/1/sort}")),
+        )
+        .compare(HITS)
+        .save("p2"),
+        Step::post(
+            "list by account: page 3 (past the end)",
+            "/${transactions}/_search",
+            list_by_account(Some("${p2:/hits/hits/1/sort}")),
+        )
+        .compare(HITS),
+        Step::post(
+            "list by state",
+            "/${transactions}/_search",
+            filtered(json!({"term": {"transaction_state": "pending"}})),
+        )
+        .compare(HITS),
+        Step::post(
+            "list those needing attention (exists)",
+            "/${transactions}/_search",
+            filtered(json!({"exists": {"field": "attention"}})),
+        )
+        .compare(HITS),
+        Step::post(
+            "list by a metadata key (flattened)",
+            "/${transactions}/_search",
+            filtered(json!({"term": {"metadata.order": "o-1"}})),
+        )
+        .compare(HITS),
+        Step::post(
+            "find stale (terms, range, must_not exists)",
+            "/${transactions}/_search",
+            json!({
+                "size": 10,
+                "seq_no_primary_term": true,
+                "track_total_hits": false,
+                "timeout": "5000ms",
+                "query": {"bool": {
+                    "filter": [{"terms": {"transaction_state": ["pending", "rolled_back"]}}],
+                    "should": [
+                        {"range": {"modification_time": {"lt": 4_500, "format": "epoch_millis"}}},
+                        {"bool": {"must_not": {"exists": {"field": "lease_owner"}}}},
+                    ],
+                    "minimum_should_match": 1,
+                }},
+                "sort": [{"modification_time": "asc"}, {"transaction_id": "asc"}],
+            })
+            .to_string(),
+        )
+        .compare(HITS)
+        .save("stale"),
+        Step::post(
+            "find stale: after the first hit",
+            "/${transactions}/_search",
+            json!({
+                "size": 10,
+                "seq_no_primary_term": true,
+                "track_total_hits": false,
+                "query": {"bool": {
+                    "filter": [{"terms": {"transaction_state": ["pending", "rolled_back"]}}],
+                    "should": [
+                        {"range": {"modification_time": {"lt": 4_500, "format": "epoch_millis"}}},
+                        {"bool": {"must_not": {"exists": {"field": "lease_owner"}}}},
+                    ],
+                    "minimum_should_match": 1,
+                }},
+                "sort": [{"modification_time": "asc"}, {"transaction_id": "asc"}],
+                "search_after": "${stale:/hits/hits/0/sort}",
+            })
+            .to_string()
+            .replace(r#""${stale:/hits/hits/0/sort}""#, "${stale:/hits/hits/0/sort}"),
+        )
+        .compare(HITS),
+        Step::post(
+            "the change feed below a horizon",
+            "/${transactions}/_search",
+            json!({
+                "size": 3,
+                "seq_no_primary_term": true,
+                "track_total_hits": false,
+                "query": {"bool": {"filter": [
+                    {"range": {"modification_time": {"lt": 6_000, "format": "epoch_millis"}}}
+                ]}},
+                "sort": [{"modification_time": "asc"}, {"transaction_id": "asc"}],
+            })
+            .to_string(),
+        )
+        .compare(HITS),
+        Step::post(
+            "the change feed's newest entry",
+            "/${transactions}/_search",
+            json!({
+                "size": 1,
+                "seq_no_primary_term": true,
+                "track_total_hits": false,
+                "query": {"bool": {"filter": [
+                    {"range": {"modification_time": {"lt": 100_000, "format": "epoch_millis"}}}
+                ]}},
+                "sort": [{"modification_time": "desc"}, {"transaction_id": "desc"}],
+            })
+            .to_string(),
+        )
+        .compare(HITS),
+        Step::post("scan accounts: page 1", "/${accounts}/_search", scan(None))
+            .compare(HITS)
+            .save("s1"),
+        Step::post(
+            "scan accounts: page 2",
+            "/${accounts}/_search",
+            scan(Some("${s1:/hits/hits/1/sort/0}")),
+        )
+        .compare(HITS),
+        Step::post(
+            "a search counting hits (the default track_total_hits)",
+            "/${transactions}/_search",
+            r#"{"query":{"term":{"transaction_state":"pending"}},"sort":[{"transaction_id":"asc"}]}"#,
+        )
+        .compare(HITS),
+        Step::post(
+            "a search without a sort (scores)",
+            "/${transactions}/_search",
+            r#"{"query":{"bool":{"filter":[{"term":{"transaction_state":"committed"}}]}},"track_total_hits":true}"#,
+        )
+        .compare(&["hits/total", "hits/max_score", "hits/hits/*/_score"]),
+        Step::post(
+            "search a missing index",
+            "/${missing}/_search",
+            r#"{"query":{"match_all":{}}}"#,
+        )
+        .status(404)
+        .compare(ERROR),
+        Step::new(
+            "refresh an existing and a missing index",
+            Method::POST,
+            "/${accounts},${missing}/_refresh",
+        )
+        .status(404)
+        .compare(ERROR),
+        Step::new("refresh a missing index", Method::POST, "/${missing}/_refresh")
+            .status(404)
+            .compare(ERROR),
+        Step::new("refresh one index", Method::POST, "/${transactions}/_refresh").compare(SHARDS),
+    ]);
+    differential("search and refresh", steps).await;
+}
+
+/// Requests the cluster refuses: malformed JSON, bad queries, unknown parameters and
+/// indices (§10).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_requests_match_elasticsearch() {
+    let mut steps = create_indices();
+    let t1 = transfer("t1", "pending", 1_000, 1_000, json!({}));
+    steps.extend([
+        // A shard with no value for a field rewrites a range on it to "match none" before
+        // parsing its bounds, so the index gets a document first.
+        Step::bulk(
+            "bulk: one transfer",
+            &[r#"{"create":{"_index":"${transactions}","_id":"t1"}}"#, &t1],
+        ),
+        Step::new("refresh", Method::POST, "/${transactions}/_refresh").compare(SHARDS),
+        Step::post(
+            "search with a body cut short",
+            "/${transactions}/_search",
+            r#"{"query": {"match_all": {}"#,
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::post(
+            "search with an unexpected character",
+            "/${transactions}/_search",
+            r#"{"query" {}}"#,
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::post(
+            "search with an unknown query type",
+            "/${transactions}/_search",
+            r#"{"query":{"no_such_query":{"f":1}}}"#,
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::post(
+            "search with an unknown top-level key",
+            "/${transactions}/_search",
+            r#"{"querry":{"match_all":{}}}"#,
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::post(
+            "sort on an unmapped field",
+            "/${transactions}/_search",
+            r#"{"query":{"match_all":{}},"sort":[{"no_such_field":"asc"}]}"#,
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::post(
+            "search_after with the wrong number of values",
+            "/${transactions}/_search",
+            r#"{"query":{"match_all":{}},"sort":[{"creation_time":"asc"},{"transaction_id":"asc"}],"search_after":[1]}"#,
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::post(
+            "a range on a date with a bad value",
+            "/${transactions}/_search",
+            r#"{"query":{"range":{"creation_time":{"lt":"not a date"}}}}"#,
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::post(
+            "from + size beyond the result window",
+            "/${transactions}/_search",
+            r#"{"from":9999,"size":2,"query":{"match_all":{}}}"#,
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::put(
+            "a document that is malformed JSON",
+            "/${accounts}/_doc/a1",
+            r#"{"account_id": "a1", "balance": "#,
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::put(
+            "a document that does not fit the mapping",
+            "/${accounts}/_doc/a1",
+            r#"{"account_id":"a1","balance":"lots"}"#,
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::put(
+            "create an index with malformed JSON",
+            "/${scratch}",
+            r#"{"mappings": "#,
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::put(
+            "create an index with an unknown field type",
+            "/${scratch}",
+            r#"{"mappings":{"properties":{"f":{"type":"no_such_type"}}}}"#,
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::get(
+            "an unknown URL parameter",
+            "/${accounts}/_doc/a1?no_such_parameter=1",
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::new("a wrong method on _bulk", Method::DELETE, "/_bulk")
+            .status(405)
+            .compare(&["error", "status"]),
+        Step::get("an index name starting with _", "/_no_such_endpoint")
+            .status(400)
+            .compare(&["error", "status"]),
+        Step::head("HEAD of an index name starting with _", "/_no_such_endpoint").status(400),
+        Step::get("a path no handler matches", "/${accounts}/_doc/a1/extra")
+            .status(400)
+            .compare(&["error", "status"]),
+        Step::post(
+            "bulk: an action line with an unexpected character",
+            "/_bulk",
+            "{\"create\" {}}\n{}\n",
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::post(
+            "search an unknown index",
+            "/${missing}/_search",
+            r#"{"query":{"match_all":{}}}"#,
+        )
+        .status(404)
+        .compare(ERROR)
+        .compare(&["error/index", "error/resource.type", "error/resource.id"]),
+    ]);
+    differential("refused requests", steps).await;
+}
