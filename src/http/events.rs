@@ -14,7 +14,7 @@ use super::error::{ApiError, Problem};
 use super::transfers::{parse_wait, Transfer};
 use super::{AppState, QueryParams};
 use crate::store::format_millis;
-use crate::transfer::feed::FeedEvent;
+use crate::transfer::feed::{CursorRefused, FeedEvent};
 use crate::transfer::model::TransferDoc;
 
 pub fn router() -> Router<AppState> {
@@ -114,11 +114,7 @@ pub async fn list_events(
     let mut wait = std::time::Duration::ZERO;
     for (key, value) in &query {
         match key.as_str() {
-            "after" => {
-                after = Some(state.engine.parse_feed_cursor(value).ok_or_else(|| {
-                    ApiError::Invalid("`after` is not a cursor this service issued".into())
-                })?)
-            }
+            "after" => after = Some(value.as_str()),
             "limit" => limit = super::parse_limit(value, MAX_LIMIT)?,
             "wait" => wait = parse_wait(value)?,
             other => {
@@ -129,9 +125,21 @@ pub async fn list_events(
             }
         }
     }
+    // Read first: the cursors of the page carry it.
+    state.engine.store_identity().await?;
+    let after = match after {
+        None => None,
+        Some(text) => match state.engine.check_feed_cursor(text).await {
+            Ok(position) => position,
+            Err(CursorRefused::Store(error)) => return Err(error.into()),
+            Err(refused) => return Err(ApiError::Invalid(format!("`after`: {refused}"))),
+        },
+    };
     let page = state.engine.events_page(after, limit, wait).await?;
     Ok(Json(EventPage {
         items: Event::from_feed(page.items),
-        next_cursor: page.next.map(|position| position.encode()),
+        next_cursor: page
+            .next
+            .map(|position| state.engine.feed_cursor(&position)),
     }))
 }

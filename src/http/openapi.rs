@@ -98,15 +98,18 @@ pub struct Wait(#[allow(dead_code)] String);
 )]
 pub struct Cursor(#[allow(dead_code)] String);
 
-/// The `next_cursor` of the previous page of `GET /events`, passed back as `after`: on the
-/// embedded store the position of a write (`<digits>`), on Elasticsearch
-/// `<modification time, ms since the epoch>~<id>`. Only cursors of this service's backend are
-/// accepted.
+/// The `next_cursor` of the previous page of `GET /events`, passed back as `after`:
+/// `<store identity>~<position>`, where the identity is the store's (the embedded store's id,
+/// the Elasticsearch transfers index's uuid) and the position, on the embedded store, that of
+/// a write (`<digits>`), on Elasticsearch `<modification time, ms since the epoch>~<id>`.
+/// `now` is the end of the feed. Only cursors of this service's backend and store are
+/// accepted, and none past the end of its feed (a 422 says why); a position without an
+/// identity (as issued before cursors carried one) is taken as this store's.
 #[derive(ToSchema)]
 #[schema(
     value_type = String,
-    pattern = r"^(?:[0-9]{1,20}|[0-9]{1,15}~(?:[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,126}|\.\.[A-Za-z0-9._:-]{1,126}))$",
-    example = "1042"
+    pattern = r"^(?:now|(?:[0-9]{0,63}[A-Za-z_-][A-Za-z0-9_-]{0,64}~)?(?:[0-9]{1,20}|[0-9]{1,15}~(?:[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,126}|\.\.[A-Za-z0-9._:-]{1,126})))$",
+    example = "e3f1a2b4c5d6e7f8~1042"
 )]
 pub struct FeedCursor(#[allow(dead_code)] String);
 

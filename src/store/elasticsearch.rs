@@ -70,7 +70,7 @@ use bytes::Bytes;
 use elasticsearch::auth::Credentials;
 use elasticsearch::http::headers::{HeaderValue, CONTENT_TYPE};
 use elasticsearch::http::transport::{SingleNodeConnectionPool, TransportBuilder};
-use elasticsearch::indices::IndicesRefreshParts;
+use elasticsearch::indices::{IndicesGetParts, IndicesRefreshParts};
 use elasticsearch::{BulkParts, Elasticsearch, GetParts, SearchParts};
 use serde_json::{json, Map, Value};
 use url::Url;
@@ -722,6 +722,31 @@ impl Store for ElasticsearchStore {
             return Ok(());
         }
         check_refreshed(op, reply)
+    }
+
+    /// The transfers index's uuid (`GET /<index>`: `settings.index.uuid`), which a restore or
+    /// a re-creation of the index changes.
+    async fn identity(&self) -> StoreResult<Option<String>> {
+        let op = "identity";
+        let index = self.index_name(Index::Transactions);
+        let sent = self
+            .client
+            .indices()
+            .get(IndicesGetParts::Index(&[index.as_str()]))
+            .send()
+            .await;
+        let reply = reply::read(op, sent).await?;
+        if !reply.is_success() {
+            return Err(reply.into_error(op));
+        }
+        let uuid = reply
+            .body
+            .pointer(&format!("/{index}/settings/index/uuid"))
+            .and_then(Value::as_str);
+        match uuid {
+            Some(uuid) => Ok(Some(uuid.to_owned())),
+            None => Err(StoreError::Permanent(format!("{op}: no uuid for {index}"))),
+        }
     }
 }
 

@@ -238,6 +238,10 @@ impl Store for GroupingStore {
     async fn refresh(&self) -> StoreResult<()> {
         self.inner.refresh().await
     }
+
+    async fn identity(&self) -> StoreResult<Option<String>> {
+        self.inner.identity().await
+    }
 }
 
 #[cfg(test)]

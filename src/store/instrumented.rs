@@ -146,6 +146,10 @@ impl Store for InstrumentedStore {
         result
     }
 
+    async fn identity(&self) -> StoreResult<Option<String>> {
+        self.inner.identity().await
+    }
+
     async fn refresh(&self) -> StoreResult<()> {
         let started = Instant::now();
         let result = self.inner.refresh().await;

@@ -379,6 +379,14 @@ pub trait Store: Send + Sync + 'static {
     /// and the auditor use it; the engine never needs it.
     async fn refresh(&self) -> StoreResult<()>;
 
+    /// What tells this store from every other: the embedded store's id (made when it was
+    /// created), the Elasticsearch transfers index's uuid (a new one if the index is created
+    /// again or restored). Change-feed cursors carry it, so that a cursor of another store
+    /// is refused rather than read as a position of this one. `None`: the store has none.
+    async fn identity(&self) -> StoreResult<Option<String>> {
+        Ok(None)
+    }
+
     /// Whether this store has multi-document transactions ([`Store::transact`]).
     /// Elasticsearch has none (`docs/elasticsearch.md`); the embedded store does.
     fn transactions(&self) -> bool {

@@ -42,7 +42,147 @@ pub struct EventsPage {
     pub next: Option<FeedPosition>,
 }
 
+/// Why a feed cursor (`GET /events?after=`, a webhook receiver's saved progress) is not
+/// read: each says what was received, why it is not a position of this feed, and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum CursorRefused {
+    /// Not of the form this backend issues.
+    #[error(
+        "`{0}` is not a cursor this service issued: pass the `next_cursor` of a page \
+         (such as `{1}`), `now` for the end of the feed, or no cursor to start at the beginning"
+    )]
+    NotACursor(String, &'static str),
+    /// Issued by another store (another instance's, or before a restore).
+    #[error(
+        "cursor `{cursor}` was issued by another store ({theirs}; this one is {ours}): a \
+         cursor is only valid on the store that issued it. Start again at the beginning \
+         (no cursor) and skip the event ids already processed, or at `now`"
+    )]
+    OtherStore {
+        cursor: String,
+        theirs: String,
+        ours: String,
+    },
+    /// Past the newest position of this feed: no write of this store is that late.
+    #[error(
+        "cursor `{cursor}` is past the end of this feed ({end}): this store never issued it \
+         (a store restored from an older backup, or another one's cursor). Start again at the \
+         beginning (no cursor) and skip the event ids already processed, or at `now`"
+    )]
+    PastTheEnd { cursor: String, end: String },
+    /// The store could not be asked.
+    #[error(transparent)]
+    Store(#[from] ServiceError),
+}
+
+/// At most 64 characters of a client's text, for a message.
+fn shorten(text: &str) -> String {
+    match text.char_indices().nth(64) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
+    }
+}
+
+/// The identity part of a cursor, `<identity>~<position>`: up to 63 digits, then a letter,
+/// `_` or `-`, then up to 64 letters, digits, `_` or `-` (the OpenAPI `FeedCursor` pattern).
+/// A position alone, as cursors were before they carried an identity, has only digits up to
+/// its first `~`.
+fn split_identity(text: &str) -> (Option<&str>, &str) {
+    let Some((identity, position)) = text.split_once('~') else {
+        return (None, text);
+    };
+    let digits = identity.bytes().take_while(u8::is_ascii_digit).count();
+    let rest = &identity.as_bytes()[digits..];
+    let word = |b: &u8| b.is_ascii_alphanumeric() || *b == b'_' || *b == b'-';
+    let valid = digits <= 63
+        && rest.first().is_some_and(|b| !b.is_ascii_digit() && word(b))
+        && rest.len() <= 65
+        && rest.iter().all(word);
+    if valid {
+        (Some(identity), position)
+    } else {
+        (None, text)
+    }
+}
+
 impl Engine {
+    /// The store's identity (`Store::identity`), read once; `None` for a store without one.
+    pub async fn store_identity(&self) -> Result<Option<String>, ServiceError> {
+        if let Some(identity) = self.store_identity.get() {
+            return Ok(Some(identity.clone()));
+        }
+        let identity = self.store.identity().await?;
+        if let Some(identity) = &identity {
+            let _ = self.store_identity.set(identity.clone());
+        }
+        Ok(identity)
+    }
+
+    /// The cursor text of `position`: `<store identity>~<position>` once the identity was
+    /// read ([`Engine::store_identity`], which every reader of the feed asks first), else the
+    /// position alone.
+    pub fn feed_cursor(&self, position: &FeedPosition) -> String {
+        match self.store_identity.get() {
+            Some(identity) => format!("{identity}~{}", position.encode()),
+            None => position.encode(),
+        }
+    }
+
+    /// Reads a cursor this store issued: of this backend's form, of this store (a cursor
+    /// without an identity, as issued before cursors carried one, is taken as this store's),
+    /// and not past the end of the feed. `now`: where the feed ends now.
+    pub async fn check_feed_cursor(
+        &self,
+        text: &str,
+    ) -> Result<Option<FeedPosition>, CursorRefused> {
+        let ours = self.store_identity().await?;
+        if text == "now" {
+            return Ok(self.feed_end().await?);
+        }
+        let shown = shorten(text);
+        let (theirs, position_text) = split_identity(text);
+        let example = if self.feed_is_exact() {
+            "e3f1a2b4c5d6e7f8~42"
+        } else {
+            "Vq3xQ1rTQbqKc0mS4vD6Hg~1764000000000~t-1"
+        };
+        let position = self
+            .parse_feed_cursor(position_text)
+            .ok_or_else(|| CursorRefused::NotACursor(shown.clone(), example))?;
+        if let Some(theirs) = theirs {
+            if ours.as_deref() != Some(theirs) {
+                return Err(CursorRefused::OtherStore {
+                    cursor: shown,
+                    theirs: shorten(theirs),
+                    ours: ours.unwrap_or_else(|| "one without an identity".into()),
+                });
+            }
+        }
+        let past = |end: String| CursorRefused::PastTheEnd {
+            cursor: shown.clone(),
+            end,
+        };
+        match &position {
+            FeedPosition::Seq(seq_no) => match self.feed_end().await? {
+                Some(FeedPosition::Seq(end)) if *seq_no <= end => {}
+                Some(end) => return Err(past(format!("it ends at {}", self.feed_cursor(&end)))),
+                None => return Err(past("it has no events yet".into())),
+            },
+            // Every instance serves only writes older than its horizon, at least two skew
+            // margins behind its wall clock: no cursor is later than this clock's now.
+            FeedPosition::Time(key) => {
+                let now = self.clock.wall_millis();
+                if key.millis > now {
+                    return Err(past(format!(
+                        "it ends before now, {}",
+                        crate::store::format_millis(now)
+                    )));
+                }
+            }
+        }
+        Ok(Some(position))
+    }
+
     /// Reads a cursor of this backend's form (`FeedPosition::encode`); `None` if it is not
     /// one. Every cursor of the form is accepted, as the OpenAPI document says: a `seq_no`
     /// past the largest one reads as that (no write is later).

@@ -184,6 +184,8 @@ pub struct Engine {
     accounts: Arc<accounts::AccountSteps>,
     /// The bound on transfers created here and still in flight.
     admission: Arc<admission::Admission>,
+    /// The store's identity once read (`Store::identity`), which feed cursors carry.
+    store_identity: std::sync::OnceLock<String>,
 }
 
 impl Engine {
@@ -234,6 +236,7 @@ impl Engine {
             tasks: TaskTracker::new(),
             terminal_events: watch::channel(0).0,
             admission,
+            store_identity: std::sync::OnceLock::new(),
         })
     }
 

@@ -35,6 +35,7 @@ use super::{Receiver, WebhookSettings};
 use crate::http::events::Event;
 use crate::metrics::Metrics;
 use crate::store::FeedPosition;
+use crate::transfer::feed::CursorRefused;
 use crate::transfer::feed::EventsPage;
 use crate::transfer::service::ServiceError;
 use crate::transfer::Engine;
@@ -189,8 +190,14 @@ impl Dispatcher {
             return Some(None);
         }
         loop {
-            match self.sender.engine.feed_end().await {
-                Ok(end) => return Some(end.map(|position| position.encode())),
+            let end = match self.sender.engine.store_identity().await {
+                Ok(_) => self.sender.engine.feed_end().await,
+                Err(error) => Err(error),
+            };
+            match end {
+                Ok(end) => {
+                    return Some(end.map(|position| self.sender.engine.feed_cursor(&position)))
+                }
                 Err(error) => tracing::warn!(
                     receiver = self.sender.receiver.label.as_str(),
                     %error,
@@ -231,14 +238,27 @@ impl Dispatcher {
             }
             let wait = match progress.claim().await {
                 Ok(Claim::Held { cursor }) => {
-                    let start = cursor.as_deref().and_then(|text| {
-                        let position = engine.parse_feed_cursor(text);
-                        if position.is_none() {
-                            tracing::warn!(receiver, cursor = text,
-                                "webhooks: the saved cursor is not one of this store's; delivering from the start of the feed");
-                        }
-                        position
-                    });
+                    let start = match cursor.as_deref() {
+                        None => None,
+                        Some(text) => match engine.check_feed_cursor(text).await {
+                            Ok(position) => position,
+                            Err(CursorRefused::Store(error)) => {
+                                tracing::warn!(receiver, %error, "webhooks: cannot check the saved cursor; retrying");
+                                tokio::select! {
+                                    _ = shutdown.cancelled() => return,
+                                    _ = tokio::time::sleep(STORE_RETRY) => {}
+                                }
+                                continue;
+                            }
+                            // Delivering after it would skip every event up to it: deliver
+                            // from the beginning instead (receivers dedupe on `webhook-id`).
+                            Err(refused) => {
+                                tracing::error!(receiver, %refused,
+                                    "webhooks: the saved cursor is not a position of this store's feed; delivering from the start of the feed");
+                                None
+                            }
+                        },
+                    };
                     tracing::info!(receiver, owner = progress.owner(), cursor = ?cursor, "webhooks: delivering");
                     lease_held.set(1);
                     sender.set_fence(&progress);
@@ -315,7 +335,7 @@ impl Dispatcher {
             tokio::select! {
                 _ = shutdown.cancelled() => {
                     tasks.abort_all();
-                    let cursor = state.cursor.as_ref().map(FeedPosition::encode);
+                    let cursor = state.cursor.as_ref().map(|p| self.sender.engine.feed_cursor(p));
                     if let Err(error) = progress.release(cursor).await {
                         tracing::warn!(receiver, %error, "webhooks: could not save the progress at shutdown");
                     }
@@ -363,7 +383,10 @@ impl Dispatcher {
             }
             if save || (state.dirty && last_save.elapsed() >= SAVE_EVERY) {
                 last_save = Instant::now();
-                let cursor = state.cursor.as_ref().map(FeedPosition::encode);
+                let cursor = state
+                    .cursor
+                    .as_ref()
+                    .map(|p| self.sender.engine.feed_cursor(p));
                 let saved = progress.save(cursor).await;
                 sender.set_fence(progress);
                 match saved {

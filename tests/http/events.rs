@@ -111,6 +111,64 @@ mod cases {
         assert!(page["next_cursor"].is_string(), "{page}");
     }
 
+    pub async fn cursors_past_the_end_or_of_another_store_are_422_saying_what_to_do(b: Backend) {
+        let app = TestApp::spawn(b).await;
+        app.open_account("a", 100).await;
+        app.open_account("b", 0).await;
+        app.transfer_accepted("t1", "a", "b", 7).await;
+        app.settled("t1").await;
+        // The end of the feed, once it serves the transfer (on Elasticsearch, past its horizon).
+        let cursor = crate::support::wait::until_some("a cursor", || async {
+            let (status, page) = app.get("/events?limit=1000&wait=1s").await;
+            assert_eq!(status, 200, "{page}");
+            page["next_cursor"].as_str().map(str::to_owned)
+        })
+        .await;
+        let (identity, position) = cursor.split_once('~').expect("<identity>~<position>");
+        let (status, page) = app.get(&format!("/events?after={cursor}")).await;
+        assert_eq!(status, 200, "the cursor it issued: {page}");
+        let (status, page) = app.get("/events?after=now").await;
+        assert_eq!(status, 200, "{page}");
+        assert_eq!(page["next_cursor"], cursor.as_str(), "`now` is the end");
+        // A position as cursors were before they carried the store's identity.
+        let (status, page) = app.get(&format!("/events?after={position}")).await;
+        assert_eq!(status, 200, "{position}: {page}");
+
+        let past = match b {
+            Backend::Embedded => {
+                let seq: u64 = position.parse().unwrap();
+                format!("{identity}~{}", seq + 1000)
+            }
+            _ => {
+                let hour_ahead = chrono_millis_now() + 3_600_000;
+                format!("{identity}~{hour_ahead}~t1")
+            }
+        };
+        let (status, problem) = app.get(&format!("/events?after={past}")).await;
+        assert_eq!(status, 422, "{past}: {problem}");
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.contains("past the end of this feed"), "{detail}");
+        assert!(detail.contains("at the beginning"), "{detail}");
+
+        let foreign = format!("x{identity}~{position}");
+        let (status, problem) = app.get(&format!("/events?after={foreign}")).await;
+        assert_eq!(status, 422, "{foreign}: {problem}");
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.contains("issued by another store"), "{detail}");
+        assert!(
+            detail.contains(&format!("this one is {identity}")),
+            "{detail}"
+        );
+        app.shutdown().await;
+    }
+
+    fn chrono_millis_now() -> u128 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+    }
+
     pub async fn a_long_poll_answers_when_a_transfer_is_written(b: Backend) {
         let app = TestApp::spawn(b).await;
         open_accounts(&app).await;
@@ -166,6 +224,7 @@ on_every_backend!(
     an_event_carries_its_id_type_time_and_the_transfer,
     a_long_poll_answers_when_a_transfer_is_written,
     bad_parameters_are_422_problems,
+    cursors_past_the_end_or_of_another_store_are_422_saying_what_to_do,
 );
 
 /// Two instances on one Elasticsearch, each taking half the load; a consumer on either sees

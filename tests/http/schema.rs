@@ -433,36 +433,80 @@ async fn events_status(app: &TestApp, cursor: &str) -> u16 {
         .as_u16()
 }
 
-/// `FeedCursor` is the union of the two backends' cursors, and each backend accepts its own
-/// half, as the schema's description says: every value generated from the pattern, and from
-/// near it, is accepted exactly when it matches the pattern and is of the backend's form.
+/// `FeedCursor` is the union of the two backends' cursors, each after an optional store
+/// identity, and each backend accepts its own half as the schema's description says: every
+/// value generated from the pattern, and from near it, is accepted exactly when it matches
+/// the pattern, is of the backend's form, carries no identity or this store's, and is not
+/// past the end of the feed (`now` is the end).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_backend_accepts_exactly_its_half_of_the_feed_cursor_pattern() {
     let doc: Value =
         serde_json::from_str(&transfer_service::http::openapi::document_json()).unwrap();
     let (regex, body) = pattern(&doc, "FeedCursor");
     let seq_form = Regex::new("^[0-9]+$").unwrap();
-    let near = r"(-|\+)?[0-9]{0,22}(~(\.{1,2}|[a-z.~ ]{0,3}))?";
-    let edges = [
-        "",
-        "~a",
-        "0",
-        "18446744073709551616",
-        "1~a",
-        "0000",
-        "123456789012345~x",
-    ];
-    let values: Vec<String> = generate(&body, SAMPLES)
+    let with_identity = Regex::new("^([0-9]{0,63}[A-Za-z_-][A-Za-z0-9_-]{0,64})~(.*)$").unwrap();
+    let near = r"([a-z0-9]{0,3}~)?(-|\+)?[0-9]{0,22}(~(\.{1,2}|[a-z.~ ]{0,3}))?";
+    let generated: Vec<String> = generate(&body, SAMPLES)
         .into_iter()
         .chain(generate(near, SAMPLES * 2))
-        .chain(edges.iter().map(|e| e.to_string()))
         .collect();
     for backend in [Backend::Embedded, Backend::Emulator] {
         let app = TestApp::spawn(backend).await;
+        app.open_account("A", 10).await;
+        app.open_account("B", 0).await;
+        app.transfer_accepted("t-1", "A", "B", 1).await;
+        app.settled("t-1").await;
+        let end = crate::support::wait::until_some("the end of the feed", || async {
+            let (_, page) = app.get("/events?limit=1000&wait=1s").await;
+            page["next_cursor"].as_str().map(str::to_owned)
+        })
+        .await;
+        let (identity, end_position) = end.split_once('~').unwrap();
+        let end_seq: u64 = end_position.parse().unwrap_or(0);
+        let edges = [
+            "".to_owned(),
+            "~a".into(),
+            "0".into(),
+            "18446744073709551616".into(),
+            "1~a".into(),
+            "0000".into(),
+            "123456789012345~x".into(),
+            "now".into(),
+            end.clone(),
+            format!("{identity}~0"),
+            format!("{identity}~1~a"),
+            format!("x{identity}~0"),
+            format!("{identity}~{end_position}0"),
+            format!("{identity}~1"),
+            format!("{identity}~{end_position}"),
+            "1".into(),
+            end_position.into(),
+            format!("{identity}~5~b"),
+            "7~c".into(),
+            format!("{identity}~9~d"),
+            format!("{identity}~1000~e"),
+        ];
         let (mut accepted_count, mut refused_count) = (0, 0);
-        for value in &values {
-            let of_this_backend = seq_form.is_match(value) == matches!(backend, Backend::Embedded);
-            let expected = regex.is_match(value) && of_this_backend;
+        for value in generated.iter().chain(edges.iter()) {
+            let (theirs, position) = match with_identity.captures(value) {
+                Some(c) => (Some(c[1].to_owned()), c[2].to_owned()),
+                None => (None, value.clone()),
+            };
+            let embedded = matches!(backend, Backend::Embedded);
+            let of_this_backend = seq_form.is_match(&position) == embedded;
+            let of_this_store = theirs.as_deref().is_none_or(|theirs| theirs == identity);
+            let past_the_end = if embedded {
+                position.parse::<u64>().map_or(true, |seq| seq > end_seq)
+            } else {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis();
+                let millis = position.split('~').next().unwrap();
+                millis.parse::<u128>().map_or(true, |millis| millis > now)
+            };
+            let expected = regex.is_match(value)
+                && (value == "now" || (of_this_backend && of_this_store && !past_the_end));
             let got = accepted(events_status(&app, value).await);
             assert_eq!(got, expected, "{backend:?}: after={value:?}");
             if got {

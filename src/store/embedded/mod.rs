@@ -96,6 +96,8 @@ pub struct EmbeddedStore {
     db: Arc<Database>,
     committer: Arc<Committer>,
     path: PathBuf,
+    /// Its identity ([`Store::identity`]): `e` and the random id made when it was created.
+    identity: String,
 }
 
 impl Drop for EmbeddedStore {
@@ -177,6 +179,7 @@ impl EmbeddedStore {
             build_changes_index(&txn)?;
         }
         catch_up_creation_entries(&txn)?;
+        let identity = store_id(&txn)?;
         txn.commit().map_err(permanent)?;
         log.continue_after(replayed);
         log.checkpointed().map_err(permanent)?;
@@ -184,6 +187,7 @@ impl EmbeddedStore {
             db,
             committer: Arc::new(Committer::new(log)),
             path,
+            identity: format!("e{identity:016x}"),
         })
     }
 
@@ -253,6 +257,19 @@ impl EmbeddedStore {
             .await
             .map_err(|e| StoreError::Permanent(format!("read task failed: {e}")))?
     }
+}
+
+/// The store's random id in [`META`], made the first time a version that has it opens the
+/// store (never 0, which reads as "none yet").
+fn store_id(txn: &WriteTransaction) -> StoreResult<u64> {
+    let mut meta = txn.open_table(META).map_err(permanent)?;
+    let existing = meta.get(STORE_ID).map_err(permanent)?.map(|v| v.value());
+    if let Some(id) = existing.filter(|id| *id != 0) {
+        return Ok(id);
+    }
+    let id = rand::random::<u64>().max(1);
+    meta.insert(STORE_ID, id).map_err(permanent)?;
+    Ok(id)
 }
 
 /// Up to `limit` documents of `index` in id order, after the id `after` (for
@@ -381,5 +398,9 @@ impl Store for EmbeddedStore {
 
     async fn refresh(&self) -> StoreResult<()> {
         self.flush().await
+    }
+
+    async fn identity(&self) -> StoreResult<Option<String>> {
+        Ok(Some(self.identity.clone()))
     }
 }

@@ -75,6 +75,9 @@ pub(super) const TX_METADATA: TableDefinition<(&str, i64, &str), ()> =
 /// position a reader has passed.
 pub(super) const TX_CHANGES: TableDefinition<u64, &str> = TableDefinition::new("tx_changes");
 
+/// The key in [`META`] of the store's random id (`Store::identity`).
+pub(super) const STORE_ID: &str = "store_id";
+
 /// The key in [`META`] that says [`TX_CHANGES`] holds every transfer.
 pub(super) const CHANGES_BUILT: &str = "built:tx_changes";
 
