@@ -145,7 +145,7 @@ struct Step {
     name: &'static str,
     method: Method,
     /// Path and query, with `${…}` placeholders.
-    path: &'static str,
+    path: String,
     /// `(content type, body)`, with `${…}` placeholders.
     body: Option<(&'static str, String)>,
     /// The status the step is meant to provoke (on both engines).
@@ -156,11 +156,11 @@ struct Step {
 }
 
 impl Step {
-    fn new(name: &'static str, method: Method, path: &'static str) -> Self {
+    fn new(name: &'static str, method: Method, path: impl Into<String>) -> Self {
         Step {
             name,
             method,
-            path,
+            path: path.into(),
             body: None,
             status: 200,
             compare: Vec::new(),
@@ -168,19 +168,19 @@ impl Step {
         }
     }
 
-    fn get(name: &'static str, path: &'static str) -> Self {
+    fn get(name: &'static str, path: impl Into<String>) -> Self {
         Self::new(name, Method::GET, path)
     }
 
-    fn head(name: &'static str, path: &'static str) -> Self {
+    fn head(name: &'static str, path: impl Into<String>) -> Self {
         Self::new(name, Method::HEAD, path)
     }
 
-    fn put(name: &'static str, path: &'static str, json: impl Into<String>) -> Self {
+    fn put(name: &'static str, path: impl Into<String>, json: impl Into<String>) -> Self {
         Self::new(name, Method::PUT, path).body("application/json", json)
     }
 
-    fn post(name: &'static str, path: &'static str, json: impl Into<String>) -> Self {
+    fn post(name: &'static str, path: impl Into<String>, json: impl Into<String>) -> Self {
         Self::new(name, Method::POST, path).body("application/json", json)
     }
 
@@ -322,7 +322,7 @@ impl Run {
     }
 
     async fn send(&mut self, step: &Step) -> Answer {
-        let url = format!("{}{}", self.url, self.expand(step.name, step.path));
+        let url = format!("{}{}", self.url, self.expand(step.name, &step.path));
         let mut request = self.client.request(step.method.clone(), &url);
         if let Some((content_type, body)) = &step.body {
             request = request
@@ -908,6 +908,50 @@ async fn bulk_with_mixed_outcomes_matches_elasticsearch() {
         Step::post("bulk: an empty body", "/_bulk", "")
             .status(400)
             .compare(ERROR),
+        Step::bulk(
+            "bulk: an unconditional index, an auto-created index, an empty id",
+            &[
+                r#"{"index":{"_index":"${accounts}","_id":"a1"}}"#,
+                &a1,
+                r#"{"create":{"_index":"${scratch}","_id":"s1"}}"#,
+                r#"{"note":"auto-created"}"#,
+                r#"{"create":{"_index":"${accounts}","_id":""}}"#,
+                &a1,
+            ],
+        )
+        .compare(ITEM_REASONS),
+        Step::bulk(
+            "bulk: half a compare-and-set pair fails the whole request",
+            &[
+                r#"{"create":{"_index":"${accounts}","_id":"a10"}}"#,
+                &account("a10", 10),
+                r#"{"index":{"_index":"${accounts}","_id":"a1","if_seq_no":1}}"#,
+                &a1,
+            ],
+        )
+        .status(400)
+        .compare(ERROR)
+        .compare(REASON),
+        Step::bulk(
+            "bulk: an id over 512 bytes fails the whole request",
+            &[
+                r#"{"create":{"_index":"${accounts}","_id":"a11"}}"#,
+                &account("a11", 11),
+                &format!(
+                    r#"{{"create":{{"_index":"${{accounts}}","_id":"{}"}}}}"#,
+                    "x".repeat(513)
+                ),
+                &account("long", 1),
+            ],
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::get(
+            "nothing of those refused bulks was applied",
+            "/${accounts}/_doc/a10?realtime=true",
+        )
+        .status(404)
+        .compare(GOT),
     ]);
     differential("bulk", steps).await;
 }
@@ -1000,6 +1044,9 @@ async fn searches_with_search_after_match_elasticsearch() {
         ));
         bulk_lines.push(account(id, 10));
     }
+    // An account without the repeated id: its sort value is what the backend's scan checks.
+    bulk_lines.push(r#"{"create":{"_index":"${accounts}","_id":"corrupt"}}"#.to_owned());
+    bulk_lines.push(r#"{"balance":1}"#.to_owned());
     let lines: Vec<&str> = bulk_lines.iter().map(String::as_str).collect();
     let list_by_account = |after: Option<&str>| {
         let mut body = json!({
@@ -1167,11 +1214,34 @@ async fn searches_with_search_after_match_elasticsearch() {
             .compare(HITS)
             .save("s1"),
         Step::post(
-            "scan accounts: page 2",
+            "scan accounts: page 2, the account without an id last",
             "/${accounts}/_search",
             scan(Some("${s1:/hits/hits/1/sort/0}")),
         )
         .compare(HITS),
+        Step::post(
+            "a range with date math",
+            "/${transactions}/_search",
+            filtered(json!({"range": {"creation_time": {
+                "gte": "1970-01-01T00:00:02.500Z||/s",
+                "lt": "now-1d/d",
+            }}})),
+        )
+        .compare(HITS),
+        Step::post(
+            "search_after of the wrong type for a date sort",
+            "/${transactions}/_search",
+            list_by_account(Some(r#"["yesterday","t1"]"#)),
+        )
+        .status(400)
+        .compare(ERROR),
+        Step::post(
+            "a search body that is an array",
+            "/${transactions}/_search",
+            "[1]",
+        )
+        .status(400)
+        .compare(ERROR),
         Step::post(
             "a search counting hits (the default track_total_hits)",
             "/${transactions}/_search",
@@ -1337,4 +1407,61 @@ async fn refused_requests_match_elasticsearch() {
         .compare(&["error/index", "error/resource.type", "error/resource.id"]),
     ]);
     differential("refused requests", steps).await;
+}
+
+/// Document ids as the official client puts them in a URL (every byte but `[A-Za-z0-9_.,*-]`
+/// percent-encoded), and the id limits (§1, §2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn document_ids_in_urls_match_elasticsearch() {
+    let mut steps = create_indices();
+    let ids = [
+        "x/y",
+        "sp ace",
+        "a+b",
+        "a,b",
+        "st*r",
+        "\u{e9}t\u{e9}",
+        "per%cent",
+        "q?u#e",
+    ];
+    let mut lines = Vec::new();
+    for id in ids {
+        lines.push(json!({"create": {"_index": "${accounts}", "_id": id}}).to_string());
+        lines.push(account(id, 1));
+    }
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    steps.extend([
+        Step::bulk("bulk: ids with characters a URL must encode", &lines),
+        Step::get("get x/y", "/${accounts}/_doc/x%2Fy").compare(GOT),
+        Step::get("get an id with a space", "/${accounts}/_doc/sp%20ace").compare(GOT),
+        Step::get("get a+b, encoded", "/${accounts}/_doc/a%2Bb").compare(GOT),
+        Step::get("get a+b, not encoded", "/${accounts}/_doc/a+b").compare(GOT),
+        Step::get("get a,b", "/${accounts}/_doc/a,b").compare(GOT),
+        Step::get("get st*r", "/${accounts}/_doc/st*r").compare(GOT),
+        Step::get("get a non-ASCII id", "/${accounts}/_doc/%C3%A9t%C3%A9").compare(GOT),
+        Step::get("get per%cent", "/${accounts}/_doc/per%25cent").compare(GOT),
+        Step::get("get q?u#e", "/${accounts}/_doc/q%3Fu%23e").compare(GOT),
+        Step::put(
+            "_create with an encoded slash",
+            "/${accounts}/_create/x%2Fz",
+            account("x/z", 1),
+        )
+        .status(201)
+        .compare(WRITE),
+        Step::put(
+            "an id of 512 bytes",
+            format!("/${{accounts}}/_doc/{}", "i".repeat(512)),
+            account("long", 1),
+        )
+        .status(201)
+        .compare(WRITE),
+        Step::put(
+            "an id of 513 bytes",
+            format!("/${{accounts}}/_doc/{}", "i".repeat(513)),
+            account("long", 1),
+        )
+        .status(400)
+        .compare(ERROR),
+    ]);
+    differential("document ids", steps).await;
 }

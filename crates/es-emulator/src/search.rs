@@ -537,7 +537,10 @@ fn after_key(value: &Value, kind: SortKind, spec: &SortSpec) -> Result<Key, Caus
             .ok_or_else(bad),
         (_, SortKind::Date) => dates::parse_value(value, None, false)
             .map(Key::Long)
-            .map_err(|_| bad()),
+            .map_err(|_| match value {
+                Value::String(text) => unparsable_date(text),
+                _ => bad(),
+            }),
         (_, SortKind::Double) => value
             .as_f64()
             .or_else(|| value.as_str().and_then(|s| s.parse().ok()))
@@ -550,6 +553,22 @@ fn after_key(value: &Value, kind: SortKind, spec: &SortSpec) -> Result<Key, Caus
             _ => Err(bad()),
         },
     }
+}
+
+/// A `search_after` string that is no date of a date sort: Elasticsearch parses it with the
+/// field's format and answers a `parse_exception` (observed on 8.19.21 by the differential
+/// test). The format named is the default one, the only one the backend maps.
+fn unparsable_date(text: &str) -> Cause {
+    const FORMAT: &str = "strict_date_optional_time||epoch_millis";
+    let reason = format!("failed to parse date field [{text}] with format [{FORMAT}]");
+    let mut inner = Cause::new("illegal_argument_exception", reason.clone());
+    inner.caused_by = Some(Box::new(Cause::new(
+        "date_time_parse_exception",
+        "Failed to parse with all enclosed parsers",
+    )));
+    let mut cause = Cause::new("parse_exception", format!("{reason}: [{reason}]"));
+    cause.caused_by = Some(Box::new(inner));
+    cause
 }
 
 fn key_json(key: &Key, kind: SortKind, spec: &SortSpec) -> Value {

@@ -1796,6 +1796,47 @@ async fn malformed_json_is_400() {
     assert_eq!(unknown_query.body["error"]["type"], "parsing_exception");
 }
 
+/// `root_cause` is the deepest Elasticsearch exception of the chain, not a Java or XContent
+/// exception under it (observed on 8.19.21 by the service's differential test).
+#[tokio::test]
+async fn root_causes_stop_above_exceptions_that_are_not_elasticsearch_ones() {
+    let es = Es::manual().await;
+    es.put(
+        "/i",
+        json!({"mappings": {"properties": {"ts": {"type": "date"}, "n": {"type": "long"}}}}),
+    )
+    .await;
+    es.put("/i/_doc/1?refresh=true", json!({"ts": 1, "n": 1}))
+        .await;
+
+    let unknown_query = es.search("i", json!({"query": {"nonsense": {}}})).await;
+    assert_eq!(unknown_query.body["error"]["type"], "parsing_exception");
+    assert_eq!(
+        unknown_query.body["error"]["root_cause"][0]["type"],
+        "parsing_exception"
+    );
+    let unfit = es.put("/i/_doc/2", json!({"n": "lots"})).await;
+    assert_eq!(unfit.body["error"]["type"], "document_parsing_exception");
+    assert_eq!(
+        unfit.body["error"]["root_cause"][0]["type"],
+        "document_parsing_exception"
+    );
+    // A date sort's search_after is parsed as a date: parse_exception, not a bare
+    // illegal_argument_exception.
+    let not_a_date = es
+        .search("i", json!({"sort": ["ts"], "search_after": ["yesterday"]}))
+        .await;
+    assert_eq!(not_a_date.status, 400, "{}", not_a_date.text);
+    assert_eq!(
+        not_a_date.body["error"]["type"],
+        "search_phase_execution_exception"
+    );
+    assert_eq!(
+        not_a_date.body["error"]["root_cause"][0]["type"],
+        "parse_exception"
+    );
+}
+
 #[tokio::test]
 async fn unknown_paths_methods_and_parameters() {
     let es = Es::manual().await;
