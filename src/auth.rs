@@ -270,7 +270,7 @@ impl ApiKeys {
         if keys.is_empty() {
             tracing::warn!(
                 path = %path.display(),
-                "API_KEYS_FILE holds no key: every request to /accounts and /transfers is refused (401)"
+                "API_KEYS_FILE holds no key: every request to /accounts, /transfers and /events is refused (401)"
             );
         } else {
             tracing::info!(path = %path.display(), keys = keys.len(), names = ?keys.names(), "API keys loaded");
@@ -323,7 +323,7 @@ impl ApiKeys {
                 if keys.is_empty() {
                     tracing::warn!(
                         path = %self.path.display(),
-                        "API_KEYS_FILE holds no key: every request to /accounts and /transfers is refused (401)"
+                        "API_KEYS_FILE holds no key: every request to /accounts, /transfers and /events is refused (401)"
                     );
                 }
                 self.metrics.api_keys_loaded.set(keys.len() as i64);

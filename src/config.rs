@@ -169,8 +169,8 @@ pub struct Config {
     pub protocol: Protocol,
 
     /// File of API keys, one a line: `<name> <sha256 of the key, hex> <scopes>` (scopes
-    /// `read`, `write`, comma-separated; `#` starts a comment). Set: `/accounts` and
-    /// `/transfers` need `Authorization: Bearer <key>` (`GET` the `read` scope, other methods
+    /// `read`, `write`, comma-separated; `#` starts a comment). Set: `/accounts`,
+    /// `/transfers` and `/events` need `Authorization: Bearer <key>` (`GET` the `read` scope, other methods
     /// `write`). Unset: the API is open to anyone who can reach it (a WARN line says so).
     /// Reloaded on SIGHUP and when its content changes.
     #[arg(long, env = "API_KEYS_FILE")]

@@ -428,6 +428,31 @@ pub(crate) mod field {
         integer(value, name)?.ok_or_else(|| ApiError::Invalid(format!("`{name}` is required")))
     }
 
+    /// Units to move: a whole number from 1 to 2^63-1; absent or null: none.
+    pub fn amount(value: Option<Integer>, name: &str) -> Result<Option<i64>, ApiError> {
+        let not_an_integer = |received: &str| {
+            ApiError::Invalid(format!(
+                "`{name}` must be an integer from 1 to 2^63-1, such as 100 (received {received})"
+            ))
+        };
+        match value {
+            None => Ok(None),
+            Some(Integer::Given(n)) if n > 0 => Ok(Some(n)),
+            Some(Integer::Given(n)) => Err(ApiError::Invalid(format!(
+                "`{name}` must be positive: a whole number of units from 1 to 2^63-1, such as \
+                 100 (received {n})"
+            ))),
+            Some(Integer::OtherNumber) => Err(not_an_integer(
+                "a fraction, an exponent or a number beyond 2^63-1",
+            )),
+            Some(Integer::Other) => Err(not_an_integer("something that is not a number")),
+        }
+    }
+
+    pub fn required_amount(value: Option<Integer>, name: &str) -> Result<i64, ApiError> {
+        amount(value, name)?.ok_or_else(|| ApiError::Invalid(format!("`{name}` is required")))
+    }
+
     /// A metadata object (`valid_metadata`): string values by key; absent or null: none.
     pub fn metadata(
         value: Option<MetadataField>,

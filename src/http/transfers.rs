@@ -317,10 +317,7 @@ fn one_leg(
 ) -> Result<(String, String, i64, Vec<Leg>), ApiError> {
     let from = field::required_id(from, "from")?;
     let to = field::required_id(to, "to")?;
-    let amount = field::required_integer(amount, "amount")?;
-    if amount <= 0 {
-        return Err(ApiError::Invalid("`amount` must be positive".into()));
-    }
+    let amount = field::required_amount(amount, "amount")?;
     if from == to {
         return Err(ApiError::Invalid("`from` and `to` must differ".into()));
     }
@@ -359,7 +356,7 @@ fn legs_of(given: Array<Object<LegBody>>) -> Result<(String, String, i64, Vec<Le
         legs.push(Leg {
             from: field::required_id(leg.from, "from").map_err(named)?,
             to: field::required_id(leg.to, "to").map_err(named)?,
-            amount: field::required_integer(leg.amount, "amount").map_err(named)?,
+            amount: field::required_amount(leg.amount, "amount").map_err(named)?,
         });
     }
     let total = check_legs(&legs).map_err(ApiError::Invalid)?;
@@ -389,11 +386,15 @@ fn hold_fields(
             ))
         }
         Some(Text::Given(text)) => {
-            let invalid = |why: String| {
-                ApiError::Invalid(format!("`hold_expires_in` {}: {why}", shorten(&text)))
+            let invalid = || {
+                ApiError::Invalid(format!(
+                    "`hold_expires_in` must be a duration from 1s to 30days, such as \"10m\", \
+                     \"1h30m\" or \"2days\" (received \"{}\")",
+                    shorten(&text)
+                ))
             };
-            let duration = humantime::parse_duration(&text).map_err(|e| invalid(e.to_string()))?;
-            Some(check_hold_duration(duration).map_err(invalid)?)
+            let duration = humantime::parse_duration(&text).map_err(|_| invalid())?;
+            Some(check_hold_duration(duration).map_err(|_| invalid())?)
         }
         Some(Text::Other) => {
             return Err(ApiError::Invalid(
@@ -515,9 +516,20 @@ pub async fn cancel_transfer(
     let Some(id) = id else {
         return Err(ApiError::NotFound("no transfer with this id".into()));
     };
+    let cancelled = state.engine.cancel_transfer(&id).await;
     Ok(Json(Transfer::from(
-        state.engine.cancel_transfer(&id).await?,
+        cancelled.map_err(|e| no_transfer(e, &id))?,
     )))
+}
+
+/// A missing transfer's 404 says which, as `GET /transfers/{id}` does.
+fn no_transfer(error: crate::transfer::service::ServiceError, id: &str) -> ApiError {
+    match error {
+        crate::transfer::service::ServiceError::NotFound => {
+            ApiError::NotFound(format!("no transfer {id}"))
+        }
+        other => other.into(),
+    }
 }
 
 /// Captures a hold: it commits and moves `amount` (default all); the rest returns to the
@@ -551,15 +563,16 @@ pub async fn capture_transfer(
     let amount = match body {
         Some(body) => {
             field::known_and_once(&body)?;
-            field::integer(body.amount, "amount")?
+            field::amount(body.amount, "amount")?
         }
         None => None,
     };
     let Some(id) = id else {
         return Err(ApiError::NotFound("no transfer with this id".into()));
     };
+    let captured = state.engine.capture_transfer(&id, amount).await;
     Ok(Json(Transfer::from(
-        state.engine.capture_transfer(&id, amount).await?,
+        captured.map_err(|e| no_transfer(e, &id))?,
     )))
 }
 
@@ -617,7 +630,12 @@ pub async fn list_transfers(
             }
             "state" => {
                 let s: TransferState = value.parse().map_err(|_| {
-                    ApiError::Invalid(format!("unknown state `{}`", shorten(value)))
+                    let states: Vec<&str> = TransferState::ALL.iter().map(|s| s.as_str()).collect();
+                    ApiError::Invalid(format!(
+                        "unknown state `{}`: `state` is one of {}, such as `state=rolled-back`",
+                        shorten(value),
+                        states.join(", ")
+                    ))
                 })?;
                 filter.state = Some(s.as_str().to_owned());
             }

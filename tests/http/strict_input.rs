@@ -457,3 +457,53 @@ async fn every_route_refuses_an_unknown_or_repeated_query_parameter() {
     );
     app.shutdown().await;
 }
+
+/// Each refusal says what was received, what is accepted, and an example.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_say_what_was_received_and_what_is_accepted() {
+    let app = TestApp::spawn(Backend::Embedded).await;
+    app.open_account("A", 100).await;
+    app.open_account("B", 0).await;
+    let hold = |expires: &str| json!({"from": "A", "to": "B", "amount": 5, "hold": true, "hold_expires_in": expires});
+    for (body, expected) in [
+        (
+            hold("forever"),
+            "`hold_expires_in` must be a duration from 1s to 30days, such as \"10m\", \
+             \"1h30m\" or \"2days\" (received \"forever\")",
+        ),
+        (
+            hold("31days"),
+            "`hold_expires_in` must be a duration from 1s to 30days, such as \"10m\", \
+             \"1h30m\" or \"2days\" (received \"31days\")",
+        ),
+        (
+            json!({"from": "A", "to": "B", "amount": 1.5}),
+            "`amount` must be an integer from 1 to 2^63-1, such as 100 (received a fraction, \
+             an exponent or a number beyond 2^63-1)",
+        ),
+        (
+            json!({"from": "A", "to": "B", "amount": -3}),
+            "`amount` must be positive: a whole number of units from 1 to 2^63-1, such as 100 \
+             (received -3)",
+        ),
+    ] {
+        let (status, problem) = app.post("/transfers", body.clone()).await;
+        assert_eq!(status, 422, "{body}: {problem}");
+        assert_eq!(problem["detail"], expected, "{body}");
+    }
+    for action in ["cancel", "capture"] {
+        let (status, problem) = app
+            .post(&format!("/transfers/nope/{action}"), json!({}))
+            .await;
+        assert_eq!(status, 404, "{problem}");
+        assert_eq!(problem["detail"], "no transfer nope", "{action}");
+    }
+    let (status, problem) = app.get("/transfers?state=rolled_back").await;
+    assert_eq!(status, 422);
+    assert_eq!(
+        problem["detail"],
+        "unknown state `rolled_back`: `state` is one of created, pending, committed, finished, \
+         terminating, rolled-back, such as `state=rolled-back`"
+    );
+    app.shutdown().await;
+}
