@@ -9,13 +9,15 @@
 //!
 //! `ELASTICSEARCH_URL`, when set, names a cluster to use instead of the shared one. Without
 //! `java` and `mvn` the real-cluster tests skip and say so, except under `CI=true`, where that
-//! is a failure: CI must run them.
+//! is a failure (`super::skip`): CI must run them.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+use super::skip;
 
 /// How long a cluster may take to build (first run: Maven's downloads) and become healthy.
 const START_DEADLINE: Duration = Duration::from_secs(600);
@@ -135,32 +137,21 @@ pub fn shared() -> Option<String> {
         .clone()
 }
 
-/// Whether `java` and `mvn` are on the PATH. Without them: a failure under `CI=true`, else a
-/// loud skip (said once per process).
+/// Whether `java` and `mvn` are on the PATH. Without them: a failure under CI, else a loud
+/// skip (said once per process).
 fn java_and_maven_present() -> bool {
-    let present = ["java", "mvn"].iter().all(|tool| on_path(tool));
+    let present = ["java", "mvn"].iter().all(|tool| skip::on_path(tool));
     if !present {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true but java or mvn is missing: the real-Elasticsearch suites must run in CI \
-             (.ci/run installs openjdk-17-jdk-headless and maven)"
-        );
         static SAID: OnceLock<()> = OnceLock::new();
         SAID.get_or_init(|| {
-            eprintln!(
-                "\n*** SKIPPED: the real-Elasticsearch tests: java or mvn is not installed, so \
-                 tools/es-cluster/run cannot start a cluster (install openjdk-17-jdk-headless \
-                 and maven, or set ELASTICSEARCH_URL) ***\n"
+            skip::or_fail_under_ci(
+                "the real-Elasticsearch tests",
+                "java or mvn is not installed, so tools/es-cluster/run cannot start a cluster \
+                 (install openjdk-17-jdk-headless and maven, or set ELASTICSEARCH_URL)",
             )
         });
     }
     present
-}
-
-fn on_path(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()))
-        .unwrap_or(false)
 }
 
 fn launcher() -> PathBuf {

@@ -19,7 +19,8 @@
 //! - [`receiver`]: a webhook receiver on loopback that records, fails or hangs, and the
 //!   checks of its deliveries (every event, signatures, order per transfer);
 //! - [`wait`]: waiting on a condition with a deadline (never a fixed sleep);
-//! - [`faketime`]: a child process whose wall clock is offset (libfaketime).
+//! - [`faketime`]: a child process whose wall clock is offset (libfaketime);
+//! - [`skip`]: a test whose tool is missing fails under CI and skips loudly elsewhere.
 //!
 //! Each binary uses part of the harness, so unused items are expected in any one of them.
 #![allow(dead_code)]
@@ -72,5 +73,6 @@ pub mod logs;
 pub mod metrics;
 pub mod receiver;
 pub mod routes;
+pub mod skip;
 pub mod stores;
 pub mod wait;
