@@ -7,7 +7,7 @@
 //! of them holds, captured whole), transfers the currency rule refuses and metadata into its
 //! plain transfers; each ends as its request allows.
 //!
-//! Lengths are kept short for `cargo test`; the acceptance runs of the README set
+//! Lengths are kept short for `cargo test`; the acceptance runs of docs/testing.md set
 //! `CRASH_SECONDS`, `CRASH_CLIENTS` and `CRASH_KILLS` (e.g. 20, 16, 10), and `SKEW_SECONDS`
 //! and `SKEW_SETTLED_RETENTION` for the skewed run.
 //!
@@ -153,6 +153,13 @@ impl Service {
             answer.is_ok_and(|r| r.status() == 200)
         })
         .await;
+    }
+
+    /// Starts the binary and waits until it is ready ([`Service::until_ready`]).
+    async fn start_ready(env: &[(&str, String)]) -> Service {
+        let service = Service::start(env);
+        service.until_ready().await;
+        service
     }
 
     /// Whether the process has logged a line whose message starts with `prefix`.
@@ -1075,10 +1082,8 @@ async fn two_instances_share_work_and_survive_one_kill(url: &str, prefix: &str) 
         ("INDEX_PREFIX", prefix.to_owned()),
     ];
     env.extend(webhook_env(&receiver));
-    let first = Service::start(&env);
-    let second = Service::start(&env);
-    first.until_ready().await;
-    second.until_ready().await;
+    let first = Service::start_ready(&env).await;
+    let second = Service::start_ready(&env).await;
     open_accounts(&reqwest::Client::new(), &first.base, SPREAD).await;
     let bases = Arc::new(RwLock::new(vec![first.base.clone(), second.base.clone()]));
     // A feed consumer reads from the first instance until it dies, then from the second.

@@ -59,6 +59,8 @@ mod migrations;
 mod reply;
 mod security;
 
+/// The body that creates the migrations index (the differential test sends it as is).
+pub use self::migrations::migrations_index_body;
 pub use self::security::{sha256_hex, EsCredentials, EsSecurity, EsSecuritySettings, Secret};
 
 use std::fmt;

@@ -13,6 +13,14 @@ use support::cluster::{Cluster, ClusterSpec};
 /// two service processes, on a machine of two cores.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// The environment of a service on `cluster`, on the indices of `prefix`.
+fn on_cluster(cluster: &Cluster, prefix: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("ELASTICSEARCH_URL", cluster.url.clone()),
+        ("INDEX_PREFIX", prefix.to_owned()),
+    ]
+}
+
 /// The accounts index of a service on `prefix` (`migrations/0001_accounts.json`).
 fn accounts_index(prefix: &str) -> String {
     format!("{prefix}accounts")
@@ -106,14 +114,9 @@ async fn a_primary_failing_over_under_load_loses_and_doubles_nothing() {
     let seed = env_or("CRASH_SEED", rand::random::<u32>() as u64);
     eprintln!("seed {seed} (CRASH_SEED to repeat), {seconds} s, {clients} clients");
     let prefix = support::stores::unique_prefix("failover");
-    let env = vec![
-        ("ELASTICSEARCH_URL", cluster.url.clone()),
-        ("INDEX_PREFIX", prefix.clone()),
-    ];
-    let first = Service::start(&env);
-    let second = Service::start(&env);
-    first.until_ready().await;
-    second.until_ready().await;
+    let env = on_cluster(&cluster, &prefix);
+    let first = Service::start_ready(&env).await;
+    let second = Service::start_ready(&env).await;
     let accounts = accounts_index(&prefix);
     keep_off_node_0(&cluster.url, &accounts).await;
     open_accounts(&reqwest::Client::new(), &first.base, SPREAD).await;
@@ -175,12 +178,8 @@ async fn a_whole_cluster_restart_is_waited_out_and_loses_nothing() {
     };
     let seed = env_or("CRASH_SEED", rand::random::<u32>() as u64);
     eprintln!("seed {seed} (CRASH_SEED to repeat)");
-    let env = vec![
-        ("ELASTICSEARCH_URL", cluster.url.clone()),
-        ("INDEX_PREFIX", support::stores::unique_prefix("restart")),
-    ];
-    let service = Service::start(&env);
-    service.until_ready().await;
+    let env = on_cluster(&cluster, &support::stores::unique_prefix("restart"));
+    let service = Service::start_ready(&env).await;
     open_accounts(&reqwest::Client::new(), &service.base, SPREAD).await;
     let bases = Arc::new(RwLock::new(vec![service.base.clone()]));
     let requests: Requests = Arc::default();
@@ -236,14 +235,9 @@ async fn a_cluster_rejecting_writes_is_retried_and_loses_nothing() {
     };
     let seed = env_or("CRASH_SEED", rand::random::<u32>() as u64);
     eprintln!("seed {seed} (CRASH_SEED to repeat)");
-    let env = vec![
-        ("ELASTICSEARCH_URL", cluster.url.clone()),
-        ("INDEX_PREFIX", support::stores::unique_prefix("rejecting")),
-    ];
-    let first = Service::start(&env);
-    let second = Service::start(&env);
-    first.until_ready().await;
-    second.until_ready().await;
+    let env = on_cluster(&cluster, &support::stores::unique_prefix("rejecting"));
+    let first = Service::start_ready(&env).await;
+    let second = Service::start_ready(&env).await;
     open_accounts(&reqwest::Client::new(), &first.base, SPREAD).await;
     let bases = Arc::new(RwLock::new(vec![first.base.clone(), second.base.clone()]));
     let requests: Requests = Arc::default();

@@ -32,6 +32,7 @@ use std::fmt::Write as _;
 
 use reqwest::Method;
 use serde_json::{json, Value};
+use transfer_service::store::elasticsearch::migrations_index_body;
 
 use crate::support::{cluster, stores};
 
@@ -59,22 +60,6 @@ const MIGRATION_WEBHOOKS: &str = include_str!("../../migrations/0006_webhooks.js
 fn migration_body(file: &str) -> String {
     let step: Value = serde_json::from_str(file).expect("a migration file is JSON");
     step["body"].to_string()
-}
-
-/// What the backend sends to create its migrations index (`migrations_index_body` in
-/// `src/store/elasticsearch/migrations.rs`).
-fn migrations_index_body() -> String {
-    json!({
-        "settings": { "number_of_shards": 1 },
-        "mappings": {
-            "dynamic": false,
-            "properties": {
-                "description": { "type": "text" },
-                "applied_at": { "type": "date" }
-            }
-        }
-    })
-    .to_string()
 }
 
 // Field patterns: `/`-separated keys; `*` is every element of an array (its length is
@@ -558,7 +543,7 @@ async fn index_creation_and_mapping_additions_match_elasticsearch() {
         Step::put(
             "create the migrations index",
             "/${migrations}",
-            migrations_index_body(),
+            migrations_index_body().to_string(),
         )
         .compare(ACKNOWLEDGED),
     ];

@@ -84,7 +84,7 @@ pub(super) const MIGRATIONS_INDEX: &str = "migrations";
 
 /// The migrations index itself is created by code, not by a migration (the records of the
 /// migrations live in it). Same choices as the data indices: one shard, nothing dynamic.
-fn migrations_index_body() -> Value {
+pub fn migrations_index_body() -> Value {
     json!({
         "settings": { "number_of_shards": 1 },
         "mappings": {
