@@ -194,7 +194,7 @@ pub struct Config {
     pub webhooks: WebhookArgs,
 }
 
-/// Webhooks (README "Webhooks", docs/design.md §11 "Webhooks"). Checked at start-up by
+/// Webhooks (docs/api.md "Webhooks", docs/design.md §11 "Webhooks"). Checked at start-up by
 /// `crate::webhooks::WebhookSettings::from_args`: a bad value stops the service with a message
 /// naming it. The secret never prints (`--help` hides its environment value, `Debug` shows
 /// `***`, and an error about it never quotes it).

@@ -1,5 +1,5 @@
-//! Webhooks (README "Webhooks", `docs/design.md §11` "Webhooks"): every selected event of the
-//! change feed POSTed to each configured URL, signed per Standard Webhooks, at least once.
+//! Webhooks (`docs/api.md` "Webhooks", `docs/design.md §11` "Webhooks"): every selected event
+//! of the change feed POSTed to each configured URL, signed per Standard Webhooks, at least once.
 //!
 //! - [`signing`]: the `whsec_` secret and the `webhook-signature` header;
 //! - [`progress`]: the durable cursor and the delivery lease of one receiver, a document of

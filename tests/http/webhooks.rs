@@ -1,4 +1,4 @@
-//! Webhooks (README "Webhooks", docs/design.md §11 "Webhooks"): a loopback receiver
+//! Webhooks (docs/api.md "Webhooks", docs/design.md §11 "Webhooks"): a loopback receiver
 //! (`tests/support/receiver.rs`) gets every selected event of a mixed load, signed, in order
 //! per transfer, also when it answers 500 or hangs for a while; events are given up after
 //! the retry period; transfers never wait on a receiver; two instances on one store share a
@@ -431,12 +431,12 @@ async fn two_instances_share_a_receiver_and_hand_over(backend: Backend) {
     survivor.shutdown().await;
 }
 
-/// The Python verifier of the README's "Webhooks" section, taken from the README itself so the
-/// two cannot drift, accepts a real delivery and refuses it tampered or under another key.
+/// The Python verifier of the API guide's "Webhooks" section, taken from docs/api.md itself so
+/// the two cannot drift, accepts a real delivery and refuses it tampered or under another key.
 /// Needs `python3` (`.ci/run` installs it); without it the test skips saying so, except under
 /// CI, where it fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_readmes_python_verifier_accepts_a_real_delivery_and_refuses_a_forged_one() {
+async fn the_api_guides_python_verifier_accepts_a_real_delivery_and_refuses_a_forged_one() {
     let ci = std::env::var("CI").is_ok_and(|v| !["", "0", "false"].contains(&v.as_str()));
     let found = std::process::Command::new("python3")
         .arg("--version")
@@ -446,11 +446,11 @@ async fn the_readmes_python_verifier_accepts_a_real_delivery_and_refuses_a_forge
         eprintln!("skipped: python3 not found (apt-get install python3)");
         return;
     }
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
-    let section = &readme[readme
+    let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/api.md"))
+        .expect("docs/api.md");
+    let section = &guide[guide
         .find("**Verifying a signature**")
-        .expect("the section")..];
+        .expect("docs/api.md: the section \"Verifying a signature\"")..];
     let start = section.find("```python\n").expect("a python block") + "```python\n".len();
     let verifier = &section[start..start + section[start..].find("```").expect("its end")];
 

@@ -1,5 +1,5 @@
 //! API key files for the auth suites: written as an operator writes them, with each key's
-//! SHA-256 made by the README's recipe (`printf %s "$KEY" | sha256sum`), and replaced
+//! SHA-256 made by docs/api.md's recipe (`printf %s "$KEY" | sha256sum`), and replaced
 //! atomically (a rename) as a deployment tool would.
 
 use std::path::{Path, PathBuf};
@@ -16,7 +16,8 @@ pub struct Key {
     pub scopes: &'static str,
 }
 
-/// The SHA-256 of `secret` in hex, made by the shell recipe the README gives operators.
+/// The SHA-256 of `secret` in hex, made by the shell recipe docs/api.md ("API keys") gives
+/// operators.
 pub fn sha256_hex(secret: &str) -> String {
     let output = Command::new("sh")
         .args(["-c", r#"printf %s "$KEY" | sha256sum"#])

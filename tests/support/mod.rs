@@ -12,7 +12,7 @@
 //!   kept in flight without sleeps);
 //! - [`engine`]: the engine without HTTP, on real storage behind [`faulty`] (injected faults),
 //!   on a test clock and tokio's paused time;
-//! - [`keys`]: API key files, each key hashed by the README's recipe;
+//! - [`keys`]: API key files, each key hashed by docs/api.md's recipe;
 //! - [`metrics`]: `/metrics` read with a maintained Prometheus text parser;
 //! - [`logs`]: every app's JSON log lines captured in memory, found by request or transfer id;
 //! - [`feed`]: what a change-feed consumer saw, and the check that it is complete and in order;
