@@ -1,6 +1,6 @@
 //! Elasticsearch with security on (docs/elasticsearch.md §12), against the emulator (a TEST
 //! DOUBLE of Elasticsearch) configured with API keys, privileges and HTTPS: the minimal role
-//! of the README is enough to run; a wrong key, a missing privilege, an untrusted or
+//! of docs/configuration.md is enough to run; a wrong key, a missing privilege, an untrusted or
 //! mismatched CA are clear start-up errors; a key revoked or a privilege withdrawn while
 //! running makes `/readyz` and the API say why, is counted, and is not retried.
 
@@ -20,8 +20,9 @@ const PREFIX: &str = "secured-";
 const KEY_ID: &str = "svc-key";
 const KEY_SECRET: &str = "ui2lp2axTNmsyakw9tvNnw";
 
-/// The README's minimal role: no cluster privilege, and on the service's indices `read`,
-/// `index`, `create_index`, `view_index_metadata`, `maintenance` and the mapping action.
+/// The minimal role of docs/configuration.md: no cluster privilege, and on the service's
+/// indices `read`, `index`, `create_index`, `view_index_metadata`, `maintenance` and the
+/// mapping action.
 fn minimal_role() -> Grant {
     Grant::indices(
         &["secured-*"],
