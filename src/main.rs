@@ -8,7 +8,7 @@ use transfer_service::{app, audit, http, telemetry};
 /// spent a fifth of the service's CPU. The benchmark measured about 25% less CPU per transfer
 /// under 2,000 connections and 8% less at 64 clients. Peak RSS grew by some 20 MiB (49 → 60
 /// MiB at 64 clients); under 2,000 connections the smaller default page cache
-/// (`EMBEDDED_CACHE_MIB`) gives it back (README "Benchmark").
+/// (`EMBEDDED_CACHE_MIB`) gives it back (docs/benchmark.md).
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

@@ -87,8 +87,8 @@ pub const FILE_NAME: &str = "transfer-service.redb";
 /// which the process's memory grows into as the file grows. The working set (the accounts,
 /// the transfers in flight, the newest index pages) is far smaller; a page the cache no longer
 /// holds is read again from the kernel's page cache. Under 2,000 connections the benchmark's
-/// peak RSS was 213 MiB with 64 and 188 MiB with 32, at the same CPU per transfer (README
-/// "Benchmark").
+/// peak RSS was 213 MiB with 64 and 188 MiB with 32, at the same CPU per transfer
+/// (docs/benchmark.md).
 pub const DEFAULT_CACHE_MIB: usize = 32;
 
 /// The redb-backed store. Hold it in an `Arc` (it is a [`Store`]).

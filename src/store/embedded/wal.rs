@@ -54,7 +54,7 @@ pub const LOG_FILE_NAME: &str = "transfer-service.wal";
 /// delay a small share of requests and cost the least CPU: every second, p99 12–15 ms; every
 /// 50 ms, 43–45 ms and more CPU. With many (2,000 connections, a thousand in flight), each
 /// stall delays many requests: every second, the p99 of accepted creates was 290–370 ms in
-/// the service; every 50 ms, 200 ms (README, "Benchmark").
+/// the service; every 50 ms, 200 ms (docs/benchmark.md).
 pub const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A group weighing at least this many ops (about 256 transfers) means many writers are
@@ -231,7 +231,7 @@ impl Wal {
     /// pages changed) and a copy of each page the next transaction changes again, and
     /// nothing reads the tables without committing first. Committing every tenth of the
     /// checkpoint interval as well cost 9% more CPU a transfer at 64 clients, and 45% more
-    /// on the p99 (README, "Benchmark").
+    /// on the p99 (docs/benchmark.md).
     pub(super) fn commit_due(&self, acknowledged: usize) -> bool {
         acknowledged >= OPEN_TXN_WRITES
     }
