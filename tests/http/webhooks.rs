@@ -433,17 +433,15 @@ async fn two_instances_share_a_receiver_and_hand_over(backend: Backend) {
 
 /// The Python verifier of the API guide's "Webhooks" section, taken from docs/api.md itself so
 /// the two cannot drift, accepts a real delivery and refuses it tampered or under another key.
-/// Needs `python3` (`.ci/run` installs it); without it the test skips saying so, except under
-/// CI, where it fails.
+/// Needs `python3` (`.ci/run` installs it): without it the test fails under CI and skips
+/// loudly elsewhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_guides_python_verifier_accepts_a_real_delivery_and_refuses_a_forged_one() {
-    let ci = std::env::var("CI").is_ok_and(|v| !["", "0", "false"].contains(&v.as_str()));
-    let found = std::process::Command::new("python3")
-        .arg("--version")
-        .output();
-    if !found.is_ok_and(|o| o.status.success()) {
-        assert!(!ci, "python3 is missing: .ci/run installs it");
-        eprintln!("skipped: python3 not found (apt-get install python3)");
+    if !crate::support::skip::on_path("python3") {
+        crate::support::skip::or_fail_under_ci(
+            "the API guide's Python verifier test",
+            "python3 is not installed (apt-get install python3)",
+        );
         return;
     }
     let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/api.md"))
