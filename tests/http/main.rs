@@ -17,7 +17,7 @@
 //! - [`schema`]: the OpenAPI document's constraints against the server, both ways;
 //! - [`strict_input`]: unknown body fields and query parameters refused on every route;
 //! - [`observability`]: metrics, request ids, logs, the OpenAPI document, Swagger UI;
-//! - [`readme_examples`]: the README's curl examples run as written, answering what they say;
+//! - [`doc_examples`]: the README's and the API guide's curl examples run as written;
 //! - [`resilience`]: store outages on the Elasticsearch backend (emulator);
 //! - [`webhooks`]: signed deliveries to a loopback receiver that fails and hangs, give-ups,
 //!   transfers that never wait on it, two instances sharing a receiver's lease;
@@ -44,7 +44,7 @@ mod legs;
 mod metadata;
 mod observability;
 mod operator_kit;
-mod readme_examples;
+mod doc_examples;
 mod resilience;
 mod schema;
 mod strict_input;
