@@ -238,26 +238,33 @@ impl Dispatcher {
             }
             let wait = match progress.claim().await {
                 Ok(Claim::Held { cursor }) => {
-                    let start = match cursor.as_deref() {
-                        None => None,
-                        Some(text) => match engine.check_feed_cursor(text).await {
-                            Ok(position) => position,
-                            Err(CursorRefused::Store(error)) => {
-                                tracing::warn!(receiver, %error, "webhooks: cannot check the saved cursor; retrying");
-                                tokio::select! {
-                                    _ = shutdown.cancelled() => return,
-                                    _ = tokio::time::sleep(STORE_RETRY) => {}
-                                }
-                                continue;
+                    // The store's identity is read first either way, so that every cursor
+                    // this receiver saves carries it (`Engine::feed_cursor`).
+                    let checked = match cursor.as_deref() {
+                        None => engine
+                            .store_identity()
+                            .await
+                            .map(|_| None)
+                            .map_err(CursorRefused::from),
+                        Some(text) => engine.check_feed_cursor(text).await,
+                    };
+                    let start = match checked {
+                        Ok(position) => position,
+                        Err(CursorRefused::Store(error)) => {
+                            tracing::warn!(receiver, %error, "webhooks: cannot read the store's identity or check the saved cursor; retrying");
+                            tokio::select! {
+                                _ = shutdown.cancelled() => return,
+                                _ = tokio::time::sleep(STORE_RETRY) => {}
                             }
-                            // Delivering after it would skip every event up to it: deliver
-                            // from the beginning instead (receivers dedupe on `webhook-id`).
-                            Err(refused) => {
-                                tracing::error!(receiver, %refused,
-                                    "webhooks: the saved cursor is not a position of this store's feed; delivering from the start of the feed");
-                                None
-                            }
-                        },
+                            continue;
+                        }
+                        // Delivering after it would skip every event up to it: deliver from
+                        // the beginning instead (receivers dedupe on `webhook-id`).
+                        Err(refused) => {
+                            tracing::error!(receiver, %refused,
+                                "webhooks: the saved cursor is not a position of this store's feed; delivering from the start of the feed");
+                            None
+                        }
                     };
                     tracing::info!(receiver, owner = progress.owner(), cursor = ?cursor, "webhooks: delivering");
                     lease_held.set(1);

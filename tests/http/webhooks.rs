@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use transfer_service::config::Config;
 use transfer_service::store::elasticsearch::Secret;
+use transfer_service::store::embedded::EmbeddedStore;
 
 use crate::support::app::{Backend, SharedElasticsearch, TestApp};
 use crate::support::feed::FeedReader;
@@ -578,4 +579,106 @@ async fn a_new_url_starts_at_the_beginning_or_with_webhook_start_now_at_the_end(
     for app in [beginning, now, first] {
         app.shutdown().await;
     }
+}
+
+/// A saved cursor that is not a position of this store's feed is refused when delivery
+/// starts: one of another store (a store moved to another cluster), or one past the feed's
+/// end (a store restored from an older backup). Delivering after it would skip every event up
+/// to it (past the end: t-3's event would never come); instead the receiver gets the feed from
+/// the start again (repeats are by `webhook-id`), and an ERROR says why. The control: the
+/// same restart with the cursor as saved logs no such ERROR.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saved_cursor_not_of_this_stores_feed_is_refused_and_delivery_starts_over() {
+    for tampering in [
+        Tampering::None,
+        Tampering::AnotherStore,
+        Tampering::PastTheEnd,
+    ] {
+        // The embedded store, whose feed is exact: the saved cursor is at the last event.
+        let dir = tempfile::tempdir().expect("temp dir");
+        let receiver = Receiver::start().await;
+        let on_dir = |config: &mut Config| {
+            hooks(&receiver, &TERMINAL)(config);
+            config.data_dir = dir.path().to_owned();
+        };
+        let first = TestApp::spawn_with(Backend::Embedded, on_dir).await;
+        first.open_account("a", 10).await;
+        first.open_account("b", 0).await;
+        for id in ["t-1", "t-2"] {
+            first.transfer_accepted(id, "a", "b", 1).await;
+            first.settled(id).await;
+        }
+        wait::eventually("both terminal events delivered", || async {
+            receiver.delivered_ids().len() == 2
+        })
+        .await;
+        first.shutdown().await;
+        {
+            let store = EmbeddedStore::open(dir.path()).expect("open the stopped app's store");
+            tamper_with_the_saved_cursor(&store, tampering).await;
+        }
+        let errors_before = cursor_refusals();
+        let second = TestApp::spawn_with(Backend::Embedded, on_dir).await;
+        second.transfer_accepted("t-3", "a", "b", 1).await;
+        second.settled("t-3").await;
+        wait::eventually("t-3's terminal event delivered", || async {
+            receiver.delivered_ids().len() == 3
+        })
+        .await;
+        let refused = cursor_refusals() > errors_before;
+        assert_eq!(refused, tampering != Tampering::None, "{tampering:?}");
+        second.shutdown().await;
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Tampering {
+    None,
+    AnotherStore,
+    PastTheEnd,
+}
+
+/// The ERROR lines so far that say a saved webhook cursor was refused.
+fn cursor_refusals() -> usize {
+    let refusal = "the saved cursor is not a position of this store";
+    logs::lines()
+        .iter()
+        .filter(|line| line["level"] == "ERROR")
+        .filter(|line| {
+            line["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(refusal))
+        })
+        .count()
+}
+
+/// Rewrites the one saved webhook cursor (`<store identity>~<seq_no>` on the embedded store)
+/// as `tampering` says.
+async fn tamper_with_the_saved_cursor(
+    store: &dyn transfer_service::store::Store,
+    tampering: Tampering,
+) {
+    use transfer_service::store::Index;
+    let page = store.scan(Index::Webhooks, None, 10).await.expect("scan");
+    let [doc] = page.docs.as_slice() else {
+        panic!("one progress document, not {}", page.docs.len())
+    };
+    let mut progress: Value = doc.source.to_value().expect("JSON");
+    let cursor = progress["cursor"]
+        .as_str()
+        .expect("a saved cursor")
+        .to_owned();
+    let (identity, seq_no) = cursor
+        .split_once('~')
+        .unwrap_or_else(|| panic!("not <identity>~<seq_no>: {cursor}"));
+    let seq_no: u64 = seq_no.parse().expect("a seq_no");
+    progress["cursor"] = json!(match tampering {
+        Tampering::None => return,
+        Tampering::AnotherStore => format!("another-store~{seq_no}"),
+        Tampering::PastTheEnd => format!("{identity}~{}", seq_no + 1_000),
+    });
+    store
+        .replace_if(Index::Webhooks, &doc.id, progress.into(), doc.version)
+        .await
+        .expect("rewrite the cursor");
 }
