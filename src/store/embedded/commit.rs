@@ -83,11 +83,14 @@ pub(super) struct Committer {
     pub(super) listing_uncommitted: std::sync::atomic::AtomicBool,
     /// Why the store stopped writing, once it has (see [`Committer::stop_writing`]).
     pub(super) stopped: std::sync::OnceLock<String>,
+    /// `DATA_DIR`, where a stop is recorded for the next start.
+    pub(super) files: Arc<dyn DataDir>,
 }
 
 impl Committer {
-    pub(super) fn new(log: Wal) -> Self {
+    pub(super) fn new(log: Wal, files: Arc<dyn DataDir>) -> Self {
         Self {
+            files,
             queue: Mutex::default(),
             idle: Condvar::new(),
             log: Mutex::new(log),
@@ -102,9 +105,21 @@ impl Committer {
     /// Refuses every later write: after a group's record was written, a failure leaves the
     /// log and redb's state in memory disagreeing about that group, and later groups would
     /// build on the difference. A restart replays the log and starts from what is on disk.
+    ///
+    /// The reason is also left in `DATA_DIR` ([`DataDir::record_stopped`]) for the next start,
+    /// which re-reads the files from the disk, not the page cache, before replaying the log.
     fn stop_writing(&self, reason: String) -> StoreError {
         if self.stopped.get().is_none() {
-            tracing::error!(%reason, "embedded store: writes stopped until the service restarts");
+            tracing::error!(
+                %reason,
+                "embedded store: writes stopped until the service restarts. After an I/O \
+                 error the disk may have lost writes it had accepted: check it (the kernel \
+                 log, SMART), reboot the machine if you can, then start the service, which \
+                 replays the write-ahead log over what the disk holds (docs/operations.md)"
+            );
+            if let Err(error) = self.files.record_stopped(&reason) {
+                tracing::error!(%error, "embedded store: cannot leave the reason writes stopped in DATA_DIR");
+            }
         }
         let reason = self.stopped.get_or_init(|| {
             format!("embedded store: {reason}; writes are refused until the service restarts")
@@ -637,13 +652,15 @@ pub(super) fn write_all_creations(db: &Database, committer: &Committer) -> Store
 }
 
 /// Makes every commit so far durable in the redb file (the open transaction, or an empty one,
-/// committed with `Durability::Immediate`), then empties the log. Only the commit can fail
-/// it: a log that does not shrink is still correct (replay skips what the file holds), so a
-/// failure to empty it only costs space.
+/// committed with `Durability::Immediate`), then empties the log: in this order, so that at
+/// every moment either the file or the log holds each acknowledged write. An error of
+/// either is an I/O error, after which what the disk holds is uncertain: the callers stop
+/// writing ([`checkpoint_if_due`]; the store's start refuses to finish).
 pub(super) fn checkpoint(db: &Database, committer: &Committer, log: &mut Wal) -> StoreResult<()> {
     Taken::take(db, committer)?.commit(Durability::Immediate)?;
-    if let Err(error) = log.checkpointed() {
-        tracing::warn!(%error, "embedded store: cannot empty the write-ahead log");
-    }
-    Ok(())
+    log.checkpointed().map_err(|e| {
+        StoreError::Unavailable(format!(
+            "embedded store: cannot empty the write-ahead log: {e}"
+        ))
+    })
 }

@@ -60,6 +60,7 @@ use super::{
 
 mod commit;
 mod creation;
+mod disk;
 mod read_only;
 mod recent;
 mod search;
@@ -72,6 +73,8 @@ mod writes;
 pub use commit::MAX_GROUP_OPS;
 use commit::*;
 use creation::*;
+use disk::{DataDir, DatabaseFile, OsDataDir};
+pub use disk::{NEW_DATABASE_FILE_NAME, STOPPED_FILE_NAME};
 pub use read_only::ReadOnlyEmbeddedStore;
 use recent::*;
 use search::*;
@@ -145,21 +148,69 @@ impl EmbeddedStore {
         cache_mib: usize,
         checkpoint_interval: std::time::Duration,
     ) -> StoreResult<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| {
+        let files = OsDataDir::create(dir).map_err(|e| {
             StoreError::Permanent(format!("cannot create data dir {}: {e}", dir.display()))
         })?;
-        let path = dir.join(FILE_NAME);
-        let db = redb::Builder::new()
-            .set_cache_size(cache_mib.saturating_mul(1024 * 1024))
-            .create(&path)
-            .map_err(|e| StoreError::Permanent(format!("cannot open {}: {e}", path.display())))?;
-        let (log, content) = Wal::open(dir, checkpoint_interval)?;
-        Self::start(db, path, log, &content)
+        let (path, new) = (
+            files.database(DatabaseFile::Current),
+            files.database(DatabaseFile::New),
+        );
+        let open_db = |file| {
+            redb::Builder::new()
+                .set_cache_size(cache_mib.saturating_mul(1024 * 1024))
+                .create(match file {
+                    DatabaseFile::Current => &path,
+                    DatabaseFile::New => &new,
+                })
+        };
+        Self::open_files(Arc::new(files), &path, checkpoint_interval, open_db)
+    }
+
+    /// Opens the store on `files`, its database files opened by `open_db`: reads both files
+    /// from the disk, not the page cache ([`DataDir::drop_cache`]), makes the database if
+    /// there is none, replays the log, and, once that is durable, forgets that the last run
+    /// stopped writing, if it did.
+    ///
+    /// The cache is dropped at every start, not only after a run that recorded a stop: the
+    /// note may itself have failed to reach the disk.
+    fn open_files(
+        files: Arc<dyn DataDir>,
+        path: &Path,
+        checkpoint_interval: std::time::Duration,
+        open_db: impl Fn(DatabaseFile) -> Result<Database, redb::DatabaseError>,
+    ) -> StoreResult<Self> {
+        let stopped = files.stopped_reason().map_err(permanent)?;
+        if let Some(reason) = &stopped {
+            tracing::warn!(
+                %reason,
+                "embedded store: the last run stopped writing; if that was an I/O error, check \
+                 the disk (the kernel log, SMART). The files are read from the disk and the \
+                 write-ahead log replayed over them"
+            );
+        }
+        files.drop_cache().map_err(permanent)?;
+        let cannot_open = |e| StoreError::Permanent(format!("cannot open {}: {e}", path.display()));
+        if !files.database_exists().map_err(permanent)? {
+            make_database(files.as_ref(), || open_db(DatabaseFile::New)).map_err(cannot_open)?;
+        }
+        let db = open_db(DatabaseFile::Current).map_err(|e| cannot_open(e.into()))?;
+        let (log, content) = Wal::open(files.as_ref(), checkpoint_interval)?;
+        let store = Self::start(db, path.to_owned(), log, &content, files.clone())?;
+        if stopped.is_some() {
+            files.clear_stopped().map_err(permanent)?;
+        }
+        Ok(store)
     }
 
     /// Replays the log and creates the tables if needed, in one durable transaction, then
     /// empties the log.
-    fn start(db: Database, path: PathBuf, mut log: Wal, content: &[u8]) -> StoreResult<Self> {
+    fn start(
+        db: Database,
+        path: PathBuf,
+        mut log: Wal,
+        content: &[u8],
+        files: Arc<dyn DataDir>,
+    ) -> StoreResult<Self> {
         let db = Arc::new(db);
         // Create every table up front so readers never meet a missing one.
         let txn = db.begin_write().map_err(permanent)?;
@@ -185,7 +236,7 @@ impl EmbeddedStore {
         log.checkpointed().map_err(permanent)?;
         Ok(Self {
             db,
-            committer: Arc::new(Committer::new(log)),
+            committer: Arc::new(Committer::new(log, files)),
             path,
             identity: format!("e{identity:016x}"),
         })
@@ -257,6 +308,20 @@ impl EmbeddedStore {
             .await
             .map_err(|e| StoreError::Permanent(format!("read task failed: {e}")))?
     }
+}
+
+/// Makes a new, empty database under its own name, durably, then gives it the store's.
+fn make_database(
+    files: &dyn DataDir,
+    create: impl FnOnce() -> Result<Database, redb::DatabaseError>,
+) -> Result<(), redb::Error> {
+    files.discard_new_database()?;
+    let db = create()?;
+    // An empty commit with redb's default durability: the file is a database on the disk.
+    db.begin_write()?.commit()?;
+    db.close()?;
+    files.install_new_database()?;
+    Ok(())
 }
 
 /// The store's random id in [`META`], made the first time a version that has it opens the

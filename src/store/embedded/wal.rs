@@ -36,11 +36,9 @@
 //! Time only decides how often checkpoints happen (how long a replay may take and how much
 //! redb keeps in memory); no rule of durability depends on it.
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
-use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::disk::{DataDir, LogFile};
 use super::*;
 
 /// File name of the log inside `DATA_DIR`, beside [`FILE_NAME`].
@@ -74,34 +72,32 @@ pub const CHECKPOINT_BYTES: u64 = 64 * 1024 * 1024;
 /// The key in [`META`] holding the number of the last log record the file's state includes.
 pub(super) const LOG_APPLIED: &str = "log:applied";
 
-/// Bytes before each record's body: its length and a CRC-32 of the length and the body,
-/// little endian.
-const HEADER: usize = 8;
+/// The first bytes of every record: which format wrote it.
+const MAGIC: [u8; 4] = *b"TSL2";
 
-/// The smallest body: the record's number.
-const MIN_BODY: usize = 8;
+/// Bytes before each record's body, little endian: [`MAGIC`], the body's length (`u32`), the
+/// record's number (`u64`), a CRC-32 of the body, and a CRC-32 of those 20 bytes. The header
+/// has a checksum of its own so that a damaged length or number is seen as damage, never
+/// trusted to say where the log ends.
+const HEADER: usize = 24;
 
-/// The checksum of a record: its length and its body (so that a run of zeros, which a crash
-/// can leave at the end of a file, is not a valid empty record).
-fn checksum(len: [u8; 4], body: &[u8]) -> u32 {
-    let mut hasher = crc32fast::Hasher::new();
-    hasher.update(&len);
-    hasher.update(body);
-    hasher.finalize()
+/// A CRC-32 of `bytes`.
+fn crc(bytes: &[u8]) -> u32 {
+    crc32fast::hash(bytes)
 }
 
-/// The writes of one group, encoded as they are made: the body of one log record.
+/// The writes of one group, encoded as they are made: one log record.
 pub(super) struct LogRecord {
     number: u64,
-    body: Vec<u8>,
+    /// The header's room, then the body.
+    bytes: Vec<u8>,
 }
 
 impl LogRecord {
     fn new(number: u64) -> Self {
-        let mut body = Vec::with_capacity(4096);
-        body.extend_from_slice(&[0; HEADER]);
-        body.extend_from_slice(&number.to_le_bytes());
-        Self { number, body }
+        let mut bytes = Vec::with_capacity(4096);
+        bytes.extend_from_slice(&[0; HEADER]);
+        Self { number, bytes }
     }
 
     /// The record's number (one more than the last record's).
@@ -111,32 +107,35 @@ impl LogRecord {
 
     /// Whether the group wrote anything.
     pub(super) fn is_empty(&self) -> bool {
-        self.body.len() == HEADER + 8
+        self.bytes.len() == HEADER
     }
 
     /// Adds one stored document: its index, id and stored value (`seq_no` and source).
     pub(super) fn push(&mut self, index: Index, id: &str, value: &[u8]) {
         let name = index.name().as_bytes();
-        self.body.push(name.len() as u8);
-        self.body.extend_from_slice(name);
-        self.body
+        self.bytes.push(name.len() as u8);
+        self.bytes.extend_from_slice(name);
+        self.bytes
             .extend_from_slice(&(id.len() as u32).to_le_bytes());
-        self.body.extend_from_slice(id.as_bytes());
-        self.body
+        self.bytes.extend_from_slice(id.as_bytes());
+        self.bytes
             .extend_from_slice(&(value.len() as u32).to_le_bytes());
-        self.body.extend_from_slice(value);
+        self.bytes.extend_from_slice(value);
     }
 
     /// The bytes to append: the header filled in, then the body.
     fn seal(&mut self) -> &[u8] {
-        let body = &self.body[HEADER..];
-        let len = u32::try_from(body.len())
-            .expect("a group's record is far below 4 GiB")
-            .to_le_bytes();
-        let crc = checksum(len, body);
-        self.body[..4].copy_from_slice(&len);
-        self.body[4..HEADER].copy_from_slice(&crc.to_le_bytes());
-        &self.body
+        let body_len = self.bytes.len() - HEADER;
+        let len = u32::try_from(body_len).expect("a group's record is far below 4 GiB");
+        let body_crc = crc(&self.bytes[HEADER..]);
+        let header = &mut self.bytes[..HEADER];
+        header[..4].copy_from_slice(&MAGIC);
+        header[4..8].copy_from_slice(&len.to_le_bytes());
+        header[8..16].copy_from_slice(&self.number.to_le_bytes());
+        header[16..20].copy_from_slice(&body_crc.to_le_bytes());
+        let header_crc = crc(&header[..20]);
+        header[20..24].copy_from_slice(&header_crc.to_le_bytes());
+        &self.bytes
     }
 }
 
@@ -150,7 +149,7 @@ pub(super) struct LoggedWrite<'a> {
 
 /// The log file, the next record's number, and when the last checkpoint was.
 pub(super) struct Wal {
-    file: File,
+    file: Box<dyn LogFile>,
     next_number: u64,
     bytes: u64,
     last_checkpoint: Instant,
@@ -168,23 +167,17 @@ pub(super) struct Wal {
 
 impl Wal {
     /// Opens (or creates) the log in `dir` and returns it with its whole content, to replay.
-    pub(super) fn open(dir: &Path, checkpoint_interval: Duration) -> StoreResult<(Self, Vec<u8>)> {
-        let path = dir.join(LOG_FILE_NAME);
+    pub(super) fn open(
+        dir: &dyn DataDir,
+        checkpoint_interval: Duration,
+    ) -> StoreResult<(Self, Vec<u8>)> {
         let cannot = |e: std::io::Error| {
-            StoreError::Permanent(format!("cannot open {}: {e}", path.display()))
+            StoreError::Permanent(format!("embedded store: cannot open {LOG_FILE_NAME}: {e}"))
         };
-        let mut file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .open(&path)
-            .map_err(cannot)?;
-        let mut content = Vec::new();
-        file.read_to_end(&mut content).map_err(cannot)?;
+        let mut file = dir.open_log().map_err(cannot)?;
+        let content = file.read_all().map_err(cannot)?;
         // The file's name must survive a power loss too, from its first record on.
-        File::open(dir)
-            .and_then(|dir| dir.sync_all())
-            .map_err(cannot)?;
+        dir.sync().map_err(cannot)?;
         let wal = Self {
             file,
             next_number: 1,
@@ -246,10 +239,12 @@ impl Wal {
         #[cfg(test)]
         if self.fail_appends {
             // Half the record reaches the file, as when the disk fills mid-write.
-            self.file.write_all(&bytes[..bytes.len() / 2])?;
+            self.file.append(&bytes[..bytes.len() / 2])?;
             return Err(std::io::Error::other("injected: the disk is full"));
         }
-        self.file.write_all(bytes)?;
+        self.file.append(bytes)?;
+        // The durability point of every write the group made: nothing of it is visible or
+        // answered before this returns.
         self.file.sync_data()?;
         self.bytes += bytes.len() as u64;
         self.next_number = record.number + 1;
@@ -262,87 +257,129 @@ impl Wal {
     }
 
     /// Empties the log after a durable commit that includes every record in it. Should the
-    /// file not shrink, its records are all at or below the number the redb file holds, and
-    /// replay skips them.
+    /// emptying not reach the disk (a power cut before the sync), the records left are all at
+    /// or below the number the redb file holds: replay skips them, and the reader takes the
+    /// ones after the records appended since for what they are ([`read_records`]). An error
+    /// stops the store's writes all the same, as any I/O error does.
     pub(super) fn checkpointed(&mut self) -> std::io::Result<()> {
         self.last_checkpoint = Instant::now();
         if self.bytes == 0 {
             return Ok(());
         }
-        self.file.set_len(0)?;
+        self.file.empty()?;
         self.file.sync_all()?;
         self.bytes = 0;
         Ok(())
     }
 }
 
-/// The complete records of a log's content, in order, as `(number, writes)`.
+/// The records of a log's content to replay over a file holding every record up to
+/// `applied`, in order, as `(number, writes)`.
 ///
-/// Only the tail can be torn: records are appended one at a time, each synced before the
-/// next. So an unreadable record (torn, failing its checksum) that is the last thing in the
-/// file, or is followed only by zeros, ends the log: the tail of a crash, never acknowledged.
-/// One followed by anything else is corruption, and so is a record whose checksum holds but
-/// which does not parse (another version wrote it): errors, rather than acknowledged writes
-/// silently skipped (the log is left as it is for a person to look at).
-pub(super) fn read_records(content: &[u8]) -> StoreResult<Vec<(u64, Vec<LoggedWrite<'_>>)>> {
+/// Records are appended one at a time, each synced before the next, and an append changes no
+/// byte before it (powersafe overwrite, see [`super::disk`]): the log is the run of whole,
+/// consecutively numbered records from its start.
+/// What follows the run is the tail of a crash (an append never acknowledged: torn, or
+/// partly written, or zeros) or records older than `applied` left by an emptying that did
+/// not reach the disk. But a whole record numbered after both the run and `applied`, further
+/// on, was acknowledged: the log is damaged before it, and opening fails rather than skip it
+/// (the log is left as it is for a person to look at). So does a record whose checksums hold
+/// but which does not parse (another version wrote it).
+pub(super) fn read_records(
+    content: &[u8],
+    applied: u64,
+) -> StoreResult<Vec<(u64, Vec<LoggedWrite<'_>>)>> {
+    refuse_old_format(content)?;
     let mut records = Vec::new();
-    let mut rest = content;
-    let at = |rest: &[u8]| content.len() - rest.len();
-    while let Some((body, after)) = next_record(rest) {
-        let record = decode_record(body).ok_or_else(|| {
+    let mut at = 0;
+    let mut last = None;
+    while let Some((number, body, end)) = record_at(content, at) {
+        if last.is_some_and(|last| number != last + 1) {
+            break;
+        }
+        let writes = decode_writes(body).ok_or_else(|| {
             StoreError::Permanent(format!(
-                "embedded store: the write-ahead log's record at byte {} does not parse",
-                at(rest)
+                "embedded store: the write-ahead log's record at byte {at} does not parse"
             ))
         })?;
-        records.push(record);
-        rest = after;
+        records.push((number, writes));
+        last = Some(number);
+        at = end;
     }
-    if !rest.is_empty() {
-        if !is_torn_tail(rest) {
+    if at < content.len() {
+        let newest = last.unwrap_or(0).max(applied);
+        if let Some((later, number)) = newer_record_after(content, at, newest) {
             return Err(StoreError::Permanent(format!(
-                "embedded store: the write-ahead log is corrupt at byte {} and records follow; \
-                 {} is left as it is",
-                at(rest),
-                LOG_FILE_NAME
+                "embedded store: the write-ahead log is damaged at byte {at}: record {number} \
+                 at byte {later} follows, acknowledged; {LOG_FILE_NAME} is left as it is"
             )));
         }
-        tracing::warn!(
-            ignored_bytes = rest.len(),
-            "the write-ahead log ends in a torn record (a crash while it was written); \
-             its group was never acknowledged"
-        );
+        if content[at..].iter().any(|&b| b != 0) {
+            tracing::warn!(
+                at,
+                ignored_bytes = content.len() - at,
+                "embedded store: the write-ahead log ends in a record that is not whole (a \
+                 crash while it was written: never acknowledged) or in records a checkpoint \
+                 had applied"
+            );
+        }
     }
     Ok(records)
 }
 
-/// The body of the record at the start of `rest` and what follows it, if the record is
-/// whole and its checksum holds.
-fn next_record(rest: &[u8]) -> Option<(&[u8], &[u8])> {
-    let (header, after) = rest.split_first_chunk::<HEADER>()?;
-    let (len, crc) = header.split_at(4);
-    let len: [u8; 4] = len.try_into().expect("4 bytes");
-    let crc = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
-    let (body, after) = after.split_at_checked(u32::from_le_bytes(len) as usize)?;
-    (body.len() >= MIN_BODY && checksum(len, body) == crc).then_some((body, after))
+/// The whole record starting at byte `at`: its number, body, and where the next one starts.
+fn record_at(content: &[u8], at: usize) -> Option<(u64, &[u8], usize)> {
+    let header: &[u8; HEADER] = content.get(at..)?.first_chunk()?;
+    let field = |range: std::ops::Range<usize>| &header[range];
+    let u32_at = |start: usize| u32::from_le_bytes(field(start..start + 4).try_into().unwrap());
+    if field(0..4) != MAGIC || crc(field(0..20)) != u32_at(20) {
+        return None;
+    }
+    let len = u32_at(4) as usize;
+    let number = u64::from_le_bytes(field(8..16).try_into().unwrap());
+    let body = content.get(at + HEADER..at + HEADER + len)?;
+    (crc(body) == u32_at(16)).then_some((number, body, at + HEADER + len))
 }
 
-/// Whether an unreadable record at the start of `rest` is the last thing in the log: it
-/// reaches the end of the file (as far as its length says), or only zeros follow it.
-fn is_torn_tail(rest: &[u8]) -> bool {
-    let Some((header, after)) = rest.split_first_chunk::<HEADER>() else {
-        return true;
+/// The first whole record from byte `from` on numbered after `newest`, and where it is.
+fn newer_record_after(content: &[u8], from: usize, newest: u64) -> Option<(usize, u64)> {
+    let starts = content[from..].windows(MAGIC.len()).enumerate();
+    starts
+        .filter(|(_, bytes)| *bytes == MAGIC)
+        .find_map(|(offset, _)| match record_at(content, from + offset) {
+            Some((number, ..)) if number > newest => Some((from + offset, number)),
+            _ => None,
+        })
+}
+
+/// Refuses a log written by a version before [`MAGIC`] (its records start with their length
+/// and a checksum of it and the body): this version cannot read it, and must not take it for
+/// a torn tail.
+fn refuse_old_format(content: &[u8]) -> StoreResult<()> {
+    let Some((header, rest)) = content.split_first_chunk::<8>() else {
+        return Ok(());
     };
-    let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
-    match after.get(len..) {
-        None => true,
-        Some(following) => following.iter().all(|&b| b == 0),
+    let len = u32::from_le_bytes(header[..4].try_into().unwrap()) as usize;
+    let old_crc = u32::from_le_bytes(header[4..].try_into().unwrap());
+    let whole_old_record = rest.get(..len).is_some_and(|body| {
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(&header[..4]);
+        hasher.update(body);
+        hasher.finalize() == old_crc
+    });
+    match whole_old_record && content[..4] != MAGIC {
+        false => Ok(()),
+        true => Err(StoreError::Permanent(format!(
+            "embedded store: {LOG_FILE_NAME} was written by an earlier version of the service \
+             and holds writes the database file may lack: start that version once on this \
+             DATA_DIR (it replays the log), stop it, then start this one"
+        ))),
     }
 }
 
-/// A record's body: its number, then its writes; `None` if it does not parse.
-fn decode_record(body: &[u8]) -> Option<(u64, Vec<LoggedWrite<'_>>)> {
-    let (number, mut rest) = body.split_first_chunk::<8>()?;
+/// A record's writes; `None` if they do not parse.
+fn decode_writes(body: &[u8]) -> Option<Vec<LoggedWrite<'_>>> {
+    let mut rest = body;
     let mut writes = Vec::new();
     while !rest.is_empty() {
         let (&name_len, after) = rest.split_first()?;
@@ -361,7 +398,7 @@ fn decode_record(body: &[u8]) -> Option<(u64, Vec<LoggedWrite<'_>>)> {
         });
         rest = after;
     }
-    Some((u64::from_le_bytes(*number), writes))
+    Some(writes)
 }
 
 #[cfg(test)]
@@ -376,9 +413,28 @@ mod tests {
         record.seal().to_vec()
     }
 
-    fn numbers(content: &[u8]) -> Vec<u64> {
-        let records = read_records(content).expect("records");
+    /// A record of one account write whose value is `size` bytes.
+    fn record_of_size(number: u64, size: usize) -> Vec<u8> {
+        let value = [&0u64.to_le_bytes()[..], &vec![b' '; size]].concat();
+        record(number, &[(Index::Accounts, "a", &value)])
+    }
+
+    fn numbers_over(content: &[u8], applied: u64) -> Vec<u64> {
+        let records = read_records(content, applied).expect("records");
         records.iter().map(|(number, _)| *number).collect()
+    }
+
+    fn numbers(content: &[u8]) -> Vec<u64> {
+        numbers_over(content, 0)
+    }
+
+    fn assert_damaged(content: &[u8], applied: u64) {
+        let read = read_records(content, applied);
+        assert!(
+            matches!(&read, Err(StoreError::Permanent(e)) if e.contains("damaged")),
+            "{:?}",
+            read.map(|records| records.len())
+        );
     }
 
     #[test]
@@ -392,7 +448,7 @@ mod tests {
                 (Index::Webhooks, "", b""),
             ],
         ));
-        let records = read_records(&content).unwrap();
+        let records = read_records(&content, 0).unwrap();
         let expected = |index, id, value| LoggedWrite { index, id, value };
         assert_eq!(
             records[0],
@@ -416,13 +472,17 @@ mod tests {
 
     #[test]
     fn a_torn_tail_ends_the_log_at_the_last_whole_record() {
-        let first = record(1, &[(Index::Accounts, "a", b"12345678{}")]);
-        let second = record(2, &[(Index::Accounts, "b", b"12345678{\"x\":1}")]);
+        let first = record_of_size(1, 100);
+        let second = record_of_size(2, 5000);
         let content = [first.clone(), second.clone()].concat();
+        let whole =
+            |record: &[u8]| HEADER + u32::from_le_bytes(record[4..8].try_into().unwrap()) as usize;
+        let second_ends = first.len() + whole(&second);
         for cut in 0..content.len() {
             let expected: &[u64] = match cut {
-                c if c < first.len() => &[],
-                _ => &[1],
+                c if c < whole(&first) => &[],
+                c if c < second_ends => &[1],
+                _ => &[1, 2],
             };
             assert_eq!(numbers(&content[..cut]), expected, "cut at byte {cut}");
         }
@@ -430,10 +490,10 @@ mod tests {
     }
 
     #[test]
-    fn a_last_record_that_fails_its_checksum_ends_the_log() {
-        let first = record(1, &[(Index::Accounts, "a", b"12345678{}")]);
-        let second = record(2, &[(Index::Accounts, "b", b"12345678{}")]);
-        for flipped in first.len() + 4..first.len() + second.len() {
+    fn a_last_record_damaged_anywhere_ends_the_log() {
+        let first = record_of_size(1, 10);
+        let second = record_of_size(2, 10);
+        for flipped in first.len()..first.len() + HEADER + 30 {
             let mut content = [first.clone(), second.clone()].concat();
             content[flipped] ^= 0x40;
             assert_eq!(numbers(&content), [1], "byte {flipped} flipped");
@@ -442,40 +502,83 @@ mod tests {
 
     #[test]
     fn zeros_after_the_last_record_end_the_log() {
-        let first = record(1, &[(Index::Accounts, "a", b"12345678{}")]);
-        for zeros in [1, HEADER, 4096] {
+        let first = record_of_size(1, 10);
+        for zeros in [1, HEADER, 4096, 3 * 4096 + 5] {
             let content = [first.clone(), vec![0; zeros]].concat();
             assert_eq!(numbers(&content), [1], "{zeros} zeros");
         }
-        let torn = record(2, &[(Index::Accounts, "b", b"12345678{}")]);
+        let torn = record_of_size(2, 10);
         let zero_filled = [&torn[..HEADER + 3], &vec![0; 64][..]].concat();
         assert_eq!(numbers(&[first.clone(), zero_filled].concat()), [1]);
     }
 
     #[test]
-    fn a_corrupt_record_followed_by_records_is_an_error_not_an_end() {
-        let records: Vec<Vec<u8>> = (1..=3)
-            .map(|n| record(n, &[(Index::Accounts, "a", b"12345678{}")]))
-            .collect();
+    fn a_last_append_whose_first_sector_was_lost_while_later_ones_persisted_ends_the_log() {
+        let first = record_of_size(1, 10);
+        let mut second = record_of_size(2, 3 * 4096);
+        second[..512].fill(0);
+        assert_eq!(numbers(&[first.clone(), second.clone()].concat()), [1]);
+        // Or garbage, as a file's new end may hold after a crash.
+        second[..512].fill(0xa5);
+        assert_eq!(numbers(&[first, second].concat()), [1]);
+    }
+
+    #[test]
+    fn a_damaged_record_followed_by_a_newer_whole_one_is_an_error_not_an_end() {
+        let records: Vec<Vec<u8>> = (1..=3).map(|n| record_of_size(n, 10)).collect();
+        let second = records[0].len();
+        // In the second record's body, its length, its number, its checksums.
+        for flipped in [HEADER + 2, 4, 5, 9, 17, 21] {
+            let mut content = records.concat();
+            content[second + flipped] ^= 0x01;
+            assert_damaged(&content, 0);
+        }
+        // The first record lost, the second and third whole: they are acknowledged.
         let mut content = records.concat();
-        content[records[0].len() + HEADER + 2] ^= 0x01; // in the second record's body
-        assert!(
-            matches!(read_records(&content), Err(StoreError::Permanent(e)) if e.contains("corrupt")),
-            "the third record is acknowledged and must not be skipped"
-        );
+        content[..second].fill(0);
+        assert_damaged(&content, 0);
+    }
+
+    #[test]
+    fn records_a_checkpoint_applied_left_behind_newer_ones_end_the_log() {
+        // Records 1-3 were applied and the log emptied, but the emptying did not reach the
+        // disk: record 4, appended since, lies over the start of what was there.
+        let old: Vec<u8> = (1..=3).flat_map(|n| record_of_size(n, 10)).collect();
+        let mut content = old.clone();
+        let fourth = record_of_size(4, 10);
+        content[..fourth.len()].copy_from_slice(&fourth);
+        assert_eq!(numbers_over(&content, 3), [4]);
+        // None appended since: replay skips them all.
+        assert_eq!(numbers_over(&old, 3), [1, 2, 3]);
     }
 
     #[test]
     fn a_checksummed_record_that_does_not_parse_is_an_error_not_a_skip() {
         let mut unknown = LogRecord::new(1);
         unknown
-            .body
+            .bytes
             .extend_from_slice(&[5, b'o', b't', b'h', b'e', b'r']);
         let content = unknown.seal().to_vec();
         assert!(matches!(
-            read_records(&content),
+            read_records(&content, 0),
             Err(StoreError::Permanent(_))
         ));
+    }
+
+    #[test]
+    fn a_log_of_the_earlier_format_is_refused_not_taken_for_a_torn_tail() {
+        let body = [&1u64.to_le_bytes()[..], b"\x08accounts"].concat();
+        let len = (body.len() as u32).to_le_bytes();
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(&len);
+        hasher.update(&body);
+        let content = [&len[..], &hasher.finalize().to_le_bytes(), &body].concat();
+        let read = read_records(&content, 0);
+        assert!(
+            matches!(&read, Err(StoreError::Permanent(e)) if e.contains("earlier version")),
+            "{:?}",
+            read.map(|r| r.len())
+        );
     }
 }
 
@@ -483,10 +586,14 @@ mod tests {
 mod checkpoint_tests {
     use super::*;
 
+    fn data_dir(dir: &tempfile::TempDir) -> super::super::disk::OsDataDir {
+        super::super::disk::OsDataDir::create(dir.path()).expect("data dir")
+    }
+
     /// A log whose last checkpoint was `ago`, checkpointing every second.
     fn log_checkpointed(ago: Duration) -> (tempfile::TempDir, Wal) {
         let dir = tempfile::tempdir().expect("temp dir");
-        let (mut log, _) = Wal::open(dir.path(), Duration::from_secs(1)).unwrap();
+        let (mut log, _) = Wal::open(&data_dir(&dir), Duration::from_secs(1)).unwrap();
         log.last_checkpoint = Instant::now().checked_sub(ago).expect("boot was long ago");
         (dir, log)
     }
@@ -517,7 +624,7 @@ mod checkpoint_tests {
     fn any_configured_interval_is_safe() {
         for interval in [Duration::ZERO, Duration::MAX] {
             let dir = tempfile::tempdir().expect("temp dir");
-            let (mut log, _) = Wal::open(dir.path(), interval).unwrap();
+            let (mut log, _) = Wal::open(&data_dir(&dir), interval).unwrap();
             let due = log.checkpoint_due(BUSY_GROUP_OPS);
             assert_eq!(due, interval.is_zero(), "{interval:?}");
         }

@@ -383,7 +383,7 @@ pub(super) fn replay_log(txn: &WriteTransaction, content: &[u8]) -> StoreResult<
     let mut last = held.map_or(0, |n| n.value());
     let mut seq_nos = SeqNos::default();
     let (mut records, mut writes) = (0, 0);
-    for (number, logged) in read_records(content)? {
+    for (number, logged) in read_records(content, last)? {
         if number <= last {
             continue;
         }

@@ -50,8 +50,9 @@ async fn a_failed_checkpoint_stops_writing_until_a_restart() {
     let db = redb::Builder::new().create_with_backend(disk).unwrap();
     // Every group is followed by a checkpoint, which writes to the disk.
     let log_dir = tempfile::tempdir().expect("temp dir");
-    let (log, content) = Wal::open(log_dir.path(), Duration::ZERO).unwrap();
-    let store = EmbeddedStore::start(db, PathBuf::from("memory"), log, &content).unwrap();
+    let files: Arc<dyn DataDir> = Arc::new(OsDataDir::create(log_dir.path()).unwrap());
+    let (log, content) = Wal::open(files.as_ref(), Duration::ZERO).unwrap();
+    let store = EmbeddedStore::start(db, PathBuf::from("memory"), log, &content, files).unwrap();
     let ok = store
         .create(Index::Accounts, "a", json!({ "n": 1 }).into())
         .await

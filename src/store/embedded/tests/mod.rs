@@ -12,7 +12,9 @@ mod durability;
 mod groups;
 mod migrations;
 mod open_transaction;
+mod power_loss;
 mod searches;
+mod sim_disk;
 
 fn open() -> (tempfile::TempDir, EmbeddedStore) {
     let dir = tempfile::tempdir().expect("temp dir");
