@@ -205,6 +205,15 @@ pub trait TxnReads {
 /// The work of a [`Store::transact`]: it reads what it needs inside the transaction and
 /// answers the writes to make there. It runs on the store's committer, so it must be quick
 /// and must not block.
+///
+/// **It must be pure**: no effect but the writes it returns (no I/O, no message sent, no
+/// waiter woken, nothing changed that another task reads). It runs before its writes are
+/// durable, and the transaction may still fail (the log write, the commit) or be lost to a
+/// power cut; an effect it had would stand for writes that never happened. What the caller
+/// needs of it besides the writes travels back only with the store's answer:
+/// `Documents::transact` keeps the work's result until then and hands it over only with the
+/// outcome (the embedded store's test
+/// `a_transaction_whose_record_cannot_be_logged_answers_an_error_not_what_its_work_decided`).
 pub type TxnWork = Box<dyn FnOnce(&mut dyn TxnReads) -> Vec<WriteOp> + Send>;
 
 /// What a [`Store::transact`] came to.

@@ -109,7 +109,9 @@ impl Documents {
     /// Runs `work` inside one store transaction: it reads typed documents as they are in the
     /// transaction and queues the writes to make there, which the store applies all together
     /// or not at all ([`crate::store::Store::transact`]). Answers what `work` returned and what
-    /// became of its writes. `work` runs on the store's committer: decide, do not wait.
+    /// became of its writes. `work` runs on the store's committer: decide, do not wait, and
+    /// have no effect but the writes queued (it runs before they are durable, see
+    /// [`crate::store::TxnWork`]); its result is handed back only with the store's answer.
     pub async fn transact<R: Send + 'static>(
         &self,
         work: impl FnOnce(&mut TxnDocs<'_>) -> R + Send + 'static,

@@ -1,79 +1,10 @@
 //! What survives a crash and what a failure stops: the log, its replay, checkpoints, failed
-//! writes and commits.
+//! writes and commits (on a real directory; power cuts and failed syncs, on a simulated disk,
+//! are in `power_loss`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use super::*;
-
-/// An in-memory redb backend whose writes and syncs fail while `failing` is set.
-#[derive(Debug, Default)]
-struct FlakyDisk {
-    inner: redb::backends::InMemoryBackend,
-    failing: Arc<AtomicBool>,
-}
-
-impl FlakyDisk {
-    fn check(&self) -> std::io::Result<()> {
-        if self.failing.load(Ordering::SeqCst) {
-            Err(std::io::Error::other("injected I/O error"))
-        } else {
-            Ok(())
-        }
-    }
-}
-
-impl redb::StorageBackend for FlakyDisk {
-    fn len(&self) -> std::io::Result<u64> {
-        self.inner.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
-        self.inner.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
-        self.check()?;
-        self.inner.set_len(len)
-    }
-    fn sync_data(&self) -> std::io::Result<()> {
-        self.check()?;
-        self.inner.sync_data()
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        self.check()?;
-        self.inner.write(offset, data)
-    }
-}
-
-#[tokio::test]
-async fn a_failed_checkpoint_stops_writing_until_a_restart() {
-    let disk = FlakyDisk::default();
-    let failing = disk.failing.clone();
-    let db = redb::Builder::new().create_with_backend(disk).unwrap();
-    // Every group is followed by a checkpoint, which writes to the disk.
-    let log_dir = tempfile::tempdir().expect("temp dir");
-    let files: Arc<dyn DataDir> = Arc::new(OsDataDir::create(log_dir.path()).unwrap());
-    let (log, content) = Wal::open(files.as_ref(), Duration::ZERO).unwrap();
-    let store = EmbeddedStore::start(db, PathBuf::from("memory"), log, &content, files).unwrap();
-    let ok = store
-        .create(Index::Accounts, "a", json!({ "n": 1 }).into())
-        .await
-        .unwrap();
-    assert!(matches!(ok, WriteOutcome::Written(_)));
-    committer_idle(&store); // its checkpoint done, on a healthy disk
-
-    failing.store(true, Ordering::SeqCst);
-    // Acknowledged once its record is in the log (on another disk here); the checkpoint
-    // after it fails.
-    let logged = store
-        .create(Index::Accounts, "b", json!({ "n": 2 }).into())
-        .await;
-    assert!(matches!(logged, Ok(WriteOutcome::Written(_))), "{logged:?}");
-    committer_idle(&store);
-    // redb's state is uncertain, the log holds every write: the store stops writing until a
-    // restart replays the log, transient from the callers' point of view, never a refusal
-    // of their request.
-    failing.store(false, Ordering::SeqCst);
-    assert_writes_stopped(&store).await;
-}
 
 #[test]
 fn storage_errors_are_classified() {
@@ -318,6 +249,29 @@ async fn after_a_failed_log_write_the_store_stops_writing_until_reopened() {
         .unwrap();
     assert!(matches!(written, WriteOutcome::Written(_)));
     restarted.ready().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_transaction_whose_record_cannot_be_logged_answers_an_error_not_what_its_work_decided() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open_without_checkpoints(dir.path());
+    lock(&store.committer.log).fail_appends = true;
+    // The work runs before its record is written: what it decided reaches nobody unless the
+    // store answers that the writes were made (TxnWork's rule: it has no effect of its own).
+    let outcome = store
+        .transact(Box::new(|_| {
+            vec![WriteOp::Create {
+                index: Index::Accounts,
+                id: "decided".into(),
+                source: json!({ "n": 1 }).into(),
+            }]
+        }))
+        .await;
+    assert!(
+        matches!(outcome, Err(StoreError::Unavailable(_))),
+        "{outcome:?}"
+    );
+    assert_eq!(store.get(Index::Accounts, "decided").await.unwrap(), None);
 }
 
 /// A store that never checkpoints, holding one acknowledged account, "kept", in its recent

@@ -274,24 +274,25 @@ fn written(docs: &mut Docs, writes: Vec<(WriteOp, Version)>) {
     }
 }
 
-/// Runs the workload on `store` until a step fails (then every later step must fail too: the
-/// store stopped writing). Each answered step leaves a mark in `disk`'s trace. Returns the
+/// Runs the workload on `store` until a step fails; then a write must fail too (the store
+/// stopped writing). Each answered step leaves a mark in `disk`'s trace. Returns the
 /// documents after each number of answered steps, from none.
 async fn run_workload(store: &EmbeddedStore, disk: &SimDisk) -> Vec<Docs> {
     let mut states = vec![Docs::new()];
-    let mut failed = None;
     for n in 0..STEPS {
-        let docs = states.last().expect("one at least").clone();
-        match (run_step(store, step(n, &docs)).await, &failed) {
-            (Ok(writes), None) => {
+        let mut docs = states.last().expect("one at least").clone();
+        match run_step(store, step(n, &docs)).await {
+            Ok(writes) => {
                 disk.answered();
-                let mut docs = docs;
                 written(&mut docs, writes);
                 states.push(docs);
             }
-            (Ok(_), Some(e)) => panic!("step {n} applied after step {e:?} failed"),
-            (Err(e), None) => failed = Some(e),
-            (Err(_), Some(_)) => {}
+            Err(e) => {
+                let later = json!({ "balance": 0 }).into();
+                let later = store.create(Index::Accounts, "later", later).await;
+                assert!(later.is_err(), "a write applied after step {n} failed: {e}");
+                break;
+            }
         }
     }
     states
@@ -546,6 +547,105 @@ async fn power_loss_at_any_point_of_a_workload_keeps_every_acknowledged_write() 
                     trace.get(point.wrapping_sub(1))
                 );
                 fail_case(seed, checkpoints, &what, e);
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn power_loss_during_the_stores_own_open_leaves_what_that_open_would_have_made() {
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    for checkpoints in [Checkpoints::AfterEveryGroup, Checkpoints::Never] {
+        let (states, trace) = reference_run(checkpoints).await;
+        let mut disk = DiskState::default();
+        let mut answered = 0;
+        // Every 40th cut of the workload, and its end: each image is opened while the power
+        // is cut at every point of that open (its replay, checkpoint and emptying of the log).
+        for (at, op) in trace.iter().enumerate() {
+            disk.replay_one(op);
+            answered += usize::from(matches!(op, DiskOp::Answered));
+            if at % 40 != 0 && at + 1 != trace.len() {
+                continue;
+            }
+            let image = disk.power_cut(&mut rng);
+            let opened = SimDisk::new(image.clone());
+            let (store, docs) = match open_and_check(&opened, &states, answered).await {
+                Ok(opened) => opened,
+                Err(e) => fail_case(seed, checkpoints, &format!("cut after op {at}"), e),
+            };
+            drop(store);
+            let open_trace = opened.state().trace.clone();
+            let mut during = image;
+            for (step, op) in open_trace.iter().enumerate() {
+                during.replay_one(op);
+                let cut = SimDisk::new(during.power_cut(&mut rng));
+                let reopened = open_and_check(&cut, &states, answered).await;
+                let same = reopened.and_then(|(_, again)| match again == docs {
+                    true => Ok(()),
+                    false => Err("other documents than the open that was cut".into()),
+                });
+                if let Err(e) = same {
+                    let what = format!("cut after op {at}, then at op {step} of its open ({op:?})");
+                    fail_case(seed, checkpoints, &what, e);
+                }
+            }
+        }
+    }
+}
+
+/// The syncs of `trace` to fail one at a time: every one of the first 60, then 20 random.
+fn syncs_to_fail(trace: &[DiskOp], rng: &mut StdRng) -> Vec<usize> {
+    let syncs = (trace.iter())
+        .filter(|op| matches!(op, DiskOp::SyncData(_) | DiskOp::SyncAll(_)))
+        .count();
+    let mut failing: Vec<usize> = (0..syncs.min(60)).collect();
+    if syncs > 60 {
+        failing.extend((0..20).map(|_| rng.random_range(60..syncs)));
+    }
+    failing
+}
+
+#[tokio::test]
+async fn power_loss_after_a_failed_sync_keeps_every_acknowledged_write_restarted_or_not() {
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    for checkpoints in [Checkpoints::AfterEveryGroup, Checkpoints::Never] {
+        let (states, trace) = reference_run(checkpoints).await;
+        for failing in syncs_to_fail(&trace, &mut rng) {
+            let what = format!("sync {failing} failed");
+            let disk = SimDisk::new(DiskState::failing_sync(failing));
+            let answered = match open_on(&disk, checkpoints) {
+                Err(_) => 0, // the open's own sync: nothing answered
+                Ok(store) => {
+                    let answered = run_workload(&store, &disk).await.len() - 1;
+                    let failed =
+                        (disk.state().trace.iter()).any(|op| matches!(op, DiskOp::FailedSync(_)));
+                    if failed && store.committer.check_writing().is_ok() {
+                        fail_case(seed, checkpoints, &what, "the store still writes".into());
+                    }
+                    answered
+                }
+            };
+            // The machine reboots at once: what the disk holds.
+            let rebooted = disk.state().power_cut(&mut rng);
+            if let Err(e) = check_cut(rebooted, &states, answered, &mut rng).await {
+                fail_case(seed, checkpoints, &format!("{what}, reboot"), e);
+            }
+            // Or the service restarts on the same machine, whose page cache still holds what
+            // the disk lost, runs and stops cleanly; then the power fails.
+            let restarted = async {
+                let (store, docs) = open_and_check(&disk, &states, answered).await?;
+                drop(store);
+                let cut = SimDisk::new(disk.state().power_cut(&mut rng));
+                let (_, after) = open_and_check(&cut, &states, answered).await?;
+                match after == docs {
+                    true => Ok(()),
+                    false => Err("the documents the restart read were lost".to_string()),
+                }
+            };
+            if let Err(e) = restarted.await {
+                fail_case(seed, checkpoints, &format!("{what}, restart, power cut"), e);
             }
         }
     }

@@ -231,10 +231,18 @@ pub(super) struct DiskState {
     pub(super) trace: Vec<DiskOp>,
     syncs: usize,
     /// The numbers (from 0, in the order they come) of the syncs that fail.
-    pub(super) fail_syncs: BTreeSet<usize>,
+    fail_syncs: BTreeSet<usize>,
 }
 
 impl DiskState {
+    /// A blank disk whose `failing`th sync (from 0) fails.
+    pub(super) fn failing_sync(failing: usize) -> DiskState {
+        DiskState {
+            fail_syncs: [failing].into(),
+            ..DiskState::default()
+        }
+    }
+
     fn file(&mut self, id: FileId) -> &mut SimFile {
         &mut self.files[id.slot()]
     }
