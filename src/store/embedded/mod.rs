@@ -34,7 +34,8 @@
 //!
 //! Here: the store and its `Store` implementation. `read_only`: the store as the auditor
 //! opens it, reading the file and writing nothing. `commit`: the group commit; `wal`: the
-//! write-ahead log and its replay; `recent`: the acknowledged writes of the open transaction;
+//! write-ahead log and its replay; `disk`: the files as the store writes them (what a power
+//! cut can take is decided there; the power-loss tests put a simulated disk behind it); `recent`: the acknowledged writes of the open transaction;
 //! `tables`: the tables, the document encoding and the secondary indexes; `search`: the
 //! searches that walk those indexes.
 
