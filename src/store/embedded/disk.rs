@@ -16,7 +16,7 @@ use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
 /// File name of the note a run leaves in `DATA_DIR` when it stops writing (an I/O error, a
-/// failed commit), read by the next start: see [`DataDir::stopped_reason`].
+/// failed commit), read by the next start (docs/operations.md, "After an I/O error").
 pub const STOPPED_FILE_NAME: &str = "transfer-service.stopped";
 
 /// The database file while it is made: it takes its name, [`super::FILE_NAME`], only once
