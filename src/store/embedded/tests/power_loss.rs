@@ -624,6 +624,9 @@ async fn power_loss_after_a_failed_sync_keeps_every_acknowledged_write_restarted
                     if failed && store.committer.check_writing().is_ok() {
                         fail_case(seed, checkpoints, &what, "the store still writes".into());
                     }
+                    if failed && disk.stopped_reason().ok().flatten().is_none() {
+                        fail_case(seed, checkpoints, &what, "no note of the stop".into());
+                    }
                     answered
                 }
             };
@@ -636,6 +639,9 @@ async fn power_loss_after_a_failed_sync_keeps_every_acknowledged_write_restarted
             // the disk lost, runs and stops cleanly; then the power fails.
             let restarted = async {
                 let (store, docs) = open_and_check(&disk, &states, answered).await?;
+                if disk.stopped_reason().ok().flatten().is_some() {
+                    return Err("the restart kept the note of the stop".into());
+                }
                 drop(store);
                 let cut = SimDisk::new(disk.state().power_cut(&mut rng));
                 let (_, after) = open_and_check(&cut, &states, answered).await?;
