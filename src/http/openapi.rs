@@ -36,9 +36,6 @@ use crate::auth::Scope;
 )]
 pub struct Id(#[allow(dead_code)] String);
 
-/// How long a long-poll may wait: one or more `<digits><unit>`, units `ns`, `us`, `ms`,
-/// `s`, `m`, `h` (`5s`, `500ms`, `1m30s`); `0s` answers at once; more than 30 s (however
-/// large the number) waits 30 s.
 /// A currency code: 1–16 characters of `[A-Z0-9_]`.
 #[derive(ToSchema)]
 #[schema(
@@ -83,6 +80,9 @@ impl utoipa::PartialSchema for Metadata {
 
 impl ToSchema for Metadata {}
 
+/// How long a long-poll may wait: one or more `<digits><unit>`, units `ns`, `us`, `ms`,
+/// `s`, `m`, `h` (`5s`, `500ms`, `1m30s`); `0s` answers at once; more than 30 s (however
+/// large the number) waits 30 s.
 #[derive(ToSchema)]
 #[schema(value_type = String, pattern = r"^([0-9]+(ns|us|ms|s|m|h))+$", example = "5s")]
 pub struct Wait(#[allow(dead_code)] String);
