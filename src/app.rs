@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpSocket};
 
 use crate::auth::{ApiKeys, KeyFileError};
-use crate::config::Config;
+use crate::config::{Config, Protocol};
 use crate::http::auth::Auth;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
@@ -17,7 +17,7 @@ use crate::store::embedded::{EmbeddedStore, ReadOnlyEmbeddedStore};
 use crate::store::grouping::GroupingStore;
 use crate::store::instrumented::InstrumentedStore;
 use crate::store::{DynStore, StoreError};
-use crate::transfer::{Engine, EngineConfig};
+use crate::transfer::{self, Engine, EngineConfig};
 use crate::webhooks::{WebhookSettings, Webhooks};
 
 /// How long shutdown waits for drivers to reach a step boundary.
@@ -101,7 +101,7 @@ pub enum Migrations {
 fn es_timeouts(config: &Config, migrations: Migrations) -> (Duration, Duration) {
     match migrations {
         Migrations::Apply => (
-            EngineConfig::from_config(config).request_timeout,
+            engine_config(config).request_timeout,
             config.recovery_page_timeout,
         ),
         Migrations::Verify => (config.store_timeout, config.audit_page_timeout),
@@ -205,7 +205,7 @@ impl Application {
     ) -> Result<Self, StartError> {
         let auth = Arc::new(auth_from_config(&config, &metrics)?);
         let webhooks = webhooks_from_config(&config)?;
-        let engine = Engine::new(store, EngineConfig::from_config(&config), metrics.clone());
+        let engine = Engine::new(store, engine_config(&config), metrics.clone());
         let listener = listen(config.listen_addr).map_err(|source| StartError::Listen {
             addr: config.listen_addr,
             source,
@@ -338,6 +338,51 @@ fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(LISTEN_BACKLOG)
+}
+
+/// The `audit` command: opens the store as configured, verifying its migrations and changing
+/// nothing, and audits it (`crate::audit`); exit 2 if it cannot be opened.
+pub async fn audit(config: Config) -> std::process::ExitCode {
+    let metrics = Metrics::new();
+    let store = match open_store(&config, &metrics, Migrations::Verify).await {
+        Ok(store) => store,
+        Err(error) => {
+            eprintln!("audit: cannot open the store: {error}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    // In flight past its timeout and two recovery periods: stuck.
+    let stuck = config.transfer_timeout + config.recovery_stale_after * 2;
+    crate::audit::run(store, stuck.as_millis() as i64).await
+}
+
+/// The engine's settings from the service's: a request fits in the lease with room to spare
+/// (at most a quarter of it), the skew margin scales with the lease, and `PROTOCOL=auto`
+/// settles in one transaction where the store has them.
+pub fn engine_config(config: &Config) -> EngineConfig {
+    let lease = config.lease_duration;
+    // A request must fit in the lease with room to spare: cap it at a quarter lease.
+    let request_timeout = config.store_timeout.min(lease / 4);
+    EngineConfig {
+        lease,
+        request_timeout,
+        skew_margin: transfer::skew_margin(lease),
+        transfer_timeout: config.transfer_timeout,
+        hold_timeout: config.hold_timeout,
+        retention: transfer::protocol::Retention {
+            millis: config.settled_retention.as_millis() as i64,
+            max_entries: config.settled_max,
+            keep_newest: transfer::KEEP_NEWEST_SETTLED.min(config.settled_max),
+        },
+        max_conflicts: 200,
+        max_store_attempts: 6,
+        recovery_interval: config.recovery_interval,
+        recovery_stale_after: config.recovery_stale_after,
+        recovery_page: 100,
+        sweep_pages_per_tick: 10,
+        max_in_flight: config.max_in_flight,
+        one_transaction: config.protocol == Protocol::Auto,
+    }
 }
 
 #[cfg(test)]

@@ -56,13 +56,12 @@
 //! embedded one, audits again once after 2 s when the first pass found a violation of one of
 //! those kinds, and reports the second pass.
 
+use crate::time::parse_millis;
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use crate::config::Config;
-use crate::metrics::Metrics;
-use crate::store::{parse_millis, Index, ScanPage, Store, StoreResult};
+use crate::store::{DynStore, Index, ScanPage, Store, StoreResult};
 use crate::transfer::clock::{Clock, SystemClock};
 use crate::transfer::documents::{decode_source, Document};
 use crate::transfer::model::{AccountDoc, TransferDoc, TransferState};
@@ -821,18 +820,9 @@ fn check_conservation(report: &mut AuditReport, in_flight_delta: i128) {
     }
 }
 
-/// The `audit` command.
-pub async fn run(config: Config) -> ExitCode {
-    let metrics = Metrics::new();
-    let store =
-        match crate::app::open_store(&config, &metrics, crate::app::Migrations::Verify).await {
-            Ok(store) => store,
-            Err(error) => {
-                eprintln!("audit: cannot open the store: {error}");
-                return ExitCode::from(2);
-            }
-        };
-    let stuck = (config.transfer_timeout + config.recovery_stale_after * 2).as_millis() as i64;
+/// The `audit` command on `store` (opened by `crate::app::audit`), calling a transfer in
+/// flight for longer than `stuck` milliseconds stuck.
+pub async fn run(store: DynStore, stuck: i64) -> ExitCode {
     let mut result = audit(store.as_ref(), stuck).await;
     // A live, shared store is not scanned as one snapshot (see the module doc): look again
     // before reporting what concurrent progress can explain. The embedded file is held by

@@ -8,6 +8,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::store::elasticsearch::{EsSecuritySettings, Secret};
+use crate::telemetry::LogFormat;
+use crate::webhooks::WebhookArgs;
 
 /// transfer-service: moves units between accounts atomically, in its embedded store (the
 /// default) or in Elasticsearch by two-phase commit.
@@ -194,71 +196,6 @@ pub struct Config {
     pub webhooks: WebhookArgs,
 }
 
-/// Webhooks (docs/api.md "Webhooks", docs/design.md §11 "Webhooks"). Checked at start-up by
-/// `crate::webhooks::WebhookSettings::from_args`: a bad value stops the service with a message
-/// naming it. The secret never prints (`--help` hides its environment value, `Debug` shows
-/// `***`, and an error about it never quotes it).
-#[derive(Debug, Clone, Args)]
-pub struct WebhookArgs {
-    /// POST every selected event to these URLs (comma-separated, each `http://` or
-    /// `https://`), signed per Standard Webhooks. Unset: no webhooks.
-    #[arg(
-        long,
-        env = "WEBHOOK_URL",
-        value_delimiter = ',',
-        hide_env_values = true
-    )]
-    pub webhook_url: Vec<String>,
-    /// The signing secret, `whsec_<base64 key>` (the HMAC key is the decoded bytes, at least
-    /// 16). Required with WEBHOOK_URL.
-    #[arg(long, env = "WEBHOOK_SECRET", hide_env_values = true)]
-    pub webhook_secret: Option<Secret>,
-    /// Event types to deliver, comma-separated (`transfer.created`, `transfer.pending`,
-    /// `transfer.committed`, `transfer.finished`, `transfer.terminating`,
-    /// `transfer.rolled-back`, `transfer.captured`). Default: the terminal ones.
-    #[arg(
-        long,
-        env = "WEBHOOK_EVENTS",
-        value_delimiter = ',',
-        default_value = "transfer.finished,transfer.rolled-back"
-    )]
-    pub webhook_events: Vec<String>,
-    /// How long an event is retried, counted from the event's time (so it holds across
-    /// restarts); then it is given up (logged and counted).
-    #[arg(long, env = "WEBHOOK_RETRY_PERIOD", default_value = "24h", value_parser = humantime::parse_duration)]
-    pub webhook_retry_period: Duration,
-    /// Time limit of one delivery attempt (connect, send, answer).
-    #[arg(long, env = "WEBHOOK_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub webhook_timeout: Duration,
-    /// Retries wait a random time up to `WEBHOOK_BACKOFF_MIN × 2^(attempt − 1)` (exponential
-    /// backoff with full jitter), at most WEBHOOK_BACKOFF_MAX.
-    #[arg(long, env = "WEBHOOK_BACKOFF_MIN", default_value = "1s", value_parser = humantime::parse_duration)]
-    pub webhook_backoff_min: Duration,
-    /// The longest wait between two attempts of one event.
-    #[arg(long, env = "WEBHOOK_BACKOFF_MAX", default_value = "5m", value_parser = humantime::parse_duration)]
-    pub webhook_backoff_max: Duration,
-    /// Where a URL seen for the first time starts: `beginning` (every event in the store) or
-    /// `now` (the end of the feed when this process started). A URL already delivering keeps
-    /// its progress either way.
-    #[arg(long, env = "WEBHOOK_START", default_value = "beginning", value_parser = ["beginning", "now"])]
-    pub webhook_start: String,
-}
-
-impl Default for WebhookArgs {
-    fn default() -> Self {
-        Self {
-            webhook_url: Vec::new(),
-            webhook_secret: None,
-            webhook_events: vec!["transfer.finished".into(), "transfer.rolled-back".into()],
-            webhook_retry_period: Duration::from_secs(24 * 3600),
-            webhook_timeout: Duration::from_secs(10),
-            webhook_backoff_min: Duration::from_secs(1),
-            webhook_backoff_max: Duration::from_secs(300),
-            webhook_start: "beginning".into(),
-        }
-    }
-}
-
 /// How the service authenticates to Elasticsearch and which CA it trusts (docs/elasticsearch.md
 /// §12). Secret values never print: `--help` hides their environment values and `Debug` shows
 /// `***`. Prefer the environment or a `_FILE` to a flag, which other users of the host can
@@ -337,12 +274,6 @@ fn parse_max_in_flight(text: &str) -> Result<usize, String> {
 pub enum Protocol {
     Auto,
     TwoPhase,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    Pretty,
-    Json,
 }
 
 impl Config {

@@ -1,7 +1,7 @@
 use std::io::Write;
 
 use transfer_service::config::{Cli, Command};
-use transfer_service::{app, audit, http, telemetry};
+use transfer_service::{app, http, telemetry};
 
 /// The allocator: jemalloc instead of glibc's malloc. A transfer allocates and frees many
 /// blocks on different threads (hyper's 8 KiB read buffers, redb's 4 KiB pages), where glibc
@@ -66,7 +66,7 @@ async fn run() -> std::process::ExitCode {
     }
     match command {
         Command::Serve => app::serve(cli.config).await,
-        Command::Audit => audit::run(cli.config).await,
+        Command::Audit => app::audit(cli.config).await,
         Command::Openapi => print_openapi(),
     }
 }

@@ -11,8 +11,6 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::transfer::model::TransferState;
-
 /// Every series the service exports, in its own registry (tests run several apps at once).
 pub struct Metrics {
     registry: Registry,
@@ -248,27 +246,12 @@ impl Metrics {
         Arc::new(metrics)
     }
 
-    /// Exports the series of every outcome, transition and recovered state at 0 from the
-    /// start, so `rate()`/`increase()` see their first event and alerts on them have data.
+    /// Exports the series of every outcome at 0 from the start, so `rate()`/`increase()` see
+    /// their first event and alerts on them have data. (Those labelled by transfer state,
+    /// the engine's own: [`crate::transfer::Engine::new`].)
     fn initialize_known_series(&self) {
-        for from in TransferState::ALL {
-            for to in TransferState::ALL {
-                if from.can_move_to(to) {
-                    self.transfer_state_transitions_total
-                        .with_label_values(&[from.as_str(), to.as_str()]);
-                    if to.is_terminal() {
-                        self.transfers_completed_total
-                            .with_label_values(&[to.as_str()]);
-                    }
-                }
-            }
-        }
         for outcome in HOLD_OUTCOMES {
             self.holds_completed_total.with_label_values(&[outcome]);
-        }
-        for state in TransferState::IN_FLIGHT {
-            self.transfers_recovered_total
-                .with_label_values(&[state.as_str()]);
         }
         for route in SHED_ROUTES {
             self.requests_shed_total.with_label_values(&[route]);

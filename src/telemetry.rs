@@ -8,12 +8,17 @@
 
 use std::io::IsTerminal;
 
+/// How log lines are written (`LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
+
 use tracing::Subscriber;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
-
-use crate::config::LogFormat;
 
 /// The filter when `RUST_LOG` is unset or invalid.
 pub const DEFAULT_FILTER: &str = "info";

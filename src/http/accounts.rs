@@ -31,11 +31,11 @@ pub struct Account {
     pub pending_transactions: Vec<String>,
     /// Its currency, fixed when it was opened; absent for an account without one.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<super::openapi::Currency>, nullable = false)]
+    #[schema(value_type = Option<crate::transfer::model::Currency>, nullable = false)]
     pub currency: Option<String>,
     /// Its labels, as given when it was opened; absent when it has none.
     #[serde(skip_serializing_if = "crate::transfer::model::Metadata::is_empty")]
-    #[schema(value_type = Option<super::openapi::Metadata>, nullable = false)]
+    #[schema(value_type = Option<crate::transfer::model::MetadataSchema>, nullable = false)]
     pub metadata: crate::transfer::model::Metadata,
     /// When it was opened: RFC 3339, UTC, millisecond precision.
     #[schema(format = DateTime)]
@@ -68,7 +68,7 @@ impl Account {
 #[allow(dead_code)]
 pub struct CreateAccount {
     /// 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`.
-    #[schema(value_type = super::openapi::Id)]
+    #[schema(value_type = crate::transfer::model::Id)]
     pub id: String,
     /// Opening balance, a signed 64-bit integer; at least `floor` (so at least 0 when `floor`
     /// is absent), else 422.
@@ -79,11 +79,11 @@ pub struct CreateAccount {
     /// The account's currency (1–16 characters of `[A-Z0-9_]`), fixed for its life; absent
     /// or null: none. A transfer moves units only between accounts of one currency (or
     /// between accounts without one).
-    #[schema(value_type = Option<super::openapi::Currency>)]
+    #[schema(value_type = Option<crate::transfer::model::Currency>)]
     pub currency: Option<String>,
     /// Labels (such as an owner): at most 16 keys of `[a-z0-9_.-]{1,40}`, string values of
     /// at most 256 characters; absent or null: none. Part of the replay comparison.
-    #[schema(value_type = Option<super::openapi::Metadata>)]
+    #[schema(value_type = Option<crate::transfer::model::MetadataSchema>)]
     pub metadata: Option<crate::transfer::model::Metadata>,
 }
 
@@ -135,7 +135,7 @@ pub async fn create_account(
 
 /// An account's balance and pending transfers.
 #[utoipa::path(get, path = "/accounts/{id}", tag = "accounts",
-    params(("id" = super::openapi::Id, Path,
+    params(("id" = crate::transfer::model::Id, Path,
         description = "Account id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`; any other value is 404)")),
     responses(
         (status = 200, description = "The account", body = Account),

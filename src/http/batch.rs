@@ -17,12 +17,13 @@ use futures_util::stream::{self, StreamExt};
 use serde::Serialize;
 
 use super::body::{Array, BatchBody, Object, TransferBody};
-use super::transfers::{counted_if_shed, new_transfer, CreateTransfer, Transfer};
+use super::transfers::{counted_if_shed, new_transfer, CreateTransfer};
 use super::{
     field, idempotency, ApiError, AppState, JsonFields, PathId, Problem, QueryParams, NOT_AN_OBJECT,
 };
 use crate::transfer::admission::Admitted;
 use crate::transfer::service::{Created, NewTransfer};
+use crate::transfer::view::Transfer;
 use crate::transfer::Engine;
 
 /// The most transfers one batch holds (and fewer if `MAX_IN_FLIGHT` is lower). 1,000

@@ -2,8 +2,6 @@
 //! in order per transfer, with no gaps for a reader that follows `next_cursor`; at least once
 //! (an event may come again, always with the same `id`).
 
-use std::sync::Arc;
-
 use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
@@ -11,11 +9,10 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::error::{ApiError, Problem};
-use super::transfers::{parse_wait, Transfer};
+use super::transfers::parse_wait;
 use super::{AppState, QueryParams};
-use crate::store::format_millis;
-use crate::transfer::feed::{CursorRefused, FeedEvent};
-use crate::transfer::model::TransferDoc;
+use crate::transfer::feed::CursorRefused;
+use crate::transfer::view::Event;
 
 pub fn router() -> Router<AppState> {
     Router::new().route("/events", get(list_events))
@@ -31,51 +28,6 @@ impl super::QuerySpec for EventsQuery {
 
 const DEFAULT_LIMIT: usize = 100;
 const MAX_LIMIT: usize = 1000;
-
-/// One event: what happened to which transfer, and when.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Event {
-    /// `<transfer id>/<type>`: the same every time this event is delivered; dedupe on it.
-    #[schema(example = "t-1/transfer.finished")]
-    pub id: String,
-    /// `transfer.<state>` for each state the transfer reached (`transfer.created`,
-    /// `transfer.pending`, `transfer.committed`, `transfer.finished`, `transfer.terminating`,
-    /// `transfer.rolled-back`), or `transfer.captured` when a hold's capture was recorded.
-    #[serde(rename = "type")]
-    #[schema(example = "transfer.finished")]
-    pub kind: &'static str,
-    /// When the write that recorded it was made (RFC 3339, UTC, milliseconds).
-    #[schema(example = "2026-11-24T07:30:00.000Z")]
-    pub at: String,
-    /// The transfer as it was when the event was read (it may be further along than `type`).
-    pub transfer: Transfer,
-}
-
-impl Event {
-    /// The events of a page, each transfer converted once however many events it has.
-    pub fn from_feed(events: Vec<FeedEvent>) -> Vec<Event> {
-        let mut last: Option<(Arc<TransferDoc>, Transfer)> = None;
-        events
-            .into_iter()
-            .map(|event| {
-                let transfer = match &last {
-                    Some((doc, view)) if Arc::ptr_eq(doc, &event.transfer) => view.clone(),
-                    _ => {
-                        let view = Transfer::from(TransferDoc::clone(&event.transfer));
-                        last = Some((event.transfer.clone(), view.clone()));
-                        view
-                    }
-                };
-                Event {
-                    id: event.id,
-                    kind: event.kind.type_name(),
-                    at: format_millis(event.at),
-                    transfer,
-                }
-            })
-            .collect()
-    }
-}
 
 /// A page of the feed.
 #[derive(Debug, Serialize, ToSchema)]

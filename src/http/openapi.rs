@@ -24,61 +24,7 @@ use utoipa::{Modify, OpenApi, ToSchema};
 use super::auth::{self, REALM};
 use super::AppState;
 use crate::auth::Scope;
-
-/// An account or transfer id: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`.
-#[derive(ToSchema)]
-#[schema(
-    value_type = String,
-    min_length = 1,
-    max_length = 128,
-    pattern = r"^(?:[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,126}|\.\.[A-Za-z0-9._:-]{1,126})$",
-    example = "t-1"
-)]
-pub struct Id(#[allow(dead_code)] String);
-
-/// A currency code: 1–16 characters of `[A-Z0-9_]`.
-#[derive(ToSchema)]
-#[schema(
-    value_type = String,
-    min_length = 1,
-    max_length = 16,
-    pattern = r"^[A-Z0-9_]{1,16}$",
-    example = "USD"
-)]
-pub struct Currency(#[allow(dead_code)] String);
-
-/// A metadata key: 1–40 characters of `[a-z0-9_.-]`.
-pub const METADATA_KEY_PATTERN: &str = r"^[a-z0-9_.-]{1,40}$";
-
-/// Metadata: at most 16 keys of `[a-z0-9_.-]{1,40}`, string values of at most 256
-/// characters.
-pub struct Metadata;
-
-impl utoipa::PartialSchema for Metadata {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        let key = ObjectBuilder::new()
-            .schema_type(Type::String)
-            .min_length(Some(1))
-            .max_length(Some(40))
-            .pattern(Some(METADATA_KEY_PATTERN));
-        let value = ObjectBuilder::new()
-            .schema_type(Type::String)
-            .max_length(Some(crate::transfer::model::METADATA_MAX_VALUE_CHARS));
-        ObjectBuilder::new()
-            .schema_type(Type::Object)
-            .description(Some(
-                "String labels by key: at most 16 keys of `[a-z0-9_.-]{1,40}`, each value a \
-                 string of at most 256 characters (else 422).",
-            ))
-            .max_properties(Some(crate::transfer::model::METADATA_MAX_KEYS))
-            .property_names(Some(key))
-            .additional_properties(Some(value))
-            .examples([serde_json::json!({"order_id": "123"})])
-            .into()
-    }
-}
-
-impl ToSchema for Metadata {}
+use crate::transfer::model::{Currency, Id, MetadataSchema};
 
 /// How long a long-poll may wait: one or more `<digits><unit>`, units `ns`, `us`, `ms`,
 /// `s`, `m`, `h` (`5s`, `500ms`, `1m30s`); `0s` answers at once; more than 30 s (however
@@ -306,7 +252,7 @@ impl Modify for StrictQueries {
         super::events::list_events,
         super::health::livez, super::health::healthz, super::health::readyz, super::health::metrics,
     ),
-    components(schemas(super::Problem, Id, Wait, Cursor, FeedCursor, IdempotencyKey, BatchIdempotencyKey, Attention, Currency, Metadata)),
+    components(schemas(super::Problem, Id, Wait, Cursor, FeedCursor, IdempotencyKey, BatchIdempotencyKey, Attention, Currency, MetadataSchema)),
     modifiers(&BearerKeys, &StrictQueries),
     tags(
         (name = "accounts", description = "Accounts and their balances"),

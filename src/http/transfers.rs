@@ -16,9 +16,10 @@ use super::{
 use crate::store::{SortKey, TransferFilter};
 use crate::transfer::model::{
     check_hold_duration, check_legs, valid_id, valid_metadata_key, valid_metadata_value, Leg,
-    Metadata, RollbackReason, TransferDoc, TransferState, MAX_LEGS, METADATA_MAX_KEYS,
+    Metadata, TransferState, MAX_LEGS, METADATA_MAX_KEYS,
 };
 use crate::transfer::service::{Created, NewTransfer};
+use crate::transfer::view::Transfer;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -26,95 +27,6 @@ pub fn router() -> Router<AppState> {
         .route("/transfers/{id}", get(get_transfer))
         .route("/transfers/{id}/cancel", post(cancel_transfer))
         .route("/transfers/{id}/capture", post(capture_transfer))
-}
-
-/// A transfer as the API shows it.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct Transfer {
-    pub id: String,
-    /// Source account id of a one-leg transfer (absent on a multi-leg one: see `legs`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<super::openapi::Id>, nullable = false)]
-    pub from: Option<String>,
-    /// Destination account id of a one-leg transfer (absent on a multi-leg one).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<super::openapi::Id>, nullable = false)]
-    pub to: Option<String>,
-    /// Units a one-leg transfer moves (absent on a multi-leg one).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false, minimum = 1)]
-    pub amount: Option<i64>,
-    /// Every leg, always (one for a one-leg transfer, repeating `from`, `to` and `amount`).
-    /// All apply or none.
-    pub legs: Vec<Leg>,
-    pub state: TransferState,
-    /// Why it rolled back; present only in `terminating` and `rolled-back`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
-    pub reason: Option<RollbackReason>,
-    /// With `reason`, when an account's apply was refused (`insufficient_funds`,
-    /// `account_not_found`, `balance_overflow`, `account_busy`, `currency_mismatch`): that
-    /// account. Its legs are the ones that caused the rollback.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<super::openapi::Id>, nullable = false)]
-    pub failed_account: Option<String>,
-    /// When it was accepted: RFC 3339, UTC, millisecond precision.
-    #[schema(format = DateTime)]
-    pub created_at: String,
-    /// When it was last written (RFC 3339, UTC): a state change, or a worker taking it over.
-    #[schema(format = DateTime)]
-    pub updated_at: String,
-    /// Present when its documents contradict each other (only a lost acknowledged write in
-    /// the store can do that): the service leaves it exactly as it is, for an operator.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
-    pub attention: Option<String>,
-    /// Present (`true`) only on a hold: it waits in `pending` for a capture, a cancel or its
-    /// expiry.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub hold: bool,
-    /// A hold's expiry (RFC 3339, UTC): uncaptured then, it rolls back with `expired`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false, format = DateTime)]
-    pub hold_expires_at: Option<String>,
-    /// A captured hold's units that move (the rest goes back to `from`); a multi-leg hold is
-    /// captured whole: the sum of its legs.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false, minimum = 1)]
-    pub captured_amount: Option<i64>,
-    /// The currency the request stated; absent when it stated none.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<super::openapi::Currency>, nullable = false)]
-    pub currency: Option<String>,
-    /// Its labels, as given; absent when it has none.
-    #[serde(skip_serializing_if = "Metadata::is_empty")]
-    #[schema(value_type = Option<super::openapi::Metadata>, nullable = false)]
-    pub metadata: Metadata,
-}
-
-impl From<TransferDoc> for Transfer {
-    fn from(doc: TransferDoc) -> Self {
-        let legs = doc.leg_list();
-        let one_leg = !doc.is_multi_leg();
-        Self {
-            id: doc.transaction_id,
-            from: one_leg.then_some(doc.src_acct),
-            to: one_leg.then_some(doc.dest_acct),
-            amount: one_leg.then_some(doc.amount),
-            legs,
-            state: doc.transaction_state,
-            reason: doc.reason,
-            failed_account: doc.failed_account,
-            created_at: doc.creation_time,
-            updated_at: doc.modification_time,
-            attention: doc.attention,
-            hold: doc.hold_expires_at.is_some(),
-            hold_expires_at: doc.hold_expires_at,
-            captured_amount: doc.captured_amount,
-            currency: doc.currency,
-            metadata: doc.metadata,
-        }
-    }
 }
 
 /// The body of `POST /transfers`. Any other field is a 422 naming it (names are
@@ -126,15 +38,15 @@ pub struct CreateTransfer {
     /// Idempotency key: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`. Absent or
     /// null: the `Idempotency-Key` header's key, else a UUIDv7 the server makes (then a retry
     /// is a new transfer). With an `Idempotency-Key` header, it must equal the key (else 422).
-    #[schema(value_type = Option<super::openapi::Id>)]
+    #[schema(value_type = Option<crate::transfer::model::Id>)]
     pub id: Option<String>,
     /// Source account id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`). Required
     /// unless `legs` is given; never with `legs` (else 422).
-    #[schema(value_type = Option<super::openapi::Id>, nullable = false)]
+    #[schema(value_type = Option<crate::transfer::model::Id>, nullable = false)]
     pub from: Option<String>,
     /// Destination account id (same rules); must differ from `from`, else 422. Required
     /// unless `legs` is given; never with `legs`.
-    #[schema(value_type = Option<super::openapi::Id>, nullable = false)]
+    #[schema(value_type = Option<crate::transfer::model::Id>, nullable = false)]
     pub to: Option<String>,
     /// Units to move: an integer from 1 to 2^63-1 (a JSON integer: `5`, not `5.0`). Required
     /// unless `legs` is given; never with `legs`.
@@ -160,12 +72,12 @@ pub struct CreateTransfer {
     /// The currency (1–16 characters of `[A-Z0-9_]`) both accounts must have; absent or
     /// null: they must merely share one, or both have none. Otherwise the transfer rolls
     /// back with reason `currency_mismatch` and no unit moves.
-    #[schema(value_type = Option<super::openapi::Currency>)]
+    #[schema(value_type = Option<crate::transfer::model::Currency>)]
     pub currency: Option<String>,
     /// Labels (such as an order id): at most 16 keys of `[a-z0-9_.-]{1,40}`, string values
     /// of at most 256 characters; absent or null: none. Part of the replay comparison, and
     /// filterable: `GET /transfers?metadata.<key>=<value>`.
-    #[schema(value_type = Option<super::openapi::Metadata>)]
+    #[schema(value_type = Option<crate::transfer::model::MetadataSchema>)]
     pub metadata: Option<Metadata>,
 }
 
@@ -176,10 +88,10 @@ pub struct CreateTransfer {
 #[allow(dead_code)]
 pub struct CreateLeg {
     /// Source account id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`).
-    #[schema(value_type = super::openapi::Id)]
+    #[schema(value_type = crate::transfer::model::Id)]
     pub from: String,
     /// Destination account id (same rules); must differ from `from`.
-    #[schema(value_type = super::openapi::Id)]
+    #[schema(value_type = crate::transfer::model::Id)]
     pub to: String,
     /// Units this leg moves: an integer from 1 to 2^63-1.
     #[schema(minimum = 1)]
@@ -427,7 +339,7 @@ impl QuerySpec for WaitQuery {
 
 /// A transfer; with `?wait=5s`, answers as soon as it is terminal or when the wait ends.
 #[utoipa::path(get, path = "/transfers/{id}", tag = "transfers",
-    params(("id" = super::openapi::Id, Path,
+    params(("id" = crate::transfer::model::Id, Path,
             description = "Transfer id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`; any other value is 404)"),
         ("wait" = Option<super::openapi::Wait>, Query,
             description = "Long-poll up to this long for a terminal state: `<digits><unit>`, repeated (`5s`, `500ms`, `1m30s`; units `ns`, `us`, `ms`, `s`, `m`, `h`); `0s` answers at once, more than 30 s waits 30 s. Any other parameter, or `wait` given twice, is a 422.")),
@@ -500,7 +412,7 @@ pub const WAIT_PATTERN: &str = "^([0-9]+(ns|us|ms|s|m|h))+$";
 
 /// Cancels a transfer that has not committed; for a hold, releases it (reason `cancelled`).
 #[utoipa::path(post, path = "/transfers/{id}/cancel", tag = "transfers",
-    params(("id" = super::openapi::Id, Path,
+    params(("id" = crate::transfer::model::Id, Path,
         description = "Transfer id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`; any other value is 404)")),
     responses(
         (status = 200, description = "`terminating` (rollback under way) or `rolled-back`", body = Transfer),
@@ -541,7 +453,7 @@ fn no_transfer(error: crate::transfer::service::ServiceError, id: &str) -> ApiEr
 /// that takes longer). An identical repeat answers `200` again. Of a capture and a cancel (or
 /// the expiry) racing, exactly one wins; the other is a `409`.
 #[utoipa::path(post, path = "/transfers/{id}/capture", tag = "transfers",
-    params(("id" = super::openapi::Id, Path,
+    params(("id" = crate::transfer::model::Id, Path,
         description = "Transfer id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`; any other value is 404)")),
     request_body(content = Option<CaptureHold>, description = "Optional; empty or `{}` captures all of it"),
     responses(
@@ -596,7 +508,7 @@ impl QuerySpec for ListQuery {
 /// one given twice, is a 422.
 #[utoipa::path(get, path = "/transfers", tag = "transfers",
     params(
-        ("account" = Option<super::openapi::Id>, Query,
+        ("account" = Option<crate::transfer::model::Id>, Query,
             description = "Only transfers from or to this account (an account id: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`)"),
         ("state" = Option<TransferState>, Query, description = "Only transfers in this state"),
         ("attention" = Option<super::openapi::Attention>, Query,
@@ -717,6 +629,7 @@ fn decode_cursor(text: &str) -> Result<SortKey, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transfer::model::RollbackReason;
 
     #[test]
     fn rollback_reasons_are_shown_by_their_names() {

@@ -211,7 +211,7 @@ impl Now {
     pub fn at(millis: i64) -> Self {
         Self {
             millis,
-            text: crate::store::format_millis(millis),
+            text: crate::time::format_millis(millis),
         }
     }
 }

@@ -175,7 +175,7 @@ impl Engine {
                 if key.millis > now {
                     return Err(past(format!(
                         "it ends before now, {}",
-                        crate::store::format_millis(now)
+                        crate::time::format_millis(now)
                     )));
                 }
             }

@@ -7,7 +7,7 @@
 //! `t` terminating, `r` rolled-back, `c` captured (a hold's capture was recorded).
 
 use super::model::{TransferDoc, TransferState};
-use crate::store::parse_millis;
+use crate::time::parse_millis;
 
 /// What an event says happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,7 +129,7 @@ impl TransferDoc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::format_millis;
+    use crate::time::format_millis;
 
     fn doc() -> TransferDoc {
         serde_json::from_value(serde_json::json!({

@@ -39,6 +39,7 @@
 //!   claim reads the transfer: our owner token in it proves the write was applied, because no
 //!   one else ever writes that token.
 
+use crate::time::{format_millis, parse_millis};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,7 +51,7 @@ use super::documents::{Documents, Versioned};
 use super::model::{TransferDoc, TransferState};
 use super::retry::retry;
 use crate::metrics::Metrics;
-use crate::store::{format_millis, parse_millis, StoreResult, Version, WriteOutcome};
+use crate::store::{StoreResult, Version, WriteOutcome};
 
 /// The owner of a parked hold's lease: the hold itself, not a worker (no worker token lacks
 /// the `/`).

@@ -43,6 +43,7 @@ pub mod retry;
 pub mod service;
 pub mod sweep;
 pub mod tombstones;
+pub mod view;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -109,34 +110,6 @@ pub fn skew_margin(lease: Duration) -> Duration {
 }
 
 impl EngineConfig {
-    pub fn from_config(config: &crate::config::Config) -> Self {
-        let lease = config.lease_duration;
-        // A request must fit in the lease with room to spare: cap it at a quarter lease.
-        let request_timeout = config.store_timeout.min(lease / 4);
-        Self {
-            lease,
-            request_timeout,
-            skew_margin: skew_margin(lease),
-            transfer_timeout: config.transfer_timeout,
-            hold_timeout: config.hold_timeout,
-            retention: Retention {
-                millis: config.settled_retention.as_millis() as i64,
-                max_entries: config.settled_max,
-                keep_newest: KEEP_NEWEST_SETTLED.min(config.settled_max),
-            },
-            max_conflicts: 200,
-            max_store_attempts: 6,
-            recovery_interval: config.recovery_interval,
-            recovery_stale_after: config.recovery_stale_after,
-            recovery_page: 100,
-            sweep_pages_per_tick: 10,
-            max_in_flight: config.max_in_flight,
-            one_transaction: config.protocol == crate::config::Protocol::Auto,
-        }
-    }
-}
-
-impl EngineConfig {
     /// Timers scaled to `lease` (request timeout and skew margin a quarter), recovery
     /// every 50 ms acting on any transfer whose lease ran out, tombstones kept for an hour:
     /// what engine-level tests start from.
@@ -161,6 +134,31 @@ impl EngineConfig {
             max_in_flight: admission::DEFAULT_MAX_IN_FLIGHT,
             one_transaction: true,
         }
+    }
+}
+
+/// Exports the series labelled by transfer state at 0 from the start (every transition the
+/// state machine allows, every terminal state, every in-flight state recovery may find), so
+/// `rate()`/`increase()` see their first event and alerts on them have data.
+fn export_state_series(metrics: &Metrics) {
+    for from in model::TransferState::ALL {
+        for to in model::TransferState::ALL
+            .into_iter()
+            .filter(|to| from.can_move_to(*to))
+        {
+            (metrics.transfer_state_transitions_total)
+                .with_label_values(&[from.as_str(), to.as_str()]);
+            if to.is_terminal() {
+                metrics
+                    .transfers_completed_total
+                    .with_label_values(&[to.as_str()]);
+            }
+        }
+    }
+    for state in model::TransferState::IN_FLIGHT {
+        metrics
+            .transfers_recovered_total
+            .with_label_values(&[state.as_str()]);
     }
 }
 
@@ -201,6 +199,7 @@ impl Engine {
         metrics: Arc<Metrics>,
         clock: DynClock,
     ) -> Arc<Self> {
+        export_state_series(&metrics);
         let docs = Documents::new(store.clone());
         let leases = Leases::new(
             LeaseTimes {

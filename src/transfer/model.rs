@@ -233,10 +233,10 @@ pub struct TransferDoc {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Leg {
     /// Source account id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`).
-    #[schema(value_type = crate::http::openapi::Id)]
+    #[schema(value_type = Id)]
     pub from: String,
     /// Destination account id (same rules); must differ from `from`.
-    #[schema(value_type = crate::http::openapi::Id)]
+    #[schema(value_type = Id)]
     pub to: String,
     /// Units this leg moves: an integer from 1 to 2^63-1.
     #[schema(minimum = 1)]
@@ -399,7 +399,7 @@ impl TransferDoc {
     pub fn hold_expires_millis(&self) -> Option<i64> {
         self.hold_expires_at
             .as_deref()
-            .map(|text| crate::store::parse_millis(text).unwrap_or(i64::MIN))
+            .map(|text| crate::time::parse_millis(text).unwrap_or(i64::MIN))
     }
 }
 
@@ -558,6 +558,65 @@ pub fn valid_id(id: &str) -> bool {
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+/// An account or transfer id: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`.
+#[derive(utoipa::ToSchema)]
+#[schema(
+    value_type = String,
+    min_length = 1,
+    max_length = 128,
+    pattern = r"^(?:[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,126}|\.\.[A-Za-z0-9._:-]{1,126})$",
+    example = "t-1"
+)]
+pub struct Id(#[allow(dead_code)] String);
+
+/// A currency code: 1–16 characters of `[A-Z0-9_]`.
+#[derive(utoipa::ToSchema)]
+#[schema(
+    value_type = String,
+    min_length = 1,
+    max_length = 16,
+    pattern = r"^[A-Z0-9_]{1,16}$",
+    example = "USD"
+)]
+pub struct Currency(#[allow(dead_code)] String);
+
+/// A metadata key: 1–40 characters of `[a-z0-9_.-]`.
+pub const METADATA_KEY_PATTERN: &str = r"^[a-z0-9_.-]{1,40}$";
+
+/// Metadata: at most 16 keys of `[a-z0-9_.-]{1,40}`, string values of at most 256
+/// characters.
+pub struct MetadataSchema;
+
+impl utoipa::PartialSchema for MetadataSchema {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        let key = utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::Type::String)
+            .min_length(Some(1))
+            .max_length(Some(40))
+            .pattern(Some(METADATA_KEY_PATTERN));
+        let value = utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::Type::String)
+            .max_length(Some(METADATA_MAX_VALUE_CHARS));
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::Type::Object)
+            .description(Some(
+                "String labels by key: at most 16 keys of `[a-z0-9_.-]{1,40}`, each value a \
+                 string of at most 256 characters (else 422).",
+            ))
+            .max_properties(Some(METADATA_MAX_KEYS))
+            .property_names(Some(key))
+            .additional_properties(Some(value))
+            .examples([serde_json::json!({"order_id": "123"})])
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for MetadataSchema {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "Metadata".into()
+    }
 }
 
 /// Currencies: 1–16 characters of `[A-Z0-9_]` (`USD`, `EUR`, `POINTS`, `USD_CENTS`).

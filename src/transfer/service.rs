@@ -2,6 +2,7 @@
 //! long-poll and listing. Requests never wait for the protocol: a created transfer is handed
 //! to a spawned worker that already holds its lease.
 
+use crate::time::{format_millis, parse_millis};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,9 +16,7 @@ use super::model::{
 use super::protocol;
 use super::retry::retry;
 use super::Engine;
-use crate::store::{
-    format_millis, parse_millis, SortKey, StoreError, TransferFilter, WriteOutcome,
-};
+use crate::store::{SortKey, StoreError, TransferFilter, WriteOutcome};
 
 /// Failures the API maps to answers.
 #[derive(Debug, thiserror::Error)]

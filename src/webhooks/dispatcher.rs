@@ -32,12 +32,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::progress::{Claim, Progress};
 use super::{Receiver, WebhookSettings};
-use crate::http::events::Event;
 use crate::metrics::Metrics;
 use crate::store::FeedPosition;
 use crate::transfer::feed::CursorRefused;
 use crate::transfer::feed::EventsPage;
 use crate::transfer::service::ServiceError;
+use crate::transfer::view::Event;
 use crate::transfer::Engine;
 
 /// Transfer documents read per page of the feed.
@@ -700,8 +700,8 @@ mod tests {
     /// A dispatcher for a receiver nobody listens on (its attempts fail and retry; these
     /// tests look only at its bookkeeping), selecting the terminal events.
     fn dispatcher(dir: &std::path::Path) -> Dispatcher {
-        use crate::config::WebhookArgs;
         use crate::store::elasticsearch::Secret;
+        use crate::webhooks::WebhookArgs;
         let store: crate::store::DynStore =
             Arc::new(crate::store::embedded::EmbeddedStore::open(dir).unwrap());
         let config = crate::transfer::EngineConfig::with_lease(Duration::from_secs(30));

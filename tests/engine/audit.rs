@@ -4,11 +4,12 @@
 //! removed, and also if a single fault is reported twice).
 
 use std::sync::Arc;
+use transfer_service::time::format_millis;
 
 use serde_json::{json, Value};
 use transfer_service::audit::{audit, AuditReport, ViolationKind};
 use transfer_service::store::embedded::EmbeddedStore;
-use transfer_service::store::{format_millis, Index, Store, WriteOutcome};
+use transfer_service::store::{Index, Store, WriteOutcome};
 use transfer_service::transfer::clock::{Clock, SystemClock};
 use transfer_service::transfer::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
 use transfer_service::transfer::protocol::{

@@ -4,9 +4,10 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use transfer_service::time::format_millis;
 
 use tokio::sync::Semaphore;
-use transfer_service::store::{format_millis, DynStore, Index};
+use transfer_service::store::{DynStore, Index};
 use transfer_service::transfer::model::{AccountDoc, RollbackReason, TransferState};
 use transfer_service::transfer::service::{Created, NewAccount, NewTransfer, ServiceError};
 use transfer_service::transfer::EngineConfig;

@@ -5,8 +5,9 @@
 
 use std::collections::BTreeMap;
 use std::time::Duration;
+use transfer_service::time::parse_millis;
 
-use transfer_service::store::{parse_millis, Index};
+use transfer_service::store::Index;
 use transfer_service::transfer::model::{TransferDoc, TransferState};
 use transfer_service::transfer::service::NewAccount;
 use transfer_service::transfer::{Engine, EngineConfig};

@@ -6,7 +6,8 @@
 
 use crate::support::app::{Backend, TestApp};
 use serde_json::{json, Value};
-use transfer_service::store::{format_millis, Index};
+use transfer_service::store::Index;
+use transfer_service::time::format_millis;
 use transfer_service::transfer::clock::{Clock, SystemClock};
 
 fn assert_problem(status: u16, body: &Value, want: u16) {

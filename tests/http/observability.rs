@@ -8,11 +8,12 @@
 //! request id or transfer id.
 
 use std::time::{Duration, Instant};
+use transfer_service::time::format_millis;
 
 use serde_json::{json, Value};
 use transfer_service::http::error::UNAVAILABLE_DETAIL;
 use transfer_service::http::openapi;
-use transfer_service::store::{format_millis, Index};
+use transfer_service::store::Index;
 use transfer_service::transfer::clock::{Clock, SystemClock};
 
 use crate::support::app::{Backend, TestApp};

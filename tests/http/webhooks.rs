@@ -198,7 +198,7 @@ mod cases {
         let app = TestApp::spawn_with(b, |config| {
             hooks(&receiver, &ALL_TYPES)(config);
             config.webhooks.webhook_events =
-                transfer_service::config::WebhookArgs::default().webhook_events;
+                transfer_service::webhooks::WebhookArgs::default().webhook_events;
         })
         .await;
         let ids = mixed_load(&app, "term").await;

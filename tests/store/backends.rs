@@ -6,11 +6,12 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use transfer_service::time::format_millis;
 
 use serde_json::{json, Value};
 use transfer_service::store::{
-    format_millis, ChangesQuery, DynStore, FeedPosition, Index, SortKey, Source, StaleQuery, Store,
-    StoreError, TransferFilter, TxnOutcome, Version, WriteOp, WriteOutcome,
+    ChangesQuery, DynStore, FeedPosition, Index, SortKey, Source, StaleQuery, Store, StoreError,
+    TransferFilter, TxnOutcome, Version, WriteOp, WriteOutcome,
 };
 
 use crate::support::stores;

@@ -33,6 +33,7 @@ use std::fmt::Write as _;
 use reqwest::Method;
 use serde_json::{json, Value};
 use transfer_service::store::elasticsearch::migrations_index_body;
+use transfer_service::time::format_millis;
 
 use crate::support::{cluster, stores};
 
@@ -517,10 +518,10 @@ fn transfer(id: &str, state: &str, created_ms: i64, modified_ms: i64, extra: Val
         "amount": 5,
         "transaction_state": state,
         "lease_owner": "worker-1",
-        "lease_expires_at": transfer_service::store::format_millis(modified_ms + 30_000),
+        "lease_expires_at": format_millis(modified_ms + 30_000),
         "request_fingerprint": "f00d",
-        "creation_time": transfer_service::store::format_millis(created_ms),
-        "modification_time": transfer_service::store::format_millis(modified_ms),
+        "creation_time": format_millis(created_ms),
+        "modification_time": format_millis(modified_ms),
     });
     for (key, value) in extra.as_object().expect("extra fields are an object") {
         if value.is_null() {

@@ -9,12 +9,13 @@ use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use transfer_service::time::{format_millis, parse_millis};
 
 use serde_json::{json, Value};
 use transfer_service::store::elasticsearch::{ElasticsearchStore, EsConfig};
 use transfer_service::store::{
-    fields, format_millis, Index, SortKey, StaleQuery, Store, StoreError, TransferFilter, Version,
-    WriteOp, WriteOutcome,
+    fields, Index, SortKey, StaleQuery, Store, StoreError, TransferFilter, Version, WriteOp,
+    WriteOutcome,
 };
 
 use es_emulator::RunningEmulator;
@@ -719,7 +720,7 @@ async fn recovery_pages_through_more_than_a_hundred_stale_transfers() {
         let page = store.find_stale(&query).await.unwrap();
         page_sizes.push(page.docs.len());
         for doc in &page.docs {
-            let millis = transfer_service::store::parse_millis(
+            let millis = parse_millis(
                 doc.source.to_value().unwrap()[fields::MODIFIED]
                     .as_str()
                     .unwrap(),

@@ -12,14 +12,14 @@
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
+use transfer_service::time::format_millis;
 
 use serde_json::{json, Value};
 use transfer_service::app::{open_store, Migrations};
 use transfer_service::config::Config;
 use transfer_service::metrics::Metrics;
 use transfer_service::store::elasticsearch::ElasticsearchStore;
-use transfer_service::store::{fields, format_millis, Index, StaleQuery, Store, WriteOp};
-use transfer_service::transfer::EngineConfig;
+use transfer_service::store::{fields, Index, StaleQuery, Store, WriteOp};
 
 use crate::support::stores;
 
@@ -111,7 +111,7 @@ async fn the_audit_reads_ten_thousand_transfers_with_a_short_lease() {
     let config = config_on(&emulator.url, &prefix, dir.path());
 
     let started = Instant::now();
-    let exit = transfer_service::audit::run(config).await;
+    let exit = transfer_service::app::audit(config).await;
     eprintln!("audit of {TRANSFERS} transfers: {:?}", started.elapsed());
 
     assert_eq!(
@@ -146,7 +146,7 @@ async fn recovery_pages_through_a_store_of_ten_thousand_transfers_with_a_short_l
         states: vec!["pending".into()],
         modified_before: now,
         after: None,
-        limit: EngineConfig::from_config(&config).recovery_page,
+        limit: transfer_service::app::engine_config(&config).recovery_page,
     };
     let mut seen = 0;
     let started = Instant::now();

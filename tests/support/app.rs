@@ -15,7 +15,7 @@ use transfer_service::http::auth::Auth;
 use transfer_service::http::{self, AppState};
 use transfer_service::metrics::Metrics;
 use transfer_service::store::DynStore;
-use transfer_service::transfer::{Engine, EngineConfig};
+use transfer_service::transfer::Engine;
 
 use super::metrics::Exposition;
 use super::{logs, stores, wait};
@@ -140,7 +140,11 @@ impl TestApp {
         let store = open_store(&config, &metrics, Migrations::Apply)
             .await
             .expect("open store");
-        let engine = Engine::new(store, EngineConfig::from_config(&config), metrics.clone());
+        let engine = Engine::new(
+            store,
+            transfer_service::app::engine_config(&config),
+            metrics.clone(),
+        );
         let router = http::router_with_timeout(
             AppState {
                 engine: engine.clone(),

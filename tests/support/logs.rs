@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use serde_json::Value;
 use tracing_subscriber::EnvFilter;
-use transfer_service::config::LogFormat;
 use transfer_service::telemetry;
+use transfer_service::telemetry::LogFormat;
 
 use super::wait;
 

@@ -353,7 +353,7 @@ impl ElasticsearchStore {
         let op = "migrate: record";
         let record = json!({
             "description": description,
-            "applied_at": crate::store::format_millis(now_millis()),
+            "applied_at": crate::time::format_millis(now_millis()),
         });
         let sent = self
             .client

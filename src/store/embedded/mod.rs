@@ -39,6 +39,7 @@
 //! `tables`: the tables, the document encoding and the secondary indexes; `search`: the
 //! searches that walk those indexes.
 
+use crate::time::parse_millis;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
@@ -54,9 +55,9 @@ use std::borrow::Cow;
 use tokio::sync::oneshot;
 
 use super::{
-    parse_millis, ChangesPage, ChangesQuery, Doc, FeedPosition, Index, Page, ScanPage, SortKey,
-    Source, StaleQuery, Store, StoreError, StoreResult, TransferFilter, TxnOutcome, TxnReads,
-    TxnWork, Version, WriteOp, WriteOutcome,
+    ChangesPage, ChangesQuery, Doc, FeedPosition, Index, Page, ScanPage, SortKey, Source,
+    StaleQuery, Store, StoreError, StoreResult, TransferFilter, TxnOutcome, TxnReads, TxnWork,
+    Version, WriteOp, WriteOutcome,
 };
 
 mod commit;

@@ -92,15 +92,53 @@ public final class EsCluster {
         System.exit(0);
     }
 
+    /**
+     * Starts every node on ports free a moment before, picked below the kernel's ephemeral
+     * range so that no outgoing connection (the tests open many) takes one in between; should
+     * a port be taken all the same, the nodes started are stopped and the start is tried again
+     * on other ports.
+     */
     private void startAll() throws Exception {
-        for (int i = 0; i < nodeCount; i++) {
-            httpPorts[i] = freePort();
-            transportPorts[i] = freePort();
-        }
-        for (int i = 0; i < nodeCount; i++) {
-            startNode(i);
+        for (int attempt = 1; ; attempt++) {
+            for (int i = 0; i < nodeCount; i++) {
+                httpPorts[i] = freePort();
+                transportPorts[i] = freePort();
+            }
+            try {
+                for (int i = 0; i < nodeCount; i++) {
+                    startNode(i);
+                }
+                break;
+            } catch (Exception e) {
+                if (attempt == 5 || !isBindFailure(e)) {
+                    throw e;
+                }
+                System.err.println("es-cluster: a port was taken while the nodes started; again on other ports");
+                for (int i = 0; i < nodeCount; i++) {
+                    if (nodes[i] != null) {
+                        stopNode(i);
+                    }
+                    started[i] = false;
+                    // A new cluster, from nothing: what a node wrote belonged to the last try.
+                    Path data = home.resolve("data-" + i);
+                    if (Files.exists(data)) {
+                        deleteTree(data);
+                    }
+                }
+            }
         }
         waitForHealth(nodeCount, "green");
+    }
+
+    private static boolean isBindFailure(Throwable e) {
+        for (Throwable cause = e; cause != null; cause = cause.getCause()) {
+            if (cause instanceof java.net.BindException
+                    || cause instanceof org.elasticsearch.transport.BindTransportException
+                    || cause instanceof org.elasticsearch.http.BindHttpException) {
+                return true;
+            }
+        }
+        return false;
     }
 
     private void announce() {
@@ -207,7 +245,13 @@ public final class EsCluster {
             throw new IllegalStateException("node " + i + " is running");
         }
         Node node = new ClasspathNode(nodeSettings(i), List.of(Netty4Plugin.class, RootEndpointPlugin.class));
-        node.start();
+        try {
+            node.start();
+        } catch (Exception e) {
+            // Release its data directory's lock, so that a later start may use it.
+            node.close();
+            throw e;
+        }
         nodes[i] = node;
         started[i] = true;
     }
@@ -275,11 +319,31 @@ public final class EsCluster {
         }
     }
 
+    /** A port free now, below the ephemeral range (where outgoing connections take theirs). */
     private static int freePort() throws IOException {
-        try (ServerSocket socket = new ServerSocket()) {
-            socket.setReuseAddress(true);
-            socket.bind(new InetSocketAddress("127.0.0.1", 0));
-            return socket.getLocalPort();
+        int below = ephemeralLow();
+        java.util.concurrent.ThreadLocalRandom random = java.util.concurrent.ThreadLocalRandom.current();
+        for (int tries = 0; tries < 1000; tries++) {
+            int port = random.nextInt(10_000, below);
+            try (ServerSocket socket = new ServerSocket()) {
+                socket.setReuseAddress(true);
+                socket.bind(new InetSocketAddress("127.0.0.1", port));
+                return port;
+            } catch (IOException taken) {
+                // Try another.
+            }
+        }
+        throw new IOException("no free port between 10000 and " + below);
+    }
+
+    /** The first port of the kernel's ephemeral range (32768 if it cannot be read). */
+    private static int ephemeralLow() {
+        try {
+            String range = Files.readString(Path.of("/proc/sys/net/ipv4/ip_local_port_range")).trim();
+            int low = Integer.parseInt(range.split("\\s+")[0]);
+            return low > 11_000 ? low : 32_768;
+        } catch (IOException | RuntimeException e) {
+            return 32_768;
         }
     }
 
