@@ -59,7 +59,8 @@ pub struct CreateBatch {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum BatchItem {
-    /// `201`: created, in state `created`; `200`: an identical replay, as it is now.
+    /// `201`: created, shown as stored (as `POST /transfers` answers); `200`: an identical
+    /// replay, as it is now.
     Transfer {
         status: u16,
         transfer: Box<Transfer>,

@@ -230,9 +230,11 @@ impl Modify for StrictQueries {
         title = "transfer-service",
         description = "Atomic transfers between accounts: in an embedded store by default, or in \
             Elasticsearch by two-phase commit.\n\n\
-            `POST /transfers` answers `201` with state `created` at once; a background worker \
-            drives the transfer to `finished` or `rolled-back`; poll `GET /transfers/{id}` \
-            (or long-poll with `?wait=5s`). A transfer's `id` is its idempotency key (or the \
+            `POST /transfers` answers `201` at once with the transfer as stored: on the \
+            embedded store one transaction created and settled it (`finished`, or \
+            `rolled-back` with its `reason`; a hold is `created`); on Elasticsearch it is \
+            `created` and a background worker drives it to `finished` or `rolled-back`; poll \
+            `GET /transfers/{id}` (or long-poll with `?wait=5s`). A transfer's `id` is its idempotency key (or the \
             `Idempotency-Key` header's); ids are kept forever. \
             `POST /transfers/batch` takes up to 1,000 transfers, each answered as alone. \
             Beyond `MAX_IN_FLIGHT` transfers in flight, creates answer `503` with \

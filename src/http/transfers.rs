@@ -135,7 +135,7 @@ pub struct TransferPage {
             reusing a key with another request is a `409` (the id exists with another \
             request), and a concurrent duplicate is answered as a replay, not a `409`.")),
     responses(
-        (status = 201, description = "Accepted in state `created`", body = Transfer,
+        (status = 201, description = "Stored, and shown as stored: `finished` or `rolled-back` where one store transaction settled it (the embedded store), `created` where a worker drives it (Elasticsearch, and holds)", body = Transfer,
             headers(("Location" = String, description = "/transfers/{id}"))),
         (status = 200, description = "Identical replay: the transfer as it is now", body = Transfer),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),

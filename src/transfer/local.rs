@@ -58,8 +58,9 @@ enum Start {
 /// What became of a new transfer ([`Engine::create_settled`]).
 #[derive(Debug)]
 pub(super) enum OneTransaction {
-    /// Created and settled (finished or rolled back) in one transaction.
-    Settled,
+    /// Created and settled (finished or rolled back) in one transaction: the transfer as
+    /// stored.
+    Settled(Box<TransferDoc>),
     /// The id is taken: a replay, or another transfer.
     Exists,
     /// Nothing written: create it and run the two-phase protocol.
@@ -94,7 +95,7 @@ impl Engine {
     }
 
     /// Whether the store's transactions are used: it has them, and `PROTOCOL` is `auto`.
-    pub(super) fn uses_transactions(&self) -> bool {
+    pub fn uses_transactions(&self) -> bool {
         self.config.one_transaction && self.docs.has_transactions()
     }
 
@@ -147,7 +148,7 @@ impl Engine {
         let took = self.clock.boot_time().saturating_duration_since(started);
         let _span = transfer_span(&transfer.transaction_id).entered();
         self.settled(TransferState::Created, &settled, path, Some(took));
-        Ok(OneTransaction::Settled)
+        Ok(OneTransaction::Settled(settled))
     }
 
     /// Metrics and wake-ups after a transaction settled a transfer that was `from` along

@@ -217,10 +217,9 @@ impl Engine {
             None
         };
         let existing = match settled {
-            Some(OneTransaction::Settled) => {
-                // Answered as accepted (`created`), as every create is; it is already
-                // terminal in the store.
-                return Ok(Created::New(doc));
+            Some(OneTransaction::Settled(stored)) => {
+                // Answered as stored: already terminal (the same as a `GET` right after).
+                return Ok(Created::New(*stored));
             }
             Some(OneTransaction::Exists) => {
                 self.docs.get::<TransferDoc>(&doc.transaction_id).await?

@@ -78,6 +78,13 @@ pub struct TestApp {
 }
 
 impl TestApp {
+    /// Whether this app creates and settles a new transfer (not a hold) in one store
+    /// transaction before answering (a store with transactions, the embedded one, and
+    /// `PROTOCOL=auto`): its `201` shows the transfer as stored, already terminal.
+    pub fn settles_in_one_transaction(&self) -> bool {
+        self.engine.uses_transactions()
+    }
+
     /// The application on `backend`, ready (`/readyz` answers 200).
     pub async fn spawn(backend: Backend) -> TestApp {
         Self::spawn_with(backend, |_| {}).await
@@ -333,11 +340,26 @@ impl TestApp {
         .await
     }
 
-    /// Posts a transfer that must be accepted: `201`, in state `created`.
+    /// Posts a transfer that must be accepted: `201`, showing it as stored (settled already
+    /// where one transaction does it all, see [`TestApp::settles_in_one_transaction`];
+    /// `created` where a worker drives it).
     pub async fn transfer_accepted(&self, id: &str, from: &str, to: &str, amount: i64) {
         let (status, body) = self.transfer(id, from, to, amount).await;
         assert_eq!(status, 201, "transfer {id}: {body}");
-        assert_eq!(body["state"], "created", "{body}");
+        self.assert_answered_as_stored(&body).await;
+    }
+
+    /// `transfer`, the body of a `201`, is the transfer as stored: what `GET` returns right
+    /// after where one transaction settled it, else `created`.
+    pub async fn assert_answered_as_stored(&self, transfer: &Value) {
+        match self.settles_in_one_transaction() {
+            true => {
+                let id = transfer["id"].as_str().expect("an id");
+                let (_, stored) = self.get(&format!("/transfers/{id}")).await;
+                assert_eq!(transfer, &stored, "the 201 and the GET right after");
+            }
+            false => assert_eq!(transfer["state"], "created", "{transfer}"),
+        }
     }
 
     /// The state of a transfer as `GET /transfers/{id}` answers it (`""` if none).
