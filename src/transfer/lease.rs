@@ -693,29 +693,7 @@ mod tests {
     }
 
     fn created(f: &Fixture, id: &str) -> TransferDoc {
-        let now = f.clock.now();
-        TransferDoc {
-            transaction_id: id.into(),
-            src_acct: "a".into(),
-            dest_acct: "b".into(),
-            amount: 1,
-            transaction_state: TransferState::Created,
-            reason: None,
-            creation_time: now.text.clone(),
-            modification_time: now.text,
-            lease_owner: None,
-            lease_expires_at: None,
-            attention: None,
-            failed_account: None,
-            legs: Vec::new(),
-            accounts: Vec::new(),
-            hold_expires_at: None,
-            captured_amount: None,
-            currency: None,
-            metadata: Default::default(),
-            history: String::new(),
-            created_by: None,
-        }
+        TransferDoc::created(id, "a", "b", 1, &f.clock.now().text)
     }
 
     async fn claim_new(f: &Fixture, id: &str) -> Held {

@@ -287,6 +287,34 @@ pub fn check_legs(legs: &[Leg]) -> Result<i64, String> {
 }
 
 impl TransferDoc {
+    /// A new one-leg transfer of `amount` from `from` to `to`, `created` at `time` (RFC 3339),
+    /// nothing else set: the one place its fields are listed. Give the rest with struct
+    /// update syntax (`TransferDoc { legs, ..TransferDoc::created(..) }`).
+    pub fn created(id: &str, from: &str, to: &str, amount: i64, time: &str) -> Self {
+        Self {
+            transaction_id: id.to_owned(),
+            src_acct: from.to_owned(),
+            dest_acct: to.to_owned(),
+            amount,
+            legs: Vec::new(),
+            accounts: Vec::new(),
+            transaction_state: TransferState::Created,
+            reason: None,
+            creation_time: time.to_owned(),
+            modification_time: time.to_owned(),
+            lease_owner: None,
+            lease_expires_at: None,
+            attention: None,
+            failed_account: None,
+            hold_expires_at: None,
+            captured_amount: None,
+            currency: None,
+            metadata: Metadata::new(),
+            history: String::new(),
+            created_by: None,
+        }
+    }
+
     /// Whether this is a multi-leg transaction (else a one-leg transfer).
     pub fn is_multi_leg(&self) -> bool {
         !self.legs.is_empty()

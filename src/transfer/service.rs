@@ -178,31 +178,15 @@ impl Engine {
         admitted: Admitted,
     ) -> Result<Created<TransferDoc>, ServiceError> {
         let now = self.clock.now();
-        let doc = TransferDoc {
-            transaction_id: new.id.clone(),
-            src_acct: new.from.clone(),
-            dest_acct: new.to.clone(),
-            amount: new.amount,
+        let mut doc = TransferDoc {
             legs: new.legs.clone(),
-            accounts: Vec::new(),
-            transaction_state: TransferState::Created,
-            reason: None,
-            creation_time: now.text.clone(),
-            modification_time: now.text,
-            lease_owner: None,
-            lease_expires_at: None,
-            attention: None,
-            failed_account: None,
             hold_expires_at: new
                 .hold
                 .then(|| format_millis(now.millis + self.hold_millis(&new))),
-            captured_amount: None,
             currency: new.currency.clone(),
             metadata: new.metadata.clone(),
-            history: String::new(),
-            created_by: None,
+            ..TransferDoc::created(&new.id, &new.from, &new.to, new.amount, &now.text)
         };
-        let mut doc = doc;
         if doc.is_multi_leg() {
             doc.accounts = doc
                 .postings()

@@ -58,26 +58,10 @@ fn write(decision: AccountDecision) -> AccountDoc {
 
 fn transfer(state: TransferState) -> TransferDoc {
     TransferDoc {
-        transaction_id: "t1".into(),
-        src_acct: "a".into(),
-        dest_acct: "b".into(),
-        amount: 10,
         transaction_state: state,
-        reason: None,
-        creation_time: "2026-01-01T00:00:00.000Z".into(),
-        modification_time: "2026-01-01T00:00:00.000Z".into(),
         lease_owner: Some("w".into()),
         lease_expires_at: Some("2026-01-01T00:00:30.000Z".into()),
-        attention: None,
-        failed_account: None,
-        legs: Vec::new(),
-        accounts: Vec::new(),
-        hold_expires_at: None,
-        captured_amount: None,
-        currency: None,
-        metadata: Default::default(),
-        history: String::new(),
-        created_by: None,
+        ..TransferDoc::created("t1", "a", "b", 10, "2026-01-01T00:00:00.000Z")
     }
 }
 
