@@ -24,60 +24,67 @@ use utoipa::{Modify, OpenApi, ToSchema};
 use super::auth::{self, REALM};
 use super::AppState;
 use crate::auth::Scope;
-use crate::transfer::model::{Currency, Id, MetadataSchema};
+use crate::transfer::model::{id_pattern, text_schema, Currency, Id, MetadataSchema};
 
-/// How long a long-poll may wait: one or more `<digits><unit>`, units `ns`, `us`, `ms`,
-/// `s`, `m`, `h` (`5s`, `500ms`, `1m30s`); `0s` answers at once; more than 30 s (however
-/// large the number) waits 30 s.
-#[derive(ToSchema)]
-#[schema(value_type = String, pattern = r"^([0-9]+(ns|us|ms|s|m|h))+$", example = "5s")]
-pub struct Wait(#[allow(dead_code)] String);
+text_schema! {
+    /// How long a long-poll may wait: one or more `<digits><unit>`, units `ns`, `us`, `ms`,
+    /// `s`, `m`, `h` (`5s`, `500ms`, `1m30s`); `0s` answers at once; more than 30 s (however
+    /// large the number) waits 30 s.
+    pub struct Wait {
+        pattern: r"^([0-9]+(ns|us|ms|s|m|h))+$",
+        example: "5s",
+    }
+}
 
-/// The `next_cursor` of the previous page: `<creation time, ms since the epoch>~<id>`. Any
-/// cursor of that form is accepted (a time past 9999-12-31T23:59:59.999Z reads as that
-/// instant).
-#[derive(ToSchema)]
-#[schema(
-    value_type = String,
-    pattern = r"^[0-9]+~(?:[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,126}|\.\.[A-Za-z0-9._:-]{1,126})$",
-    example = "1700000000000~t-1"
-)]
-pub struct Cursor(#[allow(dead_code)] String);
+text_schema! {
+    /// The `next_cursor` of the previous page: `<creation time, ms since the epoch>~<id>`. Any
+    /// cursor of that form is accepted (a time past 9999-12-31T23:59:59.999Z reads as that
+    /// instant).
+    pub struct Cursor {
+        pattern: format!("^[0-9]+~{}$", id_pattern(128)),
+        example: "1700000000000~t-1",
+    }
+}
 
-/// The `next_cursor` of the previous page of `GET /events`, passed back as `after`:
-/// `<store identity>~<position>`, where the identity is the store's (the embedded store's id,
-/// the Elasticsearch transfers index's uuid) and the position, on the embedded store, that of
-/// a write (`<digits>`), on Elasticsearch `<modification time, ms since the epoch>~<id>`.
-/// `now` is the end of the feed. Only cursors of this service's backend and store are
-/// accepted, and none past the end of its feed (a 422 says why); a position without an
-/// identity (as issued before cursors carried one) is taken as this store's.
-#[derive(ToSchema)]
-#[schema(
-    value_type = String,
-    pattern = r"^(?:now|(?:[0-9]{0,63}[A-Za-z_-][A-Za-z0-9_-]{0,64}~)?(?:[0-9]{1,20}|[0-9]{1,15}~(?:[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,126}|\.\.[A-Za-z0-9._:-]{1,126})))$",
-    example = "e3f1a2b4c5d6e7f8~1042"
-)]
-pub struct FeedCursor(#[allow(dead_code)] String);
+text_schema! {
+    /// The `next_cursor` of the previous page of `GET /events`, passed back as `after`:
+    /// `<store identity>~<position>`, where the identity is the store's (the embedded store's id,
+    /// the Elasticsearch transfers index's uuid) and the position, on the embedded store, that of
+    /// a write (`<digits>`), on Elasticsearch `<modification time, ms since the epoch>~<id>`.
+    /// `now` is the end of the feed. Only cursors of this service's backend and store are
+    /// accepted, and none past the end of its feed (a 422 says why); a position without an
+    /// identity (as issued before cursors carried one) is taken as this store's.
+    pub struct FeedCursor {
+        pattern: format!(
+            "^(?:now|(?:[0-9]{{0,63}}[A-Za-z_-][A-Za-z0-9_-]{{0,64}}~)?(?:[0-9]{{1,20}}|[0-9]{{1,15}}~{}))$",
+            id_pattern(128)
+        ),
+        example: "e3f1a2b4c5d6e7f8~1042",
+    }
+}
 
-/// An `Idempotency-Key` of `POST /transfers`: an id (1–128 characters of `[A-Za-z0-9._:-]`,
-/// not `.` or `..`), bare or as a quoted Structured Field string (`"t-1"`).
-#[derive(ToSchema)]
-#[schema(
-    value_type = String,
-    pattern = r#"^(?:(?:[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,126}|\.\.[A-Za-z0-9._:-]{1,126})|"(?:[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,126}|\.\.[A-Za-z0-9._:-]{1,126})")$"#,
-    example = "t-1"
-)]
-pub struct IdempotencyKey(#[allow(dead_code)] String);
+text_schema! {
+    /// An `Idempotency-Key` of `POST /transfers`: an id (1–128 characters of `[A-Za-z0-9._:-]`,
+    /// not `.` or `..`), bare or as a quoted Structured Field string (`"t-1"`).
+    pub struct IdempotencyKey {
+        pattern: bare_or_quoted(&id_pattern(128)),
+        example: "t-1",
+    }
+}
 
-/// An `Idempotency-Key` of `POST /transfers/batch`: an id of 1–124 characters (so that
-/// `<key>:<index>` is an id), bare or as a quoted Structured Field string.
-#[derive(ToSchema)]
-#[schema(
-    value_type = String,
-    pattern = r#"^(?:(?:[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,123}|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,122}|\.\.[A-Za-z0-9._:-]{1,122})|"(?:[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,123}|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,122}|\.\.[A-Za-z0-9._:-]{1,122})")$"#,
-    example = "batch-7"
-)]
-pub struct BatchIdempotencyKey(#[allow(dead_code)] String);
+text_schema! {
+    /// An `Idempotency-Key` of `POST /transfers/batch`: an id of 1–124 characters (so that
+    /// `<key>:<index>` is an id), bare or as a quoted Structured Field string.
+    pub struct BatchIdempotencyKey {
+        pattern: bare_or_quoted(&id_pattern(124)),
+        example: "batch-7",
+    }
+}
+
+/// `pattern`, bare or between double quotes (a Structured Field string), anchored.
+fn bare_or_quoted(pattern: &str) -> String {
+    format!(r#"^(?:{pattern}|"{pattern}")$"#)
+}
 
 /// The one value `attention` takes.
 #[derive(ToSchema)]

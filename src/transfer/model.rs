@@ -588,27 +588,68 @@ pub fn valid_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
 }
 
-/// An account or transfer id: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`.
-#[derive(utoipa::ToSchema)]
-#[schema(
-    value_type = String,
-    min_length = 1,
-    max_length = 128,
-    pattern = r"^(?:[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,126}|\.\.[A-Za-z0-9._:-]{1,126})$",
-    example = "t-1"
-)]
-pub struct Id(#[allow(dead_code)] String);
+/// A string type of the API's OpenAPI document that exists only for its schema: its doc
+/// comment is the schema's description (lines joined as utoipa joins them), with a pattern
+/// (any expression, so that one rule can build several), an example and, optionally, bounds
+/// on its length.
+macro_rules! text_schema {
+    (
+        $(#[doc = $doc:literal])*
+        pub struct $name:ident {
+            pattern: $pattern:expr,
+            example: $example:literal $(,)?
+            $(length: $min:literal..=$max:literal $(,)?)?
+        }
+    ) => {
+        $(#[doc = $doc])*
+        pub struct $name;
 
-/// A currency code: 1–16 characters of `[A-Z0-9_]`.
-#[derive(utoipa::ToSchema)]
-#[schema(
-    value_type = String,
-    min_length = 1,
-    max_length = 16,
-    pattern = r"^[A-Z0-9_]{1,16}$",
-    example = "USD"
-)]
-pub struct Currency(#[allow(dead_code)] String);
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                let lines = [$($doc),*].map(|line: &str| line.strip_prefix(' ').unwrap_or(line));
+                utoipa::openapi::ObjectBuilder::new()
+                    .schema_type(utoipa::openapi::Type::String)
+                    .description(Some(lines.join("\n")))
+                    .pattern(Some($pattern))
+                    .examples([serde_json::json!($example)])
+                    $(.min_length(Some($min)).max_length(Some($max)))?
+                    .into()
+            }
+        }
+
+        impl utoipa::ToSchema for $name {}
+    };
+}
+pub(crate) use text_schema;
+
+/// The id rule ([`valid_id`]) as an unanchored regular expression for ids of at most `max`
+/// characters: not `.` or `..` (a first character other than a dot, or one or two dots
+/// followed by more). The one place the rule is written as a pattern; every schema that holds
+/// an id builds on it.
+pub fn id_pattern(max: usize) -> String {
+    let (after_first, after_dot) = (max - 1, max - 2);
+    format!(
+        r"(?:[A-Za-z0-9_:-][A-Za-z0-9._:-]{{0,{after_first}}}|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{{0,{after_dot}}}|\.\.[A-Za-z0-9._:-]{{1,{after_dot}}})"
+    )
+}
+
+text_schema! {
+    /// An account or transfer id: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`.
+    pub struct Id {
+        pattern: format!("^{}$", id_pattern(128)),
+        example: "t-1",
+        length: 1..=128,
+    }
+}
+
+text_schema! {
+    /// A currency code: 1–16 characters of `[A-Z0-9_]`.
+    pub struct Currency {
+        pattern: r"^[A-Z0-9_]{1,16}$",
+        example: "USD",
+        length: 1..=16,
+    }
+}
 
 /// A metadata key: 1–40 characters of `[a-z0-9_.-]`.
 pub const METADATA_KEY_PATTERN: &str = r"^[a-z0-9_.-]{1,40}$";
