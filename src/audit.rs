@@ -864,7 +864,7 @@ mod tests {
 
     use super::*;
     use crate::store::embedded::EmbeddedStore;
-    use crate::store::{Page, StaleQuery, StoreError, TransferFilter, WriteOp, WriteOutcome};
+    use crate::store::{StoreError, WriteOp};
 
     /// An embedded store whose scans of more than `largest` documents time out, recording
     /// the size every scan asked for and whether it was answered.
@@ -913,25 +913,11 @@ mod tests {
     }
 
     #[async_trait]
-    impl Store for SlowPages {
-        fn backend(&self) -> &'static str {
-            "slow-pages"
+    impl crate::store::Forwarding for SlowPages {
+        fn inner(&self) -> &dyn Store {
+            &self.inner
         }
-        async fn get(&self, index: Index, id: &str) -> StoreResult<Option<crate::store::Doc>> {
-            self.inner.get(index, id).await
-        }
-        async fn bulk(&self, ops: Vec<WriteOp>) -> StoreResult<Vec<StoreResult<WriteOutcome>>> {
-            self.inner.bulk(ops).await
-        }
-        async fn find_stale(&self, query: &StaleQuery) -> StoreResult<Page> {
-            self.inner.find_stale(query).await
-        }
-        async fn list_transfers(&self, filter: &TransferFilter) -> StoreResult<Page> {
-            self.inner.list_transfers(filter).await
-        }
-        async fn ready(&self) -> StoreResult<()> {
-            self.inner.ready().await
-        }
+
         async fn scan(
             &self,
             index: Index,
@@ -944,15 +930,6 @@ mod tests {
                 return Err(StoreError::Unavailable("scan: timed out".into()));
             }
             self.inner.scan(index, after, limit).await
-        }
-        async fn changes(
-            &self,
-            query: &crate::store::ChangesQuery,
-        ) -> StoreResult<crate::store::ChangesPage> {
-            self.inner.changes(query).await
-        }
-        async fn refresh(&self) -> StoreResult<()> {
-            self.inner.refresh().await
         }
     }
 

@@ -32,10 +32,7 @@ use std::sync::{Arc, OnceLock};
 use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{
-    Doc, DynStore, Index, Page, ScanPage, StaleQuery, Store, StoreError, StoreResult,
-    TransferFilter, WriteOp, WriteOutcome,
-};
+use super::{DynStore, Store, StoreError, StoreResult, WriteOp, WriteOutcome};
 
 type BulkResult = StoreResult<Vec<StoreResult<WriteOutcome>>>;
 
@@ -184,14 +181,11 @@ async fn flush(inner: &DynStore, batch: Vec<Submission>) {
     }
 }
 
+/// Everything but `bulk` goes straight to the inner store.
 #[async_trait]
-impl Store for GroupingStore {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-
-    async fn get(&self, index: Index, id: &str) -> StoreResult<Option<Doc>> {
-        self.inner.get(index, id).await
+impl crate::store::Forwarding for GroupingStore {
+    fn inner(&self) -> &dyn Store {
+        self.inner.as_ref()
     }
 
     async fn bulk(&self, ops: Vec<WriteOp>) -> BulkResult {
@@ -214,34 +208,6 @@ impl Store for GroupingStore {
             ))
         })
     }
-
-    async fn find_stale(&self, query: &StaleQuery) -> StoreResult<Page> {
-        self.inner.find_stale(query).await
-    }
-
-    async fn list_transfers(&self, filter: &TransferFilter) -> StoreResult<Page> {
-        self.inner.list_transfers(filter).await
-    }
-
-    async fn ready(&self) -> StoreResult<()> {
-        self.inner.ready().await
-    }
-
-    async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<ScanPage> {
-        self.inner.scan(index, after, limit).await
-    }
-
-    async fn changes(&self, query: &super::ChangesQuery) -> StoreResult<super::ChangesPage> {
-        self.inner.changes(query).await
-    }
-
-    async fn refresh(&self) -> StoreResult<()> {
-        self.inner.refresh().await
-    }
-
-    async fn identity(&self) -> StoreResult<Option<String>> {
-        self.inner.identity().await
-    }
 }
 
 #[cfg(test)]
@@ -254,7 +220,7 @@ mod tests {
     use tokio::time::timeout;
 
     use super::*;
-    use crate::store::Version;
+    use crate::store::{Doc, Index, Page, ScanPage, StaleQuery, TransferFilter, Version};
 
     const DEADLINE: Duration = Duration::from_secs(10);
 

@@ -455,6 +455,94 @@ fn single(mut results: Vec<StoreResult<WriteOutcome>>) -> StoreResult<WriteOutco
 /// How the rest of the service holds a store.
 pub type DynStore = Arc<dyn Store>;
 
+/// A store that wraps another and changes some of what it does (the write coalescer, and the
+/// tests' fault injectors): implement [`Forwarding::inner`] and override the operations that
+/// differ; every other one goes to the inner store, and a blanket impl makes it a [`Store`].
+/// The list of forwards is written here once, not once per wrapper, and a wrapper forwards
+/// an operation added to [`Store`] without being touched.
+#[async_trait]
+pub trait Forwarding: Send + Sync + 'static {
+    /// The store wrapped.
+    fn inner(&self) -> &dyn Store;
+
+    fn backend(&self) -> &'static str {
+        self.inner().backend()
+    }
+    async fn get(&self, index: Index, id: &str) -> StoreResult<Option<Doc>> {
+        self.inner().get(index, id).await
+    }
+    async fn bulk(&self, ops: Vec<WriteOp>) -> StoreResult<Vec<StoreResult<WriteOutcome>>> {
+        self.inner().bulk(ops).await
+    }
+    async fn find_stale(&self, query: &StaleQuery) -> StoreResult<Page> {
+        self.inner().find_stale(query).await
+    }
+    async fn list_transfers(&self, filter: &TransferFilter) -> StoreResult<Page> {
+        self.inner().list_transfers(filter).await
+    }
+    async fn ready(&self) -> StoreResult<()> {
+        self.inner().ready().await
+    }
+    async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<ScanPage> {
+        self.inner().scan(index, after, limit).await
+    }
+    async fn changes(&self, query: &ChangesQuery) -> StoreResult<ChangesPage> {
+        self.inner().changes(query).await
+    }
+    async fn refresh(&self) -> StoreResult<()> {
+        self.inner().refresh().await
+    }
+    async fn identity(&self) -> StoreResult<Option<String>> {
+        self.inner().identity().await
+    }
+    fn transactions(&self) -> bool {
+        self.inner().transactions()
+    }
+    async fn transact(&self, work: TxnWork) -> StoreResult<TxnOutcome> {
+        self.inner().transact(work).await
+    }
+}
+
+#[async_trait]
+impl<T: Forwarding> Store for T {
+    fn backend(&self) -> &'static str {
+        Forwarding::backend(self)
+    }
+    async fn get(&self, index: Index, id: &str) -> StoreResult<Option<Doc>> {
+        Forwarding::get(self, index, id).await
+    }
+    async fn bulk(&self, ops: Vec<WriteOp>) -> StoreResult<Vec<StoreResult<WriteOutcome>>> {
+        Forwarding::bulk(self, ops).await
+    }
+    async fn find_stale(&self, query: &StaleQuery) -> StoreResult<Page> {
+        Forwarding::find_stale(self, query).await
+    }
+    async fn list_transfers(&self, filter: &TransferFilter) -> StoreResult<Page> {
+        Forwarding::list_transfers(self, filter).await
+    }
+    async fn ready(&self) -> StoreResult<()> {
+        Forwarding::ready(self).await
+    }
+    async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<ScanPage> {
+        Forwarding::scan(self, index, after, limit).await
+    }
+    async fn changes(&self, query: &ChangesQuery) -> StoreResult<ChangesPage> {
+        Forwarding::changes(self, query).await
+    }
+    async fn refresh(&self) -> StoreResult<()> {
+        Forwarding::refresh(self).await
+    }
+    async fn identity(&self) -> StoreResult<Option<String>> {
+        Forwarding::identity(self).await
+    }
+    fn transactions(&self) -> bool {
+        Forwarding::transactions(self)
+    }
+    async fn transact(&self, work: TxnWork) -> StoreResult<TxnOutcome> {
+        Forwarding::transact(self, work).await
+    }
+}
+
 impl fmt::Display for Index {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

@@ -594,10 +594,7 @@ mod tests {
     use super::*;
     use crate::metrics::Metrics;
     use crate::store::embedded::EmbeddedStore;
-    use crate::store::{
-        Doc, DynStore, Index, Page, ScanPage, StaleQuery, Store, StoreError, TransferFilter,
-        WriteOp,
-    };
+    use crate::store::{DynStore, Store, StoreError, WriteOp};
     use crate::transfer::clock::{Clock, TestClock};
 
     const LEASE: Duration = Duration::from_secs(10);
@@ -611,13 +608,11 @@ mod tests {
     }
 
     #[async_trait]
-    impl Store for LosingAnswers {
-        fn backend(&self) -> &'static str {
-            "test"
+    impl crate::store::Forwarding for LosingAnswers {
+        fn inner(&self) -> &dyn Store {
+            self.inner.as_ref()
         }
-        async fn get(&self, index: Index, id: &str) -> StoreResult<Option<Doc>> {
-            self.inner.get(index, id).await
-        }
+
         async fn bulk(&self, ops: Vec<WriteOp>) -> StoreResult<Vec<StoreResult<WriteOutcome>>> {
             let answer = self.inner.bulk(ops).await;
             let lost = self
@@ -628,32 +623,6 @@ mod tests {
                 return Err(StoreError::Unavailable("answer lost".into()));
             }
             answer
-        }
-        async fn find_stale(&self, query: &StaleQuery) -> StoreResult<Page> {
-            self.inner.find_stale(query).await
-        }
-        async fn list_transfers(&self, filter: &TransferFilter) -> StoreResult<Page> {
-            self.inner.list_transfers(filter).await
-        }
-        async fn ready(&self) -> StoreResult<()> {
-            self.inner.ready().await
-        }
-        async fn scan(
-            &self,
-            index: Index,
-            after: Option<&str>,
-            limit: usize,
-        ) -> StoreResult<ScanPage> {
-            self.inner.scan(index, after, limit).await
-        }
-        async fn changes(
-            &self,
-            query: &crate::store::ChangesQuery,
-        ) -> StoreResult<crate::store::ChangesPage> {
-            self.inner.changes(query).await
-        }
-        async fn refresh(&self) -> StoreResult<()> {
-            self.inner.refresh().await
         }
     }
 

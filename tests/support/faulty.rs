@@ -20,8 +20,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 use transfer_service::store::{
-    Doc, DynStore, Index, Page, ScanPage, StaleQuery, Store, StoreError, StoreResult,
-    TransferFilter, TxnOutcome, TxnWork, WriteOp, WriteOutcome,
+    Doc, DynStore, Index, Page, StaleQuery, Store, StoreError, StoreResult, TransferFilter,
+    TxnOutcome, TxnWork, WriteOp, WriteOutcome,
 };
 
 /// Which requests a rule applies to.
@@ -297,9 +297,9 @@ impl FaultyStore {
 }
 
 #[async_trait]
-impl Store for FaultyStore {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
+impl transfer_service::store::Forwarding for FaultyStore {
+    fn inner(&self) -> &dyn Store {
+        self.inner.as_ref()
     }
 
     async fn get(&self, index: Index, id: &str) -> StoreResult<Option<Doc>> {
@@ -333,7 +333,7 @@ impl Store for FaultyStore {
     }
 
     async fn transact(&self, work: TxnWork) -> StoreResult<TxnOutcome> {
-        if !self.transactions() {
+        if !Store::transactions(self) {
             return Err(StoreError::Permanent(
                 "transactions are not forwarded".into(),
             ));
@@ -356,11 +356,6 @@ impl Store for FaultyStore {
         self.check_alive()?;
         self.inner.list_transfers(filter).await
     }
-
-    async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<ScanPage> {
-        self.inner.scan(index, after, limit).await
-    }
-
     async fn ready(&self) -> StoreResult<()> {
         self.check_alive()?;
         self.inner.ready().await
@@ -372,10 +367,6 @@ impl Store for FaultyStore {
     ) -> StoreResult<transfer_service::store::ChangesPage> {
         self.check_alive()?;
         self.inner.changes(query).await
-    }
-
-    async fn refresh(&self) -> StoreResult<()> {
-        self.inner.refresh().await
     }
 }
 

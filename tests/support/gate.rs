@@ -8,10 +8,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use tokio::sync::watch;
-use transfer_service::store::{
-    Doc, DynStore, Index, Page, ScanPage, StaleQuery, Store, StoreResult, TransferFilter, WriteOp,
-    WriteOutcome,
-};
+use transfer_service::store::{DynStore, Index, Store, StoreResult, WriteOp, WriteOutcome};
 
 pub struct AccountGate {
     inner: DynStore,
@@ -45,13 +42,15 @@ impl AccountGate {
 }
 
 #[async_trait]
-impl Store for AccountGate {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
+impl transfer_service::store::Forwarding for AccountGate {
+    fn inner(&self) -> &dyn Store {
+        self.inner.as_ref()
     }
 
-    async fn get(&self, index: Index, id: &str) -> StoreResult<Option<Doc>> {
-        self.inner.get(index, id).await
+    /// Account writes are held where `bulk` makes them: transactions are not offered, so
+    /// that every transfer takes the two-phase path through the gate.
+    fn transactions(&self) -> bool {
+        false
     }
 
     async fn bulk(&self, ops: Vec<WriteOp>) -> StoreResult<Vec<StoreResult<WriteOutcome>>> {
@@ -68,32 +67,5 @@ impl Store for AccountGate {
             self.pass().await;
         }
         self.inner.bulk(ops).await
-    }
-
-    async fn find_stale(&self, query: &StaleQuery) -> StoreResult<Page> {
-        self.inner.find_stale(query).await
-    }
-
-    async fn list_transfers(&self, filter: &TransferFilter) -> StoreResult<Page> {
-        self.inner.list_transfers(filter).await
-    }
-
-    async fn ready(&self) -> StoreResult<()> {
-        self.inner.ready().await
-    }
-
-    async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<ScanPage> {
-        self.inner.scan(index, after, limit).await
-    }
-
-    async fn changes(
-        &self,
-        query: &transfer_service::store::ChangesQuery,
-    ) -> StoreResult<transfer_service::store::ChangesPage> {
-        self.inner.changes(query).await
-    }
-
-    async fn refresh(&self) -> StoreResult<()> {
-        self.inner.refresh().await
     }
 }
