@@ -12,9 +12,9 @@ use crate::config::{Config, Protocol};
 use crate::http::auth::Auth;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
+use crate::store::coalescer::WriteCoalescer;
 use crate::store::elasticsearch::{ElasticsearchStore, EsConfig};
 use crate::store::embedded::{EmbeddedStore, ReadOnlyEmbeddedStore};
-use crate::store::grouping::GroupingStore;
 use crate::store::instrumented::InstrumentedStore;
 use crate::store::{DynStore, StoreError};
 use crate::transfer::{self, Engine, EngineConfig};
@@ -159,7 +159,7 @@ pub async fn open_store(
                     }
                 });
             }
-            Arc::new(GroupingStore::new(
+            Arc::new(WriteCoalescer::new(
                 store,
                 bulk_ops_limit(config.settled_max),
             ))

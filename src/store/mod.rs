@@ -12,13 +12,13 @@
 //! searches may lag behind writes (decisions are therefore always made on a realtime `get`).
 //!
 //! Backends: [`embedded::EmbeddedStore`] (redb, the default) and
-//! [`elasticsearch::ElasticsearchStore`], with [`grouping::GroupingStore`] coalescing its writes and
+//! [`elasticsearch::ElasticsearchStore`], with [`coalescer::WriteCoalescer`] coalescing its writes and
 //! [`instrumented::InstrumentedStore`] counting requests for `/metrics`. Tests wrap stores in
 //! a fault injector (`tests/support/faulty.rs`).
 
+pub mod coalescer;
 pub mod elasticsearch;
 pub mod embedded;
-pub mod grouping;
 pub mod instrumented;
 
 use std::fmt;

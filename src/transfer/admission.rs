@@ -4,7 +4,7 @@
 //! A create takes an [`Admitted`] before its store write, and the permit lives as long as
 //! the work it stands for: it is dropped when the create fails or replays an existing
 //! transfer, or when it returns having created the transfer settled (one store transaction,
-//! `super::local`), and otherwise moves into the transfer's driver and is dropped when that
+//! `super::one_transaction`), and otherwise moves into the transfer's driver and is dropped when that
 //! driver ends (terminal, or stopped and left to recovery). Beyond the bound a create is refused
 //! before anything is written, so shedding never drops accepted work. A batch takes all its
 //! permits at once: it is admitted whole or not at all.

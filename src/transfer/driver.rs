@@ -3,7 +3,6 @@
 //! again. One worker holds the transfer's lease at a time; it stops writing before the lease
 //! runs out and stops at a step boundary when the process shuts down.
 
-use crate::time::parse_millis;
 use std::sync::Arc;
 
 use tracing::{debug, info, warn, Instrument};
@@ -18,6 +17,7 @@ use super::protocol::{
 use super::retry::backoff;
 use super::Engine;
 use crate::store::StoreError;
+use crate::time::parse_millis;
 
 /// Back-offs of an apply refused because its account is full of young tombstones, before it
 /// gives up (about 4 s in all).

@@ -1,7 +1,7 @@
 //! The lease on a transfer: which worker may act on it, and until when. This module is the
 //! only place that writes a transfer's lease fields (`lease_owner`, `lease_expires_at`) and
 //! the only place that writes transfer documents at all, but for the settle in one store
-//! transaction (`super::local`), whose terminal document is sealed here ([`seal_terminal`]).
+//! transaction (`super::one_transaction`), whose terminal document is sealed here ([`seal_terminal`]).
 //!
 //! # The rules
 //! - **Grant.** A worker gets a lease by a conditional write of the transfer that puts a
@@ -39,7 +39,6 @@
 //!   claim reads the transfer: our owner token in it proves the write was applied, because no
 //!   one else ever writes that token.
 
-use crate::time::{format_millis, parse_millis};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,6 +51,7 @@ use super::model::{TransferDoc, TransferState};
 use super::retry::retry;
 use crate::metrics::Metrics;
 use crate::store::{StoreResult, Version, WriteOutcome};
+use crate::time::{format_millis, parse_millis};
 
 /// The owner of a parked hold's lease: the hold itself, not a worker (no worker token lacks
 /// the `/`).
@@ -570,7 +570,7 @@ fn stamp(doc: &mut TransferDoc, now: &Now) {
     doc.note_transitions(now.millis);
 }
 
-/// A terminal transfer about to be written in one store transaction (`super::local`): its
+/// A terminal transfer about to be written in one store transaction (`super::one_transaction`): its
 /// lease released and its stamp taken. That write needs no lease timing: it is conditional,
 /// in the transaction, on the version the holder last wrote.
 pub(super) fn seal_terminal(doc: &mut TransferDoc, now: &Now) {

@@ -2,21 +2,21 @@
 //! long-poll and listing. Requests never wait for the protocol: a created transfer is handed
 //! to a spawned worker that already holds its lease.
 
-use crate::time::{format_millis, parse_millis};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::admission::{Admitted, Overloaded};
 use super::documents::{decode, Versioned};
 use super::lease::{Claim, ClaimWrite, Held, Leases};
-use super::local::OneTransaction;
 use super::model::{
     AccountDoc, Leg, Metadata, RollbackReason, Tombstones, TransferDoc, TransferState,
 };
+use super::one_transaction::OneTransaction;
 use super::protocol;
 use super::retry::retry;
 use super::Engine;
 use crate::store::{SortKey, StoreError, TransferFilter, WriteOutcome};
+use crate::time::{format_millis, parse_millis};
 
 /// Failures the API maps to answers.
 #[derive(Debug, thiserror::Error)]
@@ -194,7 +194,7 @@ impl Engine {
                 .map(|p| p.account.to_owned())
                 .collect();
         }
-        // On a store with transactions the transfer is created settled (`super::local`).
+        // On a store with transactions the transfer is created settled (`super::one_transaction`).
         let settled = if self.creates_settled(&doc) {
             Some(self.create_settled(&doc).await?)
         } else {

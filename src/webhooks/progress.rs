@@ -11,10 +11,10 @@
 //! because the cursor only ever moves past events that were delivered or given up, and a
 //! holder that lost the lease can no longer move it (its write conflicts).
 
-use crate::time::{format_millis, parse_millis};
 use serde::{Deserialize, Serialize};
 
 use crate::store::{DynStore, Index, Source, StoreError, StoreResult, Version, WriteOutcome};
+use crate::time::{format_millis, parse_millis};
 use crate::transfer::clock::DynClock;
 
 /// The document.

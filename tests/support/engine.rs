@@ -10,8 +10,8 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use transfer_service::audit::{audit, AuditReport};
 use transfer_service::metrics::Metrics;
+use transfer_service::store::coalescer::WriteCoalescer;
 use transfer_service::store::embedded::EmbeddedStore;
-use transfer_service::store::grouping::GroupingStore;
 use transfer_service::store::instrumented::InstrumentedStore;
 use transfer_service::store::DynStore;
 use transfer_service::transfer::clock::{Clock, TestClock};
@@ -66,7 +66,7 @@ async fn world_on_elasticsearch(
     jitter: Duration,
 ) -> World {
     let store = Arc::new(super::stores::migrated_es_store(url).await);
-    let base: DynStore = Arc::new(GroupingStore::new(store, 512));
+    let base: DynStore = Arc::new(WriteCoalescer::new(store, 512));
     let faulty = FaultyStore::new(base.clone(), seed, jitter);
     World {
         base,

@@ -24,7 +24,7 @@ pub(super) enum Waiting {
     /// A `transact`: its writes all or none.
     Txn(TxnWork, TxnReply),
     /// A search about to read redb's tables: the open transaction commits after this group
-    /// (see [`super::recent`]).
+    /// (see [`super::recent_writes`]).
     Flush(FlushReply),
 }
 
@@ -68,14 +68,14 @@ pub(super) struct Committer {
     pub(super) queue: Mutex<CommitQueue>,
     pub(super) idle: Condvar,
     pub(super) log: Mutex<Wal>,
-    /// The write transaction kept open across groups, between turns too ([`super::recent`]).
+    /// The write transaction kept open across groups, between turns too ([`super::recent_writes`]).
     /// redb has one writer at a time: nothing else may begin a write transaction while it is
     /// here (the store's start and close, and tests after `settle`, are the only others).
     pub(super) open: Mutex<Option<OpenTxn>>,
     /// The documents written by the acknowledged groups of the open transaction: for `get`,
     /// for the committer's own reads, and, for accounts, until the commit writes them.
     pub(super) recent: Recent,
-    /// New transfers' listing entries not in the tables yet ([`super::creation`]). Only the
+    /// New transfers' listing entries not in the tables yet ([`super::listing_entries`]). Only the
     /// committer changes them, holding `log`.
     pub(super) creations: Mutex<CreationEntries>,
     /// Whether the open transaction holds listing entries (written from `creations`) that
@@ -341,7 +341,7 @@ pub(super) struct OpenTxn {
     /// when it commits). Losing a transaction that holds any leaves redb's state behind the
     /// log: the store must then stop writing ([`Taken`]).
     logged: usize,
-    /// Listing entries of a run written into it ([`super::creation`]): losing them would
+    /// Listing entries of a run written into it ([`super::listing_entries`]): losing them would
     /// lose them until a restart catches them up, so they count as logged writes for
     /// [`OpenTxn::must_keep`] (not for the size that makes it commit).
     listing_entries: usize,

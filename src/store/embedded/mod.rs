@@ -12,7 +12,7 @@
 //!   others queue. It takes every batch that is waiting (up to [`MAX_GROUP_OPS`] ops),
 //!   applies them one by one in its open transaction, logs them once, answers every caller,
 //!   and goes on until the queue is empty. (The transaction stays open across groups and
-//!   commits now and then, or before a search: `recent`.) (On the blocking pool, tokio knows work is under
+//!   commits now and then, or before a search: `recent_writes`.) (On the blocking pool, tokio knows work is under
 //!   way: tests on paused time do not see the clock jump while a commit runs.) Concurrent writers therefore
 //!   share one log append and one fsync instead of paying one each. Each op is checked on its own, so a
 //!   conflicting op changes nothing and does not affect the others (like `_bulk`); an op that
@@ -35,11 +35,11 @@
 //! Here: the store and its `Store` implementation. `read_only`: the store as the auditor
 //! opens it, reading the file and writing nothing. `commit`: the group commit; `wal`: the
 //! write-ahead log and its replay; `disk`: the files as the store writes them (what a power
-//! cut can take is decided there; the power-loss tests put a simulated disk behind it); `recent`: the acknowledged writes of the open transaction;
-//! `tables`: the tables, the document encoding and the secondary indexes; `search`: the
+//! cut can take is decided there; the power-loss tests put a simulated disk behind it);
+//! `recent_writes`: the acknowledged writes of the open transaction; `listing_entries`: new
+//! transfers' listing entries, written in sorted runs; `tables`: the tables, the document encoding and the secondary indexes; `search`: the
 //! searches that walk those indexes.
 
-use crate::time::parse_millis;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
@@ -59,12 +59,13 @@ use super::{
     StaleQuery, Store, StoreError, StoreResult, TransferFilter, TxnOutcome, TxnReads, TxnWork,
     Version, WriteOp, WriteOutcome,
 };
+use crate::time::parse_millis;
 
 mod commit;
-mod creation;
 mod disk;
+mod listing_entries;
 mod read_only;
-mod recent;
+mod recent_writes;
 mod search;
 mod tables;
 #[cfg(test)]
@@ -74,11 +75,11 @@ mod writes;
 
 pub use commit::MAX_GROUP_OPS;
 use commit::*;
-use creation::*;
 use disk::{DataDir, DatabaseFile, OsDataDir};
 pub use disk::{NEW_DATABASE_FILE_NAME, STOPPED_FILE_NAME};
+use listing_entries::*;
 pub use read_only::ReadOnlyEmbeddedStore;
-use recent::*;
+use recent_writes::*;
 use search::*;
 use tables::*;
 use wal::*;
@@ -272,7 +273,7 @@ impl EmbeddedStore {
 
     /// Has the committer commit its open transaction if it holds acknowledged writes, so that
     /// a search, scan or feed read that starts after this sees every write acknowledged
-    /// before it was called (see [`recent`]).
+    /// before it was called (see [`recent_writes`]).
     async fn flush(&self) -> StoreResult<()> {
         // The committer holds the listing entries while it runs a group: then ask it.
         let creations_written = match self.committer.creations.try_lock() {
@@ -405,7 +406,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn get(&self, index: Index, id: &str) -> StoreResult<Option<Doc>> {
-        // The recent writes first, then redb: the order `recent` explains.
+        // The recent writes first, then redb: the order `recent_writes` explains.
         if let Some(value) = self.committer.recent.get(index, id) {
             return decode(id, &value).map(Some);
         }

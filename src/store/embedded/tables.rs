@@ -9,7 +9,7 @@ pub(super) const DOCS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::n
 
 /// Whether an index's documents have index entries (transfers do). The others (accounts,
 /// webhook cursors) are written into [`DOCS`] only when the open transaction commits, once
-/// each ([`super::recent`]); until then the recent writes hold them.
+/// each ([`super::recent_writes`]); until then the recent writes hold them.
 pub(super) fn indexed(index: Index) -> bool {
     index == Index::Transactions
 }
@@ -370,7 +370,7 @@ pub(super) fn update_transfer_indexes(
 ) -> StoreResult<()> {
     let e = storage;
     // A new transfer's creation entries wait for a run, given a list to wait in
-    // ([`super::creation`]); otherwise (replay) they are written now.
+    // ([`super::listing_entries`]); otherwise (replay) they are written now.
     let deferred = deferred.filter(|_| old.is_none());
     // Which entries move: all of them for a new transfer.
     let changed = |same: fn(&TransferKeys<'_>, &TransferKeys<'_>) -> bool| {

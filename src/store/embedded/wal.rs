@@ -2,7 +2,7 @@
 //!
 //! The committer's transaction commits to redb with `Durability::None` (its pages stay in
 //! redb's memory, not written or fsynced), and each group's writes were appended here as one
-//! record and the log was `fdatasync`ed before anyone saw them ([`super::recent`]). Every [`CHECKPOINT_INTERVAL`] (sooner while
+//! record and the log was `fdatasync`ed before anyone saw them ([`super::recent_writes`]). Every [`CHECKPOINT_INTERVAL`] (sooner while
 //! groups are busy, see [`BUSY_GROUP_OPS`]; or every [`CHECKPOINT_BYTES`] of log), once a
 //! group's callers are answered, the open transaction (or an empty one) commits with `Durability::Immediate`,
 //! which makes every earlier commit durable in the redb file too, and the log is emptied. A page a
@@ -216,7 +216,7 @@ impl Wal {
 
     /// Whether the committer's open transaction, whose acknowledged groups wrote
     /// `acknowledged` documents, should commit now, before a checkpoint does
-    /// ([`super::recent`]): at [`OPEN_TXN_WRITES`] documents. This bounds what redb and the
+    /// ([`super::recent_writes`]): at [`OPEN_TXN_WRITES`] documents. This bounds what redb and the
     /// recent writes hold in memory; searches commit it sooner when they need to. Nothing of
     /// durability depends on it.
     ///

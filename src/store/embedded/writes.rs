@@ -35,7 +35,7 @@ impl GroupWrites<'_> {
 
 /// Where a group reads a document as its earlier writes left it. A transfer is written into
 /// the tables at once (its index entries move with it). An unindexed document is not
-/// ([`super::recent`]): its latest value is in the group's own writes, else in the recent
+/// ([`super::recent_writes`]): its latest value is in the group's own writes, else in the recent
 /// writes of earlier groups, else in the tables.
 pub(super) struct GroupView<'v, 'txn> {
     tables: &'v Tables<'txn>,
@@ -215,7 +215,7 @@ type IndexKeys<'o> = (Option<TransferKeys<'static>>, TransferKeys<'o>);
 ///
 /// Sources are not parsed, except a transfer's indexed fields (old and new, to move its
 /// index entries): an account write costs a lookup (none when the work read it) and a copy;
-/// its insert comes once per commit, whatever the number of writes ([`super::recent`]).
+/// its insert comes once per commit, whatever the number of writes ([`super::recent_writes`]).
 pub(super) fn check_op<'o>(
     view: &GroupView<'_, '_>,
     op: &'o WriteOp,

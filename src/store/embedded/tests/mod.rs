@@ -1,12 +1,12 @@
 //! Unit tests of the embedded store's internals (the shared store suite is in `tests/store/`),
 //! by concept, on the helpers below.
-use crate::time::format_millis;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use super::*;
 use crate::store::fields;
+use crate::time::format_millis;
 
 mod creation_entries;
 mod durability;

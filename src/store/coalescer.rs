@@ -44,18 +44,18 @@ struct Submission {
 
 /// A [`Store`] that coalesces concurrent writes into batches on an inner store; reads,
 /// searches, `scan`, `ready` and `refresh` go straight to the inner store.
-pub struct GroupingStore {
+pub struct WriteCoalescer {
     inner: DynStore,
     /// Upper bound of ops per inner `bulk` (a single larger submission still goes whole).
     max_batch: usize,
     /// The flusher's queue, created with the flusher on the first write so that `new` works
     /// outside a Tokio runtime.
     queue: OnceLock<mpsc::UnboundedSender<Submission>>,
-    /// Ops submitted and not yet taken into a batch (see [`GroupingStore::queued_ops`]).
+    /// Ops submitted and not yet taken into a batch (see [`WriteCoalescer::queued_ops`]).
     queued_ops: Arc<AtomicUsize>,
 }
 
-impl GroupingStore {
+impl WriteCoalescer {
     /// Wraps `inner`; `max_batch` is the largest number of ops merged into one inner call
     /// (0 is treated as 1).
     pub fn new(inner: DynStore, max_batch: usize) -> Self {
@@ -89,9 +89,9 @@ impl GroupingStore {
     }
 }
 
-impl std::fmt::Debug for GroupingStore {
+impl std::fmt::Debug for WriteCoalescer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GroupingStore")
+        f.debug_struct("WriteCoalescer")
             .field("backend", &self.inner.backend())
             .field("max_batch", &self.max_batch)
             .field("queued_ops", &self.queued_ops())
@@ -183,7 +183,7 @@ async fn flush(inner: &DynStore, batch: Vec<Submission>) {
 
 /// Everything but `bulk` goes straight to the inner store.
 #[async_trait]
-impl crate::store::Forwarding for GroupingStore {
+impl crate::store::Forwarding for WriteCoalescer {
     fn inner(&self) -> &dyn Store {
         self.inner.as_ref()
     }
@@ -362,8 +362,8 @@ mod tests {
             .collect()
     }
 
-    fn grouping(fake: &Arc<FakeStore>, max_batch: usize) -> Arc<GroupingStore> {
-        Arc::new(GroupingStore::new(fake.clone(), max_batch))
+    fn coalescer(fake: &Arc<FakeStore>, max_batch: usize) -> Arc<WriteCoalescer> {
+        Arc::new(WriteCoalescer::new(fake.clone(), max_batch))
     }
 
     /// Waits until `condition` holds, failing the test after [`DEADLINE`].
@@ -387,7 +387,7 @@ mod tests {
 
     /// Spawns one caller writing `ids`.
     fn spawn_caller(
-        store: &Arc<GroupingStore>,
+        store: &Arc<WriteCoalescer>,
         ids: Vec<String>,
     ) -> tokio::task::JoinHandle<(Vec<String>, BulkResult)> {
         let store = store.clone();
@@ -409,7 +409,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn concurrent_callers_get_exactly_their_own_results() {
         let (fake, _started) = FakeStore::new(false, vec![]);
-        let store = grouping(&fake, 64);
+        let store = coalescer(&fake, 64);
 
         let handles: Vec<_> = (0..50u64)
             .map(|caller| {
@@ -437,7 +437,7 @@ mod tests {
     #[tokio::test]
     async fn writes_queued_behind_an_inner_call_go_out_together() {
         let (fake, mut started) = FakeStore::new(true, vec![]);
-        let store = grouping(&fake, 64);
+        let store = coalescer(&fake, 64);
 
         let first = spawn_caller(&store, vec!["1".into()]);
         assert_eq!(next_call(&mut started).await, 1);
@@ -461,7 +461,7 @@ mod tests {
     #[tokio::test]
     async fn batches_stay_within_max_batch_without_splitting_a_caller() {
         let (fake, mut started) = FakeStore::new(true, vec![]);
-        let store = grouping(&fake, 2);
+        let store = coalescer(&fake, 2);
 
         let first = spawn_caller(&store, vec!["1".into()]);
         next_call(&mut started).await;
@@ -489,7 +489,7 @@ mod tests {
     async fn an_inner_error_reaches_every_caller_of_that_batch_and_only_them() {
         // The second inner call fails as a whole.
         let (fake, mut started) = FakeStore::new(true, vec![2]);
-        let store = grouping(&fake, 64);
+        let store = coalescer(&fake, 64);
 
         let first = spawn_caller(&store, vec!["1".into()]);
         next_call(&mut started).await;
@@ -513,7 +513,7 @@ mod tests {
     #[tokio::test]
     async fn a_panicking_inner_store_fails_only_its_batch() {
         let (fake, _started) = FakeStore::new(false, vec![]);
-        let store = grouping(&fake, 64);
+        let store = coalescer(&fake, 64);
 
         let (_, result) = join(spawn_caller(&store, vec!["panic".into()])).await;
         assert!(!result.unwrap_err().is_retryable());
@@ -524,7 +524,7 @@ mod tests {
     #[tokio::test]
     async fn empty_writes_and_reads_do_not_go_through_the_queue() {
         let (fake, _started) = FakeStore::new(false, vec![]);
-        let store = grouping(&fake, 64);
+        let store = coalescer(&fake, 64);
 
         assert!(outcomes(store.bulk(Vec::new()).await).is_empty());
         assert_eq!(store.get(Index::Accounts, "a").await.unwrap(), None);
@@ -542,10 +542,10 @@ mod tests {
     #[tokio::test]
     async fn the_flusher_ends_when_the_store_is_dropped() {
         let (fake, _started) = FakeStore::new(false, vec![]);
-        let store = grouping(&fake, 64);
+        let store = coalescer(&fake, 64);
         let (_, result) = join(spawn_caller(&store, vec!["1".into()])).await;
         result.unwrap();
-        // The test, the grouping store and the flusher each hold the fake.
+        // The test, the coalescer and the flusher each hold the fake.
         eventually("the batch task to let go", || Arc::strong_count(&fake) == 3).await;
 
         drop(store);
