@@ -87,6 +87,16 @@ struct Service {
     messages: Arc<Mutex<Vec<String>>>,
 }
 
+/// A service whose test ends (or fails) is stopped with it: a `Child` left running would
+/// outlive the test binary, holding ports and CPU on the machine (the real-cluster tests'
+/// services did, until this).
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 impl Service {
     /// Starts the binary on port 0 and waits for the address it logs when serving.
     fn start(env: &[(&str, String)]) -> Service {
