@@ -7,7 +7,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
 
-use super::body::AccountBody;
+use super::body::{json_fields, Integer, MetadataField, Text};
 use super::{field, ApiError, AppState, JsonFields, PathId, Problem, QueryParams};
 use crate::transfer::model::AccountDoc;
 use crate::transfer::service::{Created, NewAccount};
@@ -61,30 +61,31 @@ impl Account {
     }
 }
 
-/// The body of `POST /accounts`. Any other field is a 422 naming it (names are
-/// case-sensitive).
-#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-pub struct CreateAccount {
-    /// 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`.
-    #[schema(value_type = crate::transfer::model::Id)]
-    pub id: String,
-    /// Opening balance, a signed 64-bit integer; at least `floor` (so at least 0 when `floor`
-    /// is absent), else 422.
-    pub balance: i64,
-    /// Lowest balance a debit may leave, a signed 64-bit integer; default 0; at most
-    /// `balance`, else 422.
-    pub floor: Option<i64>,
-    /// The account's currency (1–16 characters of `[A-Z0-9_]`), fixed for its life; absent
-    /// or null: none. A transfer moves units only between accounts of one currency (or
-    /// between accounts without one).
-    #[schema(value_type = Option<crate::transfer::model::Currency>)]
-    pub currency: Option<String>,
-    /// Labels (such as an owner): at most 16 keys of `[a-z0-9_.-]{1,40}`, string values of
-    /// at most 256 characters; absent or null: none. Part of the replay comparison.
-    #[schema(value_type = Option<crate::transfer::model::MetadataSchema>)]
-    pub metadata: Option<crate::transfer::model::Metadata>,
+json_fields! {
+    /// The body of `POST /accounts`. Any other field is a 422 naming it (names are
+    /// case-sensitive).
+    pub struct CreateAccount ("an account") {
+        /// 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`.
+        #[schema(value_type = crate::transfer::model::Id)]
+        id: Text,
+        /// Opening balance, a signed 64-bit integer; at least `floor` (so at least 0 when `floor`
+        /// is absent), else 422.
+        #[schema(value_type = i64)]
+        balance: Integer,
+        /// Lowest balance a debit may leave, a signed 64-bit integer; default 0; at most
+        /// `balance`, else 422.
+        #[schema(value_type = Option<i64>)]
+        floor: Integer,
+        /// The account's currency (1–16 characters of `[A-Z0-9_]`), fixed for its life; absent
+        /// or null: none. A transfer moves units only between accounts of one currency (or
+        /// between accounts without one).
+        #[schema(value_type = Option<crate::transfer::model::Currency>)]
+        currency: Text,
+        /// Labels (such as an owner): at most 16 keys of `[a-z0-9_.-]{1,40}`, string values of
+        /// at most 256 characters; absent or null: none. Part of the replay comparison.
+        #[schema(value_type = Option<crate::transfer::model::MetadataSchema>)]
+        metadata: MetadataField,
+    }
 }
 
 /// Opens an account with an opening balance (and optionally a currency). Replaying the same
@@ -103,7 +104,7 @@ pub struct CreateAccount {
 pub async fn create_account(
     State(state): State<AppState>,
     _: QueryParams,
-    JsonFields(body): JsonFields<AccountBody>,
+    JsonFields(body): JsonFields<CreateAccount>,
 ) -> Result<Response, ApiError> {
     field::known_and_once(&body)?;
     let id = field::required_id(body.id, "id")?;

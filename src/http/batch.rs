@@ -16,7 +16,7 @@ use axum::{Json, Router};
 use futures_util::stream::{self, StreamExt};
 use serde::Serialize;
 
-use super::body::{Array, BatchBody, Object, TransferBody};
+use super::body::{json_fields, Array, Object};
 use super::transfers::{counted_if_shed, new_transfer, CreateTransfer};
 use super::{
     field, idempotency, ApiError, AppState, JsonFields, PathId, Problem, QueryParams, NOT_AN_OBJECT,
@@ -44,15 +44,14 @@ pub fn router() -> Router<AppState> {
     Router::new().route(ROUTE, post(create_batch).get(get_transfer_named_batch))
 }
 
-/// The body of `POST /transfers/batch`. Any other field is a 422 for the whole batch; an
-/// item with a field a transfer does not have is that item's 422.
-#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-pub struct CreateBatch {
-    /// 1 to 1,000 transfers, each exactly the body of `POST /transfers`.
-    #[schema(min_items = 1, max_items = 1000)]
-    pub transfers: Vec<CreateTransfer>,
+json_fields! {
+    /// The body of `POST /transfers/batch`. Any other field is a 422 for the whole batch; an
+    /// item with a field a transfer does not have is that item's 422.
+    pub struct CreateBatch ("a batch") {
+        /// 1 to 1,000 transfers, each exactly the body of `POST /transfers`.
+        #[schema(value_type = Vec<CreateTransfer>, min_items = 1, max_items = 1000)]
+        transfers: Array<Object<CreateTransfer>>,
+    }
 }
 
 /// The outcome of one item: what `POST /transfers` would have answered for it.
@@ -135,7 +134,7 @@ pub async fn create_batch(
     State(state): State<AppState>,
     headers: HeaderMap,
     _: QueryParams,
-    JsonFields(body): JsonFields<BatchBody>,
+    JsonFields(body): JsonFields<CreateBatch>,
 ) -> Result<Json<BatchResult>, ApiError> {
     let key = idempotency::batch_key(&headers)?;
     let items = envelope(body, state.engine.max_in_flight())?;
@@ -158,7 +157,10 @@ pub async fn create_batch(
 
 /// The items of a well-formed envelope: `transfers`, an array of 1 to [`MAX_BATCH`] items,
 /// and no more than admission control could ever admit at once.
-fn envelope(body: BatchBody, max_in_flight: usize) -> Result<Vec<Object<TransferBody>>, ApiError> {
+fn envelope(
+    body: CreateBatch,
+    max_in_flight: usize,
+) -> Result<Vec<Object<CreateTransfer>>, ApiError> {
     field::known_and_once(&body)?;
     let items = match body.transfers {
         None => return Err(ApiError::Invalid("`transfers` is required".into())),
@@ -193,7 +195,7 @@ fn envelope(body: BatchBody, max_in_flight: usize) -> Result<Vec<Object<Transfer
 /// One item, validated as the body of `POST /transfers` is; without an `id` it gets
 /// `id_if_absent` (derived from the batch's `Idempotency-Key`), else a UUIDv7.
 fn item(
-    value: Object<TransferBody>,
+    value: Object<CreateTransfer>,
     id_if_absent: Option<String>,
 ) -> Result<NewTransfer, ApiError> {
     match value {

@@ -100,14 +100,21 @@ pub trait Fields: Default {
 }
 
 /// Declares a body type: a struct whose fields are `Option<T>` of lenient types (absent
-/// or null: `None`), readable as an [`Object`].
+/// or null: `None`), readable as an [`Object`]. The same declaration is the body's OpenAPI
+/// schema: each field says, by `#[schema(value_type = ...)]`, what a valid value is (the
+/// lenient type only says how to read one), and its doc comment is the field's description;
+/// `deny_unknown_fields` states that any other field is refused, as [`Fields::unknown`] makes
+/// it.
 macro_rules! json_fields {
     ($(#[$meta:meta])* pub struct $name:ident ($kind:literal) { $($(#[$field_meta:meta])* $field:ident: $ty:ty,)* }) => {
+        #[derive(Debug, Default, utoipa::ToSchema)]
+        #[serde(deny_unknown_fields)]
         $(#[$meta])*
-        #[derive(Debug, Default)]
         pub struct $name {
             $($(#[$field_meta])* pub $field: Option<$ty>,)*
+            #[serde(skip)]
             twice: Option<&'static str>,
+            #[serde(skip)]
             unknown: Option<String>,
         }
 
@@ -145,55 +152,7 @@ macro_rules! json_fields {
         }
     };
 }
-
-json_fields! {
-    /// The body of `POST /transfers`, and each item of a batch.
-    pub struct TransferBody ("a transfer") {
-        id: Text,
-        from: Text,
-        to: Text,
-        amount: Integer,
-        legs: Array<Object<LegBody>>,
-        currency: Text,
-        metadata: MetadataField,
-        hold: Flag,
-        hold_expires_in: Text,
-    }
-}
-
-json_fields! {
-    /// One of a transfer's `legs`.
-    pub struct LegBody ("a leg") {
-        from: Text,
-        to: Text,
-        amount: Integer,
-    }
-}
-
-json_fields! {
-    /// The body of `POST /transfers/batch`.
-    pub struct BatchBody ("a batch") {
-        transfers: Array<Object<TransferBody>>,
-    }
-}
-
-json_fields! {
-    /// The body of `POST /accounts`.
-    pub struct AccountBody ("an account") {
-        id: Text,
-        balance: Integer,
-        floor: Integer,
-        currency: Text,
-        metadata: MetadataField,
-    }
-}
-
-json_fields! {
-    /// The body of `POST /transfers/{id}/capture`.
-    pub struct CaptureBody ("a capture") {
-        amount: Integer,
-    }
-}
+pub(crate) use json_fields;
 
 /// Parses a request body that must be a JSON object with the fields of `T`: 400 unless it
 /// is JSON, 422 unless it is an object.
@@ -530,12 +489,15 @@ impl<'de> Visitor<'de> for Discard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::accounts::CreateAccount;
+    use crate::http::batch::CreateBatch;
+    use crate::http::transfers::{CaptureHold, CreateLeg, CreateTransfer};
 
-    fn transfer(json: &str) -> Result<TransferBody, ApiError> {
-        parse::<TransferBody>(json.as_bytes())
+    fn transfer(json: &str) -> Result<CreateTransfer, ApiError> {
+        parse::<CreateTransfer>(json.as_bytes())
     }
 
-    fn status(result: Result<TransferBody, ApiError>) -> u16 {
+    fn status(result: Result<CreateTransfer, ApiError>) -> u16 {
         result.map_or_else(|e| e.problem().status, |_| 200)
     }
 
@@ -593,7 +555,7 @@ mod tests {
             body.metadata.is_some(),
             "metadata keys are labels, not fields"
         );
-        let body = parse::<BatchBody>(br#"{"transfers":[{"amt":1}],"extra":{"a":[1]}}"#).unwrap();
+        let body = parse::<CreateBatch>(br#"{"transfers":[{"amt":1}],"extra":{"a":[1]}}"#).unwrap();
         assert_eq!(body.unknown(), Some("extra"));
         let Some(Array::Given(items)) = body.transfers else {
             panic!("an array of items")
@@ -607,19 +569,19 @@ mod tests {
 
     #[test]
     fn a_misspelled_field_is_matched_to_the_field_meant() {
-        let transfer = TransferBody::NAMES;
-        let account = AccountBody::NAMES;
+        let transfer = CreateTransfer::NAMES;
+        let account = CreateAccount::NAMES;
         for (given, names, meant) in [
-            ("amt", CaptureBody::NAMES, Some("amount")),
+            ("amt", CaptureHold::NAMES, Some("amount")),
             ("Hold", transfer, Some("hold")),
             ("AMOUNT", transfer, Some("amount")),
             ("flor", account, Some("floor")),
             ("curency", account, Some("currency")),
             ("hold_expires", transfer, Some("hold_expires_in")),
             ("metdata", transfer, Some("metadata")),
-            ("transfer", BatchBody::NAMES, Some("transfers")),
-            ("amuont", CaptureBody::NAMES, Some("amount")),
-            ("from_account", LegBody::NAMES, Some("from")),
+            ("transfer", CreateBatch::NAMES, Some("transfers")),
+            ("amuont", CaptureHold::NAMES, Some("amount")),
+            ("from_account", CreateLeg::NAMES, Some("from")),
             ("foo", transfer, None),
             ("colour", account, None),
             ("", transfer, None),
@@ -655,7 +617,7 @@ mod tests {
     #[test]
     fn items_and_labels_keep_their_own_shapes() {
         let batch =
-            parse::<BatchBody>(br#"{"transfers":[{"id":"a"},null,[],{"id":"b"}]}"#).unwrap();
+            parse::<CreateBatch>(br#"{"transfers":[{"id":"a"},null,[],{"id":"b"}]}"#).unwrap();
         let Some(Array::Given(items)) = batch.transfers else {
             panic!("an array of items")
         };

@@ -8,7 +8,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
 
-use super::body::{Array, CaptureBody, Flag, LegBody, Object, Text, TransferBody};
+use super::body::{json_fields, Array, Flag, Integer, MetadataField, Object, Text};
 use super::{
     field, idempotency, shorten, ApiError, AppState, JsonFields, OptionalJsonFields, PathId,
     Problem, QueryParams, QuerySpec, MAX_WAIT,
@@ -16,7 +16,7 @@ use super::{
 use crate::store::{SortKey, TransferFilter};
 use crate::transfer::model::{
     check_hold_duration, check_legs, valid_id, valid_metadata_key, valid_metadata_value, Leg,
-    Metadata, TransferState, MAX_LEGS, METADATA_MAX_KEYS,
+    TransferState, MAX_LEGS, METADATA_MAX_KEYS,
 };
 use crate::transfer::service::{Created, NewTransfer};
 use crate::transfer::view::Transfer;
@@ -29,86 +29,83 @@ pub fn router() -> Router<AppState> {
         .route("/transfers/{id}/capture", post(capture_transfer))
 }
 
-/// The body of `POST /transfers`. Any other field is a 422 naming it (names are
-/// case-sensitive: `Hold` is not `hold`).
-#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-pub struct CreateTransfer {
-    /// Idempotency key: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`. Absent or
-    /// null: the `Idempotency-Key` header's key, else a UUIDv7 the server makes (then a retry
-    /// is a new transfer). With an `Idempotency-Key` header, it must equal the key (else 422).
-    #[schema(value_type = Option<crate::transfer::model::Id>)]
-    pub id: Option<String>,
-    /// Source account id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`). Required
-    /// unless `legs` is given; never with `legs` (else 422).
-    #[schema(value_type = Option<crate::transfer::model::Id>, nullable = false)]
-    pub from: Option<String>,
-    /// Destination account id (same rules); must differ from `from`, else 422. Required
-    /// unless `legs` is given; never with `legs`.
-    #[schema(value_type = Option<crate::transfer::model::Id>, nullable = false)]
-    pub to: Option<String>,
-    /// Units to move: an integer from 1 to 2^63-1 (a JSON integer: `5`, not `5.0`). Required
-    /// unless `legs` is given; never with `legs`.
-    #[schema(nullable = false, minimum = 1)]
-    pub amount: Option<i64>,
-    /// A multi-leg transaction instead of `from`, `to` and `amount`: 1 to 16 legs, all
-    /// applied or none. An account may appear in several legs; its floor is checked on its
-    /// net debit. Each leg's `from` ≠ `to` and `amount` ≥ 1, the amounts summing to at most
-    /// 2^63-1 (else 422). Every account must share the currency. One leg is the same as
-    /// `from`, `to` and `amount`. A multi-leg hold is captured whole.
-    #[schema(nullable = false, min_items = 1, max_items = 16)]
-    pub legs: Option<Vec<CreateLeg>>,
-    /// `true`: a hold. It is driven to `pending` (the source debited, the destination credited
-    /// but not spendable) and waits there for `POST /transfers/{id}/capture`, `.../cancel`
-    /// or its expiry (then it rolls back with `expired`). Default `false`.
-    #[schema(nullable = false)]
-    pub hold: Option<bool>,
-    /// How long a hold waits: a duration such as `10m`, `1h30m` or `2days`, from 1 s to 30
-    /// days (else 422); default the service's `HOLD_TIMEOUT` (24 h unless configured). Only
-    /// with `"hold": true` (else 422).
-    #[schema(nullable = false, example = "10m")]
-    pub hold_expires_in: Option<String>,
-    /// The currency (1–16 characters of `[A-Z0-9_]`) both accounts must have; absent or
-    /// null: they must merely share one, or both have none. Otherwise the transfer rolls
-    /// back with reason `currency_mismatch` and no unit moves.
-    #[schema(value_type = Option<crate::transfer::model::Currency>)]
-    pub currency: Option<String>,
-    /// Labels (such as an order id): at most 16 keys of `[a-z0-9_.-]{1,40}`, string values
-    /// of at most 256 characters; absent or null: none. Part of the replay comparison, and
-    /// filterable: `GET /transfers?metadata.<key>=<value>`.
-    #[schema(value_type = Option<crate::transfer::model::MetadataSchema>)]
-    pub metadata: Option<Metadata>,
+json_fields! {
+    /// The body of `POST /transfers`. Any other field is a 422 naming it (names are
+    /// case-sensitive: `Hold` is not `hold`).
+    pub struct CreateTransfer ("a transfer") {
+        /// Idempotency key: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`. Absent or
+        /// null: the `Idempotency-Key` header's key, else a UUIDv7 the server makes (then a retry
+        /// is a new transfer). With an `Idempotency-Key` header, it must equal the key (else 422).
+        #[schema(value_type = Option<crate::transfer::model::Id>)]
+        id: Text,
+        /// Source account id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`). Required
+        /// unless `legs` is given; never with `legs` (else 422).
+        #[schema(value_type = Option<crate::transfer::model::Id>, nullable = false)]
+        from: Text,
+        /// Destination account id (same rules); must differ from `from`, else 422. Required
+        /// unless `legs` is given; never with `legs`.
+        #[schema(value_type = Option<crate::transfer::model::Id>, nullable = false)]
+        to: Text,
+        /// Units to move: an integer from 1 to 2^63-1 (a JSON integer: `5`, not `5.0`). Required
+        /// unless `legs` is given; never with `legs`.
+        #[schema(value_type = Option<i64>, nullable = false, minimum = 1)]
+        amount: Integer,
+        /// A multi-leg transaction instead of `from`, `to` and `amount`: 1 to 16 legs, all
+        /// applied or none. An account may appear in several legs; its floor is checked on its
+        /// net debit. Each leg's `from` ≠ `to` and `amount` ≥ 1, the amounts summing to at most
+        /// 2^63-1 (else 422). Every account must share the currency. One leg is the same as
+        /// `from`, `to` and `amount`. A multi-leg hold is captured whole.
+        #[schema(value_type = Option<Vec<CreateLeg>>, nullable = false, min_items = 1, max_items = 16)]
+        legs: Array<Object<CreateLeg>>,
+        /// `true`: a hold. It is driven to `pending` (the source debited, the destination credited
+        /// but not spendable) and waits there for `POST /transfers/{id}/capture`, `.../cancel`
+        /// or its expiry (then it rolls back with `expired`). Default `false`.
+        #[schema(value_type = Option<bool>, nullable = false)]
+        hold: Flag,
+        /// How long a hold waits: a duration such as `10m`, `1h30m` or `2days`, from 1 s to 30
+        /// days (else 422); default the service's `HOLD_TIMEOUT` (24 h unless configured). Only
+        /// with `"hold": true` (else 422).
+        #[schema(value_type = Option<String>, nullable = false, example = "10m")]
+        hold_expires_in: Text,
+        /// The currency (1–16 characters of `[A-Z0-9_]`) both accounts must have; absent or
+        /// null: they must merely share one, or both have none. Otherwise the transfer rolls
+        /// back with reason `currency_mismatch` and no unit moves.
+        #[schema(value_type = Option<crate::transfer::model::Currency>)]
+        currency: Text,
+        /// Labels (such as an order id): at most 16 keys of `[a-z0-9_.-]{1,40}`, string values
+        /// of at most 256 characters; absent or null: none. Part of the replay comparison, and
+        /// filterable: `GET /transfers?metadata.<key>=<value>`.
+        #[schema(value_type = Option<crate::transfer::model::MetadataSchema>)]
+        metadata: MetadataField,
+    }
 }
 
-/// One of the `legs` of `POST /transfers`: `amount` units from `from` to `to`. Any other
-/// field is a 422.
-#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-pub struct CreateLeg {
-    /// Source account id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`).
-    #[schema(value_type = crate::transfer::model::Id)]
-    pub from: String,
-    /// Destination account id (same rules); must differ from `from`.
-    #[schema(value_type = crate::transfer::model::Id)]
-    pub to: String,
-    /// Units this leg moves: an integer from 1 to 2^63-1.
-    #[schema(minimum = 1)]
-    pub amount: i64,
+json_fields! {
+    /// One of the `legs` of `POST /transfers`: `amount` units from `from` to `to`. Any other
+    /// field is a 422.
+    pub struct CreateLeg ("a leg") {
+        /// Source account id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`).
+        #[schema(value_type = crate::transfer::model::Id)]
+        from: Text,
+        /// Destination account id (same rules); must differ from `from`.
+        #[schema(value_type = crate::transfer::model::Id)]
+        to: Text,
+        /// Units this leg moves: an integer from 1 to 2^63-1.
+        #[schema(value_type = i64, minimum = 1)]
+        amount: Integer,
+    }
 }
 
-/// The body of `POST /transfers/{id}/capture`; it may also be empty. Any other field is a
-/// 422 naming it.
-#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-pub struct CaptureHold {
-    /// Units to move, from 1 to the held amount (else 422); default: all of it. The rest
-    /// goes back to the source. A multi-leg hold is captured whole: no `amount`, or the sum
-    /// of its legs (anything else is 422).
-    #[schema(nullable = false, minimum = 1)]
-    pub amount: Option<i64>,
+json_fields! {
+    /// The body of `POST /transfers/{id}/capture`; it may also be empty. Any other field is a
+    /// 422 naming it.
+    pub struct CaptureHold ("a capture") {
+        /// Units to move, from 1 to the held amount (else 422); default: all of it. The rest
+        /// goes back to the source. A multi-leg hold is captured whole: no `amount`, or the sum
+        /// of its legs (anything else is 422).
+        #[schema(value_type = Option<i64>, nullable = false, minimum = 1)]
+        amount: Integer,
+    }
 }
 
 /// A page of transfers.
@@ -151,7 +148,7 @@ pub async fn create_transfer(
     State(state): State<AppState>,
     headers: HeaderMap,
     _: QueryParams,
-    JsonFields(body): JsonFields<TransferBody>,
+    JsonFields(body): JsonFields<CreateTransfer>,
 ) -> Result<Response, ApiError> {
     let key = idempotency::transfer_key(&headers)?;
     let new = new_transfer(body, key.clone())?;
@@ -180,7 +177,7 @@ pub async fn create_transfer(
 /// The body of `POST /transfers` (one item of a batch), validated: 422 on the first invalid
 /// field. A missing id becomes `id_if_absent` (from an `Idempotency-Key`), else a new UUIDv7.
 pub(crate) fn new_transfer(
-    mut body: TransferBody,
+    mut body: CreateTransfer,
     id_if_absent: Option<String>,
 ) -> Result<NewTransfer, ApiError> {
     field::known_and_once(&body)?;
@@ -225,7 +222,7 @@ pub(crate) fn new_transfer(
 fn one_leg(
     from: Option<Text>,
     to: Option<Text>,
-    amount: Option<super::body::Integer>,
+    amount: Option<Integer>,
 ) -> Result<(String, String, i64, Vec<Leg>), ApiError> {
     let from = field::required_id(from, "from")?;
     let to = field::required_id(to, "to")?;
@@ -239,7 +236,7 @@ fn one_leg(
 /// `legs`: 1 to 16 objects `{"from","to","amount"}` (each checked like a one-leg transfer,
 /// their amounts summing to at most 2^63−1). One leg is a one-leg transfer, stored and
 /// answered exactly as one sent with `from`, `to` and `amount`; with several, the sum.
-fn legs_of(given: Array<Object<LegBody>>) -> Result<(String, String, i64, Vec<Leg>), ApiError> {
+fn legs_of(given: Array<Object<CreateLeg>>) -> Result<(String, String, i64, Vec<Leg>), ApiError> {
     let Array::Given(items) = given else {
         return Err(ApiError::Invalid(
             "`legs` must be an array of {\"from\", \"to\", \"amount\"} objects".into(),
@@ -470,7 +467,7 @@ pub async fn capture_transfer(
     State(state): State<AppState>,
     PathId(id): PathId,
     _: QueryParams,
-    OptionalJsonFields(body): OptionalJsonFields<CaptureBody>,
+    OptionalJsonFields(body): OptionalJsonFields<CaptureHold>,
 ) -> Result<Json<Transfer>, ApiError> {
     let amount = match body {
         Some(body) => {
