@@ -251,7 +251,7 @@ impl ElasticsearchSecurityArgs {
 /// At most 10,000 tombstones per account (about 600 KB rewritten with every account write).
 fn parse_hold_timeout(text: &str) -> Result<Duration, String> {
     let duration = humantime::parse_duration(text).map_err(|e| e.to_string())?;
-    crate::transfer::model::check_hold_duration(duration)
+    crate::transfer::validated::HoldExpiry::new(duration).map(Duration::from)
 }
 
 fn parse_settled_max(text: &str) -> Result<usize, String> {

@@ -49,7 +49,7 @@ pub(super) fn check_transfer(
         );
     }
     if t.is_multi_leg() {
-        let total = crate::transfer::model::check_legs(&t.legs);
+        let total = crate::transfer::requests::Movement::legs(t.legs.clone()).map(|m| m.amount());
         let listed: Vec<&str> = t.postings().iter().map(|p| p.account).collect();
         if total != Ok(t.amount)
             || t.legs.len() < 2

@@ -10,7 +10,8 @@ use serde::Serialize;
 use super::body::{json_fields, Integer, MetadataField, Text};
 use super::{field, ApiError, AppState, JsonFields, PathId, Problem, QueryParams};
 use crate::transfer::model::AccountDoc;
-use crate::transfer::service::{Created, NewAccount};
+use crate::transfer::requests::NewAccount;
+use crate::transfer::service::Created;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -31,11 +32,11 @@ pub struct Account {
     pub pending_transactions: Vec<String>,
     /// Its currency, fixed when it was opened; absent for an account without one.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<crate::transfer::model::Currency>, nullable = false)]
+    #[schema(value_type = Option<crate::transfer::validated::Currency>, nullable = false)]
     pub currency: Option<String>,
     /// Its labels, as given when it was opened; absent when it has none.
     #[serde(skip_serializing_if = "crate::transfer::model::Metadata::is_empty")]
-    #[schema(value_type = Option<crate::transfer::model::MetadataSchema>, nullable = false)]
+    #[schema(value_type = Option<crate::transfer::validated::MetadataSchema>, nullable = false)]
     pub metadata: crate::transfer::model::Metadata,
     /// When it was opened: RFC 3339, UTC, millisecond precision.
     #[schema(format = DateTime)]
@@ -66,7 +67,7 @@ json_fields! {
     /// case-sensitive).
     pub struct CreateAccount ("an account") {
         /// 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`.
-        #[schema(value_type = crate::transfer::model::Id)]
+        #[schema(value_type = crate::transfer::validated::AccountId)]
         id: Text,
         /// Opening balance, a signed 64-bit integer; at least `floor` (so at least 0 when `floor`
         /// is absent), else 422.
@@ -79,11 +80,11 @@ json_fields! {
         /// The account's currency (1–16 characters of `[A-Z0-9_]`), fixed for its life; absent
         /// or null: none. A transfer moves units only between accounts of one currency (or
         /// between accounts without one).
-        #[schema(value_type = Option<crate::transfer::model::Currency>)]
+        #[schema(value_type = Option<crate::transfer::validated::Currency>)]
         currency: Text,
         /// Labels (such as an owner): at most 16 keys of `[a-z0-9_.-]{1,40}`, string values of
         /// at most 256 characters; absent or null: none. Part of the replay comparison.
-        #[schema(value_type = Option<crate::transfer::model::MetadataSchema>)]
+        #[schema(value_type = Option<crate::transfer::validated::MetadataSchema>)]
         metadata: MetadataField,
     }
 }
@@ -107,7 +108,7 @@ pub async fn create_account(
     JsonFields(body): JsonFields<CreateAccount>,
 ) -> Result<Response, ApiError> {
     field::known_and_once(&body)?;
-    let id = field::required_id(body.id, "id")?;
+    let id = field::account_id(body.id, "id")?;
     let balance = field::required_integer(body.balance, "balance")?;
     let floor = field::integer(body.floor, "floor")?.unwrap_or(0);
     let currency = field::currency(body.currency, "currency")?;
@@ -126,17 +127,17 @@ pub async fn create_account(
     };
     Ok(match state.engine.create_account(new).await? {
         Created::New(doc) => {
-            (StatusCode::CREATED, Json(Account::from_doc(id, doc))).into_response()
+            (StatusCode::CREATED, Json(Account::from_doc(id.into(), doc))).into_response()
         }
         Created::Replayed(doc) => {
-            (StatusCode::OK, Json(Account::from_doc(id, doc))).into_response()
+            (StatusCode::OK, Json(Account::from_doc(id.into(), doc))).into_response()
         }
     })
 }
 
 /// An account's balance and pending transfers.
 #[utoipa::path(get, path = "/accounts/{id}", tag = "accounts",
-    params(("id" = crate::transfer::model::Id, Path,
+    params(("id" = crate::transfer::validated::AccountId, Path,
         description = "Account id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`; any other value is 404)")),
     responses(
         (status = 200, description = "The account", body = Account),

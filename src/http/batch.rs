@@ -22,7 +22,8 @@ use super::{
     field, idempotency, ApiError, AppState, JsonFields, PathId, Problem, QueryParams, NOT_AN_OBJECT,
 };
 use crate::transfer::admission::Admitted;
-use crate::transfer::service::{Created, NewTransfer};
+use crate::transfer::requests::NewTransfer;
+use crate::transfer::service::Created;
 use crate::transfer::view::Transfer;
 use crate::transfer::Engine;
 
@@ -142,7 +143,7 @@ pub async fn create_batch(
         .into_iter()
         .enumerate()
         .map(|(index, value)| {
-            let id_if_absent = key.as_deref().map(|key| idempotency::item_id(key, index));
+            let id_if_absent = key.as_ref().map(|key| idempotency::item_id(key, index));
             item(value, id_if_absent)
         })
         .collect();
@@ -196,7 +197,7 @@ fn envelope(
 /// `id_if_absent` (derived from the batch's `Idempotency-Key`), else a UUIDv7.
 fn item(
     value: Object<CreateTransfer>,
-    id_if_absent: Option<String>,
+    id_if_absent: Option<crate::transfer::validated::TransferId>,
 ) -> Result<NewTransfer, ApiError> {
     match value {
         Object::Given(body) => new_transfer(body, id_if_absent),
@@ -223,10 +224,12 @@ async fn create_all(
                 let permit = admitted
                     .take_one()
                     .expect("the batch was admitted one permit per valid item");
-                let group = *group_of_id.entry(new.id.clone()).or_insert_with(|| {
-                    groups.push(Vec::new());
-                    groups.len() - 1
-                });
+                let group = *group_of_id
+                    .entry(String::from(new.id.clone()))
+                    .or_insert_with(|| {
+                        groups.push(Vec::new());
+                        groups.len() - 1
+                    });
                 groups[group].push((slot, new, permit));
             }
         }

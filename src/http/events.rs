@@ -9,7 +9,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::error::{ApiError, Problem};
-use super::transfers::parse_wait;
+use super::transfers::Wait;
 use super::{AppState, QueryParams};
 use crate::transfer::feed::CursorRefused;
 use crate::transfer::view::Event;
@@ -49,7 +49,7 @@ pub struct EventPage {
             description = "`next_cursor` of the previous page; omit to start at the beginning"),
         ("limit" = Option<usize>, Query, minimum = 1, maximum = 1000,
             description = "Transfers read per page, 1–1000, default 100 (each brings its events)"),
-        ("wait" = Option<super::openapi::Wait>, Query,
+        ("wait" = Option<Wait>, Query,
             description = "When there is nothing new, long-poll up to this long (`<digits><unit>` repeated, capped at 30 s)"),
     ),
     responses(
@@ -68,7 +68,7 @@ pub async fn list_events(
         match key.as_str() {
             "after" => after = Some(value.as_str()),
             "limit" => limit = super::parse_limit(value, MAX_LIMIT)?,
-            "wait" => wait = parse_wait(value)?,
+            "wait" => wait = *Wait::parse(value)?,
             other => {
                 return Err(ApiError::Invalid(format!(
                     "unknown parameter `{}`",

@@ -21,7 +21,7 @@
 use axum::http::{HeaderMap, HeaderName};
 
 use super::ApiError;
-use crate::transfer::model::valid_id;
+use crate::transfer::validated::TransferId;
 
 pub const HEADER: HeaderName = HeaderName::from_static("idempotency-key");
 
@@ -33,7 +33,11 @@ pub const MAX_BATCH_KEY_LEN: usize = MAX_KEY_LEN - ":999".len();
 
 /// The `Idempotency-Key` of a request, if it has one, checked to be a valid id of at most
 /// `max_len` characters (`what_for` ends the 422's detail: what the key becomes).
-fn key(headers: &HeaderMap, max_len: usize, what_for: &str) -> Result<Option<String>, ApiError> {
+fn key(
+    headers: &HeaderMap,
+    max_len: usize,
+    what_for: &str,
+) -> Result<Option<TransferId>, ApiError> {
     let mut values = headers.get_all(HEADER).iter();
     let Some(value) = values.next() else {
         return Ok(None);
@@ -48,18 +52,17 @@ fn key(headers: &HeaderMap, max_len: usize, what_for: &str) -> Result<Option<Str
         Some(rest) => rest.strip_suffix('"').unwrap_or(text),
         None => text,
     };
-    if unquoted.len() <= max_len && valid_id(unquoted) {
-        Ok(Some(unquoted.to_owned()))
-    } else {
-        Err(ApiError::Invalid(format!(
+    match TransferId::parse(unquoted.to_owned()).filter(|_| unquoted.len() <= max_len) {
+        Some(id) => Ok(Some(id)),
+        None => Err(ApiError::Invalid(format!(
             "the Idempotency-Key header must be 1–{max_len} characters of A-Z a-z 0-9 . _ : - \
              (not . or ..), bare or quoted (\"key\"): {what_for}"
-        )))
+        ))),
     }
 }
 
 /// The key of `POST /transfers`: a valid id.
-pub fn transfer_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+pub fn transfer_key(headers: &HeaderMap) -> Result<Option<TransferId>, ApiError> {
     key(
         headers,
         MAX_KEY_LEN,
@@ -68,7 +71,7 @@ pub fn transfer_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 }
 
 /// The key of `POST /transfers/batch`: a valid id of at most [`MAX_BATCH_KEY_LEN`].
-pub fn batch_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+pub fn batch_key(headers: &HeaderMap) -> Result<Option<TransferId>, ApiError> {
     key(
         headers,
         MAX_BATCH_KEY_LEN,
@@ -88,9 +91,12 @@ pub fn check_same(id: &str, key: &str) -> Result<(), ApiError> {
     }
 }
 
-/// The id of item `index` of a batch sent with `key`, when the item has none.
-pub fn item_id(key: &str, index: usize) -> String {
-    format!("{key}:{index}")
+/// The id of item `index` of a batch sent with `key`, when the item has none: a key of at
+/// most [`MAX_BATCH_KEY_LEN`] characters and an index below 1,000 ([`super::batch::MAX_BATCH`])
+/// make an id.
+pub fn item_id(key: &TransferId, index: usize) -> TransferId {
+    TransferId::parse(format!("{}:{index}", key.as_str()))
+        .expect("a batch key and an item's index make an id")
 }
 
 #[cfg(test)]
@@ -118,7 +124,10 @@ mod tests {
             ),
             ("a.b:c_d", "a.b:c_d"),
         ] {
-            assert_eq!(transfer_key(&headers(&[value])).unwrap().unwrap(), key);
+            assert_eq!(
+                transfer_key(&headers(&[value])).unwrap().unwrap().as_str(),
+                key
+            );
         }
     }
 
@@ -161,8 +170,9 @@ mod tests {
         assert_eq!(MAX_BATCH_KEY_LEN, 124);
         let longest = "k".repeat(MAX_BATCH_KEY_LEN);
         let key = batch_key(&headers(&[&longest])).unwrap().unwrap();
-        assert!(valid_id(&item_id(&key, 999)));
+        assert_eq!(item_id(&key, 999).len(), MAX_KEY_LEN);
         assert!(batch_key(&headers(&[&"k".repeat(125)])).is_err());
-        assert_eq!(item_id("b-7", 0), "b-7:0");
+        let key = TransferId::parse("b-7".into()).unwrap();
+        assert_eq!(item_id(&key, 0).as_str(), "b-7:0");
     }
 }

@@ -33,7 +33,7 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::TraceLayer;
 
 use crate::metrics::Metrics;
-use crate::transfer::model::valid_id;
+use crate::transfer::validated::valid_id;
 use crate::transfer::Engine;
 pub use error::{ApiError, ErrorLogged, Problem};
 
@@ -365,7 +365,7 @@ pub(crate) fn shorten(text: &str) -> String {
 pub(crate) mod field {
     use super::body::{Fields, Integer, MetadataField, Text};
     use super::ApiError;
-    use crate::transfer::model::valid_id;
+    use crate::transfer::validated::{AccountId, Currency, TransferId};
 
     /// 422 if the body gave a field its type does not have (naming it, and the field it
     /// most likely misspells), or one field twice.
@@ -398,18 +398,33 @@ pub(crate) mod field {
         }
     }
 
-    pub fn id(value: Option<Text>, name: &str) -> Result<Option<String>, ApiError> {
+    /// An id (`valid_id`) of type `T`, parsed by `parse`; absent or null: none.
+    fn id<T>(
+        value: Option<Text>,
+        name: &str,
+        parse: fn(String) -> Option<T>,
+    ) -> Result<Option<T>, ApiError> {
+        let invalid = || {
+            ApiError::Invalid(format!(
+                "`{name}` must be 1–128 characters of A-Z a-z 0-9 . _ : -"
+            ))
+        };
         match value {
             None => Ok(None),
-            Some(Text::Given(s)) if valid_id(&s) => Ok(Some(s)),
-            Some(_) => Err(ApiError::Invalid(format!(
-                "`{name}` must be 1–128 characters of A-Z a-z 0-9 . _ : -"
-            ))),
+            Some(Text::Given(s)) => parse(s).map(Some).ok_or_else(invalid),
+            Some(Text::Other) => Err(invalid()),
         }
     }
 
-    pub fn required_id(value: Option<Text>, name: &str) -> Result<String, ApiError> {
-        id(value, name)?.ok_or_else(|| ApiError::Invalid(format!("`{name}` is required")))
+    /// A transfer id; absent or null: none.
+    pub fn transfer_id(value: Option<Text>, name: &str) -> Result<Option<TransferId>, ApiError> {
+        id(value, name, TransferId::parse)
+    }
+
+    /// An account id, required.
+    pub fn account_id(value: Option<Text>, name: &str) -> Result<AccountId, ApiError> {
+        id(value, name, AccountId::parse)?
+            .ok_or_else(|| ApiError::Invalid(format!("`{name}` is required")))
     }
 
     /// A signed 64-bit integer; not a float, a string or out of range.
@@ -479,7 +494,7 @@ pub(crate) mod field {
                 }
             }
         }
-        crate::transfer::model::valid_metadata(
+        crate::transfer::validated::valid_metadata(
             strings.iter().map(|(k, v)| (k.as_str(), v.as_str())),
         )
         .map_err(ApiError::Invalid)?;
@@ -487,13 +502,16 @@ pub(crate) mod field {
     }
 
     /// A currency code (`valid_currency`); absent or null: none.
-    pub fn currency(value: Option<Text>, name: &str) -> Result<Option<String>, ApiError> {
+    pub fn currency(value: Option<Text>, name: &str) -> Result<Option<Currency>, ApiError> {
+        let invalid = || {
+            ApiError::Invalid(format!(
+                "`{name}` must be 1–16 characters of A-Z 0-9 _ (such as USD)"
+            ))
+        };
         match value {
             None => Ok(None),
-            Some(Text::Given(s)) if crate::transfer::model::valid_currency(&s) => Ok(Some(s)),
-            Some(_) => Err(ApiError::Invalid(format!(
-                "`{name}` must be 1–16 characters of A-Z 0-9 _ (such as USD)"
-            ))),
+            Some(Text::Given(s)) => Currency::parse(s).map(Some).ok_or_else(invalid),
+            Some(Text::Other) => Err(invalid()),
         }
     }
 }

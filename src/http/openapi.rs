@@ -5,7 +5,7 @@
 //! can say it (patterns, lengths, ranges, enums) and in the description where it cannot
 //! (`floor` ≤ `balance`, `from` ≠ `to`, a key that must equal the body's `id`), so that a
 //! request valid by the document is one the server accepts, and the reverse. The validated
-//! strings are component schemas of their own ([`Id`], [`Wait`], [`Cursor`], the
+//! strings are component schemas of their own ([`AccountId`], [`TransferId`], [`Wait`], [`Cursor`], the
 //! `Idempotency-Key`s), each pattern written once; the tests generate strings from each
 //! pattern and send them. Security (the bearer keys, `401`/`403` on every protected
 //! operation) is added by [`BearerKeys`] from the same rule the server applies
@@ -22,19 +22,12 @@ use utoipa::openapi::{Content, ObjectBuilder, Ref, Type};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use super::auth::{self, REALM};
+use super::transfers::Wait;
 use super::AppState;
 use crate::auth::Scope;
-use crate::transfer::model::{id_pattern, text_schema, Currency, Id, MetadataSchema};
-
-text_schema! {
-    /// How long a long-poll may wait: one or more `<digits><unit>`, units `ns`, `us`, `ms`,
-    /// `s`, `m`, `h` (`5s`, `500ms`, `1m30s`); `0s` answers at once; more than 30 s (however
-    /// large the number) waits 30 s.
-    pub struct Wait {
-        pattern: r"^([0-9]+(ns|us|ms|s|m|h))+$",
-        example: "5s",
-    }
-}
+use crate::transfer::validated::{
+    id_pattern, text_schema, AccountId, Currency, HoldExpiry, MetadataSchema, TransferId,
+};
 
 text_schema! {
     /// The `next_cursor` of the previous page: `<creation time, ms since the epoch>~<id>`. Any
@@ -261,7 +254,7 @@ impl Modify for StrictQueries {
         super::events::list_events,
         super::health::livez, super::health::healthz, super::health::readyz, super::health::metrics,
     ),
-    components(schemas(super::Problem, Id, Wait, Cursor, FeedCursor, IdempotencyKey, BatchIdempotencyKey, Attention, Currency, MetadataSchema)),
+    components(schemas(super::Problem, AccountId, TransferId, HoldExpiry, Wait, Cursor, FeedCursor, IdempotencyKey, BatchIdempotencyKey, Attention, Currency, MetadataSchema)),
     modifiers(&BearerKeys, &StrictQueries),
     tags(
         (name = "accounts", description = "Accounts and their balances"),

@@ -14,11 +14,13 @@ use super::{
     Problem, QueryParams, QuerySpec, MAX_WAIT,
 };
 use crate::store::{SortKey, TransferFilter};
-use crate::transfer::model::{
-    check_hold_duration, check_legs, valid_id, valid_metadata_key, valid_metadata_value, Leg,
-    TransferState, MAX_LEGS, METADATA_MAX_KEYS,
+use crate::transfer::model::{Leg, TransferState};
+use crate::transfer::requests::{Hold, Movement, NewTransfer, MAX_LEGS};
+use crate::transfer::service::Created;
+use crate::transfer::validated::{
+    text_schema, valid_id, valid_metadata_key, valid_metadata_value, HoldExpiry, TransferId,
+    METADATA_MAX_KEYS,
 };
-use crate::transfer::service::{Created, NewTransfer};
 use crate::transfer::view::Transfer;
 
 pub fn router() -> Router<AppState> {
@@ -36,15 +38,15 @@ json_fields! {
         /// Idempotency key: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`. Absent or
         /// null: the `Idempotency-Key` header's key, else a UUIDv7 the server makes (then a retry
         /// is a new transfer). With an `Idempotency-Key` header, it must equal the key (else 422).
-        #[schema(value_type = Option<crate::transfer::model::Id>)]
+        #[schema(value_type = Option<crate::transfer::validated::TransferId>)]
         id: Text,
         /// Source account id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`). Required
         /// unless `legs` is given; never with `legs` (else 422).
-        #[schema(value_type = Option<crate::transfer::model::Id>, nullable = false)]
+        #[schema(value_type = Option<crate::transfer::validated::AccountId>, nullable = false)]
         from: Text,
         /// Destination account id (same rules); must differ from `from`, else 422. Required
         /// unless `legs` is given; never with `legs`.
-        #[schema(value_type = Option<crate::transfer::model::Id>, nullable = false)]
+        #[schema(value_type = Option<crate::transfer::validated::AccountId>, nullable = false)]
         to: Text,
         /// Units to move: an integer from 1 to 2^63-1 (a JSON integer: `5`, not `5.0`). Required
         /// unless `legs` is given; never with `legs`.
@@ -65,17 +67,17 @@ json_fields! {
         /// How long a hold waits: a duration such as `10m`, `1h30m` or `2days`, from 1 s to 30
         /// days (else 422); default the service's `HOLD_TIMEOUT` (24 h unless configured). Only
         /// with `"hold": true` (else 422).
-        #[schema(value_type = Option<String>, nullable = false, example = "10m")]
+        #[schema(value_type = Option<crate::transfer::validated::HoldExpiry>, nullable = false)]
         hold_expires_in: Text,
         /// The currency (1–16 characters of `[A-Z0-9_]`) both accounts must have; absent or
         /// null: they must merely share one, or both have none. Otherwise the transfer rolls
         /// back with reason `currency_mismatch` and no unit moves.
-        #[schema(value_type = Option<crate::transfer::model::Currency>)]
+        #[schema(value_type = Option<crate::transfer::validated::Currency>)]
         currency: Text,
         /// Labels (such as an order id): at most 16 keys of `[a-z0-9_.-]{1,40}`, string values
         /// of at most 256 characters; absent or null: none. Part of the replay comparison, and
         /// filterable: `GET /transfers?metadata.<key>=<value>`.
-        #[schema(value_type = Option<crate::transfer::model::MetadataSchema>)]
+        #[schema(value_type = Option<crate::transfer::validated::MetadataSchema>)]
         metadata: MetadataField,
     }
 }
@@ -85,10 +87,10 @@ json_fields! {
     /// field is a 422.
     pub struct CreateLeg ("a leg") {
         /// Source account id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`).
-        #[schema(value_type = crate::transfer::model::Id)]
+        #[schema(value_type = crate::transfer::validated::AccountId)]
         from: Text,
         /// Destination account id (same rules); must differ from `from`.
-        #[schema(value_type = crate::transfer::model::Id)]
+        #[schema(value_type = crate::transfer::validated::AccountId)]
         to: Text,
         /// Units this leg moves: an integer from 1 to 2^63-1.
         #[schema(value_type = i64, minimum = 1)]
@@ -178,11 +180,11 @@ pub async fn create_transfer(
 /// field. A missing id becomes `id_if_absent` (from an `Idempotency-Key`), else a new UUIDv7.
 pub(crate) fn new_transfer(
     mut body: CreateTransfer,
-    id_if_absent: Option<String>,
+    id_if_absent: Option<TransferId>,
 ) -> Result<NewTransfer, ApiError> {
     field::known_and_once(&body)?;
-    let id = field::id(body.id.take(), "id")?;
-    let (from, to, amount, legs) = match body.legs.take() {
+    let id = field::transfer_id(body.id.take(), "id")?;
+    let movement = match body.legs.take() {
         None => one_leg(body.from.take(), body.to.take(), body.amount.take())?,
         Some(given) => {
             let one_leg_fields = [
@@ -201,18 +203,11 @@ pub(crate) fn new_transfer(
     };
     let currency = field::currency(body.currency, "currency")?;
     let metadata = field::metadata(body.metadata, "metadata")?;
-    let (hold, hold_expires_in) = hold_fields(body.hold, body.hold_expires_in)?;
-    let id = id
-        .or(id_if_absent)
-        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    let hold = hold_fields(body.hold, body.hold_expires_in)?;
     Ok(NewTransfer {
-        id,
-        from,
-        to,
-        amount,
-        legs,
+        id: id.or(id_if_absent).unwrap_or_else(TransferId::fresh),
+        movement,
         hold,
-        hold_expires_in,
         currency,
         metadata,
     })
@@ -223,20 +218,17 @@ fn one_leg(
     from: Option<Text>,
     to: Option<Text>,
     amount: Option<Integer>,
-) -> Result<(String, String, i64, Vec<Leg>), ApiError> {
-    let from = field::required_id(from, "from")?;
-    let to = field::required_id(to, "to")?;
+) -> Result<Movement, ApiError> {
+    let from = field::account_id(from, "from")?;
+    let to = field::account_id(to, "to")?;
     let amount = field::required_amount(amount, "amount")?;
-    if from == to {
-        return Err(ApiError::Invalid("`from` and `to` must differ".into()));
-    }
-    Ok((from, to, amount, Vec::new()))
+    Movement::one_leg(from, to, amount).map_err(ApiError::Invalid)
 }
 
 /// `legs`: 1 to 16 objects `{"from","to","amount"}` (each checked like a one-leg transfer,
 /// their amounts summing to at most 2^63−1). One leg is a one-leg transfer, stored and
 /// answered exactly as one sent with `from`, `to` and `amount`; with several, the sum.
-fn legs_of(given: Array<Object<CreateLeg>>) -> Result<(String, String, i64, Vec<Leg>), ApiError> {
+fn legs_of(given: Array<Object<CreateLeg>>) -> Result<Movement, ApiError> {
     let Array::Given(items) = given else {
         return Err(ApiError::Invalid(
             "`legs` must be an array of {\"from\", \"to\", \"amount\"} objects".into(),
@@ -263,25 +255,17 @@ fn legs_of(given: Array<Object<CreateLeg>>) -> Result<(String, String, i64, Vec<
         };
         field::known_and_once(&leg).map_err(named)?;
         legs.push(Leg {
-            from: field::required_id(leg.from, "from").map_err(named)?,
-            to: field::required_id(leg.to, "to").map_err(named)?,
+            from: field::account_id(leg.from, "from").map_err(named)?.into(),
+            to: field::account_id(leg.to, "to").map_err(named)?.into(),
             amount: field::required_amount(leg.amount, "amount").map_err(named)?,
         });
     }
-    let total = check_legs(&legs).map_err(ApiError::Invalid)?;
-    if legs.len() == 1 {
-        let Leg { from, to, amount } = legs.pop().expect("one leg");
-        return Ok((from, to, amount, Vec::new()));
-    }
-    Ok((String::new(), String::new(), total, legs))
+    Movement::legs(legs).map_err(ApiError::Invalid)
 }
 
 /// `hold` (a boolean, default false) and `hold_expires_in` (a duration string within the
 /// hold bounds, only with `"hold": true`).
-fn hold_fields(
-    hold: Option<Flag>,
-    expires_in: Option<Text>,
-) -> Result<(bool, Option<std::time::Duration>), ApiError> {
+fn hold_fields(hold: Option<Flag>, expires_in: Option<Text>) -> Result<Option<Hold>, ApiError> {
     let hold = match hold {
         None => false,
         Some(Flag::Given(hold)) => hold,
@@ -294,24 +278,20 @@ fn hold_fields(
                 "`hold_expires_in` is only for a hold (`\"hold\": true`)".into(),
             ))
         }
-        Some(Text::Given(text)) => {
-            let invalid = || {
-                ApiError::Invalid(format!(
-                    "`hold_expires_in` must be a duration from 1s to 30days, such as \"10m\", \
-                     \"1h30m\" or \"2days\" (received \"{}\")",
-                    shorten(&text)
-                ))
-            };
-            let duration = humantime::parse_duration(&text).map_err(|_| invalid())?;
-            Some(check_hold_duration(duration).map_err(|_| invalid())?)
-        }
+        Some(Text::Given(text)) => Some(*HoldExpiry::parse(&text).ok_or_else(|| {
+            ApiError::Invalid(format!(
+                "`hold_expires_in` must be a duration from 1s to 30days, such as \"10m\", \
+                 \"1h30m\" or \"2days\" (received \"{}\")",
+                shorten(&text)
+            ))
+        })?),
         Some(Text::Other) => {
             return Err(ApiError::Invalid(
                 "`hold_expires_in` must be a duration string such as \"10m\"".into(),
             ))
         }
     };
-    Ok((hold, expires_in))
+    Ok(hold.then_some(Hold { expires_in }))
 }
 
 /// Counts a create that admission control shed (`requests_shed_total{route}`).
@@ -336,9 +316,9 @@ impl QuerySpec for WaitQuery {
 
 /// A transfer; with `?wait=5s`, answers as soon as it is terminal or when the wait ends.
 #[utoipa::path(get, path = "/transfers/{id}", tag = "transfers",
-    params(("id" = crate::transfer::model::Id, Path,
+    params(("id" = crate::transfer::validated::TransferId, Path,
             description = "Transfer id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`; any other value is 404)"),
-        ("wait" = Option<super::openapi::Wait>, Query,
+        ("wait" = Option<Wait>, Query,
             description = "Long-poll up to this long for a terminal state: `<digits><unit>`, repeated (`5s`, `500ms`, `1m30s`; units `ns`, `us`, `ms`, `s`, `m`, `h`); `0s` answers at once, more than 30 s waits 30 s. Any other parameter, or `wait` given twice, is a 422.")),
     responses(
         (status = 200, description = "The transfer", body = Transfer),
@@ -351,12 +331,15 @@ pub async fn get_transfer(
     PathId(id): PathId,
     QueryParams(query, _): QueryParams<WaitQuery>,
 ) -> Result<Json<Transfer>, ApiError> {
-    let wait = query.get("wait").map(|text| parse_wait(text)).transpose()?;
+    let wait = query
+        .get("wait")
+        .map(|text| Wait::parse(text))
+        .transpose()?;
     let Some(id) = id else {
         return Err(ApiError::NotFound("no transfer with this id".into()));
     };
     let found = match wait {
-        Some(wait) => state.engine.wait_transfer(&id, wait).await?,
+        Some(wait) => state.engine.wait_transfer(&id, *wait).await?,
         None => state.engine.get_transfer(&id).await?,
     };
     found
@@ -364,52 +347,65 @@ pub async fn get_transfer(
         .ok_or_else(|| ApiError::NotFound(format!("no transfer {id}")))
 }
 
-/// `?wait=`: one or more `<digits><unit>` with units `ns`, `us`, `ms`, `s`, `m`, `h` (`5s`,
-/// `500ms`, `1m30s`), exactly what [`WAIT_PATTERN`] admits, capped at [`MAX_WAIT`]: a number
-/// too large for any clock is "more than 30 s" too. Anything else is 422.
-pub(crate) fn parse_wait(text: &str) -> Result<std::time::Duration, ApiError> {
-    let invalid = || {
-        ApiError::Invalid(
-            "`wait` must be a duration like 5s, 500ms or 1m30s (units ns, us, ms, s, m, h)".into(),
-        )
-    };
-    if text.is_empty() {
-        return Err(invalid());
+text_schema! {
+    /// How long a long-poll may wait: one or more `<digits><unit>`, units `ns`, `us`, `ms`,
+    /// `s`, `m`, `h` (`5s`, `500ms`, `1m30s`); `0s` answers at once; more than 30 s (however
+    /// large the number) waits 30 s.
+    pub struct Wait(std::time::Duration) {
+        pattern: WAIT_PATTERN,
+        example: "5s",
     }
-    let mut rest = text;
-    let mut total_ns: u128 = 0;
-    while !rest.is_empty() {
-        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 {
-            return Err(invalid());
-        }
-        let (number, after) = rest.split_at(digits);
-        // Two-letter units first: `1ms` is a millisecond, never a minute and a stray `s`.
-        let (unit_ns, unit_len): (u128, usize) = match after.as_bytes() {
-            [b'n', b's', ..] => (1, 2),
-            [b'u', b's', ..] => (1_000, 2),
-            [b'm', b's', ..] => (1_000_000, 2),
-            [b's', ..] => (1_000_000_000, 1),
-            [b'm', ..] => (60_000_000_000, 1),
-            [b'h', ..] => (3_600_000_000_000, 1),
-            _ => return Err(invalid()),
-        };
-        let number = u128::from(number.parse::<u64>().unwrap_or(u64::MAX));
-        total_ns = total_ns.saturating_add(number.saturating_mul(unit_ns));
-        rest = &after[unit_len..];
-    }
-    let capped = total_ns.min(MAX_WAIT.as_nanos());
-    Ok(std::time::Duration::from_nanos(
-        u64::try_from(capped).unwrap_or(u64::MAX),
-    ))
 }
 
-/// The values of `?wait=` the server accepts, as the OpenAPI document states them.
-pub const WAIT_PATTERN: &str = "^([0-9]+(ns|us|ms|s|m|h))+$";
+/// The values of `?wait=` the server accepts: the pattern [`Wait::parse`] follows.
+const WAIT_PATTERN: &str = "^([0-9]+(ns|us|ms|s|m|h))+$";
+
+impl Wait {
+    /// `?wait=`: one or more `<digits><unit>` with units `ns`, `us`, `ms`, `s`, `m`, `h` (`5s`,
+    /// `500ms`, `1m30s`), exactly what [`WAIT_PATTERN`] admits, capped at [`MAX_WAIT`]: a
+    /// number too large for any clock is "more than 30 s" too. Anything else is 422.
+    pub(crate) fn parse(text: &str) -> Result<Self, ApiError> {
+        let invalid = || {
+            ApiError::Invalid(
+                "`wait` must be a duration like 5s, 500ms or 1m30s (units ns, us, ms, s, m, h)"
+                    .into(),
+            )
+        };
+        if text.is_empty() {
+            return Err(invalid());
+        }
+        let mut rest = text;
+        let mut total_ns: u128 = 0;
+        while !rest.is_empty() {
+            let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+            if digits == 0 {
+                return Err(invalid());
+            }
+            let (number, after) = rest.split_at(digits);
+            // Two-letter units first: `1ms` is a millisecond, never a minute and a stray `s`.
+            let (unit_ns, unit_len): (u128, usize) = match after.as_bytes() {
+                [b'n', b's', ..] => (1, 2),
+                [b'u', b's', ..] => (1_000, 2),
+                [b'm', b's', ..] => (1_000_000, 2),
+                [b's', ..] => (1_000_000_000, 1),
+                [b'm', ..] => (60_000_000_000, 1),
+                [b'h', ..] => (3_600_000_000_000, 1),
+                _ => return Err(invalid()),
+            };
+            let number = u128::from(number.parse::<u64>().unwrap_or(u64::MAX));
+            total_ns = total_ns.saturating_add(number.saturating_mul(unit_ns));
+            rest = &after[unit_len..];
+        }
+        let capped = total_ns.min(MAX_WAIT.as_nanos());
+        Ok(Self(std::time::Duration::from_nanos(
+            u64::try_from(capped).unwrap_or(u64::MAX),
+        )))
+    }
+}
 
 /// Cancels a transfer that has not committed; for a hold, releases it (reason `cancelled`).
 #[utoipa::path(post, path = "/transfers/{id}/cancel", tag = "transfers",
-    params(("id" = crate::transfer::model::Id, Path,
+    params(("id" = crate::transfer::validated::TransferId, Path,
         description = "Transfer id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`; any other value is 404)")),
     responses(
         (status = 200, description = "`terminating` (rollback under way) or `rolled-back`", body = Transfer),
@@ -450,7 +446,7 @@ fn no_transfer(error: crate::transfer::service::ServiceError, id: &str) -> ApiEr
 /// that takes longer). An identical repeat answers `200` again. Of a capture and a cancel (or
 /// the expiry) racing, exactly one wins; the other is a `409`.
 #[utoipa::path(post, path = "/transfers/{id}/capture", tag = "transfers",
-    params(("id" = crate::transfer::model::Id, Path,
+    params(("id" = crate::transfer::validated::TransferId, Path,
         description = "Transfer id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`; any other value is 404)")),
     request_body(content = Option<CaptureHold>, description = "Optional; empty or `{}` captures all of it"),
     responses(
@@ -505,7 +501,7 @@ impl QuerySpec for ListQuery {
 /// one given twice, is a 422.
 #[utoipa::path(get, path = "/transfers", tag = "transfers",
     params(
-        ("account" = Option<crate::transfer::model::Id>, Query,
+        ("account" = Option<crate::transfer::validated::AccountId>, Query,
             description = "Only transfers from or to this account (an account id: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`)"),
         ("state" = Option<TransferState>, Query, description = "Only transfers in this state"),
         ("attention" = Option<super::openapi::Attention>, Query,
@@ -659,12 +655,12 @@ mod tests {
             ("1h", MAX_WAIT),
             ("99999999999999999999999999h", MAX_WAIT),
         ] {
-            assert_eq!(parse_wait(text).unwrap(), wait, "{text}");
+            assert_eq!(*Wait::parse(text).unwrap(), wait, "{text}");
         }
         for text in [
             "", "5", "s", "5 s", " 5s", "5s ", "-1s", "1.5s", "5sec", "1d", "5S", "1mss",
         ] {
-            assert!(parse_wait(text).is_err(), "{text:?}");
+            assert!(Wait::parse(text).is_err(), "{text:?}");
         }
     }
 

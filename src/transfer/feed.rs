@@ -196,7 +196,7 @@ impl Engine {
             return digits(text, 20).then_some(FeedPosition::Seq(seq_no));
         }
         let (millis, id) = text.split_once('~')?;
-        (digits(millis, 15) && crate::transfer::model::valid_id(id)).then(|| {
+        (digits(millis, 15) && crate::transfer::validated::valid_id(id)).then(|| {
             FeedPosition::Time(SortKey {
                 millis: millis.parse().expect("at most 15 digits"),
                 id: id.to_owned(),

@@ -39,10 +39,12 @@ pub mod model;
 pub mod one_transaction;
 pub mod protocol;
 pub mod recovery;
+pub mod requests;
 pub mod retry;
 pub mod service;
 pub mod sweep;
 pub mod tombstones;
+pub mod validated;
 pub mod view;
 
 use std::sync::Arc;

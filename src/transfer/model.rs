@@ -1,5 +1,4 @@
-//! The documents of the protocol, with the post's field names (`docs/design.md §2`), and the validated
-//! values the API accepts.
+//! The documents of the protocol, with the post's field names (`docs/design.md §2`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -233,18 +232,15 @@ pub struct TransferDoc {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Leg {
     /// Source account id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`).
-    #[schema(value_type = Id)]
+    #[schema(value_type = super::validated::AccountId)]
     pub from: String,
     /// Destination account id (same rules); must differ from `from`.
-    #[schema(value_type = Id)]
+    #[schema(value_type = super::validated::AccountId)]
     pub to: String,
     /// Units this leg moves: an integer from 1 to 2^63-1.
     #[schema(minimum = 1)]
     pub amount: i64,
 }
-
-/// The most legs one transaction has.
-pub const MAX_LEGS: usize = 16;
 
 /// What a transfer does to one of its accounts: its net change over all legs, as a
 /// direction and a magnitude. One pending entry per account per transfer carries it, so an
@@ -260,30 +256,6 @@ pub struct Posting<'a> {
     /// What stays when the transfer settles: `amount`, or a partly captured one-leg hold's
     /// captured amount.
     pub settle_amount: i64,
-}
-
-/// Checks the legs of a transaction: 1 to [`MAX_LEGS`], each amount positive, `from` ≠
-/// `to`, the amounts summing to at most 2^63−1. Returns that sum; `Err` says why not.
-pub fn check_legs(legs: &[Leg]) -> Result<i64, String> {
-    if legs.is_empty() || legs.len() > MAX_LEGS {
-        return Err(format!(
-            "`legs` must hold 1 to {MAX_LEGS} legs, not {}",
-            legs.len()
-        ));
-    }
-    let mut total: i64 = 0;
-    for (i, leg) in legs.iter().enumerate() {
-        if leg.amount <= 0 {
-            return Err(format!("`legs[{i}].amount` must be positive"));
-        }
-        if leg.from == leg.to {
-            return Err(format!("`legs[{i}].from` and `legs[{i}].to` must differ"));
-        }
-        total = total.checked_add(leg.amount).ok_or_else(|| {
-            "the amounts of `legs` must sum to at most 9223372036854775807".to_owned()
-        })?;
-    }
-    Ok(total)
 }
 
 impl TransferDoc {
@@ -550,208 +522,5 @@ impl AccountDoc {
     }
 }
 
-/// The shortest a hold may wait for its capture (`hold_expires_in`, `HOLD_TIMEOUT`).
-pub const MIN_HOLD: std::time::Duration = std::time::Duration::from_secs(1);
-/// The longest a hold may wait for its capture: 30 days.
-pub const MAX_HOLD: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
-
-/// A hold's duration if it is within [`MIN_HOLD`]..=[`MAX_HOLD`], else why not.
-pub fn check_hold_duration(d: std::time::Duration) -> Result<std::time::Duration, String> {
-    if (MIN_HOLD..=MAX_HOLD).contains(&d) {
-        Ok(d)
-    } else {
-        Err(format!(
-            "a hold lasts from 1s to 30days, not {}",
-            humantime::format_duration(d)
-        ))
-    }
-}
-
-/// Transfer and account ids: 1–128 characters of `[A-Za-z0-9._:-]` (`docs/design.md §5`), except `.`
-/// and `..`, which no Elasticsearch document URL can address.
-///
-/// ```
-/// use transfer_service::transfer::model::valid_id;
-/// assert!(valid_id("t-2026.11:22_01"));
-/// assert!(valid_id(&"x".repeat(128)));
-/// assert!(!valid_id(""));
-/// assert!(!valid_id(&"x".repeat(129)));
-/// assert!(!valid_id("a b") && !valid_id("a/b") && !valid_id("é"));
-/// assert!(!valid_id(".") && !valid_id(".."));
-/// ```
-pub fn valid_id(id: &str) -> bool {
-    (1..=128).contains(&id.len())
-        && id != "."
-        && id != ".."
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
-}
-
-/// A string type of the API's OpenAPI document that exists only for its schema: its doc
-/// comment is the schema's description (lines joined as utoipa joins them), with a pattern
-/// (any expression, so that one rule can build several), an example and, optionally, bounds
-/// on its length.
-macro_rules! text_schema {
-    (
-        $(#[doc = $doc:literal])*
-        pub struct $name:ident {
-            pattern: $pattern:expr,
-            example: $example:literal $(,)?
-            $(length: $min:literal..=$max:literal $(,)?)?
-        }
-    ) => {
-        $(#[doc = $doc])*
-        pub struct $name;
-
-        impl utoipa::PartialSchema for $name {
-            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-                let lines = [$($doc),*].map(|line: &str| line.strip_prefix(' ').unwrap_or(line));
-                utoipa::openapi::ObjectBuilder::new()
-                    .schema_type(utoipa::openapi::Type::String)
-                    .description(Some(lines.join("\n")))
-                    .pattern(Some($pattern))
-                    .examples([serde_json::json!($example)])
-                    $(.min_length(Some($min)).max_length(Some($max)))?
-                    .into()
-            }
-        }
-
-        impl utoipa::ToSchema for $name {}
-    };
-}
-pub(crate) use text_schema;
-
-/// The id rule ([`valid_id`]) as an unanchored regular expression for ids of at most `max`
-/// characters: not `.` or `..` (a first character other than a dot, or one or two dots
-/// followed by more). The one place the rule is written as a pattern; every schema that holds
-/// an id builds on it.
-pub fn id_pattern(max: usize) -> String {
-    let (after_first, after_dot) = (max - 1, max - 2);
-    format!(
-        r"(?:[A-Za-z0-9_:-][A-Za-z0-9._:-]{{0,{after_first}}}|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{{0,{after_dot}}}|\.\.[A-Za-z0-9._:-]{{1,{after_dot}}})"
-    )
-}
-
-text_schema! {
-    /// An account or transfer id: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`.
-    pub struct Id {
-        pattern: format!("^{}$", id_pattern(128)),
-        example: "t-1",
-        length: 1..=128,
-    }
-}
-
-text_schema! {
-    /// A currency code: 1–16 characters of `[A-Z0-9_]`.
-    pub struct Currency {
-        pattern: r"^[A-Z0-9_]{1,16}$",
-        example: "USD",
-        length: 1..=16,
-    }
-}
-
-/// A metadata key: 1–40 characters of `[a-z0-9_.-]`.
-pub const METADATA_KEY_PATTERN: &str = r"^[a-z0-9_.-]{1,40}$";
-
-/// Metadata: at most 16 keys of `[a-z0-9_.-]{1,40}`, string values of at most 256
-/// characters.
-pub struct MetadataSchema;
-
-impl utoipa::PartialSchema for MetadataSchema {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        let key = utoipa::openapi::ObjectBuilder::new()
-            .schema_type(utoipa::openapi::Type::String)
-            .min_length(Some(1))
-            .max_length(Some(40))
-            .pattern(Some(METADATA_KEY_PATTERN));
-        let value = utoipa::openapi::ObjectBuilder::new()
-            .schema_type(utoipa::openapi::Type::String)
-            .max_length(Some(METADATA_MAX_VALUE_CHARS));
-        utoipa::openapi::ObjectBuilder::new()
-            .schema_type(utoipa::openapi::Type::Object)
-            .description(Some(
-                "String labels by key: at most 16 keys of `[a-z0-9_.-]{1,40}`, each value a \
-                 string of at most 256 characters (else 422).",
-            ))
-            .max_properties(Some(METADATA_MAX_KEYS))
-            .property_names(Some(key))
-            .additional_properties(Some(value))
-            .examples([serde_json::json!({"order_id": "123"})])
-            .into()
-    }
-}
-
-impl utoipa::ToSchema for MetadataSchema {
-    fn name() -> std::borrow::Cow<'static, str> {
-        "Metadata".into()
-    }
-}
-
-/// Currencies: 1–16 characters of `[A-Z0-9_]` (`USD`, `EUR`, `POINTS`, `USD_CENTS`).
-///
-/// ```
-/// use transfer_service::transfer::model::valid_currency;
-/// assert!(valid_currency("USD") && valid_currency("X") && valid_currency(&"A".repeat(16)));
-/// assert!(!valid_currency("") && !valid_currency(&"A".repeat(17)));
-/// assert!(!valid_currency("usd") && !valid_currency("US D") && !valid_currency("€"));
-/// ```
-pub fn valid_currency(text: &str) -> bool {
-    (1..=16).contains(&text.len())
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
-}
-
 /// Metadata: string labels by key, in key order (so equal maps encode to equal bytes).
 pub type Metadata = BTreeMap<String, String>;
-
-/// The most keys one metadata object holds.
-pub const METADATA_MAX_KEYS: usize = 16;
-/// The longest metadata value, in characters.
-pub const METADATA_MAX_VALUE_CHARS: usize = 256;
-
-/// Metadata keys: 1–40 characters of `[a-z0-9_.-]` (no `=`: the embedded store's index
-/// joins a key and its value with it).
-///
-/// ```
-/// use transfer_service::transfer::model::valid_metadata_key;
-/// assert!(valid_metadata_key("order_id") && valid_metadata_key("a.b-c") && valid_metadata_key(&"k".repeat(40)));
-/// assert!(!valid_metadata_key("") && !valid_metadata_key(&"k".repeat(41)));
-/// assert!(!valid_metadata_key("Order") && !valid_metadata_key("a b") && !valid_metadata_key("a=b"));
-/// ```
-pub fn valid_metadata_key(key: &str) -> bool {
-    (1..=40).contains(&key.len())
-        && key.bytes().all(|b| {
-            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-')
-        })
-}
-
-/// Metadata values: strings of at most 256 characters (the empty string included).
-pub fn valid_metadata_value(value: &str) -> bool {
-    value.chars().count() <= METADATA_MAX_VALUE_CHARS
-}
-
-/// Checks a whole metadata object: at most 16 keys, each key and value valid. `Err` says
-/// what is wrong, for the client.
-pub fn valid_metadata<'a>(
-    entries: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
-) -> Result<(), String> {
-    if entries.len() > METADATA_MAX_KEYS {
-        return Err(format!(
-            "`metadata` has {} keys; at most {METADATA_MAX_KEYS}",
-            entries.len()
-        ));
-    }
-    for (key, value) in entries {
-        if !valid_metadata_key(key) {
-            return Err("`metadata` keys must be 1–40 characters of a-z 0-9 _ . -".to_owned());
-        }
-        if !valid_metadata_value(value) {
-            return Err(format!(
-                "`metadata` values must be strings of at most {METADATA_MAX_VALUE_CHARS} characters"
-            ));
-        }
-    }
-    Ok(())
-}

@@ -8,15 +8,13 @@ use std::time::Duration;
 use super::admission::{Admitted, Overloaded};
 use super::documents::{decode, Versioned};
 use super::lease::{Claim, ClaimWrite, Held, Leases};
-use super::model::{
-    AccountDoc, Leg, Metadata, RollbackReason, Tombstones, TransferDoc, TransferState,
-};
+use super::model::{AccountDoc, RollbackReason, Tombstones, TransferDoc, TransferState};
 use super::one_transaction::OneTransaction;
 use super::protocol;
+use super::requests::{NewAccount, NewTransfer};
 use super::retry::retry;
 use super::Engine;
 use crate::store::{SortKey, StoreError, TransferFilter, WriteOutcome};
-use crate::time::{format_millis, parse_millis};
 
 /// Failures the API maps to answers.
 #[derive(Debug, thiserror::Error)]
@@ -36,41 +34,6 @@ pub enum ServiceError {
     /// 503 (retryable) or 500.
     #[error(transparent)]
     Store(#[from] StoreError),
-}
-
-/// The request to open an account.
-#[derive(Debug, Clone, Default)]
-pub struct NewAccount {
-    pub id: String,
-    pub balance: i64,
-    pub floor: i64,
-    /// Fixed for the account's life ([`super::model::valid_currency`]).
-    pub currency: Option<String>,
-    /// Labels ([`super::model::valid_metadata`]).
-    pub metadata: Metadata,
-}
-
-/// A validated transfer request.
-#[derive(Debug, Clone, Default)]
-pub struct NewTransfer {
-    pub id: String,
-    /// A one-leg transfer's source (empty with `legs`).
-    pub from: String,
-    /// A one-leg transfer's destination (empty with `legs`).
-    pub to: String,
-    /// A one-leg transfer's amount; with `legs`, their sum ([`super::model::check_legs`]).
-    pub amount: i64,
-    /// A multi-leg transaction's legs (2 to 16, checked by [`super::model::check_legs`]);
-    /// empty for a one-leg transfer, which is stored exactly as before legs existed.
-    pub legs: Vec<Leg>,
-    /// A hold: driven to `pending` and left there for a capture, a cancel or its expiry.
-    pub hold: bool,
-    /// How long a hold waits; `None`: `HOLD_TIMEOUT`. Only with `hold`.
-    pub hold_expires_in: Option<Duration>,
-    /// The currency the client states, if any.
-    pub currency: Option<String>,
-    /// Labels ([`super::model::valid_metadata`]).
-    pub metadata: Metadata,
 }
 
 /// Whether a create made something new or replayed what exists.
@@ -112,12 +75,12 @@ impl Engine {
         let now = self.clock.now();
         let token = uuid::Uuid::new_v4().simple().to_string();
         let doc = AccountDoc {
-            account_id: new.id.clone(),
+            account_id: new.id.to_string(),
             balance: new.balance,
             floor: new.floor,
             opening_balance: new.balance,
             created_by: Some(token.clone()),
-            currency: new.currency.clone(),
+            currency: new.currency.clone().map(String::from),
             metadata: new.metadata.clone(),
             pending_transactions: Vec::new(),
             pending_applied_at: Vec::new(),
@@ -141,14 +104,14 @@ impl Engine {
         }
         if existing.opening_balance == new.balance
             && existing.floor == new.floor
-            && existing.currency == new.currency
+            && existing.currency.as_deref() == new.currency.as_deref().map(String::as_str)
             && existing.metadata == new.metadata
         {
             Ok(Created::Replayed(existing))
         } else {
             Err(ServiceError::Conflict(format!(
                 "account {} exists with another opening balance, floor, currency or metadata",
-                new.id
+                *new.id
             )))
         }
     }
@@ -177,23 +140,7 @@ impl Engine {
         new: NewTransfer,
         admitted: Admitted,
     ) -> Result<Created<TransferDoc>, ServiceError> {
-        let now = self.clock.now();
-        let mut doc = TransferDoc {
-            legs: new.legs.clone(),
-            hold_expires_at: new
-                .hold
-                .then(|| format_millis(now.millis + self.hold_millis(&new))),
-            currency: new.currency.clone(),
-            metadata: new.metadata.clone(),
-            ..TransferDoc::created(&new.id, &new.from, &new.to, new.amount, &now.text)
-        };
-        if doc.is_multi_leg() {
-            doc.accounts = doc
-                .postings()
-                .iter()
-                .map(|p| p.account.to_owned())
-                .collect();
-        }
+        let doc = new.document(&self.clock.now(), self.config.hold_timeout);
         // On a store with transactions the transfer is created settled (`super::one_transaction`).
         let settled = if self.creates_settled(&doc) {
             Some(self.create_settled(&doc).await?)
@@ -227,44 +174,13 @@ impl Engine {
                 StoreError::Unavailable("transfer exists but cannot be read yet".into())
             })?
             .doc;
-        if existing.src_acct == new.from
-            && existing.dest_acct == new.to
-            && existing.amount == new.amount
-            && existing.legs == new.legs
-            && self.same_hold(&existing, &new)
-            && existing.currency == new.currency
-            && existing.metadata == new.metadata
-        {
+        if new.is_replay_of(&existing, self.config.hold_timeout) {
             Ok(Created::Replayed(existing))
         } else {
             Err(ServiceError::Conflict(format!(
                 "transfer {} exists with another from, to, amount, legs, hold, hold_expires_in, currency or metadata",
-                new.id
+                *new.id
             )))
-        }
-    }
-
-    /// How long a new hold waits, in milliseconds (its own `hold_expires_in`, else
-    /// `HOLD_TIMEOUT`).
-    fn hold_millis(&self, new: &NewTransfer) -> i64 {
-        new.hold_expires_in
-            .unwrap_or(self.config.hold_timeout)
-            .as_millis() as i64
-    }
-
-    /// Whether a replay asks for the same hold: both plain, or both holds for the same
-    /// duration (the stored expiry is the creation time plus it, to the millisecond).
-    fn same_hold(&self, existing: &TransferDoc, new: &NewTransfer) -> bool {
-        match (&existing.hold_expires_at, new.hold) {
-            (None, false) => true,
-            (Some(expires), true) => {
-                let created = parse_millis(&existing.creation_time);
-                let expires = parse_millis(expires);
-                created
-                    .zip(expires)
-                    .is_some_and(|(c, e)| e - c == self.hold_millis(new))
-            }
-            _ => false,
         }
     }
 

@@ -13,7 +13,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::model::{valid_id, Settled};
+use super::model::Settled;
+use super::validated::valid_id;
 
 /// Recently settled transfer ids, oldest settlement first, each with its time.
 ///

@@ -17,11 +17,11 @@ pub struct Transfer {
     pub id: String,
     /// Source account id of a one-leg transfer (absent on a multi-leg one: see `legs`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<crate::transfer::model::Id>, nullable = false)]
+    #[schema(value_type = Option<super::validated::AccountId>, nullable = false)]
     pub from: Option<String>,
     /// Destination account id of a one-leg transfer (absent on a multi-leg one).
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<crate::transfer::model::Id>, nullable = false)]
+    #[schema(value_type = Option<super::validated::AccountId>, nullable = false)]
     pub to: Option<String>,
     /// Units a one-leg transfer moves (absent on a multi-leg one).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -39,7 +39,7 @@ pub struct Transfer {
     /// `account_not_found`, `balance_overflow`, `account_busy`, `currency_mismatch`): that
     /// account. Its legs are the ones that caused the rollback.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<crate::transfer::model::Id>, nullable = false)]
+    #[schema(value_type = Option<super::validated::AccountId>, nullable = false)]
     pub failed_account: Option<String>,
     /// When it was accepted: RFC 3339, UTC, millisecond precision.
     #[schema(format = DateTime)]
@@ -67,11 +67,11 @@ pub struct Transfer {
     pub captured_amount: Option<i64>,
     /// The currency the request stated; absent when it stated none.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<super::model::Currency>, nullable = false)]
+    #[schema(value_type = Option<super::validated::Currency>, nullable = false)]
     pub currency: Option<String>,
     /// Its labels, as given; absent when it has none.
     #[serde(skip_serializing_if = "Metadata::is_empty")]
-    #[schema(value_type = Option<super::model::MetadataSchema>, nullable = false)]
+    #[schema(value_type = Option<super::validated::MetadataSchema>, nullable = false)]
     pub metadata: Metadata,
 }
 

@@ -9,7 +9,8 @@ use transfer_service::time::format_millis;
 use tokio::sync::Semaphore;
 use transfer_service::store::{DynStore, Index};
 use transfer_service::transfer::model::{AccountDoc, RollbackReason, TransferState};
-use transfer_service::transfer::service::{Created, NewAccount, NewTransfer, ServiceError};
+use transfer_service::transfer::requests::{NewAccount, NewTransfer};
+use transfer_service::transfer::service::{Created, ServiceError};
 use transfer_service::transfer::EngineConfig;
 
 use crate::support::engine::*;
@@ -17,10 +18,8 @@ use crate::support::engine::*;
 async fn open(e: &Instance, id: &str, balance: i64, currency: Option<&str>) {
     let created = e
         .create_account(NewAccount {
-            id: id.into(),
-            balance,
-            currency: currency.map(str::to_owned),
-            ..Default::default()
+            currency: currency.map(crate::support::engine::currency),
+            ..new_account(id, balance)
         })
         .await
         .expect("account opens");
@@ -29,7 +28,7 @@ async fn open(e: &Instance, id: &str, balance: i64, currency: Option<&str>) {
 
 fn in_currency(id: &str, from: &str, to: &str, currency: Option<&str>) -> NewTransfer {
     NewTransfer {
-        currency: currency.map(str::to_owned),
+        currency: currency.map(crate::support::engine::currency),
         ..transfer(id, from, to, 10)
     }
 }
@@ -162,11 +161,9 @@ async fn currencies_are_part_of_the_replay_comparison() {
     );
     open(&e, "a", 100, Some("USD")).await;
     open(&e, "b", 0, Some("USD")).await;
-    let again = |currency: Option<&str>| NewAccount {
-        id: "a".into(),
-        balance: 100,
-        currency: currency.map(str::to_owned),
-        ..Default::default()
+    let again = |code: Option<&str>| NewAccount {
+        currency: code.map(currency),
+        ..new_account("a", 100)
     };
     let replay = e.create_account(again(Some("USD"))).await.unwrap();
     assert!(matches!(replay, Created::Replayed(_)), "{replay:?}");

@@ -9,7 +9,6 @@ use transfer_service::time::parse_millis;
 
 use transfer_service::store::Index;
 use transfer_service::transfer::model::{TransferDoc, TransferState};
-use transfer_service::transfer::service::NewAccount;
 use transfer_service::transfer::{Engine, EngineConfig};
 
 use crate::support::engine::*;
@@ -48,12 +47,7 @@ async fn a_worker_that_dies_after_a_transition_leaves_its_event_and_recovery_emi
     for (n, (state, src, dest)) in cases.iter().enumerate() {
         for (account, balance) in [("src", *src), ("dest", *dest)] {
             recoverer
-                .create_account(NewAccount {
-                    id: format!("e{n}-{account}"),
-                    balance,
-                    floor: 0,
-                    ..Default::default()
-                })
+                .create_account(new_account(&format!("e{n}-{account}"), balance))
                 .await
                 .unwrap();
         }

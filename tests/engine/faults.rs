@@ -19,7 +19,7 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use transfer_service::transfer::model::TransferState;
-use transfer_service::transfer::service::{NewAccount, ServiceError};
+use transfer_service::transfer::service::ServiceError;
 use transfer_service::transfer::{Engine, EngineConfig};
 
 use crate::support::engine::*;
@@ -211,12 +211,7 @@ async fn arrange_cases(w: &World, recoverer: &Engine) -> Vec<Case> {
             };
             for (account, balance) in [("src", 100), ("dest", dest_balance)] {
                 recoverer
-                    .create_account(NewAccount {
-                        id: format!("{name}-{account}"),
-                        balance,
-                        floor: 0,
-                        ..Default::default()
-                    })
+                    .create_account(new_account(&format!("{name}-{account}"), balance))
                     .await
                     .unwrap();
             }

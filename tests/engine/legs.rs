@@ -11,7 +11,8 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use transfer_service::transfer::lease::PARKED;
 use transfer_service::transfer::model::{AccountDoc, RollbackReason, TransferState};
-use transfer_service::transfer::service::{Created, NewAccount, NewTransfer, ServiceError};
+use transfer_service::transfer::requests::{NewAccount, NewTransfer};
+use transfer_service::transfer::service::{Created, ServiceError};
 use transfer_service::transfer::{Engine, EngineConfig};
 
 use crate::support::engine::*;
@@ -30,10 +31,8 @@ fn config() -> EngineConfig {
 async fn open_with_floor(e: &Engine, id: &str, balance: i64, floor: i64) {
     let created = e
         .create_account(NewAccount {
-            id: id.into(),
-            balance,
             floor,
-            ..Default::default()
+            ..new_account(id, balance)
         })
         .await
         .expect("account opens");
@@ -53,7 +52,7 @@ async fn balances(e: &Engine, ids: &[&str]) -> Vec<i64> {
 }
 
 async fn run(e: &Arc<Engine>, new: NewTransfer) -> TransferState {
-    let id = new.id.clone();
+    let id = new.id.to_string();
     let created = e.create_transfer(new).await.expect("accepted");
     assert!(matches!(created, Created::New(_)), "{id} existed");
     terminal_without_recovery(e, &id).await
@@ -219,10 +218,8 @@ async fn every_account_must_share_the_currency() {
         ("e", Some("EUR")),
     ] {
         e.create_account(NewAccount {
-            id: id.into(),
-            balance: 100,
-            currency: currency.map(str::to_owned),
-            ..Default::default()
+            currency: currency.map(crate::support::engine::currency),
+            ..new_account(id, 100)
         })
         .await
         .unwrap();
@@ -239,7 +236,7 @@ async fn every_account_must_share_the_currency() {
     );
     // A stated currency the first account lacks.
     let stated = NewTransfer {
-        currency: Some("EUR".into()),
+        currency: Some(currency("EUR")),
         ..legs("stated", &[("u1", "u2", 1), ("u2", "u3", 1)])
     };
     assert_eq!(run(&e, stated).await, TransferState::RolledBack);
@@ -262,8 +259,7 @@ async fn a_multi_leg_hold_parks_and_is_captured_whole_or_cancelled() {
         open_account(&e, id, 100).await;
     }
     let held = |id: &str| NewTransfer {
-        hold: true,
-        hold_expires_in: Some(Duration::from_secs(600)),
+        hold: hold_for(Duration::from_secs(600)),
         ..legs(id, &[("a", "b", 10), ("a", "c", 5)])
     };
     e.create_transfer(held("h1")).await.unwrap();
@@ -446,8 +442,7 @@ async fn every_step_of_a_multi_leg_transaction_survives_errors_crashes_and_stall
         let (a, b, c) = (format!("{n}-a"), format!("{n}-b"), format!("{n}-c"));
         let mut new = legs(&format!("{n}-t"), &[(&a, &b, 10), (&a, &c, 5), (&b, &c, 3)]);
         if case.path == Path::Capture {
-            new.hold = true;
-            new.hold_expires_in = Some(Duration::from_secs(600));
+            new.hold = hold_for(Duration::from_secs(600));
         }
         let worker = case.worker.clone();
         creates.push(tokio::spawn(async move {

@@ -13,11 +13,10 @@ use proptest::prelude::*;
 use tokio::sync::Semaphore;
 use transfer_service::store::{DynStore, Index, Source};
 use transfer_service::transfer::documents::decode;
-use transfer_service::transfer::model::{
-    check_legs, AccountDoc, Leg, RollbackReason, TransferState,
-};
+use transfer_service::transfer::model::{AccountDoc, Leg, RollbackReason, TransferState};
 use transfer_service::transfer::protocol::Retention;
-use transfer_service::transfer::service::{Created, NewAccount, NewTransfer, ServiceError};
+use transfer_service::transfer::requests::{Movement, NewAccount, NewTransfer};
+use transfer_service::transfer::service::{Created, ServiceError};
 use transfer_service::transfer::EngineConfig;
 
 use crate::support::engine::*;
@@ -408,13 +407,7 @@ async fn a_create_whose_answer_was_lost_is_still_driven_at_once() {
         w.faulty
             .inject(Matcher::creates(Index::Transactions), fault, 1);
         let created = e
-            .create_transfer(NewTransfer {
-                id: "t".into(),
-                from: "a".into(),
-                to: "b".into(),
-                amount: 10,
-                ..Default::default()
-            })
+            .create_transfer(transfer("t", "a", "b", 10))
             .await
             .unwrap();
         assert!(matches!(created, Created::New(_)), "{created:?}");
@@ -504,25 +497,9 @@ async fn an_account_create_whose_answer_was_lost_is_new() {
         let w = world(11, Duration::ZERO);
         let e = instance(&w, w.faulty.clone(), Duration::from_secs(30));
         w.faulty.inject(Matcher::creates(Index::Accounts), fault, 1);
-        let created = e
-            .create_account(NewAccount {
-                id: "a".into(),
-                balance: 100,
-                floor: 0,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        let created = e.create_account(new_account("a", 100)).await.unwrap();
         assert!(matches!(created, Created::New(_)), "{fault:?}: {created:?}");
-        let replay = e
-            .create_account(NewAccount {
-                id: "a".into(),
-                balance: 100,
-                floor: 0,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        let replay = e.create_account(new_account("a", 100)).await.unwrap();
         assert!(
             matches!(replay, Created::Replayed(_)),
             "{fault:?}: {replay:?}"
@@ -804,14 +781,16 @@ fn currency_mismatch(accounts: &[usize], stated: Option<&str>) -> bool {
 
 /// A request's legs as `(from, to, amount)` account indices: its one leg, or its legs.
 fn requested_legs(new: &NewTransfer) -> Vec<(usize, usize, i64)> {
-    if new.legs.is_empty() {
-        vec![(account_of(&new.from), account_of(&new.to), new.amount)]
-    } else {
-        new.legs
-            .iter()
-            .map(|l| (account_of(&l.from), account_of(&l.to), l.amount))
-            .collect()
-    }
+    new.movement
+        .leg_list()
+        .iter()
+        .map(|l| (account_of(&l.from), account_of(&l.to), l.amount))
+        .collect()
+}
+
+/// Whether a request is a multi-leg transaction (else a one-leg transfer).
+fn is_multi_leg(new: &NewTransfer) -> bool {
+    new.movement.leg_list().len() > 1
 }
 
 fn account_name(i: usize) -> String {
@@ -883,10 +862,8 @@ async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
     for (i, currency) in CURRENCIES.iter().enumerate() {
         let created = a
             .create_account(NewAccount {
-                id: account_name(i),
-                balance: OPENING,
-                currency: currency.map(str::to_owned),
-                ..Default::default()
+                currency: currency.map(crate::support::engine::currency),
+                ..new_account(&account_name(i), OPENING)
             })
             .await
             .expect("account opens");
@@ -906,7 +883,7 @@ async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
                 currency,
             } => {
                 let new = NewTransfer {
-                    currency: currency.map(str::to_owned),
+                    currency: currency.map(crate::support::engine::currency),
                     ..transfer(
                         &format!("t{n}"),
                         &account_name(from),
@@ -926,7 +903,7 @@ async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
                 expires_ms,
             } => {
                 let new = NewTransfer {
-                    currency: currency.map(str::to_owned),
+                    currency: currency.map(crate::support::engine::currency),
                     ..hold(
                         &format!("h{n}"),
                         &account_name(from),
@@ -952,14 +929,11 @@ async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
                         amount,
                     })
                     .collect();
+                let id = format!("{}{n}", if expires_ms.is_some() { "lh" } else { "l" });
                 let new = NewTransfer {
-                    id: format!("{}{n}", if expires_ms.is_some() { "lh" } else { "l" }),
-                    amount: check_legs(&legs).expect("valid legs"),
-                    legs,
-                    hold: expires_ms.is_some(),
-                    hold_expires_in: expires_ms.map(Duration::from_millis),
-                    currency: currency.map(str::to_owned),
-                    ..Default::default()
+                    hold: expires_ms.and_then(|ms| hold_for(Duration::from_millis(ms))),
+                    currency: currency.map(crate::support::engine::currency),
+                    ..NewTransfer::new(transfer_id(&id), Movement::legs(legs).expect("valid legs"))
                 };
                 requests.push(new.clone());
                 let a = a.clone();
@@ -972,16 +946,16 @@ async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
             }
             HoldOp::Capture { i, percent } if !requests.is_empty() => {
                 let new = pick(i);
-                let n = percent.map(|p| (new.amount * i64::from(p) / 100).max(1));
+                let n = percent.map(|p| (new.movement.amount() * i64::from(p) / 100).max(1));
                 let (b, answers) = (b.clone(), answers.clone());
                 match n {
                     // A multi-leg hold is captured whole only: a part is refused (422) and
                     // changes nothing; a multi-leg transfer that is not a hold is refused as
                     // any such (409); one still being created is not found.
-                    Some(part) if !new.legs.is_empty() && part != new.amount => {
+                    Some(part) if is_multi_leg(&new) && part != new.movement.amount() => {
                         tokio::spawn(async move {
                             let refused = b.capture_transfer(&new.id, Some(part)).await;
-                            let hold = new.hold;
+                            let hold = new.hold.is_some();
                             assert!(
                                 matches!(
                                     (&refused, hold),
@@ -990,8 +964,8 @@ async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
                                         | (Err(ServiceError::NotFound), _)
                                 ),
                                 "{}: a capture of {part} of {}: {refused:?}",
-                                new.id,
-                                new.amount
+                                *new.id,
+                                new.movement.amount()
                             );
                         })
                     }
@@ -1116,33 +1090,31 @@ async fn assert_holds_outcomes(
     let mut seen = HashMap::new();
     let mut outcomes: std::collections::BTreeMap<String, usize> = Default::default();
     for new in requests {
-        if seen.insert(new.id.clone(), ()).is_some() {
+        if seen.insert(new.id.to_string(), ()).is_some() {
             continue;
         }
         let t = transfer_doc(e, &new.id).await;
-        let id = &new.id;
+        let id: &String = &new.id;
         assert_eq!(
             (
-                &t.src_acct,
-                &t.dest_acct,
-                &t.legs,
+                t.leg_list(),
+                t.is_multi_leg(),
                 t.amount,
-                &t.currency,
+                t.currency.as_deref(),
                 t.is_hold()
             ),
             (
-                &new.from,
-                &new.to,
-                &new.legs,
-                new.amount,
-                &new.currency,
-                new.hold
+                new.movement.leg_list().to_vec(),
+                is_multi_leg(new),
+                new.movement.amount(),
+                new.currency.as_deref().map(String::as_str),
+                new.hold.is_some()
             ),
             "{id}: the transfer as requested"
         );
         let legs = requested_legs(new);
         let touched: Vec<usize> = legs.iter().flat_map(|&(f, d, _)| [f, d]).collect();
-        let mismatch = currency_mismatch(&touched, new.currency.as_deref());
+        let mismatch = currency_mismatch(&touched, new.currency.as_deref().map(String::as_str));
         let state = t.transaction_state;
         assert!(state.is_terminal(), "{id} left {state}");
         // The currency rule: a mismatch never moves a unit; only a mismatch rolls back so.
@@ -1157,7 +1129,7 @@ async fn assert_holds_outcomes(
         let capture_won = captures
             .iter()
             .any(|(_, shown)| matches!(shown, TransferState::Committed | TransferState::Finished));
-        if new.hold {
+        if new.hold.is_some() {
             assert_ne!(
                 t.reason,
                 Some(RollbackReason::TimedOut),
@@ -1166,7 +1138,7 @@ async fn assert_holds_outcomes(
             if state == TransferState::Finished {
                 let n = t.captured_amount.expect("a finished hold was captured");
                 assert!(0 < n && n <= t.amount, "{id}: captured {n} of {}", t.amount);
-                if !new.legs.is_empty() {
+                if is_multi_leg(new) {
                     assert_eq!(n, t.amount, "{id}: a multi-leg hold captured in part");
                 }
                 for (asked, _) in &captures {
@@ -1228,7 +1200,7 @@ async fn assert_holds_outcomes(
         // amount); an account in several legs gets their sum.
         if state == TransferState::Finished {
             for (from, to, amount) in legs {
-                let moved = if new.legs.is_empty() {
+                let moved = if !is_multi_leg(new) {
                     t.captured_amount.unwrap_or(amount)
                 } else {
                     amount
@@ -1237,8 +1209,8 @@ async fn assert_holds_outcomes(
                 expected[to] += moved;
             }
         }
-        let shape = if new.legs.is_empty() { "" } else { "legs " };
-        let kind = match (new.hold, t.captured_amount, t.reason) {
+        let shape = if is_multi_leg(new) { "legs " } else { "" };
+        let kind = match (new.hold.is_some(), t.captured_amount, t.reason) {
             (true, Some(n), _) if n < t.amount => format!("{shape}hold captured in part"),
             (true, Some(_), _) => format!("{shape}hold captured whole"),
             (hold, _, reason) => format!(

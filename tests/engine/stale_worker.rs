@@ -24,7 +24,7 @@ use transfer_service::store::{DynStore, Index};
 use transfer_service::transfer::lease::PARKED;
 use transfer_service::transfer::model::{RollbackReason, TransferState};
 use transfer_service::transfer::protocol::Retention;
-use transfer_service::transfer::service::{NewAccount, NewTransfer, ServiceError};
+use transfer_service::transfer::service::ServiceError;
 use transfer_service::transfer::{Engine, EngineConfig};
 
 use crate::support::engine::*;
@@ -104,26 +104,20 @@ async fn run_seeds(tombstones: usize) {
 
     for seed in 0..seeds {
         for (account, balance) in [("a", 100), ("b", 0)] {
-            a.create_account(NewAccount {
-                id: format!("s{seed}-{account}"),
-                balance,
-                floor: 0,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+            a.create_account(new_account(&format!("s{seed}-{account}"), balance))
+                .await
+                .unwrap();
         }
         let (matcher, fault, _) = stall_point(seed);
         faulty.inject(matcher, fault, 1);
     }
     for seed in 0..seeds {
-        a.create_transfer(NewTransfer {
-            id: format!("s{seed}-t"),
-            from: format!("s{seed}-a"),
-            to: format!("s{seed}-b"),
-            amount: 10,
-            ..Default::default()
-        })
+        a.create_transfer(transfer(
+            &format!("s{seed}-t"),
+            &format!("s{seed}-a"),
+            &format!("s{seed}-b"),
+            10,
+        ))
         .await
         .unwrap();
     }
@@ -274,13 +268,9 @@ async fn run_hold_seeds(tombstones: usize) {
 
     for seed in 0..seeds {
         for (account, balance) in [("a", 100), ("b", 0)] {
-            a.create_account(NewAccount {
-                id: format!("h{seed}-{account}"),
-                balance,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+            a.create_account(new_account(&format!("h{seed}-{account}"), balance))
+                .await
+                .unwrap();
         }
         let (_, matcher, fault, _) = hold_plan(seed);
         faulty.inject(matcher, fault, 1);

@@ -149,7 +149,7 @@ async fn what_the_openapi_document_allows_the_server_accepts_and_nothing_else() 
     ];
     assert_pattern_is_the_rule(
         &doc,
-        "Id",
+        "AccountId",
         r"\.{1,3}|[a-z.~ /]{0,4}|[a-z.]{126,130}",
         &edges,
         |id| async move {
@@ -162,10 +162,24 @@ async fn what_the_openapi_document_allows_the_server_accepts_and_nothing_else() 
     // ... and as `?account=`.
     assert_pattern_is_the_rule(
         &doc,
-        "Id",
+        "AccountId",
         r"\.{1,3}|[a-z:~%]{0,4}",
         &edges,
         |id| async move { accepted(list_status(app, "account", &id).await) },
+    )
+    .await;
+    // Transfer ids, as `POST /transfers` reads them (a transfer of one unit for each).
+    assert_pattern_is_the_rule(
+        &doc,
+        "TransferId",
+        r"\.{1,3}|[a-z.~ /]{0,4}|[a-z.]{126,130}",
+        &edges,
+        |id| async move {
+            let body = json!({"id": id, "from": "A", "to": "B", "amount": 1});
+            let (status, body) = app.post("/transfers", body).await;
+            assert!(status != 409, "{body}");
+            accepted(status)
+        },
     )
     .await;
 

@@ -16,7 +16,9 @@ use transfer_service::store::instrumented::InstrumentedStore;
 use transfer_service::store::DynStore;
 use transfer_service::transfer::clock::{Clock, TestClock};
 use transfer_service::transfer::model::{Leg, TransferDoc, TransferState};
-use transfer_service::transfer::service::{Created, NewAccount, NewTransfer};
+use transfer_service::transfer::requests::{Hold, Movement, NewAccount, NewTransfer};
+use transfer_service::transfer::service::Created;
+use transfer_service::transfer::validated::{AccountId, Currency, TransferId};
 use transfer_service::transfer::{Engine, EngineConfig};
 
 use super::faulty::FaultyStore;
@@ -126,32 +128,49 @@ impl Instance {
 
 pub async fn open_account(engine: &Engine, id: &str, balance: i64) {
     let created = engine
-        .create_account(NewAccount {
-            id: id.into(),
-            balance,
-            floor: 0,
-            ..Default::default()
-        })
+        .create_account(new_account(id, balance))
         .await
         .expect("account opens");
     assert!(matches!(created, Created::New(_)), "{id} already existed");
 }
 
+/// An account id the test knows to be valid.
+pub fn account_id(id: &str) -> AccountId {
+    AccountId::parse(id.into()).unwrap_or_else(|| panic!("{id:?} is not a valid account id"))
+}
+
+/// A transfer id the test knows to be valid.
+pub fn transfer_id(id: &str) -> TransferId {
+    TransferId::parse(id.into()).unwrap_or_else(|| panic!("{id:?} is not a valid transfer id"))
+}
+
+/// A currency code the test knows to be valid.
+pub fn currency(code: &str) -> Currency {
+    Currency::parse(code.into()).unwrap_or_else(|| panic!("{code:?} is not a currency code"))
+}
+
+/// The request to open `id` with `balance`: floor 0, no currency, no labels.
+pub fn new_account(id: &str, balance: i64) -> NewAccount {
+    NewAccount::new(account_id(id), balance)
+}
+
+/// The terms of a hold that waits `expires_in` for its capture.
+pub fn hold_for(expires_in: Duration) -> Option<Hold> {
+    Some(Hold {
+        expires_in: Some(expires_in),
+    })
+}
+
 pub fn transfer(id: &str, from: &str, to: &str, amount: i64) -> NewTransfer {
-    NewTransfer {
-        id: id.into(),
-        from: from.into(),
-        to: to.into(),
-        amount,
-        ..Default::default()
-    }
+    let movement = Movement::one_leg(account_id(from), account_id(to), amount)
+        .expect("a valid one-leg transfer");
+    NewTransfer::new(transfer_id(id), movement)
 }
 
 /// A hold of `amount` from `from` to `to` that waits `expires_in` for its capture.
 pub fn hold(id: &str, from: &str, to: &str, amount: i64, expires_in: Duration) -> NewTransfer {
     NewTransfer {
-        hold: true,
-        hold_expires_in: Some(expires_in),
+        hold: hold_for(expires_in),
         ..transfer(id, from, to, amount)
     }
 }
@@ -263,14 +282,8 @@ pub fn leg_list(legs: &[(&str, &str, i64)]) -> Vec<Leg> {
         .collect()
 }
 
-/// A multi-leg transaction (the engine takes legs as the HTTP layer hands them on: two or
-/// more, `amount` their sum).
+/// A multi-leg transaction.
 pub fn legs(id: &str, legs: &[(&str, &str, i64)]) -> NewTransfer {
-    let legs = leg_list(legs);
-    NewTransfer {
-        id: id.into(),
-        amount: transfer_service::transfer::model::check_legs(&legs).expect("valid legs"),
-        legs,
-        ..Default::default()
-    }
+    let movement = Movement::legs(leg_list(legs)).expect("valid legs");
+    NewTransfer::new(transfer_id(id), movement)
 }

@@ -1,0 +1,248 @@
+//! The requests the engine takes, validated: opening an account and creating a transfer. A
+//! [`NewTransfer`] cannot hold an invalid combination: it moves one leg or several
+//! ([`Movement`], whose only constructors check the legs), and only a hold has an expiry
+//! ([`Hold`]).
+
+use std::time::Duration;
+
+use super::clock::Now;
+use super::model::{Leg, Metadata, TransferDoc};
+use super::validated::{valid_id, AccountId, Currency, TransferId};
+use crate::time::{format_millis, parse_millis};
+
+/// The request to open an account.
+#[derive(Debug, Clone)]
+pub struct NewAccount {
+    pub id: AccountId,
+    pub balance: i64,
+    pub floor: i64,
+    /// Fixed for the account's life.
+    pub currency: Option<Currency>,
+    /// Labels ([`super::validated::valid_metadata`]).
+    pub metadata: Metadata,
+}
+
+impl NewAccount {
+    /// An account opened with `balance`, floor 0, no currency and no labels.
+    pub fn new(id: AccountId, balance: i64) -> Self {
+        Self {
+            id,
+            balance,
+            floor: 0,
+            currency: None,
+            metadata: Metadata::new(),
+        }
+    }
+}
+
+/// A validated transfer request.
+#[derive(Debug, Clone)]
+pub struct NewTransfer {
+    pub id: TransferId,
+    /// What it moves.
+    pub movement: Movement,
+    /// `Some`: a hold, driven to `pending` and left there for a capture, a cancel or its
+    /// expiry.
+    pub hold: Option<Hold>,
+    /// The currency the client states, if any.
+    pub currency: Option<Currency>,
+    /// Labels ([`super::validated::valid_metadata`]).
+    pub metadata: Metadata,
+}
+
+/// A hold's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hold {
+    /// How long it waits for its capture; `None`: the service's `HOLD_TIMEOUT`. The API
+    /// takes it within [`super::validated::MIN_HOLD`]..=[`super::validated::MAX_HOLD`]
+    /// ([`super::validated::HoldExpiry`]); the engine holds for any duration (its tests scale
+    /// time down).
+    pub expires_in: Option<Duration>,
+}
+
+/// The most legs one transaction has.
+pub const MAX_LEGS: usize = 16;
+
+/// What a transfer moves: 1 to [`MAX_LEGS`] legs, each from one account to another and of
+/// at least one unit, their amounts summing to at most 2^63−1. One leg is a one-leg transfer,
+/// stored exactly as one made before legs existed (`src_acct`, `dest_acct`, `amount`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Movement {
+    legs: Vec<Leg>,
+    total: i64,
+}
+
+impl Movement {
+    /// `amount` units from `from` to `to`; `Err` says why not (the same account twice, an
+    /// amount below 1).
+    pub fn one_leg(from: AccountId, to: AccountId, amount: i64) -> Result<Self, String> {
+        if from == to {
+            return Err("`from` and `to` must differ".into());
+        }
+        if amount < 1 {
+            return Err("`amount` must be positive".into());
+        }
+        let leg = Leg {
+            from: from.into(),
+            to: to.into(),
+            amount,
+        };
+        Ok(Self {
+            legs: vec![leg],
+            total: amount,
+        })
+    }
+
+    /// The legs of a transaction, checked: 1 to [`MAX_LEGS`], each with valid ids, `from` ≠
+    /// `to` and an amount of at least 1, the amounts summing to at most 2^63−1. `Err` says
+    /// which leg is wrong and why.
+    ///
+    /// ```
+    /// use transfer_service::transfer::model::Leg;
+    /// use transfer_service::transfer::requests::Movement;
+    /// let leg = |from: &str, to: &str, amount| Leg { from: from.into(), to: to.into(), amount };
+    /// assert_eq!(Movement::legs(vec![leg("a", "b", 2), leg("a", "c", 3)]).unwrap().amount(), 5);
+    /// assert!(Movement::legs(vec![]).is_err());
+    /// assert!(Movement::legs(vec![leg("a", "a", 1)]).is_err());
+    /// assert!(Movement::legs(vec![leg("a", "b", 0)]).is_err());
+    /// assert!(Movement::legs(vec![leg("a", "b", i64::MAX), leg("a", "c", 1)]).is_err());
+    /// ```
+    pub fn legs(legs: Vec<Leg>) -> Result<Self, String> {
+        if legs.is_empty() || legs.len() > MAX_LEGS {
+            return Err(format!(
+                "`legs` must hold 1 to {MAX_LEGS} legs, not {}",
+                legs.len()
+            ));
+        }
+        let mut total: i64 = 0;
+        for (i, leg) in legs.iter().enumerate() {
+            if !valid_id(&leg.from) || !valid_id(&leg.to) {
+                return Err(format!("`legs[{i}]` names an invalid account id"));
+            }
+            if leg.amount <= 0 {
+                return Err(format!("`legs[{i}].amount` must be positive"));
+            }
+            if leg.from == leg.to {
+                return Err(format!("`legs[{i}].from` and `legs[{i}].to` must differ"));
+            }
+            total = total.checked_add(leg.amount).ok_or_else(|| {
+                "the amounts of `legs` must sum to at most 9223372036854775807".to_owned()
+            })?;
+        }
+        Ok(Self { legs, total })
+    }
+
+    /// The units it moves: the sum of its legs.
+    pub fn amount(&self) -> i64 {
+        self.total
+    }
+
+    /// Its legs (one for a one-leg transfer).
+    pub fn leg_list(&self) -> &[Leg] {
+        &self.legs
+    }
+
+    /// The fields a transfer document stores it in: `src_acct`, `dest_acct`, `amount` and
+    /// `legs` (a one-leg transfer: its leg's accounts and no `legs`; several: empty accounts,
+    /// the sum, and the legs).
+    fn stored(&self) -> (&str, &str, i64, &[Leg]) {
+        match self.legs.as_slice() {
+            [one] => (&one.from, &one.to, one.amount, &[]),
+            several => ("", "", self.total, several),
+        }
+    }
+}
+
+impl NewTransfer {
+    /// A transfer of `movement`: not a hold, no stated currency, no labels.
+    pub fn new(id: TransferId, movement: Movement) -> Self {
+        Self {
+            id,
+            movement,
+            hold: None,
+            currency: None,
+            metadata: Metadata::new(),
+        }
+    }
+
+    /// The document this request creates at `now`: `created`, a hold expiring after its own
+    /// `hold_expires_in` or else `hold_timeout`, a multi-leg transaction listing its accounts.
+    pub fn document(&self, now: &Now, hold_timeout: Duration) -> TransferDoc {
+        let (from, to, amount, legs) = self.movement.stored();
+        let mut doc = TransferDoc {
+            legs: legs.to_vec(),
+            hold_expires_at: self
+                .hold_millis(hold_timeout)
+                .map(|millis| format_millis(now.millis + millis)),
+            currency: self.currency.clone().map(String::from),
+            metadata: self.metadata.clone(),
+            ..TransferDoc::created(&self.id, from, to, amount, &now.text)
+        };
+        if doc.is_multi_leg() {
+            doc.accounts = doc
+                .postings()
+                .iter()
+                .map(|p| p.account.to_owned())
+                .collect();
+        }
+        doc
+    }
+
+    /// Whether `existing`, stored under this request's id, is what this request would have
+    /// stored (then a create is a replay; otherwise a conflict). Holds compare by duration:
+    /// the stored expiry is the creation time plus it, to the millisecond.
+    pub fn is_replay_of(&self, existing: &TransferDoc, hold_timeout: Duration) -> bool {
+        let (from, to, amount, legs) = self.movement.stored();
+        let same_hold = match (&existing.hold_expires_at, self.hold_millis(hold_timeout)) {
+            (None, None) => true,
+            (Some(expires), Some(millis)) => parse_millis(&existing.creation_time)
+                .zip(parse_millis(expires))
+                .is_some_and(|(created, expires)| expires - created == millis),
+            _ => false,
+        };
+        existing.src_acct == from
+            && existing.dest_acct == to
+            && existing.amount == amount
+            && existing.legs == legs
+            && same_hold
+            && existing.currency.as_deref() == self.currency.as_deref().map(String::as_str)
+            && existing.metadata == self.metadata
+    }
+
+    /// How long a hold waits, in milliseconds; `None` for a plain transfer.
+    fn hold_millis(&self, hold_timeout: Duration) -> Option<i64> {
+        let hold = self.hold?;
+        let expires_in = hold.expires_in.unwrap_or(hold_timeout);
+        Some(expires_in.as_millis() as i64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn legs_are_checked_one_by_one_and_their_sum_must_fit() {
+        let check_legs = |legs: &[Leg]| Movement::legs(legs.to_vec()).map(|m| m.amount());
+        let leg = |f: &str, t: &str, a| Leg {
+            from: f.into(),
+            to: t.into(),
+            amount: a,
+        };
+        assert_eq!(check_legs(&[leg("a", "b", 1)]), Ok(1));
+        assert_eq!(check_legs(&vec![leg("a", "b", 1); 16]), Ok(16));
+        assert!(check_legs(&vec![leg("a", "b", 1); 17])
+            .unwrap_err()
+            .contains("1 to 16"));
+        assert!(check_legs(&[]).unwrap_err().contains("1 to 16"));
+        assert!(check_legs(&[leg("a", "b", 1), leg("c", "c", 1)])
+            .unwrap_err()
+            .contains("legs[1].from"));
+        assert!(check_legs(&[leg("a", "b", 0)])
+            .unwrap_err()
+            .contains("legs[0].amount"));
+        assert!(check_legs(&[leg("a", "b", i64::MAX), leg("b", "a", 1)])
+            .unwrap_err()
+            .contains("sum"));
+    }
+}
