@@ -10,8 +10,8 @@ use serde::Serialize;
 use super::body::{json_fields, Integer, MetadataField, Text};
 use super::{field, ApiError, AppState, JsonFields, PathId, Problem, QueryParams};
 use crate::transfer::model::AccountDoc;
+use crate::transfer::operations::Created;
 use crate::transfer::requests::NewAccount;
-use crate::transfer::service::Created;
 
 pub fn router() -> Router<AppState> {
     Router::new()

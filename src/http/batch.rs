@@ -22,8 +22,8 @@ use super::{
     field, idempotency, ApiError, AppState, JsonFields, PathId, Problem, QueryParams, NOT_AN_OBJECT,
 };
 use crate::transfer::admission::Admitted;
+use crate::transfer::operations::Created;
 use crate::transfer::requests::NewTransfer;
-use crate::transfer::service::Created;
 use crate::transfer::view::Transfer;
 use crate::transfer::Engine;
 

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::store::StoreError;
 use crate::transfer::admission::Overloaded;
-use crate::transfer::service::ServiceError;
+use crate::transfer::operations::ServiceError;
 
 /// `Retry-After` (seconds) of a create shed by admission control: transfers finish in
 /// milliseconds to seconds, so a second later there is usually room again.

@@ -15,8 +15,8 @@ use super::{
 };
 use crate::store::{SortKey, TransferFilter};
 use crate::transfer::model::{Leg, TransferState};
+use crate::transfer::operations::Created;
 use crate::transfer::requests::{Hold, Movement, NewTransfer, MAX_LEGS};
-use crate::transfer::service::Created;
 use crate::transfer::validated::{
     text_schema, valid_id, valid_metadata_key, valid_metadata_value, HoldExpiry, TransferId,
     METADATA_MAX_KEYS,
@@ -428,9 +428,9 @@ pub async fn cancel_transfer(
 }
 
 /// A missing transfer's 404 says which, as `GET /transfers/{id}` does.
-fn no_transfer(error: crate::transfer::service::ServiceError, id: &str) -> ApiError {
+fn no_transfer(error: crate::transfer::operations::ServiceError, id: &str) -> ApiError {
     match error {
-        crate::transfer::service::ServiceError::NotFound => {
+        crate::transfer::operations::ServiceError::NotFound => {
             ApiError::NotFound(format!("no transfer {id}"))
         }
         other => other.into(),

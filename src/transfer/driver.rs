@@ -9,7 +9,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use super::accounts::{StepRequest, StepResult};
 use super::admission::Admitted;
-use super::lease::{Held, Reread};
+use super::lease::{Leased, Reread};
 use super::model::{RollbackReason, TransferDoc, TransferState};
 use super::protocol::{
     self, deadline_transition, plan_for, AccountOp, CurrencyRule, Refusal, Side, Step,
@@ -88,14 +88,14 @@ impl From<StoreError> for Interrupt {
 }
 
 impl Engine {
-    /// Spawns a tracked task that drives `held` (whose lease it holds) to the end. The
+    /// Spawns a tracked task that drives `leased` (whose lease it holds) to the end. The
     /// permit of a new transfer (`admitted`) is given back when the task ends.
-    pub(crate) fn spawn_driver(self: &Arc<Self>, held: Held, admitted: Option<Admitted>) {
+    pub(crate) fn spawn_driver(self: &Arc<Self>, leased: Leased, admitted: Option<Admitted>) {
         let engine = self.clone();
-        let span = transfer_span(&held.doc.transaction_id);
+        let span = transfer_span(&leased.doc.transaction_id);
         self.tasks.spawn(
             async move {
-                let outcome = engine.drive(held).await;
+                let outcome = engine.drive(leased).await;
                 drop(admitted);
                 debug!(?outcome, "worker done");
             }
@@ -103,16 +103,16 @@ impl Engine {
         );
     }
 
-    /// Drives a transfer whose lease `held` holds until it is terminal or the worker must
+    /// Drives a transfer whose lease `leased` holds until it is terminal or the worker must
     /// stop. Never panics on store answers; every exit leaves the transfer resumable.
-    pub async fn drive(&self, mut held: Held) -> DriveOutcome {
+    pub async fn drive(&self, mut leased: Leased) -> DriveOutcome {
         self.metrics.transfers_in_flight.inc();
-        let outcome = self.drive_inner(&mut held).await;
+        let outcome = self.drive_inner(&mut leased).await;
         self.metrics.transfers_in_flight.dec();
         // Shutting down: whatever stopped this worker, give the lease back so the next
         // process (or another instance) resumes the transfer at once.
         if matches!(outcome, DriveOutcome::Stopped(_)) && self.shutdown.is_cancelled() {
-            self.leases.release(&held).await;
+            self.leases.release(&leased).await;
         }
         match &outcome {
             DriveOutcome::Stopped(StopReason::Permanent(why)) => {
@@ -124,18 +124,18 @@ impl Engine {
         outcome
     }
 
-    async fn drive_inner(&self, held: &mut Held) -> DriveOutcome {
+    async fn drive_inner(&self, leased: &mut Leased) -> DriveOutcome {
         let mut rereads_without_change = 0u32;
         let mut next_interrupt: Option<Interrupt> = None;
         loop {
             let interrupt = match next_interrupt.take() {
                 Some(interrupt) => interrupt,
                 None => {
-                    let state = held.doc.transaction_state;
+                    let state = leased.doc.transaction_state;
                     if state.is_terminal() {
                         return DriveOutcome::Terminal(state);
                     }
-                    match self.run_state(held).await {
+                    match self.run_state(leased).await {
                         Ok(()) => continue,
                         Err(interrupt) => interrupt,
                     }
@@ -148,7 +148,7 @@ impl Engine {
                     // account.
                     let result = self
                         .write_state_naming(
-                            held,
+                            leased,
                             TransferState::Terminating,
                             Some(reason),
                             Some(account),
@@ -157,14 +157,14 @@ impl Engine {
                     next_interrupt = result.err();
                 }
                 Interrupt::Reread => {
-                    let before = held.version;
-                    if let Err(outcome) = self.reread(held).await {
+                    let before = leased.version;
+                    if let Err(outcome) = self.reread(leased).await {
                         return outcome;
                     }
-                    if held.version == before {
+                    if leased.version == before {
                         rereads_without_change += 1;
                         if rereads_without_change > 3 {
-                            return self.flag_contradiction(held).await;
+                            return self.flag_contradiction(leased).await;
                         }
                     } else {
                         rereads_without_change = 0;
@@ -177,13 +177,13 @@ impl Engine {
     /// The transfer is ours and unchanged, yet an account holds its settled tombstone: its
     /// documents contradict each other (only a lost acknowledged write can do that). Guessing
     /// which is right could move money twice or not at all, so it is flagged for a person.
-    async fn flag_contradiction(&self, held: &mut Held) -> DriveOutcome {
+    async fn flag_contradiction(&self, leased: &mut Leased) -> DriveOutcome {
         let why = format!(
             "{} but an account already holds its settled tombstone",
-            held.doc.transaction_state
+            leased.doc.transaction_state
         );
         tracing::error!(%why, "contradiction: the transfer needs attention and is left alone");
-        match self.leases.flag_for_attention(held, why.clone()).await {
+        match self.leases.flag_for_attention(leased, why.clone()).await {
             Ok(true) => DriveOutcome::Stopped(StopReason::NeedsAttention(why)),
             // Someone else wrote it meanwhile: decide again from what it is now.
             Ok(false) => DriveOutcome::Stopped(StopReason::LeaseLost),
@@ -192,21 +192,22 @@ impl Engine {
     }
 
     /// Runs the remaining steps of the current state, ending with its state write.
-    async fn run_state(&self, held: &mut Held) -> Result<(), Interrupt> {
+    async fn run_state(&self, leased: &mut Leased) -> Result<(), Interrupt> {
         let now = self.clock.wall_millis();
-        let created = parse_millis(&held.doc.creation_time).unwrap_or(now);
+        let created = parse_millis(&leased.doc.creation_time).unwrap_or(now);
         let timeout = self.config.transfer_timeout.as_millis() as i64;
-        if let Some((to, reason)) = deadline_transition(&held.doc, created, now, timeout) {
+        if let Some((to, reason)) = deadline_transition(&leased.doc, created, now, timeout) {
             info!(to = %to, reason = reason.as_str(), "transfer ran out of time before committing; rolling back");
-            return self.write_state(held, to, Some(reason)).await;
+            return self.write_state(leased, to, Some(reason)).await;
         }
-        if self.settles_in_one_transaction(held) && self.settle_in_one_transaction(held).await? {
+        if self.settles_in_one_transaction(leased) && self.settle_in_one_transaction(leased).await?
+        {
             return Ok(());
         }
         // The first account's currency, as its apply (done now or before) read it: the other
         // accounts' applies, later in the same plan, must match it.
         let mut first_currency = None;
-        for step in plan_for(&held.doc) {
+        for step in plan_for(&leased.doc) {
             if self.shutdown.is_cancelled() {
                 return Err(StopReason::Shutdown.into());
             }
@@ -216,20 +217,20 @@ impl Engine {
                         Side::Source => 0,
                         Side::Destination => 1,
                     };
-                    self.posting_step(held, op, index, &mut first_currency)
+                    self.posting_step(leased, op, index, &mut first_currency)
                         .await?;
                 }
                 Step::EachAccount(op) => {
-                    for index in 0..held.doc.postings().len() {
+                    for index in 0..leased.doc.postings().len() {
                         if index > 0 && self.shutdown.is_cancelled() {
                             return Err(StopReason::Shutdown.into());
                         }
-                        self.posting_step(held, op, index, &mut first_currency)
+                        self.posting_step(leased, op, index, &mut first_currency)
                             .await?;
                     }
                 }
-                Step::SetState(to) => self.write_state(held, to, None).await?,
-                Step::Park => return self.park(held).await,
+                Step::SetState(to) => self.write_state(leased, to, None).await?,
+                Step::Park => return self.park(leased).await,
             }
         }
         Ok(())
@@ -240,24 +241,24 @@ impl Engine {
     /// must have in `first_currency`.
     async fn posting_step(
         &self,
-        held: &mut Held,
+        leased: &mut Leased,
         op: AccountOp,
         index: usize,
         first_currency: &mut Option<Option<String>>,
     ) -> Result<(), Interrupt> {
         let (account, side, amount, settle_amount) = {
-            let Some(p) = held.doc.posting(index) else {
+            let Some(p) = leased.doc.posting(index) else {
                 return Err(
                     StopReason::Permanent(format!("no account {index} in its legs")).into(),
                 );
             };
             (p.account.to_owned(), p.side, p.amount, p.settle_amount)
         };
-        let currency = currency_rule(&held.doc.currency, op, index, first_currency);
+        let currency = currency_rule(&leased.doc.currency, op, index, first_currency);
         let report = op == AccountOp::Apply && index == 0;
         let observed = self
             .account_step(
-                held,
+                leased,
                 op,
                 &account,
                 (side, amount, settle_amount),
@@ -273,9 +274,9 @@ impl Engine {
 
     /// Parks an applied hold until its capture, cancel or expiry, and stops. A conflict (a
     /// capture or cancel wrote it first) re-reads and decides again.
-    async fn park(&self, held: &mut Held) -> Result<(), Interrupt> {
-        if self.leases.park(held).await? {
-            debug!(expires = ?held.doc.hold_expires_at, "hold applied; waiting for its capture");
+    async fn park(&self, leased: &mut Leased) -> Result<(), Interrupt> {
+        if self.leases.park(leased).await? {
+            debug!(expires = ?leased.doc.hold_expires_at, "hold applied; waiting for its capture");
             self.terminal_events.send_modify(|n| *n += 1);
             Err(StopReason::HoldWaiting.into())
         } else {
@@ -289,7 +290,7 @@ impl Engine {
     /// currency when `report_currency`.
     async fn account_step(
         &self,
-        held: &mut Held,
+        leased: &mut Leased,
         op: AccountOp,
         account_id: &str,
         (side, amount, settle_amount): (Side, i64, i64),
@@ -298,16 +299,16 @@ impl Engine {
     ) -> Result<Option<String>, Interrupt> {
         let mut busy = 0;
         for _ in 0..self.config.max_conflicts {
-            self.ensure_lease(held).await?;
+            self.ensure_lease(leased).await?;
             let request = StepRequest {
-                transfer_id: held.doc.transaction_id.clone(),
+                transfer_id: leased.doc.transaction_id.clone(),
                 amount,
                 settle_amount,
                 side,
                 op,
                 currency: currency.clone(),
                 report_currency,
-                deadline: held.deadline(),
+                deadline: leased.deadline(),
             };
             let (result, observed) = self.accounts.run_observing(account_id, request).await;
             match result {
@@ -329,35 +330,35 @@ impl Engine {
     /// terminal). On a conflict the caller re-reads.
     async fn write_state(
         &self,
-        held: &mut Held,
+        leased: &mut Leased,
         to: TransferState,
         reason: Option<RollbackReason>,
     ) -> Result<(), Interrupt> {
-        self.write_state_naming(held, to, reason, None).await
+        self.write_state_naming(leased, to, reason, None).await
     }
 
     /// [`Engine::write_state`], recording the account whose refused apply caused a rollback
     /// (`failed_account`).
     async fn write_state_naming(
         &self,
-        held: &mut Held,
+        leased: &mut Leased,
         to: TransferState,
         reason: Option<RollbackReason>,
         failed_account: Option<String>,
     ) -> Result<(), Interrupt> {
-        let from = held.doc.transaction_state;
+        let from = leased.doc.transaction_state;
         let now = self.clock.now();
-        let Some(mut next) = protocol::transition(&held.doc, to, reason, &now) else {
+        let Some(mut next) = protocol::transition(&leased.doc, to, reason, &now) else {
             return Err(StopReason::Permanent(format!("illegal transition {from} → {to}")).into());
         };
         if failed_account.is_some() {
             next.failed_account = failed_account;
         }
         let going = || !self.shutdown.is_cancelled();
-        if !self.leases.write(held, next, going).await? {
+        if !self.leases.write(leased, next, going).await? {
             return Err(Interrupt::Reread);
         }
-        self.record_transition(&held.doc, (from, to), now.millis, None);
+        self.record_transition(&leased.doc, (from, to), now.millis, None);
         Ok(())
     }
 
@@ -430,8 +431,8 @@ impl Engine {
     /// Reads the transfer again after a conflict; keeps going only if we still hold it. If
     /// our deadline is near, the next step renews the lease by a conditional write, which
     /// fails if anyone else has written the transfer since this read.
-    async fn reread(&self, held: &mut Held) -> Result<(), DriveOutcome> {
-        match self.leases.reread(held).await {
+    async fn reread(&self, leased: &mut Leased) -> Result<(), DriveOutcome> {
+        match self.leases.reread(leased).await {
             Ok(Reread::StillHeld) => Ok(()),
             Ok(Reread::Terminal(state)) => Err(DriveOutcome::Terminal(state)),
             Ok(Reread::Lost) => Err(DriveOutcome::Stopped(StopReason::LeaseLost)),
@@ -441,11 +442,14 @@ impl Engine {
     }
 
     /// Renews the lease unless it has room for a whole step (two requests).
-    async fn ensure_lease(&self, held: &mut Held) -> Result<(), Interrupt> {
-        if self.leases.has_left(held, self.config.request_timeout * 2) {
+    async fn ensure_lease(&self, leased: &mut Leased) -> Result<(), Interrupt> {
+        if self
+            .leases
+            .has_left(leased, self.config.request_timeout * 2)
+        {
             return Ok(());
         }
-        if self.leases.renew(held).await? {
+        if self.leases.renew(leased).await? {
             Ok(())
         } else {
             Err(Interrupt::Reread)

@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::documents::decode;
 use super::history::EventKind;
 use super::model::TransferDoc;
-use super::service::ServiceError;
+use super::operations::ServiceError;
 use super::Engine;
 use crate::store::{ChangesQuery, FeedPosition, SortKey};
 

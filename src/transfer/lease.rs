@@ -74,7 +74,7 @@ impl Owner {
 /// A transfer whose lease this worker holds (or held: see [`Leases::left`]), with the
 /// version it last read or wrote.
 #[derive(Debug, Clone)]
-pub struct Held {
+pub struct Leased {
     pub doc: TransferDoc,
     pub version: Version,
     owner: Owner,
@@ -84,7 +84,7 @@ pub struct Held {
     epoch: u64,
 }
 
-impl Held {
+impl Leased {
     pub fn owner(&self) -> &Owner {
         &self.owner
     }
@@ -111,7 +111,7 @@ pub enum ClaimWrite {
 #[derive(Debug)]
 pub enum Claim {
     /// The write was applied (acknowledged, or proven by our token): the lease is ours.
-    Won(Held),
+    Won(Leased),
     /// Someone else wrote first. The transfer as it is now, when the claim read it.
     Lost(Option<Versioned<TransferDoc>>),
 }
@@ -119,7 +119,7 @@ pub enum Claim {
 /// What re-reading a held transfer found.
 #[derive(Debug)]
 pub enum Reread {
-    /// Still ours; `held` now carries the document as read (a cancel keeps a live holder's
+    /// Still ours; `leased` now carries the document as read (a cancel keeps a live holder's
     /// lease and only changes the state). The deadline is unchanged: we did not write.
     StillHeld,
     /// Someone finished it.
@@ -222,19 +222,19 @@ impl Leases {
     /// the hold until `hold_expires_at`, conditionally on the held version. `Ok(false)`:
     /// someone wrote it first (a capture or a cancel); read it again. After `Ok(true)` the
     /// worker must stop: the lease is no longer its own.
-    pub async fn park(&self, held: &mut Held) -> StoreResult<bool> {
-        let mut next = held.doc.clone();
+    pub async fn park(&self, leased: &mut Leased) -> StoreResult<bool> {
+        let mut next = leased.doc.clone();
         debug_assert!(next.is_hold() && next.captured_amount.is_none());
         next.lease_owner = Some(PARKED.to_owned());
         next.lease_expires_at = next.hold_expires_at.clone();
         let sent = self.sent();
         let now = self.clock.now();
         stamp(&mut next, &now);
-        let outcome = self.docs.replace_if(&next, held.version).await?;
+        let outcome = self.docs.replace_if(&next, leased.version).await?;
         match self.restamp_if_late(&mut next, outcome, sent).await {
             WriteOutcome::Written(version) => {
-                held.doc = next;
-                held.version = version;
+                leased.doc = next;
+                leased.version = version;
                 Ok(true)
             }
             _ => Ok(false),
@@ -243,16 +243,16 @@ impl Leases {
 
     /// What is left of a held lease before its deadline (`None`: it is over, or a jump of the
     /// wall clock fenced it).
-    pub fn left(&self, held: &Held) -> Option<Duration> {
-        if held.epoch != self.epoch() {
+    pub fn left(&self, leased: &Leased) -> Option<Duration> {
+        if leased.epoch != self.epoch() {
             return None;
         }
-        self.clock.boot_time().until(held.deadline)
+        self.clock.boot_time().until(leased.deadline)
     }
 
     /// Whether a held lease has more than `need` left.
-    pub fn has_left(&self, held: &Held, need: Duration) -> bool {
-        self.left(held).is_some_and(|left| left > need)
+    pub fn has_left(&self, leased: &Leased, need: Duration) -> bool {
+        self.left(leased).is_some_and(|left| left > need)
     }
 
     /// Takes the lease for a new worker by writing `doc` (with our lease in it) as `write`
@@ -280,14 +280,14 @@ impl Leases {
         if let Ok(outcome @ WriteOutcome::Written(_)) = written {
             let outcome = self.restamp_if_late(&mut doc, outcome, sent).await;
             let version = outcome.written().expect("still written");
-            return Ok(Claim::Won(self.held(doc, version, owner, sent)));
+            return Ok(Claim::Won(self.leased(doc, version, owner, sent)));
         }
         // Refused, or the answer is unknown (and a retry of an applied write is refused too):
         // the document as it is now says whether the write was ours.
         let current = self.docs.get::<TransferDoc>(&doc.transaction_id).await?;
         match (current, written) {
             (Some(now), _) if owner.holds(&now.doc) => {
-                Ok(Claim::Won(self.held(now.doc, now.version, owner, sent)))
+                Ok(Claim::Won(self.leased(now.doc, now.version, owner, sent)))
             }
             (_, Err(error)) => Err(error),
             (current, Ok(_)) => Ok(Claim::Lost(current)),
@@ -302,7 +302,7 @@ impl Leases {
     /// we did, unacknowledged); read it again.
     pub async fn write(
         &self,
-        held: &mut Held,
+        leased: &mut Leased,
         mut next: TransferDoc,
         go_on: impl Fn() -> bool,
     ) -> StoreResult<bool> {
@@ -311,12 +311,12 @@ impl Leases {
         if next.transaction_state.is_terminal() {
             release(&mut next);
         } else {
-            let owner = held.owner.clone();
+            let owner = leased.owner.clone();
             self.grant(&mut next, &owner, &now);
         }
         stamp(&mut next, &now);
-        let version = held.version;
-        let room = || go_on() && self.has_left(held, self.times.request_timeout);
+        let version = leased.version;
+        let room = || go_on() && self.has_left(leased, self.times.request_timeout);
         let outcome = retry(self.times.attempts, room, || {
             self.docs.replace_if(&next, version)
         })
@@ -329,28 +329,28 @@ impl Leases {
             }
         };
         let outcome = self.restamp_if_late(&mut next, outcome, sent).await;
-        Ok(self.update(held, next, outcome, sent))
+        Ok(self.update(leased, next, outcome, sent))
     }
 
     /// Renews the lease without changing anything else. Conditional like every write, so it
     /// fails (`Ok(false)`) if anyone took the transfer over or changed it, and is therefore
     /// safe even when our lease already ran out.
-    pub async fn renew(&self, held: &mut Held) -> StoreResult<bool> {
+    pub async fn renew(&self, leased: &mut Leased) -> StoreResult<bool> {
         let sent = self.sent();
         let now = self.clock.now();
-        let mut next = held.doc.clone();
-        let owner = held.owner.clone();
+        let mut next = leased.doc.clone();
+        let owner = leased.owner.clone();
         self.grant(&mut next, &owner, &now);
         stamp(&mut next, &now);
-        let outcome = self.docs.replace_if(&next, held.version).await?;
+        let outcome = self.docs.replace_if(&next, leased.version).await?;
         let outcome = self.restamp_if_late(&mut next, outcome, sent).await;
-        Ok(self.update(held, next, outcome, sent))
+        Ok(self.update(leased, next, outcome, sent))
     }
 
     /// Reads the held transfer again after a conflict; it stays held only if our token is
     /// still in it.
-    pub async fn reread(&self, held: &mut Held) -> StoreResult<Reread> {
-        let id = held.id().to_owned();
+    pub async fn reread(&self, leased: &mut Leased) -> StoreResult<Reread> {
+        let id = leased.id().to_owned();
         let read = retry(
             self.times.attempts,
             || true,
@@ -364,19 +364,19 @@ impl Leases {
             self.restamp_if_old(now).await;
             return Ok(Reread::Terminal(state));
         }
-        if !held.owner.holds(&now.doc) {
+        if !leased.owner.holds(&now.doc) {
             return Ok(Reread::Lost);
         }
-        held.doc = now.doc;
-        held.version = now.version;
+        leased.doc = now.doc;
+        leased.version = now.version;
         Ok(Reread::StillHeld)
     }
 
     /// Gives the lease up (at shutdown), so another instance or the next start resumes the
     /// transfer at once instead of after the lease. Best effort: if it fails, the lease
     /// simply runs out.
-    pub async fn release(&self, held: &Held) {
-        let mut current = held.clone();
+    pub async fn release(&self, leased: &Leased) {
+        let mut current = leased.clone();
         // A cancel may have written the transfer (keeping our lease) since we last did: on a
         // conflict, read it again and release it if it is still ours.
         for _ in 0..3 {
@@ -387,7 +387,8 @@ impl Leases {
             release(&mut next);
             stamp(&mut next, &self.clock.now());
             match self.docs.replace_if(&next, current.version).await {
-                Ok(WriteOutcome::Conflict) => match self.docs.get::<TransferDoc>(held.id()).await {
+                Ok(WriteOutcome::Conflict) => match self.docs.get::<TransferDoc>(leased.id()).await
+                {
                     Ok(Some(now)) => {
                         current.doc = now.doc;
                         current.version = now.version;
@@ -403,16 +404,16 @@ impl Leases {
     /// Marks a held transfer as needing a person (`why`), leaving its state as it is and
     /// releasing the lease: from then on nothing acts on it. `Ok(false)`: someone else wrote
     /// it first.
-    pub async fn flag_for_attention(&self, held: &mut Held, why: String) -> StoreResult<bool> {
+    pub async fn flag_for_attention(&self, leased: &mut Leased, why: String) -> StoreResult<bool> {
         let sent = self.sent();
-        let mut next = held.doc.clone();
+        let mut next = leased.doc.clone();
         next.attention = Some(why);
         let now = self.clock.now();
         stamp(&mut next, &now);
         release(&mut next);
-        let outcome = self.docs.replace_if(&next, held.version).await?;
+        let outcome = self.docs.replace_if(&next, leased.version).await?;
         let outcome = self.restamp_if_late(&mut next, outcome, sent).await;
-        Ok(self.update(held, next, outcome, sent))
+        Ok(self.update(leased, next, outcome, sent))
     }
 
     /// A plain conditional write of a transfer that leaves its lease as it is (a cancel that
@@ -524,8 +525,8 @@ impl Leases {
         ));
     }
 
-    fn held(&self, doc: TransferDoc, version: Version, owner: Owner, sent: Sent) -> Held {
-        Held {
+    fn leased(&self, doc: TransferDoc, version: Version, owner: Owner, sent: Sent) -> Leased {
+        Leased {
             doc,
             version,
             owner,
@@ -538,17 +539,17 @@ impl Leases {
     /// deadline the write earned.
     fn update(
         &self,
-        held: &mut Held,
+        leased: &mut Leased,
         next: TransferDoc,
         outcome: WriteOutcome,
         sent: Sent,
     ) -> bool {
         match outcome {
             WriteOutcome::Written(version) => {
-                held.doc = next;
-                held.version = version;
-                held.deadline = self.deadline(sent.at);
-                held.epoch = sent.epoch;
+                leased.doc = next;
+                leased.version = version;
+                leased.deadline = self.deadline(sent.at);
+                leased.epoch = sent.epoch;
                 true
             }
             _ => false,
@@ -665,14 +666,14 @@ mod tests {
         TransferDoc::created(id, "a", "b", 1, &f.clock.now().text)
     }
 
-    async fn claim_new(f: &Fixture, id: &str) -> Held {
+    async fn claim_new(f: &Fixture, id: &str) -> Leased {
         match f
             .leases
             .claim(created(f, id), ClaimWrite::Create)
             .await
             .unwrap()
         {
-            Claim::Won(held) => held,
+            Claim::Won(leased) => leased,
             Claim::Lost(other) => panic!("lost to {other:?}"),
         }
     }
@@ -680,9 +681,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_claim_stamps_a_fresh_owner_and_an_expiry_one_lease_ahead() {
         let f = fixture();
-        let held = claim_new(&f, "t").await;
-        assert_eq!(held.doc.lease_owner.as_deref(), Some(held.owner().as_str()));
-        let expires = parse_millis(held.doc.lease_expires_at.as_deref().unwrap()).unwrap();
+        let leased = claim_new(&f, "t").await;
+        assert_eq!(
+            leased.doc.lease_owner.as_deref(),
+            Some(leased.owner().as_str())
+        );
+        let expires = parse_millis(leased.doc.lease_expires_at.as_deref().unwrap()).unwrap();
         assert_eq!(expires, f.clock.wall_millis() + LEASE.as_millis() as i64);
         assert_ne!(
             f.leases.new_owner(),
@@ -694,25 +698,25 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_holder_stops_a_margin_before_the_lease_ends() {
         let f = fixture();
-        let held = claim_new(&f, "t").await;
-        assert_eq!(held.deadline(), f.clock.boot_time() + LEASE - MARGIN);
+        let leased = claim_new(&f, "t").await;
+        assert_eq!(leased.deadline(), f.clock.boot_time() + LEASE - MARGIN);
         assert!(f
             .leases
-            .has_left(&held, LEASE - MARGIN - Duration::from_millis(1)));
+            .has_left(&leased, LEASE - MARGIN - Duration::from_millis(1)));
         tokio::time::sleep(LEASE - MARGIN).await;
-        assert_eq!(f.leases.left(&held), None);
-        assert!(!f.leases.has_left(&held, Duration::ZERO));
+        assert_eq!(f.leases.left(&leased), None);
+        assert!(!f.leases.has_left(&leased, Duration::ZERO));
     }
 
     #[tokio::test(start_paused = true)]
     async fn another_worker_may_take_over_only_a_margin_after_the_expiry() {
         let f = fixture();
-        let held = claim_new(&f, "t").await;
-        assert!(f.leases.may_be_live(&held.doc));
+        let leased = claim_new(&f, "t").await;
+        assert!(f.leases.may_be_live(&leased.doc));
         tokio::time::sleep(LEASE + MARGIN - Duration::from_millis(1)).await;
-        assert!(f.leases.may_be_live(&held.doc), "still within the margin");
+        assert!(f.leases.may_be_live(&leased.doc), "still within the margin");
         tokio::time::sleep(Duration::from_millis(1)).await;
-        assert!(!f.leases.may_be_live(&held.doc));
+        assert!(!f.leases.may_be_live(&leased.doc));
     }
 
     #[tokio::test(start_paused = true)]
@@ -720,7 +724,7 @@ mod tests {
         // The assumption of `docs/design.md §9`, shown: within twice the margin the holder's
         // deadline comes before any taker's view of the expiry; beyond it, it does not.
         let f = fixture();
-        let held = claim_new(&f, "t").await;
+        let leased = claim_new(&f, "t").await;
         let skewed = f.clock.skewed(2 * MARGIN.as_millis() as i64 + 2);
         let taker = Leases::new(
             f.leases.times,
@@ -737,15 +741,15 @@ mod tests {
         );
         tokio::time::sleep(LEASE - MARGIN - Duration::from_millis(1)).await;
         assert!(
-            careful.may_be_live(&held.doc),
+            careful.may_be_live(&leased.doc),
             "a skew of twice the margin is tolerated"
         );
         assert!(
-            f.leases.has_left(&held, Duration::ZERO),
+            f.leases.has_left(&leased, Duration::ZERO),
             "the holder still acts"
         );
         assert!(
-            !taker.may_be_live(&held.doc),
+            !taker.may_be_live(&leased.doc),
             "and the skewed taker may take over"
         );
     }
@@ -753,14 +757,17 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_wall_clock_jump_fences_a_held_lease_until_it_is_renewed() {
         let f = fixture();
-        let mut held = claim_new(&f, "t").await;
-        assert!(f.leases.has_left(&held, Duration::from_secs(1)));
+        let mut leased = claim_new(&f, "t").await;
+        assert!(f.leases.has_left(&leased, Duration::from_secs(1)));
         f.clock.set_skew_millis(5_000);
-        assert_eq!(f.leases.left(&held), None, "fenced by the jump");
+        assert_eq!(f.leases.left(&leased), None, "fenced by the jump");
         assert_eq!(f.leases.metrics.clock_jumps_total.get(), 1);
-        assert!(f.leases.renew(&mut held).await.unwrap());
-        assert!(f.leases.has_left(&held, Duration::from_secs(1)), "renewed");
-        let expires = parse_millis(held.doc.lease_expires_at.as_deref().unwrap()).unwrap();
+        assert!(f.leases.renew(&mut leased).await.unwrap());
+        assert!(
+            f.leases.has_left(&leased, Duration::from_secs(1)),
+            "renewed"
+        );
+        let expires = parse_millis(leased.doc.lease_expires_at.as_deref().unwrap()).unwrap();
         assert_eq!(expires, f.clock.wall_millis() + LEASE.as_millis() as i64);
     }
 
@@ -795,40 +802,43 @@ mod tests {
     async fn a_claim_whose_answer_was_lost_is_won_by_its_owner_token() {
         let f = fixture();
         f.store.lose.store(1, Ordering::SeqCst);
-        let held = claim_new(&f, "t").await;
-        assert_eq!(held.doc.lease_owner.as_deref(), Some(held.owner().as_str()));
+        let leased = claim_new(&f, "t").await;
+        assert_eq!(
+            leased.doc.lease_owner.as_deref(),
+            Some(leased.owner().as_str())
+        );
         // A takeover applied but answered with an error, then refused on the retry.
         tokio::time::sleep(LEASE + MARGIN * 2).await;
         f.store.lose.store(1, Ordering::SeqCst);
         let taken = f
             .leases
-            .claim(held.doc.clone(), ClaimWrite::ReplaceAt(held.version))
+            .claim(leased.doc.clone(), ClaimWrite::ReplaceAt(leased.version))
             .await
             .unwrap();
         let Claim::Won(taken) = taken else {
             panic!("{taken:?}")
         };
-        assert_ne!(taken.owner(), held.owner());
+        assert_ne!(taken.owner(), leased.owner());
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_state_write_renews_the_lease_and_a_terminal_one_releases_it() {
         let f = fixture();
-        let mut held = claim_new(&f, "t").await;
+        let mut leased = claim_new(&f, "t").await;
         tokio::time::sleep(Duration::from_secs(5)).await;
-        let mut next = held.doc.clone();
+        let mut next = leased.doc.clone();
         next.transaction_state = TransferState::Pending;
-        assert!(f.leases.write(&mut held, next, || true).await.unwrap());
+        assert!(f.leases.write(&mut leased, next, || true).await.unwrap());
         assert_eq!(
-            held.deadline(),
+            leased.deadline(),
             f.clock.boot_time() + LEASE - MARGIN,
             "renewed"
         );
-        let mut done = held.doc.clone();
+        let mut done = leased.doc.clone();
         done.transaction_state = TransferState::RolledBack;
-        assert!(f.leases.write(&mut held, done, || true).await.unwrap());
+        assert!(f.leases.write(&mut leased, done, || true).await.unwrap());
         assert_eq!(
-            (held.doc.lease_owner, held.doc.lease_expires_at),
+            (leased.doc.lease_owner, leased.doc.lease_expires_at),
             (None, None)
         );
     }
@@ -849,16 +859,16 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_reread_tells_lost_from_still_held() {
         let f = fixture();
-        let mut held = claim_new(&f, "t").await;
+        let mut leased = claim_new(&f, "t").await;
         tokio::time::sleep(LEASE + MARGIN * 2).await;
         let taken = f
             .leases
-            .claim(held.doc.clone(), ClaimWrite::ReplaceAt(held.version))
+            .claim(leased.doc.clone(), ClaimWrite::ReplaceAt(leased.version))
             .await
             .unwrap();
         assert!(matches!(taken, Claim::Won(_)));
         assert!(matches!(
-            f.leases.reread(&mut held).await.unwrap(),
+            f.leases.reread(&mut leased).await.unwrap(),
             Reread::Lost
         ));
     }
@@ -866,8 +876,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn release_clears_our_lease_so_another_worker_can_take_over_at_once() {
         let f = fixture();
-        let held = claim_new(&f, "t").await;
-        f.leases.release(&held).await;
+        let leased = claim_new(&f, "t").await;
+        f.leases.release(&leased).await;
         let now = f
             .leases
             .docs

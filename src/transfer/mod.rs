@@ -2,7 +2,7 @@
 //! worker that drives one transfer through it ([`driver`]), the lease that says which worker
 //! may act ([`lease`]), account steps merged per account ([`accounts`]), the recovery loop
 //! that resumes what a crash left ([`recovery`]), and the operations the HTTP API calls
-//! ([`service`]). The engine is given its clock ([`clock`]) and reads and writes documents
+//! ([`operations`]). The engine is given its clock ([`clock`]) and reads and writes documents
 //! only through [`documents`].
 //!
 //! # Why it is safe (`docs/design.md §9`)
@@ -37,11 +37,11 @@ pub mod history;
 pub mod lease;
 pub mod model;
 pub mod one_transaction;
+pub mod operations;
 pub mod protocol;
 pub mod recovery;
 pub mod requests;
 pub mod retry;
-pub mod service;
 pub mod sweep;
 pub mod tombstones;
 pub mod validated;

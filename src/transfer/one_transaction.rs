@@ -26,7 +26,7 @@ use tracing::Instrument;
 
 use super::documents::{TxnDocs, Versioned};
 use super::driver::{currency_rule, transfer_span, Interrupt};
-use super::lease::{seal_terminal, Held};
+use super::lease::{seal_terminal, Leased};
 use super::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
 use super::protocol::{self, settle_at_once, AccountOp, AccountStep, Refusal, Retention};
 use super::retry::retry;
@@ -52,7 +52,7 @@ enum Start {
     /// A new transfer: its id must be free, and it is created already settled.
     New,
     /// A `created` transfer its worker holds, last written at this version.
-    Held(Version),
+    Leased(Version),
 }
 
 /// What became of a new transfer ([`Engine::create_settled`]).
@@ -168,19 +168,19 @@ impl Engine {
         }
     }
 
-    /// Whether the worker settles `held` in one store transaction: a `created` transfer that
+    /// Whether the worker settles `leased` in one store transaction: a `created` transfer that
     /// is not a hold, where transactions are used.
-    pub(super) fn settles_in_one_transaction(&self, held: &Held) -> bool {
+    pub(super) fn settles_in_one_transaction(&self, leased: &Leased) -> bool {
         self.uses_transactions()
-            && held.doc.transaction_state == TransferState::Created
-            && !held.doc.is_hold()
+            && leased.doc.transaction_state == TransferState::Created
+            && !leased.doc.is_hold()
     }
 
     /// Settles a `created` transfer in one store transaction. `Ok(true)`: it is terminal
-    /// (`held` carries it as written); `Ok(false)`: the two-phase path must run instead.
+    /// (`leased` carries it as written); `Ok(false)`: the two-phase path must run instead.
     pub(super) async fn settle_in_one_transaction(
         &self,
-        held: &mut Held,
+        leased: &mut Leased,
     ) -> Result<bool, Interrupt> {
         let now = self.clock.now();
         let retention = self.config.retention;
@@ -188,11 +188,11 @@ impl Engine {
         // Retried like any write whose outcome is unknown: if it was applied, the retry finds
         // the version moved and writes nothing.
         let (settlement, outcome) = retry(self.config.max_store_attempts, going, || {
-            let transfer = held.doc.clone();
-            let version = held.version;
+            let transfer = leased.doc.clone();
+            let version = leased.version;
             let now = now.clone();
             self.docs
-                .transact(move |txn| decide(txn, transfer, Start::Held(version), &now, retention))
+                .transact(move |txn| decide(txn, transfer, Start::Leased(version), &now, retention))
         })
         .await?;
         let (transfer, path) = match (settlement, outcome) {
@@ -208,13 +208,13 @@ impl Engine {
                 let Some(&version) = versions.first() else {
                     return Err(Interrupt::Reread);
                 };
-                held.version = version;
+                leased.version = version;
                 (transfer, path)
             }
         };
-        let from = held.doc.transaction_state;
-        held.doc = *transfer;
-        self.settled(from, &held.doc, path, None);
+        let from = leased.doc.transaction_state;
+        leased.doc = *transfer;
+        self.settled(from, &leased.doc, path, None);
         Ok(true)
     }
 }
@@ -229,28 +229,78 @@ fn decide(
     now: &Now,
     retention: Retention,
 ) -> Settlement {
+    if let Some(settlement) = unless_as_expected(txn, &transfer, start) {
+        return settlement;
+    }
+    let changed = match apply_postings(txn, &transfer, now, retention) {
+        Ok(changed) => changed,
+        Err(NotApplied::Refused(reason, failed)) => {
+            return roll_back(txn, transfer, start, now, reason, failed)
+        }
+        Err(NotApplied::Otherwise(settlement)) => return settlement,
+    };
+    let Some(mut next) = moved_along(transfer, &FINISH, None, now) else {
+        return Settlement::TwoPhase;
+    };
+    seal_terminal(&mut next, now);
+    let queued = write_transfer(txn, &next, start).and_then(|()| {
+        changed
+            .iter()
+            .try_for_each(|account| txn.replace_if(&account.doc, account.version))
+    });
+    match queued {
+        Ok(()) => Settlement::Settled {
+            transfer: Box::new(next),
+            path: &FINISH,
+        },
+        Err(error) => Settlement::Failed(error),
+    }
+}
+
+/// `None` when the transfer is as `start` says (new and absent, or stored at the worker's
+/// version); otherwise what the transaction comes to.
+fn unless_as_expected(
+    txn: &mut TxnDocs<'_>,
+    transfer: &TransferDoc,
+    start: Start,
+) -> Option<Settlement> {
     match (
         start,
         txn.version_of::<TransferDoc>(&transfer.transaction_id),
     ) {
-        (Start::New, Ok(None)) => {}
-        (Start::New, Ok(Some(_))) => return taken(txn, &transfer),
-        (Start::Held(version), Ok(Some(stored))) if stored == version => {}
-        (_, Ok(_)) => return Settlement::Changed,
-        (_, Err(error)) => return Settlement::Failed(error),
+        (Start::New, Ok(None)) => None,
+        (Start::New, Ok(Some(_))) => Some(taken(txn, transfer)),
+        (Start::Leased(version), Ok(Some(stored))) if stored == version => None,
+        (_, Ok(_)) => Some(Settlement::Changed),
+        (_, Err(error)) => Some(Settlement::Failed(error)),
     }
+}
+
+/// Why the accounts are not all changed in this transaction.
+enum NotApplied {
+    /// An account refuses the transfer: it rolls back with this reason, naming the account.
+    Refused(RollbackReason, String),
+    /// The transaction comes to this instead (the two-phase path, or a failure).
+    Otherwise(Settlement),
+}
+
+/// Every account of the transfer, changed as its settled posting leaves it, in posting order
+/// (the first account's currency is the one the others must have, as in the two-phase
+/// applies).
+fn apply_postings(
+    txn: &mut TxnDocs<'_>,
+    transfer: &TransferDoc,
+    now: &Now,
+    retention: Retention,
+) -> Result<Vec<Versioned<AccountDoc>>, NotApplied> {
     let mut changed: Vec<Versioned<AccountDoc>> = Vec::with_capacity(2);
-    // The first account's currency: the others must match it (as in the two-phase applies).
     let mut first_currency = None;
-    let mut refused = None;
     for (index, posting) in transfer.postings().into_iter().enumerate() {
+        let refused = |reason| NotApplied::Refused(reason, posting.account.to_owned());
         let account = match txn.get::<AccountDoc>(posting.account) {
             Ok(Some(account)) => account,
-            Ok(None) => {
-                refused = Some((RollbackReason::AccountNotFound, posting.account.to_owned()));
-                break;
-            }
-            Err(error) => return Settlement::Failed(error),
+            Ok(None) => return Err(refused(RollbackReason::AccountNotFound)),
+            Err(error) => return Err(NotApplied::Otherwise(Settlement::Failed(error))),
         };
         let currency = currency_rule(&transfer.currency, AccountOp::Apply, index, &first_currency);
         let step = AccountStep {
@@ -272,33 +322,12 @@ fn decide(
                 });
             }
             Err(refusal) => match refusal.rollback_reason() {
-                Some(reason) if refusal != Refusal::AlreadySettled => {
-                    refused = Some((reason, posting.account.to_owned()));
-                    break;
-                }
-                _ => return Settlement::TwoPhase,
+                Some(reason) if refusal != Refusal::AlreadySettled => return Err(refused(reason)),
+                _ => return Err(NotApplied::Otherwise(Settlement::TwoPhase)),
             },
         }
     }
-    if let Some((reason, failed)) = refused {
-        return roll_back(txn, transfer, start, now, reason, failed);
-    }
-    let Some(mut next) = moved_along(transfer, &FINISH, None, now) else {
-        return Settlement::TwoPhase;
-    };
-    seal_terminal(&mut next, now);
-    let queued = write_transfer(txn, &next, start).and_then(|()| {
-        changed
-            .iter()
-            .try_for_each(|account| txn.replace_if(&account.doc, account.version))
-    });
-    match queued {
-        Ok(()) => Settlement::Settled {
-            transfer: Box::new(next),
-            path: &FINISH,
-        },
-        Err(error) => Settlement::Failed(error),
-    }
+    Ok(changed)
 }
 
 /// A new transfer's id is taken: by our own earlier attempt when the stored transfer
@@ -342,7 +371,7 @@ fn roll_back(
 fn write_transfer(txn: &mut TxnDocs<'_>, transfer: &TransferDoc, start: Start) -> StoreResult<()> {
     match start {
         Start::New => txn.create(transfer),
-        Start::Held(version) => txn.replace_if(transfer, version),
+        Start::Leased(version) => txn.replace_if(transfer, version),
     }
 }
 

@@ -15,6 +15,7 @@
 //! GET, and the takeover is a conditional write of the lease, so of several instances (or a
 //! live worker renewing) exactly one wins.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,10 +23,10 @@ use tokio::sync::Semaphore;
 use tracing::{info, warn, Instrument};
 
 use super::documents::decode;
-use super::lease::{Claim, ClaimWrite, Held, Leases};
+use super::lease::{Claim, ClaimWrite, Leased, Leases};
 use super::model::{TransferDoc, TransferState};
 use super::Engine;
-use crate::store::{SortKey, StaleQuery, StoreResult};
+use crate::store::{Doc, SortKey, StaleQuery, StoreResult};
 
 /// What one sweep did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -106,51 +107,8 @@ impl Engine {
             };
             let page = self.store.find_stale(&query).await?;
             for doc in &page.docs {
-                if self.shutdown.is_cancelled() {
+                if self.recover(doc, permits, &mut report).await.is_break() {
                     return Ok(report);
-                }
-                report.candidates += 1;
-                let hit = decode::<TransferDoc>(doc.clone()).ok().map(|t| t.doc);
-                if hit.as_ref().is_some_and(|t| t.attention.is_some()) {
-                    report.needs_attention += 1;
-                    continue;
-                }
-                // A hold waiting for its capture: its lease (the hold's own) runs until it
-                // expires, so nothing to take over yet; skipped on the hit, with no read.
-                if hit
-                    .as_ref()
-                    .is_some_and(|t| Leases::is_parked(t) && self.leases.may_be_live(t))
-                {
-                    report.waiting_holds += 1;
-                    continue;
-                }
-                let Ok(permit) = permits.clone().acquire_owned().await else {
-                    return Ok(report);
-                };
-                let taken = match self.take_over(&doc.id).await {
-                    Ok(taken) => taken,
-                    Err(error) => {
-                        // One candidate's failure must not end the sweep for the others.
-                        warn!(transfer_id = %doc.id, %error, "cannot take the transfer over; next sweep retries");
-                        report.errors += 1;
-                        continue;
-                    }
-                };
-                if let Some(held) = taken {
-                    report.resumed += 1;
-                    self.metrics
-                        .transfers_recovered_total
-                        .with_label_values(&[held.doc.transaction_state.as_str()])
-                        .inc();
-                    let engine = self.clone();
-                    let span = tracing::info_span!("transfer", transfer_id = %held.doc.transaction_id, recovered = true);
-                    self.tasks.spawn(
-                        async move {
-                            let _permit = permit;
-                            engine.drive(held).await;
-                        }
-                        .instrument(span),
-                    );
                 }
             }
             match page.next {
@@ -166,11 +124,68 @@ impl Engine {
         }
     }
 
+    /// Recovers one candidate of a sweep, counting what became of it: skipped (it needs a
+    /// person, or it is a hold waiting for its capture), taken over and driven by a spawned
+    /// worker, or left for the next sweep. `Break`: the engine is shutting down.
+    async fn recover(
+        self: &Arc<Self>,
+        doc: &Doc,
+        permits: &Arc<Semaphore>,
+        report: &mut RecoveryReport,
+    ) -> ControlFlow<()> {
+        if self.shutdown.is_cancelled() {
+            return ControlFlow::Break(());
+        }
+        report.candidates += 1;
+        let hit = decode::<TransferDoc>(doc.clone()).ok().map(|t| t.doc);
+        if hit.as_ref().is_some_and(|t| t.attention.is_some()) {
+            report.needs_attention += 1;
+            return ControlFlow::Continue(());
+        }
+        // A hold waiting for its capture: its lease (the hold's own) runs until it expires,
+        // so nothing to take over yet; skipped on the hit, with no read.
+        if hit
+            .as_ref()
+            .is_some_and(|t| Leases::is_parked(t) && self.leases.may_be_live(t))
+        {
+            report.waiting_holds += 1;
+            return ControlFlow::Continue(());
+        }
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return ControlFlow::Break(());
+        };
+        let leased = match self.take_over(&doc.id).await {
+            Ok(Some(leased)) => leased,
+            Ok(None) => return ControlFlow::Continue(()),
+            Err(error) => {
+                // One candidate's failure must not end the sweep for the others.
+                warn!(transfer_id = %doc.id, %error, "cannot take the transfer over; next sweep retries");
+                report.errors += 1;
+                return ControlFlow::Continue(());
+            }
+        };
+        report.resumed += 1;
+        self.metrics
+            .transfers_recovered_total
+            .with_label_values(&[leased.doc.transaction_state.as_str()])
+            .inc();
+        let engine = self.clone();
+        let span = tracing::info_span!("transfer", transfer_id = %leased.doc.transaction_id, recovered = true);
+        self.tasks.spawn(
+            async move {
+                let _permit = permit;
+                engine.drive(leased).await;
+            }
+            .instrument(span),
+        );
+        ControlFlow::Continue(())
+    }
+
     /// Takes the lease of a transfer whose lease has run out (or was released), by a
     /// conditional write decided on a realtime GET. `None` if it is terminal, leased by a
     /// live worker, or someone else won the race. A takeover whose answer was lost but which
     /// was applied continues from the document as read (a cancel may have changed it since).
-    pub async fn take_over(&self, id: &str) -> StoreResult<Option<Held>> {
+    pub async fn take_over(&self, id: &str) -> StoreResult<Option<Leased>> {
         let Some(current) = self.docs.get::<TransferDoc>(id).await? else {
             return Ok(None);
         };
@@ -187,7 +202,7 @@ impl Engine {
             .claim(next, ClaimWrite::ReplaceAt(current.version))
             .await?
         {
-            Claim::Won(held) => Ok(Some(held)),
+            Claim::Won(leased) => Ok(Some(leased)),
             Claim::Lost(_) => Ok(None),
         }
     }

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::clock::Now;
-use super::model::{Leg, Metadata, TransferDoc};
+use super::model::{AccountDoc, Leg, Metadata, TransferDoc};
 use super::validated::{valid_id, AccountId, Currency, TransferId};
 use crate::time::{format_millis, parse_millis};
 
@@ -32,6 +32,14 @@ impl NewAccount {
             currency: None,
             metadata: Metadata::new(),
         }
+    }
+    /// Whether `existing`, stored under this request's id, was opened by the same request
+    /// (then a create is a replay; otherwise a conflict).
+    pub fn is_replay_of(&self, existing: &AccountDoc) -> bool {
+        existing.opening_balance == self.balance
+            && existing.floor == self.floor
+            && existing.currency.as_deref() == self.currency.as_deref().map(String::as_str)
+            && existing.metadata == self.metadata
     }
 }
 

@@ -11,11 +11,13 @@ use std::time::Duration;
 /// expression, so that one rule can build several), an example and, optionally, bounds on
 /// its length. `pub struct Name;` only names a schema (a value checked where it is read);
 /// `pub struct Name(Inner);` is also a validated value: a newtype whose field only its own
-/// module can set (by the constructor written beside it), readable through `Deref`.
+/// module can set (by the constructor written beside it, or, given a `rule`, a `parse` that
+/// admits a `String` the rule admits), readable through `Deref`.
 macro_rules! text_schema {
     (
         $(#[doc = $doc:literal])*
         pub struct $name:ident $(($inner:ty))? {
+            $(rule: $rule:path,)?
             $(pattern: $pattern:expr,)?
             example: $example:literal $(,)?
             $(length: $min:literal..=$max:literal $(,)?)?
@@ -39,6 +41,16 @@ macro_rules! text_schema {
             impl From<$name> for $inner {
                 fn from(value: $name) -> $inner {
                     value.0
+                }
+            }
+        )?
+
+        $(
+            impl $name {
+                /// `text` if it follows the type's rule (the function named in its
+                /// declaration).
+                pub fn parse(text: String) -> Option<Self> {
+                    $rule(&text).then_some(Self(text))
                 }
             }
         )?
@@ -96,22 +108,17 @@ pub fn id_pattern(max: usize) -> String {
 text_schema! {
     /// An account id: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`.
     pub struct AccountId(String) {
+        rule: valid_id,
         pattern: format!("^{}$", id_pattern(128)),
         example: "acct-1",
         length: 1..=128,
     }
 }
 
-impl AccountId {
-    /// `text` if it is a valid id ([`valid_id`]).
-    pub fn parse(text: String) -> Option<Self> {
-        valid_id(&text).then_some(Self(text))
-    }
-}
-
 text_schema! {
     /// A transfer id: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`.
     pub struct TransferId(String) {
+        rule: valid_id,
         pattern: format!("^{}$", id_pattern(128)),
         example: "t-1",
         length: 1..=128,
@@ -119,11 +126,6 @@ text_schema! {
 }
 
 impl TransferId {
-    /// `text` if it is a valid id ([`valid_id`]).
-    pub fn parse(text: String) -> Option<Self> {
-        valid_id(&text).then_some(Self(text))
-    }
-
     /// A new id no one has used: a UUIDv7 (time-ordered, so that ids made one after another
     /// sort together).
     pub fn fresh() -> Self {
@@ -149,16 +151,10 @@ pub fn valid_currency(text: &str) -> bool {
 text_schema! {
     /// A currency code: 1–16 characters of `[A-Z0-9_]`.
     pub struct Currency(String) {
+        rule: valid_currency,
         pattern: r"^[A-Z0-9_]{1,16}$",
         example: "USD",
         length: 1..=16,
-    }
-}
-
-impl Currency {
-    /// `text` if it is a currency code ([`valid_currency`]).
-    pub fn parse(text: String) -> Option<Self> {
-        valid_currency(&text).then_some(Self(text))
     }
 }
 

@@ -1,24 +1,23 @@
 //! One receiver's dispatcher: holds the receiver's delivery lease, reads the change feed from
-//! the durable cursor, and POSTs each selected event, signed.
+//! the durable cursor, and POSTs each selected event, signed. What it remembers meanwhile
+//! (queues, dedupe, the cursor) is the [`Ledger`]'s.
 //!
-//! - **Dedupe**: the feed serves an event again after each write of its transfer; ids this
-//!   dispatcher has queued or finished are remembered (the last [`REMEMBERED`] finished ones)
-//!   and skipped. Across restarts and lease changes an event may be delivered again
-//!   (at least once; receivers dedupe on `webhook-id`).
-//! - **Order per transfer**: each transfer has a queue; only its head is being delivered, the
-//!   next starts when the head is delivered or given up. Transfers are delivered concurrently
-//!   (at most `max_concurrent` requests at once).
+//! - **Dedupe**: the feed serves an event again after each write of its transfer; the ledger
+//!   skips ids it has queued or finished. Across restarts and lease changes an event may be
+//!   delivered again (at least once; receivers dedupe on `webhook-id`).
+//! - **Order per transfer**: only a transfer's head event is being delivered; the next starts
+//!   when the head is delivered or given up. Transfers are delivered concurrently (at most
+//!   `max_concurrent` requests at once).
 //! - **Retries**: a non-2xx answer, an error or a timeout is retried after an exponential
 //!   backoff with full jitter, until the event is older than `WEBHOOK_RETRY_PERIOD` (from its
 //!   `at`, so the period holds across restarts): then it is given up, logged and counted.
-//! - **Durable cursor**: each page read is a mark; the cursor moves to a page's end only once
-//!   every selected event of that page and of every page before is finished, and is saved
-//!   with the lease renewal (at least every second while it moves). A crash re-delivers from
-//!   the saved cursor: duplicates, never a gap.
+//! - **Durable cursor**: the ledger's cursor is saved with the lease renewal (at least every
+//!   second while it moves). A crash re-delivers from the saved cursor: duplicates, never a
+//!   gap.
 //! - **Backpressure**: at most `max_pending` events are held; beyond, the feed is not read
 //!   until deliveries finish.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -30,13 +29,14 @@ use tokio::task::{Id, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::ledger::{Item, Ledger};
 use super::progress::{Claim, Progress};
 use super::{Receiver, WebhookSettings};
 use crate::metrics::Metrics;
 use crate::store::FeedPosition;
 use crate::transfer::feed::CursorRefused;
 use crate::transfer::feed::EventsPage;
-use crate::transfer::service::ServiceError;
+use crate::transfer::operations::ServiceError;
 use crate::transfer::view::Event;
 use crate::transfer::Engine;
 
@@ -44,8 +44,6 @@ use crate::transfer::Engine;
 const PAGE: usize = 100;
 /// How long one read of the feed waits for news.
 const LONG_POLL: Duration = Duration::from_secs(5);
-/// Finished event ids remembered to skip their repeats.
-pub const REMEMBERED: usize = 100_000;
 /// A moved cursor is saved at least this often (besides every lease renewal).
 const SAVE_EVERY: Duration = Duration::from_secs(1);
 /// Wait after a failed read of the feed or of the progress document.
@@ -62,24 +60,6 @@ const CAUGHT_UP_PAUSE: Duration = Duration::from_millis(100);
 pub enum Outcome {
     Delivered,
     GivenUp,
-}
-
-/// One selected event, queued or being delivered.
-#[derive(Debug, Clone)]
-struct Item {
-    id: String,
-    at: i64,
-    body: Bytes,
-    /// The page it was first read in.
-    page: u64,
-}
-
-/// A page read: the position at its end and how many of its events are not finished.
-#[derive(Debug)]
-struct Mark {
-    seq: u64,
-    next: Option<FeedPosition>,
-    outstanding: usize,
 }
 
 /// What one attempt needs, shared by the delivery tasks.
@@ -100,65 +80,6 @@ pub struct Dispatcher {
 }
 
 type Read = Pin<Box<dyn Future<Output = Result<EventsPage, ServiceError>> + Send>>;
-
-/// The dispatcher's memory while it holds the lease.
-#[derive(Default)]
-struct State {
-    /// Per transfer, its events in order; the head is being delivered.
-    queues: HashMap<String, VecDeque<Item>>,
-    marks: VecDeque<Mark>,
-    next_seq: u64,
-    /// Ids queued or finished (the latter bounded by [`REMEMBERED`]).
-    seen: HashSet<String>,
-    finished: VecDeque<String>,
-    pending: usize,
-    /// Every selected event before it is finished.
-    cursor: Option<FeedPosition>,
-    /// Where the next read of the feed starts.
-    read_after: Option<FeedPosition>,
-    /// The cursor moved since it was last saved.
-    dirty: bool,
-    /// The transfer each running delivery task works for.
-    running: HashMap<Id, String>,
-}
-
-impl State {
-    fn start(cursor: Option<FeedPosition>) -> Self {
-        Self {
-            read_after: cursor.clone(),
-            cursor,
-            ..Self::default()
-        }
-    }
-
-    /// Moves the cursor past every finished page at the front.
-    fn advance(&mut self) {
-        while self.marks.front().is_some_and(|mark| mark.outstanding == 0) {
-            let mark = self.marks.pop_front().expect("front exists");
-            if mark.next.is_some() && mark.next != self.cursor {
-                self.cursor = mark.next;
-                self.dirty = true;
-            }
-        }
-    }
-
-    fn remember_finished(&mut self, id: String) {
-        self.finished.push_back(id);
-        while self.finished.len() > REMEMBERED {
-            if let Some(old) = self.finished.pop_front() {
-                self.seen.remove(&old);
-            }
-        }
-    }
-
-    /// The `at` of the oldest event not finished (each transfer's head is its oldest).
-    fn oldest(&self) -> Option<i64> {
-        self.queues
-            .values()
-            .filter_map(|queue| queue.front().map(|item| item.at))
-            .min()
-    }
-}
 
 impl Dispatcher {
     pub fn new(
@@ -228,57 +149,20 @@ impl Dispatcher {
             sender.settings.lease,
         )
         .starting_at(start);
-        let lease_held = sender
-            .metrics
-            .webhook_lease_held
-            .with_label_values(&[receiver]);
         loop {
             if shutdown.is_cancelled() {
                 return;
             }
             let wait = match progress.claim().await {
-                Ok(Claim::Held { cursor }) => {
-                    // The store's identity is read first either way, so that every cursor
-                    // this receiver saves carries it (`Engine::feed_cursor`).
-                    let checked = match cursor.as_deref() {
-                        None => engine
-                            .store_identity()
-                            .await
-                            .map(|_| None)
-                            .map_err(CursorRefused::from),
-                        Some(text) => engine.check_feed_cursor(text).await,
-                    };
-                    let start = match checked {
-                        Ok(position) => position,
-                        Err(CursorRefused::Store(error)) => {
-                            tracing::warn!(receiver, %error, "webhooks: cannot read the store's identity or check the saved cursor; retrying");
-                            tokio::select! {
-                                _ = shutdown.cancelled() => return,
-                                _ = tokio::time::sleep(STORE_RETRY) => {}
-                            }
-                            continue;
-                        }
-                        // Delivering after it would skip every event up to it: deliver from
-                        // the beginning instead (receivers dedupe on `webhook-id`).
-                        Err(refused) => {
-                            tracing::error!(receiver, %refused,
-                                "webhooks: the saved cursor is not a position of this store's feed; delivering from the start of the feed");
-                            None
-                        }
-                    };
-                    tracing::info!(receiver, owner = progress.owner(), cursor = ?cursor, "webhooks: delivering");
-                    lease_held.set(1);
-                    sender.set_fence(&progress);
-                    self.deliver(&mut progress, start, &shutdown).await;
-                    sender.fence.store(0, std::sync::atomic::Ordering::Release);
-                    lease_held.set(0);
-                    sender
-                        .metrics
-                        .webhook_oldest_undelivered_seconds
-                        .with_label_values(&[receiver])
-                        .set(0);
-                    Duration::ZERO
-                }
+                Ok(Claim::Leased { cursor }) => match self.start_of_feed(cursor.as_deref()).await {
+                    Ok(start) => {
+                        tracing::info!(receiver, owner = progress.owner(), cursor = ?cursor, "webhooks: delivering");
+                        self.deliver_while_leased(&mut progress, start, &shutdown)
+                            .await;
+                        Duration::ZERO
+                    }
+                    Err(wait) => wait,
+                },
                 Ok(Claim::Busy { until }) => {
                     let left = (until - engine.clock().wall_millis()).max(0) as u64;
                     Duration::from_millis(left + 10).min(sender.settings.lease / 2)
@@ -295,8 +179,40 @@ impl Dispatcher {
         }
     }
 
-    /// Delivers from `start` until the lease is lost or the engine shuts down.
-    async fn deliver(
+    /// Where delivering starts: the saved `cursor`, checked to be a position of this store's
+    /// feed, or the feed's beginning (with the store's identity read, so that every cursor
+    /// saved carries it: `Engine::feed_cursor`). `Err`: the store cannot answer; wait this
+    /// long and claim again.
+    async fn start_of_feed(&self, cursor: Option<&str>) -> Result<Option<FeedPosition>, Duration> {
+        let engine = &self.sender.engine;
+        let receiver = self.sender.receiver.label.as_str();
+        let checked = match cursor {
+            None => engine
+                .store_identity()
+                .await
+                .map(|_| None)
+                .map_err(CursorRefused::from),
+            Some(text) => engine.check_feed_cursor(text).await,
+        };
+        match checked {
+            Ok(position) => Ok(position),
+            Err(CursorRefused::Store(error)) => {
+                tracing::warn!(receiver, %error, "webhooks: cannot read the store's identity or check the saved cursor; retrying");
+                Err(STORE_RETRY)
+            }
+            // Delivering after it would skip every event up to it: deliver from the
+            // beginning instead (receivers dedupe on `webhook-id`).
+            Err(refused) => {
+                tracing::error!(receiver, %refused,
+                    "webhooks: the saved cursor is not a position of this store's feed; delivering from the start of the feed");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Delivers from `start` with the lease's gauge and fence set, and clears them when the
+    /// lease is lost or the engine shuts down.
+    async fn deliver_while_leased(
         &self,
         progress: &mut Progress,
         start: Option<FeedPosition>,
@@ -304,132 +220,142 @@ impl Dispatcher {
     ) {
         let sender = &self.sender;
         let receiver = sender.receiver.label.as_str();
-        let oldest_gauge = sender
+        let lease_held = sender
+            .metrics
+            .webhook_lease_held
+            .with_label_values(&[receiver]);
+        lease_held.set(1);
+        sender.set_fence(progress);
+        self.deliver(progress, start, shutdown).await;
+        sender.fence.store(0, std::sync::atomic::Ordering::Release);
+        lease_held.set(0);
+        sender
             .metrics
             .webhook_oldest_undelivered_seconds
-            .with_label_values(&[receiver]);
-        let mut state = State::start(start);
-        let mut tasks: JoinSet<(String, Outcome)> = JoinSet::new();
-        let mut read: Option<Read> = None;
-        let mut read_again_at = Instant::now();
-        let renew_every = (sender.settings.lease / 3).max(Duration::from_millis(10));
+            .with_label_values(&[receiver])
+            .set(0);
+    }
+
+    /// Delivers from `start` until the lease is lost or the engine shuts down.
+    async fn deliver(
+        &self,
+        progress: &mut Progress,
+        start: Option<FeedPosition>,
+        shutdown: &CancellationToken,
+    ) {
+        let mut session = Session::new(self.sender.clone(), start);
+        let renew_every = (self.sender.settings.lease / 3).max(Duration::from_millis(10));
         let mut renew = tokio::time::interval(renew_every);
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         renew.tick().await;
         let mut gauge = tokio::time::interval(Duration::from_secs(1));
-        let mut last_save = Instant::now();
-        let mut last_read = Instant::now();
-        // While reads of the feed fail: wall millis of the start of the first failed read
-        // (right after the last one that answered). Whatever was written since is not known
-        // to be delivered, so the oldest undelivered event may be that old: the gauge must
-        // not read 0 while the feed cannot be read.
-        let mut unread_since: Option<i64> = None;
-        let mut read_started = sender.engine.clock().wall_millis();
         loop {
-            if read.is_none()
-                && state.pending < sender.settings.max_pending
-                && Instant::now() >= read_again_at
-            {
-                let engine = sender.engine.clone();
-                let after = state.read_after.clone();
-                last_read = Instant::now();
-                read_started = sender.engine.clock().wall_millis();
-                read = Some(Box::pin(async move {
-                    engine.events_page(after, PAGE, LONG_POLL).await
-                }));
-            }
+            session.read_if_due();
             let mut save = false;
             tokio::select! {
                 _ = shutdown.cancelled() => {
-                    tasks.abort_all();
-                    let cursor = state.cursor.as_ref().map(|p| self.sender.engine.feed_cursor(p));
-                    if let Err(error) = progress.release(cursor).await {
-                        tracing::warn!(receiver, %error, "webhooks: could not save the progress at shutdown");
-                    }
+                    session.stop_at_shutdown(progress).await;
                     return;
                 }
-                page = async { read.as_mut().expect("a read").await }, if read.is_some() => {
-                    read = None;
-                    match page {
-                        Ok(page) => {
-                            unread_since = None;
-                            if self.accept(page, &mut state, &mut tasks) < PAGE {
-                                read_again_at = last_read + CAUGHT_UP_PAUSE;
-                            }
-                        }
-                        Err(error) => {
-                            unread_since.get_or_insert(read_started);
-                            tracing::warn!(receiver, %error, "webhooks: cannot read the change feed; retrying");
-                            read_again_at = Instant::now() + STORE_RETRY;
-                        }
-                    }
+                page = async { session.read.as_mut().expect("a read").await }, if session.read.is_some() => {
+                    session.read = None;
+                    session.read_answered(page);
                 }
-                _ = tokio::time::sleep_until(read_again_at), if read.is_none() && Instant::now() < read_again_at => {}
-                Some(joined) = tasks.join_next_with_id(), if !tasks.is_empty() => {
-                    match joined {
-                        Ok((id, (transfer, outcome))) => {
-                            state.running.remove(&id);
-                            self.finish(&transfer, outcome, &mut state, &mut tasks);
-                        }
-                        Err(error) => {
-                            // A delivery task panicked: deliver its event again.
-                            tracing::error!(receiver, %error, "webhooks: a delivery task failed; retrying its event");
-                            if let Some(transfer) = state.running.remove(&error.id()) {
-                                self.start_head(&transfer, &mut state, &mut tasks);
-                            }
-                        }
-                    }
+                _ = tokio::time::sleep_until(session.read_again_at), if session.read.is_none() && Instant::now() < session.read_again_at => {}
+                Some(joined) = session.tasks.join_next_with_id(), if !session.tasks.is_empty() => {
+                    session.delivery_ended(joined);
                 }
                 _ = renew.tick() => save = true,
-                _ = gauge.tick() => {
-                    let now = sender.engine.clock().wall_millis();
-                    let oldest = state.oldest().into_iter().chain(unread_since).min();
-                    let age = oldest.map_or(0, |at| (now - at).max(0) / 1000);
-                    oldest_gauge.set(age);
+                _ = gauge.tick() => session.update_oldest_gauge(),
+            }
+            if (save || session.save_is_due()) && !session.save(progress).await {
+                return;
+            }
+        }
+    }
+}
+
+/// One stint of delivering while the lease is held: the ledger, the deliveries running, the
+/// read of the feed in flight and its timers.
+struct Session {
+    sender: Arc<Sender>,
+    ledger: Ledger,
+    tasks: JoinSet<(String, Outcome)>,
+    /// The transfer each running delivery task works for.
+    running: HashMap<Id, String>,
+    read: Option<Read>,
+    read_again_at: Instant,
+    last_read: Instant,
+    last_save: Instant,
+    /// Wall millis when the last read started.
+    read_started: i64,
+    /// While reads of the feed fail: wall millis of the start of the first failed read
+    /// (right after the last one that answered). Whatever was written since is not known to
+    /// be delivered, so the oldest undelivered event may be that old: the gauge must not read
+    /// 0 while the feed cannot be read.
+    unread_since: Option<i64>,
+}
+
+impl Session {
+    fn new(sender: Arc<Sender>, start: Option<FeedPosition>) -> Self {
+        let read_started = sender.engine.clock().wall_millis();
+        Self {
+            sender,
+            ledger: Ledger::start(start),
+            tasks: JoinSet::new(),
+            running: HashMap::new(),
+            read: None,
+            read_again_at: Instant::now(),
+            last_read: Instant::now(),
+            last_save: Instant::now(),
+            read_started,
+            unread_since: None,
+        }
+    }
+
+    fn receiver(&self) -> &str {
+        self.sender.receiver.label.as_str()
+    }
+
+    /// Starts a read of the feed unless one is in flight, too many events are pending, or
+    /// the pause after the last read has not passed.
+    fn read_if_due(&mut self) {
+        if self.read.is_some()
+            || self.ledger.pending() >= self.sender.settings.max_pending
+            || Instant::now() < self.read_again_at
+        {
+            return;
+        }
+        let engine = self.sender.engine.clone();
+        let after = self.ledger.read_after();
+        self.last_read = Instant::now();
+        self.read_started = engine.clock().wall_millis();
+        self.read = Some(Box::pin(async move {
+            engine.events_page(after, PAGE, LONG_POLL).await
+        }));
+    }
+
+    /// A read of the feed answered: queue its events, and pause once caught up; or retry
+    /// after a failure.
+    fn read_answered(&mut self, page: Result<EventsPage, ServiceError>) {
+        match page {
+            Ok(page) => {
+                self.unread_since = None;
+                if self.accept(page) < PAGE {
+                    self.read_again_at = self.last_read + CAUGHT_UP_PAUSE;
                 }
             }
-            if save || (state.dirty && last_save.elapsed() >= SAVE_EVERY) {
-                last_save = Instant::now();
-                let cursor = state
-                    .cursor
-                    .as_ref()
-                    .map(|p| self.sender.engine.feed_cursor(p));
-                let saved = progress.save(cursor).await;
-                sender.set_fence(progress);
-                match saved {
-                    Ok(true) => state.dirty = false,
-                    Ok(false) => {
-                        tracing::warn!(
-                            receiver,
-                            "webhooks: another instance took the delivery lease over; standing by"
-                        );
-                        tasks.abort_all();
-                        return;
-                    }
-                    Err(error) => {
-                        tracing::warn!(receiver, %error, "webhooks: cannot save the delivery progress");
-                        if !progress.holds() {
-                            tracing::warn!(
-                                receiver,
-                                "webhooks: the delivery lease ran out unrenewed; standing by"
-                            );
-                            tasks.abort_all();
-                            return;
-                        }
-                    }
-                }
+            Err(error) => {
+                self.unread_since.get_or_insert(self.read_started);
+                tracing::warn!(receiver = self.receiver(), %error, "webhooks: cannot read the change feed; retrying");
+                self.read_again_at = Instant::now() + STORE_RETRY;
             }
         }
     }
 
     /// Queues the selected, unseen events of a page and starts the heads of idle transfers;
     /// returns how many transfer documents the page held.
-    fn accept(
-        &self,
-        page: EventsPage,
-        state: &mut State,
-        tasks: &mut JoinSet<(String, Outcome)>,
-    ) -> usize {
+    fn accept(&mut self, page: EventsPage) -> usize {
         // A page serves each of its documents' events together, so a new document starts
         // where the transfer changes.
         let documents = page
@@ -441,113 +367,128 @@ impl Dispatcher {
             })
             .count();
         let settings = &self.sender.settings;
-        // Marks are numbered without gaps (an item finds its mark by the difference).
-        let seq = state.next_seq;
-        if page.next.is_some() {
-            state.read_after = page.next.clone();
-        }
         let selected: Vec<_> = page
             .items
             .into_iter()
-            .filter(|event| {
-                settings.events.contains(&event.kind) && !state.seen.contains(&event.id)
-            })
+            .filter(|event| settings.events.contains(&event.kind) && self.ledger.is_new(&event.id))
             .collect();
         let meta: Vec<(String, i64)> = selected
             .iter()
             .map(|event| (event.transfer.transaction_id.clone(), event.at))
             .collect();
-        let mut outstanding = 0;
-        for (view, (transfer, at)) in Event::from_feed(selected).into_iter().zip(meta) {
-            if !state.seen.insert(view.id.clone()) {
-                continue;
-            }
-            let body = match serde_json::to_vec(&view) {
-                Ok(body) => Bytes::from(body),
+        let items = Event::from_feed(selected)
+            .into_iter()
+            .zip(meta)
+            .filter_map(|(view, (transfer, at))| match serde_json::to_vec(&view) {
+                Ok(body) => Some((transfer, Item::new(view.id, at, Bytes::from(body)))),
                 Err(error) => {
                     tracing::error!(%error, id = view.id, "webhooks: cannot encode an event; skipping it");
-                    continue;
+                    None
                 }
-            };
-            let queue = state.queues.entry(transfer.clone()).or_default();
-            queue.push_back(Item {
-                id: view.id,
-                at,
-                body,
-                page: seq,
             });
-            outstanding += 1;
-            state.pending += 1;
-            if queue.len() == 1 {
-                self.start_head(&transfer, state, tasks);
-            }
+        let items: Vec<_> = items.collect();
+        for transfer in self.ledger.record_page(items, page.next) {
+            self.start_head(transfer);
         }
-        // A page with nothing to deliver behind another such page only moves that page's end:
-        // no item refers to either, so while an older event blocks the cursor, empty reads
-        // do not pile up marks.
-        let last_is_done = state.marks.back().is_some_and(|m| m.outstanding == 0);
-        if outstanding == 0 && last_is_done && page.next.is_some() {
-            state.marks.back_mut().expect("a last mark").next = page.next;
-        } else if page.next.is_some() || outstanding > 0 {
-            state.next_seq += 1;
-            state.marks.push_back(Mark {
-                seq,
-                next: page.next,
-                outstanding,
-            });
-        }
-        state.advance();
         documents
     }
 
-    /// Records the head of `transfer` as finished and starts its next event.
-    fn finish(
-        &self,
-        transfer: &str,
-        _outcome: Outcome,
-        state: &mut State,
-        tasks: &mut JoinSet<(String, Outcome)>,
-    ) {
-        let Some(queue) = state.queues.get_mut(transfer) else {
-            return;
-        };
-        let Some(item) = queue.pop_front() else {
-            return;
-        };
-        let more = !queue.is_empty();
-        if !more {
-            state.queues.remove(transfer);
-        }
-        state.pending -= 1;
-        if let Some(front) = state.marks.front().map(|mark| mark.seq) {
-            if let Some(mark) = state.marks.get_mut((item.page - front) as usize) {
-                mark.outstanding -= 1;
+    /// A delivery task ended: finish its event and start the transfer's next; a task that
+    /// panicked is started again on the same event.
+    fn delivery_ended(&mut self, joined: Result<(Id, (String, Outcome)), tokio::task::JoinError>) {
+        match joined {
+            Ok((id, (transfer, _outcome))) => {
+                self.running.remove(&id);
+                if self.ledger.finish_head(&transfer) {
+                    self.start_head(transfer);
+                }
+            }
+            Err(error) => {
+                tracing::error!(receiver = self.receiver(), %error, "webhooks: a delivery task failed; retrying its event");
+                if let Some(transfer) = self.running.remove(&error.id()) {
+                    self.start_head(transfer);
+                }
             }
         }
-        state.remember_finished(item.id);
-        if more {
-            self.start_head(transfer, state, tasks);
-        }
-        state.advance();
     }
 
-    fn start_head(
-        &self,
-        transfer: &str,
-        state: &mut State,
-        tasks: &mut JoinSet<(String, Outcome)>,
-    ) {
-        let Some(item) = state.queues.get(transfer).and_then(|queue| queue.front()) else {
+    /// Spawns the delivery of `transfer`'s head event.
+    fn start_head(&mut self, transfer: String) {
+        let Some(item) = self.ledger.head(&transfer).cloned() else {
             return;
         };
         let sender = self.sender.clone();
-        let item = item.clone();
-        let transfer = transfer.to_owned();
-        let handle = tasks.spawn({
+        let handle = self.tasks.spawn({
             let transfer = transfer.clone();
             async move { (transfer, sender.deliver(item).await) }
         });
-        state.running.insert(handle.id(), transfer);
+        self.running.insert(handle.id(), transfer);
+    }
+
+    /// Sets the age of the oldest event not delivered (or not known to be: see
+    /// `unread_since`).
+    fn update_oldest_gauge(&self) {
+        let now = self.sender.engine.clock().wall_millis();
+        let oldest = self
+            .ledger
+            .oldest()
+            .into_iter()
+            .chain(self.unread_since)
+            .min();
+        let age = oldest.map_or(0, |at| (now - at).max(0) / 1000);
+        self.sender
+            .metrics
+            .webhook_oldest_undelivered_seconds
+            .with_label_values(&[self.receiver()])
+            .set(age);
+    }
+
+    /// Whether a moved cursor waits to be saved for [`SAVE_EVERY`] or longer.
+    fn save_is_due(&self) -> bool {
+        self.ledger.is_dirty() && self.last_save.elapsed() >= SAVE_EVERY
+    }
+
+    fn cursor(&self) -> Option<String> {
+        (self.ledger.cursor()).map(|p| self.sender.engine.feed_cursor(p))
+    }
+
+    /// Saves the cursor with a renewal of the lease. `false`: the lease is lost (taken over,
+    /// or run out unrenewed); every delivery is stopped.
+    async fn save(&mut self, progress: &mut Progress) -> bool {
+        self.last_save = Instant::now();
+        let saved = progress.save(self.cursor()).await;
+        self.sender.set_fence(progress);
+        let receiver = self.receiver();
+        match saved {
+            Ok(true) => {
+                self.ledger.saved();
+                return true;
+            }
+            Ok(false) => tracing::warn!(
+                receiver,
+                "webhooks: another instance took the delivery lease over; standing by"
+            ),
+            Err(error) => {
+                tracing::warn!(receiver, %error, "webhooks: cannot save the delivery progress");
+                if progress.holds() {
+                    return true;
+                }
+                tracing::warn!(
+                    receiver,
+                    "webhooks: the delivery lease ran out unrenewed; standing by"
+                );
+            }
+        }
+        self.tasks.abort_all();
+        false
+    }
+
+    /// Stops every delivery and gives the lease up with the cursor saved.
+    async fn stop_at_shutdown(&mut self, progress: &mut Progress) {
+        self.tasks.abort_all();
+        if let Err(error) = progress.release(self.cursor()).await {
+            tracing::warn!(receiver = self.receiver(), %error, "webhooks: could not save the progress at shutdown");
+        }
     }
 }
 
@@ -664,39 +605,6 @@ impl Sender {
 mod tests {
     use super::*;
 
-    fn mark(state: &mut State, next: u64, outstanding: usize) -> u64 {
-        let seq = state.next_seq;
-        state.next_seq += 1;
-        state.marks.push_back(Mark {
-            seq,
-            next: Some(FeedPosition::Seq(next)),
-            outstanding,
-        });
-        seq
-    }
-
-    #[test]
-    fn the_cursor_moves_only_past_pages_whose_events_and_predecessors_are_finished() {
-        let mut state = State::start(Some(FeedPosition::Seq(5)));
-        mark(&mut state, 10, 1);
-        mark(&mut state, 20, 0);
-        mark(&mut state, 30, 2);
-        state.advance();
-        // The first page still has an event out: nothing moves, not even past the empty one.
-        assert_eq!(state.cursor, Some(FeedPosition::Seq(5)));
-        assert!(!state.dirty);
-        // The third page's events finish first: still nothing.
-        state.marks[2].outstanding = 0;
-        state.advance();
-        assert_eq!(state.cursor, Some(FeedPosition::Seq(5)));
-        // The first page's last event finishes: past all three.
-        state.marks[0].outstanding = 0;
-        state.advance();
-        assert_eq!(state.cursor, Some(FeedPosition::Seq(30)));
-        assert!(state.dirty);
-        assert!(state.marks.is_empty());
-    }
-
     /// A dispatcher for a receiver nobody listens on (its attempts fail and retry; these
     /// tests look only at its bookkeeping), selecting the terminal events.
     fn dispatcher(dir: &std::path::Path) -> Dispatcher {
@@ -752,48 +660,29 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_repeated_event_is_queued_once_and_empty_pages_behind_it_share_one_mark() {
+    async fn a_page_queues_its_selected_events_once_and_starts_their_transfers() {
         let dir = tempfile::tempdir().unwrap();
         let d = dispatcher(dir.path());
-        let mut state = State::start(None);
-        let mut tasks = JoinSet::new();
-        // t1's terminal event; then t1 again (its repeat), then two pages with nothing.
-        d.accept(page(Some("t1"), 10), &mut state, &mut tasks);
-        d.accept(page(Some("t1"), 11), &mut state, &mut tasks);
-        d.accept(page(None, 12), &mut state, &mut tasks);
-        d.accept(page(None, 13), &mut state, &mut tasks);
-        assert_eq!(state.pending, 1, "the repeat is not queued again");
-        assert_eq!(state.queues["t1"].len(), 1);
-        let marks: Vec<(Option<FeedPosition>, usize)> = (state.marks.iter())
-            .map(|m| (m.next.clone(), m.outstanding))
-            .collect();
+        let mut session = Session::new(d.sender.clone(), None);
+        // t1's terminal event; then t1 again (its repeat), then a page with nothing.
+        assert_eq!(session.accept(page(Some("t1"), 10)), 1, "one document");
+        session.accept(page(Some("t1"), 11));
+        session.accept(page(None, 12));
         assert_eq!(
-            marks,
-            [
-                (Some(FeedPosition::Seq(10)), 1),
-                (Some(FeedPosition::Seq(13)), 0)
-            ],
-            "the pages with nothing to deliver behind the blocked one merged"
+            session.ledger.pending(),
+            1,
+            "the repeat is not queued again"
         );
-        assert_eq!(state.cursor, None, "blocked by t1's undelivered event");
-        tasks.abort_all();
-        d.finish("t1", Outcome::Delivered, &mut state, &mut tasks);
-        assert_eq!(state.cursor, Some(FeedPosition::Seq(13)));
-        assert!(state.dirty && state.marks.is_empty() && state.pending == 0);
-    }
-
-    #[test]
-    fn finished_ids_are_remembered_up_to_the_bound() {
-        let mut state = State::default();
-        for n in 0..REMEMBERED + 10 {
-            let id = format!("t{n}/transfer.finished");
-            state.seen.insert(id.clone());
-            state.remember_finished(id);
-        }
-        assert_eq!(state.seen.len(), REMEMBERED);
-        assert!(!state.seen.contains("t0/transfer.finished"));
-        assert!(state
-            .seen
-            .contains(&format!("t{}/transfer.finished", REMEMBERED + 9)));
+        assert_eq!(
+            session.running.values().collect::<Vec<_>>(),
+            ["t1"],
+            "t1's head is being delivered"
+        );
+        assert_eq!(
+            session.ledger.cursor(),
+            None,
+            "blocked by t1's undelivered event"
+        );
+        session.tasks.abort_all();
     }
 }

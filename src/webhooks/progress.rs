@@ -38,7 +38,7 @@ pub struct ProgressDoc {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
     /// This instance holds the lease; deliver from `cursor`.
-    Held { cursor: Option<String> },
+    Leased { cursor: Option<String> },
     /// Another instance holds it until this time (epoch milliseconds).
     Busy { until: i64 },
 }
@@ -136,7 +136,7 @@ impl Progress {
                 WriteOutcome::Written(version) => {
                     self.held = Some(version);
                     self.expires = expires;
-                    Ok(Claim::Held {
+                    Ok(Claim::Leased {
                         cursor: self.initial.clone(),
                     })
                 }
@@ -167,7 +167,7 @@ impl Progress {
             WriteOutcome::Written(version) => {
                 self.held = Some(version);
                 self.expires = expires;
-                Ok(Claim::Held { cursor: doc.cursor })
+                Ok(Claim::Leased { cursor: doc.cursor })
             }
             _ => Ok(Claim::Busy { until: now }),
         }
@@ -238,7 +238,7 @@ mod tests {
         let mut a = Progress::new(store.clone(), clock.clone(), "r1".into(), LEASE);
         let mut b = Progress::new(store.clone(), other_clock.clone(), "r1".into(), LEASE);
 
-        assert_eq!(a.claim().await.unwrap(), Claim::Held { cursor: None });
+        assert_eq!(a.claim().await.unwrap(), Claim::Leased { cursor: None });
         // a delivers until a skew margin (7.5 s) before its lease runs out.
         let until = a.deliver_until() - clock.wall_millis();
         assert!((22_000..=22_500).contains(&until), "{until}");
@@ -256,7 +256,7 @@ mod tests {
         other_clock.set_skew_millis(38_000);
         assert_eq!(
             b.claim().await.unwrap(),
-            Claim::Held {
+            Claim::Leased {
                 cursor: Some("7".into())
             }
         );
@@ -280,7 +280,7 @@ mod tests {
         b.release(Some("8".into())).await.unwrap();
         assert_eq!(
             a.claim().await.unwrap(),
-            Claim::Held {
+            Claim::Leased {
                 cursor: Some("8".into())
             }
         );
@@ -297,8 +297,8 @@ mod tests {
         let clock = TestClock::new();
         let mut one = Progress::new(store.clone(), clock.clone(), "r1".into(), LEASE);
         let mut two = Progress::new(store.clone(), clock.clone(), "r2".into(), LEASE);
-        assert_eq!(one.claim().await.unwrap(), Claim::Held { cursor: None });
-        assert_eq!(two.claim().await.unwrap(), Claim::Held { cursor: None });
+        assert_eq!(one.claim().await.unwrap(), Claim::Leased { cursor: None });
+        assert_eq!(two.claim().await.unwrap(), Claim::Leased { cursor: None });
         assert!(one.save(Some("3".into())).await.unwrap());
         let doc = store.get(Index::Webhooks, "r2").await.unwrap().unwrap();
         assert_eq!(doc.source.decode::<ProgressDoc>().unwrap().cursor, None);

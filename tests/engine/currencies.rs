@@ -9,8 +9,8 @@ use transfer_service::time::format_millis;
 use tokio::sync::Semaphore;
 use transfer_service::store::{DynStore, Index};
 use transfer_service::transfer::model::{AccountDoc, RollbackReason, TransferState};
+use transfer_service::transfer::operations::{Created, ServiceError};
 use transfer_service::transfer::requests::{NewAccount, NewTransfer};
-use transfer_service::transfer::service::{Created, ServiceError};
 use transfer_service::transfer::EngineConfig;
 
 use crate::support::engine::*;

@@ -19,7 +19,7 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use transfer_service::transfer::model::TransferState;
-use transfer_service::transfer::service::ServiceError;
+use transfer_service::transfer::operations::ServiceError;
 use transfer_service::transfer::{Engine, EngineConfig};
 
 use crate::support::engine::*;

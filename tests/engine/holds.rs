@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use transfer_service::transfer::lease::PARKED;
 use transfer_service::transfer::model::{RollbackReason, TransferState};
-use transfer_service::transfer::service::{Created, ServiceError};
+use transfer_service::transfer::operations::{Created, ServiceError};
 use transfer_service::transfer::{Engine, EngineConfig};
 
 use crate::support::engine::*;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use transfer_service::store::{DynStore, Index, Version};
 use transfer_service::transfer::lease::PARKED;
 use transfer_service::transfer::model::TransferState;
-use transfer_service::transfer::service::Created;
+use transfer_service::transfer::operations::Created;
 use transfer_service::transfer::EngineConfig;
 
 use crate::support::engine::*;

@@ -14,9 +14,9 @@ use tokio::sync::Semaphore;
 use transfer_service::store::{DynStore, Index, Source};
 use transfer_service::transfer::documents::decode;
 use transfer_service::transfer::model::{AccountDoc, Leg, RollbackReason, TransferState};
+use transfer_service::transfer::operations::{Created, ServiceError};
 use transfer_service::transfer::protocol::Retention;
 use transfer_service::transfer::requests::{Movement, NewAccount, NewTransfer};
-use transfer_service::transfer::service::{Created, ServiceError};
 use transfer_service::transfer::EngineConfig;
 
 use crate::support::engine::*;

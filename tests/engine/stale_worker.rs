@@ -23,8 +23,8 @@ use rand::{Rng, SeedableRng};
 use transfer_service::store::{DynStore, Index};
 use transfer_service::transfer::lease::PARKED;
 use transfer_service::transfer::model::{RollbackReason, TransferState};
+use transfer_service::transfer::operations::ServiceError;
 use transfer_service::transfer::protocol::Retention;
-use transfer_service::transfer::service::ServiceError;
 use transfer_service::transfer::{Engine, EngineConfig};
 
 use crate::support::engine::*;

@@ -16,8 +16,8 @@ use transfer_service::store::instrumented::InstrumentedStore;
 use transfer_service::store::DynStore;
 use transfer_service::transfer::clock::{Clock, TestClock};
 use transfer_service::transfer::model::{Leg, TransferDoc, TransferState};
+use transfer_service::transfer::operations::Created;
 use transfer_service::transfer::requests::{Hold, Movement, NewAccount, NewTransfer};
-use transfer_service::transfer::service::Created;
 use transfer_service::transfer::validated::{AccountId, Currency, TransferId};
 use transfer_service::transfer::{Engine, EngineConfig};
 

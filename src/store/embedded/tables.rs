@@ -368,95 +368,160 @@ pub(super) fn update_transfer_indexes(
     new: &TransferKeys<'_>,
     deferred: Option<&mut Vec<Creation>>,
 ) -> StoreResult<()> {
-    let e = storage;
-    // A new transfer's creation entries wait for a run, given a list to wait in
-    // ([`super::listing_entries`]); otherwise (replay) they are written now.
-    let deferred = deferred.filter(|_| old.is_none());
-    // Which entries move: all of them for a new transfer.
-    let changed = |same: fn(&TransferKeys<'_>, &TransferKeys<'_>) -> bool| {
-        old.is_none_or(|old| !same(old, new))
-    };
-    let released = changed(|a, b| (&a.state, a.released) == (&b.state, b.released));
-    let state_modified = changed(|a, b| (&a.state, a.modified) == (&b.state, b.modified));
-    let created = changed(|a, b| a.created == b.created);
-    let attention = changed(|a, b| (a.created, a.attention) == (b.created, b.attention));
-    let state_created = changed(|a, b| (&a.state, a.created) == (&b.state, b.created));
-    let parties_changed = changed(|a, b| {
-        (&a.src, &a.dest, &a.accounts, a.created) == (&b.src, &b.dest, &b.accounts, b.created)
-    });
-    // Compared as raw text: the engine rewrites the same map in the same (key) order, so a
-    // transfer's state writes never parse it.
-    let metadata = changed(|a, b| (&a.metadata, a.created) == (&b.metadata, b.created))
-        && (new.metadata.is_some() || old.is_some_and(|o| o.metadata.is_some()));
-    if metadata {
-        if let Some(old) = old {
-            for (k, v) in old.metadata_pairs() {
-                t.metadata
-                    .remove((metadata_entry(&k, &v).as_str(), old.created, id))
-                    .map_err(e)?;
-            }
-        }
-        for (k, v) in new.metadata_pairs() {
-            t.metadata
-                .insert((metadata_entry(&k, &v).as_str(), new.created, id), ())
-                .map_err(e)?;
-        }
+    let moved = MovedEntries::between(old, new);
+    if moved.metadata {
+        move_metadata_entries(t, id, old, new)?;
     }
     if let Some(old) = old {
-        if old.released && released {
-            t.released.remove((&*old.state, id)).map_err(e)?;
+        remove_entries(t, id, old, &moved)?;
+    }
+    // A new transfer's creation entries wait for a run, given a list to wait in
+    // ([`super::listing_entries`]); otherwise (replay) they are written now.
+    match deferred.filter(|_| old.is_none()) {
+        Some(deferred) => {
+            insert_entries(
+                t,
+                id,
+                new,
+                &MovedEntries {
+                    created: false,
+                    parties: false,
+                    ..moved
+                },
+            )?;
+            deferred.push(Creation::of(id, new));
         }
-        if state_modified {
-            t.by_state_modified
-                .remove((&*old.state, old.modified, id))
-                .map_err(e)?;
-        }
-        if created {
-            t.by_created.remove((old.created, id)).map_err(e)?;
-        }
-        if old.attention && attention {
-            t.attention.remove((old.created, id)).map_err(e)?;
-        }
-        if state_created {
-            t.by_state_created
-                .remove((&*old.state, old.created, id))
-                .map_err(e)?;
-        }
-        if parties_changed {
-            for party in old.parties() {
-                t.by_account.remove((&*party, old.created, id)).map_err(e)?;
-            }
+        None => insert_entries(t, id, new, &moved)?,
+    }
+    Ok(())
+}
+
+/// Which of a transfer's index entries a write moves: those whose keys changed, all of them
+/// for a new transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MovedEntries {
+    released: bool,
+    state_modified: bool,
+    created: bool,
+    attention: bool,
+    state_created: bool,
+    parties: bool,
+    metadata: bool,
+}
+
+impl MovedEntries {
+    fn between(old: Option<&TransferKeys<'_>>, new: &TransferKeys<'_>) -> Self {
+        let changed = |same: fn(&TransferKeys<'_>, &TransferKeys<'_>) -> bool| {
+            old.is_none_or(|old| !same(old, new))
+        };
+        Self {
+            released: changed(|a, b| (&a.state, a.released) == (&b.state, b.released)),
+            state_modified: changed(|a, b| (&a.state, a.modified) == (&b.state, b.modified)),
+            created: changed(|a, b| a.created == b.created),
+            attention: changed(|a, b| (a.created, a.attention) == (b.created, b.attention)),
+            state_created: changed(|a, b| (&a.state, a.created) == (&b.state, b.created)),
+            parties: changed(|a, b| {
+                (&a.src, &a.dest, &a.accounts, a.created)
+                    == (&b.src, &b.dest, &b.accounts, b.created)
+            }),
+            // Compared as raw text: the engine rewrites the same map in the same (key)
+            // order, so a transfer's state writes never parse it.
+            metadata: changed(|a, b| (&a.metadata, a.created) == (&b.metadata, b.created))
+                && (new.metadata.is_some() || old.is_some_and(|o| o.metadata.is_some())),
         }
     }
-    if state_modified && new.in_flight() {
+}
+
+/// Replaces the metadata entries of `old` (if any) by those of `new`.
+fn move_metadata_entries(
+    t: &mut Tables<'_>,
+    id: &str,
+    old: Option<&TransferKeys<'_>>,
+    new: &TransferKeys<'_>,
+) -> StoreResult<()> {
+    if let Some(old) = old {
+        for (k, v) in old.metadata_pairs() {
+            t.metadata
+                .remove((metadata_entry(&k, &v).as_str(), old.created, id))
+                .map_err(storage)?;
+        }
+    }
+    for (k, v) in new.metadata_pairs() {
+        t.metadata
+            .insert((metadata_entry(&k, &v).as_str(), new.created, id), ())
+            .map_err(storage)?;
+    }
+    Ok(())
+}
+
+/// Removes the entries of `old` that move (but metadata's).
+fn remove_entries(
+    t: &mut Tables<'_>,
+    id: &str,
+    old: &TransferKeys<'_>,
+    moved: &MovedEntries,
+) -> StoreResult<()> {
+    let e = storage;
+    if old.released && moved.released {
+        t.released.remove((&*old.state, id)).map_err(e)?;
+    }
+    if moved.state_modified {
+        t.by_state_modified
+            .remove((&*old.state, old.modified, id))
+            .map_err(e)?;
+    }
+    if moved.created {
+        t.by_created.remove((old.created, id)).map_err(e)?;
+    }
+    if old.attention && moved.attention {
+        t.attention.remove((old.created, id)).map_err(e)?;
+    }
+    if moved.state_created {
+        t.by_state_created
+            .remove((&*old.state, old.created, id))
+            .map_err(e)?;
+    }
+    if moved.parties {
+        for party in old.parties() {
+            t.by_account.remove((&*party, old.created, id)).map_err(e)?;
+        }
+    }
+    Ok(())
+}
+
+/// Inserts the entries of `new` that move (but metadata's), each where its index lists it.
+fn insert_entries(
+    t: &mut Tables<'_>,
+    id: &str,
+    new: &TransferKeys<'_>,
+    moved: &MovedEntries,
+) -> StoreResult<()> {
+    let e = storage;
+    if moved.state_modified && new.in_flight() {
         t.by_state_modified
             .insert((&*new.state, new.modified, id), ())
             .map_err(e)?;
     }
-    if created && deferred.is_none() {
+    if moved.created {
         t.by_created.insert((new.created, id), ()).map_err(e)?;
     }
-    if new.released && released {
+    if new.released && moved.released {
         t.released.insert((&*new.state, id), ()).map_err(e)?;
     }
-    if new.attention && attention {
+    if new.attention && moved.attention {
         t.attention.insert((new.created, id), ()).map_err(e)?;
     }
-    if state_created && listed_by_state(&new.state) {
+    if moved.state_created && listed_by_state(&new.state) {
         t.by_state_created
             .insert((&*new.state, new.created, id), ())
             .map_err(e)?;
     }
-    match deferred {
-        Some(deferred) => deferred.push(Creation::of(id, new)),
-        None if parties_changed => {
-            for party in new.parties() {
-                t.by_account
-                    .insert((&*party, new.created, id), ())
-                    .map_err(e)?;
-            }
+    if moved.parties {
+        for party in new.parties() {
+            t.by_account
+                .insert((&*party, new.created, id), ())
+                .map_err(e)?;
         }
-        None => {}
     }
     Ok(())
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::admission::{Admitted, Overloaded};
 use super::documents::{decode, Versioned};
-use super::lease::{Claim, ClaimWrite, Held, Leases};
+use super::lease::{Claim, ClaimWrite, Leased, Leases};
 use super::model::{AccountDoc, RollbackReason, Tombstones, TransferDoc, TransferState};
 use super::one_transaction::OneTransaction;
 use super::protocol;
@@ -41,6 +41,20 @@ pub enum ServiceError {
 pub enum Created<T> {
     New(T),
     Replayed(T),
+}
+
+/// What a create finds stored under its id from another request: a replay of the same
+/// request (`replay`), answered as it is now, or a conflict saying what may differ.
+fn replay_or_conflict<T>(
+    replay: bool,
+    existing: T,
+    what_differs: impl FnOnce() -> String,
+) -> Result<Created<T>, ServiceError> {
+    if replay {
+        Ok(Created::Replayed(existing))
+    } else {
+        Err(ServiceError::Conflict(what_differs()))
+    }
 }
 
 const CREATE_ATTEMPTS: u32 = 3;
@@ -102,18 +116,12 @@ impl Engine {
             // Our own create, whose answer was lost (the retry found it): it is new.
             return Ok(Created::New(existing));
         }
-        if existing.opening_balance == new.balance
-            && existing.floor == new.floor
-            && existing.currency.as_deref() == new.currency.as_deref().map(String::as_str)
-            && existing.metadata == new.metadata
-        {
-            Ok(Created::Replayed(existing))
-        } else {
-            Err(ServiceError::Conflict(format!(
+        replay_or_conflict(new.is_replay_of(&existing), existing, || {
+            format!(
                 "account {} exists with another opening balance, floor, currency or metadata",
                 *new.id
-            )))
-        }
+            )
+        })
     }
 
     pub async fn get_account(&self, id: &str) -> Result<Option<AccountDoc>, ServiceError> {
@@ -159,10 +167,10 @@ impl Engine {
             // new, and ours to drive.
             Some(OneTransaction::TwoPhase) | None => {
                 match self.leases.claim(doc, ClaimWrite::Create).await? {
-                    Claim::Won(held) => {
+                    Claim::Won(leased) => {
                         self.metrics.transfers_created_total.inc();
-                        let shown = held.doc.clone();
-                        self.spawn_driver(held, Some(admitted));
+                        let shown = leased.doc.clone();
+                        self.spawn_driver(leased, Some(admitted));
                         return Ok(Created::New(shown));
                     }
                     Claim::Lost(existing) => existing,
@@ -174,14 +182,13 @@ impl Engine {
                 StoreError::Unavailable("transfer exists but cannot be read yet".into())
             })?
             .doc;
-        if new.is_replay_of(&existing, self.config.hold_timeout) {
-            Ok(Created::Replayed(existing))
-        } else {
-            Err(ServiceError::Conflict(format!(
+        let replay = new.is_replay_of(&existing, self.config.hold_timeout);
+        replay_or_conflict(replay, existing, || {
+            format!(
                 "transfer {} exists with another from, to, amount, legs, hold, hold_expires_in, currency or metadata",
                 *new.id
-            )))
-        }
+            )
+        })
     }
 
     pub async fn get_transfer(&self, id: &str) -> Result<Option<TransferDoc>, ServiceError> {
@@ -311,7 +318,7 @@ impl Engine {
             .claim(next, ClaimWrite::ReplaceAt(current.version))
             .await?
         {
-            Claim::Won(held) => Ok(Ok(self.start_claimed(held, from, to))),
+            Claim::Won(leased) => Ok(Ok(self.start_claimed(leased, from, to))),
             Claim::Lost(now) => Ok(Err(now)),
         }
     }
@@ -320,15 +327,15 @@ impl Engine {
     /// transfer on.
     fn start_claimed(
         self: &Arc<Self>,
-        held: Held,
+        leased: Leased,
         from: TransferState,
         to: Option<TransferState>,
     ) -> TransferDoc {
         if let Some(to) = to {
-            self.record_transition(&held.doc, (from, to), self.clock.wall_millis(), None);
+            self.record_transition(&leased.doc, (from, to), self.clock.wall_millis(), None);
         }
-        let shown = held.doc.clone();
-        self.spawn_driver(held, None);
+        let shown = leased.doc.clone();
+        self.spawn_driver(leased, None);
         shown
     }
 
