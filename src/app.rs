@@ -381,6 +381,7 @@ pub fn engine_config(config: &Config) -> EngineConfig {
         recovery_page: 100,
         sweep_pages_per_tick: 10,
         max_in_flight: config.max_in_flight,
+        admission_wait: config.admission_wait,
         one_transaction: config.protocol == Protocol::Auto,
     }
 }

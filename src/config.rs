@@ -156,12 +156,17 @@ pub struct Config {
     pub settled_max: usize,
 
     /// Transfers this instance accepts and has not yet driven to the end, at most; beyond it
-    /// `POST /transfers` and `POST /transfers/batch` answer 503 with `Retry-After`, creating
-    /// nothing. The default is about a tenth of a second of work on 2 cores (see
-    /// `transfer::admission`). A batch larger than this is refused (422); a batch needs
-    /// places for all its items at once, so keep batches well below it.
+    /// a create waits in line for room (`ADMISSION_WAIT`), then `POST /transfers` and
+    /// `POST /transfers/batch` answer 503 with `Retry-After`, creating nothing. The default
+    /// is about a tenth of a second of work on 2 cores (see `transfer::admission`). A batch
+    /// larger than this is refused (422).
     #[arg(long, env = "MAX_IN_FLIGHT", default_value_t = crate::transfer::admission::DEFAULT_MAX_IN_FLIGHT, value_parser = parse_max_in_flight)]
     pub max_in_flight: usize,
+
+    /// How long a create that finds `MAX_IN_FLIGHT` reached waits in line (first come, first
+    /// served) for room before it is answered 503 with `Retry-After`; `0s`: refused at once.
+    #[arg(long, env = "ADMISSION_WAIT", default_value = "100ms", value_parser = parse_admission_wait)]
+    pub admission_wait: Duration,
 
     /// How a transfer is settled. `auto`: in one store transaction where the store has them
     /// (the embedded store: one write of the transfer and its accounts together), by the
@@ -261,6 +266,15 @@ fn parse_settled_max(text: &str) -> Result<usize, String> {
     }
 }
 
+/// At most 10 s: a wait in line longer than that is better spent by the client retrying.
+fn parse_admission_wait(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(wait) if wait <= Duration::from_secs(10) => Ok(wait),
+        Ok(_) => Err("at most 10s".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// At least 1: a bound of 0 would refuse every transfer.
 fn parse_max_in_flight(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
@@ -298,6 +312,7 @@ impl Config {
             settled_retention: Duration::from_secs(3600),
             settled_max: 1000,
             max_in_flight: crate::transfer::admission::DEFAULT_MAX_IN_FLIGHT,
+            admission_wait: crate::transfer::admission::DEFAULT_ADMISSION_WAIT,
             protocol: Protocol::Auto,
             api_keys_file: None,
             api_keys_reload_interval: Duration::from_millis(100),

@@ -151,6 +151,7 @@ pub async fn create_batch(
     let admitted = state
         .engine
         .admit(valid)
+        .await
         .map_err(|e| counted_if_shed(&state, ROUTE, e.into()))?;
     let items = create_all(&state.engine, parsed, admitted).await;
     Ok(Json(BatchResult { items }))

@@ -9,10 +9,6 @@ use crate::store::StoreError;
 use crate::transfer::admission::Overloaded;
 use crate::transfer::operations::ServiceError;
 
-/// `Retry-After` (seconds) of a create shed by admission control: transfers finish in
-/// milliseconds to seconds, so a second later there is usually room again.
-pub const RETRY_AFTER_S: u32 = 1;
-
 /// An RFC 9457 problem document.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Problem {
@@ -186,10 +182,10 @@ impl IntoResponse for ApiError {
             response.extensions_mut().insert(ErrorLogged);
         }
         match &self {
-            ApiError::Overloaded(_) => {
+            ApiError::Overloaded(overloaded) => {
                 response
                     .headers_mut()
-                    .insert(header::RETRY_AFTER, RETRY_AFTER_S.into());
+                    .insert(header::RETRY_AFTER, overloaded.retry_after.as_secs().into());
             }
             ApiError::Unauthorized { challenge, .. } | ApiError::Forbidden { challenge, .. } => {
                 if let Ok(value) = header::HeaderValue::from_str(challenge) {

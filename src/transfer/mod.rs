@@ -94,6 +94,8 @@ pub struct EngineConfig {
     /// Transfers created here and not yet driven to the end, at most (`MAX_IN_FLIGHT`; see
     /// [`admission`]).
     pub max_in_flight: usize,
+    /// How long a create waits in line for room before it is refused (`ADMISSION_WAIT`).
+    pub admission_wait: Duration,
     /// Settle a new transfer in one store transaction where the store has them
     /// (`PROTOCOL=auto`, `docs/design.md §3` "In one transaction"); `false`: always by the
     /// two-phase protocol.
@@ -134,6 +136,7 @@ impl EngineConfig {
             recovery_page: 100,
             sweep_pages_per_tick: 10,
             max_in_flight: admission::DEFAULT_MAX_IN_FLIGHT,
+            admission_wait: admission::DEFAULT_ADMISSION_WAIT,
             one_transaction: true,
         }
     }
@@ -223,6 +226,7 @@ impl Engine {
         );
         let admission = admission::Admission::new(
             config.max_in_flight,
+            config.admission_wait,
             metrics.transfers_admitted_in_flight.clone(),
         );
         Arc::new(Self {

@@ -136,7 +136,7 @@ impl Engine {
         self: &Arc<Self>,
         new: NewTransfer,
     ) -> Result<Created<TransferDoc>, ServiceError> {
-        let admitted = self.admit(1)?;
+        let admitted = self.admit(1).await?;
         self.create_admitted(new, admitted).await
     }
 
