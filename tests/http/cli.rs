@@ -123,3 +123,73 @@ async fn audit_reads_a_stopped_store_and_writes_nothing() {
     }
     assert_eq!(files(&data), before, "the audit changed the store's files");
 }
+
+/// Settings read by the libraries the service runs on, not flags of its own: the
+/// configuration table lists them, `--help` cannot.
+const LIBRARY_SETTINGS: [&str; 2] = ["RUST_LOG", "_RJEM_MALLOC_CONF"];
+
+/// The rows of the table under "## Settings" in docs/configuration.md: each environment
+/// variable its first cell names (one row may name several), with the row's default cell.
+fn configuration_table() -> Vec<(String, String)> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/configuration.md");
+    let doc = std::fs::read_to_string(path).expect("docs/configuration.md");
+    let section = doc
+        .split("\n## ")
+        .find(|s| s.starts_with("Settings"))
+        .expect("a Settings section");
+    let mut rows = Vec::new();
+    for line in section.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = line.trim_matches('|').split(" | ").collect();
+        let default = cells.last().unwrap().trim().to_owned();
+        for name in cells[0].split(", ") {
+            rows.push((name.trim().trim_matches('`').to_owned(), default.clone()));
+        }
+    }
+    rows
+}
+
+/// Each environment variable of `--help`, with its default if it has one.
+fn help_settings() -> Vec<(String, Option<String>)> {
+    let out = run(&["--help"]);
+    assert!(out.status.success());
+    let help = text(&out.stdout);
+    let mut settings = Vec::new();
+    for part in help.split("[env: ").skip(1) {
+        let name: String = part
+            .chars()
+            .take_while(|c| c.is_ascii_uppercase() || *c == '_')
+            .collect();
+        let default = part
+            .split_once("[default: ")
+            .filter(|(before, _)| !before.contains("\n      --"))
+            .map(|(_, rest)| rest[..rest.find(']').unwrap()].to_owned());
+        settings.push((name, default));
+    }
+    settings
+}
+
+#[test]
+fn the_configuration_table_is_every_setting_of_help_with_its_default() {
+    let table = configuration_table();
+    let help = help_settings();
+    let documented: Vec<&str> = table.iter().map(|(name, _)| name.as_str()).collect();
+    for (name, default) in &help {
+        let row = table.iter().find(|(n, _)| n == name);
+        let Some((_, cell)) = row else {
+            panic!("{name} is a setting (--help) missing from docs/configuration.md");
+        };
+        // A row of one setting with one default states it as `--help` does.
+        if let (Some(default), false) = (default, cell.contains(',')) {
+            assert!(
+                cell.starts_with(&format!("`{default}`")),
+                "{name}: docs/configuration.md says {cell}, --help says {default}"
+            );
+        }
+    }
+    for name in documented {
+        assert!(
+            help.iter().any(|(n, _)| n == name) || LIBRARY_SETTINGS.contains(&name),
+            "docs/configuration.md lists {name}, which is no setting of --help"
+        );
+    }
+}
