@@ -38,6 +38,7 @@
 
 mod connection;
 mod feed;
+mod preload;
 mod receiver;
 mod report;
 
@@ -106,6 +107,10 @@ struct Args {
     /// answers 204 (needs the service to start it: no --url).
     #[arg(long, conflicts_with = "url")]
     webhook: bool,
+    /// Start the service on an embedded store that already holds this many transfers, made
+    /// by the engine in this process before the service starts (see `preload.rs`).
+    #[arg(long, conflicts_with_all = ["url", "elasticsearch", "emulator"])]
+    preload: Option<u64>,
     /// Print the report as one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -132,7 +137,8 @@ impl Args {
 struct Service {
     child: Child,
     base: String,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
+    preloaded: Option<preload::Preloaded>,
 }
 
 impl Service {
@@ -143,6 +149,11 @@ impl Service {
 
 fn start_service(args: &Args, elasticsearch: Option<&str>, webhook: Option<&str>) -> Service {
     let dir = tempfile::tempdir().expect("temp dir");
+    let preloaded = args.preload.map(|n| {
+        let preloaded = preload::preload(dir.path(), n);
+        eprintln!("preloaded: {preloaded:?}");
+        preloaded
+    });
     let mut command = Command::new(&args.binary);
     command
         .env("LISTEN_ADDR", "127.0.0.1:0")
@@ -170,7 +181,8 @@ fn start_service(args: &Args, elasticsearch: Option<&str>, webhook: Option<&str>
     Service {
         child,
         base: format!("http://{addr}"),
-        _dir: dir,
+        dir,
+        preloaded,
     }
 }
 
@@ -991,18 +1003,26 @@ async fn run(args: &Args, emulator: Option<&Emulator>) -> Report {
     let phase = transfer_phase(args, &target, &run).await;
     let healthz = healthz_rate(&target.base, args.clients(), args.healthz_duration).await;
     let peak_rss_kib = target.pid.and_then(|pid| memory_kib(pid, "VmHWM:"));
+    let mut report = Report::new(args, &phase, healthz, peak_rss_kib);
     if let Some(service) = service {
-        stop_service(service);
+        let embedded = elasticsearch.is_none();
+        let preloaded = service.preloaded.clone();
+        let bytes = stop_service(service);
+        if embedded {
+            report.add_store_size(preloaded, bytes);
+        }
     }
-    Report::new(args, &phase, healthz, peak_rss_kib)
+    report
 }
 
-/// Stops the service with SIGTERM and waits for it.
-fn stop_service(mut service: Service) {
+/// Stops the service with SIGTERM and waits for it; returns the size of its data directory
+/// then (the embedded store checkpoints as it closes).
+fn stop_service(mut service: Service) -> u64 {
     let _ = Command::new("kill")
         .args(["-TERM", &service.pid().to_string()])
         .status();
     let _ = service.child.wait();
+    preload::dir_bytes(service.dir.path())
 }
 
 fn main() {

@@ -47,6 +47,11 @@ pub struct Report {
     /// The same by kind of request (`bulk`, `get`, `search`, ...), the kinds received only.
     es_http_requests_by_kind: Option<BTreeMap<String, f64>>,
     peak_rss_mib: Option<f64>,
+    /// With `--preload`: what the store held before the run.
+    preloaded: Option<crate::preload::Preloaded>,
+    /// The embedded store's files once the service stopped, a transfer they hold (the
+    /// preloaded and this run's terminal ones).
+    store_bytes_per_transfer: Option<f64>,
     /// With `--follow-events`: what the feed consumer saw.
     events: Option<EventsFollowed>,
     /// With `--webhook`: what the receiver got.
@@ -254,6 +259,19 @@ impl Report {
             ),
             ("  by kind", self.es_requests_by_kind()),
             ("peak RSS (MiB)", shown(self.peak_rss_mib, 0)),
+            (
+                "preloaded transfers",
+                self.preloaded.as_ref().map_or("-".into(), |p| {
+                    format!(
+                        "{} ({:.0}/s, a document {} bytes)",
+                        p.transfers, p.per_s, p.document_bytes
+                    )
+                }),
+            ),
+            (
+                "store bytes/transfer",
+                shown(self.store_bytes_per_transfer, 0),
+            ),
         ];
         if let Some(events) = &self.events {
             rows.extend([
@@ -290,6 +308,14 @@ impl Report {
 }
 
 impl Report {
+    /// Records the embedded store's size after the run, `bytes`, a transfer it holds.
+    pub fn add_store_size(&mut self, preloaded: Option<crate::preload::Preloaded>, bytes: u64) {
+        let held =
+            preloaded.as_ref().map_or(0, |p| p.transfers) as f64 + self.finished + self.rolled_back;
+        self.store_bytes_per_transfer = (held > 0.0).then(|| bytes as f64 / held);
+        self.preloaded = preloaded;
+    }
+
     pub fn new(
         args: &Args,
         phase: &TransferPhase,
@@ -353,6 +379,8 @@ impl Report {
                     .collect()
             }),
             peak_rss_mib: peak_rss_kib.map(|kib| kib as f64 / 1024.0),
+            preloaded: None,
+            store_bytes_per_transfer: None,
             events: phase.followed.as_ref().map(|f| EventsFollowed {
                 per_transfer: f.events as f64 / terminal.max(1.0),
                 deliveries_per_event: f.deliveries as f64 / (f.events.max(1) as f64),

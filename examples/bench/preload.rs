@@ -1,0 +1,137 @@
+//! `--preload N`: the embedded store the service starts on already holds N transfers, so that
+//! the figures say what the service costs as its store grows.
+//!
+//! They are made before the service starts, in this process, by the engine itself (the
+//! service's own code and its one-transaction path) on the service's data directory, not over
+//! HTTP: the documents, index entries and tombstones are exactly what the service writes. The
+//! transfers move 1 unit each between [`ACCOUNTS`] accounts of their own (opened with enough
+//! units that none refuses), so every invariant holds in the store the service then opens.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use transfer_service::metrics::Metrics;
+use transfer_service::store::embedded::EmbeddedStore;
+use transfer_service::store::DynStore;
+use transfer_service::transfer::requests::{Movement, NewAccount, NewTransfer};
+use transfer_service::transfer::validated::{AccountId, TransferId};
+use transfer_service::transfer::{Engine, EngineConfig};
+
+/// The accounts the preloaded transfers move between.
+const ACCOUNTS: u64 = 1000;
+/// Creates in flight at once: enough to fill the store's write groups.
+const CONCURRENT: u64 = 256;
+
+/// What was preloaded, and what it costs on disk.
+#[derive(Debug, Clone, Serialize)]
+pub struct Preloaded {
+    pub transfers: u64,
+    /// How long making them took, and their rate.
+    pub seconds: f64,
+    pub per_s: f64,
+    /// The data directory's size once the store was closed (checkpointed), a transfer.
+    pub store_bytes_per_transfer: f64,
+    /// The JSON of one preloaded transfer document as stored (its `_source`).
+    pub document_bytes: usize,
+}
+
+/// Makes `transfers` transfers in the embedded store in `dir`, and closes it.
+pub fn preload(dir: &Path, transfers: u64) -> Preloaded {
+    let started = Instant::now();
+    // A runtime of its own, on a thread of its own: the caller may be inside one.
+    let filling = dir.to_owned();
+    let document_bytes = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        runtime.block_on(fill(&filling, transfers))
+    })
+    .join()
+    .expect("the preload finished");
+    let seconds = started.elapsed().as_secs_f64();
+    Preloaded {
+        transfers,
+        seconds,
+        per_s: transfers as f64 / seconds,
+        store_bytes_per_transfer: dir_bytes(dir) as f64 / transfers.max(1) as f64,
+        document_bytes,
+    }
+}
+
+fn account(i: u64) -> AccountId {
+    AccountId::parse(format!("preload-{i}")).expect("a valid id")
+}
+
+/// Opens the accounts, creates the transfers (printing progress every 10 s), and returns the
+/// size of the last transfer's document; the store is closed on return.
+async fn fill(dir: &Path, transfers: u64) -> usize {
+    let store: DynStore = Arc::new(EmbeddedStore::open(dir).expect("open the embedded store"));
+    let config = EngineConfig::with_lease(Duration::from_secs(30));
+    let engine = Engine::new(store.clone(), config, Metrics::new());
+    for i in 0..ACCOUNTS {
+        let opening = NewAccount::new(account(i), i64::MAX / 4);
+        engine.create_account(opening).await.expect("account opens");
+    }
+    let next = Arc::new(AtomicU64::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..CONCURRENT {
+        let (engine, next) = (engine.clone(), next.clone());
+        workers.push(tokio::spawn(async move {
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= transfers {
+                    return;
+                }
+                let (from, to) = (n % ACCOUNTS, (n * 7 + 1) % ACCOUNTS);
+                let to = if to == from { (to + 1) % ACCOUNTS } else { to };
+                let movement = Movement::one_leg(account(from), account(to), 1).expect("valid");
+                let id = TransferId::parse(format!("preload-t{n}")).expect("a valid id");
+                engine
+                    .create_transfer(NewTransfer::new(id, movement))
+                    .await
+                    .expect("a preloaded transfer is accepted");
+            }
+        }));
+    }
+    let progress = tokio::spawn({
+        let next = next.clone();
+        async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                let done = next.load(Ordering::Relaxed).min(transfers);
+                eprintln!("preload: {done} of {transfers} transfers");
+            }
+        }
+    });
+    for worker in workers {
+        worker.await.expect("a preload worker");
+    }
+    progress.abort();
+    let last = format!("preload-t{}", transfers.saturating_sub(1));
+    let document_bytes = match engine.get_transfer(&last).await.expect("read") {
+        Some(doc) => serde_json::to_vec(&doc).expect("JSON").len(),
+        None => 0,
+    };
+    engine.shut_down();
+    while engine.running_tasks() > 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(engine);
+    drop(store);
+    document_bytes
+}
+
+/// The bytes of every file in `dir` (not recursive: the store keeps its files at the top).
+pub fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter_map(|e| e.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
