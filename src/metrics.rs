@@ -65,7 +65,7 @@ pub struct Metrics {
     /// `given_up` (the last attempt of an event older than `WEBHOOK_RETRY_PERIOD`).
     pub webhook_deliveries_total: IntCounterVec,
     /// From an event's `at` to its delivery.
-    pub webhook_delivery_lag_seconds: Histogram,
+    pub webhook_delivery_lag_seconds: HistogramVec,
     /// Age of the oldest event this instance holds and has not delivered, per `receiver` (the
     /// URL without user info or query); 0 when it holds none or does not deliver.
     pub webhook_oldest_undelivered_seconds: IntGaugeVec,
@@ -225,9 +225,10 @@ impl Metrics {
                 "Webhook delivery attempts, by outcome (delivered, failed and retried, given up)",
                 &["outcome"],
             ),
-            webhook_delivery_lag_seconds: histogram(
+            webhook_delivery_lag_seconds: histogram_vec(
                 "webhook_delivery_lag_seconds",
-                "Time from an event to its webhook delivery",
+                "Time from an event to its webhook delivery, by path (fast: queued by the instance that wrote it; feed: read from the change feed)",
+                &["path"],
                 WEBHOOK_LAG_BUCKETS,
             ),
             webhook_oldest_undelivered_seconds: gauge_vec(

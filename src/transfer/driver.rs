@@ -396,6 +396,8 @@ impl Engine {
                 self.metrics.transfer_duration_seconds.observe(secs);
             }
             self.terminal_events.send_modify(|n| *n += 1);
+            // Nobody listening (no webhooks) is no error.
+            let _ = self.terminal_writes.send(Arc::new(doc.clone()));
         }
     }
 

@@ -33,6 +33,18 @@ pub struct FeedEvent {
     pub transfer: Arc<TransferDoc>,
 }
 
+impl FeedEvent {
+    /// Every event of `transfer` so far, in order, as the feed serves them.
+    pub fn all_of(transfer: &Arc<TransferDoc>) -> impl Iterator<Item = FeedEvent> + '_ {
+        transfer.events().into_iter().map(|event| FeedEvent {
+            id: event.id(&transfer.transaction_id),
+            kind: event.kind,
+            at: event.at,
+            transfer: transfer.clone(),
+        })
+    }
+}
+
 /// A page of the feed and where to continue.
 #[derive(Debug, Clone)]
 pub struct EventsPage {
@@ -300,14 +312,7 @@ impl Engine {
                     continue;
                 }
             };
-            for event in transfer.events() {
-                items.push(FeedEvent {
-                    id: event.id(&transfer.transaction_id),
-                    kind: event.kind,
-                    at: event.at,
-                    transfer: transfer.clone(),
-                });
-            }
+            items.extend(FeedEvent::all_of(&transfer));
         }
         self.metrics.events_served_total.inc_by(items.len() as u64);
         Ok(EventsPage { items, next })

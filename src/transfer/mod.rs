@@ -102,6 +102,10 @@ pub struct EngineConfig {
     pub one_transaction: bool,
 }
 
+/// Terminal writes kept for a fast-path receiver that has not read them yet: a second of
+/// the most a 2-core machine settles, and more.
+pub const TERMINAL_WRITES_KEPT: usize = 16_384;
+
 /// Settled ids an account keeps whatever their age (beyond `SETTLED_RETENTION`): a quiet
 /// account remembers its last hundred settlements for as long as it stays quiet.
 pub const KEEP_NEWEST_SETTLED: usize = 100;
@@ -183,6 +187,10 @@ pub struct Engine {
     /// Bumped whenever a transfer this process drives reaches a terminal state; long-polls
     /// wait on it.
     terminal_events: watch::Sender<u64>,
+    /// Every transfer this process wrote terminal, as written, once the store acknowledged
+    /// it: the webhooks' fast path (`crate::webhooks`). A receiver that falls behind misses
+    /// some (the feed still serves them).
+    terminal_writes: tokio::sync::broadcast::Sender<Arc<model::TransferDoc>>,
     /// Account steps, merged per account.
     accounts: Arc<accounts::AccountSteps>,
     /// The bound on transfers created here and still in flight.
@@ -240,9 +248,17 @@ impl Engine {
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
             terminal_events: watch::channel(0).0,
+            terminal_writes: tokio::sync::broadcast::channel(TERMINAL_WRITES_KEPT).0,
             admission,
             store_identity: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The transfers this process writes terminal from now on, each once its write is
+    /// acknowledged (at most [`TERMINAL_WRITES_KEPT`] not yet received are kept for a
+    /// receiver; beyond, it is told how many it missed).
+    pub fn terminal_writes(&self) -> tokio::sync::broadcast::Receiver<Arc<model::TransferDoc>> {
+        self.terminal_writes.subscribe()
     }
 
     /// The store, for what the engine does not cover (readiness, refreshes in tests).

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::Semaphore;
+use tokio::sync::{broadcast, Semaphore};
 use tokio::task::{Id, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -35,7 +35,8 @@ use super::{Receiver, WebhookSettings};
 use crate::metrics::Metrics;
 use crate::store::FeedPosition;
 use crate::transfer::feed::CursorRefused;
-use crate::transfer::feed::EventsPage;
+use crate::transfer::feed::{EventsPage, FeedEvent};
+use crate::transfer::model::TransferDoc;
 use crate::transfer::operations::ServiceError;
 use crate::transfer::view::Event;
 use crate::transfer::Engine;
@@ -265,6 +266,7 @@ impl Dispatcher {
                 Some(joined) = session.tasks.join_next_with_id(), if !session.tasks.is_empty() => {
                     session.delivery_ended(joined);
                 }
+                written = session.written.recv() => session.written_here(written),
                 _ = renew.tick() => save = true,
                 _ = gauge.tick() => session.update_oldest_gauge(),
             }
@@ -284,6 +286,8 @@ struct Session {
     /// The transfer each running delivery task works for.
     running: HashMap<Id, String>,
     read: Option<Read>,
+    /// Transfers this process writes terminal, for the fast path.
+    written: broadcast::Receiver<Arc<TransferDoc>>,
     read_again_at: Instant,
     last_read: Instant,
     last_save: Instant,
@@ -299,8 +303,10 @@ struct Session {
 impl Session {
     fn new(sender: Arc<Sender>, start: Option<FeedPosition>) -> Self {
         let read_started = sender.engine.clock().wall_millis();
+        let written = sender.engine.terminal_writes();
         Self {
             sender,
+            written,
             ledger: Ledger::start(start),
             tasks: JoinSet::new(),
             running: HashMap::new(),
@@ -353,6 +359,59 @@ impl Session {
         }
     }
 
+    /// The fast path: a transfer this process wrote terminal. Its selected events not yet
+    /// seen (its earlier ones too, so that they keep their order) are queued at once, with
+    /// no wait for the feed's horizon. One this receiver missed (it fell behind the engine's
+    /// buffer, or held `max_pending` events already) is left to the feed.
+    fn written_here(&mut self, written: Result<Arc<TransferDoc>, broadcast::error::RecvError>) {
+        let transfer = match written {
+            Ok(transfer) => transfer,
+            Err(broadcast::error::RecvError::Lagged(missed)) => {
+                tracing::debug!(
+                    receiver = self.receiver(),
+                    missed,
+                    "webhooks: the fast path fell behind; the feed delivers what it missed"
+                );
+                return;
+            }
+            Err(broadcast::error::RecvError::Closed) => {
+                unreachable!("the engine, which sends them, outlives its dispatchers")
+            }
+        };
+        // Backpressure as on the feed's path: beyond `max_pending`, the feed delivers it.
+        if self.ledger.pending() >= self.sender.settings.max_pending {
+            return;
+        }
+        let items = self.selected_items(FeedEvent::all_of(&transfer).collect());
+        for transfer in self.ledger.record_written(items) {
+            self.start_head(transfer);
+        }
+    }
+
+    /// The events a receiver selected and has not seen, encoded, as `(transfer, item)`.
+    fn selected_items(&self, events: Vec<FeedEvent>) -> Vec<(String, Item)> {
+        let settings = &self.sender.settings;
+        let selected: Vec<_> = events
+            .into_iter()
+            .filter(|event| settings.events.contains(&event.kind) && self.ledger.is_new(&event.id))
+            .collect();
+        let meta: Vec<(String, i64)> = selected
+            .iter()
+            .map(|event| (event.transfer.transaction_id.clone(), event.at))
+            .collect();
+        Event::from_feed(selected)
+            .into_iter()
+            .zip(meta)
+            .filter_map(|(view, (transfer, at))| match serde_json::to_vec(&view) {
+                Ok(body) => Some((transfer, Item::new(view.id, at, Bytes::from(body)))),
+                Err(error) => {
+                    tracing::error!(%error, id = view.id, "webhooks: cannot encode an event; skipping it");
+                    None
+                }
+            })
+            .collect()
+    }
+
     /// Queues the selected, unseen events of a page and starts the heads of idle transfers;
     /// returns how many transfer documents the page held.
     fn accept(&mut self, page: EventsPage) -> usize {
@@ -366,27 +425,7 @@ impl Session {
                 *i == 0 || !Arc::ptr_eq(&page.items[i - 1].transfer, &event.transfer)
             })
             .count();
-        let settings = &self.sender.settings;
-        let selected: Vec<_> = page
-            .items
-            .into_iter()
-            .filter(|event| settings.events.contains(&event.kind) && self.ledger.is_new(&event.id))
-            .collect();
-        let meta: Vec<(String, i64)> = selected
-            .iter()
-            .map(|event| (event.transfer.transaction_id.clone(), event.at))
-            .collect();
-        let items = Event::from_feed(selected)
-            .into_iter()
-            .zip(meta)
-            .filter_map(|(view, (transfer, at))| match serde_json::to_vec(&view) {
-                Ok(body) => Some((transfer, Item::new(view.id, at, Bytes::from(body)))),
-                Err(error) => {
-                    tracing::error!(%error, id = view.id, "webhooks: cannot encode an event; skipping it");
-                    None
-                }
-            });
-        let items: Vec<_> = items.collect();
+        let items = self.selected_items(page.items);
         for transfer in self.ledger.record_page(items, page.next) {
             self.start_head(transfer);
         }
@@ -514,8 +553,10 @@ impl Sender {
                         .webhook_deliveries_total
                         .with_label_values(&["delivered"])
                         .inc();
+                    let path = if item.is_fast() { "fast" } else { "feed" };
                     self.metrics
                         .webhook_delivery_lag_seconds
+                        .with_label_values(&[path])
                         .observe((now - item.at).max(0) as f64 / 1000.0);
                     return Outcome::Delivered;
                 }

@@ -8,6 +8,10 @@
 //!   queued again.
 //! - **The cursor** moves to a page's end only once every event of that page and of every
 //!   page before it is finished: a crash re-delivers from the saved cursor, never skipping.
+//! - **The fast path** (`docs/design.md §11`, "Webhooks"): events this process wrote are
+//!   queued as soon as the write is acknowledged ([`Ledger::record_written`]), before the
+//!   feed serves them. They belong to no page, so they never hold the cursor back; when the
+//!   feed serves them later, their ids are seen and they are skipped.
 //! - **Marks stay few**: a page with nothing to deliver, behind another such page, only
 //!   moves that page's end, so while an old event blocks the cursor, empty reads do not pile
 //!   up marks.
@@ -30,8 +34,9 @@ pub struct Item {
     pub at: i64,
     /// The signed body.
     pub body: Bytes,
-    /// The mark of the page it was first read in.
-    page: u64,
+    /// The mark of the page it was first read in; `None` for an event queued by the fast
+    /// path, which belongs to no page.
+    page: Option<u64>,
 }
 
 impl Item {
@@ -40,8 +45,13 @@ impl Item {
             id,
             at,
             body,
-            page: 0,
+            page: None,
         }
+    }
+
+    /// Whether the fast path queued it (else the feed).
+    pub fn is_fast(&self) -> bool {
+        self.page.is_none()
     }
 }
 
@@ -107,7 +117,7 @@ impl Ledger {
             if !self.seen.insert(item.id.clone()) {
                 continue;
             }
-            item.page = seq;
+            item.page = Some(seq);
             let queue = self.queues.entry(transfer.clone()).or_default();
             queue.push_back(item);
             outstanding += 1;
@@ -131,6 +141,29 @@ impl Ledger {
         to_start
     }
 
+    /// Records events this process wrote, before the feed serves them: `(transfer, item)` in
+    /// order, those already seen skipped. They belong to no page: the cursor does not wait
+    /// for them (the feed will serve them again, and they are then seen). Returns the
+    /// transfers whose head is now to be started.
+    pub fn record_written(
+        &mut self,
+        events: impl IntoIterator<Item = (String, Item)>,
+    ) -> Vec<String> {
+        let mut to_start = Vec::new();
+        for (transfer, item) in events {
+            if !self.seen.insert(item.id.clone()) {
+                continue;
+            }
+            let queue = self.queues.entry(transfer.clone()).or_default();
+            queue.push_back(item);
+            self.pending += 1;
+            if queue.len() == 1 {
+                to_start.push(transfer);
+            }
+        }
+        to_start
+    }
+
     /// The event of `transfer` being delivered, if any.
     pub fn head(&self, transfer: &str) -> Option<&Item> {
         self.queues.get(transfer).and_then(VecDeque::front)
@@ -150,8 +183,8 @@ impl Ledger {
             self.queues.remove(transfer);
         }
         self.pending -= 1;
-        if let Some(front) = self.marks.front().map(|mark| mark.seq) {
-            if let Some(mark) = self.marks.get_mut((item.page - front) as usize) {
+        if let (Some(page), Some(front)) = (item.page, self.marks.front().map(|m| m.seq)) {
+            if let Some(mark) = self.marks.get_mut((page - front) as usize) {
                 mark.outstanding -= 1;
             }
         }
@@ -299,6 +332,45 @@ mod tests {
         assert!(ledger.is_dirty() && ledger.marks.is_empty() && ledger.pending() == 0);
         assert!(!ledger.is_new("t1/e1"), "a finished id is remembered");
         assert_eq!(ledger.read_after(), at(13));
+    }
+
+    #[test]
+    fn events_written_here_are_delivered_at_once_never_hold_the_cursor_and_are_not_queued_again() {
+        let mut ledger = Ledger::start(at(5));
+        assert_eq!(
+            ledger.record_written([event("t1", 1), event("t1", 2)]),
+            ["t1"]
+        );
+        assert!(ledger.head("t1").is_some_and(Item::is_fast));
+        // The feed serves a page with another transfer, and later t1's events again.
+        assert_eq!(ledger.record_page([event("t2", 3)], at(10)), ["t2"]);
+        assert!(ledger
+            .record_page([event("t1", 1), event("t1", 2)], at(20))
+            .is_empty());
+        assert_eq!(ledger.pending(), 3, "t1's events once, t2's");
+        // t2 finishes: the cursor moves past both pages, t1's fast events still out.
+        assert!(!ledger.finish_head("t2"));
+        assert_eq!(ledger.cursor(), at(20).as_ref());
+        // t1's second event follows its first, in order.
+        assert!(ledger.finish_head("t1"));
+        assert_eq!(ledger.head("t1").map(|i| i.at), Some(2));
+        assert!(!ledger.finish_head("t1"));
+        assert_eq!((ledger.pending(), ledger.cursor()), (0, at(20).as_ref()));
+    }
+
+    #[test]
+    fn a_fast_event_joins_the_queue_behind_the_feed_events_of_its_transfer() {
+        let mut ledger = Ledger::start(None);
+        ledger.record_page([event("h", 1)], at(1));
+        assert!(ledger
+            .record_written([event("h", 1), event("h", 2)])
+            .is_empty());
+        assert_eq!(ledger.head("h").map(|i| i.at), Some(1));
+        assert!(ledger.finish_head("h"), "the fast event is next");
+        assert_eq!(
+            ledger.head("h").map(|i| (i.at, i.is_fast())),
+            Some((2, true))
+        );
     }
 
     #[test]

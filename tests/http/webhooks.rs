@@ -347,6 +347,62 @@ async fn lease_held(apps: &[&TestApp]) -> Vec<bool> {
     held
 }
 
+/// On Elasticsearch the feed trails by its horizon; a transfer this instance writes terminal
+/// reaches the receiver by the fast path long before the feed could serve it (docs/design.md
+/// §11 "Webhooks").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_emulator_a_terminal_event_comes_by_the_fast_path_before_the_feeds_horizon() {
+    a_terminal_event_comes_by_the_fast_path_before_the_feeds_horizon(Backend::Emulator).await;
+}
+
+/// The same on the real cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_real_elasticsearch_a_terminal_event_comes_by_the_fast_path_before_the_horizon() {
+    if crate::support::stores::real_cluster().is_none() {
+        return;
+    }
+    a_terminal_event_comes_by_the_fast_path_before_the_feeds_horizon(Backend::RealEs).await;
+}
+
+async fn a_terminal_event_comes_by_the_fast_path_before_the_feeds_horizon(backend: Backend) {
+    let receiver = Receiver::start().await;
+    // The defaults' horizon: 1 s (refresh) + 5 s (STORE_TIMEOUT) + 2 × 7.5 s (the skew
+    // margins, a quarter of LEASE_DURATION each): 21 s.
+    let app = TestApp::spawn_with(backend, |config| {
+        hooks(&receiver, &TERMINAL)(config);
+        config.lease_duration = Duration::from_secs(30);
+        config.store_timeout = Duration::from_secs(5);
+    })
+    .await;
+    let horizon = Duration::from_secs(21);
+    wait::eventually("this instance to hold the receiver's lease", || async {
+        lease_held(&[&app]).await == [true]
+    })
+    .await;
+    app.open_account("fast-a", 100).await;
+    app.open_account("fast-b", 0).await;
+    app.transfer_accepted("fast-t", "fast-a", "fast-b", 10)
+        .await;
+    assert_eq!(app.settled("fast-t").await["state"], "finished");
+    let terminal = std::time::Instant::now();
+    wait::eventually_within(
+        horizon / 2,
+        "the terminal event, by the fast path",
+        || async {
+            receiver
+                .delivered_ids()
+                .iter()
+                .any(|id| id == "fast-t/transfer.finished")
+        },
+    )
+    .await;
+    assert!(terminal.elapsed() < horizon / 2, "{:?}", terminal.elapsed());
+    let metrics = app.scrape().await;
+    let by_path = |path| metrics.find("webhook_delivery_lag_seconds_count", &[("path", path)]);
+    assert_eq!((by_path("fast"), by_path("feed")), (Some(1.0), None));
+    app.shutdown().await;
+}
+
 /// Two instances on one emulator (a test double of Elasticsearch), one index prefix, one
 /// receiver: one instance delivers at a time; when it stops, the other takes the lease over
 /// from the saved cursor; every event reaches the receiver, repeats only by id and few.
