@@ -396,8 +396,10 @@ impl Engine {
                 self.metrics.transfer_duration_seconds.observe(secs);
             }
             self.terminal_events.send_modify(|n| *n += 1);
-            // Nobody listening (no webhooks) is no error.
-            let _ = self.terminal_writes.send(Arc::new(doc.clone()));
+            if self.terminal_writes.receiver_count() > 0 {
+                // A dispatcher that stopped in between is no error.
+                let _ = self.terminal_writes.send(Arc::new(doc.clone()));
+            }
         }
     }
 
