@@ -111,6 +111,11 @@ struct Args {
     /// by the engine in this process before the service starts (see `preload.rs`).
     #[arg(long, conflicts_with_all = ["url", "elasticsearch", "emulator"])]
     preload: Option<u64>,
+    /// The embedded store's directory, kept after the run (default: a temp dir, deleted). A
+    /// store preloaded there once is used again by later runs with the same --preload, which
+    /// then skip making it.
+    #[arg(long, conflicts_with_all = ["url", "elasticsearch", "emulator"])]
+    data_dir: Option<std::path::PathBuf>,
     /// Print the report as one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -137,7 +142,7 @@ impl Args {
 struct Service {
     child: Child,
     base: String,
-    dir: tempfile::TempDir,
+    dir: preload::DataDir,
     preloaded: Option<preload::Preloaded>,
 }
 
@@ -148,9 +153,9 @@ impl Service {
 }
 
 fn start_service(args: &Args, elasticsearch: Option<&str>, webhook: Option<&str>) -> Service {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = preload::DataDir::new(args.data_dir.as_deref());
     let preloaded = args.preload.map(|n| {
-        let preloaded = preload::preload(dir.path(), n);
+        let preloaded = preload::preload_once(dir.path(), n);
         eprintln!("preloaded: {preloaded:?}");
         preloaded
     });
@@ -1007,9 +1012,11 @@ async fn run(args: &Args, emulator: Option<&Emulator>) -> Report {
     if let Some(service) = service {
         let embedded = elasticsearch.is_none();
         let preloaded = service.preloaded.clone();
+        let dir = service.dir.path().to_owned();
         let bytes = stop_service(service);
         if embedded {
             report.add_store_size(preloaded, bytes);
+            preload::count_run(&dir, report.terminal());
         }
     }
     report

@@ -7,12 +7,12 @@
 //! transfers move 1 unit each between [`ACCOUNTS`] accounts of their own (opened with enough
 //! units that none refuses), so every invariant holds in the store the service then opens.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use transfer_service::metrics::Metrics;
 use transfer_service::store::embedded::EmbeddedStore;
 use transfer_service::store::DynStore;
@@ -26,9 +26,12 @@ const ACCOUNTS: u64 = 1000;
 const CONCURRENT: u64 = 256;
 
 /// What was preloaded, and what it costs on disk.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Preloaded {
     pub transfers: u64,
+    /// Transfers the store held when this run started: the preloaded ones and those of
+    /// earlier runs on the same kept store (`--data-dir`).
+    pub held_before_run: u64,
     /// How long making them took, and their rate.
     pub seconds: f64,
     pub per_s: f64,
@@ -36,6 +39,72 @@ pub struct Preloaded {
     pub store_bytes_per_transfer: f64,
     /// The JSON of one preloaded transfer document as stored (its `_source`).
     pub document_bytes: usize,
+}
+
+/// The service's data directory: a temp dir deleted after the run, or one kept
+/// (`--data-dir`).
+pub enum DataDir {
+    Temp(tempfile::TempDir),
+    Kept(PathBuf),
+}
+
+impl DataDir {
+    pub fn new(kept: Option<&Path>) -> Self {
+        match kept {
+            Some(dir) => {
+                std::fs::create_dir_all(dir).expect("create --data-dir");
+                DataDir::Kept(dir.to_owned())
+            }
+            None => DataDir::Temp(tempfile::tempdir().expect("temp dir")),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        match self {
+            DataDir::Temp(dir) => dir.path(),
+            DataDir::Kept(dir) => dir,
+        }
+    }
+}
+
+/// The file beside the store that says what it holds (a [`Preloaded`]).
+const RECORD: &str = "bench-preloaded.json";
+
+/// [`preload`], unless `dir` already holds a store preloaded with `transfers` (its record
+/// says so): then that one, as the record describes it.
+pub fn preload_once(dir: &Path, transfers: u64) -> Preloaded {
+    let record = std::fs::read(dir.join(RECORD))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<Preloaded>(&bytes).ok());
+    match record {
+        Some(kept) if kept.transfers == transfers => kept,
+        Some(kept) => panic!(
+            "{} holds a store preloaded with {} transfers, not {transfers}",
+            dir.display(),
+            kept.transfers
+        ),
+        None => {
+            let made = preload(dir, transfers);
+            write_record(dir, &made);
+            made
+        }
+    }
+}
+
+/// Adds a run's `terminal` transfers to the record of a preloaded store in `dir`, if any.
+pub fn count_run(dir: &Path, terminal: u64) {
+    let record = std::fs::read(dir.join(RECORD))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<Preloaded>(&bytes).ok());
+    if let Some(mut kept) = record {
+        kept.held_before_run += terminal;
+        write_record(dir, &kept);
+    }
+}
+
+fn write_record(dir: &Path, preloaded: &Preloaded) {
+    let json = serde_json::to_vec_pretty(preloaded).expect("JSON");
+    std::fs::write(dir.join(RECORD), json).expect("write the preload record");
 }
 
 /// Makes `transfers` transfers in the embedded store in `dir`, and closes it.
@@ -52,6 +121,7 @@ pub fn preload(dir: &Path, transfers: u64) -> Preloaded {
     let seconds = started.elapsed().as_secs_f64();
     Preloaded {
         transfers,
+        held_before_run: transfers,
         seconds,
         per_s: transfers as f64 / seconds,
         store_bytes_per_transfer: dir_bytes(dir) as f64 / transfers.max(1) as f64,

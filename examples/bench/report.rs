@@ -308,10 +308,16 @@ impl Report {
 }
 
 impl Report {
-    /// Records the embedded store's size after the run, `bytes`, a transfer it holds.
+    /// Transfers of this run that reached a terminal state.
+    pub fn terminal(&self) -> u64 {
+        (self.finished + self.rolled_back) as u64
+    }
+
+    /// Records the embedded store's size after the run, `bytes`, a transfer it holds (the
+    /// preloaded ones, those of earlier runs on a kept store, and this run's).
     pub fn add_store_size(&mut self, preloaded: Option<crate::preload::Preloaded>, bytes: u64) {
-        let held =
-            preloaded.as_ref().map_or(0, |p| p.transfers) as f64 + self.finished + self.rolled_back;
+        let before = preloaded.as_ref().map_or(0, |p| p.held_before_run);
+        let held = before as f64 + self.finished + self.rolled_back;
         self.store_bytes_per_transfer = (held > 0.0).then(|| bytes as f64 / held);
         self.preloaded = preloaded;
     }
