@@ -269,6 +269,15 @@ mod tests {
         Admission::new(limit, WAIT, IntGauge::new("g", "g").unwrap())
     }
 
+    /// `a.admit(count)` on a task of its own, answering the count admitted.
+    fn admit_in_background(
+        a: &Arc<Admission>,
+        count: usize,
+    ) -> tokio::task::JoinHandle<Result<usize, Overloaded>> {
+        let a = a.clone();
+        tokio::spawn(async move { a.admit(count).await.map(|p| p.count()) })
+    }
+
     /// Whether `admit` is still waiting after the runtime has run everything it can.
     async fn still_waiting<T>(admit: &tokio::task::JoinHandle<T>) -> bool {
         tokio::task::yield_now().await;
@@ -296,10 +305,7 @@ mod tests {
     async fn a_create_that_finds_no_room_is_admitted_when_room_comes_within_the_wait() {
         let a = admission(1);
         let first = a.admit(1).await.unwrap();
-        let waiting = tokio::spawn({
-            let a = a.clone();
-            async move { a.admit(1).await.map(|p| p.count()) }
-        });
+        let waiting = admit_in_background(&a, 1);
         assert!(still_waiting(&waiting).await);
         tokio::time::sleep(WAIT / 2).await;
         drop(first);
@@ -310,15 +316,9 @@ mod tests {
     async fn the_line_is_first_come_first_served_a_batch_included() {
         let a = admission(3);
         let held = a.admit(3).await.unwrap();
-        let batch = tokio::spawn({
-            let a = a.clone();
-            async move { a.admit(2).await.map(|p| p.count()) }
-        });
+        let batch = admit_in_background(&a, 2);
         assert!(still_waiting(&batch).await);
-        let single = tokio::spawn({
-            let a = a.clone();
-            async move { a.admit(1).await.map(|p| p.count()) }
-        });
+        let single = admit_in_background(&a, 1);
         assert!(still_waiting(&single).await);
         // One place frees: the batch at the head needs two, and the single behind it does
         // not overtake it.
@@ -335,10 +335,7 @@ mod tests {
     async fn a_full_line_refuses_at_once() {
         let a = admission(2);
         let _held = a.admit(2).await.unwrap();
-        let in_line = tokio::spawn({
-            let a = a.clone();
-            async move { a.admit(2).await.map(|p| p.count()) }
-        });
+        let in_line = admit_in_background(&a, 2);
         assert!(still_waiting(&in_line).await);
         let started = Instant::now();
         assert!(a.admit(1).await.is_err());
