@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use transfer_service::metrics::Metrics;
-use transfer_service::store::embedded::EmbeddedStore;
+use transfer_service::store::embedded::{EmbeddedStore, ReadOnlyEmbeddedStore};
 use transfer_service::store::DynStore;
 use transfer_service::transfer::requests::{Movement, NewAccount, NewTransfer};
 use transfer_service::transfer::validated::{AccountId, TransferId};
@@ -39,6 +39,38 @@ pub struct Preloaded {
     pub store_bytes_per_transfer: f64,
     /// The JSON of one preloaded transfer document as stored (its `_source`).
     pub document_bytes: usize,
+    /// What the file holds a transfer, table by table, once they were made.
+    pub tables: Vec<TableBytes>,
+}
+
+/// One table of the store: its bytes a preloaded transfer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TableBytes {
+    pub table: String,
+    pub entries: u64,
+    /// Its keys and values.
+    pub stored_per_transfer: f64,
+    /// And its branch pages, bookkeeping and the free room in its pages.
+    pub in_pages_per_transfer: f64,
+}
+
+/// The tables of the closed store in `dir`, a transfer of `transfers`.
+fn table_bytes(dir: &Path, transfers: u64) -> Vec<TableBytes> {
+    let store = ReadOnlyEmbeddedStore::open(dir, 32).expect("open the store read-only");
+    let per = |bytes: u64| bytes as f64 / transfers.max(1) as f64;
+    let mut tables: Vec<TableBytes> = store
+        .table_sizes()
+        .expect("table sizes")
+        .into_iter()
+        .map(|t| TableBytes {
+            stored_per_transfer: per(t.stored_bytes),
+            in_pages_per_transfer: per(t.stored_bytes + t.metadata_bytes + t.fragmented_bytes),
+            table: t.name,
+            entries: t.entries,
+        })
+        .collect();
+    tables.sort_by(|a, b| b.in_pages_per_transfer.total_cmp(&a.in_pages_per_transfer));
+    tables
 }
 
 /// The service's data directory: a temp dir deleted after the run, or one kept
@@ -126,6 +158,7 @@ pub fn preload(dir: &Path, transfers: u64) -> Preloaded {
         per_s: transfers as f64 / seconds,
         store_bytes_per_transfer: dir_bytes(dir) as f64 / transfers.max(1) as f64,
         document_bytes,
+        tables: table_bytes(dir, transfers),
     }
 }
 

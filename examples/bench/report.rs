@@ -272,6 +272,7 @@ impl Report {
                 "store bytes/transfer",
                 shown(self.store_bytes_per_transfer, 0),
             ),
+            ("  by table (preloaded)", self.bytes_by_table()),
         ];
         if let Some(events) = &self.events {
             rows.extend([
@@ -308,6 +309,25 @@ impl Report {
 }
 
 impl Report {
+    /// Each table's bytes a preloaded transfer, in its pages (its keys and values alone).
+    fn bytes_by_table(&self) -> String {
+        let Some(preloaded) = &self.preloaded else {
+            return "-".into();
+        };
+        preloaded
+            .tables
+            .iter()
+            .filter(|t| t.in_pages_per_transfer >= 1.0)
+            .map(|t| {
+                format!(
+                    "{} {:.0} ({:.0})",
+                    t.table, t.in_pages_per_transfer, t.stored_per_transfer
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// Transfers of this run that reached a terminal state.
     pub fn terminal(&self) -> u64 {
         (self.finished + self.rolled_back) as u64

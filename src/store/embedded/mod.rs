@@ -78,7 +78,7 @@ use commit::*;
 use disk::{DataDir, DatabaseFile, OsDataDir};
 pub use disk::{NEW_DATABASE_FILE_NAME, STOPPED_FILE_NAME};
 use listing_entries::*;
-pub use read_only::ReadOnlyEmbeddedStore;
+pub use read_only::{ReadOnlyEmbeddedStore, TableSize};
 use recent_writes::*;
 use search::*;
 use tables::*;

@@ -86,6 +86,27 @@ impl ReadOnlyEmbeddedStore {
         &self.path
     }
 
+    /// What each table of the file holds: its entries, the bytes of their keys and values,
+    /// and its pages (for the benchmark's account of a transfer's bytes).
+    pub fn table_sizes(&self) -> StoreResult<Vec<TableSize>> {
+        use redb::{ReadableDatabase, ReadableTableMetadata, TableHandle};
+        let txn = self.db.begin_read().map_err(storage)?;
+        let mut sizes = Vec::new();
+        for handle in txn.list_tables().map_err(storage)? {
+            let table = txn.open_untyped_table(handle.clone()).map_err(storage)?;
+            let stats = table.stats().map_err(storage)?;
+            sizes.push(TableSize {
+                name: handle.name().to_owned(),
+                entries: table.len().map_err(storage)?,
+                stored_bytes: stats.stored_bytes(),
+                metadata_bytes: stats.metadata_bytes(),
+                fragmented_bytes: stats.fragmented_bytes(),
+                pages: stats.leaf_pages() + stats.branch_pages(),
+            });
+        }
+        Ok(sizes)
+    }
+
     async fn read<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
@@ -96,6 +117,20 @@ impl ReadOnlyEmbeddedStore {
             .await
             .map_err(|e| StoreError::Permanent(format!("read task failed: {e}")))?
     }
+}
+
+/// One table of the embedded store's file, as [`ReadOnlyEmbeddedStore::table_sizes`] reads it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct TableSize {
+    pub name: String,
+    pub entries: u64,
+    /// The bytes of its keys and values.
+    pub stored_bytes: u64,
+    /// The bytes of its branch pages' keys and other bookkeeping.
+    pub metadata_bytes: u64,
+    /// The bytes of its pages not in use (pages are 4 KiB; a page split leaves room).
+    pub fragmented_bytes: u64,
+    pub pages: u64,
 }
 
 /// What every operation that would write or search answers.
