@@ -10,8 +10,9 @@
 //!   page before it is finished: a crash re-delivers from the saved cursor, never skipping.
 //! - **The fast path** (`docs/design.md §11`, "Webhooks"): events this process wrote are
 //!   queued as soon as the write is acknowledged ([`Ledger::record_written`]), before the
-//!   feed serves them. They belong to no page, so they never hold the cursor back; when the
-//!   feed serves them later, their ids are seen and they are skipped.
+//!   feed serves them. They belong to no page until the feed serves them: then one still
+//!   undelivered holds that page back like the page's own events (a cursor saved past it
+//!   would lose it to a crash), and one delivered is skipped as seen.
 //! - **Marks stay few**: a page with nothing to deliver, behind another such page, only
 //!   moves that page's end, so while an old event blocks the cursor, empty reads do not pile
 //!   up marks.
@@ -34,9 +35,11 @@ pub struct Item {
     pub at: i64,
     /// The signed body.
     pub body: Bytes,
-    /// The mark of the page it was first read in; `None` for an event queued by the fast
-    /// path, which belongs to no page.
+    /// The mark of the page that holds it back: the one it was first read in; for an event
+    /// the fast path queued, the page the feed served it in, `None` until then.
     page: Option<u64>,
+    /// Queued by the fast path (else by the feed).
+    fast: bool,
 }
 
 impl Item {
@@ -46,12 +49,13 @@ impl Item {
             at,
             body,
             page: None,
+            fast: false,
         }
     }
 
     /// Whether the fast path queued it (else the feed).
     pub fn is_fast(&self) -> bool {
-        self.page.is_none()
+        self.fast
     }
 }
 
@@ -115,6 +119,13 @@ impl Ledger {
         let mut outstanding = 0;
         for (transfer, mut item) in events {
             if !self.seen.insert(item.id.clone()) {
+                // Queued by the fast path and not delivered yet: it now holds this page back,
+                // as if the page had queued it (else a cursor saved past this page, then a
+                // crash or a hand-over, would lose it). A repeat, or a delivered one: nothing.
+                if let Some(fast) = self.undelivered_fast(&transfer, &item.id) {
+                    fast.page = Some(seq);
+                    outstanding += 1;
+                }
                 continue;
             }
             item.page = Some(seq);
@@ -141,6 +152,15 @@ impl Ledger {
         to_start
     }
 
+    /// The fast path's event `id` of `transfer`, if it is queued and the feed has not served
+    /// it yet.
+    fn undelivered_fast(&mut self, transfer: &str, id: &str) -> Option<&mut Item> {
+        let queue = self.queues.get_mut(transfer)?;
+        queue
+            .iter_mut()
+            .find(|item| item.id == id && item.page.is_none())
+    }
+
     /// Records events this process wrote, before the feed serves them: `(transfer, item)` in
     /// order, those already seen skipped. They belong to no page: the cursor does not wait
     /// for them (the feed will serve them again, and they are then seen). Returns the
@@ -150,10 +170,11 @@ impl Ledger {
         events: impl IntoIterator<Item = (String, Item)>,
     ) -> Vec<String> {
         let mut to_start = Vec::new();
-        for (transfer, item) in events {
+        for (transfer, mut item) in events {
             if !self.seen.insert(item.id.clone()) {
                 continue;
             }
+            item.fast = true;
             let queue = self.queues.entry(transfer.clone()).or_default();
             queue.push_back(item);
             self.pending += 1;
@@ -335,7 +356,7 @@ mod tests {
     }
 
     #[test]
-    fn events_written_here_are_delivered_at_once_never_hold_the_cursor_and_are_not_queued_again() {
+    fn events_written_here_are_delivered_at_once_and_not_queued_again() {
         let mut ledger = Ledger::start(at(5));
         assert_eq!(
             ledger.record_written([event("t1", 1), event("t1", 2)]),
@@ -348,14 +369,35 @@ mod tests {
             .record_page([event("t1", 1), event("t1", 2)], at(20))
             .is_empty());
         assert_eq!(ledger.pending(), 3, "t1's events once, t2's");
-        // t2 finishes: the cursor moves past both pages, t1's fast events still out.
+        // t2 finishes: the cursor moves past its page, not past the page that served t1's
+        // fast events again while they are still out.
         assert!(!ledger.finish_head("t2"));
-        assert_eq!(ledger.cursor(), at(20).as_ref());
-        // t1's second event follows its first, in order.
+        assert_eq!(ledger.cursor(), at(10).as_ref());
+        // t1's second event follows its first, in order; both delivered, the cursor moves.
         assert!(ledger.finish_head("t1"));
-        assert_eq!(ledger.head("t1").map(|i| i.at), Some(2));
+        assert_eq!(
+            ledger.head("t1").map(|i| (i.at, i.is_fast())),
+            Some((2, true))
+        );
         assert!(!ledger.finish_head("t1"));
         assert_eq!((ledger.pending(), ledger.cursor()), (0, at(20).as_ref()));
+    }
+
+    #[test]
+    fn a_fast_event_still_undelivered_when_the_feed_serves_it_holds_that_page_back() {
+        let mut ledger = Ledger::start(at(5));
+        ledger.record_written([event("t", 1)]);
+        // The feed serves it (and another transfer's event) before its delivery ends.
+        ledger.record_page([event("u", 2), event("t", 1)], at(10));
+        assert_eq!(ledger.pending(), 2, "not queued twice");
+        assert!(!ledger.finish_head("u"));
+        assert_eq!(
+            ledger.cursor(),
+            at(5).as_ref(),
+            "t's fast event is still out"
+        );
+        assert!(!ledger.finish_head("t"));
+        assert_eq!(ledger.cursor(), at(10).as_ref());
     }
 
     #[test]
