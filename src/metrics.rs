@@ -26,6 +26,7 @@ pub struct Metrics {
     /// Transfers created here and not yet driven to the end: the count `MAX_IN_FLIGHT`
     /// bounds (admission control).
     pub transfers_admitted_in_flight: IntGauge,
+    pub transfers_waiting_admission: IntGauge,
     /// Transfer writes written again with a fresh `modification_time` because their answer
     /// came late (the change feed's second line, `docs/design.md §11`).
     pub transfers_restamped_total: IntCounter,
@@ -155,6 +156,10 @@ impl Metrics {
             transfers_admitted_in_flight: gauge(
                 "transfers_admitted_in_flight",
                 "Transfers created here and not yet driven to the end (bounded by MAX_IN_FLIGHT)",
+            ),
+            transfers_waiting_admission: gauge(
+                "transfers_waiting_admission",
+                "Transfers of creates waiting in line for room under MAX_IN_FLIGHT (at most ADMISSION_WAIT each)",
             ),
             transfers_restamped_total: counter(
                 "transfers_restamped_total",

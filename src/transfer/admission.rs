@@ -66,6 +66,8 @@ pub struct Admission {
     drain: Mutex<DrainRate>,
     /// `transfers_admitted_in_flight`: the value of `in_flight`, for scrapes.
     gauge: IntGauge,
+    /// `transfers_waiting_admission`: the value of `waiting`, for scrapes.
+    waiting_gauge: IntGauge,
 }
 
 /// A create refused because the bound is reached and no room came within the wait: nothing
@@ -95,18 +97,25 @@ struct DrainRate {
 
 /// A place in line: leaving it (admitted, refused or cancelled) takes the count off.
 struct InLine<'a> {
-    waiting: &'a AtomicUsize,
+    admission: &'a Admission,
     count: usize,
 }
 
 impl Drop for InLine<'_> {
     fn drop(&mut self) {
-        self.waiting.fetch_sub(self.count, Ordering::AcqRel);
+        self.admission
+            .waiting
+            .fetch_sub(self.count, Ordering::AcqRel);
+        self.admission.waiting_gauge.sub(self.count as i64);
     }
 }
 
 impl Admission {
-    pub fn new(limit: usize, max_wait: Duration, gauge: IntGauge) -> Arc<Self> {
+    pub fn new(
+        limit: usize,
+        max_wait: Duration,
+        (gauge, waiting_gauge): (IntGauge, IntGauge),
+    ) -> Arc<Self> {
         assert!(limit >= 1, "MAX_IN_FLIGHT is at least 1");
         let limit = limit.min(Semaphore::MAX_PERMITS);
         Arc::new(Self {
@@ -122,6 +131,7 @@ impl Admission {
                 per_second: 0.0,
             }),
             gauge,
+            waiting_gauge,
         })
     }
 
@@ -142,8 +152,9 @@ impl Admission {
             }
         }
         let ahead = self.waiting.fetch_add(count, Ordering::AcqRel);
+        self.waiting_gauge.add(count as i64);
         let _in_line = InLine {
-            waiting: &self.waiting,
+            admission: self,
             count,
         };
         if ahead + count > self.limit {
@@ -266,7 +277,11 @@ mod tests {
     const WAIT: Duration = Duration::from_millis(100);
 
     fn admission(limit: usize) -> Arc<Admission> {
-        Admission::new(limit, WAIT, IntGauge::new("g", "g").unwrap())
+        let gauges = (
+            IntGauge::new("g", "g").unwrap(),
+            IntGauge::new("w", "w").unwrap(),
+        );
+        Admission::new(limit, WAIT, gauges)
     }
 
     /// `a.admit(count)` on a task of its own, answering the count admitted.
@@ -337,6 +352,7 @@ mod tests {
         let _held = a.admit(2).await.unwrap();
         let in_line = admit_in_background(&a, 2);
         assert!(still_waiting(&in_line).await);
+        assert_eq!(a.waiting_gauge.get(), 2, "the two in line, for scrapes");
         let started = Instant::now();
         assert!(a.admit(1).await.is_err());
         assert_eq!(
@@ -353,6 +369,7 @@ mod tests {
             0,
             "every place in line left"
         );
+        assert_eq!(a.waiting_gauge.get(), 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -235,7 +235,10 @@ impl Engine {
         let admission = admission::Admission::new(
             config.max_in_flight,
             config.admission_wait,
-            metrics.transfers_admitted_in_flight.clone(),
+            (
+                metrics.transfers_admitted_in_flight.clone(),
+                metrics.transfers_waiting_admission.clone(),
+            ),
         );
         Arc::new(Self {
             store,
