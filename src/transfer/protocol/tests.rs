@@ -151,39 +151,44 @@ fn multi(legs: &[(&str, &str, i64)]) -> TransferDoc {
 fn a_multi_leg_transaction_takes_each_account_once_in_every_state() {
     use AccountOp::*;
     let t = multi(&[("a", "b", 10), ("a", "c", 5)]);
-    assert_eq!(
-        plan_for(&t),
-        &[Step::EachAccount(Apply), Step::SetState(Committed)]
-    );
-    let committed = TransferDoc {
-        transaction_state: Committed,
+    let in_state = |state| TransferDoc {
+        transaction_state: state,
         ..t.clone()
     };
-    assert_eq!(
-        plan_for(&committed),
-        &[Step::EachAccount(Remove), Step::SetState(Finished)]
-    );
-    let terminating = TransferDoc {
-        transaction_state: Terminating,
-        ..t.clone()
-    };
-    assert_eq!(
-        plan_for(&terminating),
-        &[Step::EachAccount(Undo), Step::SetState(RolledBack)]
-    );
     let hold = TransferDoc {
         hold_expires_at: Some("2026-01-02T00:00:00.000Z".into()),
         ..t.clone()
     };
-    assert_eq!(plan_for(&hold), &[Step::EachAccount(Apply), Step::Park]);
     let captured = TransferDoc {
         captured_amount: Some(15),
-        ..hold
+        ..hold.clone()
     };
-    assert_eq!(
-        plan_for(&captured),
-        &[Step::EachAccount(Apply), Step::SetState(Committed)]
-    );
+    let cases = [
+        (
+            "pending",
+            t.clone(),
+            vec![Step::EachAccount(Apply), Step::SetState(Committed)],
+        ),
+        (
+            "committed",
+            in_state(Committed),
+            vec![Step::EachAccount(Remove), Step::SetState(Finished)],
+        ),
+        (
+            "terminating",
+            in_state(Terminating),
+            vec![Step::EachAccount(Undo), Step::SetState(RolledBack)],
+        ),
+        ("a hold", hold, vec![Step::EachAccount(Apply), Step::Park]),
+        (
+            "a captured hold",
+            captured,
+            vec![Step::EachAccount(Apply), Step::SetState(Committed)],
+        ),
+    ];
+    for (what, doc, steps) in cases {
+        assert_eq!(plan_for(&doc), steps.as_slice(), "{what}");
+    }
     // A one-leg transfer keeps the post's steps.
     assert_eq!(plan_for(&transfer(Pending)), plan(Pending));
 }
