@@ -382,18 +382,23 @@ impl Session {
         if self.ledger.pending() >= self.sender.settings.max_pending {
             return;
         }
-        let items = self.selected_items(FeedEvent::all_of(&transfer).collect());
+        let events = FeedEvent::all_of(&transfer).collect();
+        let items = self.selected_items(events, |ledger, event| ledger.is_new(&event.id));
         for transfer in self.ledger.record_written(items) {
             self.start_head(transfer);
         }
     }
 
-    /// The events a receiver selected and has not seen, encoded, as `(transfer, item)`.
-    fn selected_items(&self, events: Vec<FeedEvent>) -> Vec<(String, Item)> {
+    /// The events a receiver selected that the ledger `wants`, encoded, as `(transfer, item)`.
+    fn selected_items(
+        &self,
+        events: Vec<FeedEvent>,
+        wants: impl Fn(&Ledger, &FeedEvent) -> bool,
+    ) -> Vec<(String, Item)> {
         let settings = &self.sender.settings;
         let selected: Vec<_> = events
             .into_iter()
-            .filter(|event| settings.events.contains(&event.kind) && self.ledger.is_new(&event.id))
+            .filter(|event| settings.events.contains(&event.kind) && wants(&self.ledger, event))
             .collect();
         let meta: Vec<(String, i64)> = selected
             .iter()
@@ -425,7 +430,12 @@ impl Session {
                 *i == 0 || !Arc::ptr_eq(&page.items[i - 1].transfer, &event.transfer)
             })
             .count();
-        let items = self.selected_items(page.items);
+        // The events the ledger has not seen, and those the fast path queued and has not
+        // delivered yet: the page must hold them (`Ledger::record_page`).
+        let items = self.selected_items(page.items, |ledger, event| {
+            ledger.is_new(&event.id)
+                || ledger.is_undelivered_fast(&event.transfer.transaction_id, &event.id)
+        });
         for transfer in self.ledger.record_page(items, page.next) {
             self.start_head(transfer);
         }
@@ -698,6 +708,28 @@ mod tests {
             items: items.collect(),
             next: Some(FeedPosition::Seq(next)),
         }
+    }
+
+    #[tokio::test]
+    async fn a_page_that_serves_an_event_the_fast_path_is_still_delivering_waits_for_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dispatcher(dir.path());
+        let mut session = Session::new(d.sender.clone(), None);
+        // t1 written here: its terminal event goes by the fast path (to a receiver nobody
+        // listens on, so it stays undelivered).
+        let written = page(Some("t1"), 0).items[0].transfer.clone();
+        session.written_here(Ok(written));
+        assert_eq!(session.ledger.pending(), 1);
+        // The feed serves t1 while that delivery is still out: the cursor must not pass it
+        // (a crash now would otherwise lose the event).
+        session.accept(page(Some("t1"), 10));
+        assert_eq!(session.ledger.pending(), 1, "not queued twice");
+        assert_eq!(
+            session.ledger.cursor(),
+            None,
+            "held back by the undelivered event"
+        );
+        session.tasks.abort_all();
     }
 
     #[tokio::test]

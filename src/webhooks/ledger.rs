@@ -152,6 +152,16 @@ impl Ledger {
         to_start
     }
 
+    /// Whether the fast path queued event `id` of `transfer` and it is neither delivered nor
+    /// served by the feed yet: a page that serves it must still record it.
+    pub fn is_undelivered_fast(&self, transfer: &str, id: &str) -> bool {
+        self.queues.get(transfer).is_some_and(|queue| {
+            queue
+                .iter()
+                .any(|item| item.id == id && item.page.is_none())
+        })
+    }
+
     /// The fast path's event `id` of `transfer`, if it is queued and the feed has not served
     /// it yet.
     fn undelivered_fast(&mut self, transfer: &str, id: &str) -> Option<&mut Item> {
