@@ -257,11 +257,12 @@ mod cases {
         assert_eq!((app.balance("a").await, app.balance("b").await), (100, 0));
         let (status, body) = app.post("/transfers/h6/capture", json!({})).await;
         assert_problem(status, &body, 409);
-        let metrics = app.scrape().await;
-        assert_eq!(
-            metrics.value("holds_completed_total", &[("outcome", "expired")]),
-            1.0
-        );
+        // Counted right after the terminal write, which the GET above may see first.
+        wait::eventually("the expired hold to be counted", || async {
+            let metrics = app.scrape().await;
+            metrics.value("holds_completed_total", &[("outcome", "expired")]) == 1.0
+        })
+        .await;
         app.shutdown().await;
     }
 }

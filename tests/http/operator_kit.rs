@@ -259,8 +259,10 @@ async fn exposition_of_a_busy_service() -> Exposition {
     app.open_account("bob", 0).await;
     app.transfer_accepted("t-1", "alice", "bob", 10).await;
     app.settled("t-1").await;
-    wait::eventually("the webhook to be delivered", || async {
+    // The dispatcher records a delivery a moment after the receiver has answered it.
+    wait::eventually("the webhook's delivery to be recorded", || async {
         receiver.delivered_ids().contains("t-1/transfer.finished")
+            && app.scrape().await.sum("webhook_delivery_lag_seconds_count") >= 1.0
     })
     .await;
     let exposition = app.scrape().await;

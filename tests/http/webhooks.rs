@@ -179,17 +179,20 @@ mod cases {
             2,
             "two hung"
         );
-        let metrics = app.scrape().await;
-        assert!(metrics.value("webhook_deliveries_total", &[("outcome", "failed")]) >= 5.0);
-        assert!(
+        // The receiver counts a delivery when it answers, the dispatcher a moment later.
+        wait::eventually("the dispatcher to count every delivery", || async {
+            let metrics = app.scrape().await;
             metrics.value("webhook_deliveries_total", &[("outcome", "delivered")])
                 >= deliveries as f64
-        );
+                && metrics.sum("webhook_delivery_lag_seconds_count") >= deliveries as f64
+        })
+        .await;
+        let metrics = app.scrape().await;
+        assert!(metrics.value("webhook_deliveries_total", &[("outcome", "failed")]) >= 5.0);
         assert_eq!(
             metrics.value("webhook_deliveries_total", &[("outcome", "given_up")]),
             0.0
         );
-        assert!(metrics.sum("webhook_delivery_lag_seconds_count") >= deliveries as f64);
         app.shutdown().await;
     }
 
@@ -397,9 +400,18 @@ async fn a_terminal_event_comes_by_the_fast_path_before_the_feeds_horizon(backen
     )
     .await;
     assert!(terminal.elapsed() < horizon / 2, "{:?}", terminal.elapsed());
-    let metrics = app.scrape().await;
-    let by_path = |path| metrics.find("webhook_delivery_lag_seconds_count", &[("path", path)]);
-    assert_eq!((by_path("fast"), by_path("feed")), (Some(1.0), None));
+    // The receiver counts the delivery when it answers; the dispatcher records its lag a
+    // moment later, when the answer reaches it.
+    let lag_counts = || async {
+        let metrics = app.scrape().await;
+        let by_path = |path| metrics.find("webhook_delivery_lag_seconds_count", &[("path", path)]);
+        (by_path("fast"), by_path("feed"))
+    };
+    wait::eventually("the dispatcher to record the delivery", || async {
+        lag_counts().await.0.is_some()
+    })
+    .await;
+    assert_eq!(lag_counts().await, (Some(1.0), None));
     app.shutdown().await;
 }
 
