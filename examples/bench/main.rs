@@ -9,6 +9,8 @@
 //! target/release/examples/bench --emulator               # on es-emulator (a TEST DOUBLE)
 //! target/release/examples/bench --follow-events          # ... with a GET /events consumer
 //! target/release/examples/bench --webhook                # ... delivering to a receiver
+//! target/release/examples/bench --emulator --webhook --second-instance 21s   # ... from an
+//!                                               # instance without the receiver's lease
 //! target/release/examples/bench --elasticsearch http://127.0.0.1:9200 --json
 //! ```
 //!
@@ -107,6 +109,13 @@ struct Args {
     /// answers 204 (needs the service to start it: no --url).
     #[arg(long, conflicts_with = "url")]
     webhook: bool,
+    /// With --webhook on Elasticsearch (or --emulator): start a second service on the same
+    /// indices once the first holds the receiver's delivery lease, and post to the second
+    /// only, so every event comes by the fast path of an instance without the lease; the
+    /// report then waits out the feed's horizon (`Engine::feed_delay`, this long), so that
+    /// its repeats count what the holder's feed delivered again.
+    #[arg(long, requires = "webhook", value_parser = humantime::parse_duration)]
+    second_instance: Option<Duration>,
     /// Start the service on an embedded store that already holds this many transfers, made
     /// by the engine in this process before the service starts (see `preload.rs`).
     #[arg(long, conflicts_with_all = ["url", "elasticsearch", "emulator"])]
@@ -987,6 +996,18 @@ async fn run(args: &Args, emulator: Option<&Emulator>) -> Report {
         .url
         .is_none()
         .then(|| start_service(args, elasticsearch.as_deref(), webhook_url));
+    let (holder, service) = match (args.second_instance, service) {
+        (Some(_), Some(first)) => {
+            assert!(
+                elasticsearch.is_some(),
+                "--second-instance needs Elasticsearch"
+            );
+            wait_for_the_lease(&first.base).await;
+            let second = start_service(args, elasticsearch.as_deref(), webhook_url);
+            (Some(first), Some(second))
+        }
+        (_, service) => (None, service),
+    };
     let target = Target {
         client: reqwest::Client::builder()
             .timeout(Duration::from_secs(120))
@@ -1005,10 +1026,18 @@ async fn run(args: &Args, emulator: Option<&Emulator>) -> Report {
     let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
     open_accounts(&target.client, &target.base, &run, args.accounts).await;
 
-    let phase = transfer_phase(args, &target, &run).await;
+    let mut phase = transfer_phase(args, &target, &run).await;
+    if let (Some(horizon), Some(received)) = (args.second_instance, &target.webhook) {
+        // The holder's feed reaches the last events a horizon after they were written.
+        tokio::time::sleep(horizon + Duration::from_secs(2)).await;
+        phase.webhooks = Some(received.lock().expect("receiver state").clone());
+    }
     let healthz = healthz_rate(&target.base, args.clients(), args.healthz_duration).await;
     let peak_rss_kib = target.pid.and_then(|pid| memory_kib(pid, "VmHWM:"));
     let mut report = Report::new(args, &phase, healthz, peak_rss_kib);
+    if let Some(holder) = holder {
+        stop_service(holder);
+    }
     if let Some(service) = service {
         let embedded = elasticsearch.is_none();
         let preloaded = service.preloaded.clone();
@@ -1020,6 +1049,20 @@ async fn run(args: &Args, emulator: Option<&Emulator>) -> Report {
         }
     }
     report
+}
+
+/// Waits until the service at `base` holds its receiver's delivery lease.
+async fn wait_for_the_lease(base: &str) {
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let scrape = Scrape::take(&client, base).await;
+        if scrape.sum("webhook_lease_held", all) >= 1.0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the first service did not take the receiver's lease within 60 s");
 }
 
 /// Stops the service with SIGTERM and waits for it; returns the size of its data directory

@@ -154,6 +154,8 @@ pub struct Leases {
     metrics: Arc<Metrics>,
     /// This process's name in owner tokens.
     instance: String,
+    /// The terminal writes this process has numbered ([`Leases::seal`]).
+    sealed: AtomicU64,
     /// Bumped when the wall clock jumps: leases granted in an earlier epoch are over.
     epoch: AtomicU64,
     jumps: JumpDetector,
@@ -168,6 +170,7 @@ impl Leases {
             docs,
             metrics,
             instance,
+            sealed: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
             // Half the margin: a step smaller than that is within what the margin absorbs.
             jumps: JumpDetector::new(times.skew_margin / 2),
@@ -188,6 +191,20 @@ impl Leases {
             return self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
         }
         self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// This process's name in owner tokens and in `settled_by`.
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// Releases the lease of a transfer about to be written terminal and numbers the write
+    /// (`TransferDoc::settled_by`). A write sent again keeps its number; a number whose write
+    /// never lands is simply never delivered by the fast path.
+    fn seal(&self, next: &mut TransferDoc) {
+        release(next);
+        let n = self.sealed.fetch_add(1, Ordering::Relaxed) + 1;
+        next.settled_by = Some(format!("{}/{n}", self.instance));
     }
 
     /// A fresh owner token for one worker.
@@ -309,7 +326,7 @@ impl Leases {
         let sent = self.sent();
         let now = self.clock.now();
         if next.transaction_state.is_terminal() {
-            release(&mut next);
+            self.seal(&mut next);
         } else {
             let owner = leased.owner.clone();
             self.grant(&mut next, &owner, &now);
@@ -424,7 +441,7 @@ impl Leases {
         version: Version,
     ) -> StoreResult<WriteOutcome> {
         if next.transaction_state.is_terminal() {
-            release(&mut next);
+            self.seal(&mut next);
         }
         let sent = self.sent();
         stamp(&mut next, &self.clock.now());

@@ -264,6 +264,11 @@ impl Engine {
         self.terminal_writes.subscribe()
     }
 
+    /// This process's name in lease owners and in `settled_by` (`super::lease`).
+    pub fn instance(&self) -> &str {
+        self.leases.instance()
+    }
+
     /// The store, for what the engine does not cover (readiness, refreshes in tests).
     pub fn store(&self) -> &DynStore {
         &self.store

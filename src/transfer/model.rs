@@ -226,6 +226,14 @@ pub struct TransferDoc {
     /// created otherwise (the lease owner's token serves them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_by: Option<String>,
+    /// Which terminal write of which instance this is, `<instance>/<n>` (numbered by
+    /// [`crate::transfer::lease`], 1, 2, ... in each process): the webhooks' fast path of
+    /// that instance records by these numbers which of its writes it delivered, so that the
+    /// instance reading the feed for a receiver does not deliver them again (`docs/design.md
+    /// §11`). Absent before the transfer is terminal, and when it was settled in one store
+    /// transaction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled_by: Option<String>,
 }
 
 /// One leg of a multi-leg transaction: `amount` units from `from` to `to`.
@@ -284,6 +292,7 @@ impl TransferDoc {
             metadata: Metadata::new(),
             history: String::new(),
             created_by: None,
+            settled_by: None,
         }
     }
 

@@ -20,6 +20,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +30,7 @@ use tokio::task::{Id, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::fast::{self, DeliveredElsewhere, FastPath};
 use super::ledger::{Item, Ledger};
 use super::progress::{Claim, Progress};
 use super::{Receiver, WebhookSettings};
@@ -64,10 +66,10 @@ pub enum Outcome {
 }
 
 /// What one attempt needs, shared by the delivery tasks.
-struct Sender {
-    engine: Arc<Engine>,
-    settings: Arc<WebhookSettings>,
-    receiver: Receiver,
+pub(super) struct Sender {
+    pub(super) engine: Arc<Engine>,
+    pub(super) settings: Arc<WebhookSettings>,
+    pub(super) receiver: Receiver,
     client: reqwest::Client,
     metrics: Arc<Metrics>,
     slots: Semaphore,
@@ -78,9 +80,13 @@ struct Sender {
 
 pub struct Dispatcher {
     sender: Arc<Sender>,
+    /// Whether this instance holds the receiver's lease (its [`FastPath`] then stands aside).
+    leased_here: Arc<AtomicBool>,
 }
 
-type Read = Pin<Box<dyn Future<Output = Result<EventsPage, ServiceError>> + Send>>;
+/// A read of the feed, with what other instances' fast paths delivered of it.
+type Read =
+    Pin<Box<dyn Future<Output = Result<(EventsPage, DeliveredElsewhere), ServiceError>> + Send>>;
 
 impl Dispatcher {
     pub fn new(
@@ -101,6 +107,7 @@ impl Dispatcher {
                 slots,
                 fence: std::sync::atomic::AtomicI64::new(0),
             }),
+            leased_here: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -134,8 +141,23 @@ impl Dispatcher {
     }
 
     /// Delivers while this instance holds the receiver's lease, waits for it otherwise, until
-    /// the engine shuts down.
+    /// the engine shuts down. Meanwhile, on a store whose feed trails by a horizon, this
+    /// instance's fast path delivers what it writes while another instance holds the lease
+    /// ([`FastPath`]).
     pub async fn run(self) {
+        let sender = &self.sender;
+        let fast = (sender.engine.feed_delay() > Duration::ZERO
+            && fast::serves(&sender.settings.events))
+        .then(|| tokio::spawn(FastPath::new(sender.clone(), self.leased_here.clone()).run()));
+        self.hold_and_deliver().await;
+        if let Some(fast) = fast {
+            // It ends with the engine's shutdown too, saving what it delivered.
+            let _ = fast.await;
+        }
+    }
+
+    /// Claims the receiver's lease and delivers while it is held, until the engine shuts down.
+    async fn hold_and_deliver(&self) {
         let sender = &self.sender;
         let engine = &sender.engine;
         let shutdown = engine.shutdown_token();
@@ -226,9 +248,11 @@ impl Dispatcher {
             .webhook_lease_held
             .with_label_values(&[receiver]);
         lease_held.set(1);
+        self.leased_here.store(true, Ordering::Release);
         sender.set_fence(progress);
         self.deliver(progress, start, shutdown).await;
-        sender.fence.store(0, std::sync::atomic::Ordering::Release);
+        sender.fence.store(0, Ordering::Release);
+        self.leased_here.store(false, Ordering::Release);
         lease_held.set(0);
         sender
             .metrics
@@ -336,18 +360,28 @@ impl Session {
         let after = self.ledger.read_after();
         self.last_read = Instant::now();
         self.read_started = engine.clock().wall_millis();
+        let receiver_id = self.sender.receiver.id.clone();
+        let fast_paths = fast::serves(&self.sender.settings.events);
         self.read = Some(Box::pin(async move {
-            engine.events_page(after, PAGE, LONG_POLL).await
+            let page = engine.events_page(after, PAGE, LONG_POLL).await?;
+            let elsewhere = match fast_paths {
+                true => {
+                    let transfers = page.items.iter().map(|event| event.transfer.as_ref());
+                    DeliveredElsewhere::read(engine.store(), &receiver_id, transfers).await
+                }
+                false => DeliveredElsewhere::default(),
+            };
+            Ok((page, elsewhere))
         }));
     }
 
     /// A read of the feed answered: queue its events, and pause once caught up; or retry
     /// after a failure.
-    fn read_answered(&mut self, page: Result<EventsPage, ServiceError>) {
+    fn read_answered(&mut self, page: Result<(EventsPage, DeliveredElsewhere), ServiceError>) {
         match page {
-            Ok(page) => {
+            Ok((page, elsewhere)) => {
                 self.unread_since = None;
-                if self.accept(page) < PAGE {
+                if self.accept(page, &elsewhere) < PAGE {
                     self.read_again_at = self.last_read + CAUGHT_UP_PAUSE;
                 }
             }
@@ -383,43 +417,18 @@ impl Session {
             return;
         }
         let events = FeedEvent::all_of(&transfer).collect();
-        let items = self.selected_items(events, |ledger, event| ledger.is_new(&event.id));
+        let ledger = &self.ledger;
+        let items = self
+            .sender
+            .selected_items(events, |event| ledger.is_new(&event.id));
         for transfer in self.ledger.record_written(items) {
             self.start_head(transfer);
         }
     }
 
-    /// The events a receiver selected that the ledger `wants`, encoded, as `(transfer, item)`.
-    fn selected_items(
-        &self,
-        events: Vec<FeedEvent>,
-        wants: impl Fn(&Ledger, &FeedEvent) -> bool,
-    ) -> Vec<(String, Item)> {
-        let settings = &self.sender.settings;
-        let selected: Vec<_> = events
-            .into_iter()
-            .filter(|event| settings.events.contains(&event.kind) && wants(&self.ledger, event))
-            .collect();
-        let meta: Vec<(String, i64)> = selected
-            .iter()
-            .map(|event| (event.transfer.transaction_id.clone(), event.at))
-            .collect();
-        Event::from_feed(selected)
-            .into_iter()
-            .zip(meta)
-            .filter_map(|(view, (transfer, at))| match serde_json::to_vec(&view) {
-                Ok(body) => Some((transfer, Item::new(view.id, at, Bytes::from(body)))),
-                Err(error) => {
-                    tracing::error!(%error, id = view.id, "webhooks: cannot encode an event; skipping it");
-                    None
-                }
-            })
-            .collect()
-    }
-
     /// Queues the selected, unseen events of a page and starts the heads of idle transfers;
     /// returns how many transfer documents the page held.
-    fn accept(&mut self, page: EventsPage) -> usize {
+    fn accept(&mut self, page: EventsPage, elsewhere: &DeliveredElsewhere) -> usize {
         // A page serves each of its documents' events together, so a new document starts
         // where the transfer changes.
         let documents = page
@@ -432,8 +441,10 @@ impl Session {
             .count();
         // The events the ledger has not seen, and those the fast path queued and has not
         // delivered yet: the page must hold them (`Ledger::record_page`).
-        let items = self.selected_items(page.items, |ledger, event| {
-            ledger.is_new(&event.id)
+        // Skipped as well: what another instance's fast path delivered (`super::fast`).
+        let ledger = &self.ledger;
+        let items = self.sender.selected_items(page.items, |event| {
+            (ledger.is_new(&event.id) && !elsewhere.delivered(&event.transfer))
                 || ledger.is_undelivered_fast(&event.transfer.transaction_id, &event.id)
         });
         for transfer in self.ledger.record_page(items, page.next) {
@@ -542,6 +553,39 @@ impl Session {
 }
 
 impl Sender {
+    /// The events this receiver selected that are `wanted`, encoded, as `(transfer, item)`.
+    fn selected_items(
+        &self,
+        events: Vec<FeedEvent>,
+        wanted: impl Fn(&FeedEvent) -> bool,
+    ) -> Vec<(String, Item)> {
+        let settings = &self.settings;
+        let selected: Vec<_> = events
+            .into_iter()
+            .filter(|event| settings.events.contains(&event.kind) && wanted(event))
+            .collect();
+        let meta: Vec<(String, i64)> = selected
+            .iter()
+            .map(|event| (event.transfer.transaction_id.clone(), event.at))
+            .collect();
+        Event::from_feed(selected)
+            .into_iter()
+            .zip(meta)
+            .filter_map(|(view, (transfer, at))| match serde_json::to_vec(&view) {
+                Ok(body) => Some((transfer, Item::new(view.id, at, Bytes::from(body)))),
+                Err(error) => {
+                    tracing::error!(%error, id = view.id, "webhooks: cannot encode an event; skipping it");
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// Every event of `transfer` this receiver selected, encoded.
+    pub(super) fn items_of(&self, transfer: &Arc<TransferDoc>) -> Vec<(String, Item)> {
+        self.selected_items(FeedEvent::all_of(transfer).collect(), |_| true)
+    }
+
     /// Attempts `item` until it is delivered or older than the retry period.
     async fn deliver(&self, item: Item) -> Outcome {
         let settings = &self.settings;
@@ -559,15 +603,7 @@ impl Sender {
             let now = clock.wall_millis();
             let why = match result {
                 Ok(()) => {
-                    self.metrics
-                        .webhook_deliveries_total
-                        .with_label_values(&["delivered"])
-                        .inc();
-                    let path = if item.is_fast() { "fast" } else { "feed" };
-                    self.metrics
-                        .webhook_delivery_lag_seconds
-                        .with_label_values(&[path])
-                        .observe((now - item.at).max(0) as f64 / 1000.0);
+                    self.count_delivered(&item, now);
                     return Outcome::Delivered;
                 }
                 Err(why) => why,
@@ -604,6 +640,57 @@ impl Sender {
             );
             tokio::time::sleep(wait).await;
         }
+    }
+
+    /// The fast path of an instance that does not hold the lease ([`FastPath`]): attempts
+    /// `item` until it is delivered (`true`) or `until` (wall millis) has passed, then leaves
+    /// it to the holder, which reads it from the feed. Not fenced: no lease is involved, and
+    /// the holder skips only what this delivered.
+    pub(super) async fn deliver_fast(&self, item: Item, until: i64) -> bool {
+        let clock = self.engine.clock();
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let result = {
+                let _slot = self.slots.acquire().await.expect("never closed");
+                self.attempt(&item).await
+            };
+            let now = clock.wall_millis();
+            match result {
+                Ok(()) => {
+                    self.count_delivered(&item, now);
+                    return true;
+                }
+                Err(why) if now >= until => {
+                    tracing::debug!(
+                        receiver = self.receiver.label.as_str(),
+                        id = item.id,
+                        error = why,
+                        "webhooks: the fast path leaves an event to the lease holder"
+                    );
+                    return false;
+                }
+                Err(_) => {}
+            }
+            self.metrics
+                .webhook_deliveries_total
+                .with_label_values(&["failed"])
+                .inc();
+            let wait = self.settings.backoff.delay(attempt);
+            tokio::time::sleep(wait.min(Duration::from_millis((until - now).max(0) as u64))).await;
+        }
+    }
+
+    fn count_delivered(&self, item: &Item, now: i64) {
+        self.metrics
+            .webhook_deliveries_total
+            .with_label_values(&["delivered"])
+            .inc();
+        let path = if item.is_fast() { "fast" } else { "feed" };
+        self.metrics
+            .webhook_delivery_lag_seconds
+            .with_label_values(&[path])
+            .observe((now - item.at).max(0) as f64 / 1000.0);
     }
 
     /// Moves the fence to what `progress` now allows.
@@ -722,7 +809,7 @@ mod tests {
         assert_eq!(session.ledger.pending(), 1);
         // The feed serves t1 while that delivery is still out: the cursor must not pass it
         // (a crash now would otherwise lose the event).
-        session.accept(page(Some("t1"), 10));
+        session.accept(page(Some("t1"), 10), &DeliveredElsewhere::default());
         assert_eq!(session.ledger.pending(), 1, "not queued twice");
         assert_eq!(
             session.ledger.cursor(),
@@ -738,9 +825,13 @@ mod tests {
         let d = dispatcher(dir.path());
         let mut session = Session::new(d.sender.clone(), None);
         // t1's terminal event; then t1 again (its repeat), then a page with nothing.
-        assert_eq!(session.accept(page(Some("t1"), 10)), 1, "one document");
-        session.accept(page(Some("t1"), 11));
-        session.accept(page(None, 12));
+        assert_eq!(
+            session.accept(page(Some("t1"), 10), &DeliveredElsewhere::default()),
+            1,
+            "one document"
+        );
+        session.accept(page(Some("t1"), 11), &DeliveredElsewhere::default());
+        session.accept(page(None, 12), &DeliveredElsewhere::default());
         assert_eq!(
             session.ledger.pending(),
             1,

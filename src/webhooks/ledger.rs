@@ -53,6 +53,11 @@ impl Item {
         }
     }
 
+    /// The same, marked as the fast path's.
+    pub fn fast(self) -> Self {
+        Self { fast: true, ..self }
+    }
+
     /// Whether the fast path queued it (else the feed).
     pub fn is_fast(&self) -> bool {
         self.fast

@@ -12,6 +12,7 @@
 //! dispatcher's bounded queue, after which it stops reading the feed until there is room.
 
 pub mod dispatcher;
+pub mod fast;
 pub mod ledger;
 pub mod progress;
 pub mod signing;

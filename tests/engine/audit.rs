@@ -107,26 +107,8 @@ fn account_with(
 
 fn transfer(id: &str, src: &str, dest: &str, amount: i64, state: TransferState) -> TransferDoc {
     TransferDoc {
-        transaction_id: id.into(),
-        src_acct: src.into(),
-        dest_acct: dest.into(),
-        amount,
         transaction_state: state,
-        reason: None,
-        creation_time: now_text(),
-        modification_time: now_text(),
-        lease_owner: None,
-        lease_expires_at: None,
-        attention: None,
-        failed_account: None,
-        legs: Vec::new(),
-        accounts: Vec::new(),
-        hold_expires_at: None,
-        captured_amount: None,
-        currency: None,
-        metadata: Default::default(),
-        history: String::new(),
-        created_by: None,
+        ..TransferDoc::created(id, src, dest, amount, &now_text())
     }
 }
 

@@ -341,6 +341,14 @@ async fn wrong_webhook_settings_stop_the_start_with_a_clear_message() {
     );
 }
 
+/// The deliveries `app` counted by `path` (`fast` or `feed`).
+async fn lag_count(app: &TestApp, path: &str) -> f64 {
+    app.scrape()
+        .await
+        .find("webhook_delivery_lag_seconds_count", &[("path", path)])
+        .unwrap_or(0.0)
+}
+
 /// Whether each instance holds the receiver's delivery lease, by its `webhook_lease_held`.
 async fn lease_held(apps: &[&TestApp]) -> Vec<bool> {
     let mut held = Vec::new();
@@ -498,6 +506,89 @@ async fn two_instances_share_a_receiver_and_hand_over(backend: Backend) {
         "{deliveries} deliveries of {distinct} events: too many repeats"
     );
     survivor.shutdown().await;
+}
+
+/// Two instances behind one receiver on the emulator: the one without the receiver's lease
+/// delivers what it writes by its own fast path, and the holder, reading the feed a horizon
+/// later, does not deliver it again; a transfer whose writer dies before its fast delivery
+/// succeeds is delivered by the holder from the feed (docs/design.md §11 "Webhooks").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_emulator_each_instance_delivers_its_writes_fast_and_the_holder_only_the_rest() {
+    each_instance_delivers_its_writes_fast_and_the_holder_only_the_rest(Backend::Emulator).await;
+}
+
+/// The same on the real cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_real_elasticsearch_each_instance_delivers_its_writes_fast_and_the_holder_only_the_rest()
+{
+    each_instance_delivers_its_writes_fast_and_the_holder_only_the_rest(Backend::RealEs).await;
+}
+
+async fn each_instance_delivers_its_writes_fast_and_the_holder_only_the_rest(backend: Backend) {
+    let Some(shared) = SharedElasticsearch::on(backend).await else {
+        return;
+    };
+    let receiver = Receiver::start().await;
+    let on_shared = |config: &mut Config| {
+        hooks(&receiver, &TERMINAL)(config);
+        // Long enough that the holder keeps the lease on a loaded machine.
+        config.lease_duration = Duration::from_secs(6);
+        shared.configure(config);
+    };
+    let holder = TestApp::spawn_with(Backend::Embedded, on_shared).await;
+    wait::eventually(
+        "the first instance to hold the receiver's lease",
+        || async { lease_held(&[&holder]).await == [true] },
+    )
+    .await;
+    let writer = TestApp::spawn_with(Backend::Embedded, on_shared).await;
+    writer.open_account("w-a", 100).await;
+    writer.open_account("w-b", 0).await;
+    let ids: Vec<String> = (0..10).map(|n| format!("w-{n}")).collect();
+    for id in &ids {
+        writer.transfer_accepted(id, "w-a", "w-b", 1).await;
+    }
+    wait::eventually("the writer's fast path to deliver its ten", || async {
+        lag_count(&writer, "fast").await == 10.0
+    })
+    .await;
+
+    // The last transfer's writer dies while the receiver refuses its fast delivery.
+    receiver.fail_next(usize::MAX / 2);
+    writer.transfer_accepted("w-last", "w-a", "w-b", 1).await;
+    assert_eq!(writer.settled("w-last").await["state"], "finished");
+    wait::eventually("the writer's fast path to try it", || async {
+        receiver
+            .requests()
+            .iter()
+            .any(|r| r.id == "w-last/transfer.finished")
+    })
+    .await;
+    writer.abort();
+    receiver.fail_next(0);
+    wait::eventually_within(
+        Duration::from_secs(60),
+        "the holder to deliver it from the feed",
+        || async {
+            receiver
+                .delivered_ids()
+                .contains("w-last/transfer.finished")
+        },
+    )
+    .await;
+    wait::eventually("the holder to record that delivery", || async {
+        lag_count(&holder, "feed").await >= 1.0
+    })
+    .await;
+    // The feed served the ten before the last: the holder delivered none of them again.
+    assert_eq!(lag_count(&holder, "feed").await, 1.0);
+    let delivered = receiver.delivered();
+    for id in ids.iter().chain([&"w-last".to_owned()]) {
+        let event = format!("{id}/transfer.finished");
+        let times = delivered.iter().filter(|r| r.id == event).count();
+        assert_eq!(times, 1, "{event} delivered {times} times");
+    }
+    holder.shutdown().await;
 }
 
 /// The Python verifier of the API guide's "Webhooks" section, taken from docs/api.md itself so
