@@ -13,7 +13,7 @@ use crate::http::auth::Auth;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::store::coalescer::WriteCoalescer;
-use crate::store::elasticsearch::{ElasticsearchStore, EsConfig};
+use crate::store::elasticsearch::{ElasticsearchStore, EsConfig, EsCredentials, SearchEngine};
 use crate::store::embedded::{EmbeddedStore, ReadOnlyEmbeddedStore};
 use crate::store::instrumented::InstrumentedStore;
 use crate::store::{DynStore, StoreError};
@@ -119,6 +119,7 @@ pub async fn open_store(
         Some(url) => {
             let (request_timeout, page_timeout) = es_timeouts(config, migrations);
             let security = config.elasticsearch_security.settings().load()?;
+            let api_key = matches!(security.credentials, Some(EsCredentials::ApiKey(_)));
             tracing::info!(
                 credentials = security.describe(),
                 ca = ?config.elasticsearch_security.elasticsearch_ca_cert,
@@ -136,6 +137,20 @@ pub async fn open_store(
                 .await?
                 .with_page_timeout(page_timeout),
             );
+            // An engine the service does not support will not become one: refuse to start,
+            // naming what answered. One not up yet is waited for below, with the migrations.
+            match store.detect_engine().await {
+                Err(error @ StoreError::Permanent(_)) => return Err(error),
+                Ok(SearchEngine::OpenSearch(_)) if api_key => {
+                    return Err(StoreError::Permanent(
+                        "ELASTICSEARCH_API_KEY is an Elasticsearch API key, and ELASTICSEARCH_URL \
+                         points at OpenSearch, which has none: give its security plugin's user \
+                         with ELASTICSEARCH_USERNAME and ELASTICSEARCH_PASSWORD"
+                            .into(),
+                    ))
+                }
+                _ => {}
+            }
             if migrations == Migrations::Verify {
                 store.verify_migrated().await?;
             } else if let Err(error) = store.migrate().await {

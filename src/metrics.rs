@@ -72,6 +72,10 @@ pub struct Metrics {
     pub webhook_oldest_undelivered_seconds: IntGaugeVec,
     /// 1 while this instance holds the delivery lease of `receiver`.
     pub webhook_lease_held: IntGaugeVec,
+    /// 1, labelled by the search engine behind the store and its version
+    /// (`engine` = `elasticsearch` | `opensearch`), once the engine has answered; absent on
+    /// the embedded store.
+    pub store_info: IntGaugeVec,
 }
 
 /// The `outcome`s of `webhook_deliveries_total`.
@@ -245,6 +249,11 @@ impl Metrics {
                 "webhook_lease_held",
                 "1 while this instance holds the delivery lease of the webhook receiver",
                 &["receiver"],
+            ),
+            store_info: gauge_vec(
+                "store_info",
+                "1, by the search engine behind the store and its version",
+                &["engine", "version"],
             ),
             registry,
         };

@@ -37,9 +37,15 @@ pub struct Readiness {
     /// `ready` or `not ready`.
     #[schema(example = "ready")]
     pub status: String,
-    /// The backend: `embedded` or `elasticsearch`.
+    /// The backend: `embedded` or `elasticsearch` (which Elasticsearch and OpenSearch both
+    /// are).
     #[schema(example = "embedded")]
     pub store: String,
+    /// The search engine behind the `elasticsearch` backend once it has answered:
+    /// `Elasticsearch 8.19.21`, `OpenSearch 2.19.6`. Absent on the embedded store.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "OpenSearch 2.19.6")]
+    pub engine: Option<String>,
     /// Why the store is not ready, in general terms (absent when ready); the store's own
     /// error is in the service's log.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -100,6 +106,7 @@ pub async fn readyz(
         }
         .into(),
         store: store.backend().into(),
+        engine: store.engine().map(|engine| engine.to_string()),
         detail,
     };
     (status, Json(body))
@@ -113,6 +120,13 @@ pub async fn readyz(
     responses((status = 200, description = "Prometheus text exposition format (version 0.0.4)",
         body = String, content_type = "text/plain")))]
 pub async fn metrics(State(state): State<AppState>, _: QueryParams) -> impl IntoResponse {
+    if let Some(engine) = state.engine.store().engine() {
+        state
+            .metrics
+            .store_info
+            .with_label_values(&[engine.name(), engine.version()])
+            .set(1);
+    }
     (
         [(header::CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE)],
         state.metrics.encode(),

@@ -55,16 +55,19 @@
 //! document created under such an id could never be read back, so this backend refuses them
 //! on writes and reads alike (`Permanent`), before any request.
 
+mod engine;
 mod migrations;
 mod reply;
 mod security;
 
 /// The body that creates the migrations index (the differential test sends it as is).
+pub use self::engine::{SearchEngine, UNREAD_VERSION};
 pub use self::migrations::migrations_index_body;
 pub use self::security::{sha256_hex, EsCredentials, EsSecurity, EsSecuritySettings, Secret};
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -129,6 +132,9 @@ pub struct ElasticsearchStore {
     /// The client-side limit of one page of `find_stale` or `scan` (see "Pages of the
     /// sweeps" in the module docs); the request timeout until set.
     page_timeout: Duration,
+    /// Elasticsearch or OpenSearch, read from `GET /` before the migrations
+    /// (`elasticsearch/engine.rs`); unset until the engine has answered.
+    engine: OnceLock<SearchEngine>,
 }
 
 impl fmt::Debug for ElasticsearchStore {
@@ -189,6 +195,7 @@ impl ElasticsearchStore {
             migrated: AtomicBool::new(false),
             bulk_timeout: format!("{}ms", (config.request_timeout / 2).as_millis().max(1)),
             page_timeout: config.request_timeout,
+            engine: OnceLock::new(),
         })
     }
 
@@ -208,6 +215,7 @@ impl ElasticsearchStore {
     /// Applies the embedded migrations in order, each once; safe when several instances do
     /// it at the same moment (the argument is in `elasticsearch/migrations.rs`).
     pub async fn migrate(&self) -> Result<(), StoreError> {
+        self.detect_engine().await?;
         self.apply_migrations().await?;
         self.migrated.store(true, Ordering::Release);
         Ok(())
@@ -217,9 +225,55 @@ impl ElasticsearchStore {
     /// last migration is recorded), and from then on treats a missing index as an error.
     /// For read-only users of the store such as the auditor.
     pub async fn verify_migrated(&self) -> Result<(), StoreError> {
+        self.detect_engine().await?;
         self.verify_migrations().await?;
         self.migrated.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// The engine behind `ELASTICSEARCH_URL` (`GET /`, once; `elasticsearch/engine.rs`): an
+    /// engine or version the service does not support is a `Permanent` error naming it.
+    pub async fn detect_engine(&self) -> StoreResult<&SearchEngine> {
+        if let Some(engine) = self.engine.get() {
+            return Ok(engine);
+        }
+        let op = "GET /";
+        let sent = self.client.info().send().await;
+        let (product, reply) = reply::read_unmarked(op, sent).await?;
+        let engine = if reply.status == 403 && product.as_deref() == Some("Elasticsearch") {
+            // A role without the `monitor` cluster privilege may not read `GET /` (the minimal
+            // role of docs/configuration.md does not need it): Elasticsearch says who it is
+            // by its header, and the version stays unread.
+            SearchEngine::Elasticsearch(UNREAD_VERSION.to_owned())
+        } else if reply::is_denial(reply.status) {
+            return Err(security::denied(op, reply.status, &reply.body));
+        } else if !reply.is_success() {
+            return Err(reply.into_error(op));
+        } else {
+            SearchEngine::from_root(product.as_deref(), &reply.body)
+                .map_err(StoreError::Permanent)?
+        };
+        tracing::info!(
+            engine = engine.name(),
+            version = engine.version(),
+            "search engine"
+        );
+        Ok(self.engine.get_or_init(|| engine))
+    }
+
+    /// Reads an answer, checking the product header where the engine marks its answers. An
+    /// answer that comes before the engine is known (a store used before `migrate`, as the
+    /// auditor's and the tests' are) asks `GET /` first.
+    async fn read(
+        &self,
+        op: &str,
+        sent: Result<elasticsearch::http::response::Response, elasticsearch::Error>,
+    ) -> StoreResult<reply::Reply> {
+        let marked = match self.engine.get() {
+            Some(engine) => engine.marks_its_answers(),
+            None => self.detect_engine().await?.marks_its_answers(),
+        };
+        reply::read(op, sent, marked).await
     }
 
     /// The physical name of `index`: `INDEX_PREFIX` + its logical name.
@@ -271,7 +325,7 @@ impl ElasticsearchStore {
             search = search.request_timeout(timeout);
         }
         let sent = search.send().await;
-        let reply = reply::read(op, sent).await?;
+        let reply = self.read(op, sent).await?;
         if reply.status == 404 && reply.error_type() == Some("index_not_found_exception") {
             self.missing_index(op, reply)?;
             return Ok(Vec::new());
@@ -468,6 +522,10 @@ impl Store for ElasticsearchStore {
         "elasticsearch"
     }
 
+    fn engine(&self) -> Option<SearchEngine> {
+        self.engine.get().cloned()
+    }
+
     async fn get(&self, index: Index, id: &str) -> StoreResult<Option<Doc>> {
         let op = "get";
         check_addressable(op, id)?;
@@ -478,7 +536,7 @@ impl Store for ElasticsearchStore {
             .realtime(true)
             .send()
             .await;
-        let reply = reply::read(op, sent).await?;
+        let reply = self.read(op, sent).await?;
         match reply.status {
             200 if reply.body["found"] == Value::Bool(true) => doc_of(op, &reply.body).map(Some),
             404 if reply.body["found"] == Value::Bool(false) => Ok(None),
@@ -528,7 +586,7 @@ impl Store for ElasticsearchStore {
                 .body(lines)
                 .send()
                 .await;
-            let reply = reply::read(op, sent).await?;
+            let reply = self.read(op, sent).await?;
             if !reply.is_success() {
                 return Err(reply.into_error(op));
             }
@@ -713,7 +771,7 @@ impl Store for ElasticsearchStore {
             .refresh(IndicesRefreshParts::Index(&indices))
             .send()
             .await;
-        let reply = reply::read(op, sent).await?;
+        let reply = self.read(op, sent).await?;
         if reply.status == 404 && reply.error_type() == Some("index_not_found_exception") {
             // Before migrations nothing may exist yet. Refresh the indices that do exist one
             // by one (a multi-index refresh fails as a whole on one missing index).
@@ -737,7 +795,7 @@ impl Store for ElasticsearchStore {
             .get(IndicesGetParts::Index(&[index.as_str()]))
             .send()
             .await;
-        let reply = reply::read(op, sent).await?;
+        let reply = self.read(op, sent).await?;
         if !reply.is_success() {
             return Err(reply.into_error(op));
         }
@@ -762,7 +820,7 @@ impl ElasticsearchStore {
             .refresh(IndicesRefreshParts::Index(&[index]))
             .send()
             .await;
-        let reply = reply::read(op, sent).await?;
+        let reply = self.read(op, sent).await?;
         if reply.status == 404 && reply.error_type() == Some("index_not_found_exception") {
             return Ok(());
         }

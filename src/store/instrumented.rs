@@ -94,6 +94,10 @@ impl Store for InstrumentedStore {
         result
     }
 
+    fn engine(&self) -> Option<super::elasticsearch::SearchEngine> {
+        self.inner.engine()
+    }
+
     fn transactions(&self) -> bool {
         self.inner.transactions()
     }

@@ -396,6 +396,12 @@ pub trait Store: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// The search engine behind the store once it has answered (Elasticsearch or OpenSearch,
+    /// with its version); `None` for the embedded store, and before the engine has answered.
+    fn engine(&self) -> Option<elasticsearch::SearchEngine> {
+        None
+    }
+
     /// Whether this store has multi-document transactions ([`Store::transact`]).
     /// Elasticsearch has none (`docs/elasticsearch.md`); the embedded store does.
     fn transactions(&self) -> bool {
@@ -495,6 +501,9 @@ pub trait Forwarding: Send + Sync + 'static {
     async fn identity(&self) -> StoreResult<Option<String>> {
         self.inner().identity().await
     }
+    fn engine(&self) -> Option<elasticsearch::SearchEngine> {
+        self.inner().engine()
+    }
     fn transactions(&self) -> bool {
         self.inner().transactions()
     }
@@ -534,6 +543,9 @@ impl<T: Forwarding> Store for T {
     }
     async fn identity(&self) -> StoreResult<Option<String>> {
         Forwarding::identity(self).await
+    }
+    fn engine(&self) -> Option<elasticsearch::SearchEngine> {
+        Forwarding::engine(self)
     }
     fn transactions(&self) -> bool {
         Forwarding::transactions(self)
@@ -575,7 +587,7 @@ pub mod fields {
     /// both backends list the same transfers.
     pub const ATTENTION: &str = "attention";
     /// The client's labels: an object of strings, absent on most transfers. Mapped as
-    /// `flattened` by migration `0004_transactions_metadata`; a filter on key `k` is a `term`
+    /// `flattened` (OpenSearch: `flat_object`) by migration `0004_transactions_metadata`; a filter on key `k` is a `term`
     /// query on `metadata.k` (`docs/elasticsearch.md` §8).
     pub const METADATA: &str = "metadata";
     /// Every account a multi-leg transaction touches (a string array, absent on one-leg

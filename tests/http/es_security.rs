@@ -134,6 +134,14 @@ async fn an_api_key_with_the_minimal_role_runs_the_service() {
 
     let app = TestApp::spawn_with(Backend::Embedded, |c| point_at(c, &emulator, &key)).await;
     assert_eq!(app.store().backend(), "elasticsearch");
+    // The minimal role may not read `GET /` (it needs `monitor`): the product header of its
+    // 403 says Elasticsearch, of a version left unread.
+    let (status, ready) = app.get("/readyz").await;
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(
+        ready["engine"], "Elasticsearch (its version needs the monitor privilege)",
+        "{ready}"
+    );
     app.open_account("alice", 100).await;
     app.open_account("bob", 0).await;
     app.transfer_accepted("t-1", "alice", "bob", 30).await;

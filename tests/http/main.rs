@@ -3,6 +3,7 @@
 //! harness in `tests/support/`.
 //!
 //! - [`api`]: the HTTP contract on the embedded store, the emulator and a real cluster;
+//! - [`engines`]: Elasticsearch or OpenSearch, named at start, anything else refused;
 //! - [`es_security`]: Elasticsearch with security on (API keys, privileges, HTTPS), on the
 //!   emulator (a test double);
 //! - [`holds`]: holds (capture, cancel, expiry) on the same backends;
@@ -37,6 +38,7 @@ mod batch;
 mod cli;
 mod currencies;
 mod doc_examples;
+mod engines;
 mod es_security;
 mod events;
 mod holds;

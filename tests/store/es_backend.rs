@@ -439,6 +439,8 @@ async fn canned_server(
                         .to_owned();
                     seen.lock().unwrap().push((content_type, text));
                     (status, body)
+                } else if uri.path() == "/" {
+                    (200, json!({"version": {"number": "8.19.21"}}))
                 } else {
                     // Index creation acknowledged; migration records found.
                     (200, json!({"acknowledged": true, "found": true}))

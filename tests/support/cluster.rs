@@ -7,6 +7,11 @@
 //! - [`Cluster::start`]: a cluster of the test's own (several nodes, node settings), for the
 //!   tests that stop nodes or shrink thread pools.
 //!
+//! `TEST_SEARCH_ENGINE=opensearch` makes every cluster started here an OpenSearch 2.19.6 one
+//! (`tools/es-cluster/run --engine opensearch`): the same suites then run on OpenSearch
+//! (`.ci/run` does so for the store suite, the HTTP contract, the kill -9 test of two instances
+//! and the failover test; `docs/testing.md`).
+//!
 //! `ELASTICSEARCH_URL`, when set, names a cluster to use instead of the shared one. Without
 //! `java` and `mvn` the real-cluster tests skip and say so, except under `CI=true`, where that
 //! is a failure (`super::skip`): CI must run them.
@@ -53,6 +58,7 @@ impl Cluster {
             return None;
         }
         let mut command = Command::new(launcher());
+        command.arg("--engine").arg(engine());
         command.arg("--nodes").arg(spec.nodes.max(1).to_string());
         for setting in &spec.settings {
             command.arg("--setting").arg(setting);
@@ -152,6 +158,11 @@ fn java_and_maven_present() -> bool {
         });
     }
     present
+}
+
+/// The engine of the clusters started here: `TEST_SEARCH_ENGINE`, else `elasticsearch`.
+pub fn engine() -> String {
+    std::env::var("TEST_SEARCH_ENGINE").unwrap_or_else(|_| "elasticsearch".to_owned())
 }
 
 fn launcher() -> PathBuf {

@@ -166,23 +166,24 @@ impl ElasticsearchStore {
             .map(|m| Ok((m, m.step()?)))
             .collect::<StoreResult<Vec<_>>>()?;
 
+        let engine = self.detect_engine().await?.clone();
         let records = self.physical_name(MIGRATIONS_INDEX);
         self.create_index_if_absent(&records, migrations_index_body())
             .await?;
 
         for (migration, step) in steps {
             let index = self.physical_name(step.index());
+            // The files are written for Elasticsearch; OpenSearch names a type or two
+            // differently (`flattened` is its `flat_object`), the layout is the same.
+            let body = engine.mapping(&step.body);
             // Even when recorded, the step must hold: an index deleted after its migration
             // would otherwise be re-created by the first write with dynamic mappings, on which
             // searches and sorts fail for good, and re-created by the step before without the
             // fields a later step added. Both calls only ask (HEAD, GET) when the step holds,
             // so an instance without the rights to change indices still starts.
             match step.kind() {
-                StepKind::CreateIndex(_) => {
-                    self.create_index_if_absent(&index, step.body.clone())
-                        .await?
-                }
-                StepKind::PutMapping(_) => self.put_mapping_if_missing(&index, &step.body).await?,
+                StepKind::CreateIndex(_) => self.create_index_if_absent(&index, body).await?,
+                StepKind::PutMapping(_) => self.put_mapping_if_missing(&index, &body).await?,
             }
             if self.migration_recorded(&records, migration.id).await? {
                 tracing::debug!(migration = migration.id, "migration already applied");
@@ -251,7 +252,7 @@ impl ElasticsearchStore {
                 .get(IndicesGetParts::Index(&[index]))
                 .send()
                 .await;
-            if let Err(denied @ StoreError::Denied { .. }) = reply::read(&op, sent).await {
+            if let Err(denied @ StoreError::Denied { .. }) = self.read(&op, sent).await {
                 return denied;
             }
         }
@@ -271,7 +272,7 @@ impl ElasticsearchStore {
             .body(body)
             .send()
             .await;
-        let reply = reply::read(op, sent).await?;
+        let reply = self.read(op, sent).await?;
         match reply.status {
             200..=299 if reply.body["acknowledged"] == Value::Bool(false) => {
                 // The master did not confirm in time: the index may or may not exist yet.
@@ -297,7 +298,7 @@ impl ElasticsearchStore {
             .get_mapping(IndicesGetMappingParts::Index(&[index]))
             .send()
             .await;
-        let reply = reply::read(op, sent).await?;
+        let reply = self.read(op, sent).await?;
         if !(200..=299).contains(&reply.status) {
             return Err(reply.into_error(&format!("{op} [{index}]")));
         }
@@ -314,7 +315,7 @@ impl ElasticsearchStore {
             .body(body.clone())
             .send()
             .await;
-        let reply = reply::read(op, sent).await?;
+        let reply = self.read(op, sent).await?;
         match reply.status {
             200..=299 if reply.body["acknowledged"] == Value::Bool(true) => Ok(()),
             // Not confirmed by the master in time: applied or not, the next attempt tells.
@@ -334,7 +335,7 @@ impl ElasticsearchStore {
             .realtime(true)
             .send()
             .await;
-        let reply: Reply = reply::read(op, sent).await?;
+        let reply: Reply = self.read(op, sent).await?;
         match reply.status {
             200 => Ok(reply.body["found"] == Value::Bool(true)),
             404 if reply.body["found"] == Value::Bool(false) => Ok(false),
@@ -361,7 +362,7 @@ impl ElasticsearchStore {
             .body(record)
             .send()
             .await;
-        let reply = reply::read(op, sent).await?;
+        let reply = self.read(op, sent).await?;
         match reply.status {
             200..=299 | 409 => Ok(()),
             _ => Err(reply.into_error(op)),

@@ -9,7 +9,7 @@
 //! | 429 (rejected execution, circuit breaker, flood stage)   | `Unavailable`                |
 //! | 500, 502, 503, 504 (node closing, proxy/LB errors, no master, shards down) | `Unavailable` |
 //! | 401 (credentials refused), 403 (privilege missing), whoever sent them | `Denied` (§12) |
-//! | 2xx (or an expected 4xx) without `X-elastic-product`     | `Permanent` (not ES)         |
+//! | 2xx (or an expected 4xx) without `X-elastic-product`     | `Permanent` (not ES); on OpenSearch, which has no such header, the engine is checked once, by `GET /` (`engine.rs`) |
 //! | 2xx from Elasticsearch                                   | handled by the caller        |
 //! | 4xx the caller expects (GET 404, 400 index exists, ...) | handled by the caller        |
 //! | any other status (400, 401, 403, 404, ...)               | `Permanent`, ES type+reason  |
@@ -95,20 +95,46 @@ pub(super) fn is_denial(status: u16) -> bool {
 }
 
 /// Reads a response (or the failure to get one) for operation `op`, mapping transport errors
-/// and transient statuses to `Unavailable` and refusing answers that did not come from
-/// Elasticsearch. See the module docs for the table.
+/// and transient statuses to `Unavailable`, and, when the engine `marked` its answers
+/// (Elasticsearch), refusing those without its product header. See the module docs for the
+/// table.
 pub(super) async fn read(
     op: &str,
     sent: Result<Response, elasticsearch::Error>,
+    marked: bool,
 ) -> StoreResult<Reply> {
+    let (product, reply) = read_unmarked(op, sent).await?;
+    // Before the product check: a security refusal is what it is whoever answers it (a
+    // proxy's 401 also means the credentials were refused), and it must never read as "not
+    // Elasticsearch".
+    if is_denial(reply.status) {
+        return Err(super::security::denied(op, reply.status, &reply.body));
+    }
+    if marked && product.as_deref() != Some(PRODUCT) {
+        return Err(StoreError::Permanent(format!(
+            "{op}: HTTP {} without the header `X-elastic-product: Elasticsearch`; \
+             ELASTICSEARCH_URL does not seem to point at Elasticsearch",
+            reply.status
+        )));
+    }
+    Ok(reply)
+}
+
+/// [`read`] without the product check and without mapping 401 and 403 to `Denied`: the
+/// answer and its product header, if any (the engine's detection reads both,
+/// `super::engine`).
+pub(super) async fn read_unmarked(
+    op: &str,
+    sent: Result<Response, elasticsearch::Error>,
+) -> StoreResult<(Option<String>, Reply)> {
     let response = sent.map_err(|e| transport_error(op, &e))?;
     let status = response.status_code().as_u16();
     // Read headers ourselves: `Response::content_type()` panics when the header is missing.
-    let from_elasticsearch = response
+    let product = response
         .headers()
         .get(PRODUCT_HEADER)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v == PRODUCT);
+        .map(str::to_owned);
     let bytes = response
         .bytes()
         .await
@@ -134,19 +160,7 @@ pub(super) async fn read(
     if is_transient(status) {
         return Err(reply.into_error(op));
     }
-    // Before the product check: a security refusal is what it is whoever answers it (a
-    // proxy's 401 also means the credentials were refused), and it must never read as "not
-    // Elasticsearch".
-    if is_denial(status) {
-        return Err(super::security::denied(op, status, &reply.body));
-    }
-    if !from_elasticsearch {
-        return Err(StoreError::Permanent(format!(
-            "{op}: HTTP {status} without the header `X-elastic-product: Elasticsearch`; \
-             ELASTICSEARCH_URL does not seem to point at Elasticsearch"
-        )));
-    }
-    Ok(reply)
+    Ok((product, reply))
 }
 
 /// No answer at all: refused or reset connections, DNS failures, timeouts, a body cut off.
