@@ -259,12 +259,12 @@ impl Emulator {
 }
 
 /// What a real cluster (`--elasticsearch`) counts of itself, from `_nodes/stats`: the HTTP
-/// requests it received by route (Elasticsearch 8.x keeps them per route), and its processes'
-/// CPU time. Summed over the nodes; a cluster from `tools/es-cluster/run` is one process, so
-/// its CPU is read from one node.
+/// requests it received by route (Elasticsearch 8.x keeps them per route; OpenSearch does
+/// not: `None`), and its processes' CPU time. Summed over the nodes; a cluster from
+/// `tools/es-cluster/run` is one process, so its CPU is read from one node.
 #[derive(Debug, Clone, Default)]
 struct ClusterStats {
-    requests: BTreeMap<String, u64>,
+    requests: Option<BTreeMap<String, u64>>,
     cpu: Duration,
 }
 
@@ -281,12 +281,13 @@ impl ClusterStats {
         let nodes = stats["nodes"].as_object()?;
         let mut taken = ClusterStats::default();
         for node in nodes.values() {
-            for (route, counts) in node["http"]["routes"].as_object()? {
+            let Some(routes) = node["http"]["routes"].as_object() else {
+                continue;
+            };
+            let requests = taken.requests.get_or_insert_with(BTreeMap::new);
+            for (route, counts) in routes {
                 let n = counts["requests"]["count"].as_u64().unwrap_or(0);
-                *taken
-                    .requests
-                    .entry(route_kind(route).to_owned())
-                    .or_default() += n;
+                *requests.entry(route_kind(route).to_owned()).or_default() += n;
             }
         }
         let cpu_ms = nodes.values().next()?["process"]["cpu"]["total_in_millis"].as_u64()?;
@@ -295,14 +296,13 @@ impl ClusterStats {
     }
 
     fn since(&self, before: &ClusterStats) -> ClusterStats {
-        let requests = (self.requests.iter())
-            .map(|(kind, n)| {
-                (
-                    kind.clone(),
-                    n - before.requests.get(kind).copied().unwrap_or(0),
-                )
-            })
-            .collect();
+        let requests = self.requests.as_ref().map(|requests| {
+            let earlier =
+                |kind: &String| (before.requests.as_ref()).and_then(|b| b.get(kind).copied());
+            (requests.iter())
+                .map(|(kind, n)| (kind.clone(), n - earlier(kind).unwrap_or(0)))
+                .collect()
+        });
         ClusterStats {
             requests,
             cpu: self.cpu.saturating_sub(before.cpu),
@@ -980,7 +980,7 @@ async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> Transfer
                     })
                     .collect()
             })
-            .or(cluster.map(|c| c.requests)),
+            .or(cluster.and_then(|c| c.requests)),
     }
 }
 
