@@ -328,6 +328,23 @@ impl AccountSteps {
             .remove(account)
     }
 
+    /// Remembers an account this process has just created, at the version its create
+    /// answered: the first step on it is then written without reading it first (on
+    /// Elasticsearch, a realtime GET fewer per account). Like every remembered copy it is
+    /// only a guess that the conditional write checks: if anyone wrote the account since,
+    /// the write conflicts and the batch is read and decided again.
+    pub fn remember_created(&self, account: &AccountDoc, version: Version) {
+        if self.in_transactions {
+            // Settled inside store transactions, which read the account themselves.
+            return;
+        }
+        let copy = Versioned {
+            doc: account.clone(),
+            version,
+        };
+        self.remember(&account.account_id, copy);
+    }
+
     fn remember(&self, account: &str, copy: Versioned<AccountDoc>) {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         if cache.len() >= CACHE_LIMIT && !cache.contains_key(account) {

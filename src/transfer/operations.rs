@@ -106,7 +106,8 @@ impl Engine {
             modification_time: now.text,
         };
         let created = retry(CREATE_ATTEMPTS, || true, || self.docs.create(&doc)).await?;
-        if let WriteOutcome::Written(_) = created {
+        if let WriteOutcome::Written(version) = created {
+            self.accounts.remember_created(&doc, version);
             return Ok(Created::New(doc));
         }
         let existing = self.get_account(&new.id).await?.ok_or_else(|| {

@@ -1,6 +1,7 @@
 //! Which search engine the service runs on (`docs/elasticsearch.md` §13): read from `GET /` at
 //! the start, named by `/readyz` and `store_info`; anything but Elasticsearch 8+ and
-//! OpenSearch 2+ stops the start with a message naming what answered.
+//! OpenSearch 2.7+ stops the start with a message naming what answered. And what a transfer
+//! asks of the engine.
 
 use serde_json::{json, Value};
 
@@ -122,4 +123,26 @@ async fn on_the_real_cluster_readyz_and_store_info_name_its_engine() {
         _ => ("elasticsearch", "8.19.21", "Elasticsearch 8.19.21"),
     };
     the_engine_is_named(Backend::RealEs, Some(expected)).await;
+}
+
+/// An account this instance opened is remembered at the version its create answered: the
+/// transfer's account steps write it without a realtime GET first (on Elasticsearch such a GET
+/// of a document written since the last refresh makes the shard refresh).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_between_accounts_this_instance_opened_reads_neither() {
+    let app = TestApp::spawn(Backend::Emulator).await;
+    app.open_account("a", 100).await;
+    app.open_account("b", 0).await;
+    let gets_before = app.emulator().request_count_of("get");
+    app.transfer_accepted("t", "a", "b", 10).await;
+    crate::support::wait::eventually("the transfer to finish", || async {
+        app.scrape()
+            .await
+            .find("transfers_completed_total", &[("outcome", "finished")])
+            == Some(1.0)
+    })
+    .await;
+    assert_eq!(app.emulator().request_count_of("get") - gets_before, 0);
+    assert_eq!(app.balance("b").await, 10);
+    app.shutdown().await;
 }
