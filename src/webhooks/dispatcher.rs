@@ -146,9 +146,8 @@ impl Dispatcher {
     /// ([`FastPath`]).
     pub async fn run(self) {
         let sender = &self.sender;
-        let fast = (sender.engine.feed_delay() > Duration::ZERO
-            && fast::serves(&sender.settings.events))
-        .then(|| tokio::spawn(FastPath::new(sender.clone(), self.leased_here.clone()).run()));
+        let fast = fast::runs_for(sender)
+            .then(|| tokio::spawn(FastPath::new(sender.clone(), self.leased_here.clone()).run()));
         self.hold_and_deliver().await;
         if let Some(fast) = fast {
             // It ends with the engine's shutdown too, saving what it delivered.
@@ -361,7 +360,7 @@ impl Session {
         self.last_read = Instant::now();
         self.read_started = engine.clock().wall_millis();
         let receiver_id = self.sender.receiver.id.clone();
-        let fast_paths = fast::serves(&self.sender.settings.events);
+        let fast_paths = fast::runs_for(&self.sender);
         self.read = Some(Box::pin(async move {
             let page = engine.events_page(after, PAGE, LONG_POLL).await?;
             let elsewhere = match fast_paths {

@@ -182,6 +182,14 @@ pub fn serves(events: &[EventKind]) -> bool {
         .all(|kind| matches!(kind, EventKind::State(state) if state.is_terminal()))
 }
 
+/// Whether instances without the lease run a fast path for this receiver (and so whether
+/// the holder looks for their records): on a store whose feed trails by a horizon (on the
+/// embedded store the feed is immediate and one process holds the store), for a selection
+/// of terminal events only.
+pub(super) fn runs_for(sender: &Sender) -> bool {
+    sender.engine.feed_delay() > Duration::ZERO && serves(&sender.settings.events)
+}
+
 /// This instance's fast path for one receiver, while `leased_here` is false.
 pub(super) struct FastPath {
     sender: Arc<Sender>,

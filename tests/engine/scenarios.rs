@@ -134,9 +134,10 @@ async fn a_cancel_during_pending_makes_the_worker_roll_back() {
     let e = instance(&w, w.faulty.clone(), Duration::from_secs(5));
     open_account(&e, "a", 100).await;
     open_account(&e, "b", 0).await;
-    // Hold the destination apply so the cancel lands while the transfer is pending.
+    // Hold the destination apply so the cancel lands while the transfer is pending (its
+    // write: the account, opened by this instance, is remembered and not read).
     w.faulty.inject(
-        Matcher::reads(Index::Accounts).of_doc("b"),
+        Matcher::writes(Index::Accounts).of_doc("b"),
         Fault::StallBefore(Duration::from_millis(1500)),
         1,
     );
@@ -635,9 +636,9 @@ async fn a_transfer_released_at_shutdown_is_resumed_by_another_instance_at_once(
     let b = instance(&w, w.base.clone(), Duration::from_secs(30));
     open_account(&a, "a", 100).await;
     open_account(&a, "b", 0).await;
-    // A's worker is in the middle of the destination apply when A shuts down.
+    // A's worker is in the middle of the destination apply (its write) when A shuts down.
     w.faulty.inject(
-        Matcher::reads(Index::Accounts).of_doc("b"),
+        Matcher::writes(Index::Accounts).of_doc("b"),
         Fault::StallBefore(Duration::from_secs(1)),
         1,
     );

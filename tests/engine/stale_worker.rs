@@ -103,8 +103,10 @@ async fn run_seeds(tombstones: usize) {
     let b = w.instance(base.clone(), config(tombstones));
 
     for seed in 0..seeds {
+        // Opened by B: A remembers no copy of them, so A's first step on each reads it (the
+        // "account read" stall points need that read).
         for (account, balance) in [("a", 100), ("b", 0)] {
-            a.create_account(new_account(&format!("s{seed}-{account}"), balance))
+            b.create_account(new_account(&format!("s{seed}-{account}"), balance))
                 .await
                 .unwrap();
         }
@@ -267,8 +269,10 @@ async fn run_hold_seeds(tombstones: usize) {
     let b = w.instance(base.clone(), config(tombstones));
 
     for seed in 0..seeds {
+        // Opened by B: A remembers no copy of them, so A's first step on each reads it (the
+        // "account read" stall points need that read).
         for (account, balance) in [("a", 100), ("b", 0)] {
-            a.create_account(new_account(&format!("h{seed}-{account}"), balance))
+            b.create_account(new_account(&format!("h{seed}-{account}"), balance))
                 .await
                 .unwrap();
         }
