@@ -35,24 +35,15 @@ public final class EsCluster implements LocalCluster.Engine<Node> {
     }
 
     @Override
-    public Node start(Map<String, Object> settings) throws Exception {
+    public Node build(Map<String, Object> settings) {
         Settings.Builder builder = Settings.builder();
-        settings.forEach((key, value) -> {
-            if (value instanceof List<?> list) {
-                builder.putList(key, list.stream().map(String::valueOf).toList());
-            } else {
-                builder.put(key, String.valueOf(value));
-            }
-        });
-        Node node = new ClasspathNode(builder.build(), List.of(Netty4Plugin.class, RootEndpointPlugin.class));
-        try {
-            node.start();
-        } catch (Exception e) {
-            // Release its data directory's lock, so that a later start may use it.
-            node.close();
-            throw e;
-        }
-        return node;
+        LocalCluster.apply(settings, builder::put, builder::putList);
+        return new ClasspathNode(builder.build(), List.of(Netty4Plugin.class, RootEndpointPlugin.class));
+    }
+
+    @Override
+    public void start(Node node) throws Exception {
+        node.start();
     }
 
     @Override

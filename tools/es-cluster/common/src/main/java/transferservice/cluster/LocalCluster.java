@@ -16,6 +16,7 @@ import java.util.Comparator;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.function.BiConsumer;
 import java.util.stream.Collectors;
 import java.util.stream.Stream;
 
@@ -40,13 +41,33 @@ public final class LocalCluster<N> {
         /** {@code Elasticsearch 8.19.21 (Lucene 9.12.2)}, for the start-up line. */
         String describe();
 
-        /** Builds and starts a node with these settings (values: strings, or lists of them). */
-        N start(Map<String, Object> settings) throws Exception;
+        /**
+         * Builds a node with these settings (values: strings, or lists of them; see
+         * {@link LocalCluster#apply}).
+         */
+        N build(Map<String, Object> settings) throws Exception;
+
+        void start(N node) throws Exception;
 
         void close(N node) throws IOException;
 
         /** Whether the start failed because a port was taken. */
         boolean isBindFailure(Throwable e);
+    }
+
+    /**
+     * Gives each of {@code settings} to an engine's settings builder: {@code put} for a value,
+     * {@code putList} for a list.
+     */
+    public static void apply(Map<String, Object> settings, BiConsumer<String, String> put,
+            BiConsumer<String, List<String>> putList) {
+        settings.forEach((key, value) -> {
+            if (value instanceof List<?> list) {
+                putList.accept(key, list.stream().map(String::valueOf).toList());
+            } else {
+                put.accept(key, String.valueOf(value));
+            }
+        });
     }
 
     private final Engine<N> engine;
@@ -255,7 +276,15 @@ public final class LocalCluster<N> {
         if (nodes.get(i) != null) {
             throw new IllegalStateException("node " + i + " is running");
         }
-        nodes.set(i, engine.start(nodeSettings(i)));
+        N node = engine.build(nodeSettings(i));
+        try {
+            engine.start(node);
+        } catch (Exception e) {
+            // Release its data directory's lock, so that a later start may use it.
+            engine.close(node);
+            throw e;
+        }
+        nodes.set(i, node);
         started[i] = true;
     }
 

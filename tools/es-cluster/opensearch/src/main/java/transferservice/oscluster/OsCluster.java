@@ -34,26 +34,17 @@ public final class OsCluster implements LocalCluster.Engine<Node> {
     }
 
     @Override
-    public Node start(Map<String, Object> settings) throws Exception {
+    public Node build(Map<String, Object> settings) {
         Settings.Builder builder = Settings.builder();
-        settings.forEach((key, value) -> {
-            // OpenSearch's name for the bootstrap list (the Elasticsearch name is deprecated).
-            String name = key.equals("cluster.initial_master_nodes") ? "cluster.initial_cluster_manager_nodes" : key;
-            if (value instanceof List<?> list) {
-                builder.putList(name, list.stream().map(String::valueOf).toList());
-            } else {
-                builder.put(name, String.valueOf(value));
-            }
-        });
-        Node node = new ClasspathNode(builder.build(), List.of(Netty4Plugin.class));
-        try {
-            node.start();
-        } catch (Exception e) {
-            // Release its data directory's lock, so that a later start may use it.
-            node.close();
-            throw e;
-        }
-        return node;
+        // OpenSearch's name for the bootstrap list (the Elasticsearch name is deprecated).
+        LocalCluster.apply(settings, builder::put, (key, list) -> builder.putList(
+                key.equals("cluster.initial_master_nodes") ? "cluster.initial_cluster_manager_nodes" : key, list));
+        return new ClasspathNode(builder.build(), List.of(Netty4Plugin.class));
+    }
+
+    @Override
+    public void start(Node node) throws Exception {
+        node.start();
     }
 
     @Override
