@@ -55,6 +55,7 @@
 //! document created under such an id could never be read back, so this backend refuses them
 //! on writes and reads alike (`Permanent`), before any request.
 
+mod bodies;
 mod engine;
 mod migrations;
 mod reply;
@@ -71,19 +72,19 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use elasticsearch::auth::Credentials;
 use elasticsearch::http::headers::{HeaderValue, CONTENT_TYPE};
 use elasticsearch::http::transport::{SingleNodeConnectionPool, TransportBuilder};
 use elasticsearch::indices::{IndicesGetParts, IndicesRefreshParts};
 use elasticsearch::{BulkParts, Elasticsearch, GetParts, SearchParts};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use url::Url;
 
+use self::bodies::{bulk_lines, doc_of, hits_of, page_of, search_body, sort_key_of};
 use self::reply::Reply;
 use super::{
-    fields, ChangesPage, ChangesQuery, Doc, FeedPosition, Index, Page, ScanPage, SortKey, Source,
-    StaleQuery, Store, StoreError, StoreResult, TransferFilter, WriteOp, WriteOutcome,
+    fields, ChangesPage, ChangesQuery, Doc, FeedPosition, Index, Page, ScanPage, StaleQuery, Store,
+    StoreError, StoreResult, TransferFilter, WriteOp, WriteOutcome,
 };
 
 /// How to reach the cluster.
@@ -231,51 +232,6 @@ impl ElasticsearchStore {
         Ok(())
     }
 
-    /// The engine behind `ELASTICSEARCH_URL` (`GET /`, once; `elasticsearch/engine.rs`): an
-    /// engine or version the service does not support is a `Permanent` error naming it.
-    pub async fn detect_engine(&self) -> StoreResult<&SearchEngine> {
-        if let Some(engine) = self.engine.get() {
-            return Ok(engine);
-        }
-        let op = "GET /";
-        let sent = self.client.info().send().await;
-        let (product, reply) = reply::read_unmarked(op, sent).await?;
-        let engine = if reply.status == 403 && product.as_deref() == Some("Elasticsearch") {
-            // A role without the `monitor` cluster privilege may not read `GET /` (the minimal
-            // role of docs/configuration.md does not need it): Elasticsearch says who it is
-            // by its header, and the version stays unread.
-            SearchEngine::Elasticsearch(UNREAD_VERSION.to_owned())
-        } else if reply::is_denial(reply.status) {
-            return Err(security::denied(op, reply.status, &reply.body));
-        } else if !reply.is_success() {
-            return Err(reply.into_error(op));
-        } else {
-            SearchEngine::from_root(product.as_deref(), &reply.body)
-                .map_err(StoreError::Permanent)?
-        };
-        tracing::info!(
-            engine = engine.name(),
-            version = engine.version(),
-            "search engine"
-        );
-        Ok(self.engine.get_or_init(|| engine))
-    }
-
-    /// Reads an answer, checking the product header where the engine marks its answers. An
-    /// answer that comes before the engine is known (a store used before `migrate`, as the
-    /// auditor's and the tests' are) asks `GET /` first.
-    async fn read(
-        &self,
-        op: &str,
-        sent: Result<elasticsearch::http::response::Response, elasticsearch::Error>,
-    ) -> StoreResult<reply::Reply> {
-        let marked = match self.engine.get() {
-            Some(engine) => engine.marks_its_answers(),
-            None => self.detect_engine().await?.marks_its_answers(),
-        };
-        reply::read(op, sent, marked).await
-    }
-
     /// The physical name of `index`: `INDEX_PREFIX` + its logical name.
     pub fn index_name(&self, index: Index) -> String {
         self.physical_name(index.name())
@@ -366,154 +322,6 @@ fn check_addressable(op: &str, id: &str) -> StoreResult<()> {
     } else {
         Ok(())
     }
-}
-
-/// The action line of one bulk write: `{"create": {..}}` or `{"index": {..}}`.
-#[derive(serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-enum BulkAction<'a> {
-    Create(BulkTarget<'a>),
-    Index(BulkTarget<'a>),
-}
-
-#[derive(serde::Serialize)]
-struct BulkTarget<'a> {
-    _index: &'a str,
-    _id: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    if_seq_no: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    if_primary_term: Option<u64>,
-}
-
-/// The two NDJSON lines of one bulk write: the action, then the source as it is (no tree is
-/// built). `ReplaceIf` is an `index` action with `if_seq_no`/`if_primary_term` (a `create`
-/// action cannot carry them).
-fn bulk_lines(store: &ElasticsearchStore, op: WriteOp) -> StoreResult<[Bytes; 2]> {
-    let index_name = store.index_name(op.index());
-    let (action, source) = match &op {
-        WriteOp::Create { id, source, .. } => (
-            BulkAction::Create(BulkTarget {
-                _index: &index_name,
-                _id: id,
-                if_seq_no: None,
-                if_primary_term: None,
-            }),
-            source,
-        ),
-        WriteOp::ReplaceIf {
-            id,
-            source,
-            expected,
-            ..
-        } => (
-            BulkAction::Index(BulkTarget {
-                _index: &index_name,
-                _id: id,
-                if_seq_no: Some(expected.seq_no),
-                if_primary_term: Some(expected.primary_term),
-            }),
-            source,
-        ),
-    };
-    let action = serde_json::to_vec(&action)
-        .map_err(|e| StoreError::Permanent(format!("bulk: cannot encode an action: {e}")))?;
-    Ok([action.into(), source.clone().into_bytes()])
-}
-
-/// A document from a GET answer or a search hit.
-fn doc_of(op: &str, hit: &Value) -> StoreResult<Doc> {
-    let id = hit
-        .get("_id")
-        .and_then(Value::as_str)
-        .ok_or_else(|| StoreError::Permanent(format!("{op}: document without _id")))?;
-    Ok(Doc {
-        id: id.to_owned(),
-        version: reply::version_of(op, hit)?,
-        source: Source::from(hit.get("_source").unwrap_or(&Value::Null)),
-    })
-}
-
-/// The hits of a search answer.
-fn hits_of(op: &str, mut body: Value) -> StoreResult<Vec<Value>> {
-    // A timed-out or partly failed search may have skipped documents: paging on from its
-    // last hit would silently miss them, so the answer is refused as a whole.
-    let failed_shards = body
-        .pointer("/_shards/failed")
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
-    if body["timed_out"] == Value::Bool(true) || failed_shards > 0 {
-        return Err(StoreError::Unavailable(format!(
-            "{op}: partial results (timed_out={}, failed shards={failed_shards})",
-            body["timed_out"]
-        )));
-    }
-    match body.pointer_mut("/hits/hits").map(Value::take) {
-        Some(Value::Array(hits)) => Ok(hits),
-        _ => Err(StoreError::Permanent(format!(
-            "{op}: answer without hits.hits"
-        ))),
-    }
-}
-
-/// Cuts hits into a [`Page`]. Both our sorts are `[<date field>, transaction_id]`, so each
-/// hit's `sort` is `[epoch millis, id]`: the cursor to continue after it.
-fn page_of(op: &str, hits: &[Value], limit: usize) -> StoreResult<Page> {
-    let docs = hits
-        .iter()
-        .map(|hit| doc_of(op, hit))
-        .collect::<StoreResult<Vec<_>>>()?;
-    let next = match hits.last() {
-        Some(last) if docs.len() == limit => Some(sort_key_of(op, last)?),
-        _ => None,
-    };
-    Ok(Page { docs, next })
-}
-
-fn sort_key_of(op: &str, hit: &Value) -> StoreResult<SortKey> {
-    let sort = hit.get("sort").and_then(Value::as_array);
-    let millis = sort.and_then(|s| s.first()).and_then(Value::as_i64);
-    let id = sort.and_then(|s| s.get(1)).and_then(Value::as_str);
-    match (millis, id) {
-        (Some(millis), Some(id)) => Ok(SortKey {
-            millis,
-            id: id.to_owned(),
-        }),
-        _ => Err(StoreError::Permanent(format!(
-            "{op}: hit without a [millis, id] sort value: {:?}",
-            hit.get("sort")
-        ))),
-    }
-}
-
-/// The search body shared by both listings: versions included (callers may write on them
-/// after a realtime re-read), no total count (nobody reads it; counting costs), a
-/// deterministic sort with a unique tie-breaker, and `search_after` for the cursor.
-fn search_body(
-    filter: Vec<Value>,
-    should: Vec<Value>,
-    sort: Value,
-    after: Option<&SortKey>,
-    limit: usize,
-) -> Value {
-    let mut bool_query = Map::new();
-    bool_query.insert("filter".into(), Value::Array(filter));
-    if !should.is_empty() {
-        bool_query.insert("should".into(), Value::Array(should));
-        // With a filter present, `should` clauses are optional unless we say otherwise.
-        bool_query.insert("minimum_should_match".into(), json!(1));
-    }
-    let mut body = json!({
-        "size": limit,
-        "seq_no_primary_term": true,
-        "track_total_hits": false,
-        "query": { "bool": bool_query },
-        "sort": sort,
-    });
-    if let Some(after) = after {
-        body["search_after"] = json!([after.millis, after.id]);
-    }
-    body
 }
 
 #[async_trait]
@@ -849,7 +657,9 @@ fn check_refreshed(op: &str, reply: Reply) -> StoreResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::SortKey;
     use crate::store::Version;
+    use bytes::Bytes;
 
     async fn store(prefix: &str) -> ElasticsearchStore {
         ElasticsearchStore::connect(EsConfig {

@@ -18,6 +18,9 @@
 
 use serde_json::Value;
 
+use super::{reply, security, ElasticsearchStore};
+use crate::store::{StoreError, StoreResult};
+
 /// The engine behind `ELASTICSEARCH_URL`, with its version (`8.19.21`, `2.19.6`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SearchEngine {
@@ -127,6 +130,53 @@ impl std::fmt::Display for SearchEngine {
             SearchEngine::Elasticsearch(v) => write!(f, "Elasticsearch {v}"),
             SearchEngine::OpenSearch(v) => write!(f, "OpenSearch {v}"),
         }
+    }
+}
+
+impl ElasticsearchStore {
+    /// The engine behind `ELASTICSEARCH_URL` (`GET /`, once; `elasticsearch/engine.rs`): an
+    /// engine or version the service does not support is a `Permanent` error naming it.
+    pub async fn detect_engine(&self) -> StoreResult<&SearchEngine> {
+        if let Some(engine) = self.engine.get() {
+            return Ok(engine);
+        }
+        let op = "GET /";
+        let sent = self.client.info().send().await;
+        let (product, reply) = reply::read_unmarked(op, sent).await?;
+        let engine = if reply.status == 403 && product.as_deref() == Some("Elasticsearch") {
+            // A role without the `monitor` cluster privilege may not read `GET /` (the minimal
+            // role of docs/configuration.md does not need it): Elasticsearch says who it is
+            // by its header, and the version stays unread.
+            SearchEngine::Elasticsearch(UNREAD_VERSION.to_owned())
+        } else if reply::is_denial(reply.status) {
+            return Err(security::denied(op, reply.status, &reply.body));
+        } else if !reply.is_success() {
+            return Err(reply.into_error(op));
+        } else {
+            SearchEngine::from_root(product.as_deref(), &reply.body)
+                .map_err(StoreError::Permanent)?
+        };
+        tracing::info!(
+            engine = engine.name(),
+            version = engine.version(),
+            "search engine"
+        );
+        Ok(self.engine.get_or_init(|| engine))
+    }
+
+    /// Reads an answer, checking the product header where the engine marks its answers. An
+    /// answer that comes before the engine is known (a store used before `migrate`, as the
+    /// auditor's and the tests' are) asks `GET /` first.
+    pub(super) async fn read(
+        &self,
+        op: &str,
+        sent: Result<elasticsearch::http::response::Response, elasticsearch::Error>,
+    ) -> StoreResult<reply::Reply> {
+        let marked = match self.engine.get() {
+            Some(engine) => engine.marks_its_answers(),
+            None => self.detect_engine().await?.marks_its_answers(),
+        };
+        reply::read(op, sent, marked).await
     }
 }
 
