@@ -177,9 +177,10 @@ async fn fill(dir: &Path, transfers: u64) -> usize {
         engine.create_account(opening).await.expect("account opens");
     }
     let next = Arc::new(AtomicU64::new(0));
+    let last = Arc::new(std::sync::OnceLock::new());
     let mut workers = Vec::new();
     for _ in 0..CONCURRENT {
-        let (engine, next) = (engine.clone(), next.clone());
+        let (engine, next, last) = (engine.clone(), next.clone(), last.clone());
         workers.push(tokio::spawn(async move {
             loop {
                 let n = next.fetch_add(1, Ordering::Relaxed);
@@ -189,7 +190,11 @@ async fn fill(dir: &Path, transfers: u64) -> usize {
                 let (from, to) = (n % ACCOUNTS, (n * 7 + 1) % ACCOUNTS);
                 let to = if to == from { (to + 1) % ACCOUNTS } else { to };
                 let movement = Movement::one_leg(account(from), account(to), 1).expect("valid");
-                let id = TransferId::parse(format!("preload-t{n}")).expect("a valid id");
+                // The id the service gives a transfer posted without one (time-ordered).
+                let id = TransferId::fresh();
+                if n + 1 == transfers {
+                    let _ = last.set(id.to_string());
+                }
                 engine
                     .create_transfer(NewTransfer::new(id, movement))
                     .await
@@ -211,9 +216,11 @@ async fn fill(dir: &Path, transfers: u64) -> usize {
         worker.await.expect("a preload worker");
     }
     progress.abort();
-    let last = format!("preload-t{}", transfers.saturating_sub(1));
-    let document_bytes = match engine.get_transfer(&last).await.expect("read") {
-        Some(doc) => serde_json::to_vec(&doc).expect("JSON").len(),
+    let document_bytes = match last.get() {
+        Some(last) => match engine.get_transfer(last).await.expect("read") {
+            Some(doc) => serde_json::to_vec(&doc).expect("JSON").len(),
+            None => 0,
+        },
         None => 0,
     };
     engine.shut_down();

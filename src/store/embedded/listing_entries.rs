@@ -310,7 +310,7 @@ pub(super) fn catch_up_creation_entries(txn: &WriteTransaction) -> StoreResult<(
             let creation = stored.and_then(|bytes| {
                 let (_, source) = split_stored(id, bytes.value()).ok()?;
                 // A document that does not decode is skipped, as the searches skip it.
-                Some(Creation::of(id, &transfer_keys(source).ok()?))
+                Some(Creation::of(id, &transfer_keys(&source).ok()?))
             });
             if let Some(creation) = creation {
                 creation.write(&mut tables)?;

@@ -37,7 +37,8 @@
 //! write-ahead log and its replay; `disk`: the files as the store writes them (what a power
 //! cut can take is decided there; the power-loss tests put a simulated disk behind it);
 //! `recent_writes`: the acknowledged writes of the open transaction; `listing_entries`: new
-//! transfers' listing entries, written in sorted runs; `tables`: the tables, the document encoding and the secondary indexes; `search`: the
+//! transfers' listing entries, written in sorted runs; `tables`: the tables, the document encoding and the secondary indexes; `at_rest`:
+//! a document's value as stored (its `seq_no`, and terminal transfers compressed); `search`: the
 //! searches that walk those indexes.
 
 use std::path::{Path, PathBuf};
@@ -61,6 +62,7 @@ use super::{
 };
 use crate::time::parse_millis;
 
+mod at_rest;
 mod commit;
 mod disk;
 mod listing_entries;
@@ -73,6 +75,7 @@ mod tests;
 mod wal;
 mod writes;
 
+use at_rest::{seq_no_of, split_stored, value_of};
 pub use commit::MAX_GROUP_OPS;
 use commit::*;
 use disk::{DataDir, DatabaseFile, OsDataDir};

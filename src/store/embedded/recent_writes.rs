@@ -26,11 +26,14 @@
 use std::collections::HashMap;
 use std::sync::RwLock;
 
+use bytes::Bytes;
+
 use super::*;
 
 /// Documents by index (in [`Index::ALL`] order) and id: the stored value (`seq_no` and
-/// source) of each one's latest write.
-pub(super) type DocsById = [HashMap<String, Vec<u8>>; Index::ALL.len()];
+/// source) of each one's latest write, shared: reading one (the committer checks a busy
+/// account's version on most groups) copies no bytes.
+pub(super) type DocsById = [HashMap<String, Bytes>; Index::ALL.len()];
 
 /// Acknowledged documents not committed to redb yet. (The store never deletes a document; a
 /// delete would need a tombstone here.)
@@ -44,7 +47,7 @@ pub(super) struct Recent {
 
 impl Recent {
     /// The latest acknowledged value of a document written since the open transaction began.
-    pub(super) fn get(&self, index: Index, id: &str) -> Option<Vec<u8>> {
+    pub(super) fn get(&self, index: Index, id: &str) -> Option<Bytes> {
         let docs = self.docs.read().unwrap_or_else(|e| e.into_inner());
         docs[index as usize].get(id).cloned()
     }
@@ -78,7 +81,7 @@ impl Recent {
                     panic!("injected: a bug while the open transaction commits");
                 }
                 table
-                    .insert((index.name(), id.as_str()), value.as_slice())
+                    .insert((index.name(), id.as_str()), value.as_ref())
                     .map_err(storage)?;
             }
         }

@@ -30,12 +30,17 @@ pub(super) fn load_transfers(
         else {
             continue;
         };
-        let stored = bytes.value();
-        let keys = split_stored(&key.id, stored).and_then(|(_, source)| transfer_keys(source));
-        match keys {
+        let (seq_no, source) = match split_stored(&key.id, bytes.value()) {
+            Ok(stored) => stored,
+            Err(error) => {
+                tracing::warn!(transfer_id = %key.id, %error, "skipping a stored transfer that does not decode");
+                continue;
+            }
+        };
+        match transfer_keys(&source) {
             Ok(keys) => {
                 if filter(&keys) {
-                    out.push(decode(&key.id, stored)?);
+                    out.push(doc_of(&key.id, seq_no, source.into_owned()));
                     last = Some(key);
                 }
             }
@@ -76,11 +81,12 @@ pub(super) fn released_keys(
             else {
                 continue;
             };
-            let stored = bytes.value();
-            let indexed = split_stored(id, stored).and_then(|(_, source)| transfer_keys(source));
+            let Ok((_, source)) = split_stored(id, bytes.value()) else {
+                continue;
+            };
             let Ok(TransferKeys {
                 modified: millis, ..
-            }) = indexed
+            }) = transfer_keys(&source)
             else {
                 continue;
             };

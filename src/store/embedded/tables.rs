@@ -3,8 +3,8 @@
 
 use super::*;
 
-/// `(index, id)` → `seq_no` (8 bytes, little endian) followed by the JSON source
-/// ([`split_stored`]).
+/// `(index, id)` → `seq_no` (8 bytes, little endian) followed by the source, plain or
+/// compressed ([`super::at_rest`]).
 pub(super) const DOCS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("docs");
 
 /// Whether an index's documents have index entries (transfers do). The others (accounts,
@@ -157,9 +157,10 @@ fn build_once(
         if index != name {
             break;
         }
-        let stored = split_stored(id, value.value())
-            .and_then(|(seq_no, source)| Ok((seq_no, transfer_keys(source)?)));
-        if let Ok((seq_no, keys)) = stored {
+        let Ok((seq_no, source)) = split_stored(id, value.value()) else {
+            continue;
+        };
+        if let Ok(keys) = transfer_keys(&source) {
             add(id, seq_no, &keys)?;
         }
     }
@@ -526,27 +527,23 @@ fn insert_entries(
     Ok(())
 }
 
-/// A stored value: the document's `seq_no` (8 bytes, little endian), then its source.
-pub(super) fn split_stored<'a>(id: &str, bytes: &'a [u8]) -> StoreResult<(u64, &'a [u8])> {
-    match bytes.split_first_chunk::<8>() {
-        Some((seq, source)) => Ok((u64::from_le_bytes(*seq), source)),
-        None => Err(StoreError::Permanent(format!(
-            "embedded store: document {id} is truncated"
-        ))),
-    }
-}
-
-/// The document stored under `id`. Its source is handed on as stored, not parsed.
+/// The document stored under `id` (its value as [`super::at_rest`] lays it out). Its source
+/// is handed on as stored (decompressed if it was), not parsed.
 pub(super) fn decode(id: &str, bytes: &[u8]) -> StoreResult<Doc> {
     let (seq_no, source) = split_stored(id, bytes)?;
-    Ok(Doc {
+    Ok(doc_of(id, seq_no, source.into_owned()))
+}
+
+/// The document `id` at `seq_no` with its (plain) source.
+pub(super) fn doc_of(id: &str, seq_no: u64, source: Vec<u8>) -> Doc {
+    Doc {
         id: id.to_owned(),
         version: Version {
             seq_no,
             primary_term: PRIMARY_TERM,
         },
-        source: Source::from_store(source.to_vec()),
-    })
+        source: Source::from_store(source),
+    }
 }
 
 pub(super) fn read_doc(db: &Database, index: Index, id: &str) -> StoreResult<Option<Doc>> {

@@ -3,7 +3,7 @@
 //! transaction's writes are checked and then made, and the log's replay, which makes each
 //! logged write again the same way.
 
-use std::borrow::Cow;
+use bytes::Bytes;
 
 use super::*;
 
@@ -43,11 +43,11 @@ pub(super) struct GroupView<'v, 'txn> {
     recent: &'v Recent,
 }
 
-/// A stored value as [`GroupView::lookup`] finds it: in the tables, or in memory (borrowed
-/// from the group's own writes, copied from the recent writes, which are behind a lock).
+/// A stored value as [`GroupView::lookup`] finds it: in the tables, or in memory (the
+/// group's own writes or the recent writes, shared).
 enum Stored<'v> {
     Table(redb::AccessGuard<'v, &'static [u8]>),
-    Memory(Cow<'v, [u8]>),
+    Memory(Bytes),
 }
 
 impl Stored<'_> {
@@ -64,10 +64,10 @@ impl<'v> GroupView<'v, '_> {
     fn lookup(&self, index: Index, id: &str) -> StoreResult<Option<Stored<'v>>> {
         if !indexed(index) {
             if let Some(value) = self.written[index as usize].get(id) {
-                return Ok(Some(Stored::Memory(Cow::Borrowed(value))));
+                return Ok(Some(Stored::Memory(value.clone())));
             }
             if let Some(value) = self.recent.get(index, id) {
-                return Ok(Some(Stored::Memory(Cow::Owned(value))));
+                return Ok(Some(Stored::Memory(value)));
             }
         }
         let stored = self.tables.docs.get((index.name(), id)).map_err(storage)?;
@@ -125,7 +125,7 @@ impl TxnReads for GroupReads<'_, '_> {
 
     fn version(&mut self, index: Index, id: &str) -> StoreResult<Option<Version>> {
         self.read(index, id, |bytes| {
-            split_stored(id, bytes).map(|(seq_no, _)| {
+            seq_no_of(id, bytes).map(|seq_no| {
                 let version = Version {
                     seq_no,
                     primary_term: PRIMARY_TERM,
@@ -244,7 +244,7 @@ pub(super) fn check_op<'o>(
             }
         }
     };
-    let source = match (op, current) {
+    let source = match (op, &current) {
         (WriteOp::Create { .. }, Some(_)) => return Ok(Err(Ok(WriteOutcome::AlreadyExists))),
         (WriteOp::Create { source, .. }, None) => source,
         (WriteOp::ReplaceIf { .. }, None) => return Ok(Err(Ok(WriteOutcome::NotFound))),
@@ -255,7 +255,7 @@ pub(super) fn check_op<'o>(
             Some((seq_no, _)),
         ) => {
             let stored = Version {
-                seq_no,
+                seq_no: *seq_no,
                 primary_term: PRIMARY_TERM,
             };
             if stored != *expected {
@@ -268,6 +268,7 @@ pub(super) fn check_op<'o>(
     // that is not a JSON object fails its op alone. (A stored transfer's source is always
     // looked up above.)
     let current = current.and_then(|(seq_no, old)| old.map(|old| (seq_no, old)));
+    let current = current.as_ref().map(|(seq_no, old)| (*seq_no, &**old));
     match transfer_change(index, current, source.as_bytes()) {
         Ok(transfer) => Ok(Ok(CheckedOp { op, transfer })),
         Err(e) => Ok(Err(Err(e))),
@@ -308,10 +309,10 @@ pub(super) fn write_checked(
         WriteOp::Create { source, .. } | WriteOp::ReplaceIf { source, .. } => source,
     };
     let seq_no = writes.seq_nos.next(tables, index)?;
-    let bytes = source.as_bytes();
-    let mut value = Vec::with_capacity(8 + bytes.len());
-    value.extend_from_slice(&seq_no.to_le_bytes());
-    value.extend_from_slice(bytes);
+    // A transfer written terminal is compressed (`at_rest`); the log holds the value as
+    // stored, so its replay stores the same bytes.
+    let terminal = matches!(&transfer, Some((_, (_, new))) if !new.in_flight());
+    let value = value_of(seq_no, source.as_bytes(), terminal);
     // An unindexed document reaches the tables when the open transaction commits; a new
     // transfer's listing entries, with a later run.
     if indexed(index) {
@@ -341,7 +342,7 @@ pub(super) fn write_checked(
         }
     }
     writes.record.push(index, id, &value);
-    writes.written[index as usize].insert(id.to_owned(), value);
+    writes.written[index as usize].insert(id.to_owned(), value.into());
     Ok(Version {
         seq_no,
         primary_term: PRIMARY_TERM,
@@ -423,7 +424,8 @@ fn replay_write(
         .as_ref()
         .map(|bytes| split_stored(id, bytes.value()))
         .transpose()?;
-    let transfer = transfer_change(index, current, source)?;
+    let current = current.as_ref().map(|(seq_no, old)| (*seq_no, &**old));
+    let transfer = transfer_change(index, current, &source)?;
     drop(stored);
     store_document(tables, index, id, seq_no, value, transfer, None)
 }

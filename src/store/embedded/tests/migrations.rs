@@ -155,3 +155,48 @@ async fn a_store_written_before_the_change_feed_gets_its_index_built_when_opened
     let store = EmbeddedStore::open(dir.path()).unwrap();
     assert_eq!(feed(&store).await, written, "built once");
 }
+
+#[tokio::test]
+async fn terminal_transfers_are_stored_compressed_and_plain_ones_of_older_versions_still_read() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let finished = |id: &str| transfer(id, "finished", 3);
+    {
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        create_transfer(&store, "in-flight", "pending", 1).await;
+        create_transfer(&store, "done", "finished", 2).await;
+        // As an older version left it: a finished transfer stored plain.
+        settle(&store);
+        let txn = store.db.begin_write().unwrap();
+        {
+            let mut docs = txn.open_table(DOCS).unwrap();
+            let mut plain = 9u64.to_le_bytes().to_vec();
+            plain.extend_from_slice(&serde_json::to_vec(&finished("old")).unwrap());
+            docs.insert((Index::Transactions.name(), "old"), plain.as_slice())
+                .unwrap();
+        }
+        txn.commit().unwrap();
+        let body = |id| raw(&store, Index::Transactions, id).unwrap()[8];
+        assert_eq!(
+            body("in-flight"),
+            b'{',
+            "an in-flight transfer is stored plain"
+        );
+        assert_ne!(
+            body("done"),
+            b'{',
+            "a terminal transfer is stored compressed"
+        );
+    }
+    // Reopened (the log replayed): every document reads as it was written.
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    for (id, expected) in [
+        ("in-flight", transfer("in-flight", "pending", 1)),
+        ("done", transfer("done", "finished", 2)),
+        ("old", finished("old")),
+    ] {
+        let doc = store.get(Index::Transactions, id).await.unwrap().unwrap();
+        assert_eq!(doc.source.to_value().unwrap(), expected, "{id}");
+    }
+    let scanned = store.scan(Index::Transactions, None, 10).await.unwrap();
+    assert_eq!(scanned.docs.len(), 3);
+}
