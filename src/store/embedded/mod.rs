@@ -24,8 +24,9 @@
 //!   `Permanent`, as is any failure to open the file.
 //! - **Versions.** `seq_no` is per index and increases on every applied write, like a
 //!   single-shard Elasticsearch index; the primary term is always 1 (there is no failover).
-//! - **Sources are bytes.** Documents are stored as the JSON the caller sent and handed back
-//!   as they are; only a transfer's indexed fields are read (borrowed, the rest skipped).
+//! - **Sources are bytes.** Documents are stored as the JSON the caller sent (a transfer
+//!   written terminal compressed, `at_rest`) and handed back as sent; only a transfer's
+//!   indexed fields are read (borrowed, the rest skipped).
 //! - **Searches** use secondary index tables kept in the same transaction as the documents, so
 //!   they are realtime (stricter than Elasticsearch's near-real-time; the engine relies on
 //!   neither). A stored transfer that does not decode is skipped by them (with a warning), so
