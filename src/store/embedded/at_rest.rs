@@ -17,8 +17,7 @@
 //! dictionary would come with a new marker, the old one kept for reading.
 
 use std::borrow::Cow;
-use std::cell::RefCell;
-use std::sync::LazyLock;
+use std::sync::{LazyLock, Mutex};
 
 use zstd::bulk::{Compressor, Decompressor};
 use zstd::dict::{DecoderDictionary, EncoderDictionary};
@@ -47,11 +46,47 @@ static ENCODER_DICTIONARY_1: LazyLock<EncoderDictionary<'static>> =
 static DECODER_DICTIONARY_1: LazyLock<DecoderDictionary<'static>> =
     LazyLock::new(|| DecoderDictionary::copy(DICTIONARY_1));
 
-thread_local! {
-    // A context each thread keeps: making one costs more than compressing a document.
-    static COMPRESSOR: RefCell<Option<Compressor<'static>>> = const { RefCell::new(None) };
-    static DECOMPRESSOR: RefCell<Option<Decompressor<'static>>> = const { RefCell::new(None) };
+/// zstd contexts kept for reuse: making one costs more than compressing a document. A few
+/// are kept, not one per thread: reads run on tokio's blocking pool, which may start hundreds
+/// of threads, and a decompression context holds 96 KB (a compression context 31 KB).
+struct Contexts<T> {
+    idle: Mutex<Vec<T>>,
 }
+
+/// How many idle contexts of each kind are kept (as many as threads use one at once, on a
+/// machine of a few cores).
+const IDLE_CONTEXTS: usize = 4;
+
+impl<T> Contexts<T> {
+    const fn new() -> Self {
+        Contexts {
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// `f` on an idle context, or on a new one made by `make`; kept afterwards if there is
+    /// room.
+    fn with<R>(
+        &self,
+        make: impl FnOnce() -> std::io::Result<T>,
+        f: impl FnOnce(&mut T) -> R,
+    ) -> std::io::Result<R> {
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut context = match idle {
+            Some(context) => context,
+            None => make()?,
+        };
+        let result = f(&mut context);
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < IDLE_CONTEXTS {
+            idle.push(context);
+        }
+        Ok(result)
+    }
+}
+
+static COMPRESSORS: Contexts<Compressor<'static>> = Contexts::new();
+static DECOMPRESSORS: Contexts<Decompressor<'static>> = Contexts::new();
 
 /// The value at rest of a document written with `seq_no`: `source` compressed when
 /// `compress` (a terminal transfer) and the compressed body is the smaller, else as it is.
@@ -88,19 +123,17 @@ pub(super) fn split_stored<'a>(id: &str, value: &'a [u8]) -> StoreResult<(u64, C
 /// The marker and frame of `source` compressed, if that is smaller than `source`. `None`
 /// also when zstd fails (it has no reason to; the source is then stored plain).
 fn compress_body(source: &[u8]) -> Option<Vec<u8>> {
-    COMPRESSOR.with_borrow_mut(|compressor| {
-        if compressor.is_none() {
-            *compressor = Compressor::with_prepared_dictionary(&ENCODER_DICTIONARY_1).ok();
-        }
-        let mut body = vec![0; 1 + zstd::zstd_safe::compress_bound(source.len())];
-        body[0] = ZSTD_DICTIONARY_1;
-        let written = compressor
-            .as_mut()?
-            .compress_to_buffer(source, &mut body[1..])
-            .ok()?;
-        body.truncate(1 + written);
-        (body.len() < source.len()).then_some(body)
-    })
+    let make = || Compressor::with_prepared_dictionary(&ENCODER_DICTIONARY_1);
+    COMPRESSORS
+        .with(make, |compressor| {
+            let mut body = vec![0; 1 + zstd::zstd_safe::compress_bound(source.len())];
+            body[0] = ZSTD_DICTIONARY_1;
+            let written = compressor.compress_to_buffer(source, &mut body[1..]).ok()?;
+            body.truncate(1 + written);
+            (body.len() < source.len()).then_some(body)
+        })
+        .ok()
+        .flatten()
 }
 
 fn decompress_body(id: &str, frame: &[u8]) -> StoreResult<Vec<u8>> {
@@ -114,23 +147,18 @@ fn decompress_body(id: &str, frame: &[u8]) -> StoreResult<Vec<u8>> {
         Ok(size) => return Err(damaged(format!("its frame claims {size:?} bytes"))),
         Err(e) => return Err(damaged(format!("{e:?}"))),
     };
-    DECOMPRESSOR.with_borrow_mut(|decompressor| {
-        if decompressor.is_none() {
-            *decompressor = Some(
-                Decompressor::with_prepared_dictionary(&DECODER_DICTIONARY_1)
-                    .map_err(|e| damaged(e.to_string()))?,
-            );
-        }
-        let decompressor = decompressor.as_mut().expect("made above");
+    let make = || Decompressor::with_prepared_dictionary(&DECODER_DICTIONARY_1);
+    let decompressed = DECOMPRESSORS.with(make, |decompressor| {
         let mut source = Vec::with_capacity(size);
-        let written = decompressor
+        decompressor
             .decompress_to_buffer(frame, &mut source)
-            .map_err(|e| damaged(e.to_string()))?;
-        if written != size {
-            return Err(damaged(format!("{written} bytes, its frame claims {size}")));
-        }
-        Ok(source)
-    })
+            .map(|written| (written, source))
+    });
+    match decompressed {
+        Ok(Ok((written, source))) if written == size => Ok(source),
+        Ok(Ok((written, _))) => Err(damaged(format!("{written} bytes, its frame claims {size}"))),
+        Ok(Err(e)) | Err(e) => Err(damaged(e.to_string())),
+    }
 }
 
 fn truncated(id: &str) -> StoreError {
@@ -172,6 +200,23 @@ mod tests {
     fn a_source_that_would_not_shrink_is_stored_as_sent() {
         let tiny = br#"{}"#;
         assert_eq!(&value_of(1, tiny, true)[8..], tiny);
+    }
+
+    #[test]
+    fn contexts_serve_many_threads_at_once_and_only_a_few_are_kept() {
+        let value = value_of(5, FINISHED.as_bytes(), true);
+        std::thread::scope(|scope| {
+            for _ in 0..16 {
+                scope.spawn(|| {
+                    for _ in 0..50 {
+                        assert_eq!(&*split_stored("t", &value).unwrap().1, FINISHED.as_bytes());
+                        assert_eq!(value_of(5, FINISHED.as_bytes(), true), value);
+                    }
+                });
+            }
+        });
+        assert!(DECOMPRESSORS.idle.lock().unwrap().len() <= IDLE_CONTEXTS);
+        assert!(COMPRESSORS.idle.lock().unwrap().len() <= IDLE_CONTEXTS);
     }
 
     #[test]
