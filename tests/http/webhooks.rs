@@ -553,7 +553,7 @@ async fn each_instance_delivers_its_writes_fast_and_the_holder_only_the_rest(bac
     })
     .await;
 
-    // The last transfer's writer dies while the receiver refuses its fast delivery.
+    // The last transfer's writer stops while the receiver refuses its fast delivery.
     receiver.fail_next(usize::MAX / 2);
     writer.transfer_accepted("w-last", "w-a", "w-b", 1).await;
     assert_eq!(writer.settled("w-last").await["state"], "finished");
@@ -564,7 +564,10 @@ async fn each_instance_delivers_its_writes_fast_and_the_holder_only_the_rest(bac
             .any(|r| r.id == "w-last/transfer.finished")
     })
     .await;
-    writer.abort();
+    // Stopped, not aborted: an aborted server's tasks run on in this process until they see
+    // the shutdown, and a retry of theirs could reach the receiver once it accepts again,
+    // a second delivery that a dead process could not make.
+    writer.shutdown().await;
     receiver.fail_next(0);
     wait::eventually_within(
         Duration::from_secs(60),
