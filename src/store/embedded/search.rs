@@ -30,20 +30,18 @@ pub(super) fn load_transfers(
         else {
             continue;
         };
-        let (seq_no, source) = match split_stored(&key.id, bytes.value()) {
-            Ok(stored) => stored,
-            Err(error) => {
-                tracing::warn!(transfer_id = %key.id, %error, "skipping a stored transfer that does not decode");
-                continue;
-            }
+        let stored = split_stored(&key.id, bytes.value());
+        let wanted = match &stored {
+            Ok((_, source)) => transfer_keys(source).map(|keys| filter(&keys)),
+            Err(error) => Err(error.clone()),
         };
-        match transfer_keys(&source) {
-            Ok(keys) => {
-                if filter(&keys) {
-                    out.push(doc_of(&key.id, seq_no, source.into_owned()));
-                    last = Some(key);
-                }
+        match wanted {
+            Ok(true) => {
+                let (seq_no, source) = stored?;
+                out.push(doc_of(&key.id, seq_no, source.into_owned()));
+                last = Some(key);
             }
+            Ok(false) => {}
             Err(error) => tracing::warn!(
                 transfer_id = %key.id,
                 %error,
