@@ -431,6 +431,51 @@ mod suite {
         assert_eq!(seen, ["t5", "t4", "t3", "t2", "t1"]);
     }
 
+    /// Transfers created in one millisecond list by id (the listing's order is creation time,
+    /// then id, newest first), whatever order they were written in, and a page cut among
+    /// them neither skips nor repeats one.
+    pub async fn list_transfers_orders_one_millisecond_by_id_across_pages(s: &dyn Store) {
+        for id in ["t3", "t5", "t1", "t4", "t2"] {
+            let source = transfer(id, "finished", "a", "b", 50, 50);
+            s.create(Index::Transactions, id, source.into())
+                .await
+                .unwrap();
+        }
+        let older = transfer("t0", "finished", "a", "b", 40, 40);
+        s.create(Index::Transactions, "t0", older.into())
+            .await
+            .unwrap();
+        s.refresh().await.unwrap();
+        for account in [None, Some("a")] {
+            for limit in [1, 2, 10] {
+                let mut seen = Vec::new();
+                let mut after = None;
+                loop {
+                    let filter = TransferFilter {
+                        account: account.map(String::from),
+                        state: None,
+                        attention: false,
+                        metadata: Vec::new(),
+                        after: after.clone(),
+                        limit,
+                    };
+                    let page = s.list_transfers(&filter).await.unwrap();
+                    seen.extend(page.docs.iter().map(|d| d.id.clone()));
+                    assert!(seen.len() <= 6, "{account:?} by {limit}: {seen:?}");
+                    match page.next {
+                        Some(next) => after = Some(next),
+                        None => break,
+                    }
+                }
+                assert_eq!(
+                    seen,
+                    ["t5", "t4", "t3", "t2", "t1", "t0"],
+                    "{account:?}, pages of {limit}"
+                );
+            }
+        }
+    }
+
     /// `attention` is written on a transfer that is already stored (the engine flags a
     /// transfer it finds contradicted), so most flags arrive by a conditional replace.
     pub async fn list_transfers_of_flagged_transfers_combines_with_the_other_filters(
@@ -1024,6 +1069,7 @@ macro_rules! all_backends {
                 find_stale_includes_a_released_transfer_however_recent,
                 find_stale_pages_through_more_than_100,
                 list_transfers_filters_and_pages_newest_first,
+                list_transfers_orders_one_millisecond_by_id_across_pages,
                 list_transfers_of_flagged_transfers_combines_with_the_other_filters,
                 list_transfers_by_metadata_combines_and_pages,
                 scan_pages_every_document_in_id_order,

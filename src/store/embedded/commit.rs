@@ -523,8 +523,8 @@ pub(super) fn apply_group(
         }
         taken.get().logged += written.iter().map(HashMap::len).sum::<usize>();
         committer.recent.add(written);
-        for id in &moved {
-            creations.forget(id);
+        for &number in &moved {
+            creations.forget(number);
         }
         added = creations.add(created);
     }

@@ -49,37 +49,37 @@ const RUN_TRANSFERS: usize = 65_536;
 /// group about what its own entries would have, not a whole run's delay.
 const CHUNK_ENTRIES: usize = 256;
 
-/// The creation entries of one new transfer.
+/// The creation entries of one new transfer, which name it by its number ([`TX_IDS`]).
 #[derive(Debug)]
 pub(super) struct Creation {
-    id: Box<str>,
+    number: u64,
     created: i64,
     accounts: Vec<Box<str>>,
 }
 
 impl Creation {
-    pub(super) fn of(id: &str, keys: &TransferKeys<'_>) -> Self {
+    pub(super) fn of(number: u64, keys: &TransferKeys<'_>) -> Self {
         Creation {
-            id: id.into(),
+            number,
             created: keys.created,
             accounts: keys.parties().into_iter().map(|p| p.into()).collect(),
         }
     }
 
-    pub(super) fn id(&self) -> &str {
-        &self.id
+    pub(super) fn number(&self) -> u64 {
+        self.number
     }
 
     /// Writes the entries at once (catching up).
     pub(super) fn write(&self, tables: &mut Tables<'_>) -> StoreResult<()> {
         tables
             .by_created
-            .insert((self.created, &*self.id), ())
+            .insert((self.created, self.number), ())
             .map_err(storage)?;
         for account in &self.accounts {
             tables
                 .by_account
-                .insert((&**account, self.created, &*self.id), ())
+                .insert((&**account, self.created, self.number), ())
                 .map_err(storage)?;
         }
         Ok(())
@@ -88,8 +88,8 @@ impl Creation {
 
 /// A run: the entries pending when it began, sorted, and how far it is written.
 struct Run {
-    by_created: Vec<(i64, Box<str>)>,
-    by_account: Vec<(Box<str>, i64, Box<str>)>,
+    by_created: Vec<(i64, u64)>,
+    by_account: Vec<(Box<str>, i64, u64)>,
     written: usize,
     /// The last transfer `seq_no` handed out when the run began.
     through: u64,
@@ -143,20 +143,20 @@ impl CreationEntries {
         entries
     }
 
-    /// Forgets the entries of transfer `id` not written yet (its creation time or accounts
-    /// changed, which the engine never does: the tables get its new entries at once, and
-    /// lose the old ones).
-    pub(super) fn forget(&mut self, id: &str) {
-        self.pending.retain(|c| &*c.id != id);
+    /// Forgets the entries of transfer `number` not written yet (its creation time or
+    /// accounts changed, which the engine never does: the tables get its new entries at once,
+    /// and lose the old ones).
+    pub(super) fn forget(&mut self, number: u64) {
+        self.pending.retain(|c| c.number != number);
         if let Some(run) = &mut self.run {
             // Entries before `written` are in the tables already; the change removes them.
             let split = run.by_created.len();
             let created_tail = run.by_created.split_off(run.written.min(split));
             run.by_created
-                .extend(created_tail.into_iter().filter(|(_, e)| &**e != id));
+                .extend(created_tail.into_iter().filter(|&(_, n)| n != number));
             let account_tail = run.by_account.split_off(run.written.saturating_sub(split));
             run.by_account
-                .extend(account_tail.into_iter().filter(|(_, _, e)| &**e != id));
+                .extend(account_tail.into_iter().filter(|&(_, _, n)| n != number));
         }
     }
 
@@ -213,15 +213,15 @@ impl CreationEntries {
         let mut by_created = Vec::with_capacity(pending.len());
         let mut by_account = Vec::with_capacity(pending.len() * 2);
         for Creation {
-            id,
+            number,
             created,
             accounts,
         } in pending
         {
             for account in accounts {
-                by_account.push((account, created, id.clone()));
+                by_account.push((account, created, number));
             }
-            by_created.push((created, id));
+            by_created.push((created, number));
         }
         by_created.sort_unstable();
         by_account.sort_unstable();
@@ -251,16 +251,15 @@ impl CreationEntries {
                 *left -= 1;
             }
             if i < split {
-                let (created, id) = &run.by_created[i];
                 tables
                     .by_created
-                    .insert((*created, &**id), ())
+                    .insert(run.by_created[i], ())
                     .map_err(storage)?;
             } else {
-                let (account, created, id) = &run.by_account[i - split];
+                let (account, created, number) = &run.by_account[i - split];
                 tables
                     .by_account
-                    .insert((&**account, *created, &**id), ())
+                    .insert((&**account, *created, *number), ())
                     .map_err(storage)?;
             }
         }
@@ -294,24 +293,24 @@ pub(super) fn catch_up_creation_entries(txn: &WriteTransaction) -> StoreResult<(
         .map_err(permanent)?
         .map(|from| from.value());
     if let Some(from) = from {
-        let changed: Vec<String> = tables
+        let changed: Vec<u64> = tables
             .changes
             .range(from..)
             .map_err(permanent)?
-            .map(|entry| {
-                entry
-                    .map(|(_, id)| id.value().to_owned())
-                    .map_err(permanent)
-            })
+            .map(|entry| entry.map(|(_, number)| number.value()).map_err(permanent))
             .collect::<StoreResult<_>>()?;
         let name = Index::Transactions.name();
-        for id in &changed {
-            let stored = tables.docs.get((name, id.as_str())).map_err(permanent)?;
+        for &number in &changed {
+            let Some(id) = tables.ids.get(number).map_err(permanent)? else {
+                continue;
+            };
+            let stored = tables.docs.get((name, id.value())).map_err(permanent)?;
             let creation = stored.and_then(|bytes| {
-                let (_, source) = split_stored(id, bytes.value()).ok()?;
+                let (_, source) = split_stored(id.value(), bytes.value()).ok()?;
                 // A document that does not decode is skipped, as the searches skip it.
-                Some(Creation::of(id, &transfer_keys(&source).ok()?))
+                Some(Creation::of(number, &transfer_keys(&source).ok()?))
             });
+            drop(id);
             if let Some(creation) = creation {
                 creation.write(&mut tables)?;
             }

@@ -248,19 +248,78 @@ pub(super) fn keys_before_cursor(
         let entry = metadata_entry(key, value);
         walk_back_within(&txn, TX_METADATA, &entry, upper, scan, &mut push)?;
     } else if let Some(account) = &f.account {
-        walk_back_within(&txn, TX_BY_ACCOUNT, account, upper, scan, &mut push)?;
+        let ids = txn.open_table(TX_IDS).map_err(storage)?;
+        let table = txn.open_table(TX_BY_ACCOUNT).map_err(storage)?;
+        let range = table
+            .range((account.as_str(), i64::MIN, 0)..=(account.as_str(), upper.0, u64::MAX))
+            .map_err(storage)?;
+        let entries = range.rev().map(|entry| {
+            let (key, _) = entry?;
+            let (_, millis, number) = key.value();
+            Ok((millis, number))
+        });
+        walk_back_numbered(&ids, entries, upper, scan, &mut push)?;
     } else if let Some(state) = f.state.as_deref().filter(|state| listed_by_state(state)) {
         walk_back_within(&txn, TX_BY_STATE_CREATED, state, upper, scan, &mut push)?;
     } else {
+        let ids = txn.open_table(TX_IDS).map_err(storage)?;
         let table = txn.open_table(TX_BY_CREATED).map_err(storage)?;
-        let range = table.range((i64::MIN, "")..=upper).map_err(storage)?;
-        for entry in range.rev().take(scan) {
-            let (key, _) = entry.map_err(storage)?;
-            let (millis, id) = key.value();
-            push(millis, id);
-        }
+        let range = table
+            .range((i64::MIN, 0)..=(upper.0, u64::MAX))
+            .map_err(storage)?;
+        let entries = range.rev().map(|entry| Ok(entry?.0.value()));
+        walk_back_numbered(&ids, entries, upper, scan, &mut push)?;
     }
     Ok((keys, scanned))
+}
+
+/// Walks the `(creation_time, number)` entries of a numbered index ([`TX_BY_CREATED`],
+/// [`TX_BY_ACCOUNT`]), given newest first, and passes the transfers to `push` in
+/// `(creation_time, id)` order, newest first, from `upper` (inclusive): up to `scan` of them,
+/// then the rest of the last creation time. The index holds a creation time's entries in
+/// number order, so each creation time's ids are read and sorted before any is passed on (a
+/// page cut inside one could otherwise skip an id that sorts after the cut). A creation time
+/// holds the transfers created in one millisecond: a few, even under load.
+fn walk_back_numbered(
+    ids: &redb::ReadOnlyTable<u64, &'static str>,
+    entries: impl Iterator<Item = Result<(i64, u64), redb::StorageError>>,
+    (to_millis, to_id): (i64, &str),
+    scan: usize,
+    push: &mut impl FnMut(i64, &str),
+) -> StoreResult<()> {
+    let mut passed = 0;
+    // The creation time being read, and its ids.
+    let mut millis = None;
+    let mut group: Vec<String> = Vec::new();
+    let mut pass_on = |at: i64, group: &mut Vec<String>| {
+        group.sort_unstable_by(|a, b| b.cmp(a));
+        passed += group.len();
+        group.drain(..).for_each(|id| push(at, &id));
+        passed
+    };
+    for entry in entries {
+        let (at, number) = entry.map_err(storage)?;
+        if millis != Some(at) {
+            if let Some(done) = millis {
+                if pass_on(done, &mut group) >= scan {
+                    return Ok(());
+                }
+            }
+            millis = Some(at);
+        }
+        let Some(id) = ids.get(number).map_err(storage)? else {
+            continue;
+        };
+        // After the cursor: the range ends at its creation time, not at its id.
+        if at == to_millis && id.value() > to_id {
+            continue;
+        }
+        group.push(id.value().to_owned());
+    }
+    if let Some(done) = millis {
+        pass_on(done, &mut group);
+    }
+    Ok(())
 }
 
 /// Walks the entries of `prefix` in a `(prefix, millis, id)` index backwards from `upper`
@@ -316,16 +375,23 @@ pub(super) fn changes_blocking(db: &Database, q: &ChangesQuery) -> StoreResult<C
             .take(q.limit)
             .collect()
     };
+    let ids = txn.open_table(TX_IDS).map_err(storage)?;
     for entry in entries {
-        let (seq_no, id) = entry.map_err(storage)?;
-        let (seq_no, id) = (seq_no.value(), id.value());
+        let (seq_no, number) = entry.map_err(storage)?;
+        let Some(id) = ids.get(number.value()).map_err(storage)? else {
+            continue;
+        };
+        let id = id.value();
         let Some(bytes) = docs
             .get((Index::Transactions.name(), id))
             .map_err(storage)?
         else {
             continue;
         };
-        out.push((FeedPosition::Seq(seq_no), decode(id, bytes.value())?));
+        out.push((
+            FeedPosition::Seq(seq_no.value()),
+            decode(id, bytes.value())?,
+        ));
     }
     Ok(ChangesPage { docs: out })
 }

@@ -24,9 +24,19 @@ pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("meta")
 pub(super) const TX_BY_STATE_MODIFIED: TableDefinition<(&str, i64, &str), ()> =
     TableDefinition::new("tx_by_state_modified");
 
-/// Transfers by `(creation_time, id)`: the unfiltered listing.
-pub(super) const TX_BY_CREATED: TableDefinition<(i64, &str), ()> =
-    TableDefinition::new("tx_by_created");
+/// A transfer's number → its id. Each transfer is numbered once, by its first write here
+/// (the `seq_no` that write was given; a transfer of a store written before numbers existed:
+/// the `seq_no` of its latest write then, see [`number_transfers`]), and keeps the number:
+/// the indexes with an entry for every transfer ([`TX_BY_CREATED`], [`TX_BY_ACCOUNT`],
+/// [`TX_CHANGES`]) name it by these 8 bytes instead of its id (36 bytes for the service's
+/// own ids, up to 128 for a client's). Numbers are never reused: `seq_no`s are not.
+pub(super) const TX_IDS: TableDefinition<u64, &str> = TableDefinition::new("tx_ids");
+
+/// Transfers by `(creation_time, number)`: the unfiltered listing. Entries of one creation
+/// time are in number order, not id order: a walk sorts each creation time's ids
+/// ([`super::search`]).
+pub(super) const TX_BY_CREATED: TableDefinition<(i64, u64), ()> =
+    TableDefinition::new("tx_by_created_n");
 
 /// Transfers by `(state, creation_time, id)`, except finished ones: the listing filtered by
 /// state. Finished transfers are nearly all of them, so an entry each would cost a B-tree
@@ -45,10 +55,11 @@ pub(super) fn listed_by_state(state: &str) -> bool {
     state != UNLISTED_STATE
 }
 
-/// Transfers by `(account, creation_time, id)`, once for the source and once for the
-/// destination: the listing filtered by account.
-pub(super) const TX_BY_ACCOUNT: TableDefinition<(&str, i64, &str), ()> =
-    TableDefinition::new("tx_by_account");
+/// Transfers by `(account, creation_time, number)`, once for the source and once for the
+/// destination: the listing filtered by account. As in [`TX_BY_CREATED`], a creation time's
+/// entries are in number order.
+pub(super) const TX_BY_ACCOUNT: TableDefinition<(&str, i64, u64), ()> =
+    TableDefinition::new("tx_by_account_n");
 
 /// Transfers by `(state, id)` whose lease was released (no `lease_owner`): recovery
 /// candidates at once, whatever their `modification_time`. Only in-flight states matter;
@@ -68,18 +79,25 @@ pub(super) const TX_ATTENTION: TableDefinition<(i64, &str), ()> =
 pub(super) const TX_METADATA: TableDefinition<(&str, i64, &str), ()> =
     TableDefinition::new("tx_metadata");
 
-/// The change feed (`docs/design.md §11`): `seq_no` of each transfer's latest write → its id.
-/// A transfer's entry moves to its new `seq_no` in the transaction of every write, so the
-/// table holds one entry per transfer, in write order. `seq_no`s rise with every committed
-/// write and a reader sees only committed transactions: no write can appear later below a
-/// position a reader has passed.
-pub(super) const TX_CHANGES: TableDefinition<u64, &str> = TableDefinition::new("tx_changes");
+/// The change feed (`docs/design.md §11`): `seq_no` of each transfer's latest write → its
+/// number ([`TX_IDS`]). A transfer's entry moves to its new `seq_no` in the transaction of
+/// every write (and is where a write finds the transfer's number), so the table holds one
+/// entry per transfer, in write order. `seq_no`s rise with every committed write and a reader
+/// sees only committed transactions: no write can appear later below a position a reader has
+/// passed.
+pub(super) const TX_CHANGES: TableDefinition<u64, u64> = TableDefinition::new("tx_changes_n");
+
+/// The tables a store written before numbers held instead of [`TX_BY_CREATED`],
+/// [`TX_BY_ACCOUNT`] and [`TX_CHANGES`] (their entries named transfers by id): deleted once
+/// the numbered ones are built ([`number_transfers`]).
+pub(super) const BY_ID_TABLES: [&str; 3] = ["tx_by_created", "tx_by_account", "tx_changes"];
 
 /// The key in [`META`] of the store's random id (`Store::identity`).
 pub(super) const STORE_ID: &str = "store_id";
 
-/// The key in [`META`] that says [`TX_CHANGES`] holds every transfer.
-pub(super) const CHANGES_BUILT: &str = "built:tx_changes";
+/// The key in [`META`] that says every transfer is numbered: [`TX_IDS`], [`TX_CHANGES`],
+/// [`TX_BY_CREATED`] and [`TX_BY_ACCOUNT`] hold them all.
+pub(super) const NUMBERED: &str = "built:numbered";
 
 /// The key in [`META`] that says [`TX_METADATA`] holds every transfer's metadata.
 pub(super) const METADATA_BUILT: &str = "built:tx_metadata";
@@ -108,6 +126,7 @@ pub(super) fn build_attention_index(txn: &WriteTransaction) -> StoreResult<()> {
         }
         Ok(())
     })
+    .map(drop)
 }
 
 /// Fills [`TX_METADATA`] from the stored transfers, once: a store written before the table
@@ -124,30 +143,53 @@ pub(super) fn build_metadata_index(txn: &WriteTransaction) -> StoreResult<()> {
         }
         Ok(())
     })
+    .map(drop)
 }
 
-/// Fills [`TX_CHANGES`] from the stored transfers, once: a store written before the feed
-/// existed has transfers but no entries. Afterwards every write moves its transfer's entry.
-pub(super) fn build_changes_index(txn: &WriteTransaction) -> StoreResult<()> {
+/// Numbers every stored transfer, once: a store written before numbers holds its listing
+/// and feed entries by id (an older one no feed at all). A transfer's number is then the
+/// `seq_no` of its latest write: unique, as numbers must be, and below every `seq_no` still
+/// to come. The tables by id go. Runs before the log's replay, which finds an existing
+/// transfer's number in its feed entry.
+pub(super) fn number_transfers(txn: &WriteTransaction) -> StoreResult<()> {
+    let mut ids = txn.open_table(TX_IDS).map_err(permanent)?;
     let mut changes = txn.open_table(TX_CHANGES).map_err(permanent)?;
-    build_once(txn, CHANGES_BUILT, |id, seq_no, _| {
-        changes.insert(seq_no, id).map_err(permanent)?;
+    let mut by_created = txn.open_table(TX_BY_CREATED).map_err(permanent)?;
+    let mut by_account = txn.open_table(TX_BY_ACCOUNT).map_err(permanent)?;
+    let built = build_once(txn, NUMBERED, |id, seq_no, keys| {
+        ids.insert(seq_no, id).map_err(permanent)?;
+        changes.insert(seq_no, seq_no).map_err(permanent)?;
+        by_created
+            .insert((keys.created, seq_no), ())
+            .map_err(permanent)?;
+        for party in keys.parties() {
+            by_account
+                .insert((&*party, keys.created, seq_no), ())
+                .map_err(permanent)?;
+        }
         Ok(())
-    })
+    })?;
+    if built {
+        for name in BY_ID_TABLES {
+            txn.delete_table(TableDefinition::<u64, ()>::new(name))
+                .map_err(permanent)?;
+        }
+    }
+    Ok(())
 }
 
 /// Unless [`META`] holds `marker`, passes every stored transfer's id, `seq_no` and index
-/// keys to `add`, then
-/// records `marker`: an index added by a later version is built from the documents once. A
-/// document that does not decode is skipped here as it is by the searches.
+/// keys to `add`, then records `marker`: an index added by a later version is built from the
+/// documents once. A document that does not decode is skipped here as it is by the searches.
+/// Whether it built now.
 fn build_once(
     txn: &WriteTransaction,
     marker: &str,
     mut add: impl FnMut(&str, u64, &TransferKeys<'_>) -> StoreResult<()>,
-) -> StoreResult<()> {
+) -> StoreResult<bool> {
     let mut meta = txn.open_table(META).map_err(permanent)?;
     if meta.get(marker).map_err(permanent)?.is_some() {
-        return Ok(());
+        return Ok(false);
     }
     let docs = txn.open_table(DOCS).map_err(permanent)?;
     let name = Index::Transactions.name();
@@ -165,7 +207,7 @@ fn build_once(
         }
     }
     meta.insert(marker, 1).map_err(permanent)?;
-    Ok(())
+    Ok(true)
 }
 
 /// The tables one write transaction touches, opened once per group.
@@ -173,13 +215,14 @@ pub(super) struct Tables<'txn> {
     pub(super) docs: Table<'txn, (&'static str, &'static str), &'static [u8]>,
     pub(super) meta: Table<'txn, &'static str, u64>,
     pub(super) by_state_modified: Table<'txn, (&'static str, i64, &'static str), ()>,
-    pub(super) by_created: Table<'txn, (i64, &'static str), ()>,
+    pub(super) ids: Table<'txn, u64, &'static str>,
+    pub(super) by_created: Table<'txn, (i64, u64), ()>,
     pub(super) by_state_created: Table<'txn, (&'static str, i64, &'static str), ()>,
-    pub(super) by_account: Table<'txn, (&'static str, i64, &'static str), ()>,
+    pub(super) by_account: Table<'txn, (&'static str, i64, u64), ()>,
     pub(super) released: Table<'txn, (&'static str, &'static str), ()>,
     pub(super) attention: Table<'txn, (i64, &'static str), ()>,
     pub(super) metadata: Table<'txn, (&'static str, i64, &'static str), ()>,
-    pub(super) changes: Table<'txn, u64, &'static str>,
+    pub(super) changes: Table<'txn, u64, u64>,
 }
 
 impl<'txn> Tables<'txn> {
@@ -188,6 +231,7 @@ impl<'txn> Tables<'txn> {
             docs: txn.open_table(DOCS).map_err(storage)?,
             meta: txn.open_table(META).map_err(storage)?,
             by_state_modified: txn.open_table(TX_BY_STATE_MODIFIED).map_err(storage)?,
+            ids: txn.open_table(TX_IDS).map_err(storage)?,
             by_created: txn.open_table(TX_BY_CREATED).map_err(storage)?,
             by_state_created: txn.open_table(TX_BY_STATE_CREATED).map_err(storage)?,
             by_account: txn.open_table(TX_BY_ACCOUNT).map_err(storage)?,
@@ -200,7 +244,7 @@ impl<'txn> Tables<'txn> {
 }
 
 /// The secondary-index keys of one transfer document.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct TransferKeys<'a> {
     pub(super) state: Cow<'a, str>,
     /// No lease owner: the lease was released.
@@ -364,7 +408,7 @@ pub(super) fn transfer_keys(source: &[u8]) -> StoreResult<TransferKeys<'_>> {
 /// the key is there already).
 pub(super) fn update_transfer_indexes(
     t: &mut Tables<'_>,
-    id: &str,
+    (id, number): (&str, u64),
     old: Option<&TransferKeys<'_>>,
     new: &TransferKeys<'_>,
     deferred: Option<&mut Vec<Creation>>,
@@ -374,7 +418,7 @@ pub(super) fn update_transfer_indexes(
         move_metadata_entries(t, id, old, new)?;
     }
     if let Some(old) = old {
-        remove_entries(t, id, old, &moved)?;
+        remove_entries(t, (id, number), old, &moved)?;
     }
     // A new transfer's creation entries wait for a run, given a list to wait in
     // ([`super::listing_entries`]); otherwise (replay) they are written now.
@@ -382,7 +426,7 @@ pub(super) fn update_transfer_indexes(
         Some(deferred) => {
             insert_entries(
                 t,
-                id,
+                (id, number),
                 new,
                 &MovedEntries {
                     created: false,
@@ -390,9 +434,9 @@ pub(super) fn update_transfer_indexes(
                     ..moved
                 },
             )?;
-            deferred.push(Creation::of(id, new));
+            deferred.push(Creation::of(number, new));
         }
-        None => insert_entries(t, id, new, &moved)?,
+        None => insert_entries(t, (id, number), new, &moved)?,
     }
     Ok(())
 }
@@ -458,7 +502,7 @@ fn move_metadata_entries(
 /// Removes the entries of `old` that move (but metadata's).
 fn remove_entries(
     t: &mut Tables<'_>,
-    id: &str,
+    (id, number): (&str, u64),
     old: &TransferKeys<'_>,
     moved: &MovedEntries,
 ) -> StoreResult<()> {
@@ -472,7 +516,7 @@ fn remove_entries(
             .map_err(e)?;
     }
     if moved.created {
-        t.by_created.remove((old.created, id)).map_err(e)?;
+        t.by_created.remove((old.created, number)).map_err(e)?;
     }
     if old.attention && moved.attention {
         t.attention.remove((old.created, id)).map_err(e)?;
@@ -484,7 +528,9 @@ fn remove_entries(
     }
     if moved.parties {
         for party in old.parties() {
-            t.by_account.remove((&*party, old.created, id)).map_err(e)?;
+            t.by_account
+                .remove((&*party, old.created, number))
+                .map_err(e)?;
         }
     }
     Ok(())
@@ -493,7 +539,7 @@ fn remove_entries(
 /// Inserts the entries of `new` that move (but metadata's), each where its index lists it.
 fn insert_entries(
     t: &mut Tables<'_>,
-    id: &str,
+    (id, number): (&str, u64),
     new: &TransferKeys<'_>,
     moved: &MovedEntries,
 ) -> StoreResult<()> {
@@ -504,7 +550,7 @@ fn insert_entries(
             .map_err(e)?;
     }
     if moved.created {
-        t.by_created.insert((new.created, id), ()).map_err(e)?;
+        t.by_created.insert((new.created, number), ()).map_err(e)?;
     }
     if new.released && moved.released {
         t.released.insert((&*new.state, id), ()).map_err(e)?;
@@ -520,7 +566,7 @@ fn insert_entries(
     if moved.parties {
         for party in new.parties() {
             t.by_account
-                .insert((&*party, new.created, id), ())
+                .insert((&*party, new.created, number), ())
                 .map_err(e)?;
         }
     }

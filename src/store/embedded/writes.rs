@@ -19,7 +19,7 @@ pub(super) struct GroupWrites<'r> {
     pub(super) created: &'r mut Vec<Creation>,
     /// Transfers whose creation time or accounts this group changed: their pending entries
     /// are forgotten once the group is logged.
-    pub(super) moved: &'r mut Vec<String>,
+    pub(super) moved: &'r mut Vec<u64>,
 }
 
 impl GroupWrites<'_> {
@@ -322,11 +322,11 @@ pub(super) fn write_checked(
             Some((_, (Some(old), new)))
                 if old.created != new.created || old.parties() != new.parties() =>
             {
-                Some(Creation::of(id, new))
+                Some(new.clone().into_owned())
             }
             _ => None,
         };
-        store_document(
+        let number = store_document(
             tables,
             index,
             id,
@@ -335,10 +335,10 @@ pub(super) fn write_checked(
             transfer,
             Some(writes.created),
         )?;
-        if let Some(entries) = moved {
-            writes.created.retain(|c| c.id() != id);
-            writes.moved.push(id.to_owned());
-            entries.write(tables)?;
+        if let (Some(keys), Some(number)) = (moved, number) {
+            writes.created.retain(|c| c.number() != number);
+            writes.moved.push(number);
+            Creation::of(number, &keys).write(tables)?;
         }
     }
     writes.record.push(index, id, &value);
@@ -350,7 +350,7 @@ pub(super) fn write_checked(
 }
 
 /// Stores a document's value (`seq_no` and source) and moves a transfer's index and feed
-/// entries (`transfer`, from [`transfer_change`]).
+/// entries (`transfer`, from [`transfer_change`]). Returns a transfer's number ([`TX_IDS`]).
 fn store_document(
     tables: &mut Tables<'_>,
     index: Index,
@@ -359,20 +359,32 @@ fn store_document(
     value: &[u8],
     transfer: Option<(Option<u64>, IndexKeys<'_>)>,
     created: Option<&mut Vec<Creation>>,
-) -> StoreResult<()> {
+) -> StoreResult<Option<u64>> {
     tables
         .docs
         .insert((index.name(), id), value)
         .map_err(storage)?;
-    if let Some((old_seq_no, (old, new))) = transfer {
-        update_transfer_indexes(tables, id, old.as_ref(), &new, created)?;
-        // The feed: the transfer's entry moves to this write's position.
-        if let Some(old_seq_no) = old_seq_no {
-            tables.changes.remove(old_seq_no).map_err(storage)?;
-        }
-        tables.changes.insert(seq_no, id).map_err(storage)?;
+    let Some((old_seq_no, (old, new))) = transfer else {
+        return Ok(None);
+    };
+    // The feed: the transfer's entry moves to this write's position, and holds its number.
+    let numbered = match old_seq_no {
+        Some(old_seq_no) => tables.changes.remove(old_seq_no).map_err(storage)?,
+        None => None,
     }
-    Ok(())
+    .map(|number| number.value());
+    let number = match numbered {
+        Some(number) => number,
+        // New (or stored by a version that could not read it when it numbered the others,
+        // so it has no entries either): numbered by this write.
+        None => {
+            tables.ids.insert(seq_no, id).map_err(storage)?;
+            seq_no
+        }
+    };
+    update_transfer_indexes(tables, (id, number), old.as_ref(), &new, created)?;
+    tables.changes.insert(seq_no, number).map_err(storage)?;
+    Ok(Some(number))
 }
 
 /// Applies the log's records after the last one the redb file holds, in order, in `txn`
@@ -427,5 +439,5 @@ fn replay_write(
     let current = current.as_ref().map(|(seq_no, old)| (*seq_no, &**old));
     let transfer = transfer_change(index, current, &source)?;
     drop(stored);
-    store_document(tables, index, id, seq_no, value, transfer, None)
+    store_document(tables, index, id, seq_no, value, transfer, None).map(drop)
 }

@@ -1,5 +1,7 @@
 //! Indexes added by later versions, built from the documents when an older store is opened.
 
+use redb::TableHandle;
+
 use super::*;
 
 #[tokio::test]
@@ -125,35 +127,105 @@ async fn a_store_holding_metadata_without_its_index_gets_it_built_when_opened() 
     assert_eq!(entries(&store), built);
 }
 
+/// As a version before numbers left the store: listing and feed entries by id, in tables of
+/// their own (given an entry each here, to see them go), and no transfer numbered.
+fn unnumber(store: &EmbeddedStore) {
+    settle(store);
+    let txn = store.db.begin_write().unwrap();
+    txn.delete_table(TX_IDS).unwrap();
+    txn.delete_table(TX_CHANGES).unwrap();
+    txn.delete_table(TX_BY_CREATED).unwrap();
+    txn.delete_table(TX_BY_ACCOUNT).unwrap();
+    for name in BY_ID_TABLES {
+        let old: TableDefinition<&str, ()> = TableDefinition::new(name);
+        txn.open_table(old).unwrap().insert("t1", ()).unwrap();
+    }
+    txn.open_table(META).unwrap().remove(NUMBERED).unwrap();
+    txn.commit().unwrap();
+}
+
+fn by_account(account: &str) -> TransferFilter {
+    TransferFilter {
+        account: Some(account.to_owned()),
+        ..TransferFilter::default()
+    }
+}
+
+/// Every transfer, then those of `a` and those of `b`.
+async fn listings(store: &EmbeddedStore) -> [Vec<String>; 3] {
+    [
+        listed(store, TransferFilter::default()).await,
+        listed(store, by_account("a")).await,
+        listed(store, by_account("b")).await,
+    ]
+}
+
+async fn version_of(store: &EmbeddedStore, id: &str) -> Version {
+    let doc = store.get(Index::Transactions, id).await.unwrap();
+    doc.expect("stored").version
+}
+
+fn table_names(store: &EmbeddedStore) -> Vec<String> {
+    let txn = store.db.begin_read().unwrap();
+    let names = txn.list_tables().unwrap();
+    names.map(|table| table.name().to_owned()).collect()
+}
+
 #[tokio::test]
-async fn a_store_written_before_the_change_feed_gets_its_index_built_when_opened() {
+async fn a_store_written_before_numbers_gets_its_transfers_numbered_when_opened() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let written = {
-        let store = EmbeddedStore::open(dir.path()).unwrap();
-        for id in ["t2", "t1"] {
-            create_transfer(&store, id, "created", 1).await;
-        }
-        let written = feed(&store).await;
-        // As a version without the table left it: transfers, no entries, no marker.
-        settle(&store);
-        let txn = store.db.begin_write().unwrap();
-        txn.delete_table(TX_CHANGES).unwrap();
-        txn.open_table(META).unwrap().remove(CHANGES_BUILT).unwrap();
-        txn.commit().unwrap();
-        written
+    let store = open_without_checkpoints(dir.path());
+    // Created in one millisecond, in an order that is not their ids'.
+    for id in ["t2", "t3", "t1"] {
+        create_transfer(&store, id, "created", 7).await;
+    }
+    let later = |id: &str, state: &str, modified: i64| {
+        let mut doc = transfer(id, state, 7);
+        doc[fields::MODIFIED] = json!(format_millis(modified));
+        doc
     };
-    assert_eq!(
-        written,
-        [
-            (FeedPosition::Seq(0), "t2".to_owned()),
-            (FeedPosition::Seq(1), "t1".to_owned())
-        ]
-    );
-    let store = EmbeddedStore::open(dir.path()).unwrap();
-    assert_eq!(feed(&store).await, written, "rebuilt in write order");
+    // t3's latest write is not its first.
+    let version = version_of(&store, "t3").await;
+    let source = later("t3", "pending", 8).into();
+    store
+        .replace_if(Index::Transactions, "t3", source, version)
+        .await
+        .unwrap();
+    assert_eq!(listed(&store, by_account("a")).await, ["t3", "t2", "t1"]);
+    unnumber(&store);
+    // Written after, in the log only: its replay finds t1's number in the feed just built.
+    let version = version_of(&store, "t1").await;
+    let source = later("t1", "pending", 9).into();
+    store
+        .replace_if(Index::Transactions, "t1", source, version)
+        .await
+        .unwrap();
+    let image = super::durability::crash_image(dir.path(), true);
     drop(store);
-    let store = EmbeddedStore::open(dir.path()).unwrap();
-    assert_eq!(feed(&store).await, written, "built once");
+
+    let store = EmbeddedStore::open(image.path()).unwrap();
+    let numbered = listings(&store).await;
+    assert_eq!(numbered, [["t3", "t2", "t1"]; 3], "ties by id");
+    let by_latest_write = [
+        (FeedPosition::Seq(0), "t2".to_owned()),
+        (FeedPosition::Seq(3), "t3".to_owned()),
+        (FeedPosition::Seq(4), "t1".to_owned()),
+    ];
+    assert_eq!(feed(&store).await, by_latest_write);
+    let tables = table_names(&store);
+    for old in BY_ID_TABLES {
+        assert!(!tables.iter().any(|t| t == old), "{old} in {tables:?}");
+    }
+    // Numbered once: opening again changes nothing, and new transfers take later numbers.
+    drop(store);
+    let store = EmbeddedStore::open(image.path()).unwrap();
+    assert_eq!(listings(&store).await, numbered);
+    create_transfer(&store, "t0", "created", 7).await;
+    assert_eq!(
+        listed(&store, by_account("b")).await,
+        ["t3", "t2", "t1", "t0"]
+    );
+    assert_eq!(feed(&store).await.len(), 4);
 }
 
 #[tokio::test]

@@ -69,12 +69,20 @@ fn created_index_ids(store: &EmbeddedStore) -> Vec<String> {
     let db = &store.db;
     let txn = db.begin_read().unwrap();
     let table = txn.open_table(TX_BY_CREATED).unwrap();
-    let ids = table
+    let ids = txn.open_table(TX_IDS).unwrap();
+    let named = table
         .iter()
         .unwrap()
-        .map(|entry| entry.unwrap().0.value().1.to_owned())
+        .map(|entry| {
+            let number = entry.unwrap().0.value().1;
+            ids.get(number)
+                .unwrap()
+                .expect("numbered")
+                .value()
+                .to_owned()
+        })
         .collect();
-    ids
+    named
 }
 
 fn replace(id: &str, source: Value, seq_no: u64) -> WriteOp {
