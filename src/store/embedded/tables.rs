@@ -152,11 +152,14 @@ pub(super) fn build_metadata_index(txn: &WriteTransaction) -> StoreResult<()> {
 /// to come. The tables by id go. Runs before the log's replay, which finds an existing
 /// transfer's number in its feed entry.
 pub(super) fn number_transfers(txn: &WriteTransaction) -> StoreResult<()> {
+    let started = std::time::Instant::now();
+    let mut numbered = 0u64;
     let mut ids = txn.open_table(TX_IDS).map_err(permanent)?;
     let mut changes = txn.open_table(TX_CHANGES).map_err(permanent)?;
     let mut by_created = txn.open_table(TX_BY_CREATED).map_err(permanent)?;
     let mut by_account = txn.open_table(TX_BY_ACCOUNT).map_err(permanent)?;
     let built = build_once(txn, NUMBERED, |id, seq_no, keys| {
+        numbered += 1;
         ids.insert(seq_no, id).map_err(permanent)?;
         changes.insert(seq_no, seq_no).map_err(permanent)?;
         by_created
@@ -173,6 +176,14 @@ pub(super) fn number_transfers(txn: &WriteTransaction) -> StoreResult<()> {
         for name in BY_ID_TABLES {
             txn.delete_table(TableDefinition::<u64, ()>::new(name))
                 .map_err(permanent)?;
+        }
+        if numbered > 0 {
+            tracing::info!(
+                transfers = numbered,
+                seconds = started.elapsed().as_secs_f64(),
+                "embedded store: numbered the transfers of a store written by an earlier \
+                 version, once (their listing and feed entries now name them by number)"
+            );
         }
     }
     Ok(())
