@@ -160,9 +160,16 @@ async fn listings(store: &EmbeddedStore) -> [Vec<String>; 3] {
     ]
 }
 
-async fn version_of(store: &EmbeddedStore, id: &str) -> Version {
-    let doc = store.get(Index::Transactions, id).await.unwrap();
-    doc.expect("stored").version
+/// Writes transfer `id` (created at 7) again, `pending` and modified at `modified`.
+async fn move_on(store: &EmbeddedStore, id: &str, modified: i64) {
+    let stored = store.get(Index::Transactions, id).await.unwrap();
+    let mut doc = transfer(id, "pending", 7);
+    doc[fields::MODIFIED] = json!(format_millis(modified));
+    let version = stored.expect("stored").version;
+    store
+        .replace_if(Index::Transactions, id, doc.into(), version)
+        .await
+        .unwrap();
 }
 
 fn table_names(store: &EmbeddedStore) -> Vec<String> {
@@ -179,27 +186,12 @@ async fn a_store_written_before_numbers_gets_its_transfers_numbered_when_opened(
     for id in ["t2", "t3", "t1"] {
         create_transfer(&store, id, "created", 7).await;
     }
-    let later = |id: &str, state: &str, modified: i64| {
-        let mut doc = transfer(id, state, 7);
-        doc[fields::MODIFIED] = json!(format_millis(modified));
-        doc
-    };
     // t3's latest write is not its first.
-    let version = version_of(&store, "t3").await;
-    let source = later("t3", "pending", 8).into();
-    store
-        .replace_if(Index::Transactions, "t3", source, version)
-        .await
-        .unwrap();
+    move_on(&store, "t3", 8).await;
     assert_eq!(listed(&store, by_account("a")).await, ["t3", "t2", "t1"]);
     unnumber(&store);
     // Written after, in the log only: its replay finds t1's number in the feed just built.
-    let version = version_of(&store, "t1").await;
-    let source = later("t1", "pending", 9).into();
-    store
-        .replace_if(Index::Transactions, "t1", source, version)
-        .await
-        .unwrap();
+    move_on(&store, "t1", 9).await;
     let image = super::durability::crash_image(dir.path(), true);
     drop(store);
 
