@@ -279,7 +279,7 @@ pub(super) fn keys_before_cursor(
 /// then the rest of the last creation time. The index holds a creation time's entries in
 /// number order, so each creation time's ids are read and sorted before any is passed on (a
 /// page cut inside one could otherwise skip an id that sorts after the cut). A creation time
-/// holds the transfers created in one millisecond: a few, even under load.
+/// holds the transfers created in one millisecond: some tens at 30,000 transfers a second.
 fn walk_back_numbered(
     ids: &redb::ReadOnlyTable<u64, &'static str>,
     entries: impl Iterator<Item = Result<(i64, u64), redb::StorageError>>,

@@ -375,8 +375,8 @@ fn store_document(
     .map(|number| number.value());
     let number = match numbered {
         Some(number) => number,
-        // New (or stored by a version that could not read it when it numbered the others,
-        // so it has no entries either): numbered by this write.
+        // New, or stored without a feed entry (its document did not decode when an older
+        // store was numbered, so it has no listing entries either): numbered by this write.
         None => {
             tables.ids.insert(seq_no, id).map_err(storage)?;
             seq_no
