@@ -72,15 +72,19 @@ impl Creation {
 
     /// Writes the entries at once (catching up).
     pub(super) fn write(&self, tables: &mut Tables<'_>) -> StoreResult<()> {
-        tables
-            .by_created
-            .insert((self.created, self.number), ())
-            .map_err(storage)?;
+        self.insert_into(&mut tables.by_created, &mut tables.by_account)
+            .map_err(storage)
+    }
+
+    /// Inserts the entries into the two tables that hold them.
+    pub(super) fn insert_into(
+        &self,
+        by_created: &mut Table<'_, (i64, u64), ()>,
+        by_account: &mut Table<'_, (&'static str, i64, u64), ()>,
+    ) -> Result<(), redb::StorageError> {
+        by_created.insert((self.created, self.number), ())?;
         for account in &self.accounts {
-            tables
-                .by_account
-                .insert((&**account, self.created, self.number), ())
-                .map_err(storage)?;
+            by_account.insert((&**account, self.created, self.number), ())?;
         }
         Ok(())
     }

@@ -162,15 +162,9 @@ pub(super) fn number_transfers(txn: &WriteTransaction) -> StoreResult<()> {
         numbered += 1;
         ids.insert(seq_no, id).map_err(permanent)?;
         changes.insert(seq_no, seq_no).map_err(permanent)?;
-        by_created
-            .insert((keys.created, seq_no), ())
-            .map_err(permanent)?;
-        for party in keys.parties() {
-            by_account
-                .insert((&*party, keys.created, seq_no), ())
-                .map_err(permanent)?;
-        }
-        Ok(())
+        Creation::of(seq_no, keys)
+            .insert_into(&mut by_created, &mut by_account)
+            .map_err(permanent)
     })?;
     if built {
         for name in BY_ID_TABLES {
