@@ -95,6 +95,9 @@
 //!   `root_cause` is the deepest Elasticsearch exception of the chain, as
 //!   `ElasticsearchException.guessRootCauses` computes it; bodies up to 100 MiB (413 beyond).
 //! - Mappings are shown as given, except `dynamic`, which Elasticsearch prints as a string.
+//! - `filter_path` on every answer (module `filter_path`): inclusion patterns with `*` and
+//!   `**`, arrays transparent, `{}` when nothing is kept; error envelopes are never
+//!   filtered, as in Elasticsearch.
 //!
 //! # Not implemented
 //! - §4 the `_update` API and bulk `update` (400), §9 ingest pipelines and stored scripts (a
@@ -105,8 +108,8 @@
 //! - Relevance scoring: every matching scoring clause scores `1.0 × boost` (no BM25); an
 //!   empty `bool` is a `match_all`. Full-text queries (`match`, `query_string`, …),
 //!   aggregations, highlighting, scroll, PIT, `_mget`, `_msearch`, aliases, templates,
-//!   external versioning (`version`/`version_type` on writes) and `filter_path` answer 400
-//!   "not implemented".
+//!   external versioning (`version`/`version_type` on writes) and `filter_path` exclusions
+//!   (`-field`) answer 400 "not implemented".
 //! - Parameters, settings and mapping options are accepted only with values that change
 //!   nothing on a one-node, one-shard cluster (`timeout`, `master_timeout`, `preference`,
 //!   `pretty`, `wait_for_active_shards` of 0 or 1, `routing` of reads and deletes, `blocks.*`
@@ -128,6 +131,7 @@
 mod bulk;
 pub mod dates;
 mod errors;
+mod filter_path;
 mod handlers;
 mod mapping;
 mod query;

@@ -14,6 +14,7 @@ use axum::response::Response;
 use axum::Router;
 
 use crate::errors::{self, EsError};
+use crate::filter_path::FilterPath;
 use crate::handlers;
 use crate::security::Principal;
 use crate::Shared;
@@ -103,10 +104,7 @@ impl Params {
 
     /// 400 for any parameter not in `allowed` (nor a parameter every API accepts).
     pub fn check(&self, path: &str, allowed: &[&str]) -> Result<(), EsError> {
-        const EVERYWHERE: [&str; 3] = ["pretty", "human", "error_trace"];
-        if self.get("filter_path").is_some() {
-            return Err(EsError::unsupported("filter_path"));
-        }
+        const EVERYWHERE: [&str; 4] = ["pretty", "human", "error_trace", "filter_path"];
         let mut unknown: Vec<&str> = self
             .0
             .iter()
@@ -418,11 +416,55 @@ async fn read_body(body: Body, headers: &axum::http::HeaderMap) -> Result<Vec<u8
 }
 
 async fn dispatch(ctx: &Ctx<'_>, route: Route) -> Response {
+    // Refused before anything runs: a write must not be applied for an answer that cannot
+    // be given.
+    let filter = match ctx.params.get("filter_path").map(FilterPath::parse) {
+        Some(Err(refused)) => return refused.into_response(),
+        Some(Ok(filter)) => filter,
+        None => None,
+    };
+    match (answer(ctx, route).await, filter) {
+        (Answered::Answer(answer), Some(filter)) => filtered(answer, &filter).await,
+        (Answered::Answer(answer) | Answered::Refused(answer), _) => answer,
+    }
+}
+
+/// What a request got: an answer, which `filter_path` filters, or an error envelope, which
+/// it never does.
+enum Answered {
+    Answer(Response),
+    Refused(Response),
+}
+
+/// `answer` with its JSON body reduced by `filter` (`crate::filter_path`); an answer whose
+/// body is not JSON is left as it is.
+async fn filtered(answer: Response, filter: &FilterPath) -> Response {
+    let (parts, body) = answer.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return Response::from_parts(parts, Body::empty());
+    };
+    match serde_json::from_slice::<serde_json::Value>(&bytes) {
+        Ok(value) => {
+            let kept = errors::json_response(parts.status.as_u16(), &filter.apply(&value));
+            let (_, body) = kept.into_parts();
+            Response::from_parts(parts, body)
+        }
+        Err(_) => Response::from_parts(parts, Body::from(bytes)),
+    }
+}
+
+/// The handler's answer, or the error envelope that answers instead.
+async fn answer(ctx: &Ctx<'_>, route: Route) -> Answered {
     use Method as M;
     let method = ctx.method;
-    let not_allowed =
-        |allowed: &[&str]| errors::method_not_allowed(ctx.path, method.as_str(), allowed);
-    let result = match (&route, method) {
+    let not_allowed = |allowed: &[&str]| {
+        Answered::Refused(errors::method_not_allowed(
+            ctx.path,
+            method.as_str(),
+            allowed,
+        ))
+    };
+    let answered = match (&route, method) {
         (Route::Info, &M::GET | &M::HEAD) => handlers::info(ctx),
         (Route::Info, _) => return not_allowed(&["GET", "HEAD"]),
         (Route::Health(index), &M::GET) => handlers::health(ctx, index.as_deref()),
@@ -458,7 +500,10 @@ async fn dispatch(ctx: &Ctx<'_>, route: Route) -> Response {
         }
         (Route::Create(..), _) => return not_allowed(&["PUT", "POST"]),
         (Route::Unsupported, _) => Err(EsError::unsupported(&format!("{method} {}", ctx.path))),
-        (Route::NoHandler, _) => return no_handler(ctx.path, method),
+        (Route::NoHandler, _) => return Answered::Refused(no_handler(ctx.path, method)),
     };
-    result.unwrap_or_else(EsError::into_response)
+    match answered {
+        Ok(answer) => Answered::Answer(answer),
+        Err(error) => Answered::Refused(error.into_response()),
+    }
 }
