@@ -14,6 +14,7 @@
 use serde_json::{Map, Value};
 
 use crate::errors::EsError;
+use crate::state::glob;
 
 /// The patterns of one `filter_path`, each split into its segments.
 #[derive(Debug)]
@@ -93,22 +94,6 @@ fn step<'p>(pattern: &'p [String], name: &str, whole: &mut bool, below: &mut Vec
         match rest.is_empty() {
             true => *whole = true,
             false => below.push(rest),
-        }
-    }
-}
-
-/// Whether `name` matches `pattern`, where `*` stands for any run of characters.
-fn glob(pattern: &str, name: &str) -> bool {
-    match pattern.split_once('*') {
-        None => pattern == name,
-        Some((head, tail)) => {
-            let Some(after) = name.strip_prefix(head) else {
-                return false;
-            };
-            // The `*` takes 0, 1, … characters; the rest must match what is left.
-            (0..=after.len())
-                .filter(|&i| after.is_char_boundary(i))
-                .any(|i| glob(tail, &after[i..]))
         }
     }
 }

@@ -30,6 +30,7 @@ use base64::Engine as _;
 use serde_json::json;
 
 use crate::errors::{Cause, EsError};
+use crate::state::glob;
 
 /// The `WWW-Authenticate` challenges of a default 8.x node (basic realm, token service, API
 /// keys).
@@ -183,21 +184,6 @@ fn granted_by(table: &[(&'static str, &[&str])], action: &str) -> Vec<&'static s
         .filter(|(_, patterns)| patterns.iter().any(|p| glob(p, action)))
         .map(|(name, _)| *name)
         .collect()
-}
-
-/// `*` matches any run of characters; everything else matches itself.
-fn glob(pattern: &str, text: &str) -> bool {
-    match pattern.split_once('*') {
-        None => pattern == text,
-        Some((head, rest)) => {
-            let Some(tail) = text.strip_prefix(head) else {
-                return false;
-            };
-            (0..=tail.len())
-                .filter(|i| tail.is_char_boundary(*i))
-                .any(|i| glob(rest, &tail[i..]))
-        }
-    }
 }
 
 /// An API key the emulator accepts.
