@@ -85,13 +85,25 @@ struct Service {
     late_applies_undone: Arc<AtomicUsize>,
     /// The messages of the process's log lines, in order.
     messages: Arc<Mutex<Vec<String>>>,
+    /// Its last ERROR lines whole (but the `503`s, which tests provoke), shown when a test
+    /// fails: a `500` the test saw is explained there.
+    errors: Arc<Mutex<std::collections::VecDeque<String>>>,
 }
+
+/// How many of a service's last ERROR lines a failing test shows.
+const ERRORS_SHOWN: usize = 20;
 
 /// A service whose test ends (or fails) is stopped with it: a `Child` left running would
 /// outlive the test binary, holding ports and CPU on the machine (the real-cluster tests'
 /// services did, until this).
 impl Drop for Service {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            let errors = self.errors.lock().unwrap_or_else(|e| e.into_inner());
+            for line in errors.iter() {
+                eprintln!("{} logged: {line}", self.base);
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -122,10 +134,19 @@ impl Service {
         let undone = late_applies_undone.clone();
         let messages: Arc<Mutex<Vec<String>>> = Arc::default();
         let logged = messages.clone();
+        let errors: Arc<Mutex<std::collections::VecDeque<String>>> = Arc::default();
+        let logged_errors = errors.clone();
         std::thread::spawn(move || {
             let mut sent = false;
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    if v["level"] == "ERROR" && v["status"] != 503 {
+                        let mut errors = logged_errors.lock().unwrap();
+                        if errors.len() == ERRORS_SHOWN {
+                            errors.pop_front();
+                        }
+                        errors.push_back(line.clone());
+                    }
                     if let Some(message) = v["message"].as_str() {
                         logged.lock().unwrap().push(message.to_owned());
                     }
@@ -150,6 +171,7 @@ impl Service {
             base: format!("http://{addr}"),
             late_applies_undone,
             messages,
+            errors,
         }
     }
 
