@@ -136,6 +136,118 @@ async fn an_account_rewritten_by_later_groups_reaches_the_tables_once_at_the_com
     assert_eq!(stored.source.decode::<Value>().unwrap()["n"], 4);
 }
 
+/// A transfer's steps between two commits wait in the recent writes like an account's, and
+/// reach the tables once, at the commit: its document, and its index and feed entries moved
+/// from what the tables held (the last commit's state, or nothing) to its latest state. The
+/// states in between leave nothing behind.
+#[tokio::test]
+async fn a_transfers_steps_between_commits_reach_the_tables_once_at_the_commit() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open_without_checkpoints(dir.path());
+    create_transfer(&store, "t1", "created", 1).await;
+    let created = version_of(&store, "t1").await;
+    settle(&store);
+    let pending = step(&store, "t1", "pending", (1, 2), created).await;
+    let t1 = step(&store, "t1", "committed", (1, 3), pending).await;
+    create_transfer(&store, "t2", "created", 4).await;
+    let t2 = step(
+        &store,
+        "t2",
+        "pending",
+        (4, 5),
+        version_of(&store, "t2").await,
+    )
+    .await;
+
+    let in_tables = in_open_transaction(&store, Index::Transactions, "t1").expect("t1 committed");
+    let (seq_no, _) = split_stored("t1", &in_tables).unwrap();
+    assert_eq!(
+        seq_no, created.seq_no,
+        "its later writes wait for the commit"
+    );
+    assert_eq!(in_open_transaction(&store, Index::Transactions, "t2"), None);
+    assert_eq!(
+        states_in_open_transaction(&store),
+        ["created"],
+        "t1's entry as last committed, none of t2"
+    );
+    // Read and checked where they wait.
+    let stale = store
+        .replace_if(
+            Index::Transactions,
+            "t1",
+            transfer("t1", "x", 9).into(),
+            pending,
+        )
+        .await;
+    assert_eq!(stale.unwrap(), WriteOutcome::Conflict);
+    assert_eq!(version_of(&store, "t2").await, t2);
+
+    // A search has the transaction commit: each transfer is where its latest write put it.
+    assert_eq!(in_state(&store, "committed").await, ["t1"]);
+    assert_eq!(in_state(&store, "pending").await, ["t2"]);
+    assert!(in_state(&store, "created").await.is_empty());
+    assert_eq!(stale_ids(&store, &["created", "pending"], 10).await, ["t2"]);
+    let positions: Vec<_> = feed(&store).await;
+    assert_eq!(
+        positions,
+        [
+            (FeedPosition::Seq(t1.seq_no), "t1".to_owned()),
+            (FeedPosition::Seq(t2.seq_no), "t2".to_owned())
+        ],
+        "one feed entry each, at its latest write"
+    );
+    assert_eq!(entries(&store, TX_BY_STATE_MODIFIED), 2);
+    assert_eq!(entries(&store, TX_BY_STATE_CREATED), 2);
+    assert_eq!(entries(&store, TX_CHANGES), 2);
+    assert_eq!(
+        created_index_ids(&store),
+        ["t1", "t2"],
+        "numbered at creation"
+    );
+}
+
+/// Writes transfer `id` again in `state`, created and modified at the times given, over
+/// `version` (as the engine's steps do, keeping its creation time); its new version.
+async fn step(
+    store: &EmbeddedStore,
+    id: &str,
+    state: &str,
+    (created, modified): (i64, i64),
+    version: Version,
+) -> Version {
+    let mut source = transfer(id, state, modified);
+    source["creation_time"] = json!(format_millis(created));
+    let outcome = store
+        .replace_if(Index::Transactions, id, source.into(), version)
+        .await
+        .unwrap();
+    self::version(outcome)
+}
+
+/// The states of the in-flight transfers' recovery entries in the open transaction.
+fn states_in_open_transaction(store: &EmbeddedStore) -> Vec<String> {
+    committer_idle(store);
+    let open = lock(&store.committer.open);
+    let txn = &open.as_ref().expect("a transaction is open").txn;
+    let by_state = txn.open_table(TX_BY_STATE_MODIFIED).unwrap();
+    let states = by_state.iter().unwrap();
+    states
+        .map(|entry| entry.unwrap().0.value().0.to_owned())
+        .collect()
+}
+
+/// The number of entries in `table` as redb's committed state holds them.
+fn entries<K: redb::Key + 'static, V: redb::Value + 'static>(
+    store: &EmbeddedStore,
+    table: TableDefinition<K, V>,
+) -> u64 {
+    use redb::ReadableTableMetadata;
+    let txn = store.db.begin_read().unwrap();
+    let table = txn.open_table(table).unwrap();
+    table.len().unwrap()
+}
+
 fn version(outcome: WriteOutcome) -> Version {
     match outcome {
         WriteOutcome::Written(version) => version,
