@@ -371,7 +371,7 @@ impl OpenTxn {
         committer: &Committer,
         durability: Durability,
     ) -> StoreResult<()> {
-        committer.recent.write_held(&self.txn)?;
+        committer.recent.write_unindexed(&self.txn)?;
         self.txn.set_durability(durability).map_err(storage)?;
         self.txn.commit().map_err(storage)?;
         committer.recent.committed();
@@ -493,7 +493,6 @@ pub(super) fn apply_group(
     }
     let mut record = log.record();
     let mut written = DocsById::default();
-    let mut transfers = HeldTransfers::default();
     let mut created = Vec::new();
     let mut moved = Vec::new();
     let mut added = 0;
@@ -503,7 +502,6 @@ pub(super) fn apply_group(
             seq_nos: SeqNos::default(),
             record: &mut record,
             written: &mut written,
-            transfers: &mut transfers,
             recent: &committer.recent,
             created: &mut created,
             moved: &mut moved,
@@ -524,7 +522,7 @@ pub(super) fn apply_group(
             return Err(taken.give_up(stopped));
         }
         taken.get().logged += written.iter().map(HashMap::len).sum::<usize>();
-        committer.recent.add(written, transfers);
+        committer.recent.add(written);
         for &number in &moved {
             creations.forget(number);
         }

@@ -8,14 +8,13 @@ use bytes::Bytes;
 use super::*;
 
 /// What a group's writes add to besides the tables: the `seq_no` counters, the log record,
-/// the documents written and what the commit needs of the transfers among them (for
-/// [`Committer::recent`]) and new transfers' listing entries (for [`Committer::creations`]);
-/// and the recent writes, where the documents of earlier groups are.
+/// the documents written (for [`Committer::recent`]) and new transfers' listing entries (for
+/// [`Committer::creations`]); and the recent writes, where the unindexed documents of earlier
+/// groups are.
 pub(super) struct GroupWrites<'r> {
     pub(super) seq_nos: SeqNos,
     pub(super) record: &'r mut LogRecord,
     pub(super) written: &'r mut DocsById,
-    pub(super) transfers: &'r mut HeldTransfers,
     pub(super) recent: &'r Recent,
     pub(super) created: &'r mut Vec<Creation>,
     /// Transfers whose creation time or accounts this group changed: their pending entries
@@ -24,14 +23,6 @@ pub(super) struct GroupWrites<'r> {
 }
 
 impl GroupWrites<'_> {
-    /// The number of a transfer created since the open transaction began.
-    fn number(&self, id: &str) -> Option<u64> {
-        match self.transfers.get(id) {
-            Some(held) => held.number,
-            None => self.recent.number(id),
-        }
-    }
-
     /// Where the group reads documents, its writes so far included.
     fn view<'v, 'txn>(&'v self, tables: &'v Tables<'txn>) -> GroupView<'v, 'txn> {
         GroupView {
@@ -42,10 +33,10 @@ impl GroupWrites<'_> {
     }
 }
 
-/// Where a group reads a document as its earlier writes left it. Documents reach the tables
-/// when the open transaction commits ([`super::recent_writes`]): a document's latest value is
-/// in the group's own writes, else in the recent writes of earlier groups, else in the
-/// tables.
+/// Where a group reads a document as its earlier writes left it. A transfer is written into
+/// the tables at once (its index entries move with it). An unindexed document is not
+/// ([`super::recent_writes`]): its latest value is in the group's own writes, else in the recent
+/// writes of earlier groups, else in the tables.
 pub(super) struct GroupView<'v, 'txn> {
     tables: &'v Tables<'txn>,
     written: &'v DocsById,
@@ -71,11 +62,13 @@ impl Stored<'_> {
 impl<'v> GroupView<'v, '_> {
     /// The stored value (`seq_no` and source) of a document, if any.
     fn lookup(&self, index: Index, id: &str) -> StoreResult<Option<Stored<'v>>> {
-        if let Some(value) = self.written[index as usize].get(id) {
-            return Ok(Some(Stored::Memory(value.clone())));
-        }
-        if let Some(value) = self.recent.get(index, id) {
-            return Ok(Some(Stored::Memory(value)));
+        if !indexed(index) {
+            if let Some(value) = self.written[index as usize].get(id) {
+                return Ok(Some(Stored::Memory(value.clone())));
+            }
+            if let Some(value) = self.recent.get(index, id) {
+                return Ok(Some(Stored::Memory(value)));
+            }
         }
         let stored = self.tables.docs.get((index.name(), id)).map_err(storage)?;
         Ok(stored.map(Stored::Table))
@@ -302,10 +295,9 @@ fn transfer_change<'s>(
     }
 }
 
-/// Writes a checked op into the group's writes (the commit writes it into the tables,
-/// [`super::recent_writes`]); a new transfer's listing entries wait for a run. A write that
-/// changes a transfer's creation time or accounts (which the engine never makes) is written
-/// through at once, with all of its entries. Only storage errors can fail it.
+/// Writes a checked op: a transfer's document with its new `seq_no`, index and feed entries
+/// into the tables; an unindexed document into the group's writes only (the commit writes
+/// it). Only storage errors can fail it.
 pub(super) fn write_checked(
     tables: &mut Tables<'_>,
     writes: &mut GroupWrites<'_>,
@@ -321,27 +313,33 @@ pub(super) fn write_checked(
     // stored, so its replay stores the same bytes.
     let terminal = matches!(&transfer, Some((_, (_, new))) if !new.in_flight());
     let value = value_of(seq_no, source.as_bytes(), terminal);
-    match &transfer {
-        Some((_, (Some(old), new)))
-            if old.created != new.created || old.parties() != new.parties() =>
-        {
-            write_through(tables, writes, id, seq_no, &value, transfer)?;
+    // An unindexed document reaches the tables when the open transaction commits; a new
+    // transfer's listing entries, with a later run.
+    if indexed(index) {
+        // A change of a transfer's creation entries (which the engine never makes) is
+        // written at once, all of them, and its pending ones are forgotten.
+        let moved = match &transfer {
+            Some((_, (Some(old), new)))
+                if old.created != new.created || old.parties() != new.parties() =>
+            {
+                Some(new.clone().into_owned())
+            }
+            _ => None,
+        };
+        let number = store_document(
+            tables,
+            index,
+            id,
+            seq_no,
+            &value,
+            transfer,
+            Some(writes.created),
+        )?;
+        if let (Some(keys), Some(number)) = (moved, number) {
+            writes.created.retain(|c| c.number() != number);
+            writes.moved.push(number);
+            Creation::of(number, &keys).write(tables)?;
         }
-        Some((_, (old, new))) => {
-            // New: numbered by this write, which its listing entries carry.
-            let number = match old {
-                None => {
-                    writes.created.push(Creation::of(seq_no, new));
-                    Some(seq_no)
-                }
-                Some(_) => writes.number(id),
-            };
-            let keys = new.clone().into_owned();
-            writes
-                .transfers
-                .insert(id.to_owned(), HeldTransfer { number, keys });
-        }
-        None => {}
     }
     writes.record.push(index, id, &value);
     writes.written[index as usize].insert(id.to_owned(), value.into());
@@ -351,97 +349,16 @@ pub(super) fn write_checked(
     })
 }
 
-/// Writes a transfer whose creation entries move into the tables now, with all of its
-/// entries, after its held state (so the tables hold what `transfer`'s old keys describe);
-/// its pending creation entries are forgotten.
-fn write_through(
+/// Stores a document's value (`seq_no` and source) and moves a transfer's index and feed
+/// entries (`transfer`, from [`transfer_change`]). Returns a transfer's number ([`TX_IDS`]).
+fn store_document(
     tables: &mut Tables<'_>,
-    writes: &mut GroupWrites<'_>,
+    index: Index,
     id: &str,
     seq_no: u64,
     value: &[u8],
     transfer: Option<(Option<u64>, IndexKeys<'_>)>,
-) -> StoreResult<()> {
-    let index = Index::Transactions;
-    let held = writes.written[index as usize]
-        .get(id)
-        .cloned()
-        .or_else(|| writes.recent.get(index, id));
-    if let Some(held) = held {
-        let transfer = writes.transfers.get(id).cloned();
-        let transfer = transfer.or_else(|| writes.recent.transfer(id));
-        write_held_transfer(tables, id, &held, transfer.as_ref())?;
-    }
-    let keys = transfer
-        .as_ref()
-        .map(|(_, (_, new))| new.clone().into_owned());
-    let written = (index, id, seq_no, value);
-    let number = store_document(tables, written, transfer, Listing::Pending(writes.created))?;
-    if let (Some(keys), Some(number)) = (keys, number) {
-        writes.created.retain(|c| c.number() != number);
-        writes.moved.push(number);
-        Creation::of(number, &keys).write(tables)?;
-    }
-    Ok(())
-}
-
-/// Brings a transfer in the tables to its held `value` (its latest write, `seq_no` and
-/// source): the document, and its index and feed entries moved from what the tables hold (its
-/// state at the last commit, or nothing) to the keys `held` says (parsed from `value` without
-/// it), numbered as `held` says if new. Nothing is done when the tables hold this write
-/// already.
-pub(super) fn write_held_transfer(
-    tables: &mut Tables<'_>,
-    id: &str,
-    value: &[u8],
-    held: Option<&HeldTransfer>,
-) -> StoreResult<()> {
-    let index = Index::Transactions;
-    let seq_no = seq_no_of(id, value)?;
-    let old = match tables.docs.get((index.name(), id)).map_err(storage)? {
-        Some(stored) => {
-            let (stored_seq_no, old) = split_stored(id, stored.value())?;
-            if stored_seq_no == seq_no {
-                return Ok(());
-            }
-            let old = transfer_keys(&old).map(TransferKeys::into_owned)?;
-            Some((stored_seq_no, old))
-        }
-        None => None,
-    };
-    let new = match held {
-        Some(held) => held.keys.clone(),
-        None => {
-            let (_, source) = split_stored(id, value)?;
-            transfer_keys(&source)?.into_owned()
-        }
-    };
-    let (stored_seq_no, old) = old.unzip();
-    let transfer = Some((stored_seq_no, (old, new)));
-    let listing = Listing::Listed(held.and_then(|held| held.number));
-    store_document(tables, (index, id, seq_no, value), transfer, listing).map(drop)
-}
-
-/// A new transfer's listing entries, as [`store_document`] is to treat them.
-enum Listing<'c> {
-    /// Written now, with its other entries (the log's replay).
-    Now,
-    /// Added to these, which wait for a run ([`super::listing_entries`]).
-    Pending(&'c mut Vec<Creation>),
-    /// Listed already when it was created, with this number, if it is new since the last
-    /// commit (the commit of a held transfer).
-    Listed(Option<u64>),
-}
-
-/// Stores a document's value (`seq_no` and source) and moves a transfer's index and feed
-/// entries (`transfer`, from [`transfer_change`]). Returns a transfer's number ([`TX_IDS`]):
-/// the one its feed entry holds, else the one it was [`Listing::Listed`] with, else this
-/// write's `seq_no`.
-fn store_document(
-    tables: &mut Tables<'_>,
-    (index, id, seq_no, value): (Index, &str, u64, &[u8]),
-    transfer: Option<(Option<u64>, IndexKeys<'_>)>,
-    listing: Listing<'_>,
+    created: Option<&mut Vec<Creation>>,
 ) -> StoreResult<Option<u64>> {
     tables
         .docs
@@ -456,25 +373,16 @@ fn store_document(
         None => None,
     }
     .map(|number| number.value());
-    let mut listed = Vec::new();
-    let (given, pending) = match listing {
-        Listing::Now => (None, None),
-        Listing::Pending(pending) => (None, Some(pending)),
-        // Its creation entries are listed: none are added to `listed`'s pending ones.
-        Listing::Listed(number) => (number, Some(&mut listed)),
-    };
     let number = match numbered {
         Some(number) => number,
         // New, or stored without a feed entry (its document did not decode when an older
-        // store was numbered, so it has no listing entries either): numbered at its creation,
-        // or by this write.
+        // store was numbered, so it has no listing entries either): numbered by this write.
         None => {
-            let number = given.unwrap_or(seq_no);
-            tables.ids.insert(number, id).map_err(storage)?;
-            number
+            tables.ids.insert(seq_no, id).map_err(storage)?;
+            seq_no
         }
     };
-    update_transfer_indexes(tables, (id, number), old.as_ref(), &new, pending)?;
+    update_transfer_indexes(tables, (id, number), old.as_ref(), &new, created)?;
     tables.changes.insert(seq_no, number).map_err(storage)?;
     Ok(Some(number))
 }
@@ -531,5 +439,5 @@ fn replay_write(
     let current = current.as_ref().map(|(seq_no, old)| (*seq_no, &**old));
     let transfer = transfer_change(index, current, &source)?;
     drop(stored);
-    store_document(tables, (index, id, seq_no, value), transfer, Listing::Now).map(drop)
+    store_document(tables, index, id, seq_no, value, transfer, None).map(drop)
 }
