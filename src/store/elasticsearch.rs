@@ -74,15 +74,6 @@ mod migrations;
 mod reply;
 mod security;
 
-/// What the backend reads of a `_bulk` answer: each item's status, version and error, under
-/// its action's name ([`reply::bulk_item`]; see "Answers" in the module docs).
-const BULK_ANSWER: &[&str] = &[
-    "items.*.status",
-    "items.*._seq_no",
-    "items.*._primary_term",
-    "items.*.error",
-];
-
 /// The body that creates the migrations index (the differential test sends it as is).
 pub use self::engine::{SearchEngine, UNREAD_VERSION};
 pub use self::migrations::migrations_index_body;
@@ -108,6 +99,15 @@ use super::{
     fields, ChangesPage, ChangesQuery, Doc, FeedPosition, Index, Page, ScanPage, StaleQuery, Store,
     StoreError, StoreResult, TransferFilter, WriteOp, WriteOutcome,
 };
+
+/// What the backend reads of a `_bulk` answer: each item's status, version and error, under
+/// its action's name ([`reply::bulk_item`]; see "Answers" in the module docs).
+const BULK_ANSWER: &[&str] = &[
+    "items.*.status",
+    "items.*._seq_no",
+    "items.*._primary_term",
+    "items.*.error",
+];
 
 /// How to reach the cluster.
 #[derive(Clone)]

@@ -439,18 +439,17 @@ enum Answered {
 /// `answer` with its JSON body reduced by `filter` (`crate::filter_path`); an answer whose
 /// body is not JSON is left as it is.
 async fn filtered(answer: Response, filter: &FilterPath) -> Response {
-    let (parts, body) = answer.into_parts();
+    let (mut parts, body) = answer.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
         return Response::from_parts(parts, Body::empty());
     };
-    match serde_json::from_slice::<serde_json::Value>(&bytes) {
-        Ok(value) => {
-            let kept = errors::json_response(parts.status.as_u16(), &filter.apply(&value));
-            let (_, body) = kept.into_parts();
-            Response::from_parts(parts, body)
-        }
-        Err(_) => Response::from_parts(parts, Body::from(bytes)),
-    }
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+        return Response::from_parts(parts, Body::from(bytes));
+    };
+    let kept = serde_json::to_vec(&errors::Ordered(&filter.apply(&value))).unwrap_or_default();
+    // The body is another length now.
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(kept))
 }
 
 /// The handler's answer, or the error envelope that answers instead.
