@@ -547,7 +547,9 @@ async fn a_bulk_reports_each_items_own_outcome() {
 #[tokio::test]
 async fn bulk_items_rejected_one_by_one_are_errors_of_their_own_kind() {
     // HTTP 200 with `errors:true`: each item's status decides, as on a real cluster under
-    // indexing pressure (429 items) or with an unassigned primary (503 items).
+    // indexing pressure (429 items) or with an unassigned primary (503 items); and a node
+    // whose last shard of the index moved away while the item waited for it answers "no such
+    // index" (404, seen on OpenSearch 2.19.6 during a relocation): retried too.
     let item_error = |action: &str, status: u16, kind: &str| {
         json!({action: {"_index": "x", "_id": "i", "status": status,
             "error": {"type": kind, "reason": "injected"}}})
@@ -558,6 +560,7 @@ async fn bulk_items_rejected_one_by_one_are_errors_of_their_own_kind() {
         item_error("create", 400, "document_parsing_exception"),
         {"create": {"_index": "x", "_id": "ok", "_version": 1, "result": "created",
             "_seq_no": 12, "_primary_term": 3, "status": 201}},
+        item_error("create", 404, "index_not_found_exception"),
     ]});
     let (url, received, server) = canned_server(200, answer).await;
     let store = stores::es_store_at(&url, "canned-").await;
@@ -577,6 +580,7 @@ async fn bulk_items_rejected_one_by_one_are_errors_of_their_own_kind() {
             },
             create(Index::Accounts, "p", json!({})),
             create(Index::Accounts, "ok", json!({"n": 1})),
+            create(Index::Accounts, "moved", json!({})),
         ])
         .await
         .expect("HTTP 200");
@@ -590,6 +594,7 @@ async fn bulk_items_rejected_one_by_one_are_errors_of_their_own_kind() {
             primary_term: 3
         })
     );
+    assert!(matches!(results[4], Err(StoreError::Unavailable(_))));
 
     // What went over the wire: one NDJSON body, newline-terminated, `create` actions for
     // creates and `index` actions with the CAS pair for conditional replaces.
@@ -602,7 +607,7 @@ async fn bulk_items_rejected_one_by_one_are_errors_of_their_own_kind() {
         .lines()
         .map(|line| serde_json::from_str(line).unwrap())
         .collect();
-    assert_eq!(lines.len(), 8);
+    assert_eq!(lines.len(), 10);
     assert_eq!(
         lines[0],
         json!({"create": {"_index": "canned-accounts", "_id": "r"}})

@@ -8,6 +8,7 @@
 //! | connection refused/reset, timeout, body cut off           | `Unavailable`                |
 //! | 429 (rejected execution, circuit breaker, flood stage)   | `Unavailable`                |
 //! | 500, 502, 503, 504 (node closing, proxy/LB errors, no master, shards down) | `Unavailable` |
+//! | a shard not available now ([`SHARD_NOT_AVAILABLE`]), whatever the status (404 included) | `Unavailable` |
 //! | 401 (credentials refused), 403 (privilege missing), whoever sent them | `Denied` (§12) |
 //! | 2xx (or an expected 4xx) without `X-elastic-product`     | `Permanent` (not ES); on OpenSearch, which has no such header, the engine is checked once, by `GET /` (`engine.rs`) |
 //! | 2xx from Elasticsearch                                   | handled by the caller        |
@@ -37,11 +38,31 @@
 //! | 409         | "but no document was found"    | `NotFound` (CAS on a missing doc) |
 //! | 409         | anything else                  | `Conflict` (CAS mismatch)     |
 //! | 429, 5xx    |                                | `Err(Unavailable)`            |
+//! | any         | (type) a shard not available now, or its index on the node asked | `Err(Unavailable)` |
 //! | 401, 403    |                                | `Err(Denied)` (a privilege on that index) |
 //! | other       |                                | `Err(Permanent)`              |
 //!
 //! The 409 reasons are the fixed texts of `VersionConflictEngineException` (see
 //! `docs/elasticsearch.md` §1 and §3).
+//!
+//! # A shard not available now
+//!
+//! A write waits for its shard's primary up to the request's `timeout`, then fails with the
+//! last reason it was refused. While a primary relocates or fails over that reason is often
+//! a shard in the wrong state (`IllegalIndexShardStateException` and its kinds, or
+//! `ShardNotFoundException`), which Elasticsearch and OpenSearch answer with **404**, not
+//! 503 (`docs/elasticsearch.md` §10). The engine itself retries those as "shard not
+//! available" (`TransportActions.isShardNotAvailableException`); so do we: by their `type`,
+//! [`SHARD_NOT_AVAILABLE`], they are `Unavailable` whatever their status.
+//!
+//! `index_not_found_exception` is of that family too. In a whole answer (a `get`, a search)
+//! it keeps the meaning the `super` module docs give a missing index. In a bulk item it is
+//! `Unavailable`: the node a write was sent to answers "no such index" once its last shard
+//! of the index has moved away (20 to 34 of 1,806 creates on three OpenSearch 2.19.6 nodes
+//! while the accounts index moved between them, with a 20 ms bulk `timeout`; each was a
+//! `500` before). An index that is really gone is re-created by the write itself (default
+//! `action.auto_create_index`) or, where that is forbidden, refuses every write as
+//! unavailable while `/readyz` names it.
 
 use elasticsearch::http::response::Response;
 use serde_json::Value;
@@ -50,6 +71,29 @@ use crate::store::{StoreError, StoreResult, Version, WriteOutcome};
 
 /// Statuses that mean "try again later" whoever sent them.
 const TRANSIENT_STATUSES: [u16; 5] = [429, 500, 502, 503, 504];
+
+/// The `error.type`s of a shard that is not available now (relocating, closing, recovering,
+/// not yet started, not found on the node asked): Elasticsearch's and OpenSearch's
+/// `isShardNotAvailableException` family, by name, without `index_not_found_exception`. A
+/// retry later finds the shard where it went.
+pub(super) const SHARD_NOT_AVAILABLE: [&str; 12] = [
+    "illegal_index_shard_state_exception",
+    "index_shard_closed_exception",
+    "index_shard_not_started_exception",
+    "index_shard_not_recovering_exception",
+    "index_shard_recovering_exception",
+    "index_shard_relocated_exception",
+    "index_shard_started_exception",
+    "shard_not_in_primary_mode_exception",
+    "shard_not_found_exception",
+    "no_shard_available_action_exception",
+    "unavailable_shards_exception",
+    "already_closed_exception",
+];
+
+fn is_shard_not_available(error_type: Option<&str>) -> bool {
+    error_type.is_some_and(|kind| SHARD_NOT_AVAILABLE.contains(&kind))
+}
 
 /// The header every Elasticsearch (7.14+) response carries. The official clients refuse a
 /// 2xx without it; so do we, for every answer we act on.
@@ -77,7 +121,7 @@ impl Reply {
     /// The answer as an error, for statuses the caller does not expect.
     pub fn into_error(self, op: &str) -> StoreError {
         let message = format!("{op}: HTTP {} {}", self.status, describe(&self.body));
-        if is_transient(self.status) {
+        if is_transient(self.status) || is_shard_not_available(self.error_type()) {
             StoreError::Unavailable(message)
         } else {
             StoreError::Permanent(message)
@@ -242,6 +286,9 @@ pub(super) fn bulk_item(item: &Value) -> StoreResult<WriteOutcome> {
         .pointer("/error/reason")
         .and_then(Value::as_str)
         .unwrap_or("");
+    let error_type = result.pointer("/error/type").and_then(Value::as_str);
+    let shard_moved =
+        is_shard_not_available(error_type) || error_type == Some("index_not_found_exception");
     match status {
         200 | 201 => version_of("bulk", result).map(WriteOutcome::Written),
         409 if reason.contains("document already exists") => Ok(WriteOutcome::AlreadyExists),
@@ -252,10 +299,11 @@ pub(super) fn bulk_item(item: &Value) -> StoreResult<WriteOutcome> {
             status as u16,
             &serde_json::json!({ "error": result.get("error") }),
         )),
-        429 | 500..=599 => Err(StoreError::Unavailable(format!(
-            "bulk item: HTTP {status} {}",
-            describe(result)
-        ))),
+        // 429 and 5xx; and a relocating or failing-over primary, answered 404 (see "A shard
+        // not available now").
+        _ if status == 429 || (500..600).contains(&status) || shard_moved => Err(
+            StoreError::Unavailable(format!("bulk item: HTTP {status} {}", describe(result))),
+        ),
         _ => Err(StoreError::Permanent(format!(
             "bulk item: HTTP {status} {}",
             describe(result)
@@ -345,6 +393,42 @@ mod tests {
             );
         }
         assert!(!bulk_item(&json!("nonsense")).unwrap_err().is_retryable());
+    }
+
+    #[test]
+    fn a_shard_not_available_now_is_retryable_whatever_its_status() {
+        // What a write whose primary relocated answers once its `timeout` runs out: the last
+        // refusal, a shard in the wrong state, with the 404 of its exception.
+        let refused = |kind: &str| {
+            item(
+                "create",
+                json!({"_id":"1","status":404,"error":{"type":kind,"reason":"[i][0] CurrentState[CLOSED]"}}),
+            )
+        };
+        for kind in SHARD_NOT_AVAILABLE {
+            assert!(
+                bulk_item(&refused(kind)).unwrap_err().is_retryable(),
+                "{kind}"
+            );
+            let body = json!({"error":{"type":kind,"reason":"r"},"status":404});
+            assert!(
+                Reply { status: 404, body }.into_error("get").is_retryable(),
+                "{kind}"
+            );
+        }
+        // The node asked no longer holds a shard of the index: retried as well.
+        assert!(bulk_item(&refused("index_not_found_exception"))
+            .unwrap_err()
+            .is_retryable());
+        // In a whole answer a missing index keeps its meaning (the backend decides it).
+        let missing =
+            json!({"error":{"type":"index_not_found_exception","reason":"r"},"status":404});
+        assert!(!Reply {
+            status: 404,
+            body: missing
+        }
+        .into_error("get")
+        .is_retryable());
     }
 
     #[test]
