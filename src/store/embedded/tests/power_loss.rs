@@ -576,17 +576,26 @@ async fn power_loss_during_the_stores_own_open_leaves_what_that_open_would_have_
             };
             drop(store);
             let open_trace = opened.state().trace.clone();
+            let database_before = image.database_len();
             let mut during = image;
             for (step, op) in open_trace.iter().enumerate() {
                 during.replay_one(op);
-                let cut = SimDisk::new(during.power_cut(&mut rng));
-                let reopened = open_and_check(&cut, &states, answered).await;
+                let cut = during.power_cut(&mut rng);
+                let database_after = cut.database_len();
+                let reopened = open_and_check(&SimDisk::new(cut), &states, answered).await;
                 let same = reopened.and_then(|(_, again)| match again == docs {
                     true => Ok(()),
                     false => Err("other documents than the open that was cut".into()),
                 });
                 if let Err(e) = same {
-                    let what = format!("cut after op {at}, then at op {step} of its open ({op:?})");
+                    // The reference run's grouping follows the committer's timing, so the seed
+                    // alone may not repeat a case: the message says what the cut met.
+                    let what = format!(
+                        "cut after op {at}, then at op {step} of its open ({op:?}; its ops up to \
+                         there {:?}; the database {database_before} bytes before the open, \
+                         {database_after} after the cut)",
+                        &open_trace[step.saturating_sub(7)..=step]
+                    );
                     fail_case(seed, checkpoints, &what, e);
                 }
             }

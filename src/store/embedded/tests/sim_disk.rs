@@ -235,6 +235,11 @@ pub(super) struct DiskState {
 }
 
 impl DiskState {
+    /// The database file's length, as reads see it.
+    pub(super) fn database_len(&self) -> usize {
+        self.files[FileId::Database.slot()].cache.len()
+    }
+
     /// A blank disk whose `failing`th sync (from 0) fails.
     pub(super) fn failing_sync(failing: usize) -> DiskState {
         DiskState {
