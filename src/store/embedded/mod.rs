@@ -79,7 +79,7 @@ mod writes;
 use at_rest::{seq_no_of, split_stored, value_of};
 pub use commit::MAX_GROUP_OPS;
 use commit::*;
-use disk::{DataDir, DatabaseFile, OsDataDir};
+use disk::{DataDir, DatabaseBackend, DatabaseFile, OsDataDir};
 pub use disk::{NEW_DATABASE_FILE_NAME, STOPPED_FILE_NAME};
 use listing_entries::*;
 pub use read_only::{ReadOnlyEmbeddedStore, TableSize};
@@ -163,12 +163,13 @@ impl EmbeddedStore {
             files.database(DatabaseFile::New),
         );
         let open_db = |file| {
+            let backend = DatabaseBackend::open(match file {
+                DatabaseFile::Current => &path,
+                DatabaseFile::New => &new,
+            })?;
             redb::Builder::new()
                 .set_cache_size(cache_mib.saturating_mul(1024 * 1024))
-                .create(match file {
-                    DatabaseFile::Current => &path,
-                    DatabaseFile::New => &new,
-                })
+                .create_with_backend(backend)
         };
         Self::open_files(Arc::new(files), &path, checkpoint_interval, open_db)
     }

@@ -484,8 +484,10 @@ impl redb::StorageBackend for SimDatabase {
         self.0.apply(DiskOp::SetLen(self.1, len))
     }
 
+    /// `fsync`, as the store's database backend syncs (`disk::DatabaseBackend`): with
+    /// `fdatasync` a shrink could stay undone under the header that names it.
     fn sync_data(&self) -> io::Result<()> {
-        self.0.apply(DiskOp::SyncData(self.1))
+        self.0.apply(DiskOp::SyncAll(self.1))
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
