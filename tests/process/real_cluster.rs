@@ -14,6 +14,14 @@ use support::cluster::{Cluster, ClusterSpec};
 /// two service processes, on a machine of two cores.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// Three nodes: an index's primary and replica can be moved, or stopped, with a node to spare.
+fn three_nodes() -> ClusterSpec {
+    ClusterSpec {
+        nodes: 3,
+        ..ClusterSpec::default()
+    }
+}
+
 /// The environment of a service on `cluster`, on the indices of `prefix`.
 fn on_cluster(cluster: &Cluster, prefix: &str) -> Vec<(&'static str, String)> {
     vec![
@@ -103,11 +111,7 @@ async fn store_requests(bases: &[&str], outcome: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_failing_over_under_load_loses_and_doubles_nothing() {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let spec = ClusterSpec {
-        nodes: 3,
-        ..ClusterSpec::default()
-    };
-    let Some(cluster) = Cluster::start(&spec) else {
+    let Some(cluster) = Cluster::start(&three_nodes()) else {
         return;
     };
     let seconds = env_or("FAILOVER_SECONDS", 12);
@@ -177,11 +181,7 @@ async fn a_primary_failing_over_under_load_loses_and_doubles_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accounts_opened_while_their_index_moves_between_nodes_are_all_created() {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let spec = ClusterSpec {
-        nodes: 3,
-        ..ClusterSpec::default()
-    };
-    let Some(cluster) = Cluster::start(&spec) else {
+    let Some(cluster) = Cluster::start(&three_nodes()) else {
         return;
     };
     let prefix = support::stores::unique_prefix("moving");
