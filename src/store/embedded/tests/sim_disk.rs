@@ -252,6 +252,13 @@ impl DiskState {
         &mut self.files[id.slot()]
     }
 
+    /// Applies `ops` in turn, as [`DiskState::replay_one`] does each.
+    pub(super) fn replay(&mut self, ops: &[DiskOp]) {
+        for op in ops {
+            self.replay_one(op);
+        }
+    }
+
     /// The disk after `ops`, from a blank one.
     /// Applies one operation of another disk's trace (its failed syncs fail again).
     pub(super) fn replay_one(&mut self, op: &DiskOp) {
