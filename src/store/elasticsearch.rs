@@ -73,6 +73,7 @@ mod engine;
 mod migrations;
 mod reply;
 mod security;
+mod vouch;
 
 /// The body that creates the migrations index (the differential test sends it as is).
 pub use self::engine::{SearchEngine, UNREAD_VERSION};
@@ -97,7 +98,7 @@ use self::bodies::{bulk_lines, doc_of, hits_of, page_of, search_body, sort_key_o
 use self::reply::Reply;
 use super::{
     fields, ChangesPage, ChangesQuery, Doc, FeedPosition, Index, Page, ScanPage, StaleQuery, Store,
-    StoreError, StoreResult, TransferFilter, WriteOp, WriteOutcome,
+    StoreError, StoreResult, TransferFilter, Version, WriteOp, WriteOutcome,
 };
 
 /// What the backend reads of a `_bulk` answer: each item's status, version and error, under
@@ -158,6 +159,8 @@ pub struct ElasticsearchStore {
     /// Elasticsearch or OpenSearch, read from `GET /` before the migrations
     /// (`elasticsearch/engine.rs`); unset until the engine has answered.
     engine: OnceLock<SearchEngine>,
+    /// The global checkpoints reads are vouched for against (`elasticsearch/vouch.rs`).
+    checkpoints: vouch::Checkpoints,
 }
 
 impl fmt::Debug for ElasticsearchStore {
@@ -220,6 +223,7 @@ impl ElasticsearchStore {
             bulk_timeout: format!("{}ms", (config.request_timeout / 2).as_millis().max(1)),
             page_timeout: config.request_timeout,
             engine: OnceLock::new(),
+            checkpoints: vouch::Checkpoints::default(),
         })
     }
 
@@ -378,6 +382,10 @@ impl Store for ElasticsearchStore {
         }
     }
 
+    async fn vouch(&self, index: Index, id: &str, read: Option<Version>) -> StoreResult<()> {
+        self.vouch_for(index, id, read).await
+    }
+
     async fn bulk(&self, ops: Vec<WriteOp>) -> StoreResult<Vec<StoreResult<WriteOutcome>>> {
         let op = "bulk";
         if ops.is_empty() {
@@ -498,10 +506,17 @@ impl Store for ElasticsearchStore {
         let hits = self
             .search(op, Index::Transactions, body, Some(self.page_timeout))
             .await?;
-        let docs = hits
+        let docs: Vec<(FeedPosition, Doc)> = hits
             .iter()
             .map(|hit| Ok((FeedPosition::Time(sort_key_of(op, hit)?), doc_of(op, hit)?)))
             .collect::<StoreResult<_>>()?;
+        // A consumer (a webhook receiver among them) must never be shown a write that a
+        // cut-off primary accepted and rolls back: the page is served only when every hit
+        // is vouched for (`elasticsearch/vouch.rs`); one stats answer covers them all.
+        for (_, doc) in &docs {
+            self.vouch_for(Index::Transactions, &doc.id, Some(doc.version))
+                .await?;
+        }
         Ok(ChangesPage { docs })
     }
 
@@ -536,7 +551,9 @@ impl Store for ElasticsearchStore {
     }
 
     /// One realtime GET of the last migration's record: it answers both "reachable" and
-    /// "migrated" (the record is written only after every earlier step is applied).
+    /// "migrated" (the record is written only after every earlier step is applied). Then one
+    /// `_stats` of each data index: every shard copy answers, one of them the primary (a
+    /// node on the minority side of a partition cannot say so).
     async fn ready(&self) -> StoreResult<()> {
         // Ready means this instance can write: it has applied (or verified) the migrations,
         // and the indices are still there.
@@ -545,7 +562,14 @@ impl Store for ElasticsearchStore {
                 "ready: this instance has not applied the migrations yet".into(),
             ));
         }
-        self.verify_migrations().await
+        self.verify_migrations().await?;
+        // A node cut off from the others answers the checks above from its own copies;
+        // reaching every copy of the data indices is what it cannot do then
+        // (`elasticsearch/vouch.rs`).
+        for index in [Index::Accounts, Index::Transactions] {
+            self.vouch_for(index, "", None).await?;
+        }
+        Ok(())
     }
 
     /// Sorted on the id repeated in the source (`account_id`, `transaction_id`): Elasticsearch

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use super::{
     Doc, DynStore, Index, Page, ScanPage, StaleQuery, Store, StoreError, StoreResult,
-    TransferFilter, TxnOutcome, TxnWork, WriteOp, WriteOutcome,
+    TransferFilter, TxnOutcome, TxnWork, Version, WriteOp, WriteOutcome,
 };
 use crate::metrics::Metrics;
 
@@ -62,6 +62,17 @@ impl Store for InstrumentedStore {
         };
         self.metrics
             .store_request("get", outcome, started.elapsed());
+        result
+    }
+
+    async fn vouch(&self, index: Index, id: &str, read: Option<Version>) -> StoreResult<()> {
+        let started = Instant::now();
+        let result = self.inner.vouch(index, id, read).await;
+        self.metrics.store_request(
+            "vouch",
+            error_outcome(result.as_ref().err()),
+            started.elapsed(),
+        );
         result
     }
 

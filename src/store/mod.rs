@@ -361,6 +361,19 @@ pub trait Store: Send + Sync + 'static {
     /// Realtime get by id: sees every acknowledged write.
     async fn get(&self, index: Index, id: &str) -> StoreResult<Option<Doc>>;
 
+    /// Vouches for what a [`Store::get`] of `id` answered (`read`: the version found, `None`:
+    /// not found) before anything is answered or decided on it without a write of its own:
+    /// `Ok` when it is a state the store keeps, not a write a cut-off primary accepted and
+    /// will roll back nor a copy cut off from the writes it missed. `Unavailable` when that
+    /// cannot be told now (read again later). A write conditional on the version read needs
+    /// no vouching: its acknowledgement vouches for the version. The embedded store answers
+    /// only what it committed; Elasticsearch asks the shard's checkpoints
+    /// (`elasticsearch/vouch.rs`, `docs/design.md` §9 "Partitions").
+    async fn vouch(&self, index: Index, id: &str, read: Option<Version>) -> StoreResult<()> {
+        let _ = (index, id, read);
+        Ok(())
+    }
+
     /// Applies the writes in order, each on its own (not atomic as a whole, like `_bulk`),
     /// in one round trip. The result has one entry per op, in order.
     async fn bulk(&self, ops: Vec<WriteOp>) -> StoreResult<Vec<StoreResult<WriteOutcome>>>;
@@ -477,6 +490,9 @@ pub trait Forwarding: Send + Sync + 'static {
     async fn get(&self, index: Index, id: &str) -> StoreResult<Option<Doc>> {
         self.inner().get(index, id).await
     }
+    async fn vouch(&self, index: Index, id: &str, read: Option<Version>) -> StoreResult<()> {
+        self.inner().vouch(index, id, read).await
+    }
     async fn bulk(&self, ops: Vec<WriteOp>) -> StoreResult<Vec<StoreResult<WriteOutcome>>> {
         self.inner().bulk(ops).await
     }
@@ -519,6 +535,9 @@ impl<T: Forwarding> Store for T {
     }
     async fn get(&self, index: Index, id: &str) -> StoreResult<Option<Doc>> {
         Forwarding::get(self, index, id).await
+    }
+    async fn vouch(&self, index: Index, id: &str, read: Option<Version>) -> StoreResult<()> {
+        Forwarding::vouch(self, index, id, read).await
     }
     async fn bulk(&self, ops: Vec<WriteOp>) -> StoreResult<Vec<StoreResult<WriteOutcome>>> {
         Forwarding::bulk(self, ops).await

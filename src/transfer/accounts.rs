@@ -230,7 +230,7 @@ impl AccountSteps {
                 },
             };
             let Some(copy) = copy else {
-                return self.missing(batch);
+                return self.vouched(account, None, self.missing(batch)).await;
             };
             let version = copy.version;
             let (results, current, changed) = self.decide_batch(copy.doc, batch);
@@ -249,7 +249,7 @@ impl AccountSteps {
                     use_cache = false;
                     continue;
                 }
-                return results;
+                return self.vouched(account, Some(version), results).await;
             }
             let next = current;
             match self.write(&next, version).await {
@@ -313,6 +313,24 @@ impl AccountSteps {
     ) -> (Vec<Reply>, AccountDoc, bool) {
         let requests = batch.iter().map(|w| &w.request);
         decide_steps(self.clock.as_ref(), self.retention, current, requests)
+    }
+
+    /// `results`, decided on a read of `account` (at `read`, or not found) without a write
+    /// of their own, once the store vouches for that read ([`Documents::vouch`]); else every
+    /// step failed, to be tried again. A write would vouch for the copy it is conditional on;
+    /// without one, a step found done on a write that a cut-off primary accepted, and rolls
+    /// back when it rejoins, would let its worker go on as if the units had moved
+    /// (`docs/design.md` §9, "Partitions").
+    async fn vouched(
+        &self,
+        account: &str,
+        read: Option<Version>,
+        results: Vec<Reply>,
+    ) -> Vec<Reply> {
+        match self.docs.vouch::<AccountDoc>(account, read).await {
+            Ok(()) => results,
+            Err(error) => vec![(StepResult::Failed(error), None); results.len()],
+        }
     }
 
     /// The results for a batch on an account that does not exist.

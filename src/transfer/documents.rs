@@ -82,6 +82,22 @@ impl Documents {
         }
     }
 
+    /// A realtime read the store vouches for ([`crate::store::Store::vouch`]): what is
+    /// answered to a client, or decided on without a write of its own, is never a write a
+    /// cut-off primary accepted and will roll back, nor "not found" from a copy cut off from
+    /// the writes it missed. `Unavailable` when that cannot be told now.
+    pub async fn get_vouched<T: Document>(&self, id: &str) -> StoreResult<Option<Versioned<T>>> {
+        let read = self.get::<T>(id).await?;
+        self.vouch::<T>(id, read.as_ref().map(|found| found.version))
+            .await?;
+        Ok(read)
+    }
+
+    /// Vouches for a read of `id` made earlier: at `read`, or not found (`None`).
+    pub async fn vouch<T: Document>(&self, id: &str, read: Option<Version>) -> StoreResult<()> {
+        self.store.vouch(T::INDEX, id, read).await
+    }
+
     /// Create-if-absent (`op_type=create`).
     pub async fn create<T: Document>(&self, doc: &T) -> StoreResult<WriteOutcome> {
         let outcome = self.store.create(T::INDEX, doc.id(), encode(doc)?).await;

@@ -37,7 +37,10 @@
 //! - **A lost answer.** When a claiming write's answer is lost (a timeout, a dropped
 //!   connection, Elasticsearch retrying a request the coordinator already applied), the
 //!   claim reads the transfer: our owner token in it proves the write was applied, because no
-//!   one else ever writes that token.
+//!   one else ever writes that token. Applied is not yet kept: under a partition a cut-off
+//!   primary shows a write it accepted and will roll back (`docs/design.md` §9,
+//!   "Partitions"), so that read, like every re-read a holder goes on from, is vouched for
+//!   by the store ([`Documents::get_vouched`]) before anything follows from it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -301,7 +304,10 @@ impl Leases {
         }
         // Refused, or the answer is unknown (and a retry of an applied write is refused too):
         // the document as it is now says whether the write was ours.
-        let current = self.docs.get::<TransferDoc>(&doc.transaction_id).await?;
+        let current = self
+            .docs
+            .get_vouched::<TransferDoc>(&doc.transaction_id)
+            .await?;
         match (current, written) {
             (Some(now), _) if owner.holds(&now.doc) => {
                 Ok(Claim::Won(self.leased(now.doc, now.version, owner, sent)))
@@ -371,7 +377,7 @@ impl Leases {
         let read = retry(
             self.times.attempts,
             || true,
-            || self.docs.get::<TransferDoc>(&id),
+            || self.docs.get_vouched::<TransferDoc>(&id),
         );
         let Some(now) = read.await? else {
             return Ok(Reread::NotFound);

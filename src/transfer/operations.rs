@@ -126,7 +126,11 @@ impl Engine {
     }
 
     pub async fn get_account(&self, id: &str) -> Result<Option<AccountDoc>, ServiceError> {
-        Ok(self.docs.get::<AccountDoc>(id).await?.map(|v| v.doc))
+        Ok(self
+            .docs
+            .get_vouched::<AccountDoc>(id)
+            .await?
+            .map(|v| v.doc))
     }
 
     /// Persists the transfer in `created` with a lease for a new worker, spawns that worker,
@@ -162,7 +166,9 @@ impl Engine {
                 return Ok(Created::New(*stored));
             }
             Some(OneTransaction::Exists) => {
-                self.docs.get::<TransferDoc>(&doc.transaction_id).await?
+                self.docs
+                    .get_vouched::<TransferDoc>(&doc.transaction_id)
+                    .await?
             }
             // A create whose answer was lost is still ours (the claim finds our token): it is
             // new, and ours to drive.
@@ -193,7 +199,11 @@ impl Engine {
     }
 
     pub async fn get_transfer(&self, id: &str) -> Result<Option<TransferDoc>, ServiceError> {
-        Ok(self.docs.get::<TransferDoc>(id).await?.map(|v| v.doc))
+        Ok(self
+            .docs
+            .get_vouched::<TransferDoc>(id)
+            .await?
+            .map(|v| v.doc))
     }
 
     /// The transfer as soon as it is terminal, or as it is when `wait` ends. Wakes on this
@@ -241,7 +251,7 @@ impl Engine {
     /// holder, or a new worker if none is alive, then undoes the accounts). `terminating` and
     /// `rolled-back` answer as they are; `committed` and `finished` are a conflict.
     pub async fn cancel_transfer(self: &Arc<Self>, id: &str) -> Result<TransferDoc, ServiceError> {
-        let mut read = self.docs.get::<TransferDoc>(id).await?;
+        let mut read = self.docs.get_vouched::<TransferDoc>(id).await?;
         loop {
             let Some(current) = read else {
                 return Err(ServiceError::NotFound);
@@ -311,7 +321,10 @@ impl Engine {
                     }
                     Ok(next)
                 }
-                _ => Err(self.docs.get::<TransferDoc>(&next.transaction_id).await?),
+                _ => Err(self
+                    .docs
+                    .get_vouched::<TransferDoc>(&next.transaction_id)
+                    .await?),
             });
         }
         match self
@@ -350,7 +363,7 @@ impl Engine {
         id: &str,
         amount: Option<i64>,
     ) -> Result<TransferDoc, ServiceError> {
-        let mut read = self.docs.get::<TransferDoc>(id).await?;
+        let mut read = self.docs.get_vouched::<TransferDoc>(id).await?;
         loop {
             let Some(current) = read else {
                 return Err(ServiceError::NotFound);

@@ -74,7 +74,7 @@ impl Engine {
                 }
                 report.checked += 1;
                 if !transfers.contains_key(transfer_id) {
-                    let read = self.docs.get::<TransferDoc>(transfer_id).await?;
+                    let read = self.docs.get_vouched::<TransferDoc>(transfer_id).await?;
                     transfers.insert(transfer_id.to_owned(), read.map(|t| t.doc));
                 }
                 let Some(Some(transfer)) = transfers.get(transfer_id) else {

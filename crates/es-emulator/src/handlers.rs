@@ -402,6 +402,30 @@ pub fn refresh(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
     ))
 }
 
+/// `GET /{index}/_stats[/{metric}]`: only `level=shards` answers what a caller reads (each
+/// copy's routing, checkpoints and term); the index and total levels, which the service never
+/// asks for, are refused rather than answered half.
+pub fn stats(ctx: &Ctx<'_>, index: &str, metric: Option<&str>) -> Answer {
+    ctx.params.check(ctx.path, &["level"])?;
+    ctx.params.refuse_unless("level", &["shards"])?;
+    if ctx.params.get("level").is_none() {
+        return Err(EsError::unsupported("_stats without level=shards"));
+    }
+    if metric.is_some_and(|m| m != "docs") {
+        return Err(EsError::unsupported("_stats of a metric other than docs"));
+    }
+    let mut cluster = ctx.shared.cluster();
+    let state = cluster.index(index, Instant::now())?;
+    let copies = json!({"0": [state.shard_stats()]});
+    Ok(json_response(
+        200,
+        &json!({
+            "_shards": state.shards(),
+            "indices": {index: {"uuid": state.uuid, "shards": copies}},
+        }),
+    ))
+}
+
 // ---- documents -------------------------------------------------------------------------
 
 #[derive(Serialize)]

@@ -157,6 +157,8 @@ pub enum Route {
     Create(String, String),
     /// `/{index}/_mapping`.
     Mapping(String),
+    /// `/{index}/_stats[/{metric}]`: one copy's routing, checkpoints and primary term.
+    Stats(String, Option<String>),
     /// An Elasticsearch API this double does not implement.
     Unsupported,
     NoHandler,
@@ -256,6 +258,8 @@ fn route_of(segments: &[String]) -> Route {
         [index, "_doc", id] => Route::Doc((*index).to_owned(), own(id)),
         [index, "_create", id] => Route::Create((*index).to_owned(), (*id).to_owned()),
         [index, "_mapping"] => Route::Mapping((*index).to_owned()),
+        [index, "_stats"] => Route::Stats((*index).to_owned(), None),
+        [index, "_stats", metric] => Route::Stats((*index).to_owned(), own(metric)),
         [_, api, ..] if KNOWN_APIS.contains(api) => Route::Unsupported,
         _ => Route::NoHandler,
     }
@@ -268,7 +272,7 @@ fn kind_of(route: &Route, method: &Method, params: &Params) -> &'static str {
         Route::Bulk(_) => "bulk",
         Route::Refresh(_) => "refresh",
         Route::Search(_) | Route::Count(_) => "search",
-        Route::Index(_) | Route::Mapping(_) => "indices",
+        Route::Index(_) | Route::Mapping(_) | Route::Stats(..) => "indices",
         Route::Create(..) => "create",
         Route::Doc(..) if matches!(*method, Method::GET | Method::HEAD) => "get",
         Route::Doc(..) if *method == Method::DELETE => "delete",
@@ -377,6 +381,7 @@ fn authorize(
         (Route::Index(index), &M::PUT) => on("indices:admin/create", &one(index)),
         (Route::Index(index), &M::DELETE) => on("indices:admin/delete", &one(index)),
         (Route::Index(index), _) => on("indices:admin/get", &one(index)),
+        (Route::Stats(index, _), _) => on("indices:monitor/stats", &one(index)),
         (Route::Mapping(index), &M::GET) => on("indices:admin/mappings/get", &one(index)),
         (Route::Mapping(index), _) => on("indices:admin/mapping/put", &one(index)),
         (Route::Doc(index, _), &M::GET | &M::HEAD) => on("indices:data/read/get", &one(index)),
@@ -484,6 +489,8 @@ async fn answer(ctx: &Ctx<'_>, route: Route) -> Answered {
         (Route::Mapping(index), &M::PUT | &M::POST) => handlers::put_mapping(ctx, index),
         (Route::Mapping(index), &M::GET) => handlers::get_mapping(ctx, index),
         (Route::Mapping(_), _) => return not_allowed(&["GET", "PUT", "POST"]),
+        (Route::Stats(index, metric), &M::GET) => handlers::stats(ctx, index, metric.as_deref()),
+        (Route::Stats(..), _) => return not_allowed(&["GET"]),
         (Route::Doc(index, Some(id)), &M::GET | &M::HEAD) => handlers::get_doc(ctx, index, id),
         (Route::Doc(index, Some(id)), &M::PUT | &M::POST) => {
             handlers::write_doc(ctx, index, Some(id), false).await

@@ -139,6 +139,19 @@ impl IndexState {
         }
     }
 
+    /// The one copy's `_stats` at shard level, as far as this double keeps it: started,
+    /// primary, every operation processed and so below the global checkpoint (no replica
+    /// lags behind), and the primary term (§11 of `docs/elasticsearch.md`).
+    pub fn shard_stats(&self) -> Value {
+        let last = self.next_seq_no - 1;
+        json!({
+            "routing": {"state": "STARTED", "primary": true, "node": "emulator", "relocating_node": null},
+            "docs": {"count": self.live.len(), "deleted": 0},
+            "seq_no": {"max_seq_no": last, "local_checkpoint": last, "global_checkpoint": last},
+            "retention_leases": {"primary_term": self.primary_term, "version": 1, "leases": []},
+        })
+    }
+
     /// `_shards` of a write or refresh: one primary, `number_of_replicas` unassigned copies.
     pub fn shards(&self) -> Value {
         json!({"total": 1 + self.settings.replicas, "successful": 1, "failed": 0})
