@@ -37,7 +37,7 @@ pub struct Metrics {
     pub recovery_runs_total: IntCounter,
     /// `state` = the state recovery found the transfer in.
     pub transfers_recovered_total: IntCounterVec,
-    /// `op` = get | create | replace | find_stale | list | scan | ready | refresh (a `_bulk`
+    /// `op` = get | create | replace | find_stale | list | scan | ready | refresh | vouch (a `_bulk`
     /// counts once per item, as `create` or `replace`); `outcome` = ok | conflict | exists |
     /// not_found | unavailable | error | denied (the store refused the credentials: 401/403).
     pub store_requests_total: IntCounterVec,

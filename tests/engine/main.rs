@@ -15,5 +15,6 @@ mod faults;
 mod holds;
 mod legs;
 mod one_transaction;
+mod partitions;
 mod scenarios;
 mod stale_worker;

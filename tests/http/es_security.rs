@@ -21,8 +21,8 @@ const KEY_ID: &str = "svc-key";
 const KEY_SECRET: &str = "ui2lp2axTNmsyakw9tvNnw";
 
 /// The minimal role of docs/configuration.md: no cluster privilege, and on the service's
-/// indices `read`, `index`, `create_index`, `view_index_metadata`, `maintenance` and the
-/// mapping action.
+/// indices `read`, `index`, `create_index`, `view_index_metadata`, `maintenance`, `monitor`
+/// and the mapping action.
 fn minimal_role() -> Grant {
     Grant::indices(
         &["secured-*"],
@@ -32,6 +32,7 @@ fn minimal_role() -> Grant {
             "create_index",
             "view_index_metadata",
             "maintenance",
+            "monitor",
             "indices:admin/mapping/put",
         ],
     )
@@ -316,7 +317,7 @@ async fn a_privilege_withdrawn_while_running_is_counted_and_named_in_the_log() {
 
     // The role's write privilege moves to other indices: the `_bulk` as a whole is allowed,
     // each of its items on our indices is refused with 403.
-    let mut moved = Grant::indices(&["secured-*"], &["read", "view_index_metadata"]);
+    let mut moved = Grant::indices(&["secured-*"], &["read", "view_index_metadata", "monitor"]);
     moved
         .indices
         .extend(Grant::indices(&["elsewhere-*"], &["index"]).indices);

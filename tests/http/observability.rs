@@ -276,6 +276,7 @@ async fn metrics_count_every_transfer_transition_and_request(backend: Backend) {
         "scan",
         "ready",
         "refresh",
+        "vouch",
     ];
     let outcomes = [
         "ok",

@@ -8,6 +8,8 @@
 //!   binary, or one of a test's own with several nodes it can stop and start;
 //! - [`routes`]: every route of the API with the scope it needs, in one list;
 //! - [`stores`]: a bare store on each of those backends, for the store suites;
+//! - [`cut_off`]: a store seen through a primary cut off from its replicas: writes it
+//!   accepted and never acknowledged show in reads, unvouched, until it heals;
 //! - [`gate`]: a store wrapper that holds account writes until the test opens it (transfers
 //!   kept in flight without sleeps);
 //! - [`engine`]: the engine without HTTP, on real storage behind [`faulty`] (injected faults),
@@ -63,6 +65,7 @@ macro_rules! on_every_backend {
 
 pub mod app;
 pub mod cluster;
+pub mod cut_off;
 pub mod engine;
 pub mod faketime;
 pub mod faulty;

@@ -18,17 +18,19 @@
 //! operation at the same `_seq_no`), and the pair `(_seq_no, _primary_term)` names one
 //! operation: only the primary of that term makes operations stamped with it.
 //!
-//! So a document read at `(s, t)` is vouched for once a started primary of term `t` reports a
-//! global checkpoint `>= s`. Each such report is remembered per index and term (checkpoints
-//! only grow), so a document that has been committed a while costs nothing more. A document
-//! last written under an older term than the primary's is read again after the report: the
-//! same `(s, t)` again, with every copy answering and one primary, is the operation the
-//! current primary kept.
+//! Every vouch waits for one `_stats` request of the index **sent after the read**, which
+//! must reach every assigned copy of the shard (`_shards.failed` 0) and find exactly one
+//! started primary. On the minority side of a partition that request fails (links refused)
+//! or hangs until the request timeout (links black-holed): the read is not answered, neither
+//! "not found" from a copy that missed writes nor an older state than a client was already
+//! told elsewhere. Reads waiting together share one request.
 //!
-//! A read that found nothing is vouched for when, after it, one `_stats` request reached
-//! every assigned copy of the index's shard and exactly one of them called itself the started primary:
-//! the contacted node is not on the minority side of a partition (there its requests to the
-//! other nodes fail or hang until the request timeout), and no deposed primary still answers.
+//! A document read at `(s, t)` is then vouched for once a started primary of term `t` has
+//! reported a global checkpoint `>= s` (a write still replicating gets a few more asks).
+//! Each report is remembered per index and term (checkpoints only grow). A document last
+//! written under an older term than the primary's is read again after the report: the same
+//! `(s, t)` again, with every copy answering and one primary, is the operation the current
+//! primary kept.
 //!
 //! What this leaves: a node that heals in the milliseconds between its read and the `_stats`
 //! request; and a copy the master failed while the contacted node, which reaches every other
@@ -39,6 +41,8 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use elasticsearch::indices::IndicesStatsParts;
 use elasticsearch::params::Level;
@@ -70,11 +74,13 @@ pub(super) struct Primary {
     pub global_checkpoint: i64,
 }
 
-/// The highest global checkpoint reported for each index and primary term, and one `_stats`
-/// request at a time (the reads waiting share its answer).
+/// The highest global checkpoint reported for each index and primary term; the last `_stats`
+/// answer of each index with when it was sent; one `_stats` request at a time (the reads
+/// waiting share its answer).
 #[derive(Debug, Default)]
 pub(super) struct Checkpoints {
     reported: Mutex<HashMap<(String, u64), i64>>,
+    last: Mutex<HashMap<String, (Instant, StoreResult<Primary>)>>,
     asking: tokio::sync::Mutex<()>,
 }
 
@@ -94,10 +100,25 @@ impl Checkpoints {
             .or_insert(primary.global_checkpoint);
         *checkpoint = (*checkpoint).max(primary.global_checkpoint);
     }
+
+    /// The last answer about `index` whose request was sent at or after `after`.
+    fn answered_since(&self, index: &str, after: Instant) -> Option<StoreResult<Primary>> {
+        let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let (sent, answer) = last.get(index)?;
+        (*sent >= after).then(|| answer.clone())
+    }
+
+    fn answered(&self, index: &str, sent: Instant, answer: &StoreResult<Primary>) {
+        if let Ok(primary) = answer {
+            self.remember(index, *primary);
+        }
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        last.insert(index.to_owned(), (sent, answer.clone()));
+    }
 }
 
 impl ElasticsearchStore {
-    /// See the module docs.
+    /// See the module docs. Called after the read: the `_stats` it waits for is sent after it.
     pub(super) async fn vouch_for(
         &self,
         index: Index,
@@ -105,28 +126,21 @@ impl ElasticsearchStore {
         read: Option<Version>,
     ) -> StoreResult<()> {
         let name = self.index_name(index);
+        let mut primary = self.contact(&name, Instant::now()).await?;
         let Some(read) = read else {
-            return self.primary_of(&name).await.map(drop);
-        };
-        if self.checkpoints.cover(&name, read) {
             return Ok(());
-        }
-        let _turn = self.checkpoints.asking.lock().await;
-        for ask in 0..CHECKPOINT_ASKS {
+        };
+        for ask in 1..=CHECKPOINT_ASKS {
             if self.checkpoints.cover(&name, read) {
                 return Ok(());
             }
-            if ask > 0 {
-                tokio::time::sleep(CHECKPOINT_PAUSE).await;
-            }
-            let primary = self.primary_of(&name).await?;
-            self.checkpoints.remember(&name, primary);
             if primary.term > read.primary_term {
                 return self.read_again_under(index, id, read, primary).await;
             }
-        }
-        if self.checkpoints.cover(&name, read) {
-            return Ok(());
+            if ask < CHECKPOINT_ASKS {
+                tokio::time::sleep(CHECKPOINT_PAUSE).await;
+                primary = self.contact(&name, Instant::now()).await?;
+            }
         }
         Err(StoreError::Unavailable(format!(
             "vouch: {name}/{id} was read at _seq_no {} of primary term {}, which the \
@@ -134,6 +148,22 @@ impl ElasticsearchStore {
              a cut-off primary accepted): not answered on it",
             read.seq_no, read.primary_term
         )))
+    }
+
+    /// The answer of a `_stats` of `name` sent at or after `after` (a read's end): the one
+    /// another read already waited for if it was sent late enough, else a new one. One is in
+    /// flight at a time, so reads arriving together share one request, and on a node cut
+    /// off from the others (where it hangs until the request timeout) they wait for one
+    /// timeout, not one each.
+    async fn contact(&self, name: &str, after: Instant) -> StoreResult<Primary> {
+        let _turn = self.checkpoints.asking.lock().await;
+        if let Some(answer) = self.checkpoints.answered_since(name, after) {
+            return answer;
+        }
+        let sent = Instant::now();
+        let answer = self.primary_of(name).await;
+        self.checkpoints.answered(name, sent, &answer);
+        answer
     }
 
     /// A document last written under an older term than the primary's: read again now that
