@@ -2,17 +2,31 @@ package org.elasticsearch.node;
 
 import java.util.Collection;
 import java.util.Map;
+import java.util.function.Function;
 
+import org.elasticsearch.cluster.node.DiscoveryNode;
 import org.elasticsearch.cluster.service.ClusterService;
+import org.elasticsearch.common.settings.ClusterSettings;
 import org.elasticsearch.common.settings.Settings;
+import org.elasticsearch.common.transport.BoundTransportAddress;
 import org.elasticsearch.env.Environment;
 import org.elasticsearch.plugins.MockPluginsService;
 import org.elasticsearch.plugins.Plugin;
 import org.elasticsearch.plugins.PluginsLoader;
 import org.elasticsearch.plugins.PluginsService;
+import org.elasticsearch.tasks.TaskManager;
+import org.elasticsearch.telemetry.tracing.Tracer;
+import org.elasticsearch.test.transport.MockTransportService;
+import org.elasticsearch.threadpool.ThreadPool;
+import org.elasticsearch.transport.Transport;
+import org.elasticsearch.transport.TransportInterceptor;
+import org.elasticsearch.transport.TransportService;
 
 /**
- * An Elasticsearch node whose plugins (here, the Netty transport module) come from the classpath.
+ * An Elasticsearch node whose plugins (here, the Netty transport module) come from the classpath,
+ * and whose node-to-node transport is the test framework's {@link MockTransportService}: the real
+ * Netty transport, with rules that drop, fail or delay what this node sends to another (the
+ * launcher's network faults). With no rule set it passes every message through unchanged.
  *
  * <p>This is what the test framework's {@code MockNode} does, without its test-only services:
  * {@code MockNode} reaches into {@code ESTestCase}, whose static set-up refuses to run as root,
@@ -46,6 +60,16 @@ public final class ClasspathNode extends Node {
         @Override
         PluginsService newPluginService(Environment environment, PluginsLoader pluginsLoader) {
             return new MockPluginsService(environment.settings(), environment, plugins);
+        }
+
+        /** What {@code MockNode} does when a test asks for the mock transport. */
+        @Override
+        TransportService newTransportService(PluginsService pluginsService, Settings settings, Transport transport,
+                ThreadPool threadPool, TransportInterceptor interceptor,
+                Function<BoundTransportAddress, DiscoveryNode> localNodeFactory, ClusterSettings clusterSettings,
+                TaskManager taskManager, Tracer tracer) {
+            return new MockTransportService(settings, transport, threadPool, interceptor, localNodeFactory,
+                    clusterSettings, taskManager.getTaskHeaders());
         }
     }
 }
