@@ -35,6 +35,9 @@ use support::feed::{histories_in, FeedReader};
 #[path = "process/real_cluster.rs"]
 mod real_cluster;
 
+#[path = "process/partitions.rs"]
+mod partitions;
+
 const BIN: &str = env!("CARGO_BIN_EXE_transfer-service");
 
 /// The accounts `acct0`… the clients move units between, each opened with `opening`.

@@ -15,6 +15,6 @@ mod faults;
 mod holds;
 mod legs;
 mod one_transaction;
-mod partitions;
+mod cut_off_primary;
 mod scenarios;
 mod stale_worker;

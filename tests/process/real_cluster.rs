@@ -12,7 +12,7 @@ use support::cluster::{Cluster, ClusterSpec};
 
 /// One of these tests at a time: each starts a cluster of its own (up to three nodes) beside
 /// two service processes, on a machine of two cores.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(super) static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Three nodes: an index's primary and replica can be moved, or stopped, with a node to spare.
 fn three_nodes() -> ClusterSpec {

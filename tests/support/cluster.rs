@@ -98,7 +98,54 @@ impl Cluster {
         self.command(&format!("start {i}"), &format!("started {i}"));
     }
 
+    /// Cuts node `i` off from every other node, both ways (`docs/testing.md`, "Network
+    /// faults").
+    pub fn isolate(&self, i: usize, links: Links) {
+        self.answered(&format!("isolate {i} {}", links.word()), "isolated");
+    }
+
+    /// Cuts every link between the nodes of `side` and those of `other`, both ways.
+    pub fn partition(&self, side: &[usize], other: &[usize], links: Links) {
+        let list = |nodes: &[usize]| {
+            nodes
+                .iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let line = format!("partition {} {} {}", list(side), list(other), links.word());
+        self.answered(&line, "partitioned");
+    }
+
+    /// Delays every message node `i` sends by `ms`.
+    pub fn slow(&self, i: usize, ms: u64) {
+        self.answered(&format!("slow {i} {ms}"), "slowed");
+    }
+
+    /// Clears every fault and waits (up to two minutes) until the cluster is green again.
+    pub fn heal(&self) {
+        self.answered("heal", "healed");
+    }
+
+    /// The node holding `index`'s primary, as the majority sees it.
+    pub fn primary(&self, index: &str) -> usize {
+        let answer = self.answered(&format!("primary {index}"), "primary");
+        node_index(answer.rsplit(' ').next().unwrap_or_default(), &answer)
+    }
+
+    /// The elected master node.
+    pub fn master(&self) -> usize {
+        let answer = self.answered("master", "master");
+        node_index(answer.rsplit(' ').next().unwrap_or_default(), &answer)
+    }
+
     fn command(&self, line: &str, expected: &str) {
+        let answer = self.answered(line, expected);
+        assert_eq!(answer, expected, "the launcher's answer to `{line}`");
+    }
+
+    /// Sends `line` and returns the launcher's one-line answer, which must start with `word`.
+    fn answered(&self, line: &str, word: &str) -> String {
         let mut control = self.control.lock().unwrap();
         let stdin = control.stdin.as_mut().expect("launcher stdin");
         writeln!(stdin, "{line}").expect("write to the launcher");
@@ -108,8 +155,36 @@ impl Cluster {
             .stdout
             .read_line(&mut answer)
             .expect("read the launcher");
-        assert_eq!(answer.trim(), expected, "the launcher's answer to `{line}`");
+        let answer = answer.trim().to_owned();
+        assert!(
+            answer == word || answer.starts_with(&format!("{word} ")),
+            "the launcher's answer to `{line}`: {answer}"
+        );
+        answer
     }
+}
+
+/// How a cut link fails (`tools/es-cluster/run`'s fault commands).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Links {
+    /// A send fails at once, as if the connection were refused: the nodes notice at once.
+    Disconnect,
+    /// Messages vanish: the nodes notice only by their fault-detection timeouts.
+    Unresponsive,
+}
+
+impl Links {
+    fn word(self) -> &'static str {
+        match self {
+            Links::Disconnect => "disconnect",
+            Links::Unresponsive => "unresponsive",
+        }
+    }
+}
+
+fn node_index(word: &str, answer: &str) -> usize {
+    word.parse()
+        .unwrap_or_else(|_| panic!("a node index in the launcher's answer: {answer}"))
 }
 
 impl Drop for Cluster {
