@@ -283,6 +283,17 @@ async fn send(
 /// The service instances, by the node they talk to; a killed one is `None` until restarted.
 type Instances = Arc<RwLock<Vec<Option<String>>>>;
 
+/// The base URLs of the instances running now.
+fn running(instances: &Instances) -> Vec<String> {
+    instances
+        .read()
+        .unwrap()
+        .iter()
+        .flatten()
+        .cloned()
+        .collect()
+}
+
 /// One client: new transfers, replays (an unanswered create again on the other instance),
 /// cancels, a hold's capture or cancel, `GET`s and long-polls, until `until`.
 async fn client_loop(
@@ -298,13 +309,7 @@ async fn client_loop(
     let mut mine: Vec<String> = Vec::new();
     let mut n = 0;
     while Instant::now() < until {
-        let up: Vec<String> = instances
-            .read()
-            .unwrap()
-            .iter()
-            .flatten()
-            .cloned()
-            .collect();
+        let up = running(&instances);
         if up.is_empty() {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
@@ -419,13 +424,7 @@ async fn follow_events(instances: Instances, history: Arc<History>, stop: Arc<At
     let mut turn = 0;
     while !stop.load(Ordering::Relaxed) {
         turn += 1;
-        let up: Vec<String> = instances
-            .read()
-            .unwrap()
-            .iter()
-            .flatten()
-            .cloned()
-            .collect();
+        let up = running(&instances);
         let Some(base) = up.get(turn % up.len().max(1)).cloned() else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
