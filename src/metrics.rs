@@ -42,6 +42,11 @@ pub struct Metrics {
     /// not_found | unavailable | error | denied (the store refused the credentials: 401/403).
     pub store_requests_total: IntCounterVec,
     pub store_request_duration_seconds: HistogramVec,
+    /// Bytes of document sources sent in writes (`index` = accounts | transactions |
+    /// webhooks, `op` = create | replace; each `_bulk` item once, whatever its outcome):
+    /// what the engine parses, indexes, logs and replicates for them. Writes inside a store
+    /// transaction (the embedded store) are not counted.
+    pub store_bytes_sent_total: IntCounterVec,
     /// Transfers flagged for a person (contradicting documents), as of the last complete
     /// recovery sweep (which sees a flagged transfer once it is `RECOVERY_STALE_AFTER` old).
     pub transfers_needing_attention: IntGauge,
@@ -194,6 +199,11 @@ impl Metrics {
                 "Store request latency, by operation",
                 &["op"],
                 LATENCY_BUCKETS,
+            ),
+            store_bytes_sent_total: counter_vec(
+                "store_bytes_sent_total",
+                "Bytes of document sources sent to the store in writes, by index and operation",
+                &["index", "op"],
             ),
             transfers_needing_attention: gauge(
                 "transfers_needing_attention",

@@ -174,7 +174,7 @@ fn start_service(args: &Args, elasticsearch: Option<&str>, webhook: Option<&str>
         .env("DATA_DIR", dir.path())
         .env("LOG_FORMAT", "json")
         .env("RUST_LOG", "warn,transfer_service::app=info")
-        .env("INDEX_PREFIX", format!("bench-{}-", std::process::id()))
+        .env("INDEX_PREFIX", index_prefix())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     if let Some(es) = elasticsearch {
@@ -198,6 +198,11 @@ fn start_service(args: &Args, elasticsearch: Option<&str>, webhook: Option<&str>
         dir,
         preloaded,
     }
+}
+
+/// The `INDEX_PREFIX` of the services this benchmark starts.
+fn index_prefix() -> String {
+    format!("bench-{}-", std::process::id())
 }
 
 /// Reads the service's JSON log until its "serving" line, and returns the address in it;
@@ -266,6 +271,11 @@ impl Emulator {
 struct ClusterStats {
     requests: Option<BTreeMap<String, u64>>,
     cpu: Duration,
+    /// Documents indexed into primaries (`_stats/indexing`: every create and replace the
+    /// engine applied; conflicts are not counted).
+    writes: u64,
+    /// Refreshes of every shard copy (`_stats/refresh`, periodic ones included).
+    refreshes: u64,
 }
 
 impl ClusterStats {
@@ -292,6 +302,16 @@ impl ClusterStats {
         }
         let cpu_ms = nodes.values().next()?["process"]["cpu"]["total_in_millis"].as_u64()?;
         taken.cpu = Duration::from_millis(cpu_ms);
+        let indices: serde_json::Value = client
+            .get(format!("{url}/_stats/indexing,refresh"))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        taken.writes = indices["_all"]["primaries"]["indexing"]["index_total"].as_u64()?;
+        taken.refreshes = indices["_all"]["total"]["refresh"]["total"].as_u64()?;
         Some(taken)
     }
 
@@ -306,6 +326,8 @@ impl ClusterStats {
         ClusterStats {
             requests,
             cpu: self.cpu.saturating_sub(before.cpu),
+            writes: self.writes.saturating_sub(before.writes),
+            refreshes: self.refreshes.saturating_sub(before.refreshes),
         }
     }
 }
@@ -831,6 +853,8 @@ struct Counted {
     rolled_back: f64,
     store_requests: f64,
     conflicts: f64,
+    /// Bytes of document sources the service sent in writes (`store_bytes_sent_total`).
+    bytes_sent: f64,
 }
 
 impl Counted {
@@ -841,6 +865,7 @@ impl Counted {
             rolled_back: delta(&|s| completed(s, Some("rolled-back"))),
             store_requests: delta(&store_requests),
             conflicts: delta(&replace_conflicts),
+            bytes_sent: delta(&|s| s.sum("store_bytes_sent_total", all)),
         }
     }
 
@@ -893,8 +918,10 @@ struct TransferPhase {
     /// HTTP requests es-emulator or the real cluster received over posting and draining, by
     /// kind.
     es_requests: Option<BTreeMap<String, u64>>,
-    /// The real cluster's CPU time over posting and draining (`--elasticsearch`).
-    es_cpu: Option<Duration>,
+    /// The real cluster's own counts over posting and draining (`--elasticsearch`).
+    cluster: Option<ClusterStats>,
+    /// The account documents' sizes in the real cluster at the end (`--elasticsearch`).
+    account_documents: Option<DocumentSizes>,
     /// What the `--follow-events` consumer saw.
     followed: Option<feed::Followed>,
     /// What the `--webhook` receiver got, once it had every terminal event.
@@ -910,6 +937,8 @@ struct Target<'a> {
     emulator: Option<&'a Emulator>,
     /// The real cluster's URL (`--elasticsearch`), read for its own counts.
     cluster: Option<String>,
+    /// The service's `INDEX_PREFIX`.
+    index_prefix: String,
     /// What the `--webhook` receiver got.
     webhook: Option<receiver::Shared>,
 }
@@ -958,6 +987,10 @@ async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> Transfer
     };
     let webhooks =
         (target.webhook.as_ref()).map(|received| received.lock().expect("receiver state").clone());
+    let account_documents = match &target.cluster {
+        Some(url) => DocumentSizes::of_accounts(client, url, &target.index_prefix).await,
+        None => None,
+    };
     TransferPhase {
         followed,
         webhooks,
@@ -967,7 +1000,7 @@ async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> Transfer
         counted,
         after,
         service_cpu: cpu_before.zip(cpu_after).map(|(b, a)| a - b),
-        es_cpu: cluster.as_ref().map(|c| c.cpu),
+        account_documents,
         es_requests: es_before
             .zip(target.emulator)
             .map(|(before, e)| {
@@ -980,7 +1013,43 @@ async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> Transfer
                     })
                     .collect()
             })
-            .or(cluster.and_then(|c| c.requests)),
+            .or(cluster.as_ref().and_then(|c| c.requests.clone())),
+        cluster,
+    }
+}
+
+/// The sizes of the account documents' `_source` in a real cluster, as JSON text.
+#[derive(Debug, Clone, Serialize)]
+struct DocumentSizes {
+    count: usize,
+    mean_bytes: f64,
+    max_bytes: usize,
+}
+
+impl DocumentSizes {
+    /// Every account of the service's indices (the benchmark opens at most 10,000 here).
+    async fn of_accounts(client: &reqwest::Client, url: &str, prefix: &str) -> Option<Self> {
+        let body = serde_json::json!({"size": 10_000, "query": {"match_all": {}}});
+        let answer: serde_json::Value = client
+            .post(format!("{url}/{prefix}accounts/_search"))
+            .json(&body)
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        let sizes: Vec<usize> = answer["hits"]["hits"]
+            .as_array()?
+            .iter()
+            .map(|hit| hit["_source"].to_string().len())
+            .collect();
+        let count = sizes.len();
+        (count > 0).then(|| DocumentSizes {
+            count,
+            mean_bytes: sizes.iter().sum::<usize>() as f64 / count as f64,
+            max_bytes: sizes.iter().copied().max().unwrap_or(0),
+        })
     }
 }
 
@@ -1020,6 +1089,7 @@ async fn run(args: &Args, emulator: Option<&Emulator>) -> Report {
         pid: service.as_ref().map(Service::pid),
         emulator,
         cluster: args.elasticsearch.clone(),
+        index_prefix: index_prefix(),
         webhook: webhook.map(|(_, received)| received),
     };
     wait_ready(&target.client, &target.base).await;

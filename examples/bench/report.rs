@@ -39,6 +39,14 @@ pub struct Report {
     service_cpu_us_per_transfer: Option<f64>,
     /// The real cluster's CPU a transfer (`--elasticsearch`; it shares the machine's cores).
     elasticsearch_cpu_us_per_transfer: Option<f64>,
+    /// Documents the real cluster indexed a transfer (`_stats/indexing`, primaries).
+    engine_writes_per_transfer: Option<f64>,
+    /// Shard refreshes a transfer (`_stats/refresh`, every copy, periodic ones included).
+    engine_refreshes_per_transfer: Option<f64>,
+    /// Bytes of document sources the service sent a transfer (`store_bytes_sent_total`).
+    source_bytes_sent_per_transfer: Option<f64>,
+    /// The account documents' `_source` at the end (`--elasticsearch`).
+    account_documents: Option<crate::DocumentSizes>,
     healthz_per_s: f64,
     ratio_to_healthz: f64,
     store_requests_per_transfer: Option<f64>,
@@ -254,6 +262,27 @@ impl Report {
             ),
             ("store requests/transfer", store),
             (
+                "source bytes sent/transfer",
+                shown(self.source_bytes_sent_per_transfer, 0),
+            ),
+            (
+                "engine writes / refreshes a transfer",
+                format!(
+                    "{} / {}",
+                    shown(self.engine_writes_per_transfer, 2),
+                    shown(self.engine_refreshes_per_transfer, 3)
+                ),
+            ),
+            (
+                "account document (bytes)",
+                self.account_documents.as_ref().map_or("-".into(), |d| {
+                    format!(
+                        "mean {:.0}, max {} ({} accounts)",
+                        d.mean_bytes, d.max_bytes, d.count
+                    )
+                }),
+            ),
+            (
                 "ES HTTP requests/transfer",
                 shown(self.es_http_requests_per_transfer, 2),
             ),
@@ -388,9 +417,14 @@ impl Report {
             service_cpu_us_per_transfer: phase
                 .service_cpu
                 .and_then(|cpu| per_transfer(cpu.as_secs_f64() * 1e6)),
-            elasticsearch_cpu_us_per_transfer: phase
-                .es_cpu
-                .and_then(|cpu| per_transfer(cpu.as_secs_f64() * 1e6)),
+            elasticsearch_cpu_us_per_transfer: (phase.cluster.as_ref())
+                .and_then(|c| per_transfer(c.cpu.as_secs_f64() * 1e6)),
+            engine_writes_per_transfer: (phase.cluster.as_ref())
+                .and_then(|c| per_transfer(c.writes as f64)),
+            engine_refreshes_per_transfer: (phase.cluster.as_ref())
+                .and_then(|c| per_transfer(c.refreshes as f64)),
+            source_bytes_sent_per_transfer: per_transfer(phase.counted.bytes_sent),
+            account_documents: phase.account_documents.clone(),
             healthz_per_s,
             ratio_to_healthz: transfers_per_s / healthz_per_s,
             store_requests_per_transfer: per_transfer(phase.counted.store_requests),

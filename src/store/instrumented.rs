@@ -80,9 +80,16 @@ impl Store for InstrumentedStore {
         let started = Instant::now();
         let kinds: Vec<&'static str> = ops
             .iter()
-            .map(|op| match op {
-                WriteOp::Create { .. } => "create",
-                WriteOp::ReplaceIf { .. } => "replace",
+            .map(|op| {
+                let (kind, index, source) = match op {
+                    WriteOp::Create { index, source, .. } => ("create", index, source),
+                    WriteOp::ReplaceIf { index, source, .. } => ("replace", index, source),
+                };
+                self.metrics
+                    .store_bytes_sent_total
+                    .with_label_values(&[index.name(), kind])
+                    .inc_by(source.as_bytes().len() as u64);
+                kind
             })
             .collect();
         let result = self.inner.bulk(ops).await;

@@ -65,6 +65,7 @@ const SERIES: &[(&str, &str)] = &[
     ("transfers_recovered_total", "counter"),
     ("store_requests_total", "counter"),
     ("store_request_duration_seconds", "histogram"),
+    ("store_bytes_sent_total", "counter"),
     ("http_requests_total", "counter"),
     ("http_request_duration_seconds", "histogram"),
     ("api_keys_loaded", "gauge"),
