@@ -65,6 +65,7 @@ impl Account {
 json_fields! {
     /// The body of `POST /accounts`. Any other field is a 422 naming it (names are
     /// case-sensitive).
+    #[schema(examples(json!({"id": "alice", "balance": 1000, "metadata": {"owner": "team-7"}})))]
     pub struct CreateAccount ("an account") {
         /// 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`.
         #[schema(value_type = crate::transfer::validated::AccountId)]
@@ -91,7 +92,8 @@ json_fields! {
 
 /// Opens an account with an opening balance (and optionally a currency). Replaying the same
 /// request (same balance, floor, currency and metadata) answers 200; another one with the same id 409.
-#[utoipa::path(post, path = "/accounts", tag = "accounts", request_body = CreateAccount,
+#[utoipa::path(post, path = "/accounts", tag = "accounts",
+    request_body = CreateAccount,
     responses(
         (status = 201, description = "Account opened", body = Account),
         (status = 200, description = "Identical replay", body = Account),

@@ -48,6 +48,10 @@ pub fn router() -> Router<AppState> {
 json_fields! {
     /// The body of `POST /transfers/batch`. Any other field is a 422 for the whole batch; an
     /// item with a field a transfer does not have is that item's 422.
+    #[schema(examples(json!({"transfers": [
+        {"from": "alice", "to": "bob", "amount": 10},
+        {"from": "alice", "to": "carol", "amount": 20, "metadata": {"order_id": "124"}},
+    ]})))]
     pub struct CreateBatch ("a batch") {
         /// 1 to 1,000 transfers, each exactly the body of `POST /transfers`.
         #[schema(value_type = Vec<CreateTransfer>, min_items = 1, max_items = 1000)]
@@ -55,20 +59,54 @@ json_fields! {
     }
 }
 
-/// The outcome of one item: what `POST /transfers` would have answered for it.
+/// The outcome of one item: what `POST /transfers` would have answered for it, told apart by
+/// `outcome` (a discriminator, so that a generated client reads each item as its one type).
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(untagged)]
+#[schema(discriminator(property_name = "outcome", mapping(
+    ("transfer" = "#/components/schemas/BatchTransfer"),
+    ("problem" = "#/components/schemas/BatchProblem"),
+)))]
 pub enum BatchItem {
-    /// `201`: created, shown as stored (as `POST /transfers` answers); `200`: an identical
-    /// replay, as it is now.
-    Transfer {
-        status: u16,
-        transfer: Box<Transfer>,
-    },
-    /// `409`: the id exists with another request; `422`: the item is invalid; `503`: the
-    /// store was unavailable for this item, which may or may not have been created (retry
-    /// it: with its `id`, a retry is a replay); `500`: a fault of ours, logged.
-    Problem { status: u16, problem: Problem },
+    Transfer(BatchTransfer),
+    Problem(BatchProblem),
+}
+
+/// An item that made its transfer (`201`: created, shown as stored, as `POST /transfers`
+/// answers) or found it made by an identical request (`200`: a replay, as it is now).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct BatchTransfer {
+    #[schema(inline)]
+    pub outcome: TransferOutcome,
+    /// `201` or `200`.
+    pub status: u16,
+    pub transfer: Box<Transfer>,
+}
+
+/// An item refused or failed: `409`, the id exists with another request; `422`, the item is
+/// invalid; `503`, the store was unavailable for this item, which may or may not have been
+/// created (retry it: with its `id`, a retry is a replay); `500`, a fault of ours, logged.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct BatchProblem {
+    #[schema(inline)]
+    pub outcome: ProblemOutcome,
+    /// The problem's status: what `POST /transfers` would have answered.
+    pub status: u16,
+    pub problem: Problem,
+}
+
+/// `outcome` of a [`BatchTransfer`]: always `transfer`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TransferOutcome {
+    Transfer,
+}
+
+/// `outcome` of a [`BatchProblem`]: always `problem`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ProblemOutcome {
+    Problem,
 }
 
 /// One outcome per item, in request order.
@@ -80,14 +118,16 @@ pub struct BatchResult {
 impl From<Created<crate::transfer::model::TransferDoc>> for BatchItem {
     fn from(created: Created<crate::transfer::model::TransferDoc>) -> Self {
         match created {
-            Created::New(doc) => BatchItem::Transfer {
+            Created::New(doc) => BatchItem::Transfer(BatchTransfer {
+                outcome: TransferOutcome::Transfer,
                 status: 201,
                 transfer: Box::new(doc.into()),
-            },
-            Created::Replayed(doc) => BatchItem::Transfer {
+            }),
+            Created::Replayed(doc) => BatchItem::Transfer(BatchTransfer {
+                outcome: TransferOutcome::Transfer,
                 status: 200,
                 transfer: Box::new(doc.into()),
-            },
+            }),
         }
     }
 }
@@ -99,10 +139,11 @@ impl From<ApiError> for BatchItem {
             tracing::error!(%detail, "internal error on a batch item");
         }
         let problem = error.problem();
-        BatchItem::Problem {
+        BatchItem::Problem(BatchProblem {
+            outcome: ProblemOutcome::Problem,
             status: problem.status,
             problem,
-        }
+        })
     }
 }
 
@@ -111,7 +152,8 @@ impl From<ApiError> for BatchItem {
 /// With an `Idempotency-Key`, item `i` (from 0) without an `id` gets the id `<key>:<i>`:
 /// resending the same batch (the same items in the same order) with the same key replays
 /// every item instead of creating it again.
-#[utoipa::path(post, path = "/transfers/batch", tag = "transfers", request_body = CreateBatch,
+#[utoipa::path(post, path = "/transfers/batch", tag = "transfers",
+    request_body = CreateBatch,
     params(("Idempotency-Key" = Option<super::openapi::BatchIdempotencyKey>, Header, nullable = false,
         description = "Names the batch (draft-ietf-httpapi-idempotency-key-header): item `i` \
             (counted from 0) without an `id` gets the id `<key>:<i>`, so resending the same \

@@ -59,7 +59,7 @@ pub struct EventPage {
     ))]
 pub async fn list_events(
     State(state): State<AppState>,
-    QueryParams(query, _): QueryParams<EventsQuery>,
+    QueryParams(query, _, _): QueryParams<EventsQuery>,
 ) -> Result<Json<EventPage>, ApiError> {
     let mut after = None;
     let mut limit = DEFAULT_LIMIT;

@@ -269,6 +269,9 @@ pub trait QuerySpec {
     /// Families of names it takes: `metadata.` takes every `metadata.<key>` (the handler
     /// checks the key).
     const PREFIXES: &'static [&'static str] = &[];
+    /// Names it takes any number of times (`metadata=a:1&metadata=b:2`, an array in the
+    /// OpenAPI document); each must also be in [`QuerySpec::NAMES`].
+    const REPEATABLE: &'static [&'static str] = &[];
     /// A query it accepts, for messages (`?wait=5s`).
     const EXAMPLE: &'static str = "";
 }
@@ -282,11 +285,16 @@ impl QuerySpec for NoQuery {
 
 /// The query string as name → value, holding only the parameters the route takes (`S`): an
 /// unknown name (`WAIT` is not `wait`) or one given twice is a 422 naming it, so that a typo
-/// is never silently ignored (it would turn a long-poll off, or a filter). Every route's
-/// handler takes this extractor, also the routes that take no parameter (`NoQuery`).
-/// Percent-decoding never fails: bytes that are not UTF-8 become U+FFFD, which no parameter
-/// accepts.
-pub struct QueryParams<S: QuerySpec = NoQuery>(pub HashMap<String, String>, PhantomData<S>);
+/// is never silently ignored (it would turn a long-poll off, or a filter). The names a route
+/// takes repeatedly ([`QuerySpec::REPEATABLE`]) are kept apart, every value in order. Every
+/// route's handler takes this extractor, also the routes that take no parameter
+/// (`NoQuery`). Percent-decoding never fails: bytes that are not UTF-8 become U+FFFD, which
+/// no parameter accepts.
+pub struct QueryParams<S: QuerySpec = NoQuery>(
+    pub HashMap<String, String>,
+    pub Vec<(String, String)>,
+    PhantomData<S>,
+);
 
 impl<S: Send + Sync, Q: QuerySpec> FromRequestParts<S> for QueryParams<Q> {
     type Rejection = ApiError;
@@ -294,11 +302,16 @@ impl<S: Send + Sync, Q: QuerySpec> FromRequestParts<S> for QueryParams<Q> {
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         let Query(pairs) = Query::<Vec<(String, String)>>::from_request_parts(parts, state).await?;
         let mut params = HashMap::with_capacity(pairs.len());
+        let mut repeated = Vec::new();
         for (name, value) in pairs {
             let known = Q::NAMES.contains(&name.as_str())
                 || Q::PREFIXES.iter().any(|prefix| name.starts_with(prefix));
             if !known {
                 return Err(ApiError::Invalid(unknown_parameter::<Q>(&name, parts)));
+            }
+            if Q::REPEATABLE.contains(&name.as_str()) {
+                repeated.push((name, value));
+                continue;
             }
             if params.contains_key(&name) {
                 return Err(ApiError::Invalid(format!(
@@ -308,7 +321,7 @@ impl<S: Send + Sync, Q: QuerySpec> FromRequestParts<S> for QueryParams<Q> {
             }
             params.insert(name, value);
         }
-        Ok(QueryParams(params, PhantomData))
+        Ok(QueryParams(params, repeated, PhantomData))
     }
 }
 

@@ -11,6 +11,14 @@
 //! operation) is added by [`BearerKeys`] from the same rule the server applies
 //! ([`super::auth::required_scope`]); the `422` of an unknown query parameter on every
 //! operation by [`StrictQueries`].
+//!
+//! The document is also written for the clients generators make from it (docs/api.md,
+//! "Generated clients"; tests/http/generated_clients.rs runs three): a body that may be absent
+//! is optional, not `null` ([`OptionalBodies`]); the two shapes of a transfer are a `oneOf`
+//! with their `required` lists ([`TransferShapes`]), so that no generator sends an empty
+//! `legs`; an event's `type` is an enum and its `at` a date-time ([`EventTypes`]); the
+//! metadata filter is an array parameter ([`MetadataFilter`]); every request body has
+//! examples the server accepts as they are.
 
 use axum::http::Method;
 use axum::Router;
@@ -25,8 +33,11 @@ use super::auth::{self, REALM};
 use super::transfers::Wait;
 use super::AppState;
 use crate::auth::Scope;
+use crate::transfer::history::EventKind;
+use crate::transfer::model::TransferState;
 use crate::transfer::validated::{
     id_pattern, text_schema, AccountId, Currency, HoldExpiry, MetadataSchema, TransferId,
+    METADATA_KEY_PATTERN, METADATA_MAX_VALUE_CHARS,
 };
 
 text_schema! {
@@ -74,6 +85,19 @@ text_schema! {
     }
 }
 
+text_schema! {
+    /// One metadata filter of `GET /transfers`: `<key>:<value>`, the key 1–40 characters of
+    /// `[a-z0-9_.-]` (so the first `:` ends it), the value everything after it (at most 256
+    /// characters), matched exactly.
+    pub struct MetadataFilter {
+        pattern: format!(
+            "^{}:[\\s\\S]{{0,{METADATA_MAX_VALUE_CHARS}}}$",
+            METADATA_KEY_PATTERN.trim_start_matches('^').trim_end_matches('$')
+        ),
+        example: "order_id:123",
+    }
+}
+
 /// `pattern`, bare or between double quotes (a Structured Field string), anchored.
 fn bare_or_quoted(pattern: &str) -> String {
     format!(r#"^(?:{pattern}|"{pattern}")$"#)
@@ -86,8 +110,10 @@ pub enum Attention {
     True,
 }
 
-/// Declares the bearer keys and, on every operation the server protects, the scope it needs
-/// and its `401` and `403` answers; `/metrics` gets them as optional (`METRICS_REQUIRE_AUTH`).
+/// Declares the bearer keys and, on every operation the server can protect, the scope it
+/// needs and its `401` and `403` answers. The requirement is optional (`[{}, bearer]`): the
+/// service is open until it is configured with keys (`API_KEYS_FILE`; `/metrics` needs
+/// `METRICS_REQUIRE_AUTH` too), so a generated client must be usable without a token.
 pub struct BearerKeys;
 
 /// The name of the security scheme.
@@ -134,16 +160,12 @@ fn operations(item: &mut PathItem) -> impl Iterator<Item = (Method, &mut Operati
     .filter_map(|(method, operation)| operation.map(|o| (method, o)))
 }
 
-/// `scope` required (or, when `optional`, required only with `METRICS_REQUIRE_AUTH`), and
-/// the `401`/`403` answers.
-fn protect(operation: &mut Operation, scope: Scope, optional: bool) {
+/// `scope`, or no key at all (the service without keys), and the `401`/`403` answers of a
+/// service with keys (for `/metrics`, `metrics_only`: with `METRICS_REQUIRE_AUTH` too).
+fn protect(operation: &mut Operation, scope: Scope, metrics_only: bool) {
     let requirement = SecurityRequirement::new(SECURITY_SCHEME, [scope.as_str()]);
-    operation.security = Some(if optional {
-        vec![SecurityRequirement::default(), requirement]
-    } else {
-        vec![requirement]
-    });
-    let when = if optional {
+    operation.security = Some(vec![SecurityRequirement::default(), requirement]);
+    let when = if metrics_only {
         "With `METRICS_REQUIRE_AUTH` (and API keys)"
     } else {
         "When the service has API keys"
@@ -224,6 +246,137 @@ impl Modify for StrictQueries {
     }
 }
 
+/// A request body that may be absent is not required, and its schema is the body's, not
+/// `oneOf [body, null]` (what an `Option` body derives): generators read the `null` as a body
+/// to send (`null`, a 422) or fail to serialize it, where an absent body is meant.
+pub struct OptionalBodies;
+
+impl Modify for OptionalBodies {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::schema::{Schema, Type as Kind};
+        use utoipa::openapi::{RefOr, Required};
+        for item in doc.paths.paths.values_mut() {
+            for (_, operation) in operations(item) {
+                let Some(RefOr::T(body)) = operation.request_body.as_mut() else {
+                    continue;
+                };
+                for content in body.content.values_mut() {
+                    let RefOr::T(content) = content else { continue };
+                    let Some(RefOr::T(Schema::OneOf(one_of))) = &content.schema else {
+                        continue;
+                    };
+                    let is_null = |member: &RefOr<Schema>| {
+                        matches!(member, RefOr::T(Schema::Object(o))
+                            if o.schema_type == Kind::Null.into())
+                    };
+                    let [first, second] = one_of.items.as_slice() else {
+                        continue;
+                    };
+                    let inner = match (is_null(first), is_null(second)) {
+                        (false, true) => first.clone(),
+                        (true, false) => second.clone(),
+                        _ => continue,
+                    };
+                    content.schema = Some(inner);
+                    body.required = Some(Required::False);
+                }
+            }
+        }
+    }
+}
+
+/// `CreateTransfer` as a `oneOf` of its two shapes, built from the one body type the server
+/// reads ([`super::transfers::CreateTransfer`]): `OneLegTransfer` (`from`, `to` and `amount`
+/// required, no `legs`) and `MultiLegTransfer` (`legs` required, none of the three), each
+/// closed (`additionalProperties: false`), so that exactly one shape fits a valid body and a
+/// generated client never sends the other shape's fields (an empty `legs` is a 422).
+pub struct TransferShapes;
+
+/// The fields of a one-leg transfer that a multi-leg one has in `legs` instead.
+const ONE_LEG_FIELDS: [&str; 3] = ["from", "to", "amount"];
+
+impl Modify for TransferShapes {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::schema::{OneOfBuilder, Schema};
+        use utoipa::openapi::RefOr;
+        let schemas = &mut doc.components.get_or_insert_with(Default::default).schemas;
+        let Some(RefOr::T(Schema::Object(both))) = schemas.get("CreateTransfer").cloned() else {
+            panic!("CreateTransfer is an object schema")
+        };
+        let mut one_leg = both.clone();
+        one_leg.properties.remove("legs");
+        one_leg.required = ONE_LEG_FIELDS.map(String::from).to_vec();
+        one_leg.description = Some(
+            "A transfer of `amount` units from `from` to `to` (the body of `POST /transfers`, \
+             or an item of a batch). Any other field is a 422 naming it (names are \
+             case-sensitive: `Hold` is not `hold`)."
+                .into(),
+        );
+        one_leg.examples = vec![serde_json::json!(
+            {"from": "alice", "to": "bob", "amount": 100, "metadata": {"order_id": "123"}}
+        )];
+        let mut multi_leg = both;
+        for field in ONE_LEG_FIELDS {
+            multi_leg.properties.remove(field);
+        }
+        multi_leg.required = vec!["legs".into()];
+        multi_leg.description = Some(
+            "A transfer of several legs, all applied or none (the body of `POST /transfers`, \
+             or an item of a batch). Any other field is a 422 naming it."
+                .into(),
+        );
+        multi_leg.examples = vec![serde_json::json!({"legs": [
+            {"from": "alice", "to": "bob", "amount": 95},
+            {"from": "alice", "to": "fees", "amount": 5},
+        ]})];
+        let shapes = OneOfBuilder::new()
+            .item(Ref::from_schema_name("OneLegTransfer"))
+            .item(Ref::from_schema_name("MultiLegTransfer"))
+            .description(Some(
+                "The body of `POST /transfers` (and an item of a batch): one leg (`from`, `to`, \
+                 `amount`) or several (`legs`), never both (a 422).",
+            ))
+            .examples([
+                serde_json::json!({"from": "alice", "to": "bob", "amount": 100}),
+                serde_json::json!({"from": "alice", "to": "bob", "amount": 50, "hold": true,
+                    "hold_expires_in": "10m"}),
+            ]);
+        schemas.insert("OneLegTransfer".into(), Schema::Object(one_leg).into());
+        schemas.insert("MultiLegTransfer".into(), Schema::Object(multi_leg).into());
+        schemas.insert(
+            "CreateTransfer".into(),
+            Schema::OneOf(shapes.build()).into(),
+        );
+    }
+}
+
+/// An event's `type` as the enum of every type the feed and the webhooks send, and its `at`
+/// a date-time (`crate::transfer::view::Event` derives both as plain strings).
+pub struct EventTypes;
+
+impl Modify for EventTypes {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::schema::{KnownFormat, Schema, SchemaFormat};
+        use utoipa::openapi::RefOr;
+        let schemas = &mut doc.components.get_or_insert_with(Default::default).schemas;
+        let Some(RefOr::T(Schema::Object(event))) = schemas.get_mut("Event") else {
+            panic!("Event is an object schema")
+        };
+        let types: Vec<serde_json::Value> = TransferState::ALL
+            .into_iter()
+            .map(EventKind::State)
+            .chain([EventKind::Captured])
+            .map(|kind| kind.type_name().into())
+            .collect();
+        if let Some(RefOr::T(Schema::Object(kind))) = event.properties.get_mut("type") {
+            kind.enum_values = Some(types);
+        }
+        if let Some(RefOr::T(Schema::Object(at))) = event.properties.get_mut("at") {
+            at.format = Some(SchemaFormat::KnownFormat(KnownFormat::DateTime));
+        }
+    }
+}
+
 #[derive(OpenApi)]
 #[openapi(
     info(
@@ -254,8 +407,8 @@ impl Modify for StrictQueries {
         super::events::list_events,
         super::health::livez, super::health::healthz, super::health::readyz, super::health::metrics,
     ),
-    components(schemas(super::Problem, AccountId, TransferId, HoldExpiry, Wait, Cursor, FeedCursor, IdempotencyKey, BatchIdempotencyKey, Attention, Currency, MetadataSchema)),
-    modifiers(&BearerKeys, &StrictQueries),
+    components(schemas(super::Problem, AccountId, TransferId, HoldExpiry, Wait, Cursor, FeedCursor, IdempotencyKey, BatchIdempotencyKey, Attention, Currency, MetadataSchema, MetadataFilter)),
+    modifiers(&BearerKeys, &StrictQueries, &OptionalBodies, &TransferShapes, &EventTypes),
     tags(
         (name = "accounts", description = "Accounts and their balances"),
         (name = "transfers", description = "Transfers between two accounts"),

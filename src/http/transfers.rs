@@ -40,16 +40,16 @@ json_fields! {
         /// is a new transfer). With an `Idempotency-Key` header, it must equal the key (else 422).
         #[schema(value_type = Option<crate::transfer::validated::TransferId>)]
         id: Text,
-        /// Source account id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`). Required
-        /// unless `legs` is given; never with `legs` (else 422).
+        /// Source account id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`), with `to`
+        /// and `amount`: a one-leg transfer (never with `legs`, else 422).
         #[schema(value_type = Option<crate::transfer::validated::AccountId>, nullable = false)]
         from: Text,
-        /// Destination account id (same rules); must differ from `from`, else 422. Required
-        /// unless `legs` is given; never with `legs`.
+        /// Destination account id (same rules); must differ from `from`, else 422. With `from`
+        /// and `amount`, never with `legs`.
         #[schema(value_type = Option<crate::transfer::validated::AccountId>, nullable = false)]
         to: Text,
-        /// Units to move: an integer from 1 to 2^63-1 (a JSON integer: `5`, not `5.0`). Required
-        /// unless `legs` is given; never with `legs`.
+        /// Units to move: an integer from 1 to 2^63-1 (a JSON integer: `5`, not `5.0`). With
+        /// `from` and `to`, never with `legs`.
         #[schema(value_type = Option<i64>, nullable = false, minimum = 1)]
         amount: Integer,
         /// A multi-leg transaction instead of `from`, `to` and `amount`: 1 to 16 legs, all
@@ -76,7 +76,7 @@ json_fields! {
         currency: Text,
         /// Labels (such as an order id): at most 16 keys of `[a-z0-9_.-]{1,40}`, string values
         /// of at most 256 characters; absent or null: none. Part of the replay comparison, and
-        /// filterable: `GET /transfers?metadata.<key>=<value>`.
+        /// filterable: `GET /transfers?metadata=<key>:<value>`.
         #[schema(value_type = Option<crate::transfer::validated::MetadataSchema>)]
         metadata: MetadataField,
     }
@@ -101,6 +101,7 @@ json_fields! {
 json_fields! {
     /// The body of `POST /transfers/{id}/capture`; it may also be empty. Any other field is a
     /// 422 naming it.
+    #[schema(examples(json!({"amount": 60})))]
     pub struct CaptureHold ("a capture") {
         /// Units to move, from 1 to the held amount (else 422); default: all of it. The rest
         /// goes back to the source. A multi-leg hold is captured whole: no `amount`, or the sum
@@ -118,13 +119,19 @@ pub struct TransferPage {
     pub next_cursor: Option<String>,
 }
 
-/// Accepts a transfer and answers at once; a background worker drives it.
+/// Creates a transfer: settled before the answer on the embedded store, driven by a worker on
+/// Elasticsearch.
+///
+/// On the embedded store one transaction creates and settles it (`finished`, or `rolled-back`
+/// with its `reason`); a hold, and every transfer on Elasticsearch, is answered `created` and
+/// driven on by a background worker: poll `GET /transfers/{id}` (`?wait=5s` long-polls).
 ///
 /// Idempotent by the transfer's `id`, given in the body or as the `Idempotency-Key` header:
 /// the same id with the same `from`, `to`, `amount`, `currency` and `metadata` replays the transfer (`200`, as it is
 /// now); with another, `409`. Ids are kept forever (transfers are never deleted), so a retry
 /// is a replay however late it comes.
-#[utoipa::path(post, path = "/transfers", tag = "transfers", request_body = CreateTransfer,
+#[utoipa::path(post, path = "/transfers", tag = "transfers",
+    request_body = CreateTransfer,
     params(("Idempotency-Key" = Option<super::openapi::IdempotencyKey>, Header, nullable = false,
         description = "The transfer's id, as the `Idempotency-Key` header \
             (draft-ietf-httpapi-idempotency-key-header): without a body `id` the key is the \
@@ -329,7 +336,7 @@ impl QuerySpec for WaitQuery {
 pub async fn get_transfer(
     State(state): State<AppState>,
     PathId(id): PathId,
-    QueryParams(query, _): QueryParams<WaitQuery>,
+    QueryParams(query, _, _): QueryParams<WaitQuery>,
 ) -> Result<Json<Transfer>, ApiError> {
     let wait = query
         .get("wait")
@@ -448,7 +455,7 @@ fn no_transfer(error: crate::transfer::operations::ServiceError, id: &str) -> Ap
 #[utoipa::path(post, path = "/transfers/{id}/capture", tag = "transfers",
     params(("id" = crate::transfer::validated::TransferId, Path,
         description = "Transfer id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`; any other value is 404)")),
-    request_body(content = Option<CaptureHold>, description = "Optional; empty or `{}` captures all of it"),
+    request_body(content = Option<CaptureHold>, description = "Optional: no body (or `{}`) captures all of it"),
     responses(
         (status = 200, description = "Captured: `committed` or `finished`, with `captured_amount`", body = Transfer),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
@@ -488,13 +495,22 @@ const MAX_LIMIT: usize = 1000;
 pub struct ListQuery;
 
 impl QuerySpec for ListQuery {
-    const NAMES: &'static [&'static str] = &["account", "state", "attention", "limit", "cursor"];
+    const NAMES: &'static [&'static str] = &[
+        "account",
+        "state",
+        "attention",
+        "metadata",
+        "limit",
+        "cursor",
+    ];
+    /// `metadata.<key>=<value>`, the form before `metadata=<key>:<value>`, still taken.
     const PREFIXES: &'static [&'static str] = &["metadata."];
+    const REPEATABLE: &'static [&'static str] = &["metadata"];
     const EXAMPLE: &'static str = "?account=alice&state=finished&limit=50";
 }
 
 /// Transfers, newest first, optionally of one account, in one state, flagged for a person
-/// and/or with given metadata (`?metadata.order_id=123`, any number of keys, all must
+/// and/or with given metadata (`?metadata=order_id:123`, any number of keys, all must
 /// match). Near-real-time on Elasticsearch: a transfer may take up to a second to appear.
 ///
 /// The parameters combine (all must hold). They are strict: a parameter not listed here, or
@@ -506,8 +522,8 @@ impl QuerySpec for ListQuery {
         ("state" = Option<TransferState>, Query, description = "Only transfers in this state"),
         ("attention" = Option<super::openapi::Attention>, Query,
             description = "`true`: only transfers flagged for a person (they carry `attention`: their documents contradict each other; `docs/design.md` §9 says what to do). The only value accepted: omit the parameter to list every transfer; `false` or anything else is 422"),
-        ("metadata.{key}" = Option<String>, Query, max_length = 256,
-            description = "Only transfers whose metadata has this value (exactly) for `{key}`: `metadata.order_id=123`. Any number of different keys (at most 16), all must match. `{key}` is 1–40 characters of `[a-z0-9_.-]`, the value at most 256 characters; anything else is 422"),
+        ("metadata" = Option<Vec<super::openapi::MetadataFilter>>, Query, style = Form, explode, max_items = 16,
+            description = "Only transfers whose metadata has, for each filter `<key>:<value>`, exactly this value for this key: `metadata=order_id:123`. Repeat it for several keys (at most 16, each key once), all must match. The key is 1–40 characters of `[a-z0-9_.-]`, the value (everything after the first `:`) at most 256 characters; anything else is 422. The same filter is also accepted as `metadata.<key>=<value>` (`metadata.order_id=123`), the form this service took first"),
         ("limit" = Option<usize>, Query, minimum = 1, maximum = 1000, description = "Page size, 1–1000, default 50"),
         ("cursor" = Option<super::openapi::Cursor>, Query, description = "`next_cursor` of the previous page"),
     ),
@@ -518,7 +534,7 @@ impl QuerySpec for ListQuery {
     ))]
 pub async fn list_transfers(
     State(state): State<AppState>,
-    QueryParams(query, _): QueryParams<ListQuery>,
+    QueryParams(query, repeated, _): QueryParams<ListQuery>,
 ) -> Result<Json<TransferPage>, ApiError> {
     let mut filter = TransferFilter {
         limit: DEFAULT_LIMIT,
@@ -555,7 +571,7 @@ pub async fn list_transfers(
                 ))
             }
             other => match other.strip_prefix("metadata.") {
-                Some(key) => filter.metadata.push(metadata_filter(key, value)?),
+                Some(key) => filter.metadata.push(metadata_filter(key, value, other)?),
                 None => {
                     return Err(ApiError::Invalid(format!(
                         "unknown parameter `{}`",
@@ -565,13 +581,31 @@ pub async fn list_transfers(
             },
         }
     }
+    for (_, given) in &repeated {
+        let (key, value) = given.split_once(':').ok_or_else(|| {
+            ApiError::Invalid(format!(
+                "`metadata={}`: a metadata filter is `<key>:<value>`, such as \
+                 `metadata=order_id:123`",
+                shorten(given)
+            ))
+        })?;
+        filter
+            .metadata
+            .push(metadata_filter(key, value, "metadata")?);
+    }
     if filter.metadata.len() > METADATA_MAX_KEYS {
         return Err(ApiError::Invalid(format!(
-            "at most {METADATA_MAX_KEYS} `metadata.<key>` filters"
+            "at most {METADATA_MAX_KEYS} metadata filters"
         )));
     }
     // In key order, so the same filters always make the same search.
     filter.metadata.sort();
+    if let Some(twice) = filter.metadata.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(ApiError::Invalid(format!(
+            "metadata key `{}` is filtered more than once; give each key once",
+            twice[0].0
+        )));
+    }
     let (docs, next) = state.engine.list_transfers(filter).await?;
     Ok(Json(TransferPage {
         items: docs.into_iter().map(Transfer::from).collect(),
@@ -579,17 +613,20 @@ pub async fn list_transfers(
     }))
 }
 
-/// `metadata.<key>=<value>`: a valid key and a value a transfer's metadata can hold.
-fn metadata_filter(key: &str, value: &str) -> Result<(String, String), ApiError> {
+/// One metadata filter, given as `metadata=<key>:<value>` or `metadata.<key>=<value>`
+/// (`parameter` names it in the 422): a valid key and a value a transfer's metadata can hold.
+fn metadata_filter(key: &str, value: &str, parameter: &str) -> Result<(String, String), ApiError> {
     if !valid_metadata_key(key) {
         return Err(ApiError::Invalid(format!(
-            "`metadata.{}`: metadata keys are 1–40 characters of a-z 0-9 _ . -",
+            "`{}`: metadata keys are 1–40 characters of a-z 0-9 _ . - (received `{}`)",
+            shorten(parameter),
             shorten(key)
         )));
     }
     if !valid_metadata_value(value) {
         return Err(ApiError::Invalid(format!(
-            "`metadata.{key}`: metadata values are at most 256 characters"
+            "`{}`: metadata values are at most 256 characters",
+            shorten(parameter)
         )));
     }
     Ok((key.to_owned(), value.to_owned()))

@@ -61,7 +61,7 @@ const GUIDE: &[Promise] = &[
     (r#"{"from":"alice","legs""#, 422, &[]),
     (r#""id":"carol""#, 201, &[]),
     (r#""order_id":"123","shop""#, 201, &[]),
-    ("metadata.order_id=123", 200, &[]),
+    ("metadata=order_id:123", 200, &[]),
     (r#""order_id":"124""#, 409, &[]),
     (r#""Order":"1""#, 422, &[]),
     ("idempotency-key: t-9' -d '{\"from", 201, &[]),
@@ -314,4 +314,42 @@ fn occurs(answer: &Value, field: &str, value: &Value) -> bool {
         Value::Array(items) => items.iter().any(|v| occurs(v, field, value)),
         _ => false,
     }
+}
+
+/// The query parameters of a `curl` command's URL, but `cursor`, in order.
+fn filters_of(command: &str) -> Vec<String> {
+    let Some(query) = command.split('?').nth(1) else {
+        return Vec::new();
+    };
+    let query = query.split(['\'', ' ']).next().unwrap_or("");
+    query
+        .split('&')
+        .filter(|pair| !pair.starts_with("cursor="))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A listing's cursor continues only the listing it came from (its filters and page size):
+/// every example that follows a cursor gives the same parameters as the page before it.
+#[test]
+fn a_cursor_example_repeats_the_filters_of_the_page_it_continues() {
+    let mut checked = 0;
+    let mut blocks = sh_blocks("README.md", "## The API by example");
+    blocks.extend(sh_blocks("docs/api.md", ""));
+    for block in &blocks {
+        let examples = examples_of(block);
+        for pair in examples.windows(2) {
+            let (page, next) = (&pair[0].command, &pair[1].command);
+            if !next.contains("cursor=<next_cursor") {
+                continue;
+            }
+            assert_eq!(
+                filters_of(next),
+                filters_of(page),
+                "`{next}` continues `{page}` with other filters"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 1, "no cursor example found");
 }

@@ -19,6 +19,8 @@
 //! - [`strict_input`]: unknown body fields and query parameters refused on every route;
 //! - [`observability`]: metrics, request ids, logs, the OpenAPI document, Swagger UI;
 //! - [`doc_examples`]: the README's and the API guide's curl examples run as written;
+//! - [`generated_clients`]: Python, Java and TypeScript clients generated from the OpenAPI
+//!   document run one scenario each;
 //! - [`resilience`]: store outages on the Elasticsearch backend (emulator);
 //! - [`webhooks`]: signed deliveries to a loopback receiver that fails and hangs, give-ups,
 //!   transfers that never wait on it, two instances sharing a receiver's lease;
@@ -41,6 +43,7 @@ mod doc_examples;
 mod engines;
 mod es_security;
 mod events;
+mod generated_clients;
 mod holds;
 mod idempotency;
 mod legs;

@@ -164,6 +164,50 @@ mod cases {
                     .join("&"),
                 "at most 16",
             ),
+            // The same rules in the form the OpenAPI document declares, `metadata=<key>:<value>`.
+            (
+                "metadata=Order:1".to_owned(),
+                "`metadata`: metadata keys are 1–40 characters of a-z 0-9 _ . - (received `Order`)",
+            ),
+            (
+                "metadata=:1".to_owned(),
+                "metadata keys are 1–40 characters",
+            ),
+            (
+                "metadata=order_id".to_owned(),
+                "a metadata filter is `<key>:<value>`, such as `metadata=order_id:123`",
+            ),
+            (
+                "metadata=".to_owned(),
+                "a metadata filter is `<key>:<value>`",
+            ),
+            (format!("metadata=k:{long}"), "at most 256 characters"),
+            (
+                "metadata=k:1&metadata=k:2".to_owned(),
+                "`k` is filtered more than once",
+            ),
+            (
+                "metadata=k:1&metadata.k=1".to_owned(),
+                "`k` is filtered more than once",
+            ),
+            ("metadata[k]=1".to_owned(), "unknown parameter"),
+            (
+                (0..17)
+                    .map(|i| format!("metadata=k{i}:v"))
+                    .collect::<Vec<_>>()
+                    .join("&"),
+                "at most 16",
+            ),
+            (
+                (0..17)
+                    .map(|i| match i % 2 {
+                        0 => format!("metadata=k{i}:v"),
+                        _ => format!("metadata.k{i}=v"),
+                    })
+                    .collect::<Vec<_>>()
+                    .join("&"),
+                "at most 16",
+            ),
         ];
         for (query, says) in query_cases {
             let (status, body) = app.get(&format!("/transfers?{query}")).await;
@@ -201,12 +245,25 @@ mod cases {
             app.settled(id).await;
         }
         app.store().refresh().await.unwrap();
-        let cases: [(&str, &[&str]); 7] = [
+        // Both forms: `metadata=<key>:<value>` (the OpenAPI document's, repeated for several
+        // keys) and `metadata.<key>=<value>` (the first form), alone or together.
+        let cases: [(&str, &[&str]); 12] = [
             ("metadata.order_id=123", &["t5", "big", "t2", "t1"]),
+            ("metadata=order_id:123", &["t5", "big", "t2", "t1"]),
             (
                 "metadata.order_id=123&metadata.shop=x",
                 &["t5", "big", "t1"],
             ),
+            (
+                "metadata=order_id:123&metadata=shop:x",
+                &["t5", "big", "t1"],
+            ),
+            (
+                "metadata=order_id:123&metadata.shop=x",
+                &["t5", "big", "t1"],
+            ),
+            ("metadata=shop:x&account=A", &["big", "t3", "t1"]),
+            ("metadata=order_id:12", &[]),
             ("metadata.shop=x&account=A", &["big", "t3", "t1"]),
             ("metadata.order_id=123&state=finished", &["t5", "t2", "t1"]),
             (
@@ -237,6 +294,14 @@ mod cases {
         app.store().refresh().await.unwrap();
         let (status, page) = app.get("/transfers?metadata.note=a%20b%26c%3Dd").await;
         assert_eq!((status, ids(&page)), (200, vec!["t6".to_owned()]), "{page}");
+        // After the key, the value is everything up to the end, colons included.
+        let coloned = json!({"id": "t7", "from": "D", "to": "A", "amount": 1,
+            "metadata": {"note": "a:b"}});
+        let (status, body) = app.post("/transfers", coloned).await;
+        assert_eq!(status, 201, "{body}");
+        app.store().refresh().await.unwrap();
+        let (status, page) = app.get("/transfers?metadata=note%3Aa%3Ab").await;
+        assert_eq!((status, ids(&page)), (200, vec!["t7".to_owned()]), "{page}");
     }
 }
 

@@ -206,6 +206,34 @@ async fn what_the_openapi_document_allows_the_server_accepts_and_nothing_else() 
     )
     .await;
 
+    // Metadata filters, as `?metadata=` reads them (the listing's array parameter).
+    let (forty, forty_one) = ("k".repeat(40), "k".repeat(41));
+    let (longest, too_long) = (
+        format!("k:{}", "é".repeat(256)),
+        format!("k:{}", "v".repeat(257)),
+    );
+    assert_pattern_is_the_rule(
+        &doc,
+        "MetadataFilter",
+        r"[a-zA-Z0-9_. :-]{0,3}:?[a-z: ]{0,3}|[a-z]{38,42}:[a-z]?",
+        &[
+            "",
+            "k",
+            ":v",
+            "k:",
+            "k::",
+            "K:v",
+            "a b:v",
+            "a.b-c_d:x y",
+            &format!("{forty}:v"),
+            &format!("{forty_one}:v"),
+            &longest,
+            &too_long,
+        ],
+        |filter| async move { accepted(list_status(app, "metadata", &filter).await) },
+    )
+    .await;
+
     // `?wait=` on a settled transfer answers at once whatever the wait.
     let edges = [
         "",
@@ -341,7 +369,8 @@ async fn what_the_openapi_document_allows_the_server_accepts_and_nothing_else() 
             "limit={value}"
         );
     }
-    let transfer = schema(&doc, "CreateTransfer");
+    // The one-leg shape of `CreateTransfer` (a `oneOf` of it and the multi-leg shape).
+    let transfer = schema(&doc, "OneLegTransfer");
     assert_eq!(transfer["properties"]["amount"]["minimum"], 1);
     assert_eq!(transfer["properties"]["amount"]["format"], "int64");
     for (amount, ok) in [
@@ -561,7 +590,8 @@ fn the_document_declares_the_security_the_server_applies() {
                 } else {
                     "write"
                 };
-                assert_eq!(security, &json!([{"bearer": [scope]}]), "{what}");
+                // No key, or a key with the scope: the service is open until it has keys.
+                assert_eq!(security, &json!([{}, {"bearer": [scope]}]), "{what}");
                 for status in ["401", "403"] {
                     let response = &responses[status];
                     assert!(

@@ -200,9 +200,9 @@ async fn every_body_schema_refuses_a_field_it_does_not_have() {
             }
         }
     }
-    // Every body, and every object inside one: account, transfer, its legs, the batch and
-    // its items (and their legs), the capture.
-    assert_eq!(checked.len(), 7, "{checked:#?}");
+    // Every body, and every object inside one: account, transfer (of one leg, of several
+    // legs, and its legs), the batch and its items (the same three), the capture.
+    assert_eq!(checked.len(), 9, "{checked:#?}");
     app.shutdown().await;
 }
 
