@@ -419,7 +419,7 @@ pub(crate) mod field {
     ) -> Result<Option<T>, ApiError> {
         let invalid = || {
             ApiError::Invalid(format!(
-                "`{name}` must be 1–128 characters of A-Z a-z 0-9 . _ : -"
+                "`{name}` must be 1–128 characters of A-Z a-z 0-9 . _ : -, and not `.` or `..`"
             ))
         };
         match value {

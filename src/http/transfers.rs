@@ -545,7 +545,7 @@ pub async fn list_transfers(
             "account" if valid_id(value) => filter.account = Some(value.clone()),
             "account" => {
                 return Err(ApiError::Invalid(
-                    "`account` must be 1–128 characters of A-Z a-z 0-9 . _ : - (not . or ..)"
+                    "`account` must be 1–128 characters of A-Z a-z 0-9 . _ : -, and not `.` or `..`"
                         .into(),
                 ))
             }

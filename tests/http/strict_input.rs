@@ -507,3 +507,37 @@ async fn refusals_say_what_was_received_and_what_is_accepted() {
     );
     app.shutdown().await;
 }
+
+/// `.` and `..` fit "1–128 characters of A-Z a-z 0-9 . _ : -": a refusal of one names the
+/// exception, wherever an id is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_of_dots_is_refused_naming_the_exception() {
+    let app = TestApp::spawn(Backend::Embedded).await;
+    app.open_account("A", 10).await;
+    app.open_account("B", 0).await;
+    let exception = "not `.` or `..`";
+    for (path, body) in [
+        ("/accounts", json!({"id": "..", "balance": 0})),
+        (
+            "/transfers",
+            json!({"id": ".", "from": "A", "to": "B", "amount": 1}),
+        ),
+        ("/transfers", json!({"from": "..", "to": "B", "amount": 1})),
+        (
+            "/transfers",
+            json!({"legs": [{"from": "A", "to": "..", "amount": 1}]}),
+        ),
+    ] {
+        let (status, problem) = app.post(path, body.clone()).await;
+        assert_eq!(status, 422, "{body}: {problem}");
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.contains(exception), "{body}: {detail}");
+    }
+    let (status, problem) = app.get("/transfers?account=..").await;
+    assert_eq!(status, 422, "{problem}");
+    assert!(
+        problem["detail"].as_str().unwrap().contains(exception),
+        "{problem}"
+    );
+    app.shutdown().await;
+}
