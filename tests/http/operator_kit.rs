@@ -374,3 +374,22 @@ fn every_alert_has_a_firing_and_a_quiet_promtool_case() {
         untested(&quiet)
     );
 }
+
+/// `docker compose up` starts the Elasticsearch the tests run (`tools/es-cluster`), not an
+/// older one.
+#[test]
+fn docker_compose_runs_the_elasticsearch_the_tests_run() {
+    let compose = include_str!("../../docker-compose.yml");
+    let pom = include_str!("../../tools/es-cluster/pom.xml");
+    let tested = pom
+        .split("<elasticsearch.version>")
+        .nth(1)
+        .and_then(|rest| rest.split('<').next())
+        .expect("tools/es-cluster/pom.xml names its Elasticsearch version");
+    let image = "docker.elastic.co/elasticsearch/elasticsearch:";
+    let composed = compose
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("image: ")?.strip_prefix(image))
+        .expect("docker-compose.yml has an Elasticsearch image");
+    assert_eq!(composed, tested, "docker-compose.yml's Elasticsearch");
+}
