@@ -543,12 +543,10 @@ pub async fn list_transfers(
     for (key, value) in &query {
         match key.as_str() {
             "account" if valid_id(value) => filter.account = Some(value.clone()),
-            "account" => {
-                return Err(ApiError::Invalid(
-                    "`account` must be 1–128 characters of A-Z a-z 0-9 . _ : -, and not `.` or `..`"
-                        .into(),
-                ))
-            }
+            "account" => return Err(ApiError::Invalid(
+                "`account` must be 1–128 characters of A-Z a-z 0-9 . _ : -, and not `.` or `..`"
+                    .into(),
+            )),
             "state" => {
                 let s: TransferState = value.parse().map_err(|_| {
                     let states: Vec<&str> = TransferState::ALL.iter().map(|s| s.as_str()).collect();
