@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::store::elasticsearch::{EsSecuritySettings, Secret};
 use crate::telemetry::LogFormat;
+use crate::time::DurationSetting;
 use crate::webhooks::WebhookArgs;
 
 /// transfer-service: moves units between accounts atomically, in its embedded store (the
@@ -22,13 +23,42 @@ pub struct Cli {
     pub command: Option<Command>,
 }
 
+/// The settings `audit` reads (the store's, the two that say when a transfer is stuck, and the
+/// log's), by their ids: its `--help` lists these and no other.
+pub const AUDIT_SETTINGS: [&str; 17] = [
+    "data_dir",
+    "embedded_cache_mib",
+    "elasticsearch_url",
+    "elasticsearch_api_key",
+    "elasticsearch_api_key_file",
+    "elasticsearch_username",
+    "elasticsearch_username_file",
+    "elasticsearch_password",
+    "elasticsearch_password_file",
+    "elasticsearch_ca_cert",
+    "elasticsearch_ca_fingerprint",
+    "index_prefix",
+    "store_timeout",
+    "audit_page_timeout",
+    "transfer_timeout",
+    "recovery_stale_after",
+    "log_format",
+];
+
 impl Cli {
     /// The command line as the binary reads it: every setting is global, so it is accepted
-    /// after the subcommand as well as before it (`audit --data-dir X`), and the
-    /// subcommand's `--help` lists them.
+    /// after the subcommand as well as before it (`audit --data-dir X`). `audit --help` lists
+    /// only [`AUDIT_SETTINGS`]: the others are still taken after `audit` (a service's
+    /// environment may hold them), hidden there.
     pub fn command_line() -> clap::Command {
         use clap::CommandFactory;
-        Self::command().mut_args(|arg| arg.global(true))
+        let command = Self::command().mut_args(|arg| arg.global(true));
+        let not_audits: Vec<clap::Arg> = command
+            .get_arguments()
+            .filter(|arg| !AUDIT_SETTINGS.contains(&arg.get_id().as_str()))
+            .map(|arg| arg.clone().hide(true))
+            .collect();
+        command.mut_subcommand("audit", |audit| audit.args(not_audits))
     }
 
     /// Parses `args` (the program name first) as [`Cli::command_line`] reads them.
@@ -66,8 +96,8 @@ pub enum Command {
 /// Settings shared by every command.
 #[derive(Debug, Clone, Args)]
 pub struct Config {
-    /// HTTP listen address.
-    #[arg(long, env = "LISTEN_ADDR", default_value = "127.0.0.1:8080")]
+    /// HTTP listen address: an IP address and a port (`0.0.0.0:8080` for every interface).
+    #[arg(long, env = "LISTEN_ADDR", default_value = "127.0.0.1:8080", value_parser = parse_listen_addr)]
     pub listen_addr: SocketAddr,
 
     /// Use the Elasticsearch backend at this URL; unset: the embedded store in DATA_DIR.
@@ -86,7 +116,8 @@ pub struct Config {
     /// durable in its file too, its write-ahead log emptied); a twentieth of it when many
     /// writers wait. Only latency, CPU and replay time depend on it: every acknowledged write
     /// is in the log until then.
-    #[arg(long, env = "EMBEDDED_CHECKPOINT_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    /// From 10ms to 1h.
+    #[arg(long, env = "EMBEDDED_CHECKPOINT_INTERVAL", default_value = "1s", value_parser = EMBEDDED_CHECKPOINT_INTERVAL.parser())]
     pub embedded_checkpoint_interval: Duration,
 
     /// Credentials and CA of the Elasticsearch client.
@@ -98,43 +129,50 @@ pub struct Config {
     pub index_prefix: String,
 
     /// How often the recovery loop looks for stale transfers.
-    #[arg(long, env = "RECOVERY_INTERVAL", default_value = "1m", value_parser = humantime::parse_duration)]
+    /// From 10ms to 1h.
+    #[arg(long, env = "RECOVERY_INTERVAL", default_value = "1m", value_parser = RECOVERY_INTERVAL.parser())]
     pub recovery_interval: Duration,
 
     /// A transfer untouched this long is stale and recovery looks at it.
-    #[arg(long, env = "RECOVERY_STALE_AFTER", default_value = "2m", value_parser = humantime::parse_duration)]
+    /// From 100ms to 1day.
+    #[arg(long, env = "RECOVERY_STALE_AFTER", default_value = "2m", value_parser = RECOVERY_STALE_AFTER.parser())]
     pub recovery_stale_after: Duration,
 
     /// How long a worker owns a transfer before others may take it over. A worker stops
     /// writing before its lease runs out (self-fencing), so this bounds how long a transfer
     /// waits after its worker died.
-    #[arg(long, env = "LEASE_DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    /// From 100ms to 1h.
+    #[arg(long, env = "LEASE_DURATION", default_value = "30s", value_parser = LEASE_DURATION.parser())]
     pub lease_duration: Duration,
 
     /// Age after which a transfer that has not committed is rolled back (`timed_out`).
-    #[arg(long, env = "TRANSFER_TIMEOUT", default_value = "1h", value_parser = humantime::parse_duration)]
+    /// From 1s to 30days.
+    #[arg(long, env = "TRANSFER_TIMEOUT", default_value = "1h", value_parser = TRANSFER_TIMEOUT.parser())]
     pub transfer_timeout: Duration,
 
     /// How long a hold (`"hold": true`) waits for its capture when the request gives no
-    /// `hold_expires_in`; then it rolls back with `expired`. 1 s to 30 days.
-    #[arg(long, env = "HOLD_TIMEOUT", default_value = "24h", value_parser = parse_hold_timeout)]
+    /// `hold_expires_in`; then it rolls back with `expired`. From 1s to 30days.
+    #[arg(long, env = "HOLD_TIMEOUT", default_value = "24h", value_parser = HOLD_TIMEOUT.parser())]
     pub hold_timeout: Duration,
 
     /// Timeout of one store request (Elasticsearch HTTP call). Part of the self-fencing
     /// margin: a worker starts a write only if its lease outlives the request.
-    #[arg(long, env = "STORE_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    /// From 10ms to 5m.
+    #[arg(long, env = "STORE_TIMEOUT", default_value = "5s", value_parser = STORE_TIMEOUT.parser())]
     pub store_timeout: Duration,
 
     /// Time limit of one page of recovery's search for stale transfers and of the late-apply
     /// sweep's scan of accounts. Independent of the lease: these searches only find
     /// candidates (each is re-read before anything is written), so a slow page delays a sweep
     /// and endangers nothing, whereas a lease-bound timeout fails them once the store is large.
-    #[arg(long, env = "RECOVERY_PAGE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    /// From 100ms to 1h.
+    #[arg(long, env = "RECOVERY_PAGE_TIMEOUT", default_value = "30s", value_parser = RECOVERY_PAGE_TIMEOUT.parser())]
     pub recovery_page_timeout: Duration,
 
     /// Time limit of one page the `audit` command reads. A page that runs out of it (or
     /// fails otherwise transiently) is asked again, smaller, rather than failing the audit.
-    #[arg(long, env = "AUDIT_PAGE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    /// From 100ms to 1h.
+    #[arg(long, env = "AUDIT_PAGE_TIMEOUT", default_value = "30s", value_parser = AUDIT_PAGE_TIMEOUT.parser())]
     pub audit_page_timeout: Duration,
 
     /// How long an account remembers the ids of transfers settled on it (the tombstones
@@ -145,7 +183,8 @@ pub struct Config {
     /// retention is paid on every write (1 s keeps two hot accounts at half the throughput of
     /// a count bound of 100; longer retentions cost more until their representation is
     /// compact).
-    #[arg(long, env = "SETTLED_RETENTION", default_value = "1s", value_parser = humantime::parse_duration)]
+    /// From 0s to 1day.
+    #[arg(long, env = "SETTLED_RETENTION", default_value = "1s", value_parser = SETTLED_RETENTION.parser())]
     pub settled_retention: Duration,
 
     /// The most young settled ids plus pending entries an account holds (a hard bound on the
@@ -164,8 +203,9 @@ pub struct Config {
     pub max_in_flight: usize,
 
     /// How long a create that finds `MAX_IN_FLIGHT` reached waits in line (first come, first
-    /// served) for room before it is answered 503 with `Retry-After`; `0s`: refused at once.
-    #[arg(long, env = "ADMISSION_WAIT", default_value = "100ms", value_parser = parse_admission_wait)]
+    /// served) for room before it is answered 503 with `Retry-After`. From 0s to 10s (`0s`:
+    /// refused at once).
+    #[arg(long, env = "ADMISSION_WAIT", default_value = "100ms", value_parser = ADMISSION_WAIT.parser())]
     pub admission_wait: Duration,
 
     /// How a transfer is settled. `auto`: in one store transaction where the store has them
@@ -184,7 +224,8 @@ pub struct Config {
     pub api_keys_file: Option<PathBuf>,
 
     /// How often `API_KEYS_FILE` is read to see whether it changed (SIGHUP reloads at once).
-    #[arg(long, env = "API_KEYS_RELOAD_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    /// From 100ms to 1day.
+    #[arg(long, env = "API_KEYS_RELOAD_INTERVAL", default_value = "5s", value_parser = API_KEYS_RELOAD_INTERVAL.parser())]
     pub api_keys_reload_interval: Duration,
 
     /// `/metrics` needs a key with the `read` scope too (it is open otherwise, like the
@@ -253,25 +294,91 @@ impl ElasticsearchSecurityArgs {
     }
 }
 
-/// At most 10,000 tombstones per account (about 600 KB rewritten with every account write).
-fn parse_hold_timeout(text: &str) -> Result<Duration, String> {
-    let duration = humantime::parse_duration(text).map_err(|e| e.to_string())?;
-    crate::transfer::validated::HoldExpiry::new(duration).map(Duration::from)
+/// A duration setting of [`Config`] with its range (`--help` states each).
+const fn setting(
+    name: &'static str,
+    min_ms: u64,
+    max_s: u64,
+    example: &'static str,
+) -> DurationSetting {
+    DurationSetting {
+        name,
+        min: Duration::from_millis(min_ms),
+        max: Duration::from_secs(max_s),
+        example,
+    }
 }
 
+const HOUR: u64 = 3600;
+const DAY: u64 = 24 * HOUR;
+
+/// Zero would checkpoint without pause.
+pub const EMBEDDED_CHECKPOINT_INTERVAL: DurationSetting =
+    setting("EMBEDDED_CHECKPOINT_INTERVAL", 10, HOUR, "1s");
+/// Zero would search without pause.
+pub const RECOVERY_INTERVAL: DurationSetting = setting("RECOVERY_INTERVAL", 10, HOUR, "1m");
+/// Zero would take every transfer in flight for stale.
+pub const RECOVERY_STALE_AFTER: DurationSetting = setting("RECOVERY_STALE_AFTER", 100, DAY, "2m");
+/// Zero leaves a worker no time to write (it stops before its lease runs out): a hold's
+/// capture then waits its whole 10 s and every step logs a warning.
+pub const LEASE_DURATION: DurationSetting = setting("LEASE_DURATION", 100, HOUR, "30s");
+pub const TRANSFER_TIMEOUT: DurationSetting = setting("TRANSFER_TIMEOUT", 1_000, 30 * DAY, "1h");
+/// The bounds of a hold's own `hold_expires_in`.
+pub const HOLD_TIMEOUT: DurationSetting = DurationSetting {
+    name: "HOLD_TIMEOUT",
+    min: crate::transfer::validated::MIN_HOLD,
+    max: crate::transfer::validated::MAX_HOLD,
+    example: "24h",
+};
+pub const STORE_TIMEOUT: DurationSetting = setting("STORE_TIMEOUT", 10, 5 * 60, "5s");
+pub const RECOVERY_PAGE_TIMEOUT: DurationSetting =
+    setting("RECOVERY_PAGE_TIMEOUT", 100, HOUR, "30s");
+pub const AUDIT_PAGE_TIMEOUT: DurationSetting = setting("AUDIT_PAGE_TIMEOUT", 100, HOUR, "30s");
+/// Zero keeps only the newest settled ids (and the `SETTLED_MAX` bound).
+pub const SETTLED_RETENTION: DurationSetting = setting("SETTLED_RETENTION", 0, DAY, "1s");
+/// Zero refuses at once; beyond 10 s a wait in line is better spent by the client retrying.
+pub const ADMISSION_WAIT: DurationSetting = setting("ADMISSION_WAIT", 0, 10, "100ms");
+pub const API_KEYS_RELOAD_INTERVAL: DurationSetting =
+    setting("API_KEYS_RELOAD_INTERVAL", 100, DAY, "5s");
+
+/// Every duration setting, with the webhooks' ([`crate::webhooks::DURATION_SETTINGS`]).
+pub fn duration_settings() -> Vec<DurationSetting> {
+    [
+        EMBEDDED_CHECKPOINT_INTERVAL,
+        RECOVERY_INTERVAL,
+        RECOVERY_STALE_AFTER,
+        LEASE_DURATION,
+        TRANSFER_TIMEOUT,
+        HOLD_TIMEOUT,
+        STORE_TIMEOUT,
+        RECOVERY_PAGE_TIMEOUT,
+        AUDIT_PAGE_TIMEOUT,
+        SETTLED_RETENTION,
+        ADMISSION_WAIT,
+        API_KEYS_RELOAD_INTERVAL,
+    ]
+    .into_iter()
+    .chain(crate::webhooks::DURATION_SETTINGS)
+    .collect()
+}
+
+/// `IP:port`; a host name is refused rather than resolved (which of its addresses would be
+/// bound is a guess).
+fn parse_listen_addr(text: &str) -> Result<SocketAddr, String> {
+    text.parse().map_err(|_| {
+        format!(
+            "`{text}` is not an IP address and a port: LISTEN_ADDR is `IP:port`, such as \
+             `127.0.0.1:8080`, `0.0.0.0:8080` or `[::]:8080` (a host name such as `localhost` \
+             is not resolved)"
+        )
+    })
+}
+
+/// At most 10,000 tombstones per account (about 600 KB rewritten with every account write).
 fn parse_settled_max(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
         Ok(n) if (1..=10_000).contains(&n) => Ok(n),
         _ => Err("a whole number from 1 to 10000".into()),
-    }
-}
-
-/// At most 10 s: a wait in line longer than that is better spent by the client retrying.
-fn parse_admission_wait(text: &str) -> Result<Duration, String> {
-    match humantime::parse_duration(text) {
-        Ok(wait) if wait <= Duration::from_secs(10) => Ok(wait),
-        Ok(_) => Err("at most 10s".into()),
-        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -363,6 +470,52 @@ mod tests {
     }
 
     #[test]
+    fn audit_help_lists_the_audits_settings_and_no_other() {
+        let mut command = Cli::command_line();
+        command.build();
+        let every: Vec<String> = command
+            .get_arguments()
+            .filter(|arg| {
+                arg.get_long()
+                    .is_some_and(|l| l != "help" && l != "version")
+            })
+            .map(|arg| arg.get_id().to_string())
+            .collect();
+        let audit = command.find_subcommand_mut("audit").unwrap();
+        let help = audit.render_long_help().to_string();
+        for id in &every {
+            let flag = format!("--{} ", id.replace('_', "-"));
+            let listed = help.contains(&flag);
+            let audits = AUDIT_SETTINGS.contains(&id.as_str());
+            assert_eq!(
+                listed, audits,
+                "{flag} listed: {listed}, read by audit: {audits}"
+            );
+        }
+        for serve_only in ["--listen-addr", "--webhook-url", "--max-in-flight"] {
+            assert!(!help.contains(serve_only), "{serve_only} in:\n{help}");
+        }
+        // Still taken after `audit`, and before it.
+        let cli = Cli::try_parse_args([
+            "transfer-service",
+            "audit",
+            "--listen-addr",
+            "127.0.0.1:1",
+            "--data-dir",
+            "/x",
+        ])
+        .unwrap();
+        assert_eq!(cli.config.listen_addr, "127.0.0.1:1".parse().unwrap());
+        assert_eq!(cli.config.data_dir, PathBuf::from("/x"));
+        // The service's own help still lists everything.
+        let help = Cli::command_line().render_long_help().to_string();
+        assert!(
+            help.contains("--listen-addr") && help.contains("--data-dir"),
+            "{help}"
+        );
+    }
+
+    #[test]
     fn secrets_are_neither_in_help_nor_in_debug() {
         // The process's environment is shared by the tests of this binary: clap reads these
         // names only here.
@@ -390,6 +543,126 @@ mod tests {
             security.elasticsearch_password.as_ref().map(Secret::expose),
             Some("pa55-w0rd")
         );
+    }
+
+    /// The `--help` text of the setting read from the environment variable `env`.
+    fn help_of(env: &str) -> String {
+        let command = Cli::command_line();
+        let arg = command
+            .get_arguments()
+            .find(|arg| arg.get_env().is_some_and(|e| e == env))
+            .unwrap_or_else(|| panic!("no setting {env}"));
+        arg.get_help().expect("a help text").to_string()
+    }
+
+    /// The error of the command line with `--<flag> <value>`.
+    fn refusal(env: &str, value: &str) -> String {
+        let flag = format!("--{}", env.to_ascii_lowercase().replace('_', "-"));
+        Cli::try_parse_args(["transfer-service", &flag, value])
+            .map(|_| panic!("{flag} {value} accepted"))
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn every_duration_setting_states_its_range_and_refuses_what_is_out_of_it() {
+        let all = duration_settings();
+        assert_eq!(all.len(), 16);
+        for setting in all {
+            let name = setting.name;
+            let help = help_of(name).to_lowercase();
+            assert!(help.contains(&setting.range()), "{name}'s help: {help}");
+            let flag = format!("--{}", name.to_ascii_lowercase().replace('_', "-"));
+            let at = |value: &str| Cli::try_parse_args(["transfer-service", &flag, value]);
+            let parsed = |value: &str| -> Duration {
+                let cli = at(value).unwrap_or_else(|e| panic!("{name}={value}: {e}"));
+                let config = cli.config;
+                let webhooks = &config.webhooks;
+                match name {
+                    "EMBEDDED_CHECKPOINT_INTERVAL" => config.embedded_checkpoint_interval,
+                    "RECOVERY_INTERVAL" => config.recovery_interval,
+                    "RECOVERY_STALE_AFTER" => config.recovery_stale_after,
+                    "LEASE_DURATION" => config.lease_duration,
+                    "TRANSFER_TIMEOUT" => config.transfer_timeout,
+                    "HOLD_TIMEOUT" => config.hold_timeout,
+                    "STORE_TIMEOUT" => config.store_timeout,
+                    "RECOVERY_PAGE_TIMEOUT" => config.recovery_page_timeout,
+                    "AUDIT_PAGE_TIMEOUT" => config.audit_page_timeout,
+                    "SETTLED_RETENTION" => config.settled_retention,
+                    "ADMISSION_WAIT" => config.admission_wait,
+                    "API_KEYS_RELOAD_INTERVAL" => config.api_keys_reload_interval,
+                    "WEBHOOK_RETRY_PERIOD" => webhooks.webhook_retry_period,
+                    "WEBHOOK_TIMEOUT" => webhooks.webhook_timeout,
+                    "WEBHOOK_BACKOFF_MIN" => webhooks.webhook_backoff_min,
+                    "WEBHOOK_BACKOFF_MAX" => webhooks.webhook_backoff_max,
+                    other => panic!("{other} is not read here: add it"),
+                }
+            };
+            // The edges are taken, as written in the help.
+            let (min, max) = (
+                humantime::format_duration(setting.min).to_string(),
+                humantime::format_duration(setting.max).to_string(),
+            );
+            assert_eq!(parsed(&min), setting.min, "{name}");
+            assert_eq!(parsed(&max), setting.max, "{name}");
+            assert_eq!(
+                parsed(setting.example),
+                humantime::parse_duration(setting.example).unwrap()
+            );
+            // Zero only where it means something; past the end never.
+            let beyond =
+                humantime::format_duration(setting.max + Duration::from_millis(1)).to_string();
+            let error = refusal(name, &beyond);
+            assert!(
+                error.contains("is above the range") && error.contains(name),
+                "{error}"
+            );
+            if setting.min.is_zero() {
+                assert_eq!(parsed("0s"), Duration::ZERO, "{name}");
+            } else {
+                let error = refusal(name, "0s");
+                assert!(
+                    error.contains(&format!(
+                        "`0s` is below the range: {name} is {}",
+                        setting.range()
+                    )),
+                    "{error}"
+                );
+            }
+            // What is no duration says the setting, the value and an example.
+            let error = refusal(name, "fast");
+            assert!(
+                error.contains("`fast` is not a duration")
+                    && error.contains(name)
+                    && error.contains(&format!("such as `{}`", setting.example)),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_duration_settings_default_is_in_its_range() {
+        let command = Cli::command_line();
+        for setting in duration_settings() {
+            let arg = command
+                .get_arguments()
+                .find(|arg| arg.get_env().is_some_and(|e| e == setting.name))
+                .unwrap();
+            let default = arg.get_default_values()[0].to_str().unwrap();
+            assert!(setting.parse(default).is_ok(), "{}={default}", setting.name);
+        }
+    }
+
+    #[test]
+    fn a_listen_address_that_is_not_ip_and_port_says_what_is_expected() {
+        let error = refusal("LISTEN_ADDR", "localhost:8080");
+        assert!(
+            error.contains("`localhost:8080` is not an IP address and a port: LISTEN_ADDR is `IP:port`, such as `127.0.0.1:8080`"),
+            "{error}"
+        );
+        assert!(!error.contains("invalid socket address syntax"), "{error}");
+        let cli = Cli::try_parse_args(["transfer-service", "--listen-addr", "[::1]:9"]).unwrap();
+        assert_eq!(cli.config.listen_addr, "[::1]:9".parse().unwrap());
     }
 
     #[test]

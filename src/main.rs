@@ -54,7 +54,8 @@ async fn run() -> std::process::ExitCode {
     }
 }
 
-/// `transfer-service openapi > openapi/openapi.json`
+/// `transfer-service openapi > openapi/openapi.json`. A reader that closes the pipe early
+/// (`| head`) has what it wanted: that ends the command quietly.
 fn print_openapi() -> std::process::ExitCode {
     let mut stdout = std::io::stdout().lock();
     match stdout
@@ -62,6 +63,9 @@ fn print_openapi() -> std::process::ExitCode {
         .and_then(|()| stdout.flush())
     {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => {
+            std::process::ExitCode::SUCCESS
+        }
         Err(error) => {
             eprintln!("cannot write the OpenAPI document: {error}");
             std::process::ExitCode::FAILURE

@@ -26,6 +26,7 @@ use tokio::task::JoinHandle;
 
 use crate::metrics::Metrics;
 use crate::store::elasticsearch::Secret;
+use crate::time::DurationSetting;
 use crate::transfer::history::EventKind;
 use crate::transfer::model::TransferState;
 use crate::transfer::Engine;
@@ -61,17 +62,21 @@ pub struct WebhookArgs {
     pub webhook_events: Vec<String>,
     /// How long an event is retried, counted from the event's time (so it holds across
     /// restarts); then it is given up (logged and counted).
-    #[arg(long, env = "WEBHOOK_RETRY_PERIOD", default_value = "24h", value_parser = humantime::parse_duration)]
+    /// From 1s to 30days.
+    #[arg(long, env = "WEBHOOK_RETRY_PERIOD", default_value = "24h", value_parser = WEBHOOK_RETRY_PERIOD.parser())]
     pub webhook_retry_period: Duration,
     /// Time limit of one delivery attempt (connect, send, answer).
-    #[arg(long, env = "WEBHOOK_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    /// From 10ms to 5m.
+    #[arg(long, env = "WEBHOOK_TIMEOUT", default_value = "10s", value_parser = WEBHOOK_TIMEOUT.parser())]
     pub webhook_timeout: Duration,
     /// Retries wait a random time up to `WEBHOOK_BACKOFF_MIN × 2^(attempt − 1)` (exponential
     /// backoff with full jitter), at most WEBHOOK_BACKOFF_MAX.
-    #[arg(long, env = "WEBHOOK_BACKOFF_MIN", default_value = "1s", value_parser = humantime::parse_duration)]
+    /// From 1ms to 1h.
+    #[arg(long, env = "WEBHOOK_BACKOFF_MIN", default_value = "1s", value_parser = WEBHOOK_BACKOFF_MIN.parser())]
     pub webhook_backoff_min: Duration,
     /// The longest wait between two attempts of one event.
-    #[arg(long, env = "WEBHOOK_BACKOFF_MAX", default_value = "5m", value_parser = humantime::parse_duration)]
+    /// From 1ms to 1day.
+    #[arg(long, env = "WEBHOOK_BACKOFF_MAX", default_value = "5m", value_parser = WEBHOOK_BACKOFF_MAX.parser())]
     pub webhook_backoff_max: Duration,
     /// Where a URL seen for the first time starts: `beginning` (every event in the store) or
     /// `now` (the end of the feed when this process started). A URL already delivering keeps
@@ -96,6 +101,35 @@ impl Default for WebhookArgs {
 }
 
 pub use signing::WebhookSecret;
+
+const fn setting(
+    name: &'static str,
+    min_ms: u64,
+    max_s: u64,
+    example: &'static str,
+) -> DurationSetting {
+    DurationSetting {
+        name,
+        min: Duration::from_millis(min_ms),
+        max: Duration::from_secs(max_s),
+        example,
+    }
+}
+
+const DAY: u64 = 24 * 3600;
+pub const WEBHOOK_RETRY_PERIOD: DurationSetting =
+    setting("WEBHOOK_RETRY_PERIOD", 1_000, 30 * DAY, "24h");
+pub const WEBHOOK_TIMEOUT: DurationSetting = setting("WEBHOOK_TIMEOUT", 10, 5 * 60, "10s");
+/// Zero would retry a failing receiver without pause.
+pub const WEBHOOK_BACKOFF_MIN: DurationSetting = setting("WEBHOOK_BACKOFF_MIN", 1, 3600, "1s");
+pub const WEBHOOK_BACKOFF_MAX: DurationSetting = setting("WEBHOOK_BACKOFF_MAX", 1, DAY, "5m");
+/// The webhooks' duration settings, each with its range.
+pub const DURATION_SETTINGS: [DurationSetting; 4] = [
+    WEBHOOK_RETRY_PERIOD,
+    WEBHOOK_TIMEOUT,
+    WEBHOOK_BACKOFF_MIN,
+    WEBHOOK_BACKOFF_MAX,
+];
 
 /// Every event type, in the order of a transfer's life.
 pub fn all_event_kinds() -> Vec<EventKind> {

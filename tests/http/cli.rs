@@ -66,6 +66,103 @@ fn audit_help_lists_its_settings() {
         assert!(help.contains(flag), "{flag} in:\n{help}");
     }
     assert!(help.contains("Reads only"), "{help}");
+    // Only its own: what serves, delivers or admits is no setting of an audit.
+    for flag in [
+        "--listen-addr",
+        "--webhook-url",
+        "--max-in-flight",
+        "--lease-duration",
+    ] {
+        assert!(!help.contains(flag), "{flag} in:\n{help}");
+    }
+}
+
+/// The binary with `env` set, and what it printed on standard error.
+fn start_with(env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_transfer-service"));
+    command
+        .env_remove("ELASTICSEARCH_URL")
+        .env("DATA_DIR", dir.path())
+        .env("LISTEN_ADDR", "127.0.0.1:0")
+        .envs(env.iter().copied());
+    let out = command.output().expect("run the binary");
+    (out.status.code(), text(&out.stderr))
+}
+
+#[test]
+fn a_setting_that_does_not_parse_stops_the_start_naming_it_its_value_and_an_example() {
+    for (env, says) in [
+        (
+            ("LEASE_DURATION", "0s"),
+            "`0s` is below the range: LEASE_DURATION is from 100ms to 1h, such as `30s`",
+        ),
+        (
+            ("LEASE_DURATION", "abc"),
+            "`abc` is not a duration: LEASE_DURATION is a number and a unit",
+        ),
+        (
+            ("ADMISSION_WAIT", "fast"),
+            "`fast` is not a duration: ADMISSION_WAIT is a number and a unit (ms, s, m, h, \
+             days), from 0s to 10s, such as `100ms`",
+        ),
+        (
+            ("RECOVERY_INTERVAL", "0s"),
+            "`0s` is below the range: RECOVERY_INTERVAL",
+        ),
+        (
+            ("LISTEN_ADDR", "localhost:8080"),
+            "`localhost:8080` is not an IP address and a port: LISTEN_ADDR is `IP:port`",
+        ),
+    ] {
+        let (code, stderr) = start_with(&[env]);
+        assert_eq!(code, Some(2), "{env:?}: {stderr}");
+        assert!(stderr.contains(says), "{env:?}: {stderr}");
+        assert!(
+            !stderr.contains("expected number at 0"),
+            "{env:?}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn each_duration_settings_row_states_its_range() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/configuration.md");
+    let doc = std::fs::read_to_string(path).expect("docs/configuration.md");
+    for setting in transfer_service::config::duration_settings() {
+        let row = doc
+            .lines()
+            .filter(|line| line.starts_with("| `"))
+            .find(|line| {
+                let first_cell = line.split(" | ").next().unwrap_or("");
+                first_cell.contains(&format!("`{}`", setting.name))
+            })
+            .unwrap_or_else(|| panic!("no row for {}", setting.name));
+        assert!(
+            row.contains(&setting.range()),
+            "{}'s row does not say `{}`: {row}",
+            setting.name,
+            setting.range()
+        );
+    }
+}
+
+#[test]
+fn the_openapi_command_ends_quietly_when_its_reader_goes() {
+    use std::io::Read;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_transfer-service"))
+        .arg("openapi")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run transfer-service openapi");
+    // `| head -c 100`: read a little, then close the pipe (the document is larger than the
+    // pipe's buffer, so the writer is still writing).
+    let mut first = [0u8; 100];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(text(&out.stderr), "", "nothing on standard error");
 }
 
 #[test]
