@@ -673,8 +673,10 @@ const CLIENTS: usize = 12;
 /// written the history) on the first violation.
 async fn run_schedule(schedule: Schedule, seed: u64, hold: Duration) {
     eprintln!(
-        "partition schedule {} seed {seed} (PARTITION_SEED to repeat), cut held {hold:?}",
-        schedule.name
+        "partition schedule {name} seed {seed}, cut held {hold:?} (to repeat: \
+         PARTITION_SCHEDULES={name} PARTITION_SEED={seed} PARTITION_HOLD_SECONDS={})",
+        hold.as_secs(),
+        name = schedule.name,
     );
     let Some(mut setup) = Setup::start().await else {
         return;
