@@ -161,6 +161,8 @@ pub struct ElasticsearchStore {
     engine: OnceLock<SearchEngine>,
     /// The global checkpoints reads are vouched for against (`elasticsearch/vouch.rs`).
     checkpoints: vouch::Checkpoints,
+    /// How long a vouch waits for a write it read to be committed (half the request timeout).
+    vouch_patience: Duration,
 }
 
 impl fmt::Debug for ElasticsearchStore {
@@ -224,6 +226,7 @@ impl ElasticsearchStore {
             page_timeout: config.request_timeout,
             engine: OnceLock::new(),
             checkpoints: vouch::Checkpoints::default(),
+            vouch_patience: config.request_timeout / 2,
         })
     }
 

@@ -26,7 +26,8 @@
 //! told elsewhere. Reads waiting together share one request.
 //!
 //! A document read at `(s, t)` is then vouched for once a started primary of term `t` has
-//! reported a global checkpoint `>= s` (a write still replicating gets a few more asks).
+//! reported a global checkpoint `>= s` (a write still replicating is asked about again for
+//! up to half the request timeout).
 //! Each report is remembered per index and term (checkpoints only grow). A document last
 //! written under an older term than the primary's is read again after the report: the same
 //! `(s, t)` again, with every copy answering and one primary, is the operation the current
@@ -60,11 +61,12 @@ const STATS_ANSWER: &[&str] = &[
     "indices.*.shards.*.retention_leases.primary_term",
 ];
 
-/// How many times a read above the primary's global checkpoint asks again: an acknowledged
-/// write is below it at once or within a replication round trip; a write still in flight
-/// gets a few milliseconds to be acknowledged before the read is refused.
-const CHECKPOINT_ASKS: u32 = 4;
-const CHECKPOINT_PAUSE: Duration = Duration::from_millis(15);
+/// A read above the primary's global checkpoint asks again after this pause, for at most
+/// half the request timeout: an acknowledged write is below it at once or within a
+/// replication round trip (the checkpoint is contiguous, so writes still in flight before it
+/// hold it back a little); a write still in flight gets that long to be acknowledged before
+/// the read is refused.
+const CHECKPOINT_PAUSE: Duration = Duration::from_millis(10);
 
 /// The one started primary copy of an index's shard, as one `_stats` answer reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,17 +132,19 @@ impl ElasticsearchStore {
         let Some(read) = read else {
             return Ok(());
         };
-        for ask in 1..=CHECKPOINT_ASKS {
+        let give_up = Instant::now() + self.vouch_patience;
+        loop {
             if self.checkpoints.cover(&name, read) {
                 return Ok(());
             }
             if primary.term > read.primary_term {
                 return self.read_again_under(index, id, read, primary).await;
             }
-            if ask < CHECKPOINT_ASKS {
-                tokio::time::sleep(CHECKPOINT_PAUSE).await;
-                primary = self.contact(&name, Instant::now()).await?;
+            if Instant::now() >= give_up {
+                break;
             }
+            tokio::time::sleep(CHECKPOINT_PAUSE).await;
+            primary = self.contact(&name, Instant::now()).await?;
         }
         Err(StoreError::Unavailable(format!(
             "vouch: {name}/{id} was read at _seq_no {} of primary term {}, which the \
