@@ -47,6 +47,21 @@ impl ReadOnlyEmbeddedStore {
                 dir.display()
             ));
         }
+        // The file lock first: a running service's log holds writes too, and "did not stop
+        // cleanly" would send its operator the wrong way.
+        let db = redb::Builder::new()
+            .set_cache_size(cache_mib.saturating_mul(1024 * 1024))
+            .open_read_only(&path)
+            .map_err(|e| match e {
+                redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Permanent(format!(
+                    "{} is held by another process (a running service?): stop it first",
+                    path.display()
+                )),
+                other => StoreError::Permanent(format!(
+                    "cannot open {} read-only: {other}",
+                    path.display()
+                )),
+            })?;
         let log = dir.join(LOG_FILE_NAME);
         let log_bytes = match std::fs::metadata(&log) {
             Ok(meta) => meta.len(),
@@ -62,19 +77,6 @@ impl ReadOnlyEmbeddedStore {
                 path.display()
             ));
         }
-        let db = redb::Builder::new()
-            .set_cache_size(cache_mib.saturating_mul(1024 * 1024))
-            .open_read_only(&path)
-            .map_err(|e| match e {
-                redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Permanent(format!(
-                    "{} is held by another process (a running service?): stop it first",
-                    path.display()
-                )),
-                other => StoreError::Permanent(format!(
-                    "cannot open {} read-only: {other}",
-                    path.display()
-                )),
-            })?;
         Ok(Self {
             db: std::sync::Arc::new(db),
             path,
@@ -276,6 +278,24 @@ mod tests {
         let why = refusal(dir.path());
         assert!(why.contains("start the service"), "{why}");
         assert_eq!(files(dir.path()), before);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_running_store_whose_log_holds_writes_is_refused_as_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let running = EmbeddedStore::open(dir.path()).unwrap();
+        running
+            .create(Index::Accounts, "alice", json!({"balance": 1}).into())
+            .await
+            .unwrap();
+        let log = std::fs::metadata(dir.path().join(LOG_FILE_NAME)).unwrap();
+        assert!(
+            log.len() > 0,
+            "the write is in the log, not yet checkpointed"
+        );
+        let why = refusal(dir.path());
+        assert!(why.contains("held by another process"), "{why}");
+        drop(running);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
