@@ -135,10 +135,13 @@ impl ElasticsearchStore {
         let give_up = Instant::now() + self.vouch_patience;
         loop {
             if self.checkpoints.cover(&name, read) {
+                tracing::debug!(%id, ?read, ?primary, "vouched: below a checkpoint of its term");
                 return Ok(());
             }
             if primary.term > read.primary_term {
-                return self.read_again_under(index, id, read, primary).await;
+                let again = self.read_again_under(index, id, read, primary).await;
+                tracing::debug!(%id, ?read, ?primary, ok = again.is_ok(), "vouched by a re-read");
+                return again;
             }
             if Instant::now() >= give_up {
                 break;
