@@ -1476,3 +1476,46 @@ async fn document_ids_in_urls_match_elasticsearch() {
     ]);
     differential("document ids", steps).await;
 }
+
+/// What the vouch reads (`src/store/elasticsearch/vouch.rs`): a shard's copies in `_stats` at
+/// shard level (which answered, which is the started primary, its global checkpoint and
+/// term) after two acknowledged writes, and the contacted node's own cluster state (the
+/// voting configuration's nodes differ by name on every engine: only the answer is compared).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shard_stats_and_cluster_state_the_vouch_reads_match_elasticsearch() {
+    let mut steps = create_indices();
+    let (a1, a2) = (account("a1", 100), account("a2", 5));
+    steps.extend([
+        Step::bulk(
+            "bulk: create a1 and a2",
+            &[
+                r#"{"create":{"_index":"${accounts}","_id":"a1"}}"#,
+                &a1,
+                r#"{"create":{"_index":"${accounts}","_id":"a2"}}"#,
+                &a2,
+            ],
+        ),
+        Step::get(
+            "shard stats as the vouch asks for them",
+            "/${accounts}/_stats/docs?level=shards&filter_path=_shards,\
+             indices.*.shards.*.routing.state,indices.*.shards.*.routing.primary,\
+             indices.*.shards.*.seq_no.global_checkpoint,\
+             indices.*.shards.*.retention_leases.primary_term",
+        )
+        .compare(&[
+            "_shards/total",
+            "_shards/successful",
+            "_shards/failed",
+            "indices/*/shards/*/*/routing/state",
+            "indices/*/shards/*/*/routing/primary",
+            "indices/*/shards/*/*/seq_no/global_checkpoint",
+            "indices/*/shards/*/*/retention_leases/primary_term",
+        ]),
+        Step::get(
+            "the node's own cluster state as the vouch asks for it",
+            "/_cluster/state/nodes,metadata?local=true&filter_path=nodes.*.name,\
+             metadata.cluster_coordination.last_committed_config",
+        ),
+    ]);
+    differential("vouch", steps).await;
+}
