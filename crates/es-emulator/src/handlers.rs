@@ -402,27 +402,6 @@ pub fn refresh(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
     ))
 }
 
-/// `GET /_cluster/state[/{metrics}]`: the one node of this double, which alone is the
-/// voting configuration, as a single-node cluster answers (only those parts are kept).
-pub fn cluster_state(ctx: &Ctx<'_>) -> Answer {
-    ctx.params.check(
-        ctx.path,
-        &["local", "master_timeout", "cluster_manager_timeout"],
-    )?;
-    Ok(json_response(
-        200,
-        &json!({
-            "cluster_name": "es-emulator",
-            "nodes": {"emulator": {"name": "emulator"}},
-            "metadata": {"cluster_coordination": {
-                "term": 1,
-                "last_committed_config": ["emulator"],
-                "last_accepted_config": ["emulator"],
-            }},
-        }),
-    ))
-}
-
 /// `GET /{index}/_stats[/{metric}]`: only `level=shards` answers what a caller reads (each
 /// copy's routing, checkpoints and term); the index and total levels, which the service never
 /// asks for, are refused rather than answered half.

@@ -159,8 +159,6 @@ pub enum Route {
     Mapping(String),
     /// `/{index}/_stats[/{metric}]`: one copy's routing, checkpoints and primary term.
     Stats(String, Option<String>),
-    /// `/_cluster/state[/{metrics}]`: this one node and the voting configuration it makes.
-    ClusterState,
     /// An Elasticsearch API this double does not implement.
     Unsupported,
     NoHandler,
@@ -242,7 +240,6 @@ fn route_of(segments: &[String]) -> Route {
         [] => Route::Info,
         ["_cluster", "health"] => Route::Health(None),
         ["_cluster", "health", index] => Route::Health(own(index)),
-        ["_cluster", "state"] | ["_cluster", "state", _] => Route::ClusterState,
         ["_bulk"] => Route::Bulk(None),
         ["_refresh"] => Route::Refresh(None),
         ["_search"] => Route::Search(None),
@@ -271,7 +268,7 @@ fn route_of(segments: &[String]) -> Route {
 /// The counter a request goes to.
 fn kind_of(route: &Route, method: &Method, params: &Params) -> &'static str {
     match route {
-        Route::Info | Route::Health(_) | Route::ClusterState => "info",
+        Route::Info | Route::Health(_) => "info",
         Route::Bulk(_) => "bulk",
         Route::Refresh(_) => "refresh",
         Route::Search(_) | Route::Count(_) => "search",
@@ -378,7 +375,6 @@ fn authorize(
     match (route, method) {
         (Route::Info, _) => principal.check_cluster("cluster:monitor/main"),
         (Route::Health(_), _) => principal.check_cluster("cluster:monitor/health"),
-        (Route::ClusterState, _) => principal.check_cluster("cluster:monitor/state"),
         (Route::Bulk(_), _) => principal.check_bulk(),
         (Route::Refresh(index), _) => on("indices:admin/refresh", index),
         (Route::Search(index) | Route::Count(index), _) => on("indices:data/read/search", index),
@@ -477,8 +473,6 @@ async fn answer(ctx: &Ctx<'_>, route: Route) -> Answered {
         (Route::Info, _) => return not_allowed(&["GET", "HEAD"]),
         (Route::Health(index), &M::GET) => handlers::health(ctx, index.as_deref()),
         (Route::Health(_), _) => return not_allowed(&["GET"]),
-        (Route::ClusterState, &M::GET) => handlers::cluster_state(ctx),
-        (Route::ClusterState, _) => return not_allowed(&["GET"]),
         (Route::Bulk(index), &M::POST | &M::PUT) => handlers::bulk(ctx, index.as_deref()).await,
         (Route::Bulk(_), _) => return not_allowed(&["POST", "PUT"]),
         (Route::Refresh(index), &M::POST | &M::GET) => handlers::refresh(ctx, index.as_deref()),

@@ -45,20 +45,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use elasticsearch::cluster::ClusterStateParts;
 use elasticsearch::indices::IndicesStatsParts;
 use elasticsearch::params::Level;
 use serde_json::Value;
 
 use super::ElasticsearchStore;
 use crate::store::{Index, StoreError, StoreResult, Version};
-
-/// What the contacted node's own cluster state is asked for: its nodes (by id) and the
-/// voting configuration last committed.
-const VIEW_ANSWER: &[&str] = &[
-    "nodes.*.name",
-    "metadata.cluster_coordination.last_committed_config",
-];
 
 /// What `_stats` asks for: the totals, and each copy's routing, checkpoints and term.
 const STATS_ANSWER: &[&str] = &[
@@ -200,45 +192,8 @@ impl ElasticsearchStore {
         }
     }
 
-    /// One `_stats` request for `name`'s shard copies (see [`primary_in`]), then the
-    /// contacted node's own view of the cluster ([`Self::view_holds_a_majority`]).
-    async fn primary_of(&self, name: &str) -> StoreResult<Primary> {
-        let primary = self.shard_copies(name).await?;
-        self.view_holds_a_majority().await?;
-        Ok(primary)
-    }
-
-    /// Whether the cluster state the contacted node holds (`local=true`) has a majority of
-    /// the voting configuration last committed among its nodes. A node cut off from the
-    /// others has been seen (OpenSearch 2.19.6, the moments after a heal) answering `_stats`
-    /// from a view of its own in which its stale copy is the only primary; that view lacks
-    /// the majority that elected the real one. Where the credentials may not read the
-    /// cluster state (the `monitor` cluster privilege), or the engine keeps no voting
-    /// configuration, the check is left out (`docs/design.md` §9, "Partitions").
-    async fn view_holds_a_majority(&self) -> StoreResult<()> {
-        let op = "vouch";
-        let sent = self
-            .client
-            .cluster()
-            .state(ClusterStateParts::Metric(&["nodes", "metadata"]))
-            .local(true)
-            .filter_path(VIEW_ANSWER)
-            .send()
-            .await;
-        let reply = match self.read(op, sent).await {
-            Err(StoreError::Denied { .. }) => return Ok(()),
-            other => other?,
-        };
-        if !reply.is_success() {
-            return Err(reply.into_error(op));
-        }
-        majority_in(&reply.body).map_err(|why| {
-            StoreError::Unavailable(format!("vouch: {why}; not answered on this node"))
-        })
-    }
-
     /// One `_stats` request for `name`'s shard copies (see [`primary_in`]).
-    async fn shard_copies(&self, name: &str) -> StoreResult<Primary> {
+    async fn primary_of(&self, name: &str) -> StoreResult<Primary> {
         let op = "vouch";
         let sent = self
             .client
@@ -263,30 +218,6 @@ impl ElasticsearchStore {
         primary_in(&reply.body, name).map_err(|why| {
             StoreError::Unavailable(format!("vouch: {name}: {why}; not answered on this node"))
         })
-    }
-}
-
-/// Whether a `_cluster/state/nodes,metadata?local=true` answer holds a majority of its
-/// voting configuration among its nodes; else why not. No configuration: nothing to check.
-pub(super) fn majority_in(body: &Value) -> Result<(), String> {
-    let config = &body["metadata"]["cluster_coordination"]["last_committed_config"];
-    let Some(voters) = config.as_array().filter(|v| !v.is_empty()) else {
-        return Ok(());
-    };
-    let nodes = body["nodes"].as_object();
-    let present = voters
-        .iter()
-        .filter_map(Value::as_str)
-        .filter(|id| nodes.is_some_and(|nodes| nodes.contains_key(*id)))
-        .count();
-    if present * 2 > voters.len() {
-        Ok(())
-    } else {
-        Err(format!(
-            "this node's cluster state holds {present} of the {} voting nodes, as on the \
-             minority side of a partition",
-            voters.len()
-        ))
     }
 }
 
@@ -407,26 +338,6 @@ mod tests {
     fn a_primary_not_started_vouches_for_nothing() {
         let body = answer(0, 1, vec![copy(true, "RELOCATING", 1, 9)]);
         assert!(primary_in(&body, "i").is_err());
-    }
-
-    #[test]
-    fn a_view_without_a_majority_of_the_voters_vouches_for_nothing() {
-        let config = json!(["a", "b", "c"]);
-        let view = |nodes: &[&str]| {
-            let nodes: serde_json::Map<String, Value> = nodes
-                .iter()
-                .map(|id| (id.to_string(), json!({"name": id})))
-                .collect();
-            json!({"nodes": nodes, "metadata": {"cluster_coordination": {"last_committed_config": config}}})
-        };
-        assert!(majority_in(&view(&["a", "b", "c"])).is_ok());
-        assert!(majority_in(&view(&["a", "c"])).is_ok());
-        let why = majority_in(&view(&["b"])).unwrap_err();
-        assert!(why.contains("1 of the 3 voting nodes"), "{why}");
-        assert!(
-            majority_in(&json!({"nodes": {}})).is_ok(),
-            "no configuration kept"
-        );
     }
 
     #[test]
