@@ -1476,3 +1476,40 @@ async fn document_ids_in_urls_match_elasticsearch() {
     ]);
     differential("document ids", steps).await;
 }
+
+/// What the vouch reads (`src/store/elasticsearch/vouch.rs`): a shard's copies in `_stats` at
+/// shard level (which answered, which is the started primary, its global checkpoint and
+/// term) after two acknowledged writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shard_stats_the_vouch_reads_match_elasticsearch() {
+    let mut steps = create_indices();
+    let (a1, a2) = (account("a1", 100), account("a2", 5));
+    steps.extend([
+        Step::bulk(
+            "bulk: create a1 and a2",
+            &[
+                r#"{"create":{"_index":"${accounts}","_id":"a1"}}"#,
+                &a1,
+                r#"{"create":{"_index":"${accounts}","_id":"a2"}}"#,
+                &a2,
+            ],
+        ),
+        Step::get(
+            "shard stats as the vouch asks for them",
+            "/${accounts}/_stats/docs?level=shards&filter_path=_shards,\
+             indices.*.shards.*.routing.state,indices.*.shards.*.routing.primary,\
+             indices.*.shards.*.seq_no.global_checkpoint,\
+             indices.*.shards.*.retention_leases.primary_term",
+        )
+        .compare(&[
+            "_shards/total",
+            "_shards/successful",
+            "_shards/failed",
+            "indices/*/shards/*/*/routing/state",
+            "indices/*/shards/*/*/routing/primary",
+            "indices/*/shards/*/*/seq_no/global_checkpoint",
+            "indices/*/shards/*/*/retention_leases/primary_term",
+        ]),
+    ]);
+    differential("vouch", steps).await;
+}
