@@ -300,14 +300,6 @@ impl Leases {
         if let Ok(outcome @ WriteOutcome::Written(_)) = written {
             let outcome = self.restamp_if_late(&mut doc, outcome, sent).await;
             let version = outcome.written().expect("still written");
-            // An acknowledgement is vouched for like a read before a client is told: a
-            // primary cut off from the cluster has acknowledged a write it then lost, as the
-            // partition test saw on OpenSearch 2.19.6 (`docs/design.md` §9, "Partitions").
-            let id = &doc.transaction_id;
-            if let Err(error) = self.docs.vouch::<TransferDoc>(id, Some(version)).await {
-                warn!(transfer_id = %id, %error, "a claim the store acknowledged is not vouched for");
-                return Err(error);
-            }
             return Ok(Claim::Won(self.leased(doc, version, owner, sent)));
         }
         // Refused, or the answer is unknown (and a retry of an applied write is refused too):
