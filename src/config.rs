@@ -294,35 +294,24 @@ impl ElasticsearchSecurityArgs {
     }
 }
 
-/// A duration setting of [`Config`] with its range (`--help` states each).
-const fn setting(
-    name: &'static str,
-    min_ms: u64,
-    max_s: u64,
-    example: &'static str,
-) -> DurationSetting {
-    DurationSetting {
-        name,
-        min: Duration::from_millis(min_ms),
-        max: Duration::from_secs(max_s),
-        example,
-    }
-}
-
 const HOUR: u64 = 3600;
 const DAY: u64 = 24 * HOUR;
 
 /// Zero would checkpoint without pause.
 pub const EMBEDDED_CHECKPOINT_INTERVAL: DurationSetting =
-    setting("EMBEDDED_CHECKPOINT_INTERVAL", 10, HOUR, "1s");
+    DurationSetting::new("EMBEDDED_CHECKPOINT_INTERVAL", 10, HOUR, "1s");
 /// Zero would search without pause.
-pub const RECOVERY_INTERVAL: DurationSetting = setting("RECOVERY_INTERVAL", 10, HOUR, "1m");
+pub const RECOVERY_INTERVAL: DurationSetting =
+    DurationSetting::new("RECOVERY_INTERVAL", 10, HOUR, "1m");
 /// Zero would take every transfer in flight for stale.
-pub const RECOVERY_STALE_AFTER: DurationSetting = setting("RECOVERY_STALE_AFTER", 100, DAY, "2m");
+pub const RECOVERY_STALE_AFTER: DurationSetting =
+    DurationSetting::new("RECOVERY_STALE_AFTER", 100, DAY, "2m");
 /// Zero leaves a worker no time to write (it stops before its lease runs out): a hold's
 /// capture then waits its whole 10 s and every step logs a warning.
-pub const LEASE_DURATION: DurationSetting = setting("LEASE_DURATION", 100, HOUR, "30s");
-pub const TRANSFER_TIMEOUT: DurationSetting = setting("TRANSFER_TIMEOUT", 1_000, 30 * DAY, "1h");
+pub const LEASE_DURATION: DurationSetting =
+    DurationSetting::new("LEASE_DURATION", 100, HOUR, "30s");
+pub const TRANSFER_TIMEOUT: DurationSetting =
+    DurationSetting::new("TRANSFER_TIMEOUT", 1_000, 30 * DAY, "1h");
 /// The bounds of a hold's own `hold_expires_in`.
 pub const HOLD_TIMEOUT: DurationSetting = DurationSetting {
     name: "HOLD_TIMEOUT",
@@ -330,16 +319,18 @@ pub const HOLD_TIMEOUT: DurationSetting = DurationSetting {
     max: crate::transfer::validated::MAX_HOLD,
     example: "24h",
 };
-pub const STORE_TIMEOUT: DurationSetting = setting("STORE_TIMEOUT", 10, 5 * 60, "5s");
+pub const STORE_TIMEOUT: DurationSetting = DurationSetting::new("STORE_TIMEOUT", 10, 5 * 60, "5s");
 pub const RECOVERY_PAGE_TIMEOUT: DurationSetting =
-    setting("RECOVERY_PAGE_TIMEOUT", 100, HOUR, "30s");
-pub const AUDIT_PAGE_TIMEOUT: DurationSetting = setting("AUDIT_PAGE_TIMEOUT", 100, HOUR, "30s");
+    DurationSetting::new("RECOVERY_PAGE_TIMEOUT", 100, HOUR, "30s");
+pub const AUDIT_PAGE_TIMEOUT: DurationSetting =
+    DurationSetting::new("AUDIT_PAGE_TIMEOUT", 100, HOUR, "30s");
 /// Zero keeps only the newest settled ids (and the `SETTLED_MAX` bound).
-pub const SETTLED_RETENTION: DurationSetting = setting("SETTLED_RETENTION", 0, DAY, "1s");
+pub const SETTLED_RETENTION: DurationSetting =
+    DurationSetting::new("SETTLED_RETENTION", 0, DAY, "1s");
 /// Zero refuses at once; beyond 10 s a wait in line is better spent by the client retrying.
-pub const ADMISSION_WAIT: DurationSetting = setting("ADMISSION_WAIT", 0, 10, "100ms");
+pub const ADMISSION_WAIT: DurationSetting = DurationSetting::new("ADMISSION_WAIT", 0, 10, "100ms");
 pub const API_KEYS_RELOAD_INTERVAL: DurationSetting =
-    setting("API_KEYS_RELOAD_INTERVAL", 100, DAY, "5s");
+    DurationSetting::new("API_KEYS_RELOAD_INTERVAL", 100, DAY, "5s");
 
 /// Every duration setting, with the webhooks' ([`crate::webhooks::DURATION_SETTINGS`]).
 pub fn duration_settings() -> Vec<DurationSetting> {

@@ -37,6 +37,17 @@ pub struct DurationSetting {
 }
 
 impl DurationSetting {
+    /// A setting `name` taking `min_ms` milliseconds to `max_s` seconds (`--help` and the
+    /// refusals state the range), shown by `example`.
+    pub const fn new(name: &'static str, min_ms: u64, max_s: u64, example: &'static str) -> Self {
+        DurationSetting {
+            name,
+            min: std::time::Duration::from_millis(min_ms),
+            max: std::time::Duration::from_secs(max_s),
+            example,
+        }
+    }
+
     /// `text` as a humantime duration (`500ms`, `1h30m`) within the range, or why not.
     ///
     /// ```

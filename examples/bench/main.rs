@@ -280,14 +280,7 @@ struct ClusterStats {
 
 impl ClusterStats {
     async fn take(client: &reqwest::Client, url: &str) -> Option<ClusterStats> {
-        let stats: serde_json::Value = client
-            .get(format!("{url}/_nodes/stats/http,process"))
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
+        let stats = get_json(client, format!("{url}/_nodes/stats/http,process")).await?;
         let nodes = stats["nodes"].as_object()?;
         let mut taken = ClusterStats::default();
         for node in nodes.values() {
@@ -302,14 +295,7 @@ impl ClusterStats {
         }
         let cpu_ms = nodes.values().next()?["process"]["cpu"]["total_in_millis"].as_u64()?;
         taken.cpu = Duration::from_millis(cpu_ms);
-        let indices: serde_json::Value = client
-            .get(format!("{url}/_stats/indexing,refresh"))
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
+        let indices = get_json(client, format!("{url}/_stats/indexing,refresh")).await?;
         taken.writes = indices["_all"]["primaries"]["indexing"]["index_total"].as_u64()?;
         taken.refreshes = indices["_all"]["total"]["refresh"]["total"].as_u64()?;
         Some(taken)
@@ -330,6 +316,11 @@ impl ClusterStats {
             refreshes: self.refreshes.saturating_sub(before.refreshes),
         }
     }
+}
+
+/// `GET url` as JSON; `None` when it cannot be had.
+async fn get_json(client: &reqwest::Client, url: String) -> Option<serde_json::Value> {
+    client.get(url).send().await.ok()?.json().await.ok()
 }
 
 /// The emulator's kind of a request to an Elasticsearch route template.

@@ -102,27 +102,16 @@ impl Default for WebhookArgs {
 
 pub use signing::WebhookSecret;
 
-const fn setting(
-    name: &'static str,
-    min_ms: u64,
-    max_s: u64,
-    example: &'static str,
-) -> DurationSetting {
-    DurationSetting {
-        name,
-        min: Duration::from_millis(min_ms),
-        max: Duration::from_secs(max_s),
-        example,
-    }
-}
-
 const DAY: u64 = 24 * 3600;
 pub const WEBHOOK_RETRY_PERIOD: DurationSetting =
-    setting("WEBHOOK_RETRY_PERIOD", 1_000, 30 * DAY, "24h");
-pub const WEBHOOK_TIMEOUT: DurationSetting = setting("WEBHOOK_TIMEOUT", 10, 5 * 60, "10s");
+    DurationSetting::new("WEBHOOK_RETRY_PERIOD", 1_000, 30 * DAY, "24h");
+pub const WEBHOOK_TIMEOUT: DurationSetting =
+    DurationSetting::new("WEBHOOK_TIMEOUT", 10, 5 * 60, "10s");
 /// Zero would retry a failing receiver without pause.
-pub const WEBHOOK_BACKOFF_MIN: DurationSetting = setting("WEBHOOK_BACKOFF_MIN", 1, 3600, "1s");
-pub const WEBHOOK_BACKOFF_MAX: DurationSetting = setting("WEBHOOK_BACKOFF_MAX", 1, DAY, "5m");
+pub const WEBHOOK_BACKOFF_MIN: DurationSetting =
+    DurationSetting::new("WEBHOOK_BACKOFF_MIN", 1, 3600, "1s");
+pub const WEBHOOK_BACKOFF_MAX: DurationSetting =
+    DurationSetting::new("WEBHOOK_BACKOFF_MAX", 1, DAY, "5m");
 /// The webhooks' duration settings, each with its range.
 pub const DURATION_SETTINGS: [DurationSetting; 4] = [
     WEBHOOK_RETRY_PERIOD,
