@@ -34,10 +34,11 @@
 //! primary kept.
 //!
 //! What this leaves: a node that heals in the milliseconds between its read and the `_stats`
-//! request; and a copy the master failed while the contacted node, which reaches every other
+//! request; a copy the master failed while the contacted node, which reaches every other
 //! node, has not applied that cluster state yet (a partial partition, bounded by the cluster
-//! state's publication). Neither occurs under the partitions the test suite makes (a node cut
-//! off from all others, or two sides).
+//! state's publication); and OpenSearch 2.19.6, whose cut-off node, as the partition heals,
+//! has answered `_stats` with its stale copy as the only primary and a checkpoint past writes
+//! it acknowledged there and then lost (`docs/design.md` §9, "What OpenSearch loses").
 
 use std::collections::HashMap;
 use std::sync::Mutex;
