@@ -24,17 +24,24 @@ fn config() -> EngineConfig {
     }
 }
 
+/// A world with accounts `src` (100) and `dest` (0), and an instance that sees its store
+/// through a primary the test may cut off.
+async fn seen_through_a_primary(seed: u64) -> (World, Arc<CutOff>, Instance) {
+    let w = world(seed, Duration::ZERO);
+    let cut = Arc::new(CutOff::new(w.faulty.clone()));
+    let a = w.instance(cut.clone(), config());
+    open_account(&a, "src", 100).await;
+    open_account(&a, "dest", 0).await;
+    (w, cut, a)
+}
+
 /// The worker's account writes reach only the cut-off primary and fail; read again through
 /// it, each step looks done. Taken as done (`AccountSteps` answering a step found done
 /// without a vouched read), the transfer finished while no unit moved once the primary
 /// rejoined.
 #[tokio::test(start_paused = true)]
 async fn an_account_step_seen_done_only_on_a_cut_off_primary_is_not_taken_as_done() {
-    let w = world(7, Duration::ZERO);
-    let cut = Arc::new(CutOff::new(w.faulty.clone()));
-    let a = w.instance(cut.clone(), config());
-    open_account(&a, "src", 100).await;
-    open_account(&a, "dest", 0).await;
+    let (w, cut, a) = seen_through_a_primary(7).await;
     cut.cut(Index::Accounts);
     start_transfer(&a, "t", "src", "dest", 10).await;
     tokio::time::sleep(LEASE * 3).await;
@@ -56,11 +63,7 @@ async fn an_account_step_seen_done_only_on_a_cut_off_primary_is_not_taken_as_don
 /// read), the client was told `201` for a transfer that was gone once the primary rejoined.
 #[tokio::test(start_paused = true)]
 async fn a_create_seen_only_on_a_cut_off_primary_is_not_answered_created() {
-    let w = world(8, Duration::ZERO);
-    let cut = Arc::new(CutOff::new(w.faulty.clone()));
-    let a = w.instance(cut.clone(), config());
-    open_account(&a, "src", 100).await;
-    open_account(&a, "dest", 0).await;
+    let (_world, cut, a) = seen_through_a_primary(8).await;
     cut.cut(Index::Transactions);
     let created = a.create_transfer(transfer("t", "src", "dest", 10)).await;
     assert!(cut.accepted_dirty_writes(), "the create was not written");
@@ -76,11 +79,7 @@ async fn a_create_seen_only_on_a_cut_off_primary_is_not_answered_created() {
 /// Through the cut-off primary, `GET` would show the transfer it accepted: never answered.
 #[tokio::test(start_paused = true)]
 async fn a_get_is_not_answered_from_a_write_no_replica_has() {
-    let w = world(9, Duration::ZERO);
-    let cut = Arc::new(CutOff::new(w.faulty.clone()));
-    let a = w.instance(cut.clone(), config());
-    open_account(&a, "src", 100).await;
-    open_account(&a, "dest", 0).await;
+    let (_world, cut, a) = seen_through_a_primary(9).await;
     cut.cut(Index::Transactions);
     let _ = a.create_transfer(transfer("t", "src", "dest", 10)).await;
     let read = a.get_transfer("t").await;
