@@ -10,7 +10,8 @@
 //! `TEST_SEARCH_ENGINE=opensearch` makes every cluster started here an OpenSearch 2.19.6 one
 //! (`tools/es-cluster/run --engine opensearch`): the same suites then run on OpenSearch
 //! (`.ci/run` does so for the store suite, the HTTP contract, the kill -9 test of two instances
-//! and the failover test; `docs/testing.md`).
+//! and the failover test; `docs/testing.md`). `TEST_SEARCH_ENGINE=opensearch3` makes it an
+//! OpenSearch 3.9.0 one (`--engine opensearch3`, on Java 21+), for runs by hand; CI runs none.
 //!
 //! `ELASTICSEARCH_URL`, when set, names a cluster to use instead of the shared one. Without
 //! `java` and `mvn` the real-cluster tests skip and say so, except under `CI=true`, where that
@@ -235,7 +236,8 @@ fn java_and_maven_present() -> bool {
     present
 }
 
-/// The engine of the clusters started here: `TEST_SEARCH_ENGINE`, else `elasticsearch`.
+/// The engine of the clusters started here, the launcher's `--engine`: `TEST_SEARCH_ENGINE`,
+/// else `elasticsearch`.
 pub fn engine() -> String {
     std::env::var("TEST_SEARCH_ENGINE").unwrap_or_else(|_| "elasticsearch".to_owned())
 }
