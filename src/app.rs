@@ -387,7 +387,6 @@ pub fn engine_config(config: &Config) -> EngineConfig {
         retention: transfer::protocol::Retention {
             millis: config.settled_retention.as_millis() as i64,
             max_entries: config.settled_max,
-            keep_newest: transfer::KEEP_NEWEST_SETTLED.min(config.settled_max),
         },
         max_conflicts: 200,
         max_store_attempts: 6,

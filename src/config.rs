@@ -175,22 +175,18 @@ pub struct Config {
     #[arg(long, env = "AUDIT_PAGE_TIMEOUT", default_value = "30s", value_parser = AUDIT_PAGE_TIMEOUT.parser())]
     pub audit_page_timeout: Duration,
 
-    /// How long an account remembers the ids of transfers settled on it (the tombstones
-    /// that make a late write from a stalled worker a no-op). A young one is never forgotten
-    /// to make room: this is the window, beyond the lease fence, in which a late apply is
-    /// refused outright rather than undone by the late-apply sweep. Besides, the newest 100
-    /// are kept whatever their age. Every account write rewrites them: on a busy account the
-    /// retention is paid on every write (1 s keeps two hot accounts at half the throughput of
-    /// a count bound of 100; longer retentions cost more until their representation is
-    /// compact).
+    /// How long an account keeps the settled transfer ids (tombstones) that versions before
+    /// marks wrote. This version writes none: a late apply is told apart by its mark and
+    /// given back (`docs/design.md` §9, "The fence"); it still refuses an apply of an id it
+    /// finds tombstoned, and drops each tombstone once this old, so an upgraded account's
+    /// document sheds them on its first write after that.
     /// From 0s to 1day.
     #[arg(long, env = "SETTLED_RETENTION", default_value = "1s", value_parser = SETTLED_RETENTION.parser())]
     pub settled_retention: Duration,
 
-    /// The most young settled ids plus pending entries an account holds (a hard bound on the
-    /// account document: 60–160 bytes an entry, by id length). An apply beyond it backs off
-    /// until the oldest age out, then rolls back with `account_busy`: an account settles at
-    /// most `SETTLED_MAX / SETTLED_RETENTION` transfers a second (10,000 with the defaults).
+    /// The most pending entries (plus young tombstones an older version left) an account
+    /// holds: a hard bound on the account document, 70–190 bytes an entry by id length. An
+    /// apply beyond it backs off until some settle, then rolls back with `account_busy`.
     #[arg(long, env = "SETTLED_MAX", default_value_t = 10_000, value_parser = parse_settled_max)]
     pub settled_max: usize,
 
@@ -324,7 +320,7 @@ pub const RECOVERY_PAGE_TIMEOUT: DurationSetting =
     DurationSetting::new("RECOVERY_PAGE_TIMEOUT", 100, HOUR, "30s");
 pub const AUDIT_PAGE_TIMEOUT: DurationSetting =
     DurationSetting::new("AUDIT_PAGE_TIMEOUT", 100, HOUR, "30s");
-/// Zero keeps only the newest settled ids (and the `SETTLED_MAX` bound).
+/// Zero drops an older version's tombstones at this version's first write of the account.
 pub const SETTLED_RETENTION: DurationSetting =
     DurationSetting::new("SETTLED_RETENTION", 0, DAY, "1s");
 /// Zero refuses at once; beyond 10 s a wait in line is better spent by the client retrying.

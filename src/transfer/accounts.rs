@@ -18,6 +18,7 @@
 //! passed. That is why a stall of any length cannot apply a transfer twice (see `transfer`).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
@@ -47,6 +48,34 @@ pub struct StepRequest {
     pub report_currency: bool,
     /// The worker's lease deadline (monotonic): after it, this step must not be decided.
     pub deadline: BootTime,
+    /// A remove: the mark the commit recorded. An undo: the entry to give back, or `None`
+    /// for any ([`AccountStep::mark`]). An apply: unused; each decision makes its own.
+    pub mark: Option<String>,
+}
+
+/// The marks of this process's apply decisions (`AccountDoc::pending_marks`,
+/// `docs/design.md §9`, "The fence"): `<instance>.<n>`, a 48-bit random name for the process
+/// and a counter in hex. Every decision takes a new one, a decision made again after a
+/// conflict too: an apply decided again on a copy read after its first write was settled
+/// is a late apply, and must not carry the mark the commit counted.
+#[derive(Debug)]
+pub struct Marks {
+    instance: String,
+    made: AtomicU64,
+}
+
+impl Marks {
+    fn new() -> Self {
+        Self {
+            instance: uuid::Uuid::new_v4().simple().to_string()[..12].to_owned(),
+            made: AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self) -> String {
+        let n = self.made.fetch_add(1, Ordering::Relaxed) + 1;
+        format!("{}.{n:x}", self.instance)
+    }
 }
 
 /// What became of a step.
@@ -67,9 +96,22 @@ pub enum StepResult {
     Failed(StoreError),
 }
 
-/// A step's result and, for a source's apply that was done (now or before), the source's
-/// currency: the destination's apply needs it ([`CurrencyRule::for_destination`]).
-type Reply = (StepResult, Option<String>);
+/// What a step saw of the account besides its result.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observed {
+    /// A source's apply done (now or before) with `report_currency`: the account's currency,
+    /// which the destination's apply needs ([`CurrencyRule::for_destination`]).
+    pub currency: Option<String>,
+    /// An apply done (now or before): the mark of the transfer's pending entry, which the
+    /// commit records.
+    pub mark: Option<String>,
+    /// A settle found a late apply of the transfer and gave it back
+    /// ([`AccountDecision::UndoLate`]).
+    pub undid_late_apply: bool,
+}
+
+/// A step's result and what it saw.
+type Reply = (StepResult, Observed);
 
 struct Waiting {
     request: StepRequest,
@@ -112,6 +154,7 @@ pub struct AccountSteps {
     queues: Mutex<HashMap<String, Vec<Waiting>>>,
     /// The last copy of each account this process wrote, with its version.
     cache: Mutex<HashMap<String, Versioned<AccountDoc>>>,
+    marks: Arc<Marks>,
 }
 
 impl AccountSteps {
@@ -131,6 +174,7 @@ impl AccountSteps {
             max_store_attempts,
             queues: Mutex::new(HashMap::new()),
             cache: Mutex::new(HashMap::new()),
+            marks: Arc::new(Marks::new()),
         })
     }
 
@@ -139,13 +183,12 @@ impl AccountSteps {
         self.run_observing(account, request).await.0
     }
 
-    /// [`AccountSteps::run`], also answering the account's currency when the step is a
-    /// source's apply that is done (now or before).
+    /// [`AccountSteps::run`], also answering what the step saw ([`Observed`]).
     pub async fn run_observing(
         self: &Arc<Self>,
         account: &str,
         request: StepRequest,
-    ) -> (StepResult, Option<String>) {
+    ) -> (StepResult, Observed) {
         let (reply, result) = oneshot::channel();
         let start_flusher = {
             let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
@@ -169,7 +212,7 @@ impl AccountSteps {
         result.await.unwrap_or_else(|_| {
             (
                 StepResult::Failed(StoreError::Permanent("account step was dropped".into())),
-                None,
+                Observed::default(),
             )
         })
     }
@@ -226,7 +269,7 @@ impl AccountSteps {
                 Some(copy) => Some(copy),
                 None => match self.read(account).await {
                     Ok(copy) => copy,
-                    Err(result) => return vec![(result, None); batch.len()],
+                    Err(result) => return vec![(result, Observed::default()); batch.len()],
                 },
             };
             let Some(copy) = copy else {
@@ -265,11 +308,11 @@ impl AccountSteps {
                 Err(result) => {
                     // The outcome is unknown: the next decision must start from a fresh read
                     // (the copy was taken above and is not put back).
-                    return vec![(result, None); batch.len()];
+                    return vec![(result, Observed::default()); batch.len()];
                 }
             }
         }
-        vec![(StepResult::Contention, None); batch.len()]
+        vec![(StepResult::Contention, Observed::default()); batch.len()]
     }
 
     /// [`AccountSteps::settle_batch`] inside one store transaction: read, decide and write
@@ -278,21 +321,32 @@ impl AccountSteps {
     async fn settle_batch_in_transaction(&self, account: &str, batch: &[Waiting]) -> Vec<Reply> {
         let requests: Arc<Vec<StepRequest>> =
             Arc::new(batch.iter().map(|w| w.request.clone()).collect());
-        let failed = |result: StepResult| vec![(result, None); batch.len()];
+        let failed = |result: StepResult| vec![(result, Observed::default()); batch.len()];
         let settled = self
             .retrying(|| {
                 let (requests, clock) = (requests.clone(), self.clock.clone());
                 let (retention, id) = (self.retention, account.to_owned());
+                let marks = self.marks.clone();
                 self.docs.transact(move |txn| {
                     let copy = match txn.get::<AccountDoc>(&id) {
                         Ok(Some(copy)) => copy,
                         Ok(None) => return missing(clock.as_ref(), requests.iter()),
-                        Err(e) => return vec![(StepResult::Failed(e), None); requests.len()],
+                        Err(e) => {
+                            return vec![
+                                (StepResult::Failed(e), Observed::default());
+                                requests.len()
+                            ]
+                        }
                     };
-                    let (results, next, changed) =
-                        decide_steps(clock.as_ref(), retention, copy.doc, requests.iter());
+                    let (results, next, changed) = decide_steps(
+                        (clock.as_ref(), retention, &marks),
+                        copy.doc,
+                        requests.iter(),
+                    );
                     match changed.then(|| txn.replace_if(&next, copy.version)) {
-                        Some(Err(e)) => vec![(StepResult::Failed(e), None); requests.len()],
+                        Some(Err(e)) => {
+                            vec![(StepResult::Failed(e), Observed::default()); requests.len()]
+                        }
                         _ => results,
                     }
                 })
@@ -312,7 +366,8 @@ impl AccountSteps {
         batch: &[Waiting],
     ) -> (Vec<Reply>, AccountDoc, bool) {
         let requests = batch.iter().map(|w| &w.request);
-        decide_steps(self.clock.as_ref(), self.retention, current, requests)
+        let rules = (self.clock.as_ref(), self.retention, self.marks.as_ref());
+        decide_steps(rules, current, requests)
     }
 
     /// `results`, decided on a read of `account` (at `read`, or not found) without a write
@@ -329,7 +384,7 @@ impl AccountSteps {
     ) -> Vec<Reply> {
         match self.docs.vouch::<AccountDoc>(account, read).await {
             Ok(()) => results,
-            Err(error) => vec![(StepResult::Failed(error), None); results.len()],
+            Err(error) => vec![(StepResult::Failed(error), Observed::default()); results.len()],
         }
     }
 
@@ -400,8 +455,7 @@ impl AccountSteps {
 /// as decided and whether any step changed it (then it is the account to write; else it is
 /// the copy given, untouched).
 fn decide_steps<'a>(
-    clock: &dyn Clock,
-    retention: Retention,
+    (clock, retention, marks): (&dyn Clock, Retention, &Marks),
     mut current: AccountDoc,
     requests: impl Iterator<Item = &'a StepRequest>,
 ) -> (Vec<Reply>, AccountDoc, bool) {
@@ -411,8 +465,9 @@ fn decide_steps<'a>(
     let results = requests
         .map(|r| {
             if r.deadline <= observed {
-                return (StepResult::LeaseExpired, None);
+                return (StepResult::LeaseExpired, Observed::default());
             }
+            let new_mark = (r.op == AccountOp::Apply).then(|| marks.next());
             let step = AccountStep {
                 transfer_id: &r.transfer_id,
                 amount: r.amount,
@@ -420,22 +475,35 @@ fn decide_steps<'a>(
                 side: r.side,
                 op: r.op,
                 currency: r.currency.as_deref(),
+                mark: new_mark.as_deref().or(r.mark.as_deref()),
             };
+            let mut seen = Observed::default();
             let result = match decide_account(&current, step, &now, retention) {
                 AccountDecision::Write(next) => {
                     current = next;
                     changed = true;
                     StepResult::Done
                 }
+                AccountDecision::UndoLate(next) => {
+                    current = next;
+                    changed = true;
+                    seen.undid_late_apply = true;
+                    StepResult::Done
+                }
                 AccountDecision::AlreadyDone => StepResult::AlreadyDone,
-                AccountDecision::Refuse(refusal) => return (StepResult::Refused(refusal), None),
+                AccountDecision::Refuse(refusal) => {
+                    return (StepResult::Refused(refusal), Observed::default())
+                }
             };
-            // Only the first account's apply is asked for it (cloned only when there is one).
-            let currency = r
-                .report_currency
-                .then(|| current.currency.clone())
-                .flatten();
-            (result, currency)
+            if r.op == AccountOp::Apply {
+                seen.mark = current.pending_mark(&r.transfer_id).map(str::to_owned);
+                // Only the first account's apply is asked for it (cloned only when there is one).
+                seen.currency = r
+                    .report_currency
+                    .then(|| current.currency.clone())
+                    .flatten();
+            }
+            (result, seen)
         })
         .collect();
     (results, current, changed)
@@ -447,9 +515,9 @@ fn missing<'a>(clock: &dyn Clock, requests: impl Iterator<Item = &'a StepRequest
     requests
         .map(|r| {
             if r.deadline <= observed {
-                (StepResult::LeaseExpired, None)
+                (StepResult::LeaseExpired, Observed::default())
             } else {
-                (StepResult::Missing, None)
+                (StepResult::Missing, Observed::default())
             }
         })
         .collect()

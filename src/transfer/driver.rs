@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tracing::{debug, info, warn, Instrument};
 
-use super::accounts::{StepRequest, StepResult};
+use super::accounts::{Observed, StepRequest, StepResult};
 use super::admission::Admitted;
 use super::lease::{Leased, Reread};
 use super::model::{RollbackReason, TransferDoc, TransferState};
@@ -207,6 +207,9 @@ impl Engine {
         // The first account's currency, as its apply (done now or before) read it: the other
         // accounts' applies, later in the same plan, must match it.
         let mut first_currency = None;
+        // The marks of the entries the applies of this run found or made, by posting: what
+        // the commit records.
+        let mut marks = Vec::new();
         for step in plan_for(&leased.doc) {
             if self.shutdown.is_cancelled() {
                 return Err(StopReason::Shutdown.into());
@@ -217,7 +220,7 @@ impl Engine {
                         Side::Source => 0,
                         Side::Destination => 1,
                     };
-                    self.posting_step(leased, op, index, &mut first_currency)
+                    self.posting_step(leased, op, index, (&mut first_currency, &mut marks))
                         .await?;
                 }
                 Step::EachAccount(op) => {
@@ -225,9 +228,14 @@ impl Engine {
                         if index > 0 && self.shutdown.is_cancelled() {
                             return Err(StopReason::Shutdown.into());
                         }
-                        self.posting_step(leased, op, index, &mut first_currency)
+                        self.posting_step(leased, op, index, (&mut first_currency, &mut marks))
                             .await?;
                     }
+                }
+                Step::SetState(TransferState::Committed) => {
+                    let marks = std::mem::take(&mut marks);
+                    self.write_state_with(leased, TransferState::Committed, (None, None), marks)
+                        .await?
                 }
                 Step::SetState(to) => self.write_state(leased, to, None).await?,
                 Step::Park => return self.park(leased).await,
@@ -238,13 +246,13 @@ impl Engine {
 
     /// `op` on the transfer's `index`-th account ([`TransferDoc::postings`]), with the
     /// currency rule of its place: the first account's apply records the currency the others
-    /// must have in `first_currency`.
+    /// must have in `first_currency`; every apply records its entry's mark in `marks`.
     async fn posting_step(
         &self,
         leased: &mut Leased,
         op: AccountOp,
         index: usize,
-        first_currency: &mut Option<Option<String>>,
+        (first_currency, marks): (&mut Option<Option<String>>, &mut Vec<String>),
     ) -> Result<(), Interrupt> {
         let (account, side, amount, settle_amount) = {
             let Some(p) = leased.doc.posting(index) else {
@@ -256,10 +264,16 @@ impl Engine {
         };
         let currency = currency_rule(&leased.doc.currency, op, index, first_currency);
         let report = op == AccountOp::Apply && index == 0;
+        // A remove settles the entry the commit counted (none recorded: a transfer committed
+        // before marks, whose remove takes whatever entry there is).
+        let expected = match op {
+            AccountOp::Remove => leased.doc.applied_marks.get(index).cloned(),
+            AccountOp::Apply | AccountOp::Undo => None,
+        };
         let observed = self
             .account_step(
                 leased,
-                op,
+                (op, expected),
                 &account,
                 (side, amount, settle_amount),
                 currency,
@@ -267,7 +281,11 @@ impl Engine {
             )
             .await?;
         if report {
-            *first_currency = Some(observed);
+            *first_currency = Some(observed.currency);
+        }
+        if op == AccountOp::Apply {
+            marks.resize(marks.len().max(index + 1), String::new());
+            marks[index] = observed.mark.unwrap_or_default();
         }
         Ok(())
     }
@@ -286,17 +304,18 @@ impl Engine {
 
     /// One account step (core 2/3/5/6, rollback 2/3), merged with the other steps waiting
     /// for the same account (see [`super::accounts`]). `change` is the account's side, the
-    /// amount applied and the amount that stays when it settles. Answers the account's
-    /// currency when `report_currency`.
+    /// amount applied and the amount that stays when it settles; `expected`, a remove's
+    /// mark as the commit recorded it. Answers what the step saw (the account's currency
+    /// when `report_currency`, an apply's mark).
     async fn account_step(
         &self,
         leased: &mut Leased,
-        op: AccountOp,
+        (op, expected): (AccountOp, Option<String>),
         account_id: &str,
         (side, amount, settle_amount): (Side, i64, i64),
         currency: CurrencyRule,
         report_currency: bool,
-    ) -> Result<Option<String>, Interrupt> {
+    ) -> Result<Observed, Interrupt> {
         let mut busy = 0;
         for _ in 0..self.config.max_conflicts {
             self.ensure_lease(leased).await?;
@@ -309,8 +328,18 @@ impl Engine {
                 currency: currency.clone(),
                 report_currency,
                 deadline: leased.deadline(),
+                mark: expected.clone(),
             };
             let (result, observed) = self.accounts.run_observing(account_id, request).await;
+            if observed.undid_late_apply {
+                self.metrics.late_applies_compensated_total.inc();
+                warn!(
+                    account = %account_id,
+                    side = side.as_str(),
+                    amount,
+                    "a late apply of this committed transfer was given back as it settled"
+                );
+            }
             match result {
                 // Renew (or find out we lost it) and try again.
                 StepResult::LeaseExpired => continue,
@@ -346,6 +375,19 @@ impl Engine {
         reason: Option<RollbackReason>,
         failed_account: Option<String>,
     ) -> Result<(), Interrupt> {
+        self.write_state_with(leased, to, (reason, failed_account), Vec::new())
+            .await
+    }
+
+    /// [`Engine::write_state_naming`], recording with a commit the marks of the entries it
+    /// was decided on (`applied_marks`).
+    async fn write_state_with(
+        &self,
+        leased: &mut Leased,
+        to: TransferState,
+        (reason, failed_account): (Option<RollbackReason>, Option<String>),
+        applied_marks: Vec<String>,
+    ) -> Result<(), Interrupt> {
         let from = leased.doc.transaction_state;
         let now = self.clock.now();
         let Some(mut next) = protocol::transition(&leased.doc, to, reason, &now) else {
@@ -353,6 +395,9 @@ impl Engine {
         };
         if failed_account.is_some() {
             next.failed_account = failed_account;
+        }
+        if !applied_marks.is_empty() {
+            next.applied_marks = applied_marks;
         }
         let going = || !self.shutdown.is_cancelled();
         if !self.leases.write(leased, next, going).await? {

@@ -106,10 +106,6 @@ pub struct EngineConfig {
 /// the most a 2-core machine settles, and more.
 pub const TERMINAL_WRITES_KEPT: usize = 16_384;
 
-/// Settled ids an account keeps whatever their age (beyond `SETTLED_RETENTION`): a quiet
-/// account remembers its last hundred settlements for as long as it stays quiet.
-pub const KEEP_NEWEST_SETTLED: usize = 100;
-
 /// The clock-skew margin: a quarter of the lease on each side, so instance wall clocks may
 /// differ by up to half a lease (15 s with the default 30 s lease). It scales with the lease:
 /// a longer lease buys more tolerance. A holder then acts for three quarters of its lease.
@@ -131,7 +127,6 @@ impl EngineConfig {
             retention: Retention {
                 millis: 3_600_000,
                 max_entries: 1000,
-                keep_newest: KEEP_NEWEST_SETTLED,
             },
             max_conflicts: 200,
             max_store_attempts: 6,

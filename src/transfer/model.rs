@@ -234,6 +234,13 @@ pub struct TransferDoc {
     /// transaction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settled_by: Option<String>,
+    /// The marks of the pending entries the commit was decided on, one per account in the
+    /// order of [`TransferDoc::postings`] (`AccountDoc::pending_marks`): written with
+    /// `committed`, read by each settle to tell that entry from a late apply. Empty (and not
+    /// written) before the commit, and on a transfer committed before marks, whose settles
+    /// take whatever entry they find.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub applied_marks: Vec<String>,
 }
 
 /// One leg of a multi-leg transaction: `amount` units from `from` to `to`.
@@ -293,6 +300,7 @@ impl TransferDoc {
             history: String::new(),
             created_by: None,
             settled_by: None,
+            applied_marks: Vec::new(),
         }
     }
 
@@ -455,6 +463,14 @@ pub struct AccountDoc {
     /// from before this field read as applied long ago (0): the sweep checks them first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending_applied_at: Vec<i64>,
+    /// Which apply made each entry of `pending_transactions` (in the same order): a mark
+    /// unique to that one decision ([`crate::transfer::lease::Leases::new_mark`]). The
+    /// commit records the marks it was decided on (`TransferDoc::applied_marks`), so a
+    /// settle tells the entry the commit counted from a late apply of the same transfer
+    /// made after an earlier settle, and takes the late one back (`docs/design.md §9`,
+    /// "The fence"). Entries from before marks read as `""`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_marks: Vec<String>,
     /// Sum of the credits among `pending_transactions`. Credits are not spendable until they
     /// commit, so rolling one back can never push the balance below the floor.
     #[serde(default)]
@@ -463,8 +479,10 @@ pub struct AccountDoc {
     /// must leave room for all of them: undoing a debit can then never overflow.
     #[serde(default)]
     pub pending_debits: i64,
-    /// Recently settled (committed and cleaned, or rolled back) transfer ids: a late write
-    /// for one of these is refused. Bounded by age and count.
+    /// Settled transfer ids (tombstones) that versions before marks wrote: an apply of one of
+    /// these is refused until it ages out (`SETTLED_RETENTION`). This version writes none
+    /// (`docs/design.md §9`, "The fence"), so the field leaves an account's document with
+    /// the last of them.
     #[serde(default, skip_serializing_if = "Tombstones::is_empty")]
     pub settled: Tombstones,
     /// Tombstones as versions before the compact form wrote them; read, folded into
@@ -489,11 +507,22 @@ impl AccountDoc {
         }
     }
 
-    /// Records `transfer_id` as applied (pending) at `at_millis`.
-    pub fn add_pending(&mut self, transfer_id: &str, at_millis: i64) {
+    /// Records `transfer_id` as applied (pending) at `at_millis` by the apply marked `mark`.
+    pub fn add_pending(&mut self, transfer_id: &str, at_millis: i64, mark: &str) {
         self.align_pending_times();
         self.pending_transactions.push(transfer_id.to_owned());
         self.pending_applied_at.push(at_millis);
+        self.pending_marks.push(mark.to_owned());
+    }
+
+    /// The mark of `transfer_id`'s pending entry (`""` for an entry from before marks), or
+    /// `None` when it has none.
+    pub fn pending_mark(&self, transfer_id: &str) -> Option<&str> {
+        let i = self
+            .pending_transactions
+            .iter()
+            .position(|id| id == transfer_id)?;
+        Some(self.pending_marks.get(i).map_or("", String::as_str))
     }
 
     /// Forgets the pending entry of `transfer_id`, if any.
@@ -506,6 +535,7 @@ impl AccountDoc {
         {
             self.pending_transactions.remove(i);
             self.pending_applied_at.remove(i);
+            self.pending_marks.remove(i);
         }
     }
 
@@ -520,8 +550,9 @@ impl AccountDoc {
     }
 
     fn align_pending_times(&mut self) {
-        self.pending_applied_at
-            .resize(self.pending_transactions.len(), 0);
+        let n = self.pending_transactions.len();
+        self.pending_applied_at.resize(n, 0);
+        self.pending_marks.resize(n, String::new());
     }
 
     /// What a debit may take: the balance less uncommitted credits and the floor (in i128,

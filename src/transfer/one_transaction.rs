@@ -310,6 +310,7 @@ fn apply_postings(
             side: posting.side,
             op: AccountOp::Apply,
             currency: currency.as_deref(),
+            mark: None,
         };
         match settle_at_once(&account.doc, step, now, retention) {
             Ok(next) => {

@@ -98,6 +98,7 @@ impl Engine {
             metadata: new.metadata.clone(),
             pending_transactions: Vec::new(),
             pending_applied_at: Vec::new(),
+            pending_marks: Vec::new(),
             pending_credits: 0,
             pending_debits: 0,
             settled: Tombstones::default(),

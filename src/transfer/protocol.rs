@@ -20,11 +20,14 @@
 //! than the post:
 //! - applying a debit refuses when the balance would go below the floor (counting credits
 //!   that have not committed as not spendable), and any step refuses to overflow;
-//! - settling (core 5/6, rollback 2/3) leaves the id in `settled` (the account's tombstones), and an apply
-//!   for a settled id is refused: a late worker cannot apply a finished or rolled-back
-//!   transfer again (tombstones, as in the Searchlight deletion-journaling spec);
-//! - rollback 2/3 write the tombstone even when the amount was never applied, so that write
-//!   also changes the account's version and fences out a stalled worker's conditional write.
+//! - every apply marks its pending entry with a mark unique to that decision, and the commit
+//!   records the marks it was decided on (`applied_marks`): a settle (core 5/6) takes away
+//!   only the entry the commit counted and gives back any other, which a late worker applied
+//!   after an earlier settle (`docs/design.md §9`, "The fence");
+//! - rollback 2/3 write the account even when the amount was never applied, so that write
+//!   changes the account's version and fences out a stalled worker's conditional write;
+//! - tombstones (`settled`) written by versions before marks are still honoured until they
+//!   age out: an apply for such an id is refused. No new ones are written.
 
 pub use super::clock::Now;
 use super::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
@@ -65,11 +68,12 @@ impl Side {
 pub enum AccountOp {
     /// Core steps 2/3: add the delta, remember the id as pending.
     Apply,
-    /// Core steps 5/6: forget the pending id, remember it as settled. The balance keeps the
+    /// Core steps 5/6: forget the pending entry the commit counted. The balance keeps the
     /// settled amount: all of it, or for a partly captured hold `captured`, the difference
-    /// going back in the same write.
+    /// going back in the same write. An entry with another mark is a late apply and is
+    /// given back.
     Remove,
-    /// Rollback steps 2/3: take the delta back if it was applied; remember the id as settled.
+    /// Rollback steps 2/3: take the delta back if it was applied; write the account either way.
     Undo,
 }
 
@@ -243,22 +247,23 @@ pub enum AccountDecision {
     Write(AccountDoc),
     /// Nothing to do: the step was already done (the post's "noop").
     AlreadyDone,
+    /// A settle found an entry of the transfer with another mark than the commit recorded:
+    /// applied late, after the entry the commit counted was settled. This document gives it
+    /// back (the step is then done); the caller counts and logs it.
+    UndoLate(AccountDoc),
     Refuse(Refusal),
 }
 
-/// How long and how many settled ids an account remembers. Ids are kept by age: a young
-/// one (settled less than `millis` ago, on the clock of the instance deciding) is never
-/// forgotten to make room. `max_entries` bounds young ids plus pending entries: an apply
-/// beyond it is refused ([`Refusal::AccountBusy`]). Only the fence of a transfer never
-/// applied here adds an id without a pending entry; beyond twice the bound, the oldest of
-/// those give way, so the document stays bounded.
+/// How long an account keeps the settled ids (tombstones) that versions before marks wrote,
+/// and how many entries it holds. No new tombstone is written: the ones found are dropped
+/// once `millis` old (on the clock of the instance deciding), and beyond twice the bound the
+/// oldest go. `max_entries` bounds pending entries plus young tombstones: an apply beyond it
+/// is refused ([`Refusal::AccountBusy`]), so the document stays bounded whatever the
+/// account's traffic.
 #[derive(Debug, Clone, Copy)]
 pub struct Retention {
     pub millis: i64,
     pub max_entries: usize,
-    /// The newest this many are kept whatever their age, so a quiet account remembers its
-    /// last settlements for long (a busy one is covered by age).
-    pub keep_newest: usize,
 }
 
 impl Retention {
@@ -266,7 +271,6 @@ impl Retention {
     pub const NONE: Retention = Retention {
         millis: i64::MIN,
         max_entries: usize::MAX / 4,
-        keep_newest: 0,
     };
 
     /// Whether a tombstone stamped `at_millis` is still young at `now_millis`. Stamps from
@@ -350,6 +354,12 @@ pub struct AccountStep<'a> {
     /// What an apply needs of the account's currency (ignored by the other ops: settling or
     /// undoing never depends on it).
     pub currency: CurrencyRule<&'a str>,
+    /// An apply: the mark its entry gets. A remove: the mark the commit recorded for this
+    /// account (`None` for a transfer committed before marks: any entry is the one). An
+    /// undo: `None` gives back whatever entry there is and writes the account either way
+    /// (rollback 2/3); `Some` gives back only the entry with that mark, and writes nothing
+    /// if it is gone (the late-apply sweep, undoing the entry it saw).
+    pub mark: Option<&'a str>,
 }
 
 /// Decides one account step.
@@ -366,6 +376,7 @@ pub fn decide_account(
         side,
         op,
         currency,
+        mark,
     } = step;
     let pending = account
         .pending_transactions
@@ -383,27 +394,71 @@ pub fn decide_account(
         AccountOp::Apply if is_full(account, now.millis, retention) => {
             return AccountDecision::Refuse(Refusal::AccountBusy)
         }
-        AccountOp::Apply => apply(account, transfer_id, change, now.millis),
+        AccountOp::Apply => apply(account, transfer_id, change, now.millis, mark.unwrap_or("")),
         AccountOp::Remove if !pending => return AccountDecision::AlreadyDone,
+        AccountOp::Remove if is_late(account, transfer_id, mark) => {
+            return match undo(account, transfer_id, change, true) {
+                Ok(next) => finish(
+                    next,
+                    transfer_id,
+                    op,
+                    now,
+                    retention,
+                    AccountDecision::UndoLate,
+                ),
+                Err(refusal) => AccountDecision::Refuse(refusal),
+            };
+        }
         AccountOp::Remove => remove(
             account,
             transfer_id,
             change,
             side.delta(amount) as i128 - side.delta(settle_amount) as i128,
-            now.millis,
         ),
+        // A tombstone of a version before marks: that version's undo was done.
         AccountOp::Undo if !pending && settled => return AccountDecision::AlreadyDone,
-        AccountOp::Undo => undo(account, transfer_id, change, pending, now.millis),
+        AccountOp::Undo if mark.is_some_and(|m| account.pending_mark(transfer_id) != Some(m)) => {
+            return AccountDecision::AlreadyDone
+        }
+        AccountOp::Undo => undo(account, transfer_id, change, pending),
     };
     match decided {
-        Ok(mut next) => {
-            prune_settled(&mut next, now.millis, retention);
-            next.modification_time = now.text.clone();
-            debug_assert_consistent(&next, transfer_id, op);
-            AccountDecision::Write(next)
-        }
+        Ok(next) => finish(
+            next,
+            transfer_id,
+            op,
+            now,
+            retention,
+            AccountDecision::Write,
+        ),
         Err(refusal) => AccountDecision::Refuse(refusal),
     }
+}
+
+/// Whether the transfer's entry on the account was applied late: it carries a mark, and not
+/// the one the commit counted (`expected`). An entry without a mark was applied by a version
+/// before marks, or lost its mark when such a version rewrote the account: it is settled as
+/// those versions did, as the one the commit counted.
+fn is_late(account: &AccountDoc, transfer_id: &str, expected: Option<&str>) -> bool {
+    match (account.pending_mark(transfer_id), expected) {
+        (Some(found), Some(expected)) => !found.is_empty() && found != expected,
+        _ => false,
+    }
+}
+
+/// Stamps a decided account, ages out old tombstones and checks the invariants.
+fn finish(
+    mut next: AccountDoc,
+    transfer_id: &str,
+    op: AccountOp,
+    now: &Now,
+    retention: Retention,
+    decision: fn(AccountDoc) -> AccountDecision,
+) -> AccountDecision {
+    prune_settled(&mut next, now.millis, retention);
+    next.modification_time = now.text.clone();
+    debug_assert_consistent(&next, transfer_id, op);
+    decision(next)
 }
 
 /// What one transfer does to one account: the balance delta and the pending sums it moves.
@@ -437,13 +492,14 @@ fn apply(
     transfer_id: &str,
     change: Change,
     now_millis: i64,
+    mark: &str,
 ) -> Result<AccountDoc, Refusal> {
     let (balance, pending_credits, pending_debits) = applied_sums(account, change)?;
     let mut next = account.clone();
     next.balance = balance;
     next.pending_credits = pending_credits;
     next.pending_debits = pending_debits;
-    next.add_pending(transfer_id, now_millis);
+    next.add_pending(transfer_id, now_millis, mark);
     debug_assert!(
         !change.debits || next.available() >= 0,
         "a debit left {} below its floor {} (pending credits {})",
@@ -507,7 +563,7 @@ pub fn settle_at_once(
     Ok(next)
 }
 
-/// Core steps 5/6: forget the pending id, remember it as settled. `give_back` is what the
+/// Core steps 5/6: forget the pending entry. `give_back` is what the
 /// balance returns of the applied delta: 0 when all of it settles; for a hold captured in
 /// part, `amount − captured` back to the source (positive) and off the destination
 /// (negative). Both fit: the source's room was kept for undoing its pending debits, and the
@@ -517,7 +573,6 @@ fn remove(
     transfer_id: &str,
     change: Change,
     give_back: i128,
-    now_millis: i64,
 ) -> Result<AccountDoc, Refusal> {
     let mut next = account.clone();
     let balance = account.balance as i128 - give_back;
@@ -526,17 +581,16 @@ fn remove(
     next.pending_credits = next.pending_credits.saturating_sub(change.credit).max(0);
     next.pending_debits = next.pending_debits.saturating_sub(change.debit).max(0);
     next.remove_pending(transfer_id);
-    remember(&mut next, transfer_id, now_millis);
     Ok(next)
 }
 
-/// Rollback steps 2/3: take the delta back if it was applied; remember the id as settled.
+/// Rollback steps 2/3: take the delta back if it was applied. The account is written either
+/// way (the caller stamps it).
 fn undo(
     account: &AccountDoc,
     transfer_id: &str,
     change: Change,
     pending: bool,
-    now_millis: i64,
 ) -> Result<AccountDoc, Refusal> {
     let mut next = account.clone();
     if pending {
@@ -549,10 +603,10 @@ fn undo(
         next.pending_debits = account.pending_debits.saturating_sub(change.debit).max(0);
         next.remove_pending(transfer_id);
     }
-    // Applied or not, write the tombstone. Not applied and not yet fenced: a worker that
-    // stalled before its apply will then either fail its conditional write (the version
-    // moved) or read the tombstone and refuse.
-    remember(&mut next, transfer_id, now_millis);
+    // Applied or not, the account is written. Not applied: a worker that stalled before its
+    // apply then fails its conditional write (the version moved); one that reads the
+    // account afterwards and applies late is given back by the sweep (the transfer is
+    // terminal) or by this undo run again (`docs/design.md §9`, "The fence").
     Ok(next)
 }
 
@@ -583,17 +637,11 @@ fn debug_assert_consistent(account: &AccountDoc, transfer_id: &str, op: AccountO
     );
 }
 
-fn remember(account: &mut AccountDoc, transfer_id: &str, now_millis: i64) {
-    account.settled.push(transfer_id, now_millis);
-}
-
-/// Drops tombstones older than the retention (but the newest `keep_newest`); beyond twice
-/// the count bound (only fences can get there), the oldest.
+/// Drops tombstones older than the retention; beyond twice the count bound, the oldest.
 fn prune_settled(account: &mut AccountDoc, now_millis: i64, retention: Retention) {
-    let newest_from = account.settled.len().saturating_sub(retention.keep_newest);
     account
         .settled
-        .retain(|i, at| i >= newest_from || retention.keeps(at, now_millis));
+        .retain(|_, at| retention.keeps(at, now_millis));
     let hard_bound = retention.max_entries.saturating_mul(2);
     let excess = account.settled.len().saturating_sub(hard_bound);
     if excess > 0 {

@@ -137,6 +137,10 @@ impl Engine {
             report_currency: false,
             // Not a lease holder: what makes this safe is the terminal state read above.
             deadline: self.clock.boot_time() + Duration::from_secs(3600),
+            // The entry seen, and only it: if it is gone, someone undid it first.
+            mark: account
+                .pending_mark(&transfer.transaction_id)
+                .map(str::to_owned),
         };
         match self.accounts.run(&account.account_id, request).await {
             // Someone (another instance's sweep) undid it first.

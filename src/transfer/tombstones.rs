@@ -1,15 +1,13 @@
-//! The settled ids an account remembers (its tombstones, `docs/design.md §9`), in a compact
-//! form: every account write carries them, so their cost per write is what a hot account pays.
+//! The settled ids an account remembers (its tombstones), as versions before marks wrote
+//! them (`docs/design.md §9`, "The fence"). This version writes none: it reads them, refuses
+//! an apply of an id among them, and drops each once `SETTLED_RETENTION` old, so an
+//! account's document sheds them on its first write after that. Until then every account
+//! write carries them, so their encoding is kept as it was read.
 //!
 //! Stored as `"settled": {"ids": "t1 t2 t3", "at": [1764000000000, 1764000000004, ...]}`:
 //! the ids in one string, separated by single spaces (no valid id contains a space), and the
 //! epoch milliseconds each was settled at, in the same order, oldest settlement first. A
-//! hundred tombstones then encode and decode as one string and an array of integers instead
-//! of a hundred objects; a membership test is a search of one string.
-//!
-//! Their encoding is kept until they change: an apply leaves them as they were, so the
-//! account's next write copies the bytes its last one made instead of encoding a hundred ids
-//! again (3 µs a write with a hundred, measured), and a copy of the account shares them.
+//! membership test is a search of one string.
 //!
 //! Documents written before this form carry `settled_transactions: [{"id", "at"}, ...]`;
 //! [`Tombstones::from_legacy`] reads them, and the next write of the account stores the

@@ -79,6 +79,7 @@ fn account(id: &str, opening: i64) -> AccountDoc {
         metadata: Default::default(),
         pending_transactions: vec![],
         pending_applied_at: vec![],
+        pending_marks: vec![],
         pending_credits: 0,
         pending_debits: 0,
         settled: Default::default(),
@@ -172,7 +173,6 @@ async fn walk(accounts: &[(&str, i64)], transfers: &[TransferDoc], script: &[(us
     let retention = Retention {
         millis: 3_600_000,
         max_entries: 100,
-        keep_newest: 0,
     };
     let mut docs: Vec<AccountDoc> = accounts.iter().map(|(id, o)| account(id, *o)).collect();
     for a in &docs {
@@ -203,6 +203,7 @@ async fn walk(accounts: &[(&str, i64)], transfers: &[TransferDoc], script: &[(us
                     side,
                     op,
                     currency: CurrencyRule::Any,
+                    mark: None,
                 };
                 match decide_account(a, step, &now, retention) {
                     AccountDecision::Write(next) => {
@@ -230,6 +231,7 @@ async fn walk(accounts: &[(&str, i64)], transfers: &[TransferDoc], script: &[(us
                         side,
                         op,
                         currency: CurrencyRule::Any,
+                        mark: None,
                     };
                     match decide_account(a, step, &now, retention) {
                         AccountDecision::Write(next) => {

@@ -80,13 +80,19 @@ async fn run_in(w: World, seed: u64, clocks: Clocks, sweep: bool) -> Outcome {
     eprintln!(
         "seed {seed} {clocks:?}: {} stalls fired, {} late applies undone",
         w.faulty.fired.load(std::sync::atomic::Ordering::SeqCst),
-        b.metrics.late_applies_compensated_total.get()
+        late_applies_given_back(&a, &b)
     );
     Outcome {
         clean: quiet && report.is_clean() && report.is_quiescent(),
         report: report.to_string(),
-        compensated: b.metrics.late_applies_compensated_total.get(),
+        compensated: late_applies_given_back(&a, &b),
     }
+}
+
+/// Late applies given back, by B's sweep or by a settle of either instance that found one
+/// (`docs/design.md` §9, "The fence").
+fn late_applies_given_back(a: &Instance, b: &Instance) -> u64 {
+    a.metrics.late_applies_compensated_total.get() + b.metrics.late_applies_compensated_total.get()
 }
 
 /// A's account reads and writes stall, one each: long enough for B to take the transfer
@@ -224,7 +230,7 @@ async fn without_the_sweep_the_same_runs_leave_late_applies_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_elasticsearch_clocks_apart_or_standing_still_end_exact_after_the_sweep() {
     let mut compensated = 0;
-    for (seed, clocks) in [(0, Clocks::BAhead(3)), (1, Clocks::AFrozen(10))] {
+    for (seed, clocks) in [(0, Clocks::BAhead(3)), (1, Clocks::AFrozen(40))] {
         let w = world_on_emulator(seed, Duration::from_millis(2)).await;
         compensated += clocks_apart_end_exact_after_the_sweep(w, seed, clocks).await;
     }
@@ -236,7 +242,7 @@ async fn on_elasticsearch_clocks_apart_or_standing_still_end_exact_after_the_swe
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_real_elasticsearch_clocks_apart_or_standing_still_end_exact_after_the_sweep() {
     let mut compensated = 0;
-    for (seed, clocks) in [(0, Clocks::BAhead(3)), (1, Clocks::AFrozen(10))] {
+    for (seed, clocks) in [(0, Clocks::BAhead(3)), (1, Clocks::AFrozen(40))] {
         let Some(w) = world_on_real_cluster(seed, Duration::from_millis(2)).await else {
             return;
         };

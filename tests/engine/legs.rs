@@ -713,7 +713,7 @@ async fn the_sweep_undoes_a_late_multi_leg_entry_by_its_net_change() {
     a.balance -= 6;
     a.pending_debits += 6;
     a.settled = Default::default();
-    a.add_pending("late", 0);
+    a.add_pending("late", 0, "");
     let stored = transfer_service::transfer::documents::Documents::new(w.base.clone());
     let current = stored.get::<AccountDoc>("a").await.unwrap().unwrap();
     stored.replace_if(&a, current.version).await.unwrap();

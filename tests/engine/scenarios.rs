@@ -13,6 +13,7 @@ use proptest::prelude::*;
 use tokio::sync::Semaphore;
 use transfer_service::store::{DynStore, Index, Source};
 use transfer_service::transfer::documents::decode;
+use transfer_service::transfer::lease::PARKED;
 use transfer_service::transfer::model::{AccountDoc, Leg, RollbackReason, TransferState};
 use transfer_service::transfer::operations::{Created, ServiceError};
 use transfer_service::transfer::protocol::Retention;
@@ -508,59 +509,79 @@ async fn an_account_create_whose_answer_was_lost_is_new() {
     }
 }
 
-/// An instance whose accounts remember at most two young tombstones (and pending entries),
-/// for `retention_ms`. Tombstones are the two-phase protocol's: it runs that protocol (a
-/// transfer settled in one store transaction leaves none).
-fn tight_tombstones(w: &World, retention_ms: i64) -> Instance {
+/// An instance whose accounts hold at most two pending entries (`SETTLED_MAX`; with them,
+/// tombstones an older version left, which this one only ages out). It runs the two-phase
+/// protocol, whose applies leave the entries (a transfer settled in one store transaction
+/// leaves none).
+fn two_pending_at_most(w: &World) -> Instance {
     let mut config = EngineConfig::with_lease(Duration::from_secs(5));
     config.one_transaction = false;
     config.retention = Retention {
-        millis: retention_ms,
+        millis: 3_600_000,
         max_entries: 2,
-        keep_newest: 0,
     };
     w.instance(w.base.clone(), config)
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_account_full_of_young_tombstones_backs_off_then_sheds_and_forgets_none() {
-    let w = world(12, Duration::ZERO);
-    let e = tight_tombstones(&w, 3_600_000);
-    open_account(&e, "a", 100).await;
-    open_account(&e, "b", 0).await;
-    for id in ["t1", "t2", "t3"] {
-        start_transfer(&e, id, "a", "b", 10).await;
-        terminal_without_recovery(&e, id).await;
+/// Two holds parked on `a` fill it: their entries stay until each is captured or cancelled.
+async fn two_holds_parked_on_a(e: &Instance) {
+    open_account(e, "a", 100).await;
+    open_account(e, "b", 0).await;
+    for id in ["h1", "h2"] {
+        let created = e
+            .create_transfer(hold(id, "a", "b", 10, Duration::from_secs(3600)))
+            .await
+            .expect("hold accepted");
+        assert!(matches!(created, Created::New(_)), "{created:?}");
+        until(&format!("{id} parked"), Duration::from_secs(10), || async {
+            transfer_doc(e, id).await.lease_owner.as_deref() == Some(PARKED)
+        })
+        .await;
     }
-    assert_eq!(state(&e, "t2").await, TransferState::Finished);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_account_full_of_pending_entries_backs_off_then_sheds() {
+    let w = world(12, Duration::ZERO);
+    let e = two_pending_at_most(&w);
+    two_holds_parked_on_a(&e).await;
+    start_transfer(&e, "t3", "a", "b", 10).await;
+    terminal_without_recovery(&e, "t3").await;
     let shed = transfer_doc(&e, "t3").await;
     assert_eq!(shed.transaction_state, TransferState::RolledBack);
     assert_eq!(shed.reason.map(|r| r.as_str()), Some("account_busy"));
     let a = e.get_account("a").await.unwrap().unwrap();
-    let remembered: Vec<_> = a.settled.ids().collect();
-    assert!(
-        remembered.contains(&"t1") && remembered.contains(&"t2"),
-        "young tombstones kept: {remembered:?}"
-    );
+    assert_eq!(a.pending_transactions, ["h1", "h2"]);
     assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (80, 20));
+    release_holds(&e, &["h1", "h2"]).await;
+    assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (100, 0));
     assert_invariants(&w.base).await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_apply_that_backs_off_goes_through_once_the_oldest_tombstones_age_out() {
-    let w = world(13, Duration::ZERO);
-    let e = tight_tombstones(&w, 300);
-    open_account(&e, "a", 100).await;
-    open_account(&e, "b", 0).await;
-    for id in ["t1", "t2", "t3"] {
-        start_transfer(&e, id, "a", "b", 10).await;
+/// Cancels each hold and waits until it has rolled back.
+async fn release_holds(e: &Instance, ids: &[&str]) {
+    for id in ids {
+        e.cancel_transfer(id).await.expect("cancelled");
         assert_eq!(
-            terminal_without_recovery(&e, id).await,
-            TransferState::Finished,
-            "{id}"
+            terminal_without_recovery(e, id).await,
+            TransferState::RolledBack
         );
     }
-    assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (70, 30));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_apply_that_backs_off_goes_through_once_an_entry_settles() {
+    let w = world(13, Duration::ZERO);
+    let e = two_pending_at_most(&w);
+    two_holds_parked_on_a(&e).await;
+    start_transfer(&e, "t3", "a", "b", 10).await;
+    e.capture_transfer("h1", None).await.expect("captured");
+    assert_eq!(
+        terminal_without_recovery(&e, "t3").await,
+        TransferState::Finished
+    );
+    release_holds(&e, &["h2"]).await;
+    assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (80, 20));
     assert_invariants(&w.base).await;
 }
 

@@ -111,8 +111,8 @@ async fn readyz_and_store_info_name_the_engine() {
     the_engine_is_named(Backend::Emulator, Some(emulated)).await;
 }
 
-/// On the real cluster: Elasticsearch 8.19.21, or OpenSearch 2.19.6 with
-/// `TEST_SEARCH_ENGINE=opensearch`.
+/// On the real cluster: Elasticsearch 8.19.21, OpenSearch 2.19.6 with
+/// `TEST_SEARCH_ENGINE=opensearch`, or OpenSearch 3.9.0 with `opensearch3`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_the_real_cluster_readyz_and_store_info_name_its_engine() {
     if crate::support::stores::real_cluster().is_none() {
@@ -120,6 +120,7 @@ async fn on_the_real_cluster_readyz_and_store_info_name_its_engine() {
     }
     let expected = match cluster::engine().as_str() {
         "opensearch" => ("opensearch", "2.19.6", "OpenSearch 2.19.6"),
+        "opensearch3" => ("opensearch", "3.9.0", "OpenSearch 3.9.0"),
         _ => ("elasticsearch", "8.19.21", "Elasticsearch 8.19.21"),
     };
     the_engine_is_named(Backend::RealEs, Some(expected)).await;

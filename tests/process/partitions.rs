@@ -119,13 +119,13 @@ fn chosen_schedules() -> Vec<Schedule> {
     chosen
 }
 
-/// Without `PARTITION_SCHEDULES`: every schedule on Elasticsearch; on OpenSearch only those
-/// that cut no link. OpenSearch 2.19.6 acknowledges writes it then loses when a node is cut
-/// off and an instance writes through it: in the moments after the heal, that node
-/// acknowledges creates on its stale primary and reports them committed there (black-holed
-/// links: 4 of 6 runs of one seed; refused links: 1 of 7 soak runs; `docs/design.md` §9,
-/// "What OpenSearch loses"). Those schedules are skipped there, saying so, until the service
-/// can tell that node's answers from the majority's; `PARTITION_SCHEDULES=all` runs them.
+/// Without `PARTITION_SCHEDULES`: every schedule on Elasticsearch and OpenSearch 3.x; on
+/// OpenSearch 2.19 only those that cut no link. OpenSearch 2.19.6 acknowledges writes it then
+/// loses when a node is cut off and an instance writes through it: in the moments after the
+/// heal, that node's closing primary acknowledges writes no other copy took
+/// (opensearch-project/OpenSearch#21456, fixed from 3.7.0; black-holed links: 4 of 6 runs of
+/// one seed; refused links: 1 of 7 soak runs; `docs/design.md` §9, "What OpenSearch loses").
+/// Those schedules are skipped there, saying so; `PARTITION_SCHEDULES=all` runs them.
 fn default_schedules() -> Vec<Schedule> {
     let opensearch = support::cluster::engine() == "opensearch";
     let (kept, skipped): (Vec<Schedule>, Vec<Schedule>) = SCHEDULES

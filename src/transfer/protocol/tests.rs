@@ -7,7 +7,6 @@ use crate::transfer::model::TransferState::*;
 const RETAIN: Retention = Retention {
     millis: 60_000,
     max_entries: 3,
-    keep_newest: 0,
 };
 
 fn now() -> Now {
@@ -25,6 +24,7 @@ fn account(balance: i64) -> AccountDoc {
         metadata: Default::default(),
         pending_transactions: vec![],
         pending_applied_at: vec![],
+        pending_marks: vec![],
         pending_credits: 0,
         pending_debits: 0,
         settled: Tombstones::default(),
@@ -42,6 +42,7 @@ fn step(op: AccountOp, side: Side, amount: i64) -> AccountStep<'static> {
         side,
         op,
         currency: CurrencyRule::Any,
+        mark: None,
     }
 }
 
@@ -261,6 +262,7 @@ fn a_net_debit_is_checked_against_the_floor_once() {
         side: p.side,
         op: AccountOp::Apply,
         currency: CurrencyRule::Any,
+        mark: None,
     };
     let after = write(decide_account(&account(100), step, &now(), RETAIN));
     assert_eq!(
@@ -406,7 +408,10 @@ fn a_partial_capture_gives_the_rest_back_in_the_remove() {
         (12, 0, 12)
     );
     assert!(src.pending_transactions.is_empty() && dest.pending_transactions.is_empty());
-    assert_eq!((ids(&src), ids(&dest)), (vec!["t1"], vec!["t1"]));
+    assert!(
+        src.settled.is_empty() && dest.settled.is_empty(),
+        "no tombstone is written"
+    );
     // Idempotent: a second remove changes nothing, whatever amount it carries.
     for (a, side) in [(&src, Side::Source), (&dest, Side::Destination)] {
         let again = AccountStep {
@@ -511,6 +516,7 @@ fn uncommitted_credits_cannot_be_spent() {
         side: Side::Source,
         op: AccountOp::Apply,
         currency: CurrencyRule::Any,
+        mark: None,
     };
     assert_eq!(
         decide_account(&a, step, &now(), RETAIN),
@@ -543,6 +549,7 @@ fn a_credit_leaves_room_to_undo_pending_debits() {
         side: Side::Destination,
         op: AccountOp::Apply,
         currency: CurrencyRule::Any,
+        mark: None,
     };
     assert_eq!(
         decide_account(&a, credit, &now(), RETAIN),
@@ -629,18 +636,128 @@ fn apply_refuses_to_overflow() {
 }
 
 #[test]
-fn apply_after_settlement_is_refused() {
-    let applied = write(decide(&account(100), AccountOp::Apply, Side::Source, 30));
-    let removed = write(decide(&applied, AccountOp::Remove, Side::Source, 30));
+fn an_apply_of_an_id_an_older_version_tombstoned_is_refused() {
+    let mut a = account(100);
+    a.settled = tombstones([("t1", now().millis)]);
     assert_eq!(
-        decide(&removed, AccountOp::Apply, Side::Source, 30),
+        decide(&a, AccountOp::Apply, Side::Source, 30),
         AccountDecision::Refuse(Refusal::AlreadySettled)
     );
     assert_eq!(Refusal::AlreadySettled.rollback_reason(), None);
 }
 
+/// `op` of `t1` on `a` with `mark`: an apply's own, a remove's as the commit recorded it.
+fn marked(a: &AccountDoc, op: AccountOp, side: Side, mark: Option<&str>) -> AccountDecision {
+    let step = AccountStep {
+        mark,
+        ..step(op, side, 30)
+    };
+    decide_account(a, step, &now(), RETAIN)
+}
+
 #[test]
-fn remove_keeps_the_balance_and_tombstones_the_id() {
+fn an_apply_marks_its_entry_and_a_remove_takes_the_entry_the_commit_counted() {
+    let applied = write(marked(
+        &account(100),
+        AccountOp::Apply,
+        Side::Source,
+        Some("i.1"),
+    ));
+    assert_eq!(applied.pending_mark("t1"), Some("i.1"));
+    assert_eq!(applied.pending_mark("t2"), None);
+    let removed = write(marked(
+        &applied,
+        AccountOp::Remove,
+        Side::Source,
+        Some("i.1"),
+    ));
+    assert_eq!((removed.balance, removed.pending_debits), (70, 0));
+    assert!(removed.pending_transactions.is_empty() && removed.pending_marks.is_empty());
+}
+
+/// The hole tombstones closed, closed by marks: a worker that took `t1` over commits and
+/// settles it; the stalled first worker, its clock wrong, applies `t1` again on an account
+/// read after the settle. A remove run again (the settling worker crashed before `finished`)
+/// must give that late entry back, not keep it as if the commit had counted it.
+#[test]
+fn a_late_apply_after_the_settle_is_given_back_by_the_remove_run_again() {
+    let applied = write(marked(
+        &account(100),
+        AccountOp::Apply,
+        Side::Source,
+        Some("i.1"),
+    ));
+    let settled = write(marked(
+        &applied,
+        AccountOp::Remove,
+        Side::Source,
+        Some("i.1"),
+    ));
+    let late = write(marked(
+        &settled,
+        AccountOp::Apply,
+        Side::Source,
+        Some("j.7"),
+    ));
+    assert_eq!(late.balance, 40, "applied twice until given back");
+    let AccountDecision::UndoLate(again) =
+        marked(&late, AccountOp::Remove, Side::Source, Some("i.1"))
+    else {
+        panic!("a remove must give a late apply back");
+    };
+    assert_eq!((again.balance, again.pending_debits), (70, 0));
+    assert!(again.pending_transactions.is_empty());
+    // A transfer committed before marks has none recorded: its remove keeps what it finds.
+    assert!(matches!(
+        marked(&late, AccountOp::Remove, Side::Source, None),
+        AccountDecision::Write(kept) if kept.balance == 40
+    ));
+}
+
+/// A version before marks rewrites an account without them (it drops the field it does not
+/// know): the entry a commit counted then reads as unmarked, and must still settle as
+/// counted, not be given back as late.
+#[test]
+fn an_entry_that_lost_its_mark_to_an_older_version_settles_as_counted() {
+    let mut applied = write(marked(
+        &account(100),
+        AccountOp::Apply,
+        Side::Source,
+        Some("i.1"),
+    ));
+    applied.pending_marks.clear();
+    let settled = write(marked(
+        &applied,
+        AccountOp::Remove,
+        Side::Source,
+        Some("i.1"),
+    ));
+    assert_eq!((settled.balance, settled.pending_debits), (70, 0));
+}
+
+#[test]
+fn the_sweeps_undo_gives_back_only_the_entry_it_saw() {
+    let late = write(marked(
+        &account(100),
+        AccountOp::Apply,
+        Side::Source,
+        Some("j.7"),
+    ));
+    assert_eq!(
+        marked(&late, AccountOp::Undo, Side::Source, Some("other")),
+        AccountDecision::AlreadyDone
+    );
+    let undone = write(marked(&late, AccountOp::Undo, Side::Source, Some("j.7")));
+    assert_eq!(undone.balance, 100);
+    assert_eq!(
+        marked(&undone, AccountOp::Undo, Side::Source, Some("j.7")),
+        AccountDecision::AlreadyDone,
+        "gone: nothing to write"
+    );
+}
+
+#[test]
+fn remove_keeps_the_balance_and_forgets_the_id() {
     let applied = write(decide(
         &account(100),
         AccountOp::Apply,
@@ -651,7 +768,7 @@ fn remove_keeps_the_balance_and_tombstones_the_id() {
     assert_eq!(removed.balance, 130);
     assert!(removed.pending_transactions.is_empty());
     assert_eq!(removed.pending_credits, 0);
-    assert_eq!(ids(&removed), ["t1"]);
+    assert!(removed.settled.is_empty(), "no tombstone is written");
     assert_eq!(
         decide(&removed, AccountOp::Remove, Side::Destination, 30),
         AccountDecision::AlreadyDone
@@ -672,10 +789,9 @@ fn undo_gives_back_what_was_applied() {
     ));
     let undone = write(decide(&credited, AccountOp::Undo, Side::Destination, 30));
     assert_eq!((undone.balance, undone.pending_credits), (100, 0));
-    assert_eq!(
-        decide(&undone, AccountOp::Undo, Side::Destination, 30),
-        AccountDecision::AlreadyDone
-    );
+    // Run again, it changes no sum but still writes: the write is the fence.
+    let again = write(decide(&undone, AccountOp::Undo, Side::Destination, 30));
+    assert_eq!((again.balance, again.pending_credits), (100, 0));
 }
 
 /// An account written before `pending_credits`/`pending_debits` existed reads them as 0
@@ -704,15 +820,14 @@ fn settling_a_pending_entry_on_an_old_document_keeps_pending_sums_at_zero() {
 }
 
 #[test]
-fn undo_of_a_never_applied_transfer_fences_the_account() {
+fn undo_of_a_never_applied_transfer_still_writes_the_account() {
     let a = account(100);
     let fenced = write(decide(&a, AccountOp::Undo, Side::Source, 30));
-    assert_eq!(fenced.balance, 100);
-    assert_eq!(ids(&fenced), ["t1"]);
     assert_eq!(
-        decide(&fenced, AccountOp::Apply, Side::Source, 30),
-        AccountDecision::Refuse(Refusal::AlreadySettled)
+        (fenced.balance, fenced.modification_time.as_str()),
+        (100, now().text.as_str())
     );
+    assert!(fenced.settled.is_empty() && fenced.pending_transactions.is_empty());
 }
 
 fn tombstones<S: AsRef<str>>(entries: impl IntoIterator<Item = (S, i64)>) -> Tombstones {
@@ -733,11 +848,7 @@ fn tombstones_are_kept_by_age_and_a_young_one_is_never_forgotten() {
     let old = now().millis - RETAIN.millis;
     a.settled = tombstones([("old", old), ("young", old + 1)]);
     let fenced = write(decide(&a, AccountOp::Undo, Side::Source, 1));
-    assert_eq!(
-        ids(&fenced),
-        ["young", "t1"],
-        "only the expired one dropped"
-    );
+    assert_eq!(ids(&fenced), ["young"], "only the expired one dropped");
     // Full of young tombstones: the apply is refused rather than one being forgotten.
     let mut full = account(100);
     full.settled = tombstones((0..3).map(|i| (format!("s{i}"), now().millis)));
@@ -752,7 +863,7 @@ fn tombstones_are_kept_by_age_and_a_young_one_is_never_forgotten() {
 }
 
 #[test]
-fn pending_entries_count_against_the_bound_because_each_becomes_a_tombstone() {
+fn pending_entries_count_against_the_bound_and_a_settle_makes_room() {
     let mut a = account(100);
     for i in 0..3 {
         let step = AccountStep {
@@ -779,39 +890,25 @@ fn pending_entries_count_against_the_bound_because_each_becomes_a_tombstone() {
         RETAIN,
     ));
     assert_eq!(
-        settled.settled.len() + settled.pending_transactions.len(),
-        3
+        (settled.settled.len(), settled.pending_transactions.len()),
+        (0, 2)
     );
+    assert!(matches!(
+        decide(&settled, AccountOp::Apply, Side::Source, 1),
+        AccountDecision::Write(_)
+    ));
 }
 
 #[test]
-fn fences_beyond_twice_the_bound_drop_the_oldest_and_stamps_from_the_future_are_young() {
+fn old_tombstones_beyond_twice_the_bound_drop_the_oldest_and_stamps_from_the_future_are_young() {
     let mut a = account(100);
-    a.settled = tombstones((0..6).map(|i| (format!("f{i}"), now().millis - 10 + i)));
+    a.settled = tombstones((0..7).map(|i| (format!("f{i}"), now().millis - 10 + i)));
     let fenced = write(decide(&a, AccountOp::Undo, Side::Source, 1));
-    assert_eq!(ids(&fenced), ["f1", "f2", "f3", "f4", "f5", "t1"]);
+    assert_eq!(ids(&fenced), ["f1", "f2", "f3", "f4", "f5", "f6"]);
     let mut b = account(100);
     b.settled = tombstones([("ahead", now().millis + 3_600_000)]);
     let kept = write(decide(&b, AccountOp::Undo, Side::Source, 1));
-    assert_eq!(ids(&kept), ["ahead", "t1"]);
-}
-
-#[test]
-fn the_newest_tombstones_are_kept_whatever_their_age() {
-    let old = now().millis - RETAIN.millis - 1_000;
-    let mut a = account(100);
-    a.settled = tombstones((0..3).map(|i| (format!("o{i}"), old)));
-    let keep_two = Retention {
-        keep_newest: 2,
-        ..RETAIN
-    };
-    let fenced = write(decide_account(
-        &a,
-        step(AccountOp::Undo, Side::Source, 1),
-        &now(),
-        keep_two,
-    ));
-    assert_eq!(ids(&fenced), ["o2", "t1"], "the newest two, t1 among them");
+    assert_eq!(ids(&kept), ["ahead"]);
 }
 
 #[test]
@@ -897,10 +994,12 @@ fn settling_at_once_refuses_an_account_that_already_holds_the_transfer() {
         at_once(&pending, Side::Source, 10),
         Err(Refusal::AlreadySettled)
     );
-    let settled = write(decide(&pending, AccountOp::Remove, Side::Source, 10));
+    let mut settled = write(decide(&pending, AccountOp::Remove, Side::Source, 10));
+    settled.settled = tombstones([("t1", now().millis)]);
     assert_eq!(
         at_once(&settled, Side::Source, 10),
-        Err(Refusal::AlreadySettled)
+        Err(Refusal::AlreadySettled),
+        "a tombstone of a version before marks"
     );
 }
 
