@@ -19,6 +19,7 @@ mod support;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -37,6 +38,9 @@ mod real_cluster;
 
 #[path = "process/partitions.rs"]
 mod partitions;
+
+#[path = "process/rolling_upgrade.rs"]
+mod rolling_upgrade;
 
 const BIN: &str = env!("CARGO_BIN_EXE_transfer-service");
 
@@ -115,7 +119,12 @@ impl Drop for Service {
 impl Service {
     /// Starts the binary on port 0 and waits for the address it logs when serving.
     fn start(env: &[(&str, String)]) -> Service {
-        let mut command = Command::new(BIN);
+        Service::start_binary(Path::new(BIN), env)
+    }
+
+    /// [`Service::start`] of another build of the service (an older version).
+    fn start_binary(bin: &Path, env: &[(&str, String)]) -> Service {
+        let mut command = Command::new(bin);
         command
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -192,7 +201,12 @@ impl Service {
 
     /// Starts the binary and waits until it is ready ([`Service::until_ready`]).
     async fn start_ready(env: &[(&str, String)]) -> Service {
-        let service = Service::start(env);
+        Service::start_binary_ready(Path::new(BIN), env).await
+    }
+
+    /// [`Service::start_ready`] of another build of the service.
+    async fn start_binary_ready(bin: &Path, env: &[(&str, String)]) -> Service {
+        let service = Service::start_binary(bin, env);
         service.until_ready().await;
         service
     }

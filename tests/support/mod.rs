@@ -22,6 +22,7 @@
 //!   checks of its deliveries (every event, signatures, order per transfer);
 //! - [`wait`]: waiting on a condition with a deadline (never a fixed sleep);
 //! - [`faketime`]: a child process whose wall clock is offset (libfaketime);
+//! - [`old_version`]: the service as an older commit built it (the rolling-upgrade test);
 //! - [`skip`]: a test whose tool is missing fails under CI and skips loudly elsewhere.
 //!
 //! Each binary uses part of the harness, so unused items are expected in any one of them.
@@ -74,6 +75,7 @@ pub mod gate;
 pub mod keys;
 pub mod logs;
 pub mod metrics;
+pub mod old_version;
 pub mod receiver;
 pub mod routes;
 pub mod skip;
