@@ -384,6 +384,13 @@ pub fn decide_account(
         .any(|id| id == transfer_id);
     let settled = account.settled.contains(transfer_id);
     let change = Change::of(side, amount);
+    // What to write, and as which decision: a settle that finds a late apply gives it back.
+    let write: fn(AccountDoc) -> AccountDecision = match op {
+        AccountOp::Remove if pending && is_late(account, transfer_id, mark) => {
+            AccountDecision::UndoLate
+        }
+        _ => AccountDecision::Write,
+    };
     let decided = match op {
         AccountOp::Apply if pending => return AccountDecision::AlreadyDone,
         AccountOp::Apply if settled => return AccountDecision::Refuse(Refusal::AlreadySettled),
@@ -397,17 +404,7 @@ pub fn decide_account(
         AccountOp::Apply => apply(account, transfer_id, change, now.millis, mark.unwrap_or("")),
         AccountOp::Remove if !pending => return AccountDecision::AlreadyDone,
         AccountOp::Remove if is_late(account, transfer_id, mark) => {
-            return match undo(account, transfer_id, change, true) {
-                Ok(next) => finish(
-                    next,
-                    transfer_id,
-                    op,
-                    now,
-                    retention,
-                    AccountDecision::UndoLate,
-                ),
-                Err(refusal) => AccountDecision::Refuse(refusal),
-            };
+            undo(account, transfer_id, change, true)
         }
         AccountOp::Remove => remove(
             account,
@@ -423,14 +420,12 @@ pub fn decide_account(
         AccountOp::Undo => undo(account, transfer_id, change, pending),
     };
     match decided {
-        Ok(next) => finish(
-            next,
-            transfer_id,
-            op,
-            now,
-            retention,
-            AccountDecision::Write,
-        ),
+        Ok(mut next) => {
+            prune_settled(&mut next, now.millis, retention);
+            next.modification_time = now.text.clone();
+            debug_assert_consistent(&next, transfer_id, op);
+            write(next)
+        }
         Err(refusal) => AccountDecision::Refuse(refusal),
     }
 }
@@ -444,21 +439,6 @@ fn is_late(account: &AccountDoc, transfer_id: &str, expected: Option<&str>) -> b
         (Some(found), Some(expected)) => !found.is_empty() && found != expected,
         _ => false,
     }
-}
-
-/// Stamps a decided account, ages out old tombstones and checks the invariants.
-fn finish(
-    mut next: AccountDoc,
-    transfer_id: &str,
-    op: AccountOp,
-    now: &Now,
-    retention: Retention,
-    decision: fn(AccountDoc) -> AccountDecision,
-) -> AccountDecision {
-    prune_settled(&mut next, now.millis, retention);
-    next.modification_time = now.text.clone();
-    debug_assert_consistent(&next, transfer_id, op);
-    decision(next)
 }
 
 /// What one transfer does to one account: the balance delta and the pending sums it moves.
