@@ -111,11 +111,11 @@ pub struct Observed {
 }
 
 /// A step's result and what it saw.
-type Reply = (StepResult, Observed);
+type StepReply = (StepResult, Observed);
 
-struct Waiting {
+struct QueuedStep {
     request: StepRequest,
-    reply: oneshot::Sender<Reply>,
+    reply: oneshot::Sender<StepReply>,
 }
 
 struct FlushGuard<'a> {
@@ -151,7 +151,7 @@ pub struct AccountSteps {
     max_store_attempts: u32,
     /// Batches are settled inside store transactions (see the module docs).
     in_transactions: bool,
-    queues: Mutex<HashMap<String, Vec<Waiting>>>,
+    queues: Mutex<HashMap<String, Vec<QueuedStep>>>,
     /// The last copy of each account this process wrote, with its version.
     cache: Mutex<HashMap<String, Versioned<AccountDoc>>>,
     marks: Arc<Marks>,
@@ -194,11 +194,11 @@ impl AccountSteps {
             let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
             match queues.get_mut(account) {
                 Some(queue) => {
-                    queue.push(Waiting { request, reply });
+                    queue.push(QueuedStep { request, reply });
                     false
                 }
                 None => {
-                    queues.insert(account.to_owned(), vec![Waiting { request, reply }]);
+                    queues.insert(account.to_owned(), vec![QueuedStep { request, reply }]);
                     true
                 }
             }
@@ -248,7 +248,7 @@ impl AccountSteps {
     }
 
     /// Decides and writes one batch, retrying on conflicts; one result per step.
-    async fn settle_batch(&self, account: &str, batch: &[Waiting]) -> Vec<Reply> {
+    async fn settle_batch(&self, account: &str, batch: &[QueuedStep]) -> Vec<StepReply> {
         if self.in_transactions {
             return self.settle_batch_in_transaction(account, batch).await;
         }
@@ -318,7 +318,11 @@ impl AccountSteps {
     /// [`AccountSteps::settle_batch`] inside one store transaction: read, decide and write
     /// together. A failure whose outcome is unknown is retried: every step is idempotent, so
     /// one applied the first time is `AlreadyDone` the second.
-    async fn settle_batch_in_transaction(&self, account: &str, batch: &[Waiting]) -> Vec<Reply> {
+    async fn settle_batch_in_transaction(
+        &self,
+        account: &str,
+        batch: &[QueuedStep],
+    ) -> Vec<StepReply> {
         let requests: Arc<Vec<StepRequest>> =
             Arc::new(batch.iter().map(|w| w.request.clone()).collect());
         let failed = |result: StepResult| vec![(result, Observed::default()); batch.len()];
@@ -363,8 +367,8 @@ impl AccountSteps {
     fn decide_batch(
         &self,
         current: AccountDoc,
-        batch: &[Waiting],
-    ) -> (Vec<Reply>, AccountDoc, bool) {
+        batch: &[QueuedStep],
+    ) -> (Vec<StepReply>, AccountDoc, bool) {
         let requests = batch.iter().map(|w| &w.request);
         let rules = (self.clock.as_ref(), self.retention, self.marks.as_ref());
         decide_steps(rules, current, requests)
@@ -380,8 +384,8 @@ impl AccountSteps {
         &self,
         account: &str,
         read: Option<Version>,
-        results: Vec<Reply>,
-    ) -> Vec<Reply> {
+        results: Vec<StepReply>,
+    ) -> Vec<StepReply> {
         match self.docs.vouch::<AccountDoc>(account, read).await {
             Ok(()) => results,
             Err(error) => vec![(StepResult::Failed(error), Observed::default()); results.len()],
@@ -389,7 +393,7 @@ impl AccountSteps {
     }
 
     /// The results for a batch on an account that does not exist.
-    fn missing(&self, batch: &[Waiting]) -> Vec<Reply> {
+    fn missing(&self, batch: &[QueuedStep]) -> Vec<StepReply> {
         missing(self.clock.as_ref(), batch.iter().map(|w| &w.request))
     }
 
@@ -458,7 +462,7 @@ fn decide_steps<'a>(
     (clock, retention, marks): (&dyn Clock, Retention, &Marks),
     mut current: AccountDoc,
     requests: impl Iterator<Item = &'a StepRequest>,
-) -> (Vec<Reply>, AccountDoc, bool) {
+) -> (Vec<StepReply>, AccountDoc, bool) {
     let observed = clock.boot_time();
     let now = clock.now();
     let mut changed = false;
@@ -510,7 +514,10 @@ fn decide_steps<'a>(
 }
 
 /// The results of steps on an account that does not exist.
-fn missing<'a>(clock: &dyn Clock, requests: impl Iterator<Item = &'a StepRequest>) -> Vec<Reply> {
+fn missing<'a>(
+    clock: &dyn Clock,
+    requests: impl Iterator<Item = &'a StepRequest>,
+) -> Vec<StepReply> {
     let observed = clock.boot_time();
     requests
         .map(|r| {

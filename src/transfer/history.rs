@@ -57,13 +57,13 @@ impl EventKind {
 
 /// One event of a transfer, as derived from its document.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Event {
+pub struct HistoryEntry {
     pub kind: EventKind,
     /// Epoch milliseconds of the write that recorded it.
     pub at: i64,
 }
 
-impl Event {
+impl HistoryEntry {
     /// The event's id, the same however often it is delivered: `<transfer id>/<type>` (a
     /// state is reached at most once, a capture recorded once).
     pub fn id(&self, transfer_id: &str) -> String {
@@ -90,9 +90,9 @@ impl TransferDoc {
 
     /// Every event this document records, oldest first: `created` (at `creation_time`),
     /// then its history. An entry that does not parse is skipped.
-    pub fn events(&self) -> Vec<Event> {
+    pub fn events(&self) -> Vec<HistoryEntry> {
         let created = parse_millis(&self.creation_time).unwrap_or(0);
-        let mut events = vec![Event {
+        let mut events = vec![HistoryEntry {
             kind: EventKind::State(TransferState::Created),
             at: created,
         }];
@@ -100,7 +100,7 @@ impl TransferDoc {
             let mut chars = entry.chars();
             let kind = EventKind::from_code(chars.next()?)?;
             let at = chars.as_str().parse().ok()?;
-            Some(Event { kind, at })
+            Some(HistoryEntry { kind, at })
         }));
         events
     }

@@ -57,8 +57,8 @@ use crate::store::{StoreResult, Version, WriteOutcome};
 use crate::time::{format_millis, parse_millis};
 
 /// The owner of a parked hold's lease: the hold itself, not a worker (no worker token lacks
-/// the `/`).
-pub const PARKED: &str = "hold";
+/// the `/`). The stored token is [`PARKED_OWNER`](super::model::PARKED_OWNER).
+pub const PARKED: &str = super::model::PARKED_OWNER;
 
 /// A lease owner token: `<instance>/<worker>`, unique per worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -238,8 +238,8 @@ impl Leases {
         doc.lease_owner.as_deref() == Some(PARKED)
     }
 
-    /// Parks a held hold (`pending`, both accounts applied, no capture): its lease passes to
-    /// the hold until `hold_expires_at`, conditionally on the held version. `Ok(false)`:
+    /// Parks an applied hold (`pending`, both accounts applied, no capture): its lease passes
+    /// to the hold until `hold_expires_at`, conditionally on the version this worker has. `Ok(false)`:
     /// someone wrote it first (a capture or a cancel); read it again. After `Ok(true)` the
     /// worker must stop: the lease is no longer its own.
     pub async fn park(&self, leased: &mut Leased) -> StoreResult<bool> {

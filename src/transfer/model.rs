@@ -243,6 +243,11 @@ pub struct TransferDoc {
     pub applied_marks: Vec<String>,
 }
 
+/// `lease_owner` of a parked hold (`crate::transfer::lease::PARKED`): the hold owns its own
+/// lease while it waits for its capture. The stored token every version writes and reads, so
+/// it stays as it is.
+pub const PARKED_OWNER: &str = "hold";
+
 /// One leg of a multi-leg transaction: `amount` units from `from` to `to`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Leg {

@@ -32,8 +32,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::fast::{self, DeliveredElsewhere, FastPath};
 use super::ledger::{Item, Ledger};
-use super::progress::{Claim, Progress};
-use super::{Receiver, WebhookSettings};
+use super::progress::{Progress, ProgressClaim};
+use super::{Endpoint, WebhookSettings};
 use crate::metrics::Metrics;
 use crate::store::FeedPosition;
 use crate::transfer::feed::CursorRefused;
@@ -66,10 +66,10 @@ pub enum Outcome {
 }
 
 /// What one attempt needs, shared by the delivery tasks.
-pub(super) struct Sender {
+pub(super) struct Deliverer {
     pub(super) engine: Arc<Engine>,
     pub(super) settings: Arc<WebhookSettings>,
-    pub(super) receiver: Receiver,
+    pub(super) receiver: Endpoint,
     client: reqwest::Client,
     metrics: Arc<Metrics>,
     slots: Semaphore,
@@ -79,7 +79,7 @@ pub(super) struct Sender {
 }
 
 pub struct Dispatcher {
-    sender: Arc<Sender>,
+    sender: Arc<Deliverer>,
     /// Whether this instance holds the receiver's lease (its [`FastPath`] then stands aside).
     leased_here: Arc<AtomicBool>,
 }
@@ -92,13 +92,13 @@ impl Dispatcher {
     pub fn new(
         engine: Arc<Engine>,
         settings: Arc<WebhookSettings>,
-        receiver: Receiver,
+        receiver: Endpoint,
         client: reqwest::Client,
         metrics: Arc<Metrics>,
     ) -> Self {
         let slots = Semaphore::new(settings.max_concurrent.max(1));
         Self {
-            sender: Arc::new(Sender {
+            sender: Arc::new(Deliverer {
                 engine,
                 settings,
                 receiver,
@@ -148,7 +148,7 @@ impl Dispatcher {
         let sender = &self.sender;
         let fast = fast::runs_for(sender)
             .then(|| tokio::spawn(FastPath::new(sender.clone(), self.leased_here.clone()).run()));
-        self.hold_and_deliver().await;
+        self.lease_and_deliver().await;
         if let Some(fast) = fast {
             // It ends with the engine's shutdown too, saving what it delivered.
             let _ = fast.await;
@@ -156,7 +156,7 @@ impl Dispatcher {
     }
 
     /// Claims the receiver's lease and delivers while it is held, until the engine shuts down.
-    async fn hold_and_deliver(&self) {
+    async fn lease_and_deliver(&self) {
         let sender = &self.sender;
         let engine = &sender.engine;
         let shutdown = engine.shutdown_token();
@@ -176,16 +176,18 @@ impl Dispatcher {
                 return;
             }
             let wait = match progress.claim().await {
-                Ok(Claim::Leased { cursor }) => match self.start_of_feed(cursor.as_deref()).await {
-                    Ok(start) => {
-                        tracing::info!(receiver, owner = progress.owner(), cursor = ?cursor, "webhooks: delivering");
-                        self.deliver_while_leased(&mut progress, start, &shutdown)
-                            .await;
-                        Duration::ZERO
+                Ok(ProgressClaim::Leased { cursor }) => {
+                    match self.start_of_feed(cursor.as_deref()).await {
+                        Ok(start) => {
+                            tracing::info!(receiver, owner = progress.owner(), cursor = ?cursor, "webhooks: delivering");
+                            self.deliver_while_leased(&mut progress, start, &shutdown)
+                                .await;
+                            Duration::ZERO
+                        }
+                        Err(wait) => wait,
                     }
-                    Err(wait) => wait,
-                },
-                Ok(Claim::Busy { until }) => {
+                }
+                Ok(ProgressClaim::Busy { until }) => {
                     let left = (until - engine.clock().wall_millis()).max(0) as u64;
                     Duration::from_millis(left + 10).min(sender.settings.lease / 2)
                 }
@@ -303,7 +305,7 @@ impl Dispatcher {
 /// One stint of delivering while the lease is held: the ledger, the deliveries running, the
 /// read of the feed in flight and its timers.
 struct Session {
-    sender: Arc<Sender>,
+    sender: Arc<Deliverer>,
     ledger: Ledger,
     tasks: JoinSet<(String, Outcome)>,
     /// The transfer each running delivery task works for.
@@ -324,7 +326,7 @@ struct Session {
 }
 
 impl Session {
-    fn new(sender: Arc<Sender>, start: Option<FeedPosition>) -> Self {
+    fn new(sender: Arc<Deliverer>, start: Option<FeedPosition>) -> Self {
         let read_started = sender.engine.clock().wall_millis();
         let written = sender.engine.terminal_writes();
         Self {
@@ -551,7 +553,7 @@ impl Session {
     }
 }
 
-impl Sender {
+impl Deliverer {
     /// The events this receiver selected that are `wanted`, encoded, as `(transfer, item)`.
     fn selected_items(
         &self,

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 use tokio::task::JoinSet;
 
-use super::dispatcher::Sender;
+use super::dispatcher::Deliverer;
 use crate::store::{DynStore, Index, Source, StoreError, StoreResult, Version, WriteOutcome};
 use crate::time::format_millis;
 use crate::transfer::history::EventKind;
@@ -186,13 +186,13 @@ pub fn serves(events: &[EventKind]) -> bool {
 /// the holder looks for their records): on a store whose feed trails by a horizon (on the
 /// embedded store the feed is immediate and one process holds the store), for a selection
 /// of terminal events only.
-pub(super) fn runs_for(sender: &Sender) -> bool {
+pub(super) fn runs_for(sender: &Deliverer) -> bool {
     sender.engine.feed_delay() > Duration::ZERO && serves(&sender.settings.events)
 }
 
 /// This instance's fast path for one receiver, while `leased_here` is false.
 pub(super) struct FastPath {
-    sender: Arc<Sender>,
+    sender: Arc<Deliverer>,
     leased_here: Arc<AtomicBool>,
     instance: String,
     doc_id: String,
@@ -203,7 +203,7 @@ pub(super) struct FastPath {
 }
 
 impl FastPath {
-    pub(super) fn new(sender: Arc<Sender>, leased_here: Arc<AtomicBool>) -> Self {
+    pub(super) fn new(sender: Arc<Deliverer>, leased_here: Arc<AtomicBool>) -> Self {
         let instance = sender.engine.instance().to_owned();
         let doc_id = doc_id(&sender.receiver.id, &instance);
         Self {

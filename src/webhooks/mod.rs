@@ -146,7 +146,7 @@ pub fn parse_event_type(text: &str) -> Result<EventKind, String> {
 
 /// One receiver: its URL and the id of its progress document.
 #[derive(Debug, Clone)]
-pub struct Receiver {
+pub struct Endpoint {
     pub url: url::Url,
     /// `sha256(url)`, 16 hex digits: the id of its progress document. The URL itself is not
     /// stored (it may carry a token); the same URL on every instance shares one document.
@@ -155,7 +155,7 @@ pub struct Receiver {
     pub label: String,
 }
 
-impl Receiver {
+impl Endpoint {
     pub fn parse(text: &str) -> Result<Self, String> {
         let url = url::Url::parse(text.trim())
             .map_err(|e| format!("WEBHOOK_URL: `{}` is not a URL: {e}", redact(text)))?;
@@ -219,7 +219,7 @@ impl Backoff {
 /// The validated webhook configuration.
 #[derive(Debug, Clone)]
 pub struct WebhookSettings {
-    pub receivers: Vec<Receiver>,
+    pub receivers: Vec<Endpoint>,
     pub secret: Arc<WebhookSecret>,
     /// The event types delivered.
     pub events: Vec<EventKind>,
@@ -250,7 +250,7 @@ impl WebhookSettings {
             .webhook_url
             .iter()
             .filter(|text| !text.trim().is_empty())
-            .map(|text| Receiver::parse(text))
+            .map(|text| Endpoint::parse(text))
             .collect::<Result<Vec<_>, _>>()?;
         let events = args
             .webhook_events

@@ -36,7 +36,7 @@ pub struct ProgressDoc {
 
 /// What [`Progress::claim`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claim {
+pub enum ProgressClaim {
     /// This instance holds the lease; deliver from `cursor`.
     Leased { cursor: Option<String> },
     /// Another instance holds it until this time (epoch milliseconds).
@@ -122,7 +122,7 @@ impl Progress {
     }
 
     /// Takes the lease if it is free, ours, or expired; says who holds it otherwise.
-    pub async fn claim(&mut self) -> StoreResult<Claim> {
+    pub async fn claim(&mut self) -> StoreResult<ProgressClaim> {
         self.held = None;
         let now = self.clock.wall_millis();
         let expires = now + self.lease_millis;
@@ -136,12 +136,12 @@ impl Progress {
                 WriteOutcome::Written(version) => {
                     self.held = Some(version);
                     self.expires = expires;
-                    Ok(Claim::Leased {
+                    Ok(ProgressClaim::Leased {
                         cursor: self.initial.clone(),
                     })
                 }
                 // Another instance created it first: look again.
-                _ => Ok(Claim::Busy { until: now }),
+                _ => Ok(ProgressClaim::Busy { until: now }),
             };
         };
         let doc: ProgressDoc = current.source.decode().map_err(|e| {
@@ -156,7 +156,7 @@ impl Progress {
             || doc.lease_owner.as_deref() == Some(self.owner.as_str())
             || until + margin <= now;
         if !free {
-            return Ok(Claim::Busy { until });
+            return Ok(ProgressClaim::Busy { until });
         }
         let source = self.doc(doc.cursor.clone(), Some(self.owner.clone()), expires)?;
         match self
@@ -167,9 +167,9 @@ impl Progress {
             WriteOutcome::Written(version) => {
                 self.held = Some(version);
                 self.expires = expires;
-                Ok(Claim::Leased { cursor: doc.cursor })
+                Ok(ProgressClaim::Leased { cursor: doc.cursor })
             }
-            _ => Ok(Claim::Busy { until: now }),
+            _ => Ok(ProgressClaim::Busy { until: now }),
         }
     }
 
@@ -238,25 +238,31 @@ mod tests {
         let mut a = Progress::new(store.clone(), clock.clone(), "r1".into(), LEASE);
         let mut b = Progress::new(store.clone(), other_clock.clone(), "r1".into(), LEASE);
 
-        assert_eq!(a.claim().await.unwrap(), Claim::Leased { cursor: None });
+        assert_eq!(
+            a.claim().await.unwrap(),
+            ProgressClaim::Leased { cursor: None }
+        );
         // a delivers until a skew margin (7.5 s) before its lease runs out.
         let until = a.deliver_until() - clock.wall_millis();
         assert!((22_000..=22_500).contains(&until), "{until}");
         assert!(
-            matches!(b.claim().await.unwrap(), Claim::Busy { until } if until >= clock.wall_millis() + 29_000)
+            matches!(b.claim().await.unwrap(), ProgressClaim::Busy { until } if until >= clock.wall_millis() + 29_000)
         );
         assert!(a.save(Some("7".into())).await.unwrap());
         assert!(a.holds());
 
         // Just past a's expiry on b's clock, b still waits the skew margin (7.5 s)...
         other_clock.set_skew_millis(31_000);
-        assert!(matches!(b.claim().await.unwrap(), Claim::Busy { .. }));
+        assert!(matches!(
+            b.claim().await.unwrap(),
+            ProgressClaim::Busy { .. }
+        ));
         // ...and after it (a stalled, or the clocks disagree by more than the margin) b takes
         // over from the saved cursor.
         other_clock.set_skew_millis(38_000);
         assert_eq!(
             b.claim().await.unwrap(),
-            Claim::Leased {
+            ProgressClaim::Leased {
                 cursor: Some("7".into())
             }
         );
@@ -280,14 +286,17 @@ mod tests {
         b.release(Some("8".into())).await.unwrap();
         assert_eq!(
             a.claim().await.unwrap(),
-            Claim::Leased {
+            ProgressClaim::Leased {
                 cursor: Some("8".into())
             }
         );
         // Back in step, b sees a's lease as running (ahead by 38 s, it would take it again:
         // the clock dependence, which costs duplicates).
         other_clock.set_skew_millis(0);
-        assert!(matches!(b.claim().await.unwrap(), Claim::Busy { .. }));
+        assert!(matches!(
+            b.claim().await.unwrap(),
+            ProgressClaim::Busy { .. }
+        ));
     }
 
     #[tokio::test]
@@ -297,8 +306,14 @@ mod tests {
         let clock = TestClock::new();
         let mut one = Progress::new(store.clone(), clock.clone(), "r1".into(), LEASE);
         let mut two = Progress::new(store.clone(), clock.clone(), "r2".into(), LEASE);
-        assert_eq!(one.claim().await.unwrap(), Claim::Leased { cursor: None });
-        assert_eq!(two.claim().await.unwrap(), Claim::Leased { cursor: None });
+        assert_eq!(
+            one.claim().await.unwrap(),
+            ProgressClaim::Leased { cursor: None }
+        );
+        assert_eq!(
+            two.claim().await.unwrap(),
+            ProgressClaim::Leased { cursor: None }
+        );
         assert!(one.save(Some("3".into())).await.unwrap());
         let doc = store.get(Index::Webhooks, "r2").await.unwrap().unwrap();
         assert_eq!(doc.source.decode::<ProgressDoc>().unwrap().cursor, None);

@@ -13,14 +13,14 @@ pub const MAX_GROUP_OPS: usize = 4096;
 /// 16-leg transaction writes 17 documents).
 const TXN_WEIGHT: usize = 4;
 
-pub(super) type Reply = oneshot::Sender<StoreResult<Vec<StoreResult<WriteOutcome>>>>;
+pub(super) type ReplyTo = oneshot::Sender<StoreResult<Vec<StoreResult<WriteOutcome>>>>;
 pub(super) type TxnReply = oneshot::Sender<StoreResult<TxnOutcome>>;
 pub(super) type FlushReply = oneshot::Sender<StoreResult<()>>;
 
 /// One caller's work waiting for the committer.
 pub(super) enum Waiting {
     /// A `bulk`: each op on its own.
-    Ops(Vec<WriteOp>, Reply),
+    Ops(Vec<WriteOp>, ReplyTo),
     /// A `transact`: its writes all or none.
     Txn(TxnWork, TxnReply),
     /// A search about to read redb's tables: the open transaction commits after this group
