@@ -19,21 +19,12 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use transfer_service::transfer::model::TransferState;
-use transfer_service::transfer::operations::ServiceError;
-use transfer_service::transfer::{Engine, EngineConfig};
+use transfer_service::transfer::requests::NewTransfer;
+use transfer_service::transfer::Engine;
 
 use crate::support::engine::*;
-use crate::support::faulty::{FaultyStore, StepWrite, STEP_FAULTS};
-
-const LEASE: Duration = Duration::from_secs(1);
-
-fn config() -> EngineConfig {
-    EngineConfig {
-        max_store_attempts: 3,
-        recovery_page: 200,
-        ..EngineConfig::with_lease(LEASE)
-    }
-}
+use crate::support::faulty::{StepWrite, STEP_FAULTS};
+use crate::support::step_faults::*;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Path {
@@ -49,143 +40,45 @@ enum Path {
 const CAPTURED: i64 = 4;
 
 /// Every step boundary: (name, path, what the write looks like).
+#[rustfmt::skip]
 const STEPS: &[(&str, Path, StepWrite)] = &[
     ("create", Path::Commit, StepWrite::Create),
-    (
-        "one transaction: create and settle",
-        Path::Commit,
-        StepWrite::Transaction,
-    ),
-    (
-        "one transaction: create and roll back",
-        Path::Rollback,
-        StepWrite::Transaction,
-    ),
-    (
-        "core 1: → pending",
-        Path::Commit,
-        StepWrite::State("pending"),
-    ),
-    (
-        "core 2: apply to source",
-        Path::Commit,
-        StepWrite::Account("src", 1),
-    ),
-    (
-        "core 3: apply to destination",
-        Path::Commit,
-        StepWrite::Account("dest", 1),
-    ),
-    (
-        "core 4: → committed",
-        Path::Commit,
-        StepWrite::State("committed"),
-    ),
-    (
-        "core 5: remove from source",
-        Path::Commit,
-        StepWrite::Account("src", 0),
-    ),
-    (
-        "core 6: remove from destination",
-        Path::Commit,
-        StepWrite::Account("dest", 0),
-    ),
-    (
-        "core 7: → finished",
-        Path::Commit,
-        StepWrite::State("finished"),
-    ),
-    (
-        "rollback 1: → terminating",
-        Path::Rollback,
-        StepWrite::State("terminating"),
-    ),
-    (
-        "rollback 2: undo source",
-        Path::Rollback,
-        StepWrite::Account("src", 0),
-    ),
-    (
-        "rollback 3: undo destination",
-        Path::Rollback,
-        StepWrite::Account("dest", 0),
-    ),
-    (
-        "rollback 4: → rolled-back",
-        Path::Rollback,
-        StepWrite::State("rolled-back"),
-    ),
+    ("one transaction: create and settle", Path::Commit, StepWrite::Transaction),
+    ("one transaction: create and roll back", Path::Rollback, StepWrite::Transaction),
+    ("core 1: → pending", Path::Commit, StepWrite::State("pending")),
+    ("core 2: apply to source", Path::Commit, StepWrite::Account("src", 1)),
+    ("core 3: apply to destination", Path::Commit, StepWrite::Account("dest", 1)),
+    ("core 4: → committed", Path::Commit, StepWrite::State("committed")),
+    ("core 5: remove from source", Path::Commit, StepWrite::Account("src", 0)),
+    ("core 6: remove from destination", Path::Commit, StepWrite::Account("dest", 0)),
+    ("core 7: → finished", Path::Commit, StepWrite::State("finished")),
+    ("rollback 1: → terminating", Path::Rollback, StepWrite::State("terminating")),
+    ("rollback 2: undo source", Path::Rollback, StepWrite::Account("src", 0)),
+    ("rollback 3: undo destination", Path::Rollback, StepWrite::Account("dest", 0)),
+    ("rollback 4: → rolled-back", Path::Rollback, StepWrite::State("rolled-back")),
     ("hold: create", Path::Capture, StepWrite::Create),
     ("hold: park", Path::Capture, StepWrite::Park),
     ("capture: record", Path::Capture, StepWrite::Capture),
-    (
-        "capture core 4: → committed",
-        Path::Capture,
-        StepWrite::State("committed"),
-    ),
-    (
-        "capture core 5: remove from source, 6 back",
-        Path::Capture,
-        StepWrite::Account("src", 0),
-    ),
-    (
-        "capture core 6: remove from destination, 6 off",
-        Path::Capture,
-        StepWrite::Account("dest", 0),
-    ),
-    (
-        "capture core 7: → finished",
-        Path::Capture,
-        StepWrite::State("finished"),
-    ),
-    (
-        "expiry: → terminating",
-        Path::Expire,
-        StepWrite::State("terminating"),
-    ),
-    (
-        "expiry: undo source",
-        Path::Expire,
-        StepWrite::Account("src", 0),
-    ),
-    (
-        "expiry: undo destination",
-        Path::Expire,
-        StepWrite::Account("dest", 0),
-    ),
-    (
-        "expiry: → rolled-back",
-        Path::Expire,
-        StepWrite::State("rolled-back"),
-    ),
+    ("capture core 4: → committed", Path::Capture, StepWrite::State("committed")),
+    ("capture core 5: remove from source, 6 back", Path::Capture, StepWrite::Account("src", 0)),
+    ("capture core 6: remove from destination, 6 off", Path::Capture, StepWrite::Account("dest", 0)),
+    ("capture core 7: → finished", Path::Capture, StepWrite::State("finished")),
+    ("expiry: → terminating", Path::Expire, StepWrite::State("terminating")),
+    ("expiry: undo source", Path::Expire, StepWrite::Account("src", 0)),
+    ("expiry: undo destination", Path::Expire, StepWrite::Account("dest", 0)),
+    ("expiry: → rolled-back", Path::Expire, StepWrite::State("rolled-back")),
 ];
 
-/// One step boundary under one fault: its accounts, and instance A whose store injects it.
-struct Case {
-    name: String,
-    step: &'static str,
-    fault: &'static str,
-    path: Path,
-    worker: Arc<Engine>,
-    faulty: Arc<FaultyStore>,
-}
+type Case = StepCase<Path>;
 
 #[tokio::test(start_paused = true)]
 async fn every_step_survives_errors_crashes_and_stalls() {
     let w = world(0, Duration::ZERO);
-    let recoverer = w.instance(w.base.clone(), config());
+    let recoverer = w.instance(w.base.clone(), step_fault_config());
     let cases = arrange_cases(&w, &recoverer).await;
-    start_every_case(&cases).await;
+    create_every_transfer(&cases, new_transfer).await;
     capture_every_hold(&cases, &recoverer).await;
-    // Workers whose store crashed never answer again: they are dead processes, not busy ones.
-    let live_workers = || {
-        cases
-            .iter()
-            .filter(|c| !c.faulty.is_dead() && c.worker.running_tasks() > 0)
-            .count()
-    };
-    recover_until_quiescent(&w, &recoverer, live_workers, Duration::from_secs(60)).await;
+    recover_every_case(&w, &recoverer, &cases).await;
 
     assert_invariants(&w.base).await;
     for case in &cases {
@@ -202,62 +95,31 @@ async fn every_step_survives_errors_crashes_and_stalls() {
 /// can die alone.
 async fn arrange_cases(w: &World, recoverer: &Engine) -> Vec<Case> {
     let mut cases = Vec::new();
-    for (s, (step_name, path, step)) in STEPS.iter().enumerate() {
-        for (f, (fault_name, fault)) in STEP_FAULTS.iter().enumerate() {
-            let name = format!("c{s}-{f}");
-            let dest_balance = match path {
-                Path::Commit | Path::Capture | Path::Expire => 0,
-                Path::Rollback => i64::MAX - 5,
-            };
-            for (account, balance) in [("src", 100), ("dest", dest_balance)] {
-                recoverer
-                    .create_account(new_account(&format!("{name}-{account}"), balance))
-                    .await
-                    .unwrap();
-            }
-            let faulty = FaultyStore::new(w.base.clone(), s as u64 * 10 + f as u64, Duration::ZERO);
-            if matches!(step, StepWrite::Transaction) {
-                faulty.forward_transactions();
-            }
-            faulty.inject(step.matcher(&name), *fault, 1);
-            let worker = w.instance(faulty.clone(), config()).engine;
-            cases.push(Case {
-                name,
-                step: step_name,
-                fault: fault_name,
-                path: *path,
-                worker,
-                faulty,
-            });
+    for (s, f, step, fault) in every_step_under_every_fault(STEPS) {
+        let name = format!("c{s}-{f}");
+        let dest_balance = match step.1 {
+            Path::Commit | Path::Capture | Path::Expire => 0,
+            Path::Rollback => i64::MAX - 5,
+        };
+        for (account, balance) in [("src", 100), ("dest", dest_balance)] {
+            recoverer
+                .create_account(new_account(&format!("{name}-{account}"), balance))
+                .await
+                .unwrap();
         }
+        let seed = s as u64 * 10 + f as u64;
+        cases.push(Case::new(w, step_fault_config(), name, seed, step, fault));
     }
     cases
 }
 
-/// Each case's instance A accepts its transfer (all at once). A create that fails is answered
-/// 503 and leaves nothing, or (applied, then failed or crashed) leaves a transfer recovery
-/// must finish.
-async fn start_every_case(cases: &[Case]) {
-    let mut creates = Vec::new();
-    for case in cases {
-        let worker = case.worker.clone();
-        let (id, src, dest) = (
-            format!("{}-t", case.name),
-            format!("{}-src", case.name),
-            format!("{}-dest", case.name),
-        );
-        let new = match case.path {
-            Path::Commit | Path::Rollback => transfer(&id, &src, &dest, 10),
-            Path::Capture => hold(&id, &src, &dest, 10, Duration::from_secs(600)),
-            Path::Expire => hold(&id, &src, &dest, 10, Duration::from_secs(1)),
-        };
-        creates.push(tokio::spawn(async move {
-            let _ =
-                tokio::time::timeout(Duration::from_secs(10), worker.create_transfer(new)).await;
-        }));
-    }
-    for create in creates {
-        create.await.unwrap();
+/// What each case's instance A is asked to create (all at once).
+fn new_transfer(case: &Case) -> NewTransfer {
+    let (id, src, dest) = (case.id("t"), case.id("src"), case.id("dest"));
+    match case.path {
+        Path::Commit | Path::Rollback => transfer(&id, &src, &dest, 10),
+        Path::Capture => hold(&id, &src, &dest, 10, Duration::from_secs(600)),
+        Path::Expire => hold(&id, &src, &dest, 10, Duration::from_secs(1)),
     }
 }
 
@@ -270,31 +132,22 @@ async fn capture_every_hold(cases: &[Case], recoverer: &Arc<Engine>) {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut captures = Vec::new();
     for case in cases {
-        let amount = match case.path {
-            Path::Capture => Some(CAPTURED),
-            Path::Expire => None,
-            Path::Commit | Path::Rollback => continue,
-        };
-        let (worker, recoverer) = (case.worker.clone(), recoverer.clone());
-        let (id, path) = (format!("{}-t", case.name), case.path);
-        captures.push(tokio::spawn(async move {
-            let limit = Duration::from_secs(15);
-            let by_a = tokio::time::timeout(limit, worker.capture_transfer(&id, amount)).await;
-            match (path, by_a) {
-                (Path::Capture, Ok(Ok(_))) => {}
-                (Path::Capture, _) => {
-                    let by_b = tokio::time::timeout(limit, recoverer.capture_transfer(&id, amount));
-                    let by_b = by_b.await.expect("the recoverer answers");
-                    // NotFound: a create that never reached the store (checked at the end).
-                    assert!(
-                        matches!(by_b, Ok(_) | Err(ServiceError::NotFound)),
-                        "{id}: capture through the recoverer: {by_b:?}"
-                    );
+        let (worker, id) = (case.worker.clone(), case.id("t"));
+        captures.push(match case.path {
+            Path::Capture => tokio::spawn(capture_through_a_else_recoverer(
+                worker,
+                recoverer.clone(),
+                id,
+                Some(CAPTURED),
+            )),
+            Path::Expire => tokio::spawn(async move {
+                let by_a = tokio::time::timeout(CAPTURE_LIMIT, worker.capture_transfer(&id, None));
+                if let Ok(Ok(t)) = by_a.await {
+                    panic!("{id}: an expired hold was captured: {t:?}");
                 }
-                (_, Ok(Ok(t))) => panic!("{id}: an expired hold was captured: {t:?}"),
-                _ => {}
-            }
-        }));
+            }),
+            Path::Commit | Path::Rollback => continue,
+        });
     }
     for capture in captures {
         capture.await.unwrap();
@@ -305,19 +158,15 @@ async fn capture_every_hold(cases: &[Case], recoverer: &Arc<Engine>) {
 /// pending lists empty.
 async fn assert_case_ended_as_its_path_says(recoverer: &Engine, case: &Case) {
     let (step, fault) = (case.step, case.fault);
-    let fired = case.faulty.fired.load(std::sync::atomic::Ordering::SeqCst);
-    assert_eq!(fired, 1, "{step} / {fault}: the fault did not fire");
-    let t = recoverer
-        .get_transfer(&format!("{}-t", case.name))
-        .await
-        .unwrap();
+    case.assert_fault_fired();
+    let t = case.transfer(recoverer).await;
     let src = recoverer
-        .get_account(&format!("{}-src", case.name))
+        .get_account(&case.id("src"))
         .await
         .unwrap()
         .unwrap();
     let dest = recoverer
-        .get_account(&format!("{}-dest", case.name))
+        .get_account(&case.id("dest"))
         .await
         .unwrap()
         .unwrap();

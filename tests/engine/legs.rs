@@ -17,16 +17,7 @@ use transfer_service::transfer::{Engine, EngineConfig};
 
 use crate::support::engine::*;
 use crate::support::faulty::{Fault, FaultyStore, StepWrite, STEP_FAULTS};
-
-const LEASE: Duration = Duration::from_secs(1);
-
-fn config() -> EngineConfig {
-    EngineConfig {
-        max_store_attempts: 3,
-        recovery_page: 200,
-        ..EngineConfig::with_lease(LEASE)
-    }
-}
+use crate::support::step_faults::*;
 
 async fn open_with_floor(e: &Engine, id: &str, balance: i64, floor: i64) {
     let created = e
@@ -61,7 +52,7 @@ async fn run(e: &Arc<Engine>, new: NewTransfer) -> TransferState {
 #[tokio::test(start_paused = true)]
 async fn two_and_sixteen_legs_commit_with_every_account_exact() {
     let w = world(1, Duration::from_millis(2));
-    let e = w.instance(w.base.clone(), config());
+    let e = w.instance(w.base.clone(), step_fault_config());
     for id in ["a", "b", "c"] {
         open_account(&e, id, 100).await;
     }
@@ -97,7 +88,7 @@ async fn an_account_in_several_legs_holds_one_entry_and_is_checked_on_its_net_de
         let w = world(2, Duration::ZERO);
         let config = EngineConfig {
             one_transaction,
-            ..config()
+            ..step_fault_config()
         };
         let e = w.instance(w.base.clone(), config);
         open_with_floor(&e, "a", 100, 20).await;
@@ -135,7 +126,7 @@ async fn one_refused_leg_rolls_every_leg_back_and_names_the_account() {
         let w = world(3, Duration::ZERO);
         let config = EngineConfig {
             one_transaction,
-            ..config()
+            ..step_fault_config()
         };
         let e = w.instance(w.base.clone(), config);
         open_account(&e, "a", 100).await;
@@ -210,7 +201,7 @@ fn transfer_doc_new(id: &str, from: &str, to: &str, amount: i64) -> NewTransfer 
 #[tokio::test(start_paused = true)]
 async fn every_account_must_share_the_currency() {
     let w = world(4, Duration::ZERO);
-    let e = w.instance(w.base.clone(), config());
+    let e = w.instance(w.base.clone(), step_fault_config());
     for (id, currency) in [
         ("u1", Some("USD")),
         ("u2", Some("USD")),
@@ -254,7 +245,7 @@ async fn every_account_must_share_the_currency() {
 #[tokio::test(start_paused = true)]
 async fn a_multi_leg_hold_parks_and_is_captured_whole_or_cancelled() {
     let w = world(5, Duration::ZERO);
-    let e = w.instance(w.base.clone(), config());
+    let e = w.instance(w.base.clone(), step_fault_config());
     for id in ["a", "b", "c"] {
         open_account(&e, id, 100).await;
     }
@@ -299,7 +290,7 @@ async fn a_multi_leg_hold_parks_and_is_captured_whole_or_cancelled() {
 #[tokio::test(start_paused = true)]
 async fn a_replay_compares_the_legs() {
     let w = world(6, Duration::ZERO);
-    let e = w.instance(w.base.clone(), config());
+    let e = w.instance(w.base.clone(), step_fault_config());
     for id in ["a", "b", "c"] {
         open_account(&e, id, 100).await;
     }
@@ -334,6 +325,7 @@ enum Path {
     Capture,
 }
 
+#[rustfmt::skip]
 const STEPS: &[(&str, Path, StepWrite)] = &[
     ("create", Path::Commit, StepWrite::Create),
     ("→ pending", Path::Commit, StepWrite::State("pending")),
@@ -345,154 +337,74 @@ const STEPS: &[(&str, Path, StepWrite)] = &[
     ("remove b", Path::Commit, StepWrite::Account("b", 0)),
     ("remove c", Path::Commit, StepWrite::Account("c", 0)),
     ("→ finished", Path::Commit, StepWrite::State("finished")),
-    (
-        "rollback: apply b",
-        Path::Rollback,
-        StepWrite::Account("b", 1),
-    ),
-    (
-        "rollback: → terminating",
-        Path::Rollback,
-        StepWrite::State("terminating"),
-    ),
-    (
-        "rollback: undo a",
-        Path::Rollback,
-        StepWrite::Account("a", 0),
-    ),
-    (
-        "rollback: undo b",
-        Path::Rollback,
-        StepWrite::Account("b", 0),
-    ),
-    (
-        "rollback: undo c",
-        Path::Rollback,
-        StepWrite::Account("c", 0),
-    ),
-    (
-        "rollback: → rolled-back",
-        Path::Rollback,
-        StepWrite::State("rolled-back"),
-    ),
+    ("rollback: apply b", Path::Rollback, StepWrite::Account("b", 1)),
+    ("rollback: → terminating", Path::Rollback, StepWrite::State("terminating")),
+    ("rollback: undo a", Path::Rollback, StepWrite::Account("a", 0)),
+    ("rollback: undo b", Path::Rollback, StepWrite::Account("b", 0)),
+    ("rollback: undo c", Path::Rollback, StepWrite::Account("c", 0)),
+    ("rollback: → rolled-back", Path::Rollback, StepWrite::State("rolled-back")),
     ("hold: apply c", Path::Capture, StepWrite::Account("c", 1)),
     ("hold: park", Path::Capture, StepWrite::Park),
     ("capture: record", Path::Capture, StepWrite::Capture),
-    (
-        "capture: → committed",
-        Path::Capture,
-        StepWrite::State("committed"),
-    ),
-    (
-        "capture: remove b",
-        Path::Capture,
-        StepWrite::Account("b", 0),
-    ),
-    (
-        "capture: → finished",
-        Path::Capture,
-        StepWrite::State("finished"),
-    ),
+    ("capture: → committed", Path::Capture, StepWrite::State("committed")),
+    ("capture: remove b", Path::Capture, StepWrite::Account("b", 0)),
+    ("capture: → finished", Path::Capture, StepWrite::State("finished")),
 ];
 
-struct Case {
-    name: String,
-    step: &'static str,
-    fault: &'static str,
-    path: Path,
-    worker: Arc<Engine>,
-    faulty: Arc<FaultyStore>,
-}
+type Case = StepCase<Path>;
 
 /// Opening balances of `a`, `b`, `c`; the legs: a→b 10, a→c 5, b→c 3 (nets −15, +7, +8).
 const OPENING: [i64; 3] = [100, 100, 0];
 const NETS: [i64; 3] = [-15, 7, 8];
 
+/// The transaction of case `n`: `n-a` pays `n-b` 10 and `n-c` 5, `n-b` pays `n-c` 3.
+fn three_legs(n: &str) -> NewTransfer {
+    let (a, b, c) = (format!("{n}-a"), format!("{n}-b"), format!("{n}-c"));
+    legs(&format!("{n}-t"), &[(&a, &b, 10), (&a, &c, 5), (&b, &c, 3)])
+}
+
 #[tokio::test(start_paused = true)]
 async fn every_step_of_a_multi_leg_transaction_survives_errors_crashes_and_stalls() {
     let w = world(7, Duration::ZERO);
-    let recoverer = w.instance(w.base.clone(), config());
+    let recoverer = w.instance(w.base.clone(), step_fault_config());
     let mut cases = Vec::new();
-    for (s, (step_name, path, step)) in STEPS.iter().enumerate() {
-        for (f, (fault_name, fault)) in STEP_FAULTS.iter().enumerate() {
-            let name = format!("m{s}-{f}");
-            for (account, opening) in ["a", "b", "c"].into_iter().zip(OPENING) {
-                let opening = match (path, account) {
-                    (Path::Rollback, "c") => i64::MAX - 7,
-                    _ => opening,
-                };
-                open_account(&recoverer, &format!("{name}-{account}"), opening).await;
-            }
-            let faulty = FaultyStore::new(w.base.clone(), s as u64 * 10 + f as u64, Duration::ZERO);
-            faulty.inject(step.matcher(&name), *fault, 1);
-            let worker = w.instance(faulty.clone(), config()).engine;
-            cases.push(Case {
-                name,
-                step: step_name,
-                fault: fault_name,
-                path: *path,
-                worker,
-                faulty,
-            });
+    for (s, f, step, fault) in every_step_under_every_fault(STEPS) {
+        let name = format!("m{s}-{f}");
+        for (account, opening) in ["a", "b", "c"].into_iter().zip(OPENING) {
+            let opening = match (step.1, account) {
+                (Path::Rollback, "c") => i64::MAX - 7,
+                _ => opening,
+            };
+            open_account(&recoverer, &format!("{name}-{account}"), opening).await;
         }
+        let seed = s as u64 * 10 + f as u64;
+        cases.push(Case::new(&w, step_fault_config(), name, seed, step, fault));
     }
-    let mut creates = Vec::new();
-    for case in &cases {
-        let n = &case.name;
-        let (a, b, c) = (format!("{n}-a"), format!("{n}-b"), format!("{n}-c"));
-        let mut new = legs(&format!("{n}-t"), &[(&a, &b, 10), (&a, &c, 5), (&b, &c, 3)]);
+    create_every_transfer(&cases, |case| {
+        let mut new = three_legs(&case.name);
         if case.path == Path::Capture {
             new.hold = hold_for(Duration::from_secs(600));
         }
-        let worker = case.worker.clone();
-        creates.push(tokio::spawn(async move {
-            let _ =
-                tokio::time::timeout(Duration::from_secs(10), worker.create_transfer(new)).await;
-        }));
-    }
-    for create in creates {
-        create.await.unwrap();
-    }
+        new
+    })
+    .await;
     // Capture every hold whole, through A, else through the recoverer.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut captures = Vec::new();
     for case in cases.iter().filter(|c| c.path == Path::Capture) {
         let (worker, recoverer) = (case.worker.clone(), recoverer.engine.clone());
-        let id = format!("{}-t", case.name);
-        captures.push(tokio::spawn(async move {
-            let limit = Duration::from_secs(15);
-            if let Ok(Ok(_)) = tokio::time::timeout(limit, worker.capture_transfer(&id, None)).await
-            {
-                return;
-            }
-            let by_b = tokio::time::timeout(limit, recoverer.capture_transfer(&id, None)).await;
-            let by_b = by_b.expect("the recoverer answers");
-            assert!(
-                matches!(by_b, Ok(_) | Err(ServiceError::NotFound)),
-                "{id}: {by_b:?}"
-            );
-        }));
+        let capture = capture_through_a_else_recoverer(worker, recoverer, case.id("t"), None);
+        captures.push(tokio::spawn(capture));
     }
     for capture in captures {
         capture.await.unwrap();
     }
-    let live_workers = || {
-        cases
-            .iter()
-            .filter(|c| !c.faulty.is_dead() && c.worker.running_tasks() > 0)
-            .count()
-    };
-    recover_until_quiescent(&w, &recoverer, live_workers, Duration::from_secs(60)).await;
+    recover_every_case(&w, &recoverer, &cases).await;
     assert_invariants(&w.base).await;
     for case in &cases {
         let (step, fault) = (case.step, case.fault);
-        let fired = case.faulty.fired.load(std::sync::atomic::Ordering::SeqCst);
-        assert_eq!(fired, 1, "{step} / {fault}: the fault did not fire");
-        let t = recoverer
-            .get_transfer(&format!("{}-t", case.name))
-            .await
-            .unwrap();
-        let moved = match (&t, case.path) {
+        case.assert_fault_fired();
+        let moved = match (&case.transfer(&recoverer).await, case.path) {
             (None, _) => {
                 assert!(
                     step == "create" && fault == "crash before",
@@ -516,17 +428,14 @@ async fn every_step_of_a_multi_leg_transaction_survives_errors_crashes_and_stall
                 );
                 assert_eq!(
                     (t.reason, t.failed_account.clone()),
-                    (
-                        Some(RollbackReason::BalanceOverflow),
-                        Some(format!("{}-c", case.name))
-                    ),
+                    (Some(RollbackReason::BalanceOverflow), Some(case.id("c"))),
                     "{step} / {fault}"
                 );
                 false
             }
         };
         for (i, account) in ["a", "b", "c"].into_iter().enumerate() {
-            let doc = account_of(&recoverer, &format!("{}-{account}", case.name)).await;
+            let doc = account_of(&recoverer, &case.id(account)).await;
             let want = doc.opening_balance + if moved { NETS[i] } else { 0 };
             assert_eq!(doc.balance, want, "{step} / {fault}: {account}");
             assert!(
@@ -547,63 +456,47 @@ async fn every_step_of_a_multi_leg_transaction_survives_errors_crashes_and_stall
 /// already applied), the commit, and the remove of an account in the middle.
 #[tokio::test(start_paused = true)]
 async fn a_sixteen_leg_transaction_survives_every_fault_at_its_widest_steps() {
-    const WIDEST: &[(&str, StepWrite)] = &[
-        ("apply h16", StepWrite::Account("h16", 1)),
-        ("→ committed", StepWrite::State("committed")),
-        ("remove h8", StepWrite::Account("h8", 0)),
+    #[rustfmt::skip]
+    const WIDEST: &[(&str, Path, StepWrite)] = &[
+        ("apply h16", Path::Commit, StepWrite::Account("h16", 1)),
+        ("→ committed", Path::Commit, StepWrite::State("committed")),
+        ("remove h8", Path::Commit, StepWrite::Account("h8", 0)),
     ];
     let w = world(8, Duration::ZERO);
-    let recoverer = w.instance(w.base.clone(), config());
+    let recoverer = w.instance(w.base.clone(), step_fault_config());
     let mut cases = Vec::new();
-    for (s, (step_name, step)) in WIDEST.iter().enumerate() {
-        for (f, (fault_name, fault)) in STEP_FAULTS.iter().enumerate() {
-            let name = format!("w{s}-{f}");
-            for i in 0..=16 {
-                open_account(&recoverer, &format!("{name}-h{i}"), 1_000).await;
-            }
-            let faulty = FaultyStore::new(
-                w.base.clone(),
-                100 + s as u64 * 10 + f as u64,
-                Duration::ZERO,
-            );
-            faulty.inject(step.matcher(&name), *fault, 1);
-            let worker = w.instance(faulty.clone(), config()).engine;
-            let payees: Vec<String> = (1..=16).map(|i| format!("{name}-h{i}")).collect();
-            let payer = format!("{name}-h0");
-            let sixteen: Vec<(&str, &str, i64)> = payees
-                .iter()
-                .map(|p| (payer.as_str(), p.as_str(), 5))
-                .collect();
-            let new = legs(&format!("{name}-t"), &sixteen);
-            let create = worker.clone();
-            tokio::spawn(async move {
-                let _ = tokio::time::timeout(Duration::from_secs(10), create.create_transfer(new))
-                    .await;
-            })
+    for (s, f, step, fault) in every_step_under_every_fault(WIDEST) {
+        let name = format!("w{s}-{f}");
+        for i in 0..=16 {
+            open_account(&recoverer, &format!("{name}-h{i}"), 1_000).await;
+        }
+        let seed = 100 + s as u64 * 10 + f as u64;
+        let case = Case::new(&w, step_fault_config(), name, seed, step, fault);
+        let payees: Vec<String> = (1..=16).map(|i| case.id(&format!("h{i}"))).collect();
+        let payer = case.id("h0");
+        let sixteen: Vec<(&str, &str, i64)> = payees
+            .iter()
+            .map(|p| (payer.as_str(), p.as_str(), 5))
+            .collect();
+        let new = legs(&case.id("t"), &sixteen);
+        tokio::spawn(try_create(case.worker.clone(), new))
             .await
             .unwrap();
-            cases.push((name, *step_name, *fault_name, worker, faulty));
-        }
+        cases.push(case);
     }
-    let live_workers = || {
-        cases
-            .iter()
-            .filter(|(_, _, _, worker, faulty)| !faulty.is_dead() && worker.running_tasks() > 0)
-            .count()
-    };
-    recover_until_quiescent(&w, &recoverer, live_workers, Duration::from_secs(60)).await;
+    recover_every_case(&w, &recoverer, &cases).await;
     assert_invariants(&w.base).await;
-    for (name, step, fault, _, faulty) in &cases {
-        let fired = faulty.fired.load(std::sync::atomic::Ordering::SeqCst);
-        assert_eq!(fired, 1, "{step} / {fault}: the fault did not fire");
-        let t = transfer_doc(&recoverer, &format!("{name}-t")).await;
+    for case in &cases {
+        let (step, fault) = (case.step, case.fault);
+        case.assert_fault_fired();
+        let t = transfer_doc(&recoverer, &case.id("t")).await;
         assert_eq!(
             t.transaction_state,
             TransferState::Finished,
             "{step} / {fault}"
         );
         for i in 0..=16 {
-            let doc = account_of(&recoverer, &format!("{name}-h{i}")).await;
+            let doc = account_of(&recoverer, &case.id(&format!("h{i}"))).await;
             let want = if i == 0 { 1_000 - 80 } else { 1_005 };
             assert_eq!(doc.balance, want, "{step} / {fault}: h{i}");
             assert!(
@@ -625,7 +518,7 @@ async fn account_of(e: &Engine, id: &str) -> AccountDoc {
 #[tokio::test(start_paused = true)]
 async fn a_stalled_worker_never_applies_a_multi_leg_transaction_twice() {
     let w = world(8, Duration::ZERO);
-    let recoverer = w.instance(w.base.clone(), config());
+    let recoverer = w.instance(w.base.clone(), step_fault_config());
     let permits = Arc::new(Semaphore::new(64));
     let mut stalled = Vec::new();
     for (k, (account, pending)) in [("a", 1usize), ("b", 1), ("c", 1), ("a", 0), ("c", 0)]
@@ -642,16 +535,8 @@ async fn a_stalled_worker_never_applies_a_multi_leg_transaction_twice() {
             Fault::StallBefore(Duration::from_secs(5)),
             1,
         );
-        let worker = w.instance(faulty.clone(), config()).engine;
-        let n = &name;
-        let (a, b, c) = (format!("{n}-a"), format!("{n}-b"), format!("{n}-c"));
-        worker
-            .create_transfer(legs(
-                &format!("{n}-t"),
-                &[(&a, &b, 10), (&a, &c, 5), (&b, &c, 3)],
-            ))
-            .await
-            .unwrap();
+        let worker = w.instance(faulty.clone(), step_fault_config()).engine;
+        worker.create_transfer(three_legs(&name)).await.unwrap();
         stalled.push((name, worker, faulty));
     }
     // B takes every transaction over once its lease (plus the margin) has run out.
@@ -701,7 +586,7 @@ async fn a_stalled_worker_never_applies_a_multi_leg_transaction_twice() {
 #[tokio::test(start_paused = true)]
 async fn the_sweep_undoes_a_late_multi_leg_entry_by_its_net_change() {
     let w = world(9, Duration::ZERO);
-    let e = w.instance(w.base.clone(), config());
+    let e = w.instance(w.base.clone(), step_fault_config());
     for id in ["a", "b", "c"] {
         open_account(&e, id, 100).await;
     }

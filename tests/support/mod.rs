@@ -14,6 +14,8 @@
 //!   kept in flight without sleeps);
 //! - [`engine`]: the engine without HTTP, on real storage behind [`faulty`] (injected faults),
 //!   on a test clock and tokio's paused time;
+//! - [`step_faults`]: the fault suites' cases, one step boundary under one fault each, an
+//!   instance A that injects it and a recoverer that takes over;
 //! - [`keys`]: API key files, each key hashed by docs/api.md's recipe;
 //! - [`metrics`]: `/metrics` read with a maintained Prometheus text parser;
 //! - [`logs`]: every app's JSON log lines captured in memory, found by request or transfer id;
@@ -79,5 +81,6 @@ pub mod old_version;
 pub mod receiver;
 pub mod routes;
 pub mod skip;
+pub mod step_faults;
 pub mod stores;
 pub mod wait;
