@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 use std::time::Duration;
-use transfer_service::time::format_millis;
 
 use tokio::sync::Semaphore;
 use transfer_service::store::{DynStore, Index};
@@ -106,7 +105,6 @@ async fn a_mismatch_found_after_the_source_was_applied_is_undone_by_recovery() {
     open(&e, "eur", 0, Some("EUR")).await;
     let store: &DynStore = &w.base;
     let now = e.clock().wall_millis();
-    let long_ago = format_millis(now - 60_000);
     let source = store.get(Index::Accounts, "usd").await.unwrap().unwrap();
     let mut applied: AccountDoc = source.source.decode().unwrap();
     applied.balance -= 10;
@@ -122,17 +120,7 @@ async fn a_mismatch_found_after_the_source_was_applied_is_undone_by_recovery() {
         .await
         .unwrap();
     assert!(written.written().is_some());
-    let doc = serde_json::json!({
-        "transaction_id": "t", "src_acct": "usd", "dest_acct": "eur", "amount": 10,
-        "transaction_state": "pending",
-        "creation_time": format_millis(now),
-        "modification_time": long_ago,
-        "lease_owner": "dead", "lease_expires_at": long_ago,
-    });
-    store
-        .create(Index::Transactions, "t", doc.into())
-        .await
-        .unwrap();
+    plant_abandoned_pending(store, "t", ("usd", "eur", 10), now).await;
     e.recover_once(now, &Arc::new(Semaphore::new(4)))
         .await
         .unwrap();

@@ -427,18 +427,7 @@ async fn abandoned_pending_transfer(e: &Instance, store: &DynStore) {
     open_account(e, "a", 100).await;
     open_account(e, "b", 0).await;
     let now = e.clock().wall_millis();
-    let long_ago = transfer_service::time::format_millis(now - 60_000);
-    let doc = serde_json::json!({
-        "transaction_id": "t", "src_acct": "a", "dest_acct": "b", "amount": 10,
-        "transaction_state": "pending",
-        "creation_time": transfer_service::time::format_millis(now),
-        "modification_time": long_ago,
-        "lease_owner": "dead", "lease_expires_at": long_ago,
-    });
-    store
-        .create(Index::Transactions, "t", doc.into())
-        .await
-        .unwrap();
+    plant_abandoned_pending(store, "t", ("a", "b", 10), now).await;
 }
 
 /// Review finding: a takeover write whose answer is lost but which was applied leaves our

@@ -13,7 +13,8 @@ use transfer_service::metrics::Metrics;
 use transfer_service::store::coalescer::WriteCoalescer;
 use transfer_service::store::embedded::EmbeddedStore;
 use transfer_service::store::instrumented::InstrumentedStore;
-use transfer_service::store::DynStore;
+use transfer_service::store::{DynStore, Index};
+use transfer_service::time::format_millis;
 use transfer_service::transfer::clock::{Clock, TestClock};
 use transfer_service::transfer::model::{Leg, TransferDoc, TransferState};
 use transfer_service::transfer::operations::Created;
@@ -261,6 +262,29 @@ pub async fn recover_until_quiescent(
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Writes transfer `id` (`amount` from `from` to `to`) straight into `store` as a worker that
+/// died a minute before `now` left it: `pending`, its lease (owner `dead`) run out then. What
+/// it applied, if anything, the caller writes.
+pub async fn plant_abandoned_pending(
+    store: &DynStore,
+    id: &str,
+    (from, to, amount): (&str, &str, i64),
+    now: i64,
+) {
+    let long_ago = format_millis(now - 60_000);
+    let doc = serde_json::json!({
+        "transaction_id": id, "src_acct": from, "dest_acct": to, "amount": amount,
+        "transaction_state": "pending",
+        "creation_time": format_millis(now),
+        "modification_time": long_ago,
+        "lease_owner": "dead", "lease_expires_at": long_ago,
+    });
+    store
+        .create(Index::Transactions, id, doc.into())
+        .await
+        .unwrap();
 }
 
 /// The invariants of `docs/design.md §4`, at a quiescent point.
