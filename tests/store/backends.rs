@@ -10,8 +10,8 @@ use transfer_service::time::format_millis;
 
 use serde_json::{json, Value};
 use transfer_service::store::{
-    ChangesQuery, DynStore, FeedPosition, Index, SortKey, Source, StaleQuery, Store, StoreError,
-    TransferFilter, TxnOutcome, Version, WriteOp, WriteOutcome,
+    ChangesQuery, DynStore, FeedPosition, Index, Page, SortKey, Source, StaleQuery, Store,
+    StoreError, TransferFilter, TxnOutcome, Version, WriteOp, WriteOutcome,
 };
 
 use crate::support::stores;
@@ -47,6 +47,46 @@ fn written(outcome: WriteOutcome) -> Version {
     }
 }
 
+/// Creates `id`, which must be new: its version.
+async fn create_new(s: &dyn Store, index: Index, id: &str, source: impl Into<Source>) -> Version {
+    written(s.create(index, id, source.into()).await.unwrap())
+}
+
+/// Replaces `id`, whose version must be `v`: its new version.
+async fn replace_current(
+    s: &dyn Store,
+    index: Index,
+    id: &str,
+    source: impl Into<Source>,
+    v: Version,
+) -> Version {
+    written(s.replace_if(index, id, source.into(), v).await.unwrap())
+}
+
+/// The ids of a page, in order.
+fn ids(page: &Page) -> Vec<String> {
+    page.docs.iter().map(|d| d.id.clone()).collect()
+}
+
+/// Every id `filter` lists, following the cursor from its first page to its last;
+/// `check(page, ids seen so far)` runs on each page.
+async fn every_page(
+    s: &dyn Store,
+    mut filter: TransferFilter,
+    check: impl Fn(&Page, &[String]),
+) -> Vec<String> {
+    let mut seen = Vec::new();
+    loop {
+        let page = s.list_transfers(&filter).await.unwrap();
+        seen.extend(ids(&page));
+        check(&page, &seen);
+        match page.next {
+            Some(next) => filter.after = Some(next),
+            None => return seen,
+        }
+    }
+}
+
 /// The tests, one function each, shared by every backend.
 mod suite {
     use super::*;
@@ -56,11 +96,7 @@ mod suite {
     }
 
     pub async fn create_then_get_returns_source_and_version(s: &dyn Store) {
-        let v = written(
-            s.create(Index::Accounts, "a1", json!({"balance": 5}).into())
-                .await
-                .unwrap(),
-        );
+        let v = create_new(s, Index::Accounts, "a1", json!({"balance": 5})).await;
         let doc = s.get(Index::Accounts, "a1").await.unwrap().expect("found");
         assert_eq!(doc.id, "a1");
         assert_eq!(doc.source, json!({"balance": 5}));
@@ -69,11 +105,7 @@ mod suite {
     }
 
     pub async fn create_existing_is_already_exists_and_changes_nothing(s: &dyn Store) {
-        let v = written(
-            s.create(Index::Accounts, "a1", json!({"n": 1}).into())
-                .await
-                .unwrap(),
-        );
+        let v = create_new(s, Index::Accounts, "a1", json!({"n": 1})).await;
         let again = s
             .create(Index::Accounts, "a1", json!({"n": 2}).into())
             .await
@@ -85,16 +117,8 @@ mod suite {
     }
 
     pub async fn replace_if_matching_version_writes_and_bumps_seq_no(s: &dyn Store) {
-        let v1 = written(
-            s.create(Index::Accounts, "a1", json!({"n": 1}).into())
-                .await
-                .unwrap(),
-        );
-        let v2 = written(
-            s.replace_if(Index::Accounts, "a1", json!({"n": 2}).into(), v1)
-                .await
-                .unwrap(),
-        );
+        let v1 = create_new(s, Index::Accounts, "a1", json!({"n": 1})).await;
+        let v2 = replace_current(s, Index::Accounts, "a1", json!({"n": 2}), v1).await;
         assert!(v2.seq_no > v1.seq_no, "{v2:?} after {v1:?}");
         let doc = s.get(Index::Accounts, "a1").await.unwrap().unwrap();
         assert_eq!(
@@ -104,16 +128,8 @@ mod suite {
     }
 
     pub async fn replace_if_stale_version_conflicts_and_changes_nothing(s: &dyn Store) {
-        let v1 = written(
-            s.create(Index::Accounts, "a1", json!({"n": 1}).into())
-                .await
-                .unwrap(),
-        );
-        let v2 = written(
-            s.replace_if(Index::Accounts, "a1", json!({"n": 2}).into(), v1)
-                .await
-                .unwrap(),
-        );
+        let v1 = create_new(s, Index::Accounts, "a1", json!({"n": 1})).await;
+        let v2 = replace_current(s, Index::Accounts, "a1", json!({"n": 2}), v1).await;
         let stale = s
             .replace_if(Index::Accounts, "a1", json!({"n": 3}).into(), v1)
             .await
@@ -136,11 +152,7 @@ mod suite {
     }
 
     pub async fn replace_if_missing_doc_is_not_found(s: &dyn Store) {
-        let v = written(
-            s.create(Index::Accounts, "a1", json!({}).into())
-                .await
-                .unwrap(),
-        );
+        let v = create_new(s, Index::Accounts, "a1", json!({})).await;
         let outcome = s
             .replace_if(Index::Accounts, "ghost", json!({"n": 1}).into(), v)
             .await
@@ -152,11 +164,7 @@ mod suite {
     pub async fn seq_no_increases_on_every_write_across_documents(s: &dyn Store) {
         let mut last = None;
         for i in 0..5 {
-            let v = written(
-                s.create(Index::Accounts, &format!("a{i}"), json!({}).into())
-                    .await
-                    .unwrap(),
-            );
+            let v = create_new(s, Index::Accounts, &format!("a{i}"), json!({})).await;
             if let Some(prev) = last {
                 assert!(v.seq_no > prev, "seq_no {} after {prev}", v.seq_no);
             }
@@ -165,11 +173,7 @@ mod suite {
     }
 
     pub async fn bulk_reports_each_item_in_order(s: &dyn Store) {
-        let v = written(
-            s.create(Index::Accounts, "x", json!({"n": 0}).into())
-                .await
-                .unwrap(),
-        );
+        let v = create_new(s, Index::Accounts, "x", json!({"n": 0})).await;
         let stale = Version {
             seq_no: v.seq_no + 100,
             primary_term: v.primary_term,
@@ -227,11 +231,7 @@ mod suite {
     }
 
     pub async fn bulk_two_writes_on_one_version_only_first_wins(s: &dyn Store) {
-        let v = written(
-            s.create(Index::Accounts, "x", json!({"n": 0}).into())
-                .await
-                .unwrap(),
-        );
+        let v = create_new(s, Index::Accounts, "x", json!({"n": 0})).await;
         let op = |n: i64| WriteOp::ReplaceIf {
             index: Index::Accounts,
             id: "x".into(),
@@ -394,40 +394,18 @@ mod suite {
                 limit,
             }
         };
-        let ids = |page: &transfer_service::store::Page| -> Vec<String> {
-            page.docs.iter().map(|d| d.id.clone()).collect()
-        };
-        let all = s.list_transfers(&list(None, None, None, 10)).await.unwrap();
-        assert_eq!(ids(&all), ["t5", "t4", "t3", "t2", "t1"]);
-        let of_a = s
-            .list_transfers(&list(Some("a"), None, None, 10))
-            .await
-            .unwrap();
-        assert_eq!(ids(&of_a), ["t4", "t3", "t1"]);
-        let finished = s
-            .list_transfers(&list(None, Some("finished"), None, 10))
-            .await
-            .unwrap();
-        assert_eq!(ids(&finished), ["t5", "t3", "t1"]);
-        let a_finished = s
-            .list_transfers(&list(Some("a"), Some("finished"), None, 10))
-            .await
-            .unwrap();
-        assert_eq!(ids(&a_finished), ["t3", "t1"]);
-        // Pages of two, following the cursor.
-        let mut seen = Vec::new();
-        let mut after = None;
-        loop {
-            let page = s
-                .list_transfers(&list(None, None, after.clone(), 2))
-                .await
-                .unwrap();
-            seen.extend(ids(&page));
-            match page.next {
-                Some(next) => after = Some(next),
-                None => break,
-            }
+        let listings: [(Option<&str>, Option<&str>, &[&str]); 4] = [
+            (None, None, &["t5", "t4", "t3", "t2", "t1"]),
+            (Some("a"), None, &["t4", "t3", "t1"]),
+            (None, Some("finished"), &["t5", "t3", "t1"]),
+            (Some("a"), Some("finished"), &["t3", "t1"]),
+        ];
+        for (account, state, want) in listings {
+            let page = s.list_transfers(&list(account, state, None, 10)).await;
+            assert_eq!(ids(&page.unwrap()), want, "{account:?} {state:?}");
         }
+        // Pages of two, following the cursor.
+        let seen = every_page(s, list(None, None, None, 2), |_, _| {}).await;
         assert_eq!(seen, ["t5", "t4", "t3", "t2", "t1"]);
     }
 
@@ -448,25 +426,18 @@ mod suite {
         s.refresh().await.unwrap();
         for account in [None, Some("a")] {
             for limit in [1, 2, 10] {
-                let mut seen = Vec::new();
-                let mut after = None;
-                loop {
-                    let filter = TransferFilter {
-                        account: account.map(String::from),
-                        state: None,
-                        attention: false,
-                        metadata: Vec::new(),
-                        after: after.clone(),
-                        limit,
-                    };
-                    let page = s.list_transfers(&filter).await.unwrap();
-                    seen.extend(page.docs.iter().map(|d| d.id.clone()));
-                    assert!(seen.len() <= 6, "{account:?} by {limit}: {seen:?}");
-                    match page.next {
-                        Some(next) => after = Some(next),
-                        None => break,
-                    }
-                }
+                let filter = TransferFilter {
+                    account: account.map(String::from),
+                    state: None,
+                    attention: false,
+                    metadata: Vec::new(),
+                    after: None,
+                    limit,
+                };
+                let seen = every_page(s, filter, |_, seen| {
+                    assert!(seen.len() <= 6, "{account:?} by {limit}: {seen:?}")
+                })
+                .await;
                 assert_eq!(
                     seen,
                     ["t5", "t4", "t3", "t2", "t1", "t0"],
@@ -492,11 +463,7 @@ mod suite {
         ];
         for (id, state, src, dest, created, flagged) in docs {
             let plain = transfer(id, state, src, dest, created, created);
-            let v = written(
-                s.create(Index::Transactions, id, Source::from(&plain))
-                    .await
-                    .unwrap(),
-            );
+            let v = create_new(s, Index::Transactions, id, Source::from(&plain)).await;
             if flagged {
                 let mut doc = plain;
                 doc["attention"] = json!(format!("{id}: pending with a settled tombstone"));
@@ -508,11 +475,7 @@ mod suite {
         // Flagged, then cleared by a person (the field removed): listed no more.
         let mut cleared = transfer("t8", "pending", "a", "b", 80, 80);
         cleared["attention"] = json!("was flagged");
-        let v = written(
-            s.create(Index::Transactions, "t8", cleared.into())
-                .await
-                .unwrap(),
-        );
+        let v = create_new(s, Index::Transactions, "t8", cleared).await;
         let plain = transfer("t8", "pending", "a", "b", 80, 80);
         s.replace_if(Index::Transactions, "t8", plain.into(), v)
             .await
@@ -533,30 +496,21 @@ mod suite {
             after,
             limit,
         };
-        let ids = |page: &transfer_service::store::Page| -> Vec<String> {
-            page.docs.iter().map(|d| d.id.clone()).collect()
-        };
         let flagged = s.list_transfers(&list(None, None, None, 10)).await.unwrap();
         assert_eq!(ids(&flagged), ["t6", "t4", "t3", "t1"]);
         assert!(flagged
             .docs
             .iter()
             .all(|d| d.source.to_value().unwrap()["attention"].is_string()));
-        let of_a = s
-            .list_transfers(&list(Some("a"), None, None, 10))
-            .await
-            .unwrap();
-        assert_eq!(ids(&of_a), ["t4", "t3", "t1"]);
-        let pending = s
-            .list_transfers(&list(None, Some("pending"), None, 10))
-            .await
-            .unwrap();
-        assert_eq!(ids(&pending), ["t6", "t4", "t1"]);
-        let b_pending = s
-            .list_transfers(&list(Some("b"), Some("pending"), None, 10))
-            .await
-            .unwrap();
-        assert_eq!(ids(&b_pending), ["t6", "t1"]);
+        let listings: [(Option<&str>, Option<&str>, &[&str]); 3] = [
+            (Some("a"), None, &["t4", "t3", "t1"]),
+            (None, Some("pending"), &["t6", "t4", "t1"]),
+            (Some("b"), Some("pending"), &["t6", "t1"]),
+        ];
+        for (account, state, want) in listings {
+            let page = s.list_transfers(&list(account, state, None, 10)).await;
+            assert_eq!(ids(&page.unwrap()), want, "{account:?} {state:?}");
+        }
         let none = s
             .list_transfers(&list(None, Some("finished"), None, 10))
             .await
@@ -568,20 +522,8 @@ mod suite {
             (None, vec!["t6", "t4", "t3", "t1"]),
             (Some("a"), vec!["t4", "t3", "t1"]),
         ] {
-            let mut seen = Vec::new();
-            let mut after = None;
-            loop {
-                let page = s
-                    .list_transfers(&list(account, None, after.clone(), 1))
-                    .await
-                    .unwrap();
-                assert!(page.docs.len() <= 1);
-                seen.extend(ids(&page));
-                match page.next {
-                    Some(next) => after = Some(next),
-                    None => break,
-                }
-            }
+            let filter = list(account, None, None, 1);
+            let seen = every_page(s, filter, |page, _| assert!(page.docs.len() <= 1)).await;
             assert_eq!(seen, want, "{account:?}");
         }
     }
@@ -590,55 +532,22 @@ mod suite {
     /// combine (all pairs, and the other filters) and page with the cursor.
     pub async fn list_transfers_by_metadata_combines_and_pages(s: &dyn Store) {
         // (id, state, src, created, metadata)
+        #[rustfmt::skip]
         let docs = [
-            (
-                "t1",
-                "finished",
-                "a",
-                10,
-                json!({"order": "1", "shop": "x"}),
-            ),
+            ("t1", "finished", "a", 10, json!({"order": "1", "shop": "x"})),
             ("t2", "pending", "b", 20, json!({"order": "1"})),
-            (
-                "t3",
-                "finished",
-                "a",
-                30,
-                json!({"order": "2", "shop": "x"}),
-            ),
+            ("t3", "finished", "a", 30, json!({"order": "2", "shop": "x"})),
             ("t4", "finished", "b", 40, Value::Null),
-            (
-                "t5",
-                "rolled-back",
-                "a",
-                50,
-                json!({"order": "1", "shop": "y"}),
-            ),
-            (
-                "t6",
-                "finished",
-                "b",
-                60,
-                json!({"order": "1", "shop": "x"}),
-            ),
-            (
-                "t7",
-                "finished",
-                "a",
-                70,
-                json!({"shop": "x", "order.line": "1"}),
-            ),
+            ("t5", "rolled-back", "a", 50, json!({"order": "1", "shop": "y"})),
+            ("t6", "finished", "b", 60, json!({"order": "1", "shop": "x"})),
+            ("t7", "finished", "a", 70, json!({"shop": "x", "order.line": "1"})),
         ];
         for (id, state, src, created, metadata) in docs {
             let mut doc = transfer(id, "created", src, "z", created, created);
             if !metadata.is_null() {
                 doc["metadata"] = metadata;
             }
-            let v = written(
-                s.create(Index::Transactions, id, Source::from(&doc))
-                    .await
-                    .unwrap(),
-            );
+            let v = create_new(s, Index::Transactions, id, Source::from(&doc)).await;
             // The engine's state write keeps the metadata as it is.
             doc["transaction_state"] = json!(state);
             s.replace_if(Index::Transactions, id, doc.into(), v)
@@ -648,11 +557,7 @@ mod suite {
         // Metadata removed by a write (only a person could do that): no longer found by it.
         let mut gone = transfer("t8", "finished", "a", "z", 80, 80);
         gone["metadata"] = json!({"order": "1"});
-        let v = written(
-            s.create(Index::Transactions, "t8", gone.into())
-                .await
-                .unwrap(),
-        );
+        let v = create_new(s, Index::Transactions, "t8", gone).await;
         let plain = transfer("t8", "finished", "a", "z", 80, 80);
         s.replace_if(Index::Transactions, "t8", plain.into(), v)
             .await
@@ -673,9 +578,6 @@ mod suite {
                     limit,
                 }
             };
-        let ids = |page: &transfer_service::store::Page| -> Vec<String> {
-            page.docs.iter().map(|d| d.id.clone()).collect()
-        };
         type Case<'a> = (
             &'a [(&'a str, &'a str)],
             Option<&'a str>,
@@ -701,20 +603,8 @@ mod suite {
                 .unwrap();
             assert_eq!(ids(&page), want, "{pairs:?} {account:?} {state:?}");
             // Pages of one, following the cursor: a page may end early, never skip a match.
-            let mut seen = Vec::new();
-            let mut after = None;
-            loop {
-                let page = s
-                    .list_transfers(&list(pairs, account, state, after.clone(), 1))
-                    .await
-                    .unwrap();
-                assert!(page.docs.len() <= 1);
-                seen.extend(ids(&page));
-                match page.next {
-                    Some(next) => after = Some(next),
-                    None => break,
-                }
-            }
+            let filter = list(pairs, account, state, None, 1);
+            let seen = every_page(s, filter, |page, _| assert!(page.docs.len() <= 1)).await;
             assert_eq!(seen, want, "paged: {pairs:?} {account:?} {state:?}");
         }
     }
@@ -839,20 +729,14 @@ mod suite {
         for (n, id) in ["t1", "t2", "t3"].into_iter().enumerate() {
             let stamp = 1_000 * (n as i64 + 1);
             let doc = transfer(id, "created", "a", "b", stamp, stamp);
-            versions.push(written(
-                s.create(Index::Transactions, id, doc.into()).await.unwrap(),
-            ));
+            versions.push(create_new(s, Index::Transactions, id, doc).await);
         }
         s.create(Index::Accounts, "a", json!({"account_id": "a"}).into())
             .await
             .unwrap();
         // t1 written again, later than the others: it moves to the end.
         let again = transfer("t1", "pending", "a", "b", 1_000, 4_000);
-        written(
-            s.replace_if(Index::Transactions, "t1", again.into(), versions[0])
-                .await
-                .unwrap(),
-        );
+        replace_current(s, Index::Transactions, "t1", again, versions[0]).await;
         s.refresh().await.unwrap();
         let horizon = 10_000;
         assert_eq!(follow_changes(s, 2, horizon).await, ["t2", "t3", "t1"]);
@@ -939,16 +823,8 @@ mod suite {
     /// A store without transactions says so and refuses one, writing nothing; one with them
     /// makes every write of a transaction or none.
     pub async fn a_transaction_writes_all_of_its_documents_or_none(s: &dyn Store) {
-        let v1 = written(
-            s.create(Index::Accounts, "a1", json!({"n": 1}).into())
-                .await
-                .unwrap(),
-        );
-        let v2 = written(
-            s.create(Index::Accounts, "a2", json!({"n": 2}).into())
-                .await
-                .unwrap(),
-        );
+        let v1 = create_new(s, Index::Accounts, "a1", json!({"n": 1})).await;
+        let v2 = create_new(s, Index::Accounts, "a2", json!({"n": 2})).await;
         let both = |first: Version, second: Version, n: i64| -> transfer_service::store::TxnWork {
             Box::new(move |_| {
                 vec![
