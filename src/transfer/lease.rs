@@ -329,6 +329,23 @@ impl Leases {
         mut next: TransferDoc,
         go_on: impl Fn() -> bool,
     ) -> StoreResult<bool> {
+        // Only the holder writes, and a state only moves along an arrow of the post (or stays,
+        // for a write that changes something else).
+        debug_assert!(
+            leased.owner.holds(&leased.doc),
+            "{} written by {} while the document names {:?}",
+            leased.doc.transaction_id,
+            leased.owner.0,
+            leased.doc.lease_owner
+        );
+        debug_assert!(
+            next.transaction_state == leased.doc.transaction_state
+                || leased.doc.transaction_state.can_move_to(next.transaction_state),
+            "{}: {} → {} is not an arrow",
+            leased.doc.transaction_id,
+            leased.doc.transaction_state,
+            next.transaction_state
+        );
         let sent = self.sent();
         let now = self.clock.now();
         if next.transaction_state.is_terminal() {
@@ -857,6 +874,9 @@ mod tests {
             f.clock.boot_time() + LEASE - MARGIN,
             "renewed"
         );
+        let mut terminating = leased.doc.clone();
+        terminating.transaction_state = TransferState::Terminating;
+        assert!(f.leases.write(&mut leased, terminating, || true).await.unwrap());
         let mut done = leased.doc.clone();
         done.transaction_state = TransferState::RolledBack;
         assert!(f.leases.write(&mut leased, done, || true).await.unwrap());
