@@ -340,7 +340,10 @@ impl Leases {
         );
         debug_assert!(
             next.transaction_state == leased.doc.transaction_state
-                || leased.doc.transaction_state.can_move_to(next.transaction_state),
+                || leased
+                    .doc
+                    .transaction_state
+                    .can_move_to(next.transaction_state),
             "{}: {} → {} is not an arrow",
             leased.doc.transaction_id,
             leased.doc.transaction_state,
@@ -876,7 +879,11 @@ mod tests {
         );
         let mut terminating = leased.doc.clone();
         terminating.transaction_state = TransferState::Terminating;
-        assert!(f.leases.write(&mut leased, terminating, || true).await.unwrap());
+        assert!(f
+            .leases
+            .write(&mut leased, terminating, || true)
+            .await
+            .unwrap());
         let mut done = leased.doc.clone();
         done.transaction_state = TransferState::RolledBack;
         assert!(f.leases.write(&mut leased, done, || true).await.unwrap());
