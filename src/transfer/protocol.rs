@@ -267,7 +267,8 @@ pub struct Retention {
 }
 
 impl Retention {
-    /// No tombstones at all (tests of the other defences alone).
+    /// No bound on pending entries, and an older version's tombstones dropped at the first
+    /// write (tests of the other defences alone).
     pub const NONE: Retention = Retention {
         millis: i64::MIN,
         max_entries: usize::MAX / 4,

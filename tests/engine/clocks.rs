@@ -1,10 +1,11 @@
 //! Safety that does not depend on clocks: two instances on one store whose clocks disagree —
 //! one wall clock several leases ahead, or one clock that stood still while its VM was
-//! suspended — over a few hot accounts, with tombstones that protect nothing (kept for 0 ms).
-//! The lease fence then fails by construction: the instance whose clock is ahead takes over
-//! leases the other still holds, and the stalled holder applies late. What must hold anyway,
-//! once the late-apply sweep has run: conservation, per-account exactness, no pending entry,
-//! no balance below its floor, every transfer terminal.
+//! suspended — over a few hot accounts. The lease fence then fails by construction: the
+//! instance whose clock is ahead takes over leases the other still holds, and the stalled
+//! holder applies late. What must hold anyway, once the late applies are given back (by a
+//! settle that finds a mark other than the commit's, or by the late-apply sweep):
+//! conservation, per-account exactness, no pending entry, no balance below its floor, every
+//! transfer terminal.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +31,7 @@ fn config(sweep: bool) -> EngineConfig {
         max_conflicts: 500,
         recovery_interval: Duration::from_millis(10),
         recovery_page: 200,
-        // No tombstone outlives its write: only the fence and the sweep are left.
+        // No bound on pending entries: nothing is refused as busy.
         retention: Retention::NONE,
         sweep_pages_per_tick: if sweep { 10 } else { 0 },
         ..EngineConfig::with_lease(LEASE)
