@@ -4,19 +4,12 @@
 //! real cluster (`real_es::*`, from `tools/es-cluster/run`; they say they skipped, and why, where no
 //! cluster can run).
 
-use crate::support::app::{Backend, TestApp};
+use crate::support::app::{item_ids as ids, Backend, TestApp};
+use crate::support::problems::assert_problem;
 use serde_json::{json, Value};
 use transfer_service::store::Index;
 use transfer_service::time::format_millis;
 use transfer_service::transfer::clock::{Clock, SystemClock};
-
-fn assert_problem(status: u16, body: &Value, want: u16) {
-    assert_eq!(status, want, "{body}");
-    assert_eq!(body["status"], want, "{body}");
-    for field in ["type", "title", "detail"] {
-        assert!(body[field].is_string(), "problem without {field}: {body}");
-    }
-}
 
 /// Writes a transfer document straight into the store, as a crashed or live worker would
 /// have left it.
@@ -426,14 +419,6 @@ mod cases {
             app.settled(id).await;
         }
         app.store().refresh().await.unwrap();
-        let ids = |page: &Value| -> Vec<String> {
-            page["items"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|t| t["id"].as_str().unwrap().to_owned())
-                .collect()
-        };
         let (status, page) = app.get("/transfers?account=A").await;
         assert_eq!(status, 200, "{page}");
         assert_eq!(ids(&page), ["t4", "t3", "t1"]);
@@ -441,17 +426,7 @@ mod cases {
         assert_eq!(ids(&page), ["t3", "t1"]);
         let (_, page) = app.get("/transfers?state=rolled-back").await;
         assert_eq!(ids(&page), ["t4"]);
-        let mut seen = Vec::new();
-        let mut path = "/transfers?limit=3".to_owned();
-        loop {
-            let (status, page) = app.get(&path).await;
-            assert_eq!(status, 200, "{page}");
-            seen.extend(ids(&page));
-            match page["next_cursor"].as_str() {
-                Some(cursor) => path = format!("/transfers?limit=3&cursor={cursor}"),
-                None => break,
-            }
-        }
+        let seen = app.every_listed_id("", 3).await;
         assert_eq!(seen, ["t4", "t3", "t2", "t1"]);
         for bad in [
             "limit=0",
@@ -478,14 +453,6 @@ mod cases {
         plant_flagged_transfer(&app, "f1", "pending", ("A", "C"), 3_000).await;
         plant_flagged_transfer(&app, "f2", "committed", ("B", "C"), 2_000).await;
         app.store().refresh().await.unwrap();
-        let ids = |page: &Value| -> Vec<String> {
-            page["items"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|t| t["id"].as_str().unwrap().to_owned())
-                .collect()
-        };
         let (status, page) = app.get("/transfers?attention=true").await;
         assert_eq!(status, 200, "{page}");
         assert_eq!(ids(&page), ["f2", "f1"]);
@@ -511,17 +478,7 @@ mod cases {
         all.sort();
         assert_eq!(all, ["f1", "f2", "t1"]);
         // Pages of one, with the cursor.
-        let mut seen = Vec::new();
-        let mut path = "/transfers?attention=true&limit=1".to_owned();
-        loop {
-            let (status, page) = app.get(&path).await;
-            assert_eq!(status, 200, "{page}");
-            seen.extend(ids(&page));
-            match page["next_cursor"].as_str() {
-                Some(cursor) => path = format!("/transfers?attention=true&limit=1&cursor={cursor}"),
-                None => break,
-            }
-        }
+        let seen = app.every_listed_id("attention=true", 1).await;
         assert_eq!(seen, ["f2", "f1"]);
         // Only `true` is a value of this filter.
         for bad in [

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 
 use serde_json::{json, Value};
 
-use crate::support::app::{Backend, TestApp};
+use crate::support::app::{header, Backend, TestApp};
 use crate::support::keys::{Key, KeyFile};
 use crate::support::metrics::Exposition;
 use crate::support::routes::{self, Access, Route};
@@ -138,16 +138,8 @@ async fn attempt(
         .send(route.method, &path, key, body.as_ref(), request_id)
         .await;
     let status = response.status().as_u16();
-    let challenge = response
-        .headers()
-        .get("www-authenticate")
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_default();
-    let content_type = response
-        .headers()
-        .get("content-type")
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_default();
+    let challenge = header(&response, "www-authenticate");
+    let content_type = header(&response, "content-type");
     let body: Value = response.json().await.unwrap_or(Value::Null);
     if status == 401 || status == 403 {
         assert_eq!(content_type, "application/problem+json", "{body}");

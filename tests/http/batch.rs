@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::support::app::{Backend, TestApp};
 use crate::support::faulty::{Fault, FaultyStore, Matcher};
+use crate::support::problems::assert_problem;
 use serde_json::{json, Value};
 use transfer_service::store::DynStore;
 
@@ -20,14 +21,6 @@ fn items(status: u16, body: &Value, sent: usize) -> Vec<Value> {
     let items = body["items"].as_array().expect("items").clone();
     assert_eq!(items.len(), sent, "{body}");
     items
-}
-
-fn assert_problem(status: u16, body: &Value, want: u16) {
-    assert_eq!(status, want, "{body}");
-    assert_eq!(body["status"], want, "{body}");
-    for field in ["type", "title", "detail"] {
-        assert!(body[field].is_string(), "problem without {field}: {body}");
-    }
 }
 
 mod cases {

@@ -28,15 +28,14 @@ fn text(bytes: &[u8]) -> String {
 
 /// Every file under `dir`, with its bytes.
 fn files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|entry| {
-            let path = entry.unwrap().path();
-            let bytes = std::fs::read(&path).unwrap();
-            (path, bytes)
-        })
-        .collect();
-    files.sort();
+    let entries = std::fs::read_dir(dir).unwrap();
+    let mut paths: Vec<PathBuf> = entries.map(|entry| entry.unwrap().path()).collect();
+    paths.sort();
+    let mut files = Vec::new();
+    for path in paths {
+        let bytes = std::fs::read(&path).unwrap();
+        files.push((path, bytes));
+    }
     files
 }
 

@@ -7,13 +7,7 @@
 use serde_json::{json, Value};
 
 use crate::support::app::{Backend, TestApp};
-
-fn assert_422_saying(status: u16, body: &Value, says: &str) {
-    assert_eq!(status, 422, "{body}");
-    assert_eq!(body["type"], "/problems/invalid-field", "{body}");
-    let detail = body["detail"].as_str().unwrap();
-    assert!(detail.contains(says), "{detail:?} does not say {says:?}");
-}
+use crate::support::problems::assert_422_saying;
 
 mod cases {
     use super::*;

@@ -7,7 +7,8 @@
 
 use serde_json::{json, Value};
 
-use crate::support::app::{item_statuses, Backend, TestApp};
+use crate::support::app::{header, item_statuses, Backend, TestApp};
+use crate::support::problems::assert_422_saying;
 
 /// `POST <path>` with these `Idempotency-Key` header values (none, one, or several).
 async fn post_keyed(app: &TestApp, path: &str, keys: &[&str], body: Value) -> (u16, Value, String) {
@@ -17,23 +18,12 @@ async fn post_keyed(app: &TestApp, path: &str, keys: &[&str], body: Value) -> (u
     }
     let response = request.send().await.expect("POST");
     let status = response.status().as_u16();
-    let location = response
-        .headers()
-        .get("location")
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_default();
+    let location = header(&response, "location");
     (status, response.json().await.expect("JSON"), location)
 }
 
 fn unkeyed(from: &str, to: &str, amount: i64) -> Value {
     json!({"from": from, "to": to, "amount": amount})
-}
-
-fn assert_422_saying(status: u16, body: &Value, says: &str) {
-    assert_eq!(status, 422, "{body}");
-    assert_eq!(body["type"], "/problems/invalid-field", "{body}");
-    let detail = body["detail"].as_str().unwrap();
-    assert!(detail.contains(says), "{detail:?} does not say {says:?}");
 }
 
 mod cases {

@@ -7,14 +7,8 @@
 
 use serde_json::{json, Value};
 
-use crate::support::app::{Backend, TestApp};
-
-fn assert_422_saying(status: u16, body: &Value, says: &str) {
-    assert_eq!(status, 422, "{body}");
-    assert_eq!(body["type"], "/problems/invalid-field", "{body}");
-    let detail = body["detail"].as_str().unwrap();
-    assert!(detail.contains(says), "{detail:?} does not say {says:?}");
-}
+use crate::support::app::{item_ids, Backend, TestApp};
+use crate::support::problems::assert_422_saying;
 
 fn leg(from: &str, to: &str, amount: i64) -> Value {
     json!({"from": from, "to": to, "amount": amount})
@@ -24,12 +18,7 @@ async fn listed(app: &TestApp, query: &str) -> Vec<String> {
     app.store().refresh().await.unwrap();
     let (status, body) = app.get(&format!("/transfers?{query}")).await;
     assert_eq!(status, 200, "{body}");
-    body["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["id"].as_str().unwrap().to_owned())
-        .collect()
+    item_ids(&body)
 }
 
 mod cases {

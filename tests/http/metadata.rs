@@ -6,42 +6,16 @@
 
 use serde_json::{json, Value};
 
-use crate::support::app::{Backend, TestApp};
-
-fn assert_422_saying(status: u16, body: &Value, says: &str) {
-    assert_eq!(status, 422, "{body}");
-    assert_eq!(body["type"], "/problems/invalid-field", "{body}");
-    let detail = body["detail"].as_str().unwrap();
-    assert!(detail.contains(says), "{detail:?} does not say {says:?}");
-}
-
-fn ids(page: &Value) -> Vec<String> {
-    page["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["id"].as_str().unwrap().to_owned())
-        .collect()
-}
+use crate::support::app::{item_ids as ids, Backend, TestApp};
+use crate::support::problems::assert_422_saying;
 
 /// Every id of the listing `query`, following the cursor with pages of `limit`.
 async fn all_pages(app: &TestApp, query: &str, limit: usize) -> Vec<String> {
-    let mut seen = Vec::new();
-    let mut cursor: Option<String> = None;
-    loop {
-        let mut path = format!("/transfers?{query}&limit={limit}");
-        if let Some(c) = &cursor {
-            path.push_str(&format!("&cursor={c}"));
-        }
-        let (status, page) = app.get(&path).await;
-        assert_eq!(status, 200, "{path}: {page}");
-        assert!(ids(&page).len() <= limit);
-        seen.extend(ids(&page));
-        match page["next_cursor"].as_str() {
-            Some(next) => cursor = Some(next.to_owned()),
-            None => return seen,
-        }
+    let pages = app.transfer_pages(query, limit).await;
+    for page in &pages {
+        assert!(ids(page).len() <= limit);
     }
+    pages.iter().flat_map(ids).collect()
 }
 
 mod cases {

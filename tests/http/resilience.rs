@@ -24,15 +24,23 @@ async fn spawn() -> TestApp {
     .await
 }
 
+/// Opens `a` and `b` with 100 each.
+async fn open_a_and_b(app: &TestApp) {
+    for id in ["a", "b"] {
+        app.open_account(id, 100).await;
+    }
+}
+
+/// `POST /transfers` of `t1`: `amount` from `a` to `b`.
+async fn post_t1(app: &TestApp, amount: i64) -> (u16, Value) {
+    let t1 = json!({"id": "t1", "from": "a", "to": "b", "amount": amount});
+    app.post("/transfers", t1).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_follows_the_store_and_outages_answer_503() {
     let app = spawn().await;
-    for id in ["a", "b"] {
-        let (status, _) = app
-            .post("/accounts", json!({"id": id, "balance": 100}))
-            .await;
-        assert_eq!(status, 201);
-    }
+    open_a_and_b(&app).await;
     app.emulator().set_unavailable(true);
     wait::eventually("readyz 503", || async {
         app.status("/readyz").await == 503
@@ -72,17 +80,9 @@ async fn readiness_follows_the_store_and_outages_answer_503() {
     })
     .await;
     // The refused request changed nothing; the client's retry creates the transfer once.
-    let (status, _) = app
-        .post(
-            "/transfers",
-            json!({"id": "t1", "from": "a", "to": "b", "amount": 5}),
-        )
-        .await;
+    let (status, _) = post_t1(&app, 5).await;
     assert!(status == 201 || status == 200, "{status}");
-    wait::eventually("t1 finished", || async {
-        app.state("t1").await == "finished"
-    })
-    .await;
+    app.until_state("t1", "finished").await;
     let (_, a) = app.get("/accounts/a").await;
     assert_eq!(a["balance"], 95);
 }
@@ -90,17 +90,9 @@ async fn readiness_follows_the_store_and_outages_answer_503() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transfer_caught_in_an_outage_is_finished_by_recovery_afterwards() {
     let app = spawn().await;
-    for id in ["a", "b"] {
-        app.post("/accounts", json!({"id": id, "balance": 100}))
-            .await;
-    }
+    open_a_and_b(&app).await;
     // Accept the transfer, then take the store away before its worker can finish.
-    let (status, _) = app
-        .post(
-            "/transfers",
-            json!({"id": "t1", "from": "a", "to": "b", "amount": 30}),
-        )
-        .await;
+    let (status, _) = post_t1(&app, 30).await;
     assert_eq!(status, 201);
     app.emulator().set_unavailable(true);
     // The outage lasts until the worker has spent its retries and left the transfer to
@@ -110,10 +102,7 @@ async fn a_transfer_caught_in_an_outage_is_finished_by_recovery_afterwards() {
     })
     .await;
     app.emulator().set_unavailable(false);
-    wait::eventually("t1 finished after the outage", || async {
-        app.state("t1").await == "finished"
-    })
-    .await;
+    app.until_state("t1", "finished").await;
     let (_, a) = app.get("/accounts/a").await;
     let (_, b) = app.get("/accounts/b").await;
     assert_eq!(
@@ -127,26 +116,15 @@ async fn a_transfer_caught_in_an_outage_is_finished_by_recovery_afterwards() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejected_requests_are_retried_and_the_transfer_finishes() {
     let app = spawn().await;
-    for id in ["a", "b"] {
-        app.post("/accounts", json!({"id": id, "balance": 100}))
-            .await;
-    }
+    open_a_and_b(&app).await;
     let before = app.emulator().request_count();
     // Two rejections: the create is retried (three attempts) and succeeds.
     app.emulator().fail_next(429, 2);
-    let (status, _) = app
-        .post(
-            "/transfers",
-            json!({"id": "t1", "from": "a", "to": "b", "amount": 30}),
-        )
-        .await;
+    let (status, _) = post_t1(&app, 30).await;
     assert_eq!(status, 201);
     // More rejections for whatever the worker sends next.
     app.emulator().fail_next(503, 4);
-    wait::eventually("t1 finished", || async {
-        app.state("t1").await == "finished"
-    })
-    .await;
+    app.until_state("t1", "finished").await;
     assert!(app.emulator().request_count() > before + 3);
     let (_, a) = app.get("/accounts/a").await;
     assert_eq!(a["balance"], 70);

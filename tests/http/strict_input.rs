@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use crate::support::app::{Backend, TestApp};
+use crate::support::app::{header, Backend, TestApp};
 use crate::support::routes::{Route, ROUTES};
 use crate::support::wait;
 
@@ -374,11 +374,7 @@ async fn send(app: &TestApp, route: &Route, request: &Request, query: &str) -> (
         )
         .await;
     let status = response.status().as_u16();
-    let content_type = response
-        .headers()
-        .get("content-type")
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_default();
+    let content_type = header(&response, "content-type");
     let bytes = response.bytes().await.unwrap();
     let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     if status == 422 {

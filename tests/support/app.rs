@@ -368,6 +368,12 @@ impl TestApp {
         transfer["state"].as_str().unwrap_or("").to_owned()
     }
 
+    /// Polls until the transfer is in `state`; panics after [`wait::DEADLINE`].
+    pub async fn until_state(&self, id: &str, state: &str) {
+        let what = format!("{id} {state}");
+        wait::eventually(&what, || async { self.state(id).await == state }).await;
+    }
+
     /// Waits (long-polling) until the transfer is terminal; panics after [`wait::DEADLINE`].
     pub async fn settled(&self, id: &str) -> Value {
         let what = format!("transfer {id} to settle");
@@ -413,6 +419,35 @@ impl TestApp {
         panic!("POST {path}: the connection was reset three times before an answer");
     }
 
+    /// Every page of the transfer listing `query` (`""`: unfiltered) with pages of `limit`,
+    /// following `next_cursor` to the end; each page answered 200.
+    pub async fn transfer_pages(&self, query: &str, limit: usize) -> Vec<Value> {
+        let first = match query {
+            "" => format!("/transfers?limit={limit}"),
+            _ => format!("/transfers?{query}&limit={limit}"),
+        };
+        let mut pages = Vec::new();
+        let mut path = first.clone();
+        loop {
+            let (status, page) = self.get(&path).await;
+            assert_eq!(status, 200, "{path}: {page}");
+            let next = page["next_cursor"]
+                .as_str()
+                .map(|c| format!("{first}&cursor={c}"));
+            pages.push(page);
+            match next {
+                Some(next) => path = next,
+                None => return pages,
+            }
+        }
+    }
+
+    /// The ids [`Self::transfer_pages`] lists, page after page.
+    pub async fn every_listed_id(&self, query: &str, limit: usize) -> Vec<String> {
+        let pages = self.transfer_pages(query, limit).await;
+        pages.iter().flat_map(item_ids).collect()
+    }
+
     /// `GET /metrics`, checked to be the Prometheus text format, parsed.
     pub async fn scrape(&self) -> Exposition {
         let response = self.get_response("/metrics").await;
@@ -424,6 +459,25 @@ impl TestApp {
         );
         Exposition::parse(&response.text().await.expect("metrics body"))
     }
+}
+
+/// The value of header `name` of `response` (`""` if it has none).
+pub fn header(response: &reqwest::Response, name: &str) -> String {
+    response
+        .headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default()
+}
+
+/// The `id` of every item of a listing page, in order.
+pub fn item_ids(page: &Value) -> Vec<String> {
+    page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 /// The `status` of every item of a `POST /transfers/batch` answer, in order.

@@ -6,6 +6,7 @@
 //!   Elasticsearch cluster, with a client whose helpers read like sentences;
 //! - [`cluster`]: real Elasticsearch clusters from `tools/es-cluster/run`, one shared per test
 //!   binary, or one of a test's own with several nodes it can stop and start;
+//! - [`problems`]: the checks of an error answer (RFC 9457 problem+json);
 //! - [`routes`]: every route of the API with the scope it needs, in one list;
 //! - [`stores`]: a bare store on each of those backends, for the store suites;
 //! - [`cut_off`]: a store seen through a primary cut off from its replicas: writes it
@@ -78,6 +79,7 @@ pub mod keys;
 pub mod logs;
 pub mod metrics;
 pub mod old_version;
+pub mod problems;
 pub mod receiver;
 pub mod routes;
 pub mod skip;
