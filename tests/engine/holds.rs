@@ -65,8 +65,7 @@ async fn recover_for(w: &World, e: &Arc<Engine>, span: Duration) {
 async fn a_hold_waits_past_the_transfer_timeout_and_rolls_back_when_it_expires() {
     let w = world(1, Duration::ZERO);
     let e = w.instance(w.base.clone(), config());
-    open_account(&e, "a", 100).await;
-    open_account(&e, "b", 0).await;
+    open_a_and_b(&e).await;
     start_hold(&e, "h", 30, Duration::from_secs(60)).await;
     until_waiting(&e, "h").await;
     let t = transfer_doc(&e, "h").await;
@@ -107,8 +106,7 @@ async fn whole_and_partial_captures_settle_exactly() {
     for (capture, want) in [(None, (70, 30)), (Some(30), (70, 30)), (Some(12), (88, 12))] {
         let w = world(2, Duration::ZERO);
         let e = w.instance(w.base.clone(), config());
-        open_account(&e, "a", 100).await;
-        open_account(&e, "b", 0).await;
+        open_a_and_b(&e).await;
         start_hold(&e, "h", 30, Duration::from_secs(600)).await;
         until_waiting(&e, "h").await;
         let t = e.capture_transfer("h", capture).await.expect("captured");
@@ -149,8 +147,7 @@ async fn whole_and_partial_captures_settle_exactly() {
 async fn captures_out_of_range_or_of_plain_transfers_are_refused() {
     let w = world(3, Duration::ZERO);
     let e = w.instance(w.base.clone(), config());
-    open_account(&e, "a", 100).await;
-    open_account(&e, "b", 0).await;
+    open_a_and_b(&e).await;
     start_hold(&e, "h", 30, Duration::from_secs(600)).await;
     for bad in [0, -1, 31] {
         let refused = e.capture_transfer("h", Some(bad)).await;
@@ -183,8 +180,7 @@ async fn captures_out_of_range_or_of_plain_transfers_are_refused() {
 async fn a_capture_recorded_while_created_is_applied_once_pending() {
     let w = world(4, Duration::ZERO);
     let e = w.instance(w.base.clone(), config());
-    open_account(&e, "a", 100).await;
-    open_account(&e, "b", 0).await;
+    open_a_and_b(&e).await;
     // The worker is slowed so that the capture finds the hold still `created`.
     w.faulty.inject(
         crate::support::faulty::Matcher::writes(transfer_service::store::Index::Transactions)
@@ -213,8 +209,7 @@ async fn capture_and_cancel_racing_end_with_exactly_one_winner() {
         let w = world(seed, Duration::from_millis(5));
         let a = w.instance(w.faulty.clone(), config());
         let b = w.instance(w.faulty.clone(), config());
-        open_account(&a, "a", 100).await;
-        open_account(&a, "b", 0).await;
+        open_a_and_b(&a).await;
         start_hold(&a, "h", 30, Duration::from_secs(600)).await;
         if seed % 2 == 0 {
             until_waiting(&a, "h").await;
@@ -247,8 +242,7 @@ async fn capture_and_cancel_racing_end_with_exactly_one_winner() {
 async fn a_capture_after_the_expiry_loses_and_rolls_the_hold_back() {
     let w = world(5, Duration::ZERO);
     let e = w.instance(w.base.clone(), config());
-    open_account(&e, "a", 100).await;
-    open_account(&e, "b", 0).await;
+    open_a_and_b(&e).await;
     start_hold(&e, "h", 30, Duration::from_secs(10)).await;
     until_waiting(&e, "h").await;
     // Expired, but recovery has not acted yet: the capture writes the expiry itself.
@@ -273,8 +267,7 @@ async fn a_capture_after_the_expiry_loses_and_rolls_the_hold_back() {
 async fn a_cancelled_hold_is_released_and_counted() {
     let w = world(6, Duration::ZERO);
     let e = w.instance(w.base.clone(), config());
-    open_account(&e, "a", 100).await;
-    open_account(&e, "b", 0).await;
+    open_a_and_b(&e).await;
     start_hold(&e, "h", 30, Duration::from_secs(600)).await;
     until_waiting(&e, "h").await;
     let t = e.cancel_transfer("h").await.expect("cancelled");
@@ -304,8 +297,7 @@ async fn a_capture_recorded_before_the_expiry_is_finished_by_recovery_after_it()
     use crate::support::faulty::{Fault, StepWrite};
     let w = world(6, Duration::ZERO);
     let e = w.instance(w.base.clone(), config());
-    open_account(&e, "a", 100).await;
-    open_account(&e, "b", 0).await;
+    open_a_and_b(&e).await;
     start_hold(&e, "h", 30, Duration::from_secs(10)).await;
     until_waiting(&e, "h").await;
     // The capturing instance records the capture, then dies before committing.

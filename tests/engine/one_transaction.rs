@@ -275,8 +275,7 @@ async fn a_create_whose_answer_was_lost_is_still_answered_as_new() {
         w.faulty.clone(),
         EngineConfig::with_lease(Duration::from_secs(5)),
     );
-    open_account(&e, "a", 100).await;
-    open_account(&e, "b", 0).await;
+    open_a_and_b(&e).await;
     let created = e.create_transfer(transfer("t", "a", "b", 10)).await;
     assert!(matches!(created, Ok(Created::New(_))), "{created:?}");
     assert_eq!(w.faulty.fired.load(std::sync::atomic::Ordering::SeqCst), 1);

@@ -50,23 +50,15 @@ async fn a_write_applied_but_unacknowledged_is_not_applied_twice() {
     for fault in LOST_ANSWERS {
         let w = world(1, Duration::ZERO);
         let e = instance(&w, w.faulty.clone(), Duration::from_secs(5));
-        open_account(&e, "a", 100).await;
-        open_account(&e, "b", 0).await;
+        open_a_and_b(&e).await;
         // Each account write is applied but answered with an error once: the worker retries the
         // same conditional write, which conflicts, re-reads and finds the step done.
         w.faulty.inject(Matcher::writes(Index::Accounts), fault, 4);
         start_transfer(&e, "t1", "a", "b", 30).await;
         quiesce(&w, &e, Duration::from_secs(20)).await;
         assert_eq!(w.faulty.fired.load(std::sync::atomic::Ordering::SeqCst), 4);
-        assert_eq!(
-            e.get_transfer("t1")
-                .await
-                .unwrap()
-                .unwrap()
-                .transaction_state,
-            TransferState::Finished
-        );
-        assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (70, 30));
+        assert_eq!(state(&e, "t1").await, TransferState::Finished);
+        assert_eq!(balances_of_a_and_b(&e).await, (70, 30));
         assert_invariants(&w.base).await;
     }
 }
@@ -76,13 +68,12 @@ async fn state_writes_applied_but_unacknowledged_are_recovered() {
     for fault in LOST_ANSWERS {
         let w = world(2, Duration::ZERO);
         let e = instance(&w, w.faulty.clone(), Duration::from_millis(300));
-        open_account(&e, "a", 100).await;
-        open_account(&e, "b", 0).await;
+        open_a_and_b(&e).await;
         w.faulty
             .inject(Matcher::writes(Index::Transactions), fault, 3);
         start_transfer(&e, "t1", "a", "b", 30).await;
         quiesce(&w, &e, Duration::from_secs(20)).await;
-        assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (70, 30));
+        assert_eq!(balances_of_a_and_b(&e).await, (70, 30));
         assert_invariants(&w.base).await;
     }
 }
@@ -133,8 +124,7 @@ async fn concurrent_transfers_on_one_account_merge_conflict_and_retry_to_an_exac
 async fn a_cancel_during_pending_makes_the_worker_roll_back() {
     let w = world(4, Duration::ZERO);
     let e = instance(&w, w.faulty.clone(), Duration::from_secs(5));
-    open_account(&e, "a", 100).await;
-    open_account(&e, "b", 0).await;
+    open_a_and_b(&e).await;
     // Hold the destination apply so the cancel lands while the transfer is pending (its
     // write: the account, opened by this instance, is remembered and not read).
     w.faulty.inject(
@@ -143,16 +133,13 @@ async fn a_cancel_during_pending_makes_the_worker_roll_back() {
         1,
     );
     start_transfer(&e, "t1", "a", "b", 30).await;
-    until("t1 to be pending", Duration::from_secs(10), || async {
-        state(&e, "t1").await == TransferState::Pending
-    })
-    .await;
+    until_state(&e, "t1", TransferState::Pending, Duration::from_secs(10)).await;
     let cancelled = e.cancel_transfer("t1").await.unwrap();
     assert_eq!(cancelled.transaction_state, TransferState::Terminating);
     quiesce(&w, &e, Duration::from_secs(20)).await;
     let t = e.get_transfer("t1").await.unwrap().unwrap();
     assert_eq!(t.transaction_state, TransferState::RolledBack);
-    assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (100, 0));
+    assert_eq!(balances_of_a_and_b(&e).await, (100, 0));
     assert_invariants(&w.base).await;
 }
 
@@ -162,8 +149,7 @@ async fn transfers_older_than_the_timeout_roll_back_unless_committed() {
     let mut cfg = EngineConfig::with_lease(Duration::from_millis(200));
     cfg.transfer_timeout = Duration::ZERO;
     let e = w.instance(w.faulty.clone(), cfg);
-    open_account(&e, "a", 100).await;
-    open_account(&e, "b", 0).await;
+    open_a_and_b(&e).await;
     // A zero timeout: every transfer is past it, so the worker rolls it back instead of
     // starting.
     start_transfer(&e, "t1", "a", "b", 30).await;
@@ -333,8 +319,7 @@ async fn recovery_does_not_trust_a_remembered_account_copy_without_writing() {
     let w = world(6, Duration::ZERO);
     // The remembered copies are the two-phase protocol's: a store's transactions need none.
     let a = two_phase_instance(&w, w.base.clone(), Duration::from_millis(300));
-    open_account(&a, "a", 100).await;
-    open_account(&a, "b", 0).await;
+    open_a_and_b(&a).await;
     start_transfer(&a, "warm", "a", "b", 1).await;
     assert_eq!(
         terminal_without_recovery(&a, "warm").await,
@@ -357,14 +342,7 @@ async fn recovery_does_not_trust_a_remembered_account_copy_without_writing() {
     )
     .await;
     quiesce(&w, &a, Duration::from_secs(20)).await;
-    assert_eq!(
-        a.get_transfer("t")
-            .await
-            .unwrap()
-            .unwrap()
-            .transaction_state,
-        TransferState::Finished
-    );
+    assert_eq!(state(&a, "t").await, TransferState::Finished);
     assert_invariants(&w.base).await;
 }
 
@@ -404,8 +382,7 @@ async fn a_create_whose_answer_was_lost_is_still_driven_at_once() {
     for fault in LOST_ANSWERS {
         let w = world(8, Duration::ZERO);
         let e = instance(&w, w.faulty.clone(), Duration::from_secs(30));
-        open_account(&e, "a", 100).await;
-        open_account(&e, "b", 0).await;
+        open_a_and_b(&e).await;
         w.faulty
             .inject(Matcher::creates(Index::Transactions), fault, 1);
         let created = e
@@ -475,7 +452,7 @@ async fn a_cancel_whose_answer_was_lost_is_driven_at_once() {
             terminal_without_recovery(&e, "t").await,
             TransferState::RolledBack
         );
-        assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (100, 0));
+        assert_eq!(balances_of_a_and_b(&e).await, (100, 0));
         assert_invariants(&w.base).await;
     }
 }
@@ -541,9 +518,9 @@ async fn an_account_full_of_pending_entries_backs_off_then_sheds() {
     assert_eq!(shed.reason.map(|r| r.as_str()), Some("account_busy"));
     let a = e.get_account("a").await.unwrap().unwrap();
     assert_eq!(a.pending_transactions, ["h1", "h2"]);
-    assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (80, 20));
+    assert_eq!(balances_of_a_and_b(&e).await, (80, 20));
     release_holds(&e, &["h1", "h2"]).await;
-    assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (100, 0));
+    assert_eq!(balances_of_a_and_b(&e).await, (100, 0));
     assert_invariants(&w.base).await;
 }
 
@@ -570,7 +547,7 @@ async fn an_apply_that_backs_off_goes_through_once_an_entry_settles() {
         TransferState::Finished
     );
     release_holds(&e, &["h2"]).await;
-    assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (80, 20));
+    assert_eq!(balances_of_a_and_b(&e).await, (80, 20));
     assert_invariants(&w.base).await;
 }
 
@@ -583,8 +560,7 @@ async fn a_transfer_whose_documents_contradict_each_other_is_flagged_and_left_al
     let mut config = EngineConfig::with_lease(Duration::from_secs(1));
     config.transfer_timeout = Duration::from_secs(10);
     let e = w.instance(w.base.clone(), config);
-    open_account(&e, "a", 100).await;
-    open_account(&e, "b", 0).await;
+    open_a_and_b(&e).await;
     tombstone_on(&w, "a", "t").await;
     start_transfer(&e, "t", "a", "b", 10).await;
     until("t to be flagged", Duration::from_secs(10), || async {
@@ -609,7 +585,7 @@ async fn a_transfer_whose_documents_contradict_each_other_is_flagged_and_left_al
         e.cancel_transfer("t").await,
         Err(ServiceError::Conflict(_))
     ));
-    assert_eq!((balance(&e, "a").await, balance(&e, "b").await), (100, 0));
+    assert_eq!(balances_of_a_and_b(&e).await, (100, 0));
     let report = transfer_service::audit::audit(w.base.as_ref(), i64::MAX)
         .await
         .unwrap();
@@ -644,8 +620,7 @@ async fn a_transfer_released_at_shutdown_is_resumed_by_another_instance_at_once(
     let w = world(15, Duration::ZERO);
     let a = instance(&w, w.faulty.clone(), Duration::from_secs(30));
     let b = instance(&w, w.base.clone(), Duration::from_secs(30));
-    open_account(&a, "a", 100).await;
-    open_account(&a, "b", 0).await;
+    open_a_and_b(&a).await;
     // A's worker is in the middle of the destination apply (its write) when A shuts down.
     w.faulty.inject(
         Matcher::writes(Index::Accounts).of_doc("b"),
@@ -653,10 +628,7 @@ async fn a_transfer_released_at_shutdown_is_resumed_by_another_instance_at_once(
         1,
     );
     start_transfer(&a, "t", "a", "b", 10).await;
-    until("t to be pending", Duration::from_secs(5), || async {
-        state(&a, "t").await == TransferState::Pending
-    })
-    .await;
+    until_state(&a, "t", TransferState::Pending, Duration::from_secs(5)).await;
     a.shut_down();
     until("A's worker to stop", Duration::from_secs(10), || async {
         a.running_tasks() == 0

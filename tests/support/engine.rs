@@ -135,6 +135,17 @@ pub async fn open_account(engine: &Engine, id: &str, balance: i64) {
     assert!(matches!(created, Created::New(_)), "{id} already existed");
 }
 
+/// Opens `a` with 100 and `b` empty: the two accounts most scenarios move units between.
+pub async fn open_a_and_b(engine: &Engine) {
+    open_account(engine, "a", 100).await;
+    open_account(engine, "b", 0).await;
+}
+
+/// The balances of `a` and `b`.
+pub async fn balances_of_a_and_b(engine: &Engine) -> (i64, i64) {
+    (balance(engine, "a").await, balance(engine, "b").await)
+}
+
 /// An account id the test knows to be valid.
 pub fn account_id(id: &str) -> AccountId {
     AccountId::parse(id.into()).unwrap_or_else(|| panic!("{id:?} is not a valid account id"))
@@ -216,6 +227,12 @@ where
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Waits (in virtual time) until transfer `id` is in state `want`; fails after `limit`.
+pub async fn until_state(engine: &Engine, id: &str, want: TransferState, limit: Duration) {
+    let what = format!("{id} to be {want:?}");
+    until(&what, limit, || async { state(engine, id).await == want }).await;
 }
 
 /// Waits for a transfer to be terminal without running recovery (its own worker drives it).
