@@ -375,10 +375,15 @@ impl TestApp {
     }
 
     /// Waits (long-polling) until the transfer is terminal; panics after [`wait::DEADLINE`].
+    /// A `503` is asked again, as a client would: on Elasticsearch a read the store could not
+    /// vouch for in time (a loaded machine, a cluster between states) is answered so.
     pub async fn settled(&self, id: &str) -> Value {
         let what = format!("transfer {id} to settle");
         wait::until_some(&what, || async {
             let (status, body) = self.get(&format!("/transfers/{id}?wait=5s")).await;
+            if status == 503 {
+                return None;
+            }
             assert_eq!(status, 200, "{body}");
             let state = body["state"].as_str().expect("a state");
             (state == "finished" || state == "rolled-back").then_some(body)
