@@ -1479,7 +1479,7 @@ async fn document_ids_in_urls_match_elasticsearch() {
 
 /// What the vouch reads (`src/store/elasticsearch/vouch.rs`): a shard's copies in `_stats` at
 /// shard level (which answered, which is the started primary, its global checkpoint and
-/// term) after two acknowledged writes.
+/// term, each copy's local checkpoint) after two acknowledged writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shard_stats_the_vouch_reads_match_elasticsearch() {
     let mut steps = create_indices();
@@ -1499,6 +1499,7 @@ async fn the_shard_stats_the_vouch_reads_match_elasticsearch() {
             "/${accounts}/_stats/docs?level=shards&filter_path=_shards,\
              indices.*.shards.*.routing.state,indices.*.shards.*.routing.primary,\
              indices.*.shards.*.seq_no.global_checkpoint,\
+             indices.*.shards.*.seq_no.local_checkpoint,\
              indices.*.shards.*.retention_leases.primary_term",
         )
         .compare(&[
@@ -1508,6 +1509,7 @@ async fn the_shard_stats_the_vouch_reads_match_elasticsearch() {
             "indices/*/shards/*/*/routing/state",
             "indices/*/shards/*/*/routing/primary",
             "indices/*/shards/*/*/seq_no/global_checkpoint",
+            "indices/*/shards/*/*/seq_no/local_checkpoint",
             "indices/*/shards/*/*/retention_leases/primary_term",
         ]),
     ]);
