@@ -131,6 +131,7 @@ pub async fn open_store(
                         url: url.clone(),
                         index_prefix: config.index_prefix.clone(),
                         request_timeout,
+                        shards: config.elasticsearch_shards,
                     },
                     security,
                 )

@@ -128,6 +128,13 @@ pub struct Config {
     #[arg(long, env = "INDEX_PREFIX", default_value = "transfer-service-")]
     pub index_prefix: String,
 
+    /// Primary shards of the accounts and transactions indices, set when the service creates
+    /// them (an index that exists keeps its own count; `migrate shards` grows one). Each
+    /// shard is a writer of its own on the cluster's nodes: more shards, more nodes' CPU.
+    /// From 1 to 1024.
+    #[arg(long, env = "ELASTICSEARCH_SHARDS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub elasticsearch_shards: u32,
+
     /// How often the recovery loop looks for stale transfers.
     /// From 10ms to 1h.
     #[arg(long, env = "RECOVERY_INTERVAL", default_value = "1m", value_parser = RECOVERY_INTERVAL.parser())]
@@ -395,6 +402,7 @@ impl Config {
             embedded_cache_mib: crate::store::embedded::DEFAULT_CACHE_MIB,
             embedded_checkpoint_interval: crate::store::embedded::CHECKPOINT_INTERVAL,
             index_prefix: "transfer-service-".into(),
+            elasticsearch_shards: 1,
             recovery_interval: Duration::from_millis(200),
             recovery_stale_after: Duration::from_secs(1),
             lease_duration: Duration::from_secs(2),

@@ -122,6 +122,9 @@ pub struct EsConfig {
     /// Upper bound for one HTTP request, connect to last byte. A request that exceeds it is
     /// `Unavailable` (it may still have been applied).
     pub request_timeout: Duration,
+    /// Primary shards of the data indices when this instance creates them
+    /// (`ELASTICSEARCH_SHARDS`); an index that exists keeps its own.
+    pub shards: u32,
 }
 
 /// Never prints the password of a URL with credentials.
@@ -138,6 +141,7 @@ impl fmt::Debug for EsConfig {
             .field("url", &url)
             .field("index_prefix", &self.index_prefix)
             .field("request_timeout", &self.request_timeout)
+            .field("shards", &self.shards)
             .finish()
     }
 }
@@ -163,6 +167,8 @@ pub struct ElasticsearchStore {
     checkpoints: vouch::Checkpoints,
     /// How long a vouch waits for a write it read to be committed (half the request timeout).
     vouch_patience: Duration,
+    /// Primary shards of the data indices this instance creates (`ELASTICSEARCH_SHARDS`).
+    shards: u32,
 }
 
 impl fmt::Debug for ElasticsearchStore {
@@ -227,6 +233,7 @@ impl ElasticsearchStore {
             engine: OnceLock::new(),
             checkpoints: vouch::Checkpoints::default(),
             vouch_patience: config.request_timeout / 2,
+            shards: config.shards.max(1),
         })
     }
 
@@ -368,6 +375,7 @@ impl Store for ElasticsearchStore {
         let op = "get";
         check_addressable(op, id)?;
         let name = self.index_name(index);
+        self.checkpoints.sending(&name, id);
         let sent = self
             .client
             .get(GetParts::IndexId(&name, id))
@@ -506,6 +514,8 @@ impl Store for ElasticsearchStore {
         let sort = json!([{fields::MODIFIED: order}, {fields::ID: order}]);
         let body = search_body(filter, Vec::new(), sort, after, limit);
         let body = self.page_body(body);
+        let name = self.index_name(Index::Transactions);
+        let searching = self.checkpoints.searching(&name);
         let hits = self
             .search(op, Index::Transactions, body, Some(self.page_timeout))
             .await?;
@@ -517,6 +527,7 @@ impl Store for ElasticsearchStore {
         // cut-off primary accepted and rolls back: the page is served only when every hit
         // is vouched for (`elasticsearch/vouch.rs`); one stats answer covers them all.
         for (_, doc) in &docs {
+            self.checkpoints.found_by_search(&name, &doc.id, searching);
             self.vouch_for(Index::Transactions, &doc.id, Some(doc.version))
                 .await?;
         }
@@ -717,6 +728,7 @@ mod tests {
             url: "http://127.0.0.1:9".into(),
             index_prefix: prefix.into(),
             request_timeout: Duration::from_secs(1),
+            shards: 1,
         })
         .await
         .unwrap()
@@ -739,6 +751,7 @@ mod tests {
                 url: "http://127.0.0.1:9200".into(),
                 index_prefix: prefix.into(),
                 request_timeout: Duration::from_secs(1),
+                shards: 1,
             };
             assert!(
                 ElasticsearchStore::connect(config).await.is_err(),
@@ -750,6 +763,7 @@ mod tests {
                 url: url.into(),
                 index_prefix: "x-".into(),
                 request_timeout: Duration::from_secs(1),
+                shards: 1,
             };
             assert!(ElasticsearchStore::connect(config).await.is_err(), "{url}");
         }
@@ -761,6 +775,7 @@ mod tests {
             url: "https://elastic:secret@es.example:9200".into(),
             index_prefix: "x-".into(),
             request_timeout: Duration::from_secs(1),
+            shards: 1,
         };
         let shown = format!("{config:?}");
         assert!(!shown.contains("secret"), "{shown}");

@@ -219,6 +219,7 @@ async fn a_ca_signed_endpoint_is_trusted_through_elasticsearch_ca_cert_only() {
             url: emulator.url.clone(),
             index_prefix: PREFIX.into(),
             request_timeout: std::time::Duration::from_secs(10),
+            shards: 1,
         };
         async move {
             let security: EsSecurity = settings.load().expect("settings");

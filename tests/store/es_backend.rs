@@ -385,6 +385,7 @@ async fn a_server_that_never_answers_times_out_as_unavailable() {
         url,
         index_prefix: unique_prefix(),
         request_timeout: Duration::from_millis(200),
+        shards: 1,
     })
     .await
     .unwrap();
@@ -1045,6 +1046,7 @@ async fn an_instance_that_has_not_migrated_is_not_ready() {
             .trim_end_matches("accounts")
             .to_owned(),
         request_timeout: Duration::from_secs(5),
+        shards: 1,
     })
     .await
     .unwrap();

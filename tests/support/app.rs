@@ -63,6 +63,7 @@ impl SharedElasticsearch {
     pub fn configure(&self, config: &mut Config) {
         config.elasticsearch_url = Some(self.url.clone());
         config.index_prefix = self.prefix.clone();
+        config.elasticsearch_shards = super::cluster::shards();
     }
 }
 
@@ -509,6 +510,7 @@ async fn configure(
     logs::capture();
     let dir = tempfile::tempdir().expect("temp dir");
     let mut config = Config::for_tests(dir.path().join("data"));
+    config.elasticsearch_shards = super::cluster::shards();
     let emulator = match backend {
         Backend::Embedded => None,
         Backend::Emulator => {

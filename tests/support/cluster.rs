@@ -198,7 +198,8 @@ impl Drop for Cluster {
 }
 
 /// The cluster every `real_es` test of this binary shares: `ELASTICSEARCH_URL` if set, else a
-/// one-node cluster started on first use. `None` (said once, loudly) where none can run.
+/// cluster of [`shared_nodes`] started on first use. `None` (said once, loudly) where none
+/// can run.
 pub fn shared() -> Option<String> {
     static SHARED: OnceLock<Option<String>> = OnceLock::new();
     SHARED
@@ -207,8 +208,10 @@ pub fn shared() -> Option<String> {
                 return Some(url);
             }
             let cluster = Cluster::start(&ClusterSpec {
-                nodes: 1,
-                ..ClusterSpec::default()
+                nodes: shared_nodes(),
+                // Every test makes indices of its own prefix (with `ELASTICSEARCH_SHARDS=3`,
+                // 14 shard copies each), past the engines' default of 1,000 a node.
+                settings: vec!["cluster.max_shards_per_node=100000".into()],
             })?;
             let url = cluster.url.clone();
             // Kept for the life of the process: the launcher stops when the process exits and
@@ -217,6 +220,28 @@ pub fn shared() -> Option<String> {
             Some(url)
         })
         .clone()
+}
+
+/// Nodes of the shared cluster: `TEST_CLUSTER_NODES`, else 1. `.ci/run` runs the sharded
+/// pass on 3 nodes with `ELASTICSEARCH_SHARDS=3` ([`shards`]).
+pub fn shared_nodes() -> usize {
+    env_number("TEST_CLUSTER_NODES").unwrap_or(1)
+}
+
+/// Primary shards of the data indices the tests' stores and services create:
+/// `ELASTICSEARCH_SHARDS` (the service's own variable, which the services the tests start
+/// inherit), else 1.
+pub fn shards() -> u32 {
+    env_number("ELASTICSEARCH_SHARDS").unwrap_or(1)
+}
+
+fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
+    let value = std::env::var(name).ok()?;
+    Some(
+        value
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={value} is not a number")),
+    )
 }
 
 /// Whether `java` and `mvn` are on the PATH. Without them: a failure under CI, else a loud

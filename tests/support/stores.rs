@@ -55,6 +55,7 @@ pub async fn es_store_at(url: &str, prefix: &str) -> ElasticsearchStore {
         url: url.to_owned(),
         index_prefix: prefix.to_owned(),
         request_timeout: Duration::from_secs(10),
+        shards: super::cluster::shards(),
     })
     .await
     .expect("connect")

@@ -97,6 +97,22 @@ pub fn migrations_index_body() -> Value {
     })
 }
 
+/// Indices whose shard count `ELASTICSEARCH_SHARDS` sets when they are created: the data
+/// indices. The others hold a handful of documents (a record per migration, a cursor per
+/// webhook receiver) and keep one shard.
+const SHARDED: [&str; 2] = ["accounts", "transactions"];
+
+/// The create body of `logical` with its shard count: the migration file's (one) for the
+/// small indices, `shards` for the data indices. Documents are routed by id (the default),
+/// so an account or a transfer lives on one shard and a conditional write keeps its meaning
+/// (`docs/design.md` §2, "Shards").
+fn with_shards(mut body: Value, logical: &str, shards: u32) -> Value {
+    if SHARDED.contains(&logical) {
+        body["settings"]["number_of_shards"] = json!(shards);
+    }
+    body
+}
+
 /// The content of a migration file. Unknown keys are refused, so a file written for a step
 /// kind this binary does not know fails loudly instead of being skipped.
 #[derive(Debug, Deserialize)]
@@ -175,7 +191,10 @@ impl ElasticsearchStore {
             let index = self.physical_name(step.index());
             // The files are written for Elasticsearch; OpenSearch names a type or two
             // differently (`flattened` is its `flat_object`), the layout is the same.
-            let body = engine.mapping(&step.body);
+            let mut body = engine.mapping(&step.body);
+            if let StepKind::CreateIndex(logical) = step.kind() {
+                body = with_shards(body, logical, self.shards);
+            }
             // Even when recorded, the step must hold: an index deleted after its migration
             // would otherwise be re-created by the first write with dynamic mappings, on which
             // searches and sorts fail for good, and re-created by the step before without the
@@ -406,6 +425,20 @@ mod tests {
         let listed: Vec<&str> = MIGRATIONS.iter().map(|m| m.id).collect();
         assert_eq!(stems, listed);
         assert_eq!(last_id(), *listed.last().unwrap());
+    }
+
+    #[test]
+    fn the_data_indices_get_the_configured_shards_and_the_others_keep_one() {
+        for migration in MIGRATIONS {
+            let step = migration.step().unwrap();
+            let StepKind::CreateIndex(index) = step.kind() else {
+                continue;
+            };
+            let shards =
+                with_shards(step.body.clone(), index, 3)["settings"]["number_of_shards"].clone();
+            let expected = if index == "webhooks" { 1 } else { 3 };
+            assert_eq!(shards, expected, "{index}");
+        }
     }
 
     #[test]

@@ -18,9 +18,13 @@
 //! operation at the same `_seq_no`), and the pair `(_seq_no, _primary_term)` names one
 //! operation: only the primary of that term makes operations stamped with it.
 //!
+//! Each shard of an index has its own primary, terms, `_seq_no`s and checkpoints; a
+//! document lives on the one shard its id routes to (`es-routing`, the engines' own rule,
+//! from the index's shard count), and everything below is about that shard.
+//!
 //! Every vouch waits for one `_stats` request of the index **sent after the read**, which
-//! must reach every assigned copy of the shard (`_shards.failed` 0) and find exactly one
-//! started primary. On the minority side of a partition that request fails (links refused)
+//! must reach every assigned copy of its shards (`_shards.failed` 0) and find exactly one
+//! started primary of the document's shard (of every shard, for a vouch of the index). On the minority side of a partition that request fails (links refused)
 //! or hangs until the request timeout (links black-holed): the read is not answered, neither
 //! "not found" from a copy that missed writes nor an older state than a client was already
 //! told elsewhere. Reads waiting together share one request.
@@ -40,14 +44,15 @@
 //! has answered `_stats` with its stale copy as the only primary and a checkpoint past writes
 //! it acknowledged there and then lost (`docs/design.md` §9, "What OpenSearch loses").
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use elasticsearch::indices::IndicesStatsParts;
+use elasticsearch::indices::{IndicesGetParts, IndicesStatsParts};
 use elasticsearch::params::Level;
+use es_routing::Routing;
 use serde_json::Value;
 
 use super::ElasticsearchStore;
@@ -58,6 +63,7 @@ const STATS_ANSWER: &[&str] = &[
     "_shards",
     "indices.*.shards.*.routing.state",
     "indices.*.shards.*.routing.primary",
+    "indices.*.shards.*.routing.node",
     "indices.*.shards.*.seq_no.global_checkpoint",
     "indices.*.shards.*.seq_no.local_checkpoint",
     "indices.*.shards.*.retention_leases.primary_term",
@@ -85,51 +91,196 @@ pub(super) struct Primary {
     pub copy_behind: bool,
 }
 
-/// The highest global checkpoint reported for each index and primary term; the last `_stats`
-/// answer of each index with when it was sent; one `_stats` request at a time (the reads
-/// waiting share its answer).
+/// One `_stats` answer about an index: the index that answered (the name asked may be an
+/// alias) and the one started primary of each shard that has one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Report {
+    pub index: String,
+    /// `false`: the index does not exist (before the migrations ran).
+    pub exists: bool,
+    pub primaries: BTreeMap<u32, Primary>,
+    /// Every copy listed, as `(shard, node, primary, state)`, sorted: what the contacted
+    /// node routes reads by (see [`Layouts`]).
+    pub layout: Vec<(u32, String, bool, String)>,
+}
+
+impl Report {
+    /// The answer about an index that does not exist: no shard, nothing to vouch against.
+    fn missing(name: &str) -> Report {
+        Report {
+            index: name.to_owned(),
+            exists: false,
+            primaries: BTreeMap::new(),
+            layout: Vec::new(),
+        }
+    }
+
+    /// The started primary of `shard`, or why the shard cannot vouch for anything now.
+    fn primary(&self, shard: u32) -> Result<Primary, String> {
+        self.primaries.get(&shard).copied().ok_or_else(|| {
+            format!(
+                "shard {shard} of {} has no started primary that answered",
+                self.index
+            )
+        })
+    }
+}
+
+/// What the vouch knows of how the contacted node routes reads: per index, the answers
+/// applied so far and the answer at which the copies listed last changed.
+///
+/// The rule it serves: a read is vouched for by an answer sent after it only if the copies
+/// listed did not change between the last answer applied **before the read was sent** and
+/// that one. A node applies cluster states in order; under one state it routes a read to a
+/// copy that state lists as started, and an answer under a later state that still lists the
+/// same copies lists that copy (whose lag the answer then shows, see [`Primary::copy_behind`]).
+/// Without it, a node that had been cut off, and routed a read to its copy the cluster had
+/// dropped, could apply the state that drops it between the read and the answer, and the
+/// answer would vouch for a read it no longer describes (seen on OpenSearch 3.9: "not found",
+/// a second after a heal, for a transfer acknowledged through another node). A read the rule
+/// cannot vouch for is made again, and vouched for if it finds the same.
+#[derive(Debug, Default)]
+struct Layouts {
+    by_index: HashMap<String, Layout>,
+    /// Reads sent and not yet vouched for: the answers applied when each was sent.
+    reads: HashMap<(String, String), u64>,
+}
+
+#[derive(Debug, Default)]
+struct Layout {
+    applied: u64,
+    changed_at: u64,
+    copies: Option<Vec<(u32, String, bool, String)>>,
+}
+
+/// Reads remembered for their vouch at most; past it the oldest are forgotten (and vouched
+/// for by a read made again).
+const READS_REMEMBERED: usize = 4096;
+
+impl Layouts {
+    fn applied(&mut self, index: &str, copies: Option<Vec<(u32, String, bool, String)>>) {
+        let layout = self.by_index.entry(index.to_owned()).or_default();
+        layout.applied += 1;
+        // An answer that lists no copies (a failed request) counts as a change: what the
+        // node routed by meanwhile is unknown.
+        if copies.is_none() || copies != layout.copies {
+            layout.changed_at = layout.applied;
+        }
+        layout.copies = copies;
+    }
+
+    fn applied_so_far(&self, index: &str) -> u64 {
+        self.by_index.get(index).map_or(0, |layout| layout.applied)
+    }
+
+    fn read_sent(&mut self, index: &str, id: &str, applied: u64) {
+        if self.reads.len() >= READS_REMEMBERED {
+            self.reads.clear();
+        }
+        self.reads
+            .insert((index.to_owned(), id.to_owned()), applied);
+    }
+
+    /// Whether the copies listed are the same in the last answer applied before the read of
+    /// `id` was sent and in every answer since; forgets the read.
+    fn unchanged_since_read(&mut self, index: &str, id: &str) -> bool {
+        let sent_after = self.reads.remove(&(index.to_owned(), id.to_owned()));
+        let layout = self.by_index.get(index);
+        match (sent_after, layout) {
+            (Some(before), Some(layout)) => before >= 1 && layout.changed_at <= before,
+            _ => false,
+        }
+    }
+}
+
+/// The highest global checkpoint reported for each shard and primary term; the last `_stats`
+/// answer of each index with when it was sent; each index's routing; one `_stats` request at
+/// a time (the reads waiting share its answer).
 #[derive(Debug, Default)]
 pub(super) struct Checkpoints {
-    reported: Mutex<HashMap<(String, u64), i64>>,
-    last: Mutex<HashMap<String, (Instant, StoreResult<Primary>)>>,
+    reported: Mutex<HashMap<(String, u32, u64), i64>>,
+    last: Mutex<HashMap<String, (Instant, StoreResult<Report>)>>,
+    routing: Mutex<HashMap<String, Routing>>,
+    layouts: Mutex<Layouts>,
     asking: tokio::sync::Mutex<()>,
 }
 
 impl Checkpoints {
-    /// Whether a primary of the read's term has reported a global checkpoint at or above it.
-    fn cover(&self, index: &str, read: Version) -> bool {
+    /// Whether a primary of the read's term on `shard` has reported a global checkpoint at
+    /// or above it.
+    fn cover(&self, index: &str, shard: u32, read: Version) -> bool {
         let reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
         reported
-            .get(&(index.to_owned(), read.primary_term))
+            .get(&(index.to_owned(), shard, read.primary_term))
             .is_some_and(|&checkpoint| checkpoint >= read.seq_no as i64)
     }
 
-    fn remember(&self, index: &str, primary: Primary) {
+    fn remember(&self, index: &str, shard: u32, primary: Primary) {
         let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
         let checkpoint = reported
-            .entry((index.to_owned(), primary.term))
+            .entry((index.to_owned(), shard, primary.term))
             .or_insert(primary.global_checkpoint);
         *checkpoint = (*checkpoint).max(primary.global_checkpoint);
     }
 
     /// The last answer about `index` whose request was sent at or after `after`.
-    fn answered_since(&self, index: &str, after: Instant) -> Option<StoreResult<Primary>> {
+    fn answered_since(&self, index: &str, after: Instant) -> Option<StoreResult<Report>> {
         let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         let (sent, answer) = last.get(index)?;
         (*sent >= after).then(|| answer.clone())
     }
 
-    fn answered(&self, index: &str, sent: Instant, answer: &StoreResult<Primary>) {
-        if let Ok(primary) = answer {
-            self.remember(index, *primary);
+    fn answered(&self, index: &str, sent: Instant, answer: &StoreResult<Report>) {
+        if let Ok(report) = answer {
+            for (&shard, &primary) in &report.primaries {
+                self.remember(&report.index, shard, primary);
+            }
         }
+        let copies = answer.as_ref().ok().map(|report| report.layout.clone());
+        self.layouts().applied(index, copies);
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         last.insert(index.to_owned(), (sent, answer.clone()));
+    }
+
+    /// The routing last read for `index`, unless `report` names a shard past its count (the
+    /// index was split since).
+    fn routing_for(&self, report: &Report) -> Option<Routing> {
+        let routing = self.routing.lock().unwrap_or_else(|e| e.into_inner());
+        let known = *routing.get(&report.index)?;
+        let last_shard = report.primaries.keys().next_back().copied().unwrap_or(0);
+        (last_shard < known.shards).then_some(known)
+    }
+
+    fn layouts(&self) -> std::sync::MutexGuard<'_, Layouts> {
+        self.layouts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A read of `id` in `index` is about to be sent (see [`Layouts`]).
+    pub(super) fn sending(&self, index: &str, id: &str) {
+        let mut layouts = self.layouts();
+        let applied = layouts.applied_so_far(index);
+        layouts.read_sent(index, id, applied);
+    }
+
+    /// A search of `index` is about to be sent: what to pass to [`Self::found_by_search`].
+    pub(super) fn searching(&self, index: &str) -> u64 {
+        self.layouts().applied_so_far(index)
+    }
+
+    /// `id` came back from the search sent at `searching`'s answer.
+    pub(super) fn found_by_search(&self, index: &str, id: &str, searching: u64) {
+        self.layouts().read_sent(index, id, searching);
+    }
+
+    fn learned(&self, index: &str, routing: Routing) {
+        let mut known = self.routing.lock().unwrap_or_else(|e| e.into_inner());
+        known.insert(index.to_owned(), routing);
     }
 }
 
 impl ElasticsearchStore {
     /// See the module docs. Called after the read: the `_stats` it waits for is sent after it.
+    /// `id` empty: the index itself (every shard reachable, none with a copy behind).
     pub(super) async fn vouch_for(
         &self,
         index: Index,
@@ -137,43 +288,108 @@ impl ElasticsearchStore {
         read: Option<Version>,
     ) -> StoreResult<()> {
         let name = self.index_name(index);
-        let mut primary = self.contact(&name, Instant::now()).await?;
+        let unavailable =
+            |why: String| StoreError::Unavailable(format!("vouch: {name}/{id}: {why}"));
         let give_up = Instant::now() + self.vouch_patience;
+        let mut report = self.contact(&name, Instant::now()).await?;
+        let mut behind;
         loop {
-            if !primary.copy_behind {
-                let Some(read) = read else {
-                    return Ok(());
+            if !report.exists {
+                // No index, no document (see "A missing index"); nothing read from it either.
+                return match read {
+                    None => Ok(()),
+                    Some(_) => Err(unavailable("read from an index that is gone".into())),
                 };
-                if self.checkpoints.cover(&name, read) {
-                    tracing::debug!(%id, ?read, ?primary, "vouched: below a checkpoint of its term");
+            }
+            let routing = self.routing_of(&report).await?;
+            let shards: Vec<u32> = match id {
+                "" => (0..routing.shards).collect(),
+                id => vec![routing.shard_of(id)],
+            };
+            let primaries = shards
+                .iter()
+                .map(|&shard| report.primary(shard))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|why| unavailable(format!("{why}; not answered on this node")))?;
+            behind = primaries.iter().any(|primary| primary.copy_behind);
+            if !behind {
+                if id.is_empty() {
                     return Ok(());
                 }
-                if primary.term > read.primary_term {
-                    let again = self.read_again_under(index, id, read, primary).await;
-                    tracing::debug!(%id, ?read, ?primary, ok = again.is_ok(), "vouched by a re-read");
-                    return again;
+                let committed = match (read, &primaries[..]) {
+                    (None, _) => true,
+                    (Some(read), _) if self.checkpoints.cover(&report.index, shards[0], read) => {
+                        true
+                    }
+                    (Some(read), [primary]) if primary.term > read.primary_term => {
+                        let again = self.read_again(index, id, Some(read)).await;
+                        tracing::debug!(%id, ?read, ?primary, ok = again.is_ok(), "vouched by a re-read under a newer term");
+                        return again;
+                    }
+                    _ => false,
+                };
+                if committed {
+                    if self.checkpoints.layouts().unchanged_since_read(&name, id) {
+                        tracing::debug!(%id, ?read, "vouched");
+                        return Ok(());
+                    }
+                    // Read again, under the copies this answer lists; the same outcome is
+                    // vouched for by the next answer.
+                    self.read_again(index, id, read).await?;
+                    tracing::debug!(%id, ?read, "read again: the copies listed changed around the read");
                 }
             }
             if Instant::now() >= give_up {
                 break;
             }
             tokio::time::sleep(CHECKPOINT_PAUSE).await;
-            primary = self.contact(&name, Instant::now()).await?;
+            report = self.contact(&name, Instant::now()).await?;
         }
-        Err(StoreError::Unavailable(match read {
-            _ if primary.copy_behind => format!(
-                "vouch: {name}/{id}: a copy listed as started is behind the primary's global \
+        Err(unavailable(match read {
+            _ if behind => "a copy listed as started is behind the primary's global \
                  checkpoint (a node that has not yet applied the cluster's dropping it): \
                  not answered on what it served"
-            ),
+                .to_owned(),
             Some(read) => format!(
-                "vouch: {name}/{id} was read at _seq_no {} of primary term {}, which the \
-                 primary has not reported committed (a write not yet acknowledged, or one \
-                 a cut-off primary accepted): not answered on it",
+                "read at _seq_no {} of primary term {}, which the primary has not reported \
+                 committed (a write not yet acknowledged, or one a cut-off primary accepted): \
+                 not answered on it",
                 read.seq_no, read.primary_term
             ),
-            None => format!("vouch: {name}/{id}: not vouched for in time"),
+            None => "not vouched for in time".to_owned(),
         }))
+    }
+
+    /// The routing of the index that answered `report`: known, or read from its settings
+    /// (again after a split, which adds shards).
+    async fn routing_of(&self, report: &Report) -> StoreResult<Routing> {
+        if let Some(routing) = self.checkpoints.routing_for(report) {
+            return Ok(routing);
+        }
+        let routing = self.read_routing(&report.index).await?;
+        self.checkpoints.learned(&report.index, routing);
+        Ok(routing)
+    }
+
+    /// `GET /{index}` for its shard count and, when set, its routing shards.
+    async fn read_routing(&self, index: &str) -> StoreResult<Routing> {
+        let op = "vouch: routing";
+        let sent = self
+            .client
+            .indices()
+            .get(IndicesGetParts::Index(&[index]))
+            .filter_path(&[
+                "*.settings.index.number_of_shards",
+                "*.settings.index.number_of_routing_shards",
+            ])
+            .send()
+            .await;
+        let reply = self.read(op, sent).await?;
+        if !reply.is_success() {
+            return Err(reply.into_error(op));
+        }
+        routing_in(&reply.body)
+            .map_err(|why| StoreError::Permanent(format!("{op}: {index}: {why}")))
     }
 
     /// The answer of a `_stats` of `name` sent at or after `after` (a read's end): the one
@@ -181,38 +397,32 @@ impl ElasticsearchStore {
     /// flight at a time, so reads arriving together share one request, and on a node cut
     /// off from the others (where it hangs until the request timeout) they wait for one
     /// timeout, not one each.
-    async fn contact(&self, name: &str, after: Instant) -> StoreResult<Primary> {
+    async fn contact(&self, name: &str, after: Instant) -> StoreResult<Report> {
         let _turn = self.checkpoints.asking.lock().await;
         if let Some(answer) = self.checkpoints.answered_since(name, after) {
             return answer;
         }
         let sent = Instant::now();
-        let answer = self.primary_of(name).await;
+        let answer = self.report_of(name).await;
         self.checkpoints.answered(name, sent, &answer);
         answer
     }
 
-    /// A document last written under an older term than the primary's: read again now that
-    /// every copy answered with one primary; the same operation again is the one it kept.
-    async fn read_again_under(
-        &self,
-        index: Index,
-        id: &str,
-        read: Version,
-        primary: Primary,
-    ) -> StoreResult<()> {
-        match crate::store::Store::get(self, index, id).await? {
-            Some(again) if again.version == read => Ok(()),
-            _ => Err(StoreError::Unavailable(format!(
-                "vouch: {id} changed since it was read at primary term {} (the primary's is \
-                 now {}): read it again",
-                read.primary_term, primary.term
-            ))),
+    /// Reads `id` again, now that an answer sent after the first read is in; the same
+    /// outcome (the same operation, or not found again) is the one vouched for next.
+    async fn read_again(&self, index: Index, id: &str, read: Option<Version>) -> StoreResult<()> {
+        let again = crate::store::Store::get(self, index, id).await?;
+        let again = again.map(|doc| doc.version);
+        if again == read {
+            return Ok(());
         }
+        Err(StoreError::Unavailable(format!(
+            "vouch: {id} was read at {read:?} and is now at {again:?}: read it again"
+        )))
     }
 
-    /// One `_stats` request for `name`'s shard copies (see [`primary_in`]).
-    async fn primary_of(&self, name: &str) -> StoreResult<Primary> {
+    /// One `_stats` request for `name`'s shard copies (see [`report_in`]).
+    async fn report_of(&self, name: &str) -> StoreResult<Report> {
         let op = "vouch";
         let sent = self
             .client
@@ -226,24 +436,21 @@ impl ElasticsearchStore {
         if reply.status == 404 && reply.error_type() == Some("index_not_found_exception") {
             // No index, no document: nothing to vouch against (see "A missing index").
             self.missing_index(op, reply)?;
-            return Ok(Primary {
-                term: 0,
-                global_checkpoint: -1,
-                copy_behind: false,
-            });
+            return Ok(Report::missing(name));
         }
         if !reply.is_success() {
             return Err(reply.into_error(op));
         }
-        primary_in(&reply.body, name).map_err(|why| {
+        report_in(&reply.body).map_err(|why| {
             StoreError::Unavailable(format!("vouch: {name}: {why}; not answered on this node"))
         })
     }
 }
 
-/// The one started primary of `name`'s shard in a `_stats?level=shards` answer, provided
-/// every copy asked answered; else why not.
-pub(super) fn primary_in(body: &Value, name: &str) -> Result<Primary, String> {
+/// Each shard's one started primary in a `_stats?level=shards` answer about one index,
+/// provided every copy asked answered; else why not. A shard without a started primary is
+/// left out (a vouch on it fails); one with two is no answer at all.
+pub(super) fn report_in(body: &Value) -> Result<Report, String> {
     // `total` counts unassigned copies too (a replica with no node to go to), which are no
     // sign of a partition; a copy asked that did not answer is `failed`.
     let shards = &body["_shards"];
@@ -252,19 +459,56 @@ pub(super) fn primary_in(body: &Value, name: &str) -> Result<Primary, String> {
             "not every shard copy answered ({shards}), as on the minority side of a partition"
         ));
     }
-    let Some(by_shard) = body["indices"][name]["shards"].as_object() else {
+    let indices = body["indices"].as_object();
+    let Some((index, stats)) = indices
+        .filter(|i| i.len() == 1)
+        .and_then(|i| i.iter().next())
+    else {
+        return Err(format!(
+            "an answer about one index expected: {}",
+            body["indices"]
+        ));
+    };
+    let Some(by_shard) = stats["shards"].as_object().filter(|s| !s.is_empty()) else {
         return Err("no shard copy answered".into());
     };
-    if by_shard.len() != 1 {
-        return Err(format!(
-            "{} shards; a read is vouched for on an index of one shard",
-            by_shard.len()
-        ));
+    let mut primaries = BTreeMap::new();
+    let mut layout = Vec::new();
+    for (shard, copies) in by_shard {
+        let shard: u32 = shard
+            .parse()
+            .map_err(|_| format!("a shard named {shard:?}"))?;
+        let copies = copies.as_array().map(Vec::as_slice).unwrap_or_default();
+        layout.extend(copies.iter().map(|copy| {
+            let routing = &copy["routing"];
+            let text = |value: &Value| value.as_str().unwrap_or_default().to_owned();
+            let primary = routing["primary"] == Value::Bool(true);
+            (
+                shard,
+                text(&routing["node"]),
+                primary,
+                text(&routing["state"]),
+            )
+        }));
+        if let Some(primary) =
+            primary_among(copies).map_err(|why| format!("shard {shard}: {why}"))?
+        {
+            primaries.insert(shard, primary);
+        }
     }
-    let copies = by_shard.values().next().and_then(Value::as_array);
+    layout.sort();
+    Ok(Report {
+        index: index.clone(),
+        exists: true,
+        primaries,
+        layout,
+    })
+}
+
+/// The one started primary among one shard's copies: `None` when it is not started.
+fn primary_among(copies: &[Value]) -> Result<Option<Primary>, String> {
     let primaries: Vec<&Value> = copies
-        .into_iter()
-        .flatten()
+        .iter()
         .filter(|copy| copy["routing"]["primary"] == Value::Bool(true))
         .collect();
     let [primary] = primaries[..] else {
@@ -274,25 +518,44 @@ pub(super) fn primary_in(body: &Value, name: &str) -> Result<Primary, String> {
         ));
     };
     if primary["routing"]["state"] != "STARTED" {
-        return Err(format!("the primary is {}", primary["routing"]["state"]));
+        return Ok(None);
     }
     let term = primary["retention_leases"]["primary_term"].as_u64();
     let global_checkpoint = primary["seq_no"]["global_checkpoint"].as_i64();
     match (term, global_checkpoint) {
-        (Some(term), Some(global_checkpoint)) => Ok(Primary {
+        (Some(term), Some(global_checkpoint)) => Ok(Some(Primary {
             term,
             global_checkpoint,
             copy_behind: copies
-                .into_iter()
-                .flatten()
+                .iter()
                 .filter(|copy| copy["routing"]["state"] == "STARTED")
                 .filter_map(|copy| copy["seq_no"]["local_checkpoint"].as_i64())
                 .any(|local| local < global_checkpoint),
-        }),
+        })),
         _ => Err(format!(
             "the primary's copy reports no term or checkpoint: {primary}"
         )),
     }
+}
+
+/// The routing of the one index in a `GET /{index}` answer filtered to its shard settings.
+pub(super) fn routing_in(body: &Value) -> Result<Routing, String> {
+    let settings = body
+        .as_object()
+        .and_then(|indices| indices.values().next())
+        .map(|index| &index["settings"]["index"])
+        .ok_or_else(|| format!("no settings in {body}"))?;
+    let number = |key: &str| -> Option<u32> {
+        let value = &settings[key];
+        value
+            .as_u64()
+            .or_else(|| value.as_str()?.parse().ok())?
+            .try_into()
+            .ok()
+    };
+    let shards = number("number_of_shards").ok_or_else(|| format!("no shard count in {body}"))?;
+    Routing::of(shards, number("number_of_routing_shards"))
+        .ok_or_else(|| format!("a shard count the engines cannot hold: {body}"))
 }
 
 #[cfg(test)]
@@ -316,6 +579,11 @@ mod tests {
         })
     }
 
+    /// Shard 0's started primary in `body`, or why there is none.
+    fn primary_in(body: &Value) -> Result<Primary, String> {
+        report_in(body)?.primary(0)
+    }
+
     #[test]
     fn the_started_primary_reports_its_term_and_checkpoint() {
         let body = answer(
@@ -324,7 +592,7 @@ mod tests {
             vec![copy(false, "STARTED", 3, 9), copy(true, "STARTED", 3, 9)],
         );
         assert_eq!(
-            primary_in(&body, "i"),
+            primary_in(&body),
             Ok(Primary {
                 term: 3,
                 global_checkpoint: 9,
@@ -344,16 +612,16 @@ mod tests {
             2,
             vec![copy(false, "STARTED", 3, 9), copy(true, "STARTED", 3, 9)],
         );
-        assert!(!primary_in(&in_sync, "i").unwrap().copy_behind);
+        assert!(!primary_in(&in_sync).unwrap().copy_behind);
         let mut dropped = in_sync.clone();
         dropped["indices"]["i"]["shards"]["0"][0]["seq_no"]["local_checkpoint"] = json!(4);
-        assert!(primary_in(&dropped, "i").unwrap().copy_behind);
+        assert!(primary_in(&dropped).unwrap().copy_behind);
     }
 
     #[test]
     fn a_copy_that_did_not_answer_vouches_for_nothing() {
         let body = answer(1, 1, vec![copy(true, "STARTED", 1, 9)]);
-        let why = primary_in(&body, "i").unwrap_err();
+        let why = primary_in(&body).unwrap_err();
         assert!(why.contains("not every shard copy answered"), "{why}");
     }
 
@@ -361,7 +629,7 @@ mod tests {
     fn an_unassigned_replica_is_no_sign_of_a_partition() {
         let mut body = answer(0, 1, vec![copy(true, "STARTED", 1, 4)]);
         body["_shards"]["total"] = json!(2);
-        assert!(primary_in(&body, "i").is_ok());
+        assert!(primary_in(&body).is_ok());
     }
 
     #[test]
@@ -372,7 +640,7 @@ mod tests {
             2,
             vec![copy(true, "STARTED", 1, 9), copy(true, "STARTED", 2, 8)],
         );
-        let why = primary_in(&body, "i").unwrap_err();
+        let why = primary_in(&body).unwrap_err();
         assert!(
             why.contains("2 copies call themselves the primary"),
             "{why}"
@@ -382,7 +650,7 @@ mod tests {
     #[test]
     fn a_primary_not_started_vouches_for_nothing() {
         let body = answer(0, 1, vec![copy(true, "RELOCATING", 1, 9)]);
-        assert!(primary_in(&body, "i").is_err());
+        assert!(primary_in(&body).is_err());
     }
 
     #[test]
@@ -390,6 +658,7 @@ mod tests {
         let checkpoints = Checkpoints::default();
         checkpoints.remember(
             "i",
+            0,
             Primary {
                 term: 2,
                 global_checkpoint: 10,
@@ -400,20 +669,122 @@ mod tests {
             seq_no,
             primary_term,
         };
-        assert!(checkpoints.cover("i", at(10, 2)));
-        assert!(!checkpoints.cover("i", at(11, 2)), "above the checkpoint");
+        assert!(checkpoints.cover("i", 0, at(10, 2)));
+        assert!(
+            !checkpoints.cover("i", 0, at(11, 2)),
+            "above the checkpoint"
+        );
         // Term 1's primary may have written another operation at _seq_no 10 that term 2's
         // history does not hold.
-        assert!(!checkpoints.cover("i", at(10, 1)), "another term");
-        assert!(!checkpoints.cover("j", at(1, 2)), "another index");
+        assert!(!checkpoints.cover("i", 0, at(10, 1)), "another term");
+        assert!(!checkpoints.cover("j", 0, at(1, 2)), "another index");
+        // Each shard numbers its operations on its own.
+        assert!(!checkpoints.cover("i", 1, at(1, 2)), "another shard");
         checkpoints.remember(
             "i",
+            0,
             Primary {
                 term: 2,
                 global_checkpoint: 4,
                 copy_behind: false,
             },
         );
-        assert!(checkpoints.cover("i", at(10, 2)), "checkpoints only grow");
+        assert!(
+            checkpoints.cover("i", 0, at(10, 2)),
+            "checkpoints only grow"
+        );
+    }
+
+    #[test]
+    fn each_shard_reports_its_own_primary_and_one_not_started_vouches_for_nothing_of_its_own() {
+        let body = json!({
+            "_shards": {"total": 6, "successful": 5, "failed": 0},
+            "indices": {"i-split": {"shards": {
+                "0": [copy(true, "STARTED", 1, 40), copy(false, "STARTED", 1, 40)],
+                "1": [copy(true, "STARTED", 3, 7), copy(false, "STARTED", 3, 7)],
+                "2": [copy(true, "INITIALIZING", 1, -1)],
+            }}},
+        });
+        let report = report_in(&body).unwrap();
+        // The name asked for may be an alias: the report names the index that answered.
+        assert_eq!(report.index, "i-split");
+        assert_eq!(report.primary(0).unwrap().global_checkpoint, 40);
+        assert_eq!(report.primary(1).unwrap().term, 3);
+        let why = report.primary(2).unwrap_err();
+        assert!(why.contains("shard 2"), "{why}");
+    }
+
+    #[test]
+    fn a_copy_behind_on_one_shard_is_that_shards_alone() {
+        let mut body = json!({
+            "_shards": {"total": 4, "successful": 4, "failed": 0},
+            "indices": {"i": {"shards": {
+                "0": [copy(true, "STARTED", 1, 9), copy(false, "STARTED", 1, 9)],
+                "1": [copy(true, "STARTED", 1, 9), copy(false, "STARTED", 1, 9)],
+            }}},
+        });
+        body["indices"]["i"]["shards"]["1"][1]["seq_no"]["local_checkpoint"] = json!(3);
+        let report = report_in(&body).unwrap();
+        assert!(!report.primary(0).unwrap().copy_behind);
+        assert!(report.primary(1).unwrap().copy_behind);
+    }
+
+    fn layout(nodes: &[&str]) -> Option<Vec<(u32, String, bool, String)>> {
+        let copies = nodes.iter().enumerate();
+        Some(
+            copies
+                .map(|(k, node)| (0, node.to_string(), k == 0, "STARTED".into()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn a_read_is_vouched_for_only_if_the_copies_listed_stayed_the_same_around_it() {
+        let mut layouts = Layouts::default();
+        // Before any answer: nothing is known of what the read was routed by.
+        layouts.read_sent("i", "t1", layouts.applied_so_far("i"));
+        layouts.applied("i", layout(&["n0", "n1"]));
+        assert!(
+            !layouts.unchanged_since_read("i", "t1"),
+            "no answer before the read"
+        );
+
+        layouts.read_sent("i", "t2", layouts.applied_so_far("i"));
+        layouts.applied("i", layout(&["n0", "n1"]));
+        assert!(
+            layouts.unchanged_since_read("i", "t2"),
+            "the same copies before and after"
+        );
+        assert!(
+            !layouts.unchanged_since_read("i", "t2"),
+            "a read is vouched for once"
+        );
+
+        // The node applies a state that drops n1's copy after routing a read to it.
+        layouts.read_sent("i", "t3", layouts.applied_so_far("i"));
+        layouts.applied("i", layout(&["n0"]));
+        assert!(
+            !layouts.unchanged_since_read("i", "t3"),
+            "the copies changed after the read"
+        );
+
+        layouts.read_sent("i", "t4", layouts.applied_so_far("i"));
+        layouts.applied("i", None);
+        layouts.applied("i", layout(&["n0"]));
+        assert!(
+            !layouts.unchanged_since_read("i", "t4"),
+            "a failed answer hides a change"
+        );
+        assert!(!layouts.unchanged_since_read("j", "t4"), "another index");
+    }
+
+    #[test]
+    fn the_routing_comes_from_the_index_settings() {
+        let body = json!({"ts-accounts-2": {"settings": {"index": {"number_of_shards": "3"}}}});
+        assert_eq!(routing_in(&body), Ok(Routing::of(3, None).unwrap()));
+        let set = json!({"x": {"settings": {"index": {
+            "number_of_shards": "2", "number_of_routing_shards": "8"}}}});
+        assert_eq!(routing_in(&set).unwrap().routing_shards, 8);
+        assert!(routing_in(&json!({})).is_err());
     }
 }
