@@ -20,6 +20,7 @@ use std::time::Instant;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
+use crate::capacity::AnswerAt;
 use crate::errors::EsError;
 use crate::state::{random_id, Cluster, WriteKind, WriteRequest, Written};
 
@@ -145,6 +146,8 @@ pub struct BulkItem {
     pub id: Option<String>,
     pub if_seq_no: Option<i64>,
     pub if_primary_term: Option<u64>,
+    /// A delete's custom `routing`.
+    pub routing: Option<String>,
     pub source: Option<Result<(Value, Box<RawValue>), EsError>>,
 }
 
@@ -230,6 +233,7 @@ pub fn parse(body: &[u8], default_index: Option<&str>) -> Result<Vec<BulkItem>, 
         let mut id = None;
         let mut if_seq_no = None;
         let mut if_primary_term = None;
+        let mut routing = None;
         for (key, value) in params {
             let text = match value {
                 Value::String(s) => Some(s.clone()),
@@ -277,10 +281,11 @@ pub fn parse(body: &[u8], default_index: Option<&str>) -> Result<Vec<BulkItem>, 
                         text.unwrap_or_default()
                     )))
                 }
-                // Meaningful only for `update` (refused per item) or, for `routing` of a
-                // delete, without effect on one shard.
+                // Meaningful only for `update` (refused per item). A `routing` of a delete has
+                // no effect on one shard (refused per item on several).
                 "retry_on_conflict" | "_source" => {}
-                "routing" if kind == "delete" || value.is_null() => {}
+                "routing" if value.is_null() => {}
+                "routing" if kind == "delete" => routing = text,
                 "require_alias" | "list_executed_pipelines" | "require_data_stream"
                     if value == &Value::Bool(false) => {}
                 "dynamic_templates" if value.as_object().is_some_and(Map::is_empty) => {}
@@ -335,6 +340,7 @@ pub fn parse(body: &[u8], default_index: Option<&str>) -> Result<Vec<BulkItem>, 
             id,
             if_seq_no,
             if_primary_term,
+            routing,
             source,
         });
     }
@@ -347,11 +353,12 @@ pub fn parse(body: &[u8], default_index: Option<&str>) -> Result<Vec<BulkItem>, 
     Ok(items)
 }
 
-/// The result of one applied item: its JSON, and the (index, seq_no) it wrote if any.
+/// The result of one applied item: its JSON, and the index and index-wide order
+/// ([`Written::order`]) it wrote if any.
 pub struct ItemResult {
     pub json: Value,
     pub failed: bool,
-    pub written: Option<(String, i64)>,
+    pub written: Option<(String, u64)>,
 }
 
 fn item_error(item: &BulkItem, id: &str, error: &EsError) -> ItemResult {
@@ -373,13 +380,16 @@ pub fn denied_item(item: &BulkItem, error: &EsError) -> Value {
     item_error(item, &id, error).json
 }
 
-/// Applies one bulk item to the cluster (the index is auto-created for index/create).
+/// Applies one bulk item to the cluster (the index is auto-created for index/create); an
+/// item that reaches its shard occupies it in the capacity model.
 pub fn apply_item(
     cluster: &mut Cluster,
     item: BulkItem,
     now: Instant,
     forced_refresh: Option<bool>,
+    answer: &AnswerAt,
 ) -> ItemResult {
+    let capacity = cluster.capacity;
     let id = item.id.clone().unwrap_or_else(|| random_id(20));
     if item.action == "update" {
         return item_error(&item, &id, &EsError::unsupported("bulk update"));
@@ -404,6 +414,10 @@ pub fn apply_item(
     if kind != WriteKind::Delete && id.is_empty() {
         return item_error(&item, &id, &EsError::illegal_argument(EMPTY_ID));
     }
+    if let Err(error) = index.refuse_custom_routing(item.routing.as_deref()) {
+        return item_error(&item, &id, &error);
+    }
+    index.occupy_shard_of(&id, capacity, answer);
     let source = match &item.source {
         Some(Ok((value, raw))) => Some((value.clone(), raw.clone())),
         Some(Err(error)) => return item_error(&item, &id, error),
@@ -423,7 +437,7 @@ pub fn apply_item(
             ItemResult {
                 json: json!({ item.action: Value::Object(body) }),
                 failed: false,
-                written: Some((item.index.clone(), written.seq_no)),
+                written: Some((item.index.clone(), written.order)),
             }
         }
         Err(error) => item_error(&item, &id, &error),

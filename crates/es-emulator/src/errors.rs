@@ -33,10 +33,11 @@ impl Cause {
         self
     }
 
-    /// `index_uuid`, `shard` and `index`, as on shard-level errors.
-    pub fn shard(self, index: &str, uuid: &str) -> Self {
+    /// `index_uuid`, `shard` (its number, as a string) and `index`, as on shard-level
+    /// errors.
+    pub fn shard(self, index: &str, uuid: &str, shard: usize) -> Self {
         self.meta("index_uuid", uuid)
-            .meta("shard", "0")
+            .meta("shard", shard.to_string())
             .meta("index", index)
     }
 
@@ -232,11 +233,11 @@ impl EsError {
         .meta("index", index)
     }
 
-    /// 409 `version_conflict_engine_exception` with the given reason.
-    pub fn conflict(reason: String, index: &str, uuid: &str) -> Self {
+    /// 409 `version_conflict_engine_exception` with the given reason, on shard `shard`.
+    pub fn conflict(reason: String, index: &str, uuid: &str, shard: usize) -> Self {
         EsError::from_cause(
             409,
-            Cause::new("version_conflict_engine_exception", reason).shard(index, uuid),
+            Cause::new("version_conflict_engine_exception", reason).shard(index, uuid, shard),
         )
     }
 

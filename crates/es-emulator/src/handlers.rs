@@ -87,9 +87,9 @@ fn source_params(params: &Params, filter: &mut SourceFilter) {
     }
 }
 
-/// Blocks until every `(index, seq_no)` is searchable (`refresh=wait_for`), following the
-/// refresh schedule and waking on explicit refreshes.
-async fn wait_until_visible(shared: &Shared, targets: &[(String, i64)]) {
+/// Blocks until every `(index, order)` ([`crate::state::Written::order`]) is searchable
+/// (`refresh=wait_for`), following the refresh schedule and waking on explicit refreshes.
+async fn wait_until_visible(shared: &Shared, targets: &[(String, u64)]) {
     loop {
         let notified = shared.refreshed.notified();
         tokio::pin!(notified);
@@ -100,10 +100,10 @@ async fn wait_until_visible(shared: &Shared, targets: &[(String, i64)]) {
             let now = Instant::now();
             let mut waiting = false;
             let mut next: Option<Instant> = None;
-            for (name, seq_no) in targets {
+            for (name, order) in targets {
                 if let Some(index) = cluster.indices.get_mut(name) {
                     index.catch_up(now, default);
-                    if !index.is_visible(*seq_no) {
+                    if !index.is_visible(*order) {
                         waiting = true;
                         if let Some(at) = index.next_refresh(default) {
                             next = Some(next.map_or(at, |n| n.min(at)));
@@ -182,12 +182,9 @@ pub fn health(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
         .refuse_unless("wait_for_active_shards", &["0", "1"])?;
     let cluster = ctx.shared.cluster();
     let names = cluster.resolve(index.unwrap_or("_all"), false)?;
-    let primaries = names.len() as u64;
-    let unassigned: u64 = names
-        .iter()
-        .filter_map(|n| cluster.indices.get(n))
-        .map(|i| i.settings.replicas)
-        .sum();
+    let indices = || names.iter().filter_map(|n| cluster.indices.get(n));
+    let primaries: u64 = indices().map(|i| i.shard_count()).sum();
+    let unassigned: u64 = indices().map(|i| i.copies() - i.shard_count()).sum();
     drop(cluster);
     let status = if unassigned > 0 { "yellow" } else { "green" };
     // A stricter wanted status than the current one is answered at once as timed out
@@ -387,18 +384,21 @@ pub fn refresh(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
     if names.is_empty() && !allow_none {
         return Err(EsError::index_not_found(expression));
     }
-    let mut total = 0;
+    let capacity = cluster.capacity;
+    let (mut total, mut successful) = (0, 0);
     for name in &names {
         if let Some(state) = cluster.indices.get_mut(name) {
+            state.occupy_every_shard(capacity, &ctx.answer_at);
             state.refresh(now);
-            total += 1 + state.settings.replicas;
+            total += state.copies();
+            successful += state.shard_count();
         }
     }
     drop(cluster);
     ctx.shared.refreshed.notify_waiters();
     Ok(json_response(
         200,
-        &json!({"_shards": {"total": total, "successful": names.len(), "failed": 0}}),
+        &json!({"_shards": {"total": total, "successful": successful, "failed": 0}}),
     ))
 }
 
@@ -415,13 +415,15 @@ pub fn stats(ctx: &Ctx<'_>, index: &str, metric: Option<&str>) -> Answer {
         return Err(EsError::unsupported("_stats of a metric other than docs"));
     }
     let mut cluster = ctx.shared.cluster();
+    let capacity = cluster.capacity;
     let state = cluster.index(index, Instant::now())?;
-    let copies = json!({"0": [state.shard_stats()]});
+    state.occupy_every_shard(capacity, &ctx.answer_at);
+    let shards = json!({"total": state.copies(), "successful": state.shard_count(), "failed": 0});
     Ok(json_response(
         200,
         &json!({
-            "_shards": state.shards(),
-            "indices": {index: {"uuid": state.uuid, "shards": copies}},
+            "_shards": shards,
+            "indices": {index: {"uuid": state.uuid, "shards": state.shard_stats()}},
         }),
     ))
 }
@@ -466,7 +468,10 @@ pub fn get_doc(ctx: &Ctx<'_>, index: &str, id: &str) -> Answer {
     let now = Instant::now();
     let doc = {
         let mut cluster = ctx.shared.cluster();
+        let capacity = cluster.capacity;
         let state = cluster.index(index, now)?;
+        state.refuse_custom_routing(ctx.params.get("routing"))?;
+        state.occupy_shard_of(id, capacity, &ctx.answer_at);
         if refresh {
             state.refresh(now);
         }
@@ -475,14 +480,12 @@ pub fn get_doc(ctx: &Ctx<'_>, index: &str, id: &str) -> Answer {
         } else {
             state.searchable(id)
         };
-        let doc = doc.cloned();
-        let uuid = state.uuid.clone();
-        (doc, uuid)
+        (doc.cloned(), state.uuid.clone(), state.shard_of(id))
     };
     if refresh {
         ctx.shared.refreshed.notify_waiters();
     }
-    let (doc, uuid) = doc;
+    let (doc, uuid, shard) = doc;
     let Some(doc) = doc else {
         return Ok(json_response(
             404,
@@ -498,6 +501,7 @@ pub fn get_doc(ctx: &Ctx<'_>, index: &str, id: &str) -> Answer {
                 ),
                 index,
                 &uuid,
+                shard,
             ));
         }
     }
@@ -608,9 +612,11 @@ pub async fn write_doc(ctx: &Ctx<'_>, index: &str, id: Option<&str>, create_rout
     let source = bulk::parse_source(ctx.body)?;
     let id = id.map_or_else(|| random_id(20), str::to_owned);
     let now = Instant::now();
-    let (status, body, seq_no) = {
+    let (status, body, order) = {
         let mut cluster = ctx.shared.cluster();
+        let capacity = cluster.capacity;
         let state = cluster.index_for_write(index, now)?;
+        state.occupy_shard_of(&id, capacity, &ctx.answer_at);
         let written = state.apply(
             WriteRequest {
                 kind,
@@ -626,12 +632,12 @@ pub async fn write_doc(ctx: &Ctx<'_>, index: &str, id: Option<&str>, create_rout
             true
         });
         let body = bulk::write_body(index, &id, &written, state.shards(), forced);
-        (written.status, body, written.seq_no)
+        (written.status, body, written.order)
     };
     match refresh {
         RefreshPolicy::Now => ctx.shared.refreshed.notify_waiters(),
         RefreshPolicy::WaitFor => {
-            wait_until_visible(ctx.shared, &[(index.to_owned(), seq_no)]).await
+            wait_until_visible(ctx.shared, &[(index.to_owned(), order)]).await
         }
         RefreshPolicy::No => {}
     }
@@ -669,9 +675,12 @@ pub async fn delete_doc(ctx: &Ctx<'_>, index: &str, id: &str) -> Answer {
         return Err(EsError::validation(&messages));
     }
     let now = Instant::now();
-    let (status, body, seq_no) = {
+    let (status, body, order) = {
         let mut cluster = ctx.shared.cluster();
+        let capacity = cluster.capacity;
         let state = cluster.index(index, now)?;
+        state.refuse_custom_routing(ctx.params.get("routing"))?;
+        state.occupy_shard_of(id, capacity, &ctx.answer_at);
         let written = state.apply(
             WriteRequest {
                 kind: WriteKind::Delete,
@@ -687,12 +696,12 @@ pub async fn delete_doc(ctx: &Ctx<'_>, index: &str, id: &str) -> Answer {
             true
         });
         let body = bulk::write_body(index, id, &written, state.shards(), forced);
-        (written.status, body, written.seq_no)
+        (written.status, body, written.order)
     };
     match refresh {
         RefreshPolicy::Now => ctx.shared.refreshed.notify_waiters(),
         RefreshPolicy::WaitFor => {
-            wait_until_visible(ctx.shared, &[(index.to_owned(), seq_no)]).await
+            wait_until_visible(ctx.shared, &[(index.to_owned(), order)]).await
         }
         RefreshPolicy::No => {}
     }
@@ -726,7 +735,7 @@ pub async fn bulk(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
     let forced = (refresh == RefreshPolicy::Now).then_some(true);
     let mut results = Vec::with_capacity(items.len());
     let mut errors = false;
-    let mut written: Vec<(String, i64)> = Vec::new();
+    let mut written: Vec<(String, u64)> = Vec::new();
     {
         let mut cluster = ctx.shared.cluster();
         for item in items {
@@ -738,12 +747,12 @@ pub async fn bulk(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
                 results.push(bulk::denied_item(&item, &denied));
                 continue;
             }
-            let result = bulk::apply_item(&mut cluster, item, now, forced);
+            let result = bulk::apply_item(&mut cluster, item, now, forced, &ctx.answer_at);
             errors |= result.failed;
-            if let Some((name, seq_no)) = result.written {
+            if let Some((name, order)) = result.written {
                 match written.iter_mut().find(|(n, _)| *n == name) {
-                    Some(entry) => entry.1 = entry.1.max(seq_no),
-                    None => written.push((name, seq_no)),
+                    Some(entry) => entry.1 = entry.1.max(order),
+                    None => written.push((name, order)),
                 }
             }
             results.push(result.json);
@@ -805,7 +814,8 @@ const SEARCH_PARAMS: [&str; 33] = [
     "explain",
 ];
 
-/// Resolves the searched indices and runs their scheduled refreshes.
+/// Resolves the searched indices, runs their scheduled refreshes, and occupies each of their
+/// shards for one operation in the capacity model.
 fn searched_indices(
     ctx: &Ctx<'_>,
     cluster: &mut crate::state::Cluster,
@@ -819,8 +829,11 @@ fn searched_indices(
     if names.is_empty() && !allow_none {
         return Err(EsError::index_not_found(expression));
     }
+    let capacity = cluster.capacity;
     for name in &names {
-        cluster.index(name, now)?;
+        let state = cluster.index(name, now)?;
+        state.refuse_custom_routing(ctx.params.get("routing"))?;
+        state.occupy_every_shard(capacity, &ctx.answer_at);
     }
     Ok(names)
 }

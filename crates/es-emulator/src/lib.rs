@@ -6,13 +6,16 @@
 //!
 //! A workspace crate of its own, compiled once: the service's tests use it in-process
 //! ([`spawn`]), and its binary runs it as a separate process:
-//! `cargo run -p es-emulator -- --listen 127.0.0.1:9200 [--refresh-interval 1s|-1]`.
+//! `cargo run -p es-emulator -- --listen 127.0.0.1:9200 [--refresh-interval 1s|-1]
+//! [--shard-op-cost 300us]`.
 //!
 //! # Implemented
 //! - §0 every response carries `X-elastic-product: Elasticsearch`; write bodies
 //!   (`_index`, `_id`, `_version`, `result`, `_shards`, `_seq_no`, `_primary_term`,
-//!   `forced_refresh` when `refresh=true`); `_shards` `{"total":1+replicas,"successful":1,
-//!   "failed":0}`; error envelopes with `root_cause`, shard meta (`index_uuid`, `shard`,
+//!   `forced_refresh` when `refresh=true`); `_shards` of a write `{"total":1+replicas,
+//!   "successful":1,"failed":0}` (its shard's copies), of a refresh or `_stats`
+//!   `shards × (1+replicas)` and `shards`, of a search or `_count` every primary searched;
+//!   error envelopes with `root_cause`, shard meta (`index_uuid`, `shard` of the document,
 //!   `index`) and `resource.type`/`resource.id`; `Validation Failed: 1: …;` messages.
 //! - §1 create (`PUT|POST /{i}/_create/{id}`, `op_type=create`): 201, 409 "document already
 //!   exists (current version \[v\])", re-create after delete continues the tombstone's version,
@@ -56,7 +59,9 @@
 //!   `/{i,j}/_refresh`, and on writes with `refresh=true`. `refresh=wait_for` blocks until a
 //!   refresh shows the write (forever with refreshes disabled and nobody refreshing).
 //! - §8 `PUT /{i}` with `settings` (flat, nested under `index`, or dotted: `number_of_shards`
-//!   (only 1), `number_of_replicas`, `refresh_interval` (`1s`, `-1`…), `gc_deletes`,
+//!   (1 to 1,024) and `number_of_routing_shards` (refused, in Elasticsearch's words, below 1,
+//!   below the shard count or not a multiple of it; not shown by `GET /{i}`, as in
+//!   Elasticsearch), `number_of_replicas`, `refresh_interval` (`1s`, `-1`…), `gc_deletes`,
 //!   `max_result_window`; unknown settings refused) and `mappings` (`properties` with types,
 //!   multi-fields, `dynamic` true/false/strict, `enabled:false`, date `format`); documents are
 //!   checked against the mapping (`document_parsing_exception`,
@@ -70,8 +75,24 @@
 //!   \[b\]", nothing applied), and `GET /{i}/_mapping`. As in Elasticsearch, documents stored
 //!   before a field was mapped are not indexed for it until written again (each document
 //!   remembers the mapping generation it was indexed with).
-//! - §10/§11 `_seq_no` per index (one shard) from 0, +1 per applied op (not for conflicts or
-//!   failed items), `_primary_term` 1, `_version` per document.
+//! - **Shards** (module `state`): a document lives on the shard its id routes to by the
+//!   engines' own rule (crate `es_routing`, checked against Elasticsearch and OpenSearch by
+//!   the service's differential test). §10/§11 `_seq_no` per shard from 0, +1 per applied op
+//!   (not for conflicts or failed items; a delete of an absent id counts on its shard),
+//!   `_primary_term` 1 per shard, `_version` per document. `GET /{i}/_stats[/docs]?level=shards`
+//!   reports every shard (`"0"` … `"N-1"`) with its one copy: started primary, `docs.count`,
+//!   `max_seq_no` = local = global checkpoint, `retention_leases.primary_term`. Searches,
+//!   sorts, `search_after`, refreshes and the near-real-time view run over all shards at
+//!   once and answer the same whatever the shard count, but for `_seq_no` (ties are broken
+//!   by the index-wide order of writes, the `_seq_no` order on one shard). `_cluster/health`
+//!   counts every shard.
+//! - **The capacity model** (module `capacity`, [`RunningEmulator::set_shard_op_cost`],
+//!   [`serve_with_shard_op_cost`], `--shard-op-cost`; off by default): each shard a server
+//!   of bounded capacity, on which every operation (a bulk item, a document write or get;
+//!   one unit per shard for a search, `_count`, refresh or `_stats`) takes the set cost, one
+//!   at a time, shards in parallel; a request answers when its last operation is served. It
+//!   sleeps rather than spins, so it costs no CPU. A model of per-shard serialization, for
+//!   measuring how a client scales with shards, not of a real engine's costs.
 //! - `GET|HEAD /` (cluster info, `version.number` 8.19.21: the version the service's
 //!   differential test compares the emulator with), `GET /_cluster/health` (`green`, or
 //!   `yellow` while some index has replicas, which a one-node cluster cannot assign; a stricter
@@ -111,7 +132,7 @@
 //!   external versioning (`version`/`version_type` on writes) and `filter_path` exclusions
 //!   (`-field`) answer 400 "not implemented".
 //! - Parameters, settings and mapping options are accepted only with values that change
-//!   nothing on a one-node, one-shard cluster (`timeout`, `master_timeout`, `preference`,
+//!   nothing on a one-node cluster (`timeout`, `master_timeout`, `preference`,
 //!   `pretty`, `wait_for_active_shards` of 0 or 1, `routing` of reads and deletes, `blocks.*`
 //!   false, …). Values that would change the answer — a custom `routing` on a write (stored
 //!   as `_routing`), `require_alias`/`require_data_stream`/`list_executed_pipelines` true,
@@ -122,13 +143,17 @@
 //!   `subobjects`, `dynamic_date_formats`), and `PUT _mapping` with anything but new
 //!   `properties` (root options, changed parameters of a mapped field, a field turned into an
 //!   object or back, `write_index_only=true`) — answer 400 "not implemented by es-emulator".
-//! - One shard per index, no real replicas, UTC only, no `Content-Type`
+//! - No real replicas, and so no copy that lags; no shard limit of the cluster
+//!   (`cluster.max_shards_per_node`: Elasticsearch refuses an index whose copies would take a
+//!   one-node cluster past 1,000 shards, the emulator accepts up to 1,024 primaries); docs
+//!   `deleted` always 0 in `_stats`; shard-level search failures name shard 0. UTC only, no `Content-Type`
 //!   enforcement beyond refusing non-JSON types (406), no circuit breakers or real
 //!   back-pressure (use `fail_next`). `_cluster/health/{index}` of a missing index is a 404
 //!   instead of a wait. Text fields are analyzed by a crude lower-case/non-alphanumeric split.
 //! - Duplicate keys in a source are not refused (the last one wins for queries).
 
 mod bulk;
+mod capacity;
 pub mod dates;
 mod errors;
 mod filter_path;
@@ -271,6 +296,13 @@ impl RunningEmulator {
             .unavailable = down;
     }
 
+    /// Turns the capacity model on (`cost` above zero) or off (zero): from the next request
+    /// on, every shard serves its operations one at a time, each taking `cost` (module
+    /// `capacity`).
+    pub fn set_shard_op_cost(&self, cost: Duration) {
+        self.shared.cluster().capacity = capacity::Capacity::new(cost);
+    }
+
     /// Every request received, failed ones included.
     pub fn request_count(&self) -> u64 {
         self.shared.total.load(Ordering::Relaxed)
@@ -352,7 +384,18 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     config: EmulatorConfig,
 ) -> std::io::Result<()> {
+    serve_with_shard_op_cost(listener, config, Duration::ZERO).await
+}
+
+/// [`serve`] with the capacity model on when `shard_op_cost` is above zero (see
+/// [`RunningEmulator::set_shard_op_cost`]).
+pub async fn serve_with_shard_op_cost(
+    listener: tokio::net::TcpListener,
+    config: EmulatorConfig,
+    shard_op_cost: Duration,
+) -> std::io::Result<()> {
     let shared = Arc::new(Shared::new(&config, CancellationToken::new()));
+    shared.cluster().capacity = capacity::Capacity::new(shard_op_cost);
     match &config.tls {
         Some(tls) => serve_shared(tls::TlsListener::new(listener, tls)?, shared).await,
         None => serve_shared(listener, shared).await,

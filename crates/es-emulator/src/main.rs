@@ -6,13 +6,16 @@
 //! ```text
 //! cargo run -p es-emulator -- --listen 127.0.0.1:9200 [--refresh-interval 1s|-1]
 //!     [--api-key ID:SECRET]... [--user NAME:PASSWORD]... [--tls-cert FILE --tls-key FILE]
+//!     [--shard-op-cost 300us]
 //! ```
 //!
 //! `--refresh-interval` is the `index.refresh_interval` of indices that do not set one
 //! (default `1s`; `-1`: only explicit refreshes make writes searchable). With `--api-key` or
 //! `--user`, security is on and only those credentials are accepted, each with every
 //! privilege (the key's encoded form is printed). `--tls-cert` (PEM chain, leaf first) and
-//! `--tls-key` (PEM) serve HTTPS.
+//! `--tls-key` (PEM) serve HTTPS. `--shard-op-cost` turns the capacity model on: every
+//! shard serves its operations one at a time, each taking that long (the library's
+//! `capacity` module; default `0`, off).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -42,6 +45,11 @@ struct Args {
     /// The private key (PEM) of `--tls-cert`.
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,
+    /// The capacity model: how long one operation occupies its shard (a bulk item, a
+    /// document write or get; one per shard for a search, refresh or stats request), each
+    /// shard serving one at a time, such as `300us`. `0` is off.
+    #[arg(long, default_value = "0", value_parser = parse_cost)]
+    shard_op_cost: Duration,
 }
 
 /// `ID:SECRET` or `NAME:PASSWORD`.
@@ -66,6 +74,13 @@ fn parse_interval(text: &str) -> Result<Interval, String> {
     humantime::parse_duration(text)
         .map(|d| Interval(Some(d)))
         .map_err(|e| format!("not a duration or -1: {e}"))
+}
+
+fn parse_cost(text: &str) -> Result<Duration, String> {
+    if text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(text).map_err(|e| format!("not a duration: {e}"))
 }
 
 #[tokio::main]
@@ -99,10 +114,16 @@ async fn main() -> std::io::Result<()> {
     let addr = listener.local_addr()?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!("es-emulator (test double) listening on {scheme}://{addr}");
+    if !args.shard_op_cost.is_zero() {
+        println!(
+            "es-emulator: capacity model on, {:?} per shard operation",
+            args.shard_op_cost
+        );
+    }
     let config = es_emulator::EmulatorConfig {
         refresh_interval: args.refresh_interval.0,
         security: secured.then_some(security),
         tls,
     };
-    es_emulator::serve(listener, config).await
+    es_emulator::serve_with_shard_op_cost(listener, config, args.shard_op_cost).await
 }

@@ -13,6 +13,7 @@ use axum::http::{header, Method};
 use axum::response::Response;
 use axum::Router;
 
+use crate::capacity::AnswerAt;
 use crate::errors::{self, EsError};
 use crate::filter_path::FilterPath;
 use crate::handlers;
@@ -135,6 +136,9 @@ pub struct Ctx<'a> {
     pub started: Instant,
     /// Who sent the request, when security is on (`_bulk` authorizes each item with it).
     pub principal: Option<&'a Principal>,
+    /// The end of the last shard operation the request reserved in the capacity model
+    /// (`crate::capacity`): it answers no earlier.
+    pub answer_at: AnswerAt,
 }
 
 impl Ctx<'_> {
@@ -342,6 +346,7 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
                         body: &bytes,
                         started,
                         principal: principal.as_ref(),
+                        answer_at: AnswerAt::default(),
                     };
                     dispatch(&ctx, route).await
                 }
@@ -428,7 +433,9 @@ async fn dispatch(ctx: &Ctx<'_>, route: Route) -> Response {
         Some(Ok(filter)) => filter,
         None => None,
     };
-    match (answer(ctx, route).await, filter) {
+    let answered = answer(ctx, route).await;
+    ctx.answer_at.wait(&ctx.shared.cancel).await;
+    match (answered, filter) {
         (Answered::Answer(answer), Some(filter)) => filtered(answer, &filter).await,
         (Answered::Answer(answer) | Answered::Refused(answer), _) => answer,
     }

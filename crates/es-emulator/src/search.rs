@@ -14,7 +14,7 @@ use crate::dates;
 use crate::errors::{Cause, EsError, Ordered};
 use crate::mapping::{FieldType, Mapping, Scalar};
 use crate::query::{self, Query};
-use crate::state::{glob, Cluster, Doc};
+use crate::state::{glob, Cluster, Doc, IndexState};
 
 #[derive(Debug, Clone)]
 pub enum SortSpec {
@@ -740,7 +740,7 @@ fn collect<'a>(
                 .zip(&kinds)
                 .map(|(spec, kind)| match spec {
                     SortSpec::Score { .. } => Key::Double(score),
-                    SortSpec::Doc { .. } => Key::Long(doc.seq_no),
+                    SortSpec::Doc { .. } => Key::Long(doc.order as i64),
                     field => field_key(&index.mapping, field, *kind, doc),
                 })
                 .collect();
@@ -811,13 +811,13 @@ pub fn execute(
             b.score
                 .total_cmp(&a.score)
                 .then(a.position.cmp(&b.position))
-                .then(a.doc.seq_no.cmp(&b.doc.seq_no))
+                .then(a.doc.order.cmp(&b.doc.order))
         });
     } else {
         candidates.sort_by(|a, b| {
             compare_keys(&a.keys, &b.keys, &request.sort)
                 .then(a.position.cmp(&b.position))
-                .then(a.doc.seq_no.cmp(&b.doc.seq_no))
+                .then(a.doc.order.cmp(&b.doc.order))
         });
     }
 
@@ -904,7 +904,7 @@ pub fn execute(
     } else {
         total
     };
-    let shards = indices.len();
+    let shards = shard_count(cluster, indices);
     let shards = json!({"total": shards, "successful": shards, "skipped": 0, "failed": 0});
     let out = SearchOut {
         took,
@@ -931,9 +931,17 @@ pub fn count(
         ..SearchRequest::default()
     };
     let (candidates, _) = collect(cluster, indices, &request, now_millis)?;
-    let shards = indices.len();
+    let shards = shard_count(cluster, indices);
     Ok(json!({
         "count": candidates.len(),
         "_shards": {"total": shards, "successful": shards, "skipped": 0, "failed": 0},
     }))
+}
+
+/// The primary shards of `indices`: a search asks each (`_shards.total`).
+fn shard_count(cluster: &Cluster, indices: &[String]) -> u64 {
+    (indices.iter())
+        .filter_map(|name| cluster.indices.get(name))
+        .map(IndexState::shard_count)
+        .sum()
 }

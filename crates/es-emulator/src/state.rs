@@ -1,18 +1,31 @@
 //! The in-memory cluster: indices with their settings and mappings, live documents (what a
-//! realtime GET sees), the searchable view (what the last refresh exposed), per-index
-//! `_seq_no`, per-document `_version`, delete tombstones, and the refresh schedule.
+//! realtime GET sees), the searchable view (what the last refresh exposed), per-document
+//! `_version`, delete tombstones, the refresh schedule, and each index's primary shards.
 //!
-//! One primary shard per index, so `_seq_no` is per index (`docs/elasticsearch.md` §11).
+//! An index has `number_of_shards` primaries (1 to 1,024); a document lives on the shard its
+//! id routes to by the engines' own rule (`es_routing`). What Elasticsearch keeps per shard
+//! is kept per shard: `_seq_no` (from 0, `docs/elasticsearch.md` §11), the primary term, the
+//! checkpoints, the document count, and the shard's server of the capacity model
+//! (`capacity`). The documents themselves are held per index: an id is on one shard only,
+//! so one map by id is the union of the shards' maps, and searches, sorts and refreshes
+//! read it as they read one shard. Ties in a search are broken by the index-wide order of
+//! the writes, which on one shard is the `_seq_no` order, so that what a search answers
+//! does not depend on the shard count (but for `_seq_no` itself).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use es_routing::Routing;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
+use crate::capacity::{AnswerAt, Capacity, Server};
 use crate::errors::EsError;
 use crate::mapping::Mapping;
+
+/// The most primary shards an index may have (`index.number_of_shards`).
+pub const MAX_SHARDS: u64 = 1024;
 
 /// One version of a document.
 #[derive(Debug)]
@@ -23,8 +36,12 @@ pub struct Doc {
     /// The source exactly as it was sent, returned as `_source`.
     pub raw: Box<RawValue>,
     pub version: u64,
+    /// On its shard.
     pub seq_no: i64,
     pub primary_term: u64,
+    /// The index-wide position of the write that made this version: searches break ties and
+    /// sort `_doc` by it (on one shard it is the `_seq_no`).
+    pub order: u64,
     /// The mapping generation it was indexed with: fields mapped later have no values in it
     /// (see `mapping.rs`).
     pub mapped_at: u64,
@@ -39,6 +56,10 @@ struct Tombstone {
 
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// `number_of_shards`: primaries.
+    pub shards: u32,
+    /// `number_of_routing_shards`, when given (else the engines' default, `es_routing`).
+    pub routing_shards: Option<u32>,
     pub replicas: u64,
     /// `None`: not set on the index (the emulator's default applies); `Some(None)`: `-1`.
     pub refresh_interval: Option<Option<Duration>>,
@@ -51,6 +72,8 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
+            shards: 1,
+            routing_shards: None,
             replicas: 1,
             refresh_interval: None,
             gc_deletes: Duration::from_secs(60),
@@ -68,6 +91,8 @@ pub struct Written {
     pub version: u64,
     pub seq_no: i64,
     pub primary_term: u64,
+    /// Its index-wide order ([`Doc::order`]), for `refresh=wait_for`.
+    pub order: u64,
 }
 
 /// The kind of a document write.
@@ -91,9 +116,45 @@ pub struct WriteRequest {
 #[derive(Debug)]
 struct Pending {
     at: Instant,
-    seq_no: i64,
+    order: u64,
     id: String,
     doc: Option<Arc<Doc>>,
+}
+
+/// One primary shard: what Elasticsearch keeps per shard.
+#[derive(Debug)]
+struct Shard {
+    /// The `_seq_no` of its next operation (§11: from 0, +1 per applied operation).
+    next_seq_no: i64,
+    primary_term: u64,
+    /// Live documents routed here (`docs.count` of `_stats`).
+    docs: u64,
+    /// Its server in the capacity model.
+    server: Server,
+}
+
+impl Shard {
+    fn new() -> Self {
+        Shard {
+            next_seq_no: 0,
+            primary_term: 1,
+            docs: 0,
+            server: Server::default(),
+        }
+    }
+
+    /// The one copy's `_stats` at shard level, as far as this double keeps it: started,
+    /// primary, every operation processed and so below the global checkpoint (no replica
+    /// lags behind), and the primary term (§11 of `docs/elasticsearch.md`).
+    fn stats(&self) -> Value {
+        let last = self.next_seq_no - 1;
+        json!({
+            "routing": {"state": "STARTED", "primary": true, "node": "emulator", "relocating_node": null},
+            "docs": {"count": self.docs, "deleted": 0},
+            "seq_no": {"max_seq_no": last, "local_checkpoint": last, "global_checkpoint": last},
+            "retention_leases": {"primary_term": self.primary_term, "version": 1, "leases": []},
+        })
+    }
 }
 
 #[derive(Debug)]
@@ -103,8 +164,11 @@ pub struct IndexState {
     pub creation_date: i64,
     pub settings: Settings,
     pub mapping: Mapping,
-    next_seq_no: i64,
-    pub primary_term: u64,
+    routing: Routing,
+    /// `number_of_shards` of them, by number.
+    shards: Vec<Shard>,
+    /// The order the next write gets ([`Doc::order`]).
+    next_order: u64,
     live: HashMap<String, Arc<Doc>>,
     tombstones: HashMap<String, Tombstone>,
     searchable: HashMap<String, Arc<Doc>>,
@@ -122,15 +186,19 @@ pub fn random_id(len: usize) -> String {
 }
 
 impl IndexState {
+    /// A new index of `settings`, which [`parse_settings`] checked.
     pub fn new(name: &str, settings: Settings, mapping: Mapping, now: Instant) -> Self {
+        let routing = Routing::of(settings.shards, settings.routing_shards)
+            .expect("parse_settings refuses shard counts without a routing");
         IndexState {
             name: name.to_owned(),
             uuid: random_id(22),
             creation_date: crate::dates::now_millis(),
+            shards: (0..settings.shards).map(|_| Shard::new()).collect(),
             settings,
             mapping,
-            next_seq_no: 0,
-            primary_term: 1,
+            routing,
+            next_order: 0,
             live: HashMap::new(),
             tombstones: HashMap::new(),
             searchable: HashMap::new(),
@@ -139,22 +207,59 @@ impl IndexState {
         }
     }
 
-    /// The one copy's `_stats` at shard level, as far as this double keeps it: started,
-    /// primary, every operation processed and so below the global checkpoint (no replica
-    /// lags behind), and the primary term (§11 of `docs/elasticsearch.md`).
+    /// `_stats` at shard level: each shard's one copy, under its number.
     pub fn shard_stats(&self) -> Value {
-        let last = self.next_seq_no - 1;
-        json!({
-            "routing": {"state": "STARTED", "primary": true, "node": "emulator", "relocating_node": null},
-            "docs": {"count": self.live.len(), "deleted": 0},
-            "seq_no": {"max_seq_no": last, "local_checkpoint": last, "global_checkpoint": last},
-            "retention_leases": {"primary_term": self.primary_term, "version": 1, "leases": []},
-        })
+        let by_number: Map<String, Value> = (self.shards.iter().enumerate())
+            .map(|(number, shard)| (number.to_string(), json!([shard.stats()])))
+            .collect();
+        Value::Object(by_number)
     }
 
-    /// `_shards` of a write or refresh: one primary, `number_of_replicas` unassigned copies.
+    /// `_shards` of a write: its shard's primary and `number_of_replicas` unassigned copies.
     pub fn shards(&self) -> Value {
         json!({"total": 1 + self.settings.replicas, "successful": 1, "failed": 0})
+    }
+
+    /// Primary shards.
+    pub fn shard_count(&self) -> u64 {
+        self.shards.len() as u64
+    }
+
+    /// Every copy of every shard, assigned or not (`_shards.total` of a refresh or `_stats`).
+    pub fn copies(&self) -> u64 {
+        self.shard_count() * (1 + self.settings.replicas)
+    }
+
+    /// A custom `routing` of a read or delete picks another shard than the id's when the
+    /// index has several; the emulator does not model that (on one shard it changes nothing).
+    pub fn refuse_custom_routing(&self, routing: Option<&str>) -> Result<(), EsError> {
+        match routing {
+            Some(value) if !value.is_empty() && self.shards.len() > 1 => {
+                Err(EsError::unsupported(&format!(
+                    "routing [{value}] on index [{}] of several shards",
+                    self.name
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The number of the shard that holds `id`.
+    pub fn shard_of(&self, id: &str) -> usize {
+        self.routing.shard_of(id) as usize
+    }
+
+    /// One operation on the shard that holds `id`, in the capacity model.
+    pub fn occupy_shard_of(&mut self, id: &str, capacity: Capacity, answer: &AnswerAt) {
+        let shard = self.shard_of(id);
+        capacity.occupy(&mut self.shards[shard].server, answer);
+    }
+
+    /// One operation on every shard (a search, refresh or `_stats`), in the capacity model.
+    pub fn occupy_every_shard(&mut self, capacity: Capacity, answer: &AnswerAt) {
+        for shard in &mut self.shards {
+            capacity.occupy(&mut shard.server, answer);
+        }
     }
 
     pub fn refresh_interval(&self, default: Option<Duration>) -> Option<Duration> {
@@ -179,11 +284,12 @@ impl IndexState {
         self.live.len()
     }
 
-    fn conflict(&self, reason: String) -> EsError {
-        EsError::conflict(reason, &self.name, &self.uuid)
+    fn conflict(&self, reason: String, id: &str) -> EsError {
+        EsError::conflict(reason, &self.name, &self.uuid, self.shard_of(id))
     }
 
-    /// Applies one write (§1, §3, §5, §11). Conflicts and mapping errors consume no seq_no.
+    /// Applies one write (§1, §3, §5, §11) on the shard its id routes to. Conflicts and
+    /// mapping errors consume no seq_no.
     pub fn apply(&mut self, request: WriteRequest, now: Instant) -> Result<Written, EsError> {
         let id = request.id;
         let added = match &request.source {
@@ -200,10 +306,13 @@ impl IndexState {
         let current = self.live.get(&id).cloned();
         if request.kind == WriteKind::Create {
             if let Some(doc) = &current {
-                return Err(self.conflict(format!(
-                    "[{id}]: version conflict, document already exists (current version [{}])",
-                    doc.version
-                )));
+                return Err(self.conflict(
+                    format!(
+                        "[{id}]: version conflict, document already exists (current version [{}])",
+                        doc.version
+                    ),
+                    &id,
+                ));
             }
         }
         if let Some(seq) = request.if_seq_no {
@@ -213,13 +322,13 @@ impl IndexState {
                     return Err(self.conflict(format!(
                         "[{id}]: version conflict, required seqNo [{seq}], primary term [{term}]. current document has seqNo [{}] and primary term [{}]",
                         doc.seq_no, doc.primary_term
-                    )));
+                    ), &id));
                 }
                 Some(_) => {}
                 None => {
                     return Err(self.conflict(format!(
                         "[{id}]: version conflict, required seqNo [{seq}], primary term [{term}]. but no document was found"
-                    )));
+                    ), &id));
                 }
             }
         }
@@ -228,9 +337,13 @@ impl IndexState {
             .map(|doc| doc.version)
             .or_else(|| self.tombstones.get(&id).map(|t| t.version));
         let version = previous.map_or(1, |v| v + 1);
-        let seq_no = self.next_seq_no;
-        self.next_seq_no += 1;
-        let primary_term = self.primary_term;
+        let shard = self.shard_of(&id);
+        let on_shard = &mut self.shards[shard];
+        let seq_no = on_shard.next_seq_no;
+        on_shard.next_seq_no += 1;
+        let primary_term = on_shard.primary_term;
+        let order = self.next_order;
+        self.next_order += 1;
 
         let (result, status, doc) = match (request.kind, request.source) {
             (WriteKind::Delete, _) | (_, None) => {
@@ -243,6 +356,7 @@ impl IndexState {
                     },
                 );
                 if current.is_some() {
+                    self.shards[shard].docs -= 1;
                     ("deleted", 200, None)
                 } else {
                     ("not_found", 404, None)
@@ -256,6 +370,7 @@ impl IndexState {
                     version,
                     seq_no,
                     primary_term,
+                    order,
                     mapped_at: self.mapping.generation,
                 });
                 self.live.insert(id.clone(), doc.clone());
@@ -264,22 +379,29 @@ impl IndexState {
                 if current.is_some() {
                     ("updated", 200, Some(doc))
                 } else {
+                    self.shards[shard].docs += 1;
                     ("created", 201, Some(doc))
                 }
             }
         };
         self.pending.push_back(Pending {
             at: now,
-            seq_no,
+            order,
             id,
             doc,
         });
+        debug_assert_eq!(
+            self.shards.iter().map(|s| s.docs).sum::<u64>(),
+            self.live.len() as u64,
+            "the shards' document counts add up to the live documents"
+        );
         Ok(Written {
             result,
             status,
             version,
             seq_no,
             primary_term,
+            order,
         })
     }
 
@@ -342,15 +464,18 @@ impl IndexState {
         self.refresh_interval(default).map(|i| self.anchor + i)
     }
 
-    /// Whether the write with `seq_no` is searchable.
-    pub fn is_visible(&self, seq_no: i64) -> bool {
-        self.pending.front().is_none_or(|p| p.seq_no > seq_no)
+    /// Whether the write of index-wide `order` ([`Written::order`]) is searchable.
+    pub fn is_visible(&self, order: u64) -> bool {
+        self.pending.front().is_none_or(|p| p.order > order)
     }
 
     /// `GET /{index}`.
     pub fn describe(&self) -> Value {
         let mut index = Map::new();
-        for (key, value) in &self.settings.given {
+        // `number_of_routing_shards` is a private setting: Elasticsearch does not show it.
+        let shown =
+            (self.settings.given.iter()).filter(|(key, _)| *key != "number_of_routing_shards");
+        for (key, value) in shown {
             index.insert(
                 key.clone(),
                 match value {
@@ -359,7 +484,10 @@ impl IndexState {
                 },
             );
         }
-        index.insert("number_of_shards".into(), json!("1"));
+        index.insert(
+            "number_of_shards".into(),
+            json!(self.settings.shards.to_string()),
+        );
         index.insert(
             "number_of_replicas".into(),
             json!(self.settings.replicas.to_string()),
@@ -386,6 +514,8 @@ pub struct Cluster {
     /// `refresh_interval` of indices that do not set one (`None`: `-1`).
     pub default_refresh: Option<Duration>,
     pub uuid: String,
+    /// The capacity model's cost of one shard operation (off by default).
+    pub capacity: Capacity,
 }
 
 /// Elasticsearch's index-name rules (§8); `Err` holds the `why` of the error.
@@ -481,12 +611,9 @@ pub fn parse_settings(value: Option<&Value>) -> Result<Settings, EsError> {
     flatten_settings(value, "", &mut flat);
     for (key, v) in &flat {
         match key.as_str() {
-            "number_of_shards" => {
-                if count_setting(key, v)? != 1 {
-                    return Err(EsError::unsupported(
-                        "index.number_of_shards other than 1 (the emulator has one shard per index)",
-                    ));
-                }
+            "number_of_shards" => settings.shards = shard_setting(key, v, MAX_SHARDS)?,
+            "number_of_routing_shards" => {
+                settings.routing_shards = Some(shard_setting(key, v, i32::MAX as u64)?);
             }
             "number_of_replicas" => settings.replicas = count_setting(key, v)?,
             "refresh_interval" => settings.refresh_interval = Some(time_setting(key, v)?),
@@ -518,8 +645,50 @@ pub fn parse_settings(value: Option<&Value>) -> Result<Settings, EsError> {
             }
         }
     }
+    check_routing(settings.shards, settings.routing_shards)?;
     settings.given = flat;
     Ok(settings)
+}
+
+/// A count of shards from 1 to `max`, refused in Elasticsearch's words (8.19.21).
+fn shard_setting(key: &str, value: &Value, max: u64) -> Result<u32, EsError> {
+    let text = match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let Ok(count) = text.parse::<i64>() else {
+        return Err(EsError::illegal_argument(format!(
+            "Failed to parse value [{text}] for setting [index.{key}]"
+        )));
+    };
+    let bound = |relation: &str, limit: u64| {
+        EsError::illegal_argument(format!(
+            "Failed to parse value [{text}] for setting [index.{key}] must be {relation} {limit}"
+        ))
+    };
+    if count < 1 {
+        return Err(bound(">=", 1));
+    }
+    u32::try_from(count)
+        .ok()
+        .filter(|&c| u64::from(c) <= max)
+        .ok_or_else(|| bound("<=", max))
+}
+
+/// The routing shards must be a multiple of the shards, as Elasticsearch checks them when an
+/// index is created (its own reasons, 8.19.21).
+fn check_routing(shards: u32, routing_shards: Option<u32>) -> Result<(), EsError> {
+    if Routing::of(shards, routing_shards).is_some() {
+        return Ok(());
+    }
+    let routing_shards = routing_shards.unwrap_or_default();
+    Err(EsError::illegal_argument(if routing_shards < shards {
+        format!(
+            "index.number_of_routing_shards [{routing_shards}] must be >= index.number_of_shards [{shards}]"
+        )
+    } else {
+        format!("the number of source shards [{shards}] must be a factor of [{routing_shards}]")
+    }))
 }
 
 impl Cluster {
@@ -528,6 +697,7 @@ impl Cluster {
             indices: BTreeMap::new(),
             default_refresh,
             uuid: random_id(22),
+            capacity: Capacity::default(),
         }
     }
 

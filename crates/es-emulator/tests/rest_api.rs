@@ -296,18 +296,368 @@ async fn shards_total_follows_number_of_replicas() {
 }
 
 #[tokio::test]
-async fn unknown_settings_and_several_shards_are_refused() {
+async fn unknown_settings_and_impossible_shard_counts_are_refused() {
     let es = Es::manual().await;
     let unknown = es
         .put("/x", json!({"settings": {"index.nonsense": 1}}))
         .await;
     assert_eq!(unknown.status, 400);
     assert_eq!(unknown.body["error"]["type"], "illegal_argument_exception");
-    let shards = es
-        .put("/y", json!({"settings": {"number_of_shards": 3}}))
-        .await;
-    assert_eq!(shards.status, 400);
     assert!(es.send(Method::HEAD, "/x", None).await.status == 404);
+    // Elasticsearch 8.19.21's reasons, each a 400 `illegal_argument_exception`.
+    let refused = [
+        (
+            json!({"number_of_shards": 0}),
+            "Failed to parse value [0] for setting [index.number_of_shards] must be >= 1",
+        ),
+        (
+            json!({"number_of_shards": -1}),
+            "Failed to parse value [-1] for setting [index.number_of_shards] must be >= 1",
+        ),
+        (
+            json!({"number_of_shards": 1025}),
+            "Failed to parse value [1025] for setting [index.number_of_shards] must be <= 1024",
+        ),
+        (
+            json!({"number_of_shards": "x"}),
+            "Failed to parse value [x] for setting [index.number_of_shards]",
+        ),
+        (
+            json!({"number_of_shards": 3, "number_of_routing_shards": 0}),
+            "Failed to parse value [0] for setting [index.number_of_routing_shards] must be >= 1",
+        ),
+        (
+            json!({"number_of_shards": 3, "number_of_routing_shards": 2}),
+            "index.number_of_routing_shards [2] must be >= index.number_of_shards [3]",
+        ),
+        (
+            json!({"number_of_shards": 3, "number_of_routing_shards": 1024}),
+            "the number of source shards [3] must be a factor of [1024]",
+        ),
+    ];
+    for (settings, reason) in refused {
+        let reply = es.put("/y", json!({ "settings": settings })).await;
+        assert_error(&reply, 400, "illegal_argument_exception", reason);
+    }
+    assert_eq!(es.send(Method::HEAD, "/y", None).await.status, 404);
+    let accepted = [
+        json!({"number_of_shards": 1024}),
+        json!({"index": {"number_of_shards": "4"}}),
+        json!({"number_of_shards": 3, "number_of_routing_shards": 6}),
+        json!({"number_of_shards": 2, "number_of_routing_shards": 2048}),
+        json!({"number_of_routing_shards": 5}),
+    ];
+    for (n, settings) in accepted.into_iter().enumerate() {
+        let reply = es
+            .put(&format!("/ok-{n}"), json!({ "settings": settings }))
+            .await;
+        assert_eq!(reply.status, 200, "{settings}: {}", reply.text);
+    }
+    // The count is shown as a string; the routing shards, a private setting, are not.
+    let shown = es.get("/ok-2").await;
+    assert_eq!(
+        shown.body["ok-2"]["settings"]["index"]["number_of_shards"],
+        "3"
+    );
+    assert!(shown.body["ok-2"]["settings"]["index"]
+        .get("number_of_routing_shards")
+        .is_none());
+}
+
+/// Lines of a `_bulk` body, each ended by a newline.
+fn ndjson(lines: &[Value]) -> String {
+    lines.iter().map(|line| format!("{line}\n")).collect()
+}
+
+/// Ids Elasticsearch 8.19.21 placed on an index of 3 shards and one of 5 (`es-routing`'s own
+/// test names where each was found), and `zz`, deleted without existing, on shard 2 of 3.
+const PLACED: [(&str, usize, usize); 7] = [
+    ("a", 0, 1),
+    ("b", 2, 0),
+    ("t-1", 1, 1),
+    ("t-2", 0, 2),
+    ("acct-42", 0, 4),
+    ("x.y:z_1", 1, 1),
+    ("0b8f3c1e-9a52-4d8e-b7a1-2f4c6d8e0a13", 2, 2),
+];
+
+/// `_stats` at shard level: `(shard, docs.count, global checkpoint)` of every shard, in order,
+/// after checking that each shard has one started primary copy whose checkpoints agree.
+async fn per_shard(es: &Es, index: &str) -> Vec<(String, u64, i64)> {
+    let stats = es.get(&format!("/{index}/_stats?level=shards")).await;
+    assert_eq!(stats.status, 200, "{}", stats.text);
+    let shards = stats.body["indices"][index]["shards"].as_object().unwrap();
+    let mut out: Vec<(String, u64, i64)> = shards
+        .iter()
+        .map(|(number, copies)| {
+            let [copy] = copies.as_array().unwrap().as_slice() else {
+                panic!("one copy per shard: {copies}");
+            };
+            assert_eq!(copy["routing"]["state"], "STARTED");
+            assert_eq!(copy["routing"]["primary"], true);
+            assert_eq!(copy["retention_leases"]["primary_term"], 1);
+            let seq_no = &copy["seq_no"];
+            assert_eq!(seq_no["local_checkpoint"], seq_no["global_checkpoint"]);
+            assert_eq!(seq_no["max_seq_no"], seq_no["global_checkpoint"]);
+            (
+                number.clone(),
+                copy["docs"]["count"].as_u64().unwrap(),
+                seq_no["global_checkpoint"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    out.sort_by_key(|(number, _, _)| number.parse::<u32>().unwrap());
+    out
+}
+
+#[tokio::test]
+async fn documents_live_on_the_shards_elasticsearch_puts_them_on() {
+    let es = Es::manual().await;
+    es.put("/three", json!({"settings": {"number_of_shards": 3}}))
+        .await;
+    es.put("/five", json!({"settings": {"number_of_shards": 5}}))
+        .await;
+    // `_seq_no` counts per shard: the n-th write on a shard gets n - 1.
+    let mut written = [0i64; 3];
+    for (id, on_three, _) in PLACED {
+        let reply = es.put(&format!("/three/_doc/{id}"), json!({})).await;
+        assert_eq!(reply.body["_seq_no"], written[on_three], "{id}");
+        assert_eq!(reply.body["_shards"], shards(2), "one shard's copies");
+        written[on_three] += 1;
+    }
+    let absent = es.delete("/three/_doc/zz").await;
+    assert_eq!((absent.status, &absent.body["_seq_no"]), (404, &json!(2)));
+    let counts = [3, 2, 2];
+    let expected: Vec<(String, u64, i64)> = (0..3)
+        .map(|shard| {
+            let ops = written[shard] + i64::from(shard == 2);
+            (shard.to_string(), counts[shard], ops - 1)
+        })
+        .collect();
+    assert_eq!(per_shard(&es, "three").await, expected);
+    let stats = es.get("/three/_stats/docs?level=shards").await;
+    assert_eq!(
+        stats.body["_shards"],
+        json!({"total": 6, "successful": 3, "failed": 0})
+    );
+    // A conflict names the shard of its document.
+    let conflict = es.put("/three/_create/b", json!({})).await;
+    assert_eq!(conflict.status, 409);
+    assert_eq!(conflict.body["error"]["shard"], "2");
+
+    let lines: String = PLACED
+        .iter()
+        .map(|(id, _, _)| ndjson(&[json!({"create": {"_index": "five", "_id": id}}), json!({})]))
+        .collect();
+    assert_eq!(es.ndjson("/_bulk", &lines).await.body["errors"], false);
+    let mut on_five = [0u64; 5];
+    for (_, _, shard) in PLACED {
+        on_five[shard] += 1;
+    }
+    let counts: Vec<u64> = per_shard(&es, "five").await.iter().map(|s| s.1).collect();
+    assert_eq!(counts, on_five);
+}
+
+#[tokio::test]
+async fn shards_are_counted_as_elasticsearch_counts_them() {
+    let es = Es::manual().await;
+    es.put("/three", json!({"settings": {"number_of_shards": 3}}))
+        .await;
+    es.put(
+        "/two",
+        json!({"settings": {"number_of_shards": 2, "number_of_replicas": 0}}),
+    )
+    .await;
+    es.put("/three/_doc/a", json!({})).await;
+    // A refresh and `_stats` count every copy in `total`, the started ones in `successful`.
+    let refreshed = es.post("/three,two/_refresh", json!({})).await;
+    assert_eq!(
+        refreshed.body["_shards"],
+        json!({"total": 8, "successful": 5, "failed": 0})
+    );
+    // A search and `_count` ask every primary.
+    let searched = es.search("three,two", json!({})).await;
+    assert_eq!(
+        searched.body["_shards"],
+        json!({"total": 5, "successful": 5, "skipped": 0, "failed": 0})
+    );
+    let counted = es.get("/three/_count").await;
+    assert_eq!(counted.body["_shards"]["total"], 3);
+    assert_eq!(counted.body["count"], 1);
+    let health = es.get("/_cluster/health").await;
+    assert_eq!(health.body["active_primary_shards"], 5);
+    assert_eq!(health.body["unassigned_shards"], 3);
+    assert_eq!(health.body["status"], "yellow");
+}
+
+#[tokio::test]
+async fn a_custom_routing_is_refused_only_where_it_would_pick_another_shard() {
+    let es = Es::manual().await;
+    es.put("/one", json!({"settings": {"number_of_shards": 1}}))
+        .await;
+    es.put("/three", json!({"settings": {"number_of_shards": 3}}))
+        .await;
+    for index in ["one", "three"] {
+        es.put(&format!("/{index}/_doc/a"), json!({})).await;
+    }
+    assert_eq!(es.get("/one/_doc/a?routing=x").await.status, 200);
+    let not_modelled = |reply: &Reply| {
+        assert_eq!(reply.status, 400, "{}", reply.text);
+        assert!(
+            reason(reply).contains("not implemented by es-emulator"),
+            "{}",
+            reply.text
+        );
+    };
+    not_modelled(&es.get("/three/_doc/a?routing=x").await);
+    not_modelled(&es.delete("/three/_doc/a?routing=x").await);
+    not_modelled(&es.post("/three/_search?routing=x", json!({})).await);
+    let bulk = es
+        .ndjson(
+            "/_bulk",
+            &ndjson(&[
+                json!({"delete": {"_index": "one", "_id": "a", "routing": "x"}}),
+                json!({"delete": {"_index": "three", "_id": "a", "routing": "x"}}),
+            ]),
+        )
+        .await;
+    assert_eq!(bulk.body["items"][0]["delete"]["status"], 200);
+    assert_eq!(bulk.body["items"][1]["delete"]["status"], 400);
+    assert_eq!(es.get("/three/_doc/a").await.body["found"], true);
+}
+
+/// The same documents, written the same way, into indices of 1 and of 5 shards.
+async fn the_same_documents_on_1_and_5_shards(es: &Es) {
+    for (index, shards) in [("one", 1), ("five", 5)] {
+        let reply = es
+            .put(
+                &format!("/{index}"),
+                json!({
+                    "settings": {"number_of_shards": shards},
+                    "mappings": {"properties": {
+                        "k": {"type": "keyword"},
+                        "s": {"type": "keyword"},
+                        "n": {"type": "long"},
+                    }},
+                }),
+            )
+            .await;
+        assert_eq!(reply.status, 200, "{}", reply.text);
+        let mut lines = String::new();
+        let write = |id: &str| json!({"index": {"_index": index, "_id": id}});
+        for n in 0..90 {
+            let id = format!("d-{n}");
+            let s = ["a", "b", "c"][n % 3];
+            lines += &ndjson(&[write(&id), json!({"k": id, "s": s, "n": n % 7})]);
+        }
+        // Some deleted, some written again.
+        for n in (0..90).step_by(11) {
+            let id = format!("d-{n}");
+            lines += &ndjson(&[json!({"delete": {"_index": index, "_id": id}})]);
+        }
+        for n in (5..90).step_by(13) {
+            let id = format!("d-{n}");
+            lines += &ndjson(&[write(&id), json!({"k": id, "s": "b", "n": 3})]);
+        }
+        let bulk = es.ndjson("/_bulk", &lines).await;
+        assert_eq!(bulk.body["errors"], false, "{}", bulk.text);
+        es.refresh(index).await;
+    }
+}
+
+/// A search's hits as a client reads them, but for `_seq_no` (per shard) and `_index`.
+fn hits_without_seq_no(body: &Value) -> Value {
+    let mut hits = body["hits"].clone();
+    for hit in hits["hits"].as_array_mut().unwrap() {
+        let hit = hit.as_object_mut().unwrap();
+        hit.remove("_seq_no");
+        hit.remove("_index");
+    }
+    hits
+}
+
+#[tokio::test]
+async fn searches_answer_the_same_on_any_shard_count() {
+    let es = Es::manual().await;
+    the_same_documents_on_1_and_5_shards(&es).await;
+    let searches = [
+        json!({"size": 100}),
+        json!({"size": 100, "sort": [{"n": "asc"}], "seq_no_primary_term": true, "version": true}),
+        json!({"size": 20, "sort": [{"n": "desc"}, {"s": "asc"}]}),
+        json!({"size": 100, "sort": ["_doc"]}),
+        json!({"query": {"term": {"s": "b"}}, "sort": [{"n": "asc"}], "size": 100}),
+        json!({"query": {"range": {"n": {"gte": 5}}}, "from": 3, "size": 10, "sort": [{"k": "asc"}]}),
+        json!({"query": {"bool": {"should": [{"term": {"s": "a"}}, {"term": {"n": 2}}]}}, "size": 100}),
+    ];
+    for search in searches {
+        let one = es.search("one", search.clone()).await;
+        let five = es.search("five", search.clone()).await;
+        assert_eq!(one.status, 200, "{}", one.text);
+        assert_eq!(
+            hits_without_seq_no(&one.body),
+            hits_without_seq_no(&five.body),
+            "{search}"
+        );
+    }
+    // A scan by `search_after`, as the service pages: the same pages, every document once.
+    let mut after: [Option<Value>; 2] = [None, None];
+    let mut seen = 0;
+    loop {
+        let mut pages = Vec::new();
+        for (index, after) in ["one", "five"].into_iter().zip(after.iter_mut()) {
+            let mut body = json!({"size": 7, "sort": [{"n": "asc"}, {"k": "asc"}]});
+            if let Some(last) = after.take() {
+                body["search_after"] = last;
+            }
+            let page = es.search(index, body).await;
+            *after = page.body["hits"]["hits"]
+                .as_array()
+                .unwrap()
+                .last()
+                .map(|hit| hit["sort"].clone());
+            pages.push(hits_without_seq_no(&page.body));
+        }
+        assert_eq!(pages[0], pages[1]);
+        let on_page = pages[0]["hits"].as_array().unwrap().len();
+        if on_page == 0 {
+            break;
+        }
+        seen += on_page;
+    }
+    // Ninety written, nine deleted, d-44 among them written again.
+    assert_eq!(seen, 82);
+    let counts: Vec<u64> = per_shard(&es, "five").await.iter().map(|s| s.1).collect();
+    assert_eq!(counts.iter().sum::<u64>(), 82);
+    assert!(counts.iter().all(|&c| c > 0), "{counts:?}");
+}
+
+#[tokio::test]
+async fn the_capacity_model_serves_one_shard_one_operation_at_a_time() {
+    // Over real sockets and the wall clock: only the lower bound is certain on a loaded
+    // machine (the exact figures are the `capacity` module's own tests, on paused time).
+    let es = Es::manual().await;
+    es.put("/i", json!({"settings": {"number_of_shards": 1}}))
+        .await;
+    let cost = Duration::from_millis(20);
+    es.emulator.set_shard_op_cost(cost);
+    let started = std::time::Instant::now();
+    let writes: Vec<_> = (0..5)
+        .map(|n| {
+            let request = es
+                .client
+                .put(format!("{}/i/_doc/{n}", es.emulator.url))
+                .json(&json!({}));
+            tokio::spawn(async move { request.send().await.map(|r| r.status().as_u16()) })
+        })
+        .collect();
+    for write in writes {
+        assert_eq!(write.await.unwrap().unwrap(), 201);
+    }
+    assert!(started.elapsed() >= cost * 5, "{:?}", started.elapsed());
+    es.emulator.set_shard_op_cost(Duration::ZERO);
+    let started = std::time::Instant::now();
+    assert_eq!(es.put("/i/_doc/again", json!({})).await.status, 201);
+    assert!(started.elapsed() < cost * 5, "{:?}", started.elapsed());
 }
 
 // ---- §1 create ---------------------------------------------------------------------------
