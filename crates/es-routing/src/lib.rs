@@ -36,7 +36,8 @@ impl Routing {
     /// index's settings name it; `None` for counts the engines cannot hold.
     pub fn of(shards: u32, routing_shards: Option<u32>) -> Option<Routing> {
         let routing_shards = routing_shards.unwrap_or_else(|| default_routing_shards(shards));
-        let valid = shards >= 1 && routing_shards >= shards && routing_shards.is_multiple_of(shards);
+        let valid =
+            shards >= 1 && routing_shards >= shards && routing_shards.is_multiple_of(shards);
         valid.then_some(Routing {
             shards,
             routing_shards,
