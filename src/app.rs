@@ -117,41 +117,7 @@ pub async fn open_store(
 ) -> Result<DynStore, StoreError> {
     let backend: DynStore = match &config.elasticsearch_url {
         Some(url) => {
-            let (request_timeout, page_timeout) = es_timeouts(config, migrations);
-            let security = config.elasticsearch_security.settings().load()?;
-            let api_key = matches!(security.credentials, Some(EsCredentials::ApiKey(_)));
-            tracing::info!(
-                credentials = security.describe(),
-                ca = ?config.elasticsearch_security.elasticsearch_ca_cert,
-                "Elasticsearch client"
-            );
-            let store = Arc::new(
-                ElasticsearchStore::connect_secured(
-                    EsConfig {
-                        url: url.clone(),
-                        index_prefix: config.index_prefix.clone(),
-                        request_timeout,
-                        shards: config.elasticsearch_shards,
-                    },
-                    security,
-                )
-                .await?
-                .with_page_timeout(page_timeout),
-            );
-            // An engine the service does not support will not become one: refuse to start,
-            // naming what answered. One not up yet is waited for below, with the migrations.
-            match store.detect_engine().await {
-                Err(error @ StoreError::Permanent(_)) => return Err(error),
-                Ok(SearchEngine::OpenSearch(_)) if api_key => {
-                    return Err(StoreError::Permanent(
-                        "ELASTICSEARCH_API_KEY is an Elasticsearch API key, and ELASTICSEARCH_URL \
-                         points at OpenSearch, which has none: give its security plugin's user \
-                         with ELASTICSEARCH_USERNAME and ELASTICSEARCH_PASSWORD"
-                            .into(),
-                    ))
-                }
-                _ => {}
-            }
+            let store = Arc::new(connect_elasticsearch(config, url, migrations).await?);
             if migrations == Migrations::Verify {
                 store.verify_migrated().await?;
             } else if let Err(error) = store.migrate().await {
@@ -191,6 +157,45 @@ pub async fn open_store(
         )?),
     };
     Ok(Arc::new(InstrumentedStore::new(backend, metrics.clone())))
+}
+
+/// The Elasticsearch backend as configured, its engine checked (an engine the service does not
+/// support will not become one: refuse to start, naming what answered; one not up yet is
+/// waited for by the caller).
+pub async fn connect_elasticsearch(
+    config: &Config,
+    url: &str,
+    migrations: Migrations,
+) -> Result<ElasticsearchStore, StoreError> {
+    let (request_timeout, page_timeout) = es_timeouts(config, migrations);
+    let security = config.elasticsearch_security.settings().load()?;
+    let api_key = matches!(security.credentials, Some(EsCredentials::ApiKey(_)));
+    tracing::info!(
+        credentials = security.describe(),
+        ca = ?config.elasticsearch_security.elasticsearch_ca_cert,
+        "Elasticsearch client"
+    );
+    let store = ElasticsearchStore::connect_secured(
+        EsConfig {
+            url: url.to_owned(),
+            index_prefix: config.index_prefix.clone(),
+            request_timeout,
+            shards: config.elasticsearch_shards,
+        },
+        security,
+    )
+    .await?
+    .with_page_timeout(page_timeout);
+    match store.detect_engine().await {
+        Err(error @ StoreError::Permanent(_)) => Err(error),
+        Ok(SearchEngine::OpenSearch(_)) if api_key => Err(StoreError::Permanent(
+            "ELASTICSEARCH_API_KEY is an Elasticsearch API key, and ELASTICSEARCH_URL \
+             points at OpenSearch, which has none: give its security plugin's user \
+             with ELASTICSEARCH_USERNAME and ELASTICSEARCH_PASSWORD"
+                .into(),
+        )),
+        _ => Ok(store),
+    }
 }
 
 /// A built service: store open, listener bound, not yet serving.
@@ -370,6 +375,33 @@ pub async fn audit(config: Config) -> std::process::ExitCode {
     // In flight past its timeout and two recovery periods: stuck.
     let stuck = config.transfer_timeout + config.recovery_stale_after * 2;
     crate::audit::run(store, stuck.as_millis() as i64).await
+}
+
+/// `transfer-service shards --to N [--dry-run]`: exit 0 when every data index has (or, on a
+/// dry run, can be grown to) `to` shards; 1 on a refusal or failure; 2 without Elasticsearch.
+pub async fn grow_shards(config: Config, to: u32, dry_run: bool) -> std::process::ExitCode {
+    let Some(url) = config.elasticsearch_url.clone() else {
+        eprintln!("shards: ELASTICSEARCH_URL is not set: the embedded store has no shards");
+        return std::process::ExitCode::from(2);
+    };
+    let grown = async {
+        let store = connect_elasticsearch(&config, &url, Migrations::Verify).await?;
+        store.verify_migrated().await?;
+        store.grow_shards(to, dry_run).await
+    };
+    match grown.await {
+        Ok(growths) => {
+            let verb = if dry_run { "would grow" } else { "grown" };
+            for growth in growths {
+                println!("shards: {verb}: {growth}");
+            }
+            std::process::ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("shards: {error}");
+            std::process::ExitCode::from(1)
+        }
+    }
 }
 
 /// The engine's settings from the service's: a request fits in the lease with room to spare

@@ -87,6 +87,19 @@ pub enum Command {
     /// violation, 2 when the store cannot be read. Reads only: the embedded store is opened
     /// read-only (a DATA_DIR without one is an error), Elasticsearch's indices must exist.
     Audit,
+    /// Grow the accounts and transactions indices to more primary shards (Elasticsearch and
+    /// OpenSearch): each is split into a copy of that many shards, its writes blocked for
+    /// the moment that takes, and its name moved onto the copy (docs/operations.md,
+    /// "Growing to more shards"). Running instances keep serving; exit 1 on a failure.
+    Shards {
+        /// The number of primary shards to grow to: from one, any number up to 1024; from
+        /// more, a multiple the index's routing allows.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+        to: u32,
+        /// Say what would be done, and do nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Print the OpenAPI document served at `/openapi.json` and exit (regenerates the
     /// committed `openapi/openapi.json`).
     #[command(hide = true)]

@@ -50,6 +50,7 @@ async fn run() -> std::process::ExitCode {
     match command {
         Command::Serve => app::serve(cli.config).await,
         Command::Audit => app::audit(cli.config).await,
+        Command::Shards { to, dry_run } => app::grow_shards(cli.config, to, dry_run).await,
         Command::Openapi => print_openapi(),
     }
 }

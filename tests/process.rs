@@ -42,6 +42,9 @@ mod partitions;
 #[path = "process/rolling_upgrade.rs"]
 mod rolling_upgrade;
 
+#[path = "process/grow_shards.rs"]
+mod grow_shards;
+
 const BIN: &str = env!("CARGO_BIN_EXE_transfer-service");
 
 /// The accounts `acct0`… the clients move units between, each opened with `opening`.
@@ -1129,6 +1132,10 @@ async fn two_instances_share_work_and_survive_one_kill(url: &str, prefix: &str) 
     let mut env = vec![
         ("ELASTICSEARCH_URL", url.to_owned()),
         ("INDEX_PREFIX", prefix.to_owned()),
+        (
+            "ELASTICSEARCH_SHARDS",
+            support::cluster::shards().to_string(),
+        ),
     ];
     env.extend(webhook_env(&receiver));
     let first = Service::start_ready(&env).await;

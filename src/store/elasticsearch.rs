@@ -73,6 +73,7 @@ mod engine;
 mod migrations;
 mod reply;
 mod security;
+mod shards;
 mod vouch;
 
 /// The body that creates the migrations index (the differential test sends it as is).
@@ -89,7 +90,7 @@ use async_trait::async_trait;
 use elasticsearch::auth::Credentials;
 use elasticsearch::http::headers::{HeaderValue, ACCEPT_ENCODING, CONTENT_TYPE};
 use elasticsearch::http::transport::{SingleNodeConnectionPool, TransportBuilder};
-use elasticsearch::indices::{IndicesGetParts, IndicesRefreshParts};
+use elasticsearch::indices::IndicesRefreshParts;
 use elasticsearch::{BulkParts, Elasticsearch, GetParts, SearchParts};
 use serde_json::{json, Value};
 use url::Url;
@@ -656,27 +657,13 @@ impl Store for ElasticsearchStore {
 
     /// The transfers index's uuid (`GET /<index>`: `settings.index.uuid`), which a restore or
     /// a re-creation of the index changes.
+    /// The transactions index's uuid, or the one a split kept in its mapping
+    /// (`elasticsearch/shards.rs`).
     async fn identity(&self) -> StoreResult<Option<String>> {
-        let op = "identity";
-        let index = self.index_name(Index::Transactions);
-        let sent = self
-            .client
-            .indices()
-            .get(IndicesGetParts::Index(&[index.as_str()]))
-            .send()
-            .await;
-        let reply = self.read(op, sent).await?;
-        if !reply.is_success() {
-            return Err(reply.into_error(op));
-        }
-        let uuid = reply
-            .body
-            .pointer(&format!("/{index}/settings/index/uuid"))
-            .and_then(Value::as_str);
-        match uuid {
-            Some(uuid) => Ok(Some(uuid.to_owned())),
-            None => Err(StoreError::Permanent(format!("{op}: no uuid for {index}"))),
-        }
+        let described = self
+            .describe_index(&self.index_name(Index::Transactions))
+            .await?;
+        Ok(Some(described.kept_identity.unwrap_or(described.uuid)))
     }
 }
 

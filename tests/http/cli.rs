@@ -289,3 +289,21 @@ fn the_configuration_table_is_every_setting_of_help_with_its_default() {
         );
     }
 }
+
+/// `shards` grows Elasticsearch indices: on the embedded store it says there is nothing to
+/// grow (exit 2) and touches nothing; without `--to` clap refuses it.
+#[test]
+fn shards_needs_elasticsearch_and_a_count() {
+    let out = run(&["shards", "--to", "3"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("ELASTICSEARCH_URL is not set"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(&["shards"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--to"), "{}", text(&out.stderr));
+    let out = run(&["shards", "--to", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+}

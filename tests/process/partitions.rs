@@ -488,6 +488,10 @@ fn instance_env(
     let mut env = vec![
         ("ELASTICSEARCH_URL", cluster.nodes[k].clone()),
         ("INDEX_PREFIX", prefix.to_owned()),
+        (
+            "ELASTICSEARCH_SHARDS",
+            support::cluster::shards().to_string(),
+        ),
         ("LEASE_DURATION", "4s".to_owned()),
         ("RECOVERY_STALE_AFTER", "2s".to_owned()),
     ];

@@ -22,11 +22,16 @@ fn three_nodes() -> ClusterSpec {
     }
 }
 
-/// The environment of a service on `cluster`, on the indices of `prefix`.
-fn on_cluster(cluster: &Cluster, prefix: &str) -> Vec<(&'static str, String)> {
+/// The environment of a service on `cluster`, on the indices of `prefix` (of the tests'
+/// shard count, `support::cluster::shards`).
+pub(super) fn on_cluster(cluster: &Cluster, prefix: &str) -> Vec<(&'static str, String)> {
     vec![
         ("ELASTICSEARCH_URL", cluster.url.clone()),
         ("INDEX_PREFIX", prefix.to_owned()),
+        (
+            "ELASTICSEARCH_SHARDS",
+            support::cluster::shards().to_string(),
+        ),
     ]
 }
 

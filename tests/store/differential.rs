@@ -19,9 +19,10 @@
 //! - nothing else is compared unless a step names it: `took`, uuids, node names and the exact
 //!   wording of most reasons legitimately differ and the backend reads none of them;
 //! - `_seq_no` is compared as an absolute value: every index here is created by the table
-//!   itself with one primary shard, whose sequence numbers start at 0 and rise by one per
-//!   applied operation (§11), so the same requests give the same numbers on any correct
-//!   engine. An off-by-one start would be a real difference (reasons quote seq_nos too).
+//!   itself, and each shard's sequence numbers start at 0 and rise by one per operation
+//!   applied on it (§11), so the same requests give the same numbers on any correct engine
+//!   that routes each id to the same shard. An off-by-one start would be a real difference
+//!   (reasons quote seq_nos too), and so would a document on another shard.
 //!
 //! `TEST_LOG=1` prints both answers of every step. When no cluster can run here (no
 //! `java`/`mvn`), every test returns at once after the harness said so loudly (a failure
@@ -38,8 +39,9 @@ use transfer_service::time::format_millis;
 use crate::support::{cluster, stores};
 
 /// The indices a table may name (`${alias}`), each `<engine's prefix><alias>`. `missing` is
-/// never created; `BadName` is not a valid index name.
-const ALIASES: [&str; 7] = [
+/// never created; `BadName` is not a valid index name; `shards3`, `shards5` and `routed6` are
+/// the indices of several shards.
+const ALIASES: [&str; 10] = [
     "accounts",
     "transactions",
     "migrations",
@@ -47,6 +49,9 @@ const ALIASES: [&str; 7] = [
     "scratch",
     "missing",
     "BadName",
+    "shards3",
+    "shards5",
+    "routed6",
 ];
 
 const MIGRATION_ACCOUNTS: &str = include_str!("../../migrations/0001_accounts.json");
@@ -423,6 +428,7 @@ async fn differential(area: &str, steps: Vec<Step>) {
         emulated_answers.push(emulated.send(step).await);
     }
 
+    let on_opensearch = cluster::engine().starts_with("opensearch");
     let mut report = String::new();
     for ((step, es), emu) in steps.iter().zip(&real_answers).zip(&emulated_answers) {
         let name = step.name;
@@ -443,7 +449,8 @@ async fn differential(area: &str, steps: Vec<Step>) {
                 es.status, emu.status
             );
         }
-        if es.product != emu.product {
+        // OpenSearch sends no `X-elastic-product` (the service knows it by its `GET /`).
+        if es.product != emu.product && !on_opensearch {
             let _ = writeln!(
                 report,
                 "step `{name}`: X-elastic-product: Elasticsearch {:?} / emulator {:?}",
@@ -1514,4 +1521,159 @@ async fn the_shard_stats_the_vouch_reads_match_elasticsearch() {
         ]),
     ]);
     differential("vouch", steps).await;
+}
+
+/// `count` document ids of many shapes: the service's own (`t-…`, UUIDs, account names), and
+/// others a router must hash the same way (non-ASCII, punctuation, long ones), all distinct.
+fn varied_ids(count: u64) -> Vec<String> {
+    (0..count)
+        .map(|n| {
+            let mix = n.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            match n % 6 {
+                0 => format!("t-{n}"),
+                1 => format!(
+                    "{:08x}-{:04x}-4{:03x}-a{:03x}-{:012x}",
+                    mix >> 32,
+                    (mix >> 16) & 0xffff,
+                    (mix >> 4) & 0xfff,
+                    mix & 0xfff,
+                    n
+                ),
+                2 => format!("acct-{}-{n}", mix % 1000),
+                3 => format!("\u{fc}\u{20ac}-{n}-\u{540d}\u{524d}"),
+                4 => format!("x.y:z_{n}/{}", mix % 7),
+                _ => format!("{}{n}", "long-".repeat(1 + (mix % 40) as usize)),
+            }
+        })
+        .collect()
+}
+
+/// A `_bulk` that creates every id of `ids` in `alias`, then deletes every seventh of them
+/// and two ids that were never written (each still takes a `_seq_no` on its shard).
+fn create_all(name: &'static str, alias: &str, ids: &[String]) -> Step {
+    let mut lines = Vec::new();
+    for id in ids {
+        lines.push(json!({"create": {"_index": format!("${{{alias}}}"), "_id": id}}).to_string());
+        lines.push(json!({"id": id}).to_string());
+    }
+    let deleted = ids.iter().step_by(7).map(String::as_str);
+    for id in deleted.chain(["never-written", "\u{e9}t\u{e9}-absent"]) {
+        lines.push(json!({"delete": {"_index": format!("${{{alias}}}"), "_id": id}}).to_string());
+    }
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    Step::bulk(name, &lines)
+}
+
+/// Per-shard counts of `_stats` at shard level: which shard holds how many documents and
+/// how many operations it applied.
+fn shard_counts(name: &'static str, alias: &str) -> Step {
+    Step::get(
+        name,
+        format!(
+            "/${{{alias}}}/_stats/docs?level=shards&filter_path=_shards,\
+             indices.*.shards.*.docs.count,indices.*.shards.*.seq_no.max_seq_no,\
+             indices.*.shards.*.seq_no.global_checkpoint"
+        ),
+    )
+    .compare(&[
+        "_shards/total",
+        "_shards/successful",
+        "_shards/failed",
+        "indices/*/shards/*/*/docs/count",
+        "indices/*/shards/*/*/seq_no/max_seq_no",
+        "indices/*/shards/*/*/seq_no/global_checkpoint",
+    ])
+}
+
+/// Documents on indices of 3 and 5 shards, and of 3 shards over 6 routing shards: each id
+/// must land on the shard the engine puts it on (`es-routing`'s rule), which the per-shard
+/// `_seq_no` of every bulk item and the per-shard counts of `_stats` show; and `_shards`
+/// counts every shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn documents_land_on_the_shards_the_engine_puts_them_on() {
+    let ids = varied_ids(300);
+    let steps = vec![
+        Step::put(
+            "create an index of 3 shards",
+            "/${shards3}",
+            r#"{"settings":{"number_of_shards":3}}"#,
+        )
+        .compare(ACKNOWLEDGED),
+        Step::put(
+            "create an index of 5 shards",
+            "/${shards5}",
+            r#"{"settings":{"index":{"number_of_shards":"5"}}}"#,
+        )
+        .compare(ACKNOWLEDGED),
+        Step::put(
+            "create an index of 3 shards over 6 routing shards",
+            "/${routed6}",
+            r#"{"settings":{"number_of_shards":3,"number_of_routing_shards":6}}"#,
+        )
+        .compare(ACKNOWLEDGED),
+        create_all("bulk: 300 ids into 3 shards", "shards3", &ids),
+        create_all("bulk: 300 ids into 5 shards", "shards5", &ids),
+        create_all("bulk: 300 ids into 3 of 6 routing shards", "routed6", &ids),
+        Step::put(
+            "a create that conflicts names its document's shard",
+            format!("/${{shards5}}/_create/{}", ids[1]),
+            "{}",
+        )
+        .status(409)
+        .compare(ERROR)
+        .compare(REASON)
+        .compare(&["error/shard"]),
+        Step::new(
+            "refresh all three",
+            Method::POST,
+            "/${shards3},${shards5},${routed6}/_refresh",
+        )
+        .compare(SHARDS),
+        shard_counts("the 3 shards' counts", "shards3"),
+        shard_counts("the 5 shards' counts", "shards5"),
+        shard_counts("the 3 of 6 routing shards' counts", "routed6"),
+        Step::post(
+            "a search asks every shard",
+            "/${shards3},${shards5}/_search?size=0",
+            "{}",
+        )
+        .compare(&["_shards", "hits/total"]),
+    ];
+    differential("shards", steps).await;
+}
+
+/// Shard counts an index cannot have, refused in the engine's words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impossible_shard_counts_are_refused_as_elasticsearch_refuses_them() {
+    let refused = [
+        ("no shard", r#"{"number_of_shards":0}"#),
+        ("more than 1024 shards", r#"{"number_of_shards":1025}"#),
+        (
+            "a shard count that is no number",
+            r#"{"number_of_shards":"x"}"#,
+        ),
+        (
+            "no routing shard",
+            r#"{"number_of_shards":3,"number_of_routing_shards":0}"#,
+        ),
+        (
+            "fewer routing shards than shards",
+            r#"{"number_of_shards":3,"number_of_routing_shards":2}"#,
+        ),
+        (
+            "routing shards that are no multiple of the shards",
+            r#"{"number_of_shards":3,"number_of_routing_shards":1024}"#,
+        ),
+    ];
+    let mut steps: Vec<Step> = refused
+        .into_iter()
+        .map(|(name, settings)| {
+            Step::put(name, "/${scratch}", format!(r#"{{"settings":{settings}}}"#))
+                .status(400)
+                .compare(ERROR)
+                .compare(REASON)
+        })
+        .collect();
+    steps.push(Step::head("nothing was created", "/${scratch}").status(404));
+    differential("shard counts", steps).await;
 }

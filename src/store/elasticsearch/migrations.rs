@@ -321,7 +321,12 @@ impl ElasticsearchStore {
         if !(200..=299).contains(&reply.status) {
             return Err(reply.into_error(&format!("{op} [{index}]")));
         }
-        let mapped = &reply.body[index]["mappings"]["properties"];
+        // Keyed by the index behind the name, which a split made an alias (`shards.rs`).
+        let behind = reply
+            .body
+            .as_object()
+            .and_then(|indices| indices.values().next());
+        let mapped = &behind.unwrap_or(&Value::Null)["mappings"]["properties"];
         let wanted = body["properties"].as_object().into_iter().flatten();
         if wanted.clone().all(|(field, def)| &mapped[field] == def) {
             return Ok(());

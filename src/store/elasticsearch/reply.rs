@@ -9,6 +9,7 @@
 //! | 429 (rejected execution, circuit breaker, flood stage)   | `Unavailable`                |
 //! | 500, 502, 503, 504 (node closing, proxy/LB errors, no master, shards down) | `Unavailable` |
 //! | a shard not available now ([`SHARD_NOT_AVAILABLE`]), whatever the status (404 included) | `Unavailable` |
+//! | a block on the index or cluster (`cluster_block_exception`: a write block while the index is split, 403) | `Unavailable` |
 //! | 401 (credentials refused), 403 (privilege missing), whoever sent them | `Denied` (§12) |
 //! | 2xx (or an expected 4xx) without `X-elastic-product`     | `Permanent` (not ES); on OpenSearch, which has no such header, the engine is checked once, by `GET /` (`engine.rs`) |
 //! | 2xx from Elasticsearch                                   | handled by the caller        |
@@ -121,7 +122,10 @@ impl Reply {
     /// The answer as an error, for statuses the caller does not expect.
     pub fn into_error(self, op: &str) -> StoreError {
         let message = format!("{op}: HTTP {} {}", self.status, describe(&self.body));
-        if is_transient(self.status) || is_shard_not_available(self.error_type()) {
+        if is_transient(self.status)
+            || is_shard_not_available(self.error_type())
+            || is_blocked(self.error_type())
+        {
             StoreError::Unavailable(message)
         } else {
             StoreError::Permanent(message)
@@ -138,6 +142,13 @@ pub(super) fn is_denial(status: u16) -> bool {
     matches!(status, 401 | 403)
 }
 
+/// A block on the index or cluster (`cluster_block_exception`): a write block while the
+/// index is split to more shards (answered 403), no master (503), a full disk (429). Nothing
+/// was applied, and the block is lifted by the cluster or its operator: retry later.
+pub(super) fn is_blocked(error_type: Option<&str>) -> bool {
+    error_type == Some("cluster_block_exception")
+}
+
 /// Reads a response (or the failure to get one) for operation `op`, mapping transport errors
 /// and transient statuses to `Unavailable`, and, when the engine `marked` its answers
 /// (Elasticsearch), refusing those without its product header. See the module docs for the
@@ -151,7 +162,7 @@ pub(super) async fn read(
     // Before the product check: a security refusal is what it is whoever answers it (a
     // proxy's 401 also means the credentials were refused), and it must never read as "not
     // Elasticsearch".
-    if is_denial(reply.status) {
+    if is_denial(reply.status) && !is_blocked(reply.error_type()) {
         return Err(super::security::denied(op, reply.status, &reply.body));
     }
     if marked && product.as_deref() != Some(PRODUCT) {
@@ -294,6 +305,10 @@ pub(super) fn bulk_item(item: &Value) -> StoreResult<WriteOutcome> {
         409 if reason.contains("document already exists") => Ok(WriteOutcome::AlreadyExists),
         409 if reason.contains("but no document was found") => Ok(WriteOutcome::NotFound),
         409 => Ok(WriteOutcome::Conflict),
+        403 if is_blocked(error_type) => Err(StoreError::Unavailable(format!(
+            "bulk item: HTTP {status} {}",
+            describe(result)
+        ))),
         401 | 403 => Err(super::security::denied(
             "bulk item",
             status as u16,
@@ -393,6 +408,26 @@ mod tests {
             );
         }
         assert!(!bulk_item(&json!("nonsense")).unwrap_err().is_retryable());
+    }
+
+    /// What Elasticsearch 8.19.21 answers a write to an index with a write block (as while
+    /// it is split to more shards): a 403 that is no missing privilege.
+    #[test]
+    fn a_write_to_a_blocked_index_is_retried_later_not_denied() {
+        let blocked = json!({"type": "cluster_block_exception",
+            "reason": "index [t1] blocked by: [FORBIDDEN/8/index write (api)];"});
+        let item = item(
+            "index",
+            json!({"_id": "y", "status": 403, "error": blocked}),
+        );
+        let error = bulk_item(&item).unwrap_err();
+        assert!(matches!(error, StoreError::Unavailable(_)), "{error:?}");
+        let reply = Reply {
+            status: 403,
+            body: json!({"error": blocked, "status": 403}),
+        };
+        let error = reply.into_error("get");
+        assert!(matches!(error, StoreError::Unavailable(_)), "{error:?}");
     }
 
     #[test]

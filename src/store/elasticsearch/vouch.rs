@@ -50,7 +50,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use elasticsearch::indices::{IndicesGetParts, IndicesStatsParts};
+use elasticsearch::indices::IndicesStatsParts;
 use elasticsearch::params::Level;
 use es_routing::Routing;
 use serde_json::Value;
@@ -366,30 +366,9 @@ impl ElasticsearchStore {
         if let Some(routing) = self.checkpoints.routing_for(report) {
             return Ok(routing);
         }
-        let routing = self.read_routing(&report.index).await?;
+        let routing = self.describe_index(&report.index).await?.routing;
         self.checkpoints.learned(&report.index, routing);
         Ok(routing)
-    }
-
-    /// `GET /{index}` for its shard count and, when set, its routing shards.
-    async fn read_routing(&self, index: &str) -> StoreResult<Routing> {
-        let op = "vouch: routing";
-        let sent = self
-            .client
-            .indices()
-            .get(IndicesGetParts::Index(&[index]))
-            .filter_path(&[
-                "*.settings.index.number_of_shards",
-                "*.settings.index.number_of_routing_shards",
-            ])
-            .send()
-            .await;
-        let reply = self.read(op, sent).await?;
-        if !reply.is_success() {
-            return Err(reply.into_error(op));
-        }
-        routing_in(&reply.body)
-            .map_err(|why| StoreError::Permanent(format!("{op}: {index}: {why}")))
     }
 
     /// The answer of a `_stats` of `name` sent at or after `after` (a read's end): the one
@@ -536,26 +515,6 @@ fn primary_among(copies: &[Value]) -> Result<Option<Primary>, String> {
             "the primary's copy reports no term or checkpoint: {primary}"
         )),
     }
-}
-
-/// The routing of the one index in a `GET /{index}` answer filtered to its shard settings.
-pub(super) fn routing_in(body: &Value) -> Result<Routing, String> {
-    let settings = body
-        .as_object()
-        .and_then(|indices| indices.values().next())
-        .map(|index| &index["settings"]["index"])
-        .ok_or_else(|| format!("no settings in {body}"))?;
-    let number = |key: &str| -> Option<u32> {
-        let value = &settings[key];
-        value
-            .as_u64()
-            .or_else(|| value.as_str()?.parse().ok())?
-            .try_into()
-            .ok()
-    };
-    let shards = number("number_of_shards").ok_or_else(|| format!("no shard count in {body}"))?;
-    Routing::of(shards, number("number_of_routing_shards"))
-        .ok_or_else(|| format!("a shard count the engines cannot hold: {body}"))
 }
 
 #[cfg(test)]
@@ -776,15 +735,5 @@ mod tests {
             "a failed answer hides a change"
         );
         assert!(!layouts.unchanged_since_read("j", "t4"), "another index");
-    }
-
-    #[test]
-    fn the_routing_comes_from_the_index_settings() {
-        let body = json!({"ts-accounts-2": {"settings": {"index": {"number_of_shards": "3"}}}});
-        assert_eq!(routing_in(&body), Ok(Routing::of(3, None).unwrap()));
-        let set = json!({"x": {"settings": {"index": {
-            "number_of_shards": "2", "number_of_routing_shards": "8"}}}});
-        assert_eq!(routing_in(&set).unwrap().routing_shards, 8);
-        assert!(routing_in(&json!({})).is_err());
     }
 }
