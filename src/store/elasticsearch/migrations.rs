@@ -79,6 +79,13 @@ pub(super) const MIGRATIONS: &[Migration] = &[
     migration!("0006_webhooks"),
 ];
 
+/// The client's limit for a request that changes an index (create, put mapping), longer than
+/// `STORE_TIMEOUT`: the master publishes the change to every node holding a shard before it
+/// answers, which on a cluster of several nodes and shards takes longer than a document
+/// write (a test's 40 ms store timeout never created a 3-shard index). Both are retried
+/// until they hold, and only at start-up.
+const CHANGE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The logical name of the index holding one record per applied migration.
 pub(super) const MIGRATIONS_INDEX: &str = "migrations";
 
@@ -289,6 +296,7 @@ impl ElasticsearchStore {
             .indices()
             .create(IndicesCreateParts::Index(index))
             .body(body)
+            .request_timeout(CHANGE_TIMEOUT)
             .send()
             .await;
         let reply = self.read(op, sent).await?;
@@ -337,6 +345,7 @@ impl ElasticsearchStore {
             .indices()
             .put_mapping(IndicesPutMappingParts::Index(&[index]))
             .body(body.clone())
+            .request_timeout(CHANGE_TIMEOUT)
             .send()
             .await;
         let reply = self.read(op, sent).await?;
