@@ -144,10 +144,7 @@ impl ElasticsearchStore {
             .get(IndicesGetParts::Index(&[name]))
             .send()
             .await;
-        let reply = self.read(op, sent).await?;
-        if !reply.is_success() {
-            return Err(reply.into_error(op));
-        }
+        let reply = self.successful(op, sent).await?;
         described_in(&reply.body)
             .map_err(|why| StoreError::Permanent(format!("{op} {name}: {why}")))
     }
@@ -251,10 +248,7 @@ impl ElasticsearchStore {
             .await;
         self.expect_success(op, sent).await?;
         let sent = self.client.count(CountParts::Index(&[index])).send().await;
-        let reply = self.read(op, sent).await?;
-        if !reply.is_success() {
-            return Err(reply.into_error(op));
-        }
+        let reply = self.successful(op, sent).await?;
         reply.body["count"]
             .as_u64()
             .ok_or_else(|| StoreError::Permanent(format!("{op}: {index}: {}", reply.body)))
@@ -282,17 +276,26 @@ impl ElasticsearchStore {
         self.expect_success(op, sent).await
     }
 
+    /// The answer to `sent` when it is a success, else the error it is.
+    async fn successful(
+        &self,
+        op: &str,
+        sent: Result<elasticsearch::http::response::Response, elasticsearch::Error>,
+    ) -> StoreResult<super::reply::Reply> {
+        let reply = self.read(op, sent).await?;
+        if reply.is_success() {
+            Ok(reply)
+        } else {
+            Err(reply.into_error(op))
+        }
+    }
+
     async fn expect_success(
         &self,
         op: &str,
         sent: Result<elasticsearch::http::response::Response, elasticsearch::Error>,
     ) -> StoreResult<()> {
-        let reply = self.read(op, sent).await?;
-        if reply.is_success() {
-            Ok(())
-        } else {
-            Err(reply.into_error(op))
-        }
+        self.successful(op, sent).await.map(drop)
     }
 }
 
