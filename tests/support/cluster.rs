@@ -11,7 +11,8 @@
 //! (`tools/es-cluster/run --engine opensearch`): the same suites then run on OpenSearch
 //! (`.ci/run` does so for the store suite, the HTTP contract, the kill -9 test of two instances
 //! and the failover test; `docs/testing.md`). `TEST_SEARCH_ENGINE=opensearch3` makes it an
-//! OpenSearch 3.9.0 one (`--engine opensearch3`, on Java 21+), for runs by hand; CI runs none.
+//! OpenSearch 3.9.0 one (`--engine opensearch3`, on Java 21+): `.ci/run` runs the partition
+//! test on it where the machine has Java 21+.
 //!
 //! `ELASTICSEARCH_URL`, when set, names a cluster to use instead of the shared one. Without
 //! `java` and `mvn` the real-cluster tests skip and say so, except under `CI=true`, where that
