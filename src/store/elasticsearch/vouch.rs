@@ -153,6 +153,39 @@ struct Layout {
     copies: Option<Vec<(u32, String, bool, String)>>,
 }
 
+/// Whether the copies listed went from `before` to `after` only by copies starting: a copy
+/// that appears initializing, or goes from initializing to started, where every other copy is
+/// listed as it was. A read is routed to started copies only, and a copy that started has
+/// recovered everything acknowledged (its lag, if any, shows in the answer), so such a change
+/// around a read leaves nothing to read again. Any other change does (a copy gone or failed,
+/// a primary moved): the common change in a young index (its replicas starting) then costs
+/// no read.
+fn only_copies_starting(
+    before: &[(u32, String, bool, String)],
+    after: &[(u32, String, bool, String)],
+) -> bool {
+    let find = |copies: &[(u32, String, bool, String)], shard: u32, node: &str| {
+        copies
+            .iter()
+            .find(|(s, n, _, _)| *s == shard && n == node)
+            .map(|(_, _, primary, state)| (*primary, state.clone()))
+    };
+    let kept = before.iter().all(
+        |(shard, node, primary, state)| match find(after, *shard, node) {
+            Some((now_primary, now)) => {
+                now_primary == *primary
+                    && (now == *state || (state == "INITIALIZING" && now == "STARTED"))
+            }
+            None => false,
+        },
+    );
+    let new_ones_initialize = after
+        .iter()
+        .filter(|(shard, node, _, _)| find(before, *shard, node).is_none())
+        .all(|(_, _, _, state)| state == "INITIALIZING");
+    kept && new_ones_initialize
+}
+
 /// Reads remembered for their vouch at most; past it the oldest are forgotten (and vouched
 /// for by a read made again).
 const READS_REMEMBERED: usize = 4096;
@@ -163,7 +196,11 @@ impl Layouts {
         layout.applied += 1;
         // An answer that lists no copies (a failed request) counts as a change: what the
         // node routed by meanwhile is unknown.
-        if copies.is_none() || copies != layout.copies {
+        let benign = match (&layout.copies, &copies) {
+            (Some(before), Some(after)) => only_copies_starting(before, after),
+            _ => false,
+        };
+        if !benign {
             layout.changed_at = layout.applied;
         }
         layout.copies = copies;
@@ -735,5 +772,39 @@ mod tests {
             "a failed answer hides a change"
         );
         assert!(!layouts.unchanged_since_read("j", "t4"), "another index");
+
+        // A replica that starts around a read: it served nothing before it started.
+        let replica = |state: &str| (0, "n1".to_owned(), false, state.to_owned());
+        let with = |state: &str| {
+            let mut copies = layout(&["n0"]).unwrap();
+            copies.push(replica(state));
+            Some(copies)
+        };
+        layouts.applied("i", with("INITIALIZING"));
+        layouts.read_sent("i", "t5", layouts.applied_so_far("i"));
+        layouts.applied("i", with("STARTED"));
+        assert!(layouts.unchanged_since_read("i", "t5"), "a copy started");
+        // The same copy failing again is a change.
+        layouts.read_sent("i", "t6", layouts.applied_so_far("i"));
+        layouts.applied("i", layout(&["n0"]));
+        assert!(
+            !layouts.unchanged_since_read("i", "t6"),
+            "a started copy gone"
+        );
+        // A copy that appears initializing and is gone by the next answer: a change.
+        layouts.read_sent("i", "t7", layouts.applied_so_far("i"));
+        layouts.applied("i", with("INITIALIZING"));
+        layouts.applied("i", layout(&["n0"]));
+        assert!(
+            !layouts.unchanged_since_read("i", "t7"),
+            "an initializing copy gone"
+        );
+        // A primary that moved.
+        layouts.read_sent("i", "t8", layouts.applied_so_far("i"));
+        layouts.applied("i", Some(vec![(0, "n0".into(), false, "STARTED".into())]));
+        assert!(
+            !layouts.unchanged_since_read("i", "t8"),
+            "the primary flag changed"
+        );
     }
 }
