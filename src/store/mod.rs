@@ -246,9 +246,20 @@ pub enum StoreError {
     Denied { reason: String, detail: String },
 }
 
+/// What a vouch says of a read it could not vouch for because a read made again found the
+/// document changed since: the document was written meanwhile, so reading it again at once
+/// may well be vouched for (`Documents::get_vouched` does so).
+pub const CHANGED_SINCE_READ: &str = "changed since it was read";
+
 impl StoreError {
     pub fn is_retryable(&self) -> bool {
         matches!(self, StoreError::Unavailable(_))
+    }
+
+    /// A vouch refused because the document changed since it was read
+    /// ([`CHANGED_SINCE_READ`]).
+    pub fn changed_since_read(&self) -> bool {
+        matches!(self, StoreError::Unavailable(why) if why.contains(CHANGED_SINCE_READ))
     }
 }
 

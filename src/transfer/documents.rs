@@ -14,6 +14,11 @@ use crate::store::{
     WriteOutcome,
 };
 
+/// Reads of one document [`Documents::get_vouched`] makes at most while a vouch finds it
+/// changed since each read (a document being written as it is read under a change of the
+/// cluster's copies); then the vouch's `Unavailable` is the answer (a `503`).
+const VOUCHED_READS: u32 = 3;
+
 /// A document with the version it was read or written at.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Versioned<T> {
@@ -86,11 +91,22 @@ impl Documents {
     /// answered to a client, or decided on without a write of its own, is never a write a
     /// cut-off primary accepted and will roll back, nor "not found" from a copy cut off from
     /// the writes it missed. `Unavailable` when that cannot be told now.
+    /// A document written between its read and the vouch's second look is read again, a
+    /// few times at most.
     pub async fn get_vouched<T: Document>(&self, id: &str) -> StoreResult<Option<Versioned<T>>> {
-        let read = self.get::<T>(id).await?;
-        self.vouch::<T>(id, read.as_ref().map(|found| found.version))
-            .await?;
-        Ok(read)
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let read = self.get::<T>(id).await?;
+            match self
+                .vouch::<T>(id, read.as_ref().map(|found| found.version))
+                .await
+            {
+                Ok(()) => return Ok(read),
+                Err(error) if error.changed_since_read() && attempts < VOUCHED_READS => continue,
+                Err(error) => return Err(error),
+            }
+        }
     }
 
     /// Vouches for a read of `id` made earlier: at `read`, or not found (`None`).

@@ -56,7 +56,7 @@ use es_routing::Routing;
 use serde_json::Value;
 
 use super::ElasticsearchStore;
-use crate::store::{Index, StoreError, StoreResult, Version};
+use crate::store::{Index, StoreError, StoreResult, Version, CHANGED_SINCE_READ};
 
 /// What `_stats` asks for: the totals, and each copy's routing, checkpoints and term.
 const STATS_ANSWER: &[&str] = &[
@@ -433,7 +433,7 @@ impl ElasticsearchStore {
             return Ok(());
         }
         Err(StoreError::Unavailable(format!(
-            "vouch: {id} was read at {read:?} and is now at {again:?}: read it again"
+            "vouch: {id} {CHANGED_SINCE_READ} (at {read:?}, now at {again:?}): read it again"
         )))
     }
 
