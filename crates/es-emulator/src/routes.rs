@@ -4,6 +4,7 @@
 //! keeps Elasticsearch's own answers for unknown paths (400), wrong methods (405) and index
 //! names that start with `_`.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -353,6 +354,8 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             },
         },
     };
+    let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    shared.request_nanos.fetch_add(took, Ordering::Relaxed);
     if head {
         let (parts, _) = response.into_parts();
         Response::from_parts(parts, Body::empty())
@@ -434,7 +437,10 @@ async fn dispatch(ctx: &Ctx<'_>, route: Route) -> Response {
         None => None,
     };
     let answered = answer(ctx, route).await;
-    ctx.answer_at.wait(&ctx.shared.cancel).await;
+    ctx.answer_at
+        .wait(&ctx.shared.wake, &ctx.shared.cancel)
+        .await;
+    (ctx.shared.shard_operations).fetch_add(ctx.answer_at.operations(), Ordering::Relaxed);
     match (answered, filter) {
         (Answered::Answer(answer), Some(filter)) => filtered(answer, &filter).await,
         (Answered::Answer(answer) | Answered::Refused(answer), _) => answer,

@@ -654,6 +654,10 @@ async fn the_capacity_model_serves_one_shard_one_operation_at_a_time() {
         assert_eq!(write.await.unwrap().unwrap(), 201);
     }
     assert!(started.elapsed() >= cost * 5, "{:?}", started.elapsed());
+    assert_eq!(es.emulator.shard_operations(), 5);
+    // Each request waited at least its own operation.
+    let waited = es.emulator.request_time();
+    assert!(waited >= cost * 5, "{waited:?}");
     es.emulator.set_shard_op_cost(Duration::ZERO);
     let started = std::time::Instant::now();
     assert_eq!(es.put("/i/_doc/again", json!({})).await.status, 201);
