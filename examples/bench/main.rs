@@ -12,6 +12,10 @@
 //! target/release/examples/bench --emulator --webhook --second-instance 21s   # ... from an
 //!                                               # instance without the receiver's lease
 //! target/release/examples/bench --elasticsearch http://127.0.0.1:9200 --json
+//! target/release/examples/bench --emulator --shard-op-cost 400us --shards 4   # shards as
+//!                                               # servers of bounded capacity (es-emulator's
+//!                                               # capacity model), ELASTICSEARCH_SHARDS=4
+//! target/release/examples/bench --emulator --shard-op-cost 400us --shard-series 1,2,4,8 --runs 3
 //! ```
 //!
 //! Without `--url` it starts `target/release/transfer-service` itself (embedded store in a
@@ -37,12 +41,20 @@
 //! events it saw and how long after each terminal write it saw it; with `--webhook` the
 //! service delivers its terminal events to a receiver in the benchmark ([`receiver`]), and
 //! the report adds the deliveries and their lag.
+//!
+//! `--shards N` starts the service with `ELASTICSEARCH_SHARDS=N` (the primaries of its data
+//! indices), and the report reads back how many the indices have. `--shard-op-cost` turns on
+//! es-emulator's capacity model (each shard a server on which every operation takes that
+//! long, one at a time, shards in parallel), and `--shard-series 1,2,4,8` runs the whole
+//! benchmark at each shard count (`--runs` times each, interleaved) and ends with a table of
+//! the rates against the one-shard rate and what the service's CPU did ([`series`]).
 
 mod connection;
 mod feed;
 mod preload;
 mod receiver;
 mod report;
+mod series;
 
 use connection::{Answer, Connection};
 
@@ -62,7 +74,7 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-#[derive(Parser, Debug)]
+#[derive(Parser, Debug, Clone)]
 #[command(about = "Benchmark transfer-service")]
 struct Args {
     /// A running service; if absent, the benchmark starts one (and only then can it read the
@@ -125,12 +137,36 @@ struct Args {
     /// then skip making it.
     #[arg(long, conflicts_with_all = ["url", "elasticsearch", "emulator"])]
     data_dir: Option<std::path::PathBuf>,
+    /// Start the service with `ELASTICSEARCH_SHARDS` set to this: the primary shards of the
+    /// accounts and transactions indices it creates (with --emulator or --elasticsearch).
+    #[arg(long, conflicts_with = "url", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    shards: Option<u32>,
+    /// With --emulator: es-emulator's capacity model, each shard a server on which every
+    /// operation (a bulk item, a document write or get; one per shard for a search, refresh
+    /// or stats request) takes this long, one at a time, shards in parallel (e.g. `400us`).
+    #[arg(long, requires = "emulator", value_parser = humantime::parse_duration)]
+    shard_op_cost: Option<Duration>,
+    /// With --emulator: run the benchmark at each of these shard counts (a fresh emulator
+    /// and service each time, `ELASTICSEARCH_SHARDS` set to the count), then print each
+    /// count's rate against the first's.
+    #[arg(long, requires = "emulator", conflicts_with = "shards", value_delimiter = ',',
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    shard_series: Option<Vec<u32>>,
+    /// With --shard-series: runs at each shard count (interleaved: the whole series, then
+    /// again), of which the table shows the median, min and max.
+    #[arg(long, default_value_t = 1, requires = "shard_series")]
+    runs: usize,
     /// Print the report as one JSON object instead of a table.
     #[arg(long)]
     json: bool,
 }
 
 impl Args {
+    /// Whether the service runs on Elasticsearch or the emulator (for `--shards`).
+    fn on_engine(&self) -> bool {
+        self.emulator || self.elasticsearch.is_some()
+    }
+
     fn clients(&self) -> usize {
         self.connections.unwrap_or(self.clients)
     }
@@ -179,6 +215,9 @@ fn start_service(args: &Args, elasticsearch: Option<&str>, webhook: Option<&str>
         .stderr(Stdio::inherit());
     if let Some(es) = elasticsearch {
         command.env("ELASTICSEARCH_URL", es);
+    }
+    if let Some(shards) = args.shards {
+        command.env("ELASTICSEARCH_SHARDS", shards.to_string());
     }
     if let Some(url) = webhook {
         command
@@ -230,13 +269,15 @@ struct Emulator {
 }
 
 impl Emulator {
-    fn start() -> Emulator {
+    /// With `shard_op_cost`, in the capacity model (es-emulator's `capacity` module).
+    fn start(shard_op_cost: Option<Duration>) -> Emulator {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .expect("emulator runtime");
         let running = runtime.block_on(es_emulator::spawn(es_emulator::EmulatorConfig::default()));
+        running.set_shard_op_cost(shard_op_cost.unwrap_or_default());
         Emulator {
             running: Some(running),
             runtime,
@@ -245,6 +286,12 @@ impl Emulator {
 
     fn url(&self) -> String {
         self.running.as_ref().expect("running").url.clone()
+    }
+
+    /// Shard operations its capacity model served so far, and its requests' times added up.
+    fn load(&self) -> (u64, Duration) {
+        let running = self.running.as_ref().expect("running");
+        (running.shard_operations(), running.request_time())
     }
 
     /// The HTTP requests received so far, by kind (`_bulk`, document `GET`, `_search`, ...).
@@ -906,6 +953,15 @@ struct TransferPhase {
     after: Scrape,
     /// The service's utime+stime over posting and draining.
     service_cpu: Option<Duration>,
+    /// This process's own over the same time: the clients, and with --emulator the
+    /// emulator (they share the machine's cores with the service).
+    bench_cpu: Option<Duration>,
+    /// The primary shards of the service's data indices as the engine reports them, by
+    /// index (`accounts`, `transactions`), when it runs on one.
+    index_shards: Vec<(String, Option<usize>)>,
+    /// On the emulator: the shard operations its capacity model served over posting and
+    /// draining, and its requests' times added up over the same time.
+    emulator_load: Option<(u64, Duration)>,
     /// HTTP requests es-emulator or the real cluster received over posting and draining, by
     /// kind.
     es_requests: Option<BTreeMap<String, u64>>,
@@ -928,6 +984,8 @@ struct Target<'a> {
     emulator: Option<&'a Emulator>,
     /// The real cluster's URL (`--elasticsearch`), read for its own counts.
     cluster: Option<String>,
+    /// The engine's URL, the emulator's or the real cluster's.
+    engine: Option<String>,
     /// The service's `INDEX_PREFIX`.
     index_prefix: String,
     /// What the `--webhook` receiver got.
@@ -938,7 +996,9 @@ async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> Transfer
     let (client, base) = (&target.client, target.base.as_str());
     let before = Scrape::take(client, base).await;
     let cpu_before = target.pid.and_then(cpu_time);
+    let bench_cpu_before = cpu_time(std::process::id());
     let es_before = target.emulator.map(Emulator::request_counts);
+    let load_before = target.emulator.map(Emulator::load);
     let cluster_before = match &target.cluster {
         Some(url) => ClusterStats::take(client, url).await,
         None => None,
@@ -969,6 +1029,8 @@ async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> Transfer
     }
     // After the consumer caught up: its reads are part of what the feed costs.
     let cpu_after = target.pid.and_then(cpu_time);
+    let bench_cpu_after = cpu_time(std::process::id());
+    let load_after = target.emulator.map(Emulator::load);
     let cluster = match (&target.cluster, cluster_before) {
         (Some(url), Some(before)) => {
             let after = ClusterStats::take(client, url).await;
@@ -991,6 +1053,14 @@ async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> Transfer
         counted,
         after,
         service_cpu: cpu_before.zip(cpu_after).map(|(b, a)| a - b),
+        bench_cpu: bench_cpu_before.zip(bench_cpu_after).map(|(b, a)| a - b),
+        emulator_load: load_before
+            .zip(load_after)
+            .map(|((ops, time), (ops_after, time_after))| (ops_after - ops, time_after - time)),
+        index_shards: match &target.engine {
+            Some(url) => index_shards(client, url, &target.index_prefix).await,
+            None => Vec::new(),
+        },
         account_documents,
         es_requests: es_before
             .zip(target.emulator)
@@ -1007,6 +1077,30 @@ async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> Transfer
             .or(cluster.as_ref().and_then(|c| c.requests.clone())),
         cluster,
     }
+}
+
+/// The primary shards of the service's accounts and transactions indices, as the engine's
+/// `_stats` lists them (`None` where it could not be read).
+async fn index_shards(
+    client: &reqwest::Client,
+    url: &str,
+    prefix: &str,
+) -> Vec<(String, Option<usize>)> {
+    let mut out = Vec::new();
+    for index in ["accounts", "transactions"] {
+        let name = format!("{prefix}{index}");
+        let stats = get_json(
+            client,
+            format!("{url}/{name}/_stats/docs?level=shards&filter_path=indices.*.shards.*.routing.primary"),
+        )
+        .await;
+        let count = stats
+            .as_ref()
+            .and_then(|s| s["indices"][&name]["shards"].as_object())
+            .map(|shards| shards.len());
+        out.push((index.to_owned(), count));
+    }
+    out
 }
 
 /// The sizes of the account documents' `_source` in a real cluster, as JSON text.
@@ -1080,6 +1174,7 @@ async fn run(args: &Args, emulator: Option<&Emulator>) -> Report {
         pid: service.as_ref().map(Service::pid),
         emulator,
         cluster: args.elasticsearch.clone(),
+        engine: elasticsearch.clone(),
         index_prefix: index_prefix(),
         webhook: webhook.map(|(_, received)| received),
     };
@@ -1136,6 +1231,19 @@ fn stop_service(mut service: Service) -> u64 {
     preload::dir_bytes(service.dir.path())
 }
 
+/// One run of the benchmark as `args` say: the emulator (if asked for), the service, the
+/// load; stopped again after.
+fn measure(args: &Args) -> Report {
+    let emulator = args.emulator.then(|| Emulator::start(args.shard_op_cost));
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let report = runtime.block_on(run(args, emulator.as_ref()));
+    drop(runtime);
+    if let Some(emulator) = emulator {
+        emulator.stop();
+    }
+    report
+}
+
 fn main() {
     let args = Args::parse();
     if let Some(url) = &args.url {
@@ -1144,13 +1252,15 @@ fn main() {
             std::process::exit(2);
         }
     }
-    let emulator = args.emulator.then(Emulator::start);
-    let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let report = runtime.block_on(run(&args, emulator.as_ref()));
-    drop(runtime);
-    if let Some(emulator) = emulator {
-        emulator.stop();
+    if args.shards.is_some() && !args.on_engine() {
+        eprintln!("--shards: needs --emulator or --elasticsearch");
+        std::process::exit(2);
     }
+    if let Some(counts) = &args.shard_series {
+        series::run(&args, counts);
+        return;
+    }
+    let report = measure(&args);
     if args.json {
         println!(
             "{}",

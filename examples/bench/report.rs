@@ -12,8 +12,19 @@ pub struct Report {
     overload: bool,
     batch: Option<u32>,
     posting_s: f64,
+    /// `ELASTICSEARCH_SHARDS` given to the service (`--shards`).
+    shards: Option<u32>,
+    /// The primary shards the engine reports for the data indices, by index.
+    index_shards: Vec<(String, Option<usize>)>,
+    /// es-emulator's capacity model: what one shard operation costs (`--shard-op-cost`).
+    shard_op_cost_us: Option<f64>,
+    /// In the capacity model, how busy the data indices' shards were on average: operations
+    /// served × cost, over the transfer phase's wall time × their shards.
+    pub shard_busy: Option<f64>,
+    /// The emulator's requests in flight on average over the transfer phase.
+    pub engine_requests_in_flight: Option<f64>,
     /// Transfers that reached a terminal state, over posting plus draining time.
-    transfers_per_s: f64,
+    pub transfers_per_s: f64,
     finished: f64,
     rolled_back: f64,
     /// Transfers the service accepted per second of posting.
@@ -25,9 +36,9 @@ pub struct Report {
     /// Whether the clients waited as each 503's `Retry-After` asked.
     clients_honour_retry_after: bool,
     shed_items: u64,
-    failed: u64,
+    pub failed: u64,
     first_failure: Option<String>,
-    post_latency_ms: Percentiles,
+    pub post_latency_ms: Percentiles,
     /// The same POSTs as the service timed them (`http_request_duration_seconds` of the
     /// accepted status, over the process's life): from the request's arrival at the router to
     /// its response, without the time in the sockets and the clients.
@@ -36,7 +47,9 @@ pub struct Report {
     created_to_terminal_ms: Percentiles,
     /// From the end of posting until every accepted transfer was terminal.
     drain_s: f64,
-    service_cpu_us_per_transfer: Option<f64>,
+    pub service_cpu_us_per_transfer: Option<f64>,
+    /// This process's CPU a transfer: the clients, and with --emulator the emulator.
+    pub bench_cpu_us_per_transfer: Option<f64>,
     /// The real cluster's CPU a transfer (`--elasticsearch`; it shares the machine's cores).
     elasticsearch_cpu_us_per_transfer: Option<f64>,
     /// Documents the real cluster indexed a transfer (`_stats/indexing`, primaries).
@@ -51,7 +64,7 @@ pub struct Report {
     ratio_to_healthz: f64,
     store_requests_per_transfer: Option<f64>,
     conflicts_per_transfer: Option<f64>,
-    es_http_requests_per_transfer: Option<f64>,
+    pub es_http_requests_per_transfer: Option<f64>,
     /// The same by kind of request (`bulk`, `get`, `search`, ...), the kinds received only.
     es_http_requests_by_kind: Option<BTreeMap<String, f64>>,
     peak_rss_mib: Option<f64>,
@@ -89,8 +102,8 @@ struct EventsFollowed {
 }
 
 #[derive(Serialize)]
-struct Percentiles {
-    p50: Option<f64>,
+pub struct Percentiles {
+    pub p50: Option<f64>,
     p90: Option<f64>,
     p99: Option<f64>,
     max: Option<f64>,
@@ -163,10 +176,37 @@ impl Report {
         let batch = self.batch.unwrap_or(1).to_string();
         vec![
             ("store", self.store.clone()),
+            ("shards (ELASTICSEARCH_SHARDS)", self.shards_shown()),
+            ("shard op cost (µs)", shown(self.shard_op_cost_us, 0)),
+            (
+                "shards busy / engine requests in flight",
+                format!(
+                    "{} / {}",
+                    shown(self.shard_busy.map(|b| b * 100.0), 0) + " %",
+                    shown(self.engine_requests_in_flight, 2)
+                ),
+            ),
             (self.clients_label(), shape),
             ("transfers per POST", batch),
             ("posting (s)", format!("{:.1}", self.posting_s)),
         ]
+    }
+
+    /// `accounts 4, transactions 4 (4)`: the engine's counts, then what the service was told.
+    fn shards_shown(&self) -> String {
+        let told = self.shards.map_or("-".into(), |n| n.to_string());
+        if self.index_shards.is_empty() {
+            return told;
+        }
+        let counted: Vec<String> = (self.index_shards.iter())
+            .map(|(index, n)| format!("{index} {}", n.map_or("?".into(), |n| n.to_string())))
+            .collect();
+        format!("{} ({told})", counted.join(", "))
+    }
+
+    /// The primaries the engine reports for the data indices, if it reported them all.
+    pub fn index_shard_counts(&self) -> Option<Vec<usize>> {
+        self.index_shards.iter().map(|(_, n)| *n).collect()
     }
 
     fn clients_label(&self) -> &'static str {
@@ -250,6 +290,10 @@ impl Report {
             (
                 "service CPU/transfer (µs)",
                 shown(self.service_cpu_us_per_transfer, 0),
+            ),
+            (
+                "benchmark process CPU/transfer (µs)",
+                shown(self.bench_cpu_us_per_transfer, 0),
             ),
             (
                 "Elasticsearch CPU/transfer (µs)",
@@ -385,6 +429,13 @@ impl Report {
         let tally = &phase.tally;
         Report {
             store: args.store(),
+            shards: args.shards,
+            index_shards: phase.index_shards.clone(),
+            shard_op_cost_us: args.shard_op_cost.map(|c| c.as_secs_f64() * 1e6),
+            shard_busy: shard_busy(args, phase),
+            engine_requests_in_flight: phase
+                .emulator_load
+                .map(|(_, time)| time.as_secs_f64() / (phase.posting + phase.drain).as_secs_f64()),
             accounts: args.accounts,
             clients: args.clients(),
             overload: args.connections.is_some(),
@@ -416,6 +467,9 @@ impl Report {
             drain_s: phase.drain.as_secs_f64(),
             service_cpu_us_per_transfer: phase
                 .service_cpu
+                .and_then(|cpu| per_transfer(cpu.as_secs_f64() * 1e6)),
+            bench_cpu_us_per_transfer: phase
+                .bench_cpu
                 .and_then(|cpu| per_transfer(cpu.as_secs_f64() * 1e6)),
             elasticsearch_cpu_us_per_transfer: (phase.cluster.as_ref())
                 .and_then(|c| per_transfer(c.cpu.as_secs_f64() * 1e6)),
@@ -457,6 +511,17 @@ impl Report {
             }),
         }
     }
+}
+
+/// How busy the data indices' shards were in the capacity model, on average.
+fn shard_busy(args: &Args, phase: &TransferPhase) -> Option<f64> {
+    let (operations, _) = phase.emulator_load?;
+    let cost = args.shard_op_cost?;
+    let shards: usize = (phase.index_shards.iter())
+        .map(|(_, n)| *n)
+        .sum::<Option<usize>>()?;
+    let wall = (phase.posting + phase.drain).as_secs_f64();
+    Some(operations as f64 * cost.as_secs_f64() / (wall * shards as f64))
 }
 
 /// Whether a sample of `http_request_duration_seconds` is of the POSTs the clients make that
