@@ -929,6 +929,31 @@ fn cpu_ticks(stat: &str) -> Option<u64> {
     Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
 }
 
+/// CPU time the whole machine has spent busy so far, every core and process (`/proc/stat`).
+fn machine_busy() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    // SAFETY: sysconf has no preconditions; it only reads a configuration value.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let ticks = busy_ticks(stat.lines().next()?)?;
+    (per_second > 0).then(|| Duration::from_secs_f64(ticks as f64 / per_second as f64))
+}
+
+/// The busy clock ticks of `/proc/stat`'s `cpu` line: every field but idle and iowait (the
+/// 4th and 5th), and but guest time, which user time already counts (the 9th and 10th).
+fn busy_ticks(line: &str) -> Option<u64> {
+    let fields: Vec<u64> = (line.strip_prefix("cpu ")?.split_whitespace())
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let counted = fields.iter().take(8).enumerate();
+    Some(
+        counted
+            .filter(|(i, _)| !matches!(i, 3 | 4))
+            .map(|(_, n)| n)
+            .sum(),
+    )
+}
+
 /// A `/proc/<pid>/status` memory line (`VmHWM:`, `VmRSS:`) in KiB.
 fn memory_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -956,6 +981,8 @@ struct TransferPhase {
     /// This process's own over the same time: the clients, and with --emulator the
     /// emulator (they share the machine's cores with the service).
     bench_cpu: Option<Duration>,
+    /// The whole machine's busy CPU time over the same time, every process's.
+    machine_cpu: Option<Duration>,
     /// The primary shards of the service's data indices as the engine reports them, by
     /// index (`accounts`, `transactions`), when it runs on one.
     index_shards: Vec<(String, Option<usize>)>,
@@ -997,6 +1024,7 @@ async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> Transfer
     let before = Scrape::take(client, base).await;
     let cpu_before = target.pid.and_then(cpu_time);
     let bench_cpu_before = cpu_time(std::process::id());
+    let machine_before = machine_busy();
     let es_before = target.emulator.map(Emulator::request_counts);
     let load_before = target.emulator.map(Emulator::load);
     let cluster_before = match &target.cluster {
@@ -1030,6 +1058,7 @@ async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> Transfer
     // After the consumer caught up: its reads are part of what the feed costs.
     let cpu_after = target.pid.and_then(cpu_time);
     let bench_cpu_after = cpu_time(std::process::id());
+    let machine_after = machine_busy();
     let load_after = target.emulator.map(Emulator::load);
     let cluster = match (&target.cluster, cluster_before) {
         (Some(url), Some(before)) => {
@@ -1054,6 +1083,7 @@ async fn transfer_phase(args: &Args, target: &Target<'_>, run: &str) -> Transfer
         after,
         service_cpu: cpu_before.zip(cpu_after).map(|(b, a)| a - b),
         bench_cpu: bench_cpu_before.zip(bench_cpu_after).map(|(b, a)| a - b),
+        machine_cpu: machine_before.zip(machine_after).map(|(b, a)| a - b),
         emulator_load: load_before
             .zip(load_after)
             .map(|((ops, time), (ops_after, time_after))| (ops_after - ops, time_after - time)),
@@ -1280,6 +1310,15 @@ mod tests {
     fn cpu_ticks_add_utime_and_stime_after_a_command_name_with_spaces() {
         let stat = "4242 (transfer (x) svc) S 1 2 3 4 5 6 7 8 9 10 1500 250 11 12 20 0 9 0";
         assert_eq!(cpu_ticks(stat), Some(1750));
+    }
+
+    #[test]
+    fn the_machine_is_busy_but_when_idle_or_waiting_for_io() {
+        // user nice system idle iowait irq softirq steal guest guest_nice
+        let line = "cpu  100 20 30 5000 40 1 2 3 7 8";
+        assert_eq!(busy_ticks(line), Some(100 + 20 + 30 + 1 + 2 + 3));
+        assert_eq!(busy_ticks("intr 1 2 3"), None);
+        assert!(machine_busy().is_some());
     }
 
     #[test]

@@ -50,6 +50,9 @@ pub struct Report {
     pub service_cpu_us_per_transfer: Option<f64>,
     /// This process's CPU a transfer: the clients, and with --emulator the emulator.
     pub bench_cpu_us_per_transfer: Option<f64>,
+    /// The whole machine's busy cores over the transfer phase (every process's CPU over its
+    /// wall time): with the service's and this process's, what else was running.
+    pub machine_cores: Option<f64>,
     /// The real cluster's CPU a transfer (`--elasticsearch`; it shares the machine's cores).
     elasticsearch_cpu_us_per_transfer: Option<f64>,
     /// Documents the real cluster indexed a transfer (`_stats/indexing`, primaries).
@@ -295,6 +298,7 @@ impl Report {
                 "benchmark process CPU/transfer (µs)",
                 shown(self.bench_cpu_us_per_transfer, 0),
             ),
+            ("machine cores busy", shown(self.machine_cores, 2)),
             (
                 "Elasticsearch CPU/transfer (µs)",
                 shown(self.elasticsearch_cpu_us_per_transfer, 0),
@@ -471,6 +475,9 @@ impl Report {
             bench_cpu_us_per_transfer: phase
                 .bench_cpu
                 .and_then(|cpu| per_transfer(cpu.as_secs_f64() * 1e6)),
+            machine_cores: phase
+                .machine_cpu
+                .map(|cpu| cpu.as_secs_f64() / (phase.posting + phase.drain).as_secs_f64()),
             elasticsearch_cpu_us_per_transfer: (phase.cluster.as_ref())
                 .and_then(|c| per_transfer(c.cpu.as_secs_f64() * 1e6)),
             engine_writes_per_transfer: (phase.cluster.as_ref())

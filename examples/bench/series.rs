@@ -8,8 +8,9 @@
 //! machine falls on every count alike. The table gives at each count the median rate with
 //! its min and max, its ratio to the first count's median, whether that meets the goal (at
 //! N shards at least 0.8 × N times the rate at one), and where the CPU went: the service's
-//! a transfer and in cores (its CPU over the phase's wall time), and this process's, the
-//! clients and the emulator, which share the machine with it.
+//! a transfer and in cores (its CPU over the phase's wall time), this process's, the
+//! clients and the emulator, which share the machine with it, and the whole machine's; then
+//! how busy the model's shards were and how many requests the emulator had in flight.
 
 use super::*;
 
@@ -74,6 +75,8 @@ struct Row {
     service_cores: Option<f64>,
     /// This process's (clients and emulator) likewise.
     bench_cores: Option<f64>,
+    /// Every process's on the machine likewise.
+    machine_cores: Option<f64>,
     es_requests_per_transfer: Option<f64>,
     /// How busy the data indices' shards were in the capacity model.
     shard_busy: Option<f64>,
@@ -144,6 +147,7 @@ fn summarize(points: &[Point]) -> Vec<Row> {
             ),
             service_cores: cores(|r| r.service_cpu_us_per_transfer),
             bench_cores: cores(|r| r.bench_cpu_us_per_transfer),
+            machine_cores: median(point.runs.iter().map(|r| r.machine_cores)),
             es_requests_per_transfer: median(
                 point.runs.iter().map(|r| r.es_http_requests_per_transfer),
             ),
@@ -178,13 +182,14 @@ fn print_table(args: &Args, rows: &[Row]) {
         "service µs/transfer",
         "service cores",
         "bench cores",
+        "machine cores",
         "ES req/transfer",
         "shards busy",
         "ES req in flight",
         "POST p50 ms",
         "failed",
     ];
-    let lines: Vec<[String; 12]> = (rows.iter())
+    let lines: Vec<[String; 13]> = (rows.iter())
         .map(|row| {
             let rate = row.transfers_per_s;
             [
@@ -195,6 +200,7 @@ fn print_table(args: &Args, rows: &[Row]) {
                 shown(row.service_cpu_us_per_transfer, 0),
                 shown(row.service_cores, 2),
                 shown(row.bench_cores, 2),
+                shown(row.machine_cores, 2),
                 shown(row.es_requests_per_transfer, 2),
                 shown(row.shard_busy.map(|b| b * 100.0), 0) + " %",
                 shown(row.engine_requests_in_flight, 2),
