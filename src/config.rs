@@ -92,9 +92,9 @@ pub enum Command {
     /// the moment that takes, and its name moved onto the copy (docs/operations.md,
     /// "Growing to more shards"). Running instances keep serving; exit 1 on a failure.
     Shards {
-        /// The number of primary shards to grow to: from one, any number up to 1024; from
+        /// The number of primary shards to grow to: from one, any number up to 512; from
         /// more, a multiple the index's routing allows.
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=512))]
         to: u32,
         /// Say what would be done, and do nothing.
         #[arg(long)]
@@ -142,10 +142,10 @@ pub struct Config {
     pub index_prefix: String,
 
     /// Primary shards of the accounts and transactions indices, set when the service creates
-    /// them (an index that exists keeps its own count; `migrate shards` grows one). Each
-    /// shard is a writer of its own on the cluster's nodes: more shards, more nodes' CPU.
-    /// From 1 to 1024.
-    #[arg(long, env = "ELASTICSEARCH_SHARDS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    /// them (an index that exists keeps its own count; `transfer-service shards` grows one).
+    /// Each shard is a writer of its own on the cluster's nodes: more shards, more nodes' CPU.
+    /// From 1 to 512.
+    #[arg(long, env = "ELASTICSEARCH_SHARDS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=512))]
     pub elasticsearch_shards: u32,
 
     /// How often the recovery loop looks for stale transfers.

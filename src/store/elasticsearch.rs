@@ -280,7 +280,17 @@ impl ElasticsearchStore {
     }
 
     /// What a 404 `index_not_found_exception` means; see "A missing index" in the module docs.
-    fn missing_index(&self, op: &str, reply: Reply) -> StoreResult<()> {
+    async fn missing_index(&self, op: &str, reply: Reply) -> StoreResult<()> {
+        // A request that reached the old index as `transfer-service shards` moved its name
+        // onto the copy: the name is there again (an alias), so ask again.
+        let name = reply.body.pointer("/error/index").and_then(Value::as_str);
+        if let Some(name) = name.filter(|_| self.migrated.load(Ordering::Acquire)) {
+            if self.index_exists(name).await.unwrap_or(false) {
+                return Err(StoreError::Unavailable(format!(
+                    "{op}: {name} was gone a moment (its name moved onto a copy of more shards)"
+                )));
+            }
+        }
         if self.migrated.load(Ordering::Acquire) {
             Err(StoreError::Permanent(format!(
                 "{op}: {} although migrations were applied (deleted index, or wrong INDEX_PREFIX?)",
@@ -321,7 +331,7 @@ impl ElasticsearchStore {
         let sent = search.send().await;
         let reply = self.read(op, sent).await?;
         if reply.status == 404 && reply.error_type() == Some("index_not_found_exception") {
-            self.missing_index(op, reply)?;
+            self.missing_index(op, reply).await?;
             return Ok(Vec::new());
         }
         if !reply.is_success() {
@@ -388,7 +398,7 @@ impl Store for ElasticsearchStore {
             200 if reply.body["found"] == Value::Bool(true) => doc_of(op, &reply.body).map(Some),
             404 if reply.body["found"] == Value::Bool(false) => Ok(None),
             404 if reply.error_type() == Some("index_not_found_exception") => {
-                self.missing_index(op, reply).map(|()| None)
+                self.missing_index(op, reply).await.map(|()| None)
             }
             _ => Err(reply.into_error(op)),
         }
@@ -516,21 +526,38 @@ impl Store for ElasticsearchStore {
         let body = search_body(filter, Vec::new(), sort, after, limit);
         let body = self.page_body(body);
         let name = self.index_name(Index::Transactions);
+        if self.checkpoints.searching(&name) == 0 {
+            // The copies listed before the search are what its hits are vouched by: have an
+            // answer first (`elasticsearch/vouch.rs`, the copies listed around a read).
+            self.vouch_for(Index::Transactions, "", None).await?;
+        }
         let searching = self.checkpoints.searching(&name);
         let hits = self
             .search(op, Index::Transactions, body, Some(self.page_timeout))
             .await?;
-        let docs: Vec<(FeedPosition, Doc)> = hits
+        let mut docs: Vec<(FeedPosition, Doc)> = hits
             .iter()
             .map(|hit| Ok((FeedPosition::Time(sort_key_of(op, hit)?), doc_of(op, hit)?)))
             .collect::<StoreResult<_>>()?;
         // A consumer (a webhook receiver among them) must never be shown a write that a
-        // cut-off primary accepted and rolls back: the page is served only when every hit
-        // is vouched for (`elasticsearch/vouch.rs`); one stats answer covers them all.
-        for (_, doc) in &docs {
+        // cut-off primary accepted and rolls back: the page is served only as far as every
+        // hit is vouched for (`elasticsearch/vouch.rs`); one stats answer covers them all. A
+        // hit found written since the search ends the page before it: the page's end is the
+        // consumer's next cursor, and the document's newer write comes after it.
+        for k in 0..docs.len() {
+            let doc = &docs[k].1;
             self.checkpoints.found_by_search(&name, &doc.id, searching);
-            self.vouch_for(Index::Transactions, &doc.id, Some(doc.version))
-                .await?;
+            match self
+                .vouch_for(Index::Transactions, &doc.id, Some(doc.version))
+                .await
+            {
+                Ok(()) => {}
+                Err(error) if error.changed_since_read() => {
+                    docs.truncate(k);
+                    break;
+                }
+                Err(error) => return Err(error),
+            }
         }
         Ok(ChangesPage { docs })
     }
@@ -646,7 +673,7 @@ impl Store for ElasticsearchStore {
         if reply.status == 404 && reply.error_type() == Some("index_not_found_exception") {
             // Before migrations nothing may exist yet. Refresh the indices that do exist one
             // by one (a multi-index refresh fails as a whole on one missing index).
-            self.missing_index(op, reply)?;
+            self.missing_index(op, reply).await?;
             for index in indices {
                 self.refresh_one(index).await?;
             }
@@ -655,10 +682,10 @@ impl Store for ElasticsearchStore {
         check_refreshed(op, reply)
     }
 
-    /// The transfers index's uuid (`GET /<index>`: `settings.index.uuid`), which a restore or
-    /// a re-creation of the index changes.
-    /// The transactions index's uuid, or the one a split kept in its mapping
-    /// (`elasticsearch/shards.rs`).
+    /// The transactions index's uuid (`GET /<index>`: `settings.index.uuid`), which a
+    /// restore or a re-creation of the index changes; after `transfer-service shards`, the
+    /// identity the split wrote on the copy's mapping for the copy's uuid
+    /// (`elasticsearch/shards.rs`), so cursors issued before the split still read.
     async fn identity(&self) -> StoreResult<Option<String>> {
         let described = self
             .describe_index(&self.index_name(Index::Transactions))

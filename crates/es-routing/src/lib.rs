@@ -61,7 +61,9 @@ impl Routing {
 /// and later, and every OpenSearch): the shard count doubled while it stays within 1,024.
 pub fn default_routing_shards(shards: u32) -> u32 {
     let log2_shards = u32::BITS - shards.saturating_sub(1).leading_zeros();
-    let splits = 10u32.saturating_sub(log2_shards);
+    // At least one split, so that every index can be split once ("Ensure the index can be
+    // split at least once", in the engines' own words): 1,024 shards route over 2,048.
+    let splits = 10u32.saturating_sub(log2_shards).max(1);
     shards << splits
 }
 
@@ -69,8 +71,7 @@ pub fn default_routing_shards(shards: u32) -> u32 {
 /// code units, each low byte first; as the signed `int` Java works with.
 fn id_hash(id: &str) -> i32 {
     let bytes: Vec<u8> = id.encode_utf16().flat_map(u16::to_le_bytes).collect();
-    // Reading from memory cannot fail.
-    let hash = murmur3::murmur3_32(&mut Cursor::new(bytes), 0).unwrap_or_default();
+    let hash = murmur3::murmur3_32(&mut Cursor::new(bytes), 0).expect("reading from memory");
     hash as i32
 }
 
@@ -85,8 +86,9 @@ mod tests {
         assert_eq!(default_routing_shards(3), 768);
         assert_eq!(default_routing_shards(5), 640);
         assert_eq!(default_routing_shards(8), 1024);
-        assert_eq!(default_routing_shards(1024), 1024);
-        assert_eq!(default_routing_shards(1500), 1500);
+        assert_eq!(default_routing_shards(512), 1024);
+        assert_eq!(default_routing_shards(513), 1026, "split at least once");
+        assert_eq!(default_routing_shards(1024), 2048);
     }
 
     #[test]

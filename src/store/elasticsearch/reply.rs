@@ -124,7 +124,7 @@ impl Reply {
         let message = format!("{op}: HTTP {} {}", self.status, describe(&self.body));
         if is_transient(self.status)
             || is_shard_not_available(self.error_type())
-            || is_blocked(self.error_type())
+            || is_blocked(&self.body["error"])
         {
             StoreError::Unavailable(message)
         } else {
@@ -142,11 +142,15 @@ pub(super) fn is_denial(status: u16) -> bool {
     matches!(status, 401 | 403)
 }
 
-/// A block on the index or cluster (`cluster_block_exception`): a write block while the
-/// index is split to more shards (answered 403), no master (503), a full disk (429). Nothing
-/// was applied, and the block is lifted by the cluster or its operator: retry later.
-pub(super) fn is_blocked(error_type: Option<&str>) -> bool {
-    error_type == Some("cluster_block_exception")
+/// A write block on the index (`cluster_block_exception`, `index write (api)`, answered 403),
+/// as while `transfer-service shards` splits it: nothing was applied, and the block is lifted
+/// in moments, so retry later. Other blocks stay what their status says: no master (503) and
+/// a full disk (429) are retried anyway; one an operator set (`read_only`, 403) is refused.
+pub(super) fn is_blocked(error: &Value) -> bool {
+    error["type"] == "cluster_block_exception"
+        && error["reason"]
+            .as_str()
+            .is_some_and(|reason| reason.contains("index write (api)"))
 }
 
 /// Reads a response (or the failure to get one) for operation `op`, mapping transport errors
@@ -162,7 +166,7 @@ pub(super) async fn read(
     // Before the product check: a security refusal is what it is whoever answers it (a
     // proxy's 401 also means the credentials were refused), and it must never read as "not
     // Elasticsearch".
-    if is_denial(reply.status) && !is_blocked(reply.error_type()) {
+    if is_denial(reply.status) && !is_blocked(&reply.body["error"]) {
         return Err(super::security::denied(op, reply.status, &reply.body));
     }
     if marked && product.as_deref() != Some(PRODUCT) {
@@ -305,7 +309,7 @@ pub(super) fn bulk_item(item: &Value) -> StoreResult<WriteOutcome> {
         409 if reason.contains("document already exists") => Ok(WriteOutcome::AlreadyExists),
         409 if reason.contains("but no document was found") => Ok(WriteOutcome::NotFound),
         409 => Ok(WriteOutcome::Conflict),
-        403 if is_blocked(error_type) => Err(StoreError::Unavailable(format!(
+        403 if is_blocked(&result["error"]) => Err(StoreError::Unavailable(format!(
             "bulk item: HTTP {status} {}",
             describe(result)
         ))),

@@ -4,25 +4,30 @@
 //! Each data index is split (`_split`, the engine copies its segments into an index of `N`
 //! shards, documents re-routed by id) and its name moved onto the copy, in four steps:
 //!
-//! 1. **Write block** on the index: from here until step 4 every write the service sends is
-//!    refused with `cluster_block_exception`, which it retries as `Unavailable` (nothing was
-//!    applied); reads go on. A transfer's steps wait, as on a failover.
+//! 1. **Write block** on the index (`PUT /{index}/_block/write`, which returns once every
+//!    write in flight on its shards has finished, so none lands after the copy is taken):
+//!    from here until step 4 every write the service sends is refused with
+//!    `cluster_block_exception`, which it retries as `Unavailable` (nothing was applied);
+//!    reads go on. A transfer's steps wait, as on a failover.
 //! 2. **Split** into `<name>-<N>shards`, which the engine builds from the blocked index (so
 //!    it holds every acknowledged write), and wait until its primaries are started.
 //! 3. **Check**: after a refresh, both hold the same number of documents.
 //! 4. **Swap**, one atomic request to the engine: the old index is deleted and its name
 //!    becomes an alias of the copy. Every later request by that name goes to the copy.
 //!
-//! A failure before step 4 lifts the write block and leaves the old index as it was (the copy
-//! is deleted by the next run). Feed cursors and webhook progress hold positions
-//! `(modification time, id)` that the copy keeps, and the store's identity, which cursors
-//! carry, is kept across the split in the transactions mapping's `_meta` (`store_identity`),
-//! so cursors issued before the split are read after it as before.
+//! A failure before step 4, or of step 4 when the name still names the old index, lifts the
+//! write block and leaves the old index as it was; a copy left behind is never deleted by
+//! the command (another run may be making it): it refuses, naming the copy to delete. Feed
+//! cursors and webhook progress hold positions `(modification time, id)` that the copy
+//! keeps, and the store's identity, which cursors carry, is written on the transactions
+//! copy's mapping (`_meta`: `store_identity`, with the copy's own uuid in `for_uuid`) before
+//! the swap, so cursors issued before the split are read after it as before, while a
+//! restored snapshot of it (a new uuid) is another store again.
 
 use elasticsearch::cluster::ClusterHealthParts;
 use elasticsearch::indices::{
-    IndicesDeleteParts, IndicesExistsParts, IndicesGetParts, IndicesPutMappingParts,
-    IndicesPutSettingsParts, IndicesRefreshParts, IndicesSplitParts,
+    IndicesAddBlockParts, IndicesGetParts, IndicesPutMappingParts, IndicesPutSettingsParts,
+    IndicesRefreshParts, IndicesSplitParts,
 };
 use elasticsearch::params::WaitForStatus;
 use elasticsearch::CountParts;
@@ -33,11 +38,16 @@ use super::ElasticsearchStore;
 use crate::store::{Index, StoreError, StoreResult};
 
 /// The key of the transactions mapping's `_meta` that keeps the store's identity across
-/// splits ([`crate::store::Store::identity`]).
+/// splits ([`crate::store::Store::identity`]), and the key naming the one index it is for.
 pub(super) const IDENTITY_META: &str = "store_identity";
+const IDENTITY_FOR: &str = "for_uuid";
 
 /// How long the split copy's primaries may take to start.
 const START_TIMEOUT: &str = "120s";
+
+/// The client's limit for one request of the command (the split, the wait for its
+/// primaries), past [`START_TIMEOUT`].
+const COMMAND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(150);
 
 /// One data index as the engine describes it.
 #[derive(Debug, Clone)]
@@ -46,7 +56,8 @@ pub(super) struct Described {
     pub concrete: String,
     pub routing: Routing,
     pub uuid: String,
-    /// `_meta.store_identity` of its mapping, once a split has set it.
+    /// `_meta.store_identity` of its mapping, once a split has set it for this index (its
+    /// `for_uuid` is this index's uuid).
     pub kept_identity: Option<String>,
 }
 
@@ -125,10 +136,15 @@ impl ElasticsearchStore {
                 copy: copy.clone(),
             };
             if !dry_run {
-                if index == Index::Transactions {
-                    self.keep_identity(&described).await?;
-                }
-                self.split(&name, &described.concrete, &copy, to).await?;
+                // The identity feed cursors carry goes onto the copy with it.
+                let identity = (index == Index::Transactions).then(|| {
+                    described
+                        .kept_identity
+                        .clone()
+                        .unwrap_or(described.uuid.clone())
+                });
+                self.split(&name, &described.concrete, &copy, to, identity)
+                    .await?;
             }
             done.push(growth);
         }
@@ -149,30 +165,39 @@ impl ElasticsearchStore {
             .map_err(|why| StoreError::Permanent(format!("{op} {name}: {why}")))
     }
 
-    /// Records the store's identity in the transactions mapping, so that the copy keeps it.
-    async fn keep_identity(&self, described: &Described) -> StoreResult<()> {
-        if described.kept_identity.is_some() {
-            return Ok(());
-        }
+    /// Writes the store's `identity` on the copy's mapping, for the copy alone.
+    async fn keep_identity(&self, copy: &str, identity: &str) -> StoreResult<()> {
+        let uuid = self.describe_index(copy).await?.uuid;
         let op = "shards: keep the store identity";
         let sent = self
             .client
             .indices()
-            .put_mapping(IndicesPutMappingParts::Index(&[&described.concrete]))
-            .body(json!({"_meta": {IDENTITY_META: described.uuid}}))
+            .put_mapping(IndicesPutMappingParts::Index(&[copy]))
+            .body(json!({"_meta": {IDENTITY_META: identity, IDENTITY_FOR: uuid}}))
+            .request_timeout(COMMAND_TIMEOUT)
             .send()
             .await;
         self.expect_success(op, sent).await
     }
 
     /// Steps 1 to 4 of the module docs for one index.
-    async fn split(&self, name: &str, concrete: &str, copy: &str, to: u32) -> StoreResult<()> {
-        self.delete_if_present(copy).await?;
-        self.set_write_block(concrete, true).await?;
-        let copied = self.split_copy(concrete, copy, to).await;
+    async fn split(
+        &self,
+        name: &str,
+        concrete: &str,
+        copy: &str,
+        to: u32,
+        identity: Option<String>,
+    ) -> StoreResult<()> {
+        self.refuse_a_copy_left(copy).await?;
+        self.block_writes(concrete).await?;
+        let mut copied = self.split_copy(concrete, copy, to).await;
+        if let (Ok(()), Some(identity)) = (&copied, &identity) {
+            copied = self.keep_identity(copy, identity).await;
+        }
         if let Err(error) = copied {
-            // Leave the index as it was: writes go on, the copy is deleted by the next run.
-            let _ = self.set_write_block(concrete, false).await;
+            // Leave the index as it was: writes go on; the copy is left for the operator.
+            let _ = self.allow_writes(concrete).await;
             return Err(error);
         }
         let op = "shards: move the name onto the copy";
@@ -184,9 +209,22 @@ impl ElasticsearchStore {
                 {"add": {"index": copy, "alias": name}},
                 {"remove_index": {"index": concrete}},
             ]}))
+            .request_timeout(COMMAND_TIMEOUT)
             .send()
             .await;
-        self.expect_success(op, sent).await
+        let swapped = self.expect_success(op, sent).await;
+        if swapped.is_err() {
+            // Unanswered or refused: if the name still names the old index, it takes writes
+            // again; if it names the copy, the swap was applied.
+            if let Ok(now) = self.describe_index(name).await {
+                if now.concrete == concrete {
+                    let _ = self.allow_writes(concrete).await;
+                } else {
+                    return Ok(());
+                }
+            }
+        }
+        swapped
     }
 
     /// Steps 2 and 3: the copy, started, writable, holding what the blocked index holds.
@@ -197,6 +235,7 @@ impl ElasticsearchStore {
             .indices()
             .split(IndicesSplitParts::IndexTarget(concrete, copy))
             .body(json!({"settings": {"index.number_of_shards": to}}))
+            .request_timeout(COMMAND_TIMEOUT)
             .send()
             .await;
         self.expect_success(op, sent).await?;
@@ -207,6 +246,7 @@ impl ElasticsearchStore {
             .health(ClusterHealthParts::Index(&[copy]))
             .wait_for_status(WaitForStatus::Yellow)
             .timeout(START_TIMEOUT)
+            .request_timeout(COMMAND_TIMEOUT)
             .send()
             .await;
         let reply = self.read(op, sent).await?;
@@ -216,7 +256,7 @@ impl ElasticsearchStore {
                 reply.body
             )));
         }
-        self.set_write_block(copy, false).await?;
+        self.allow_writes(copy).await?;
         let (before, after) = (self.count_all(concrete).await?, self.count_all(copy).await?);
         if before != after {
             return Err(StoreError::Permanent(format!(
@@ -226,13 +266,35 @@ impl ElasticsearchStore {
         Ok(())
     }
 
-    async fn set_write_block(&self, index: &str, blocked: bool) -> StoreResult<()> {
+    /// `PUT /{index}/_block/write`: answered once every write in flight on the index's
+    /// shards has finished.
+    async fn block_writes(&self, index: &str) -> StoreResult<()> {
         let op = "shards: write block";
         let sent = self
             .client
             .indices()
+            .add_block(IndicesAddBlockParts::IndexBlock(&[index], "write"))
+            .request_timeout(COMMAND_TIMEOUT)
+            .send()
+            .await;
+        let reply = self.successful(op, sent).await?;
+        if reply.body["acknowledged"] != Value::Bool(true) {
+            return Err(StoreError::Unavailable(format!(
+                "{op}: {index}: not acknowledged: {}",
+                reply.body
+            )));
+        }
+        Ok(())
+    }
+
+    async fn allow_writes(&self, index: &str) -> StoreResult<()> {
+        let op = "shards: lift the write block";
+        let sent = self
+            .client
+            .indices()
             .put_settings(IndicesPutSettingsParts::Index(&[index]))
-            .body(json!({"index.blocks.write": blocked}))
+            .body(json!({"index.blocks.write": false}))
+            .request_timeout(COMMAND_TIMEOUT)
             .send()
             .await;
         self.expect_success(op, sent).await
@@ -254,26 +316,15 @@ impl ElasticsearchStore {
             .ok_or_else(|| StoreError::Permanent(format!("{op}: {index}: {}", reply.body)))
     }
 
-    /// Deletes a copy an earlier run left behind (the name is never the one in use: the
-    /// swap moves the name onto the copy and deletes the old index in one request).
-    async fn delete_if_present(&self, copy: &str) -> StoreResult<()> {
-        let op = "shards: an earlier run's copy";
-        let sent = self
-            .client
-            .indices()
-            .exists(IndicesExistsParts::Index(&[copy]))
-            .send()
-            .await;
-        if self.read(op, sent).await?.status == 404 {
+    /// A copy already there is another run's, going on or given up: never touched.
+    async fn refuse_a_copy_left(&self, copy: &str) -> StoreResult<()> {
+        if !self.index_exists(copy).await? {
             return Ok(());
         }
-        let sent = self
-            .client
-            .indices()
-            .delete(IndicesDeleteParts::Index(&[copy]))
-            .send()
-            .await;
-        self.expect_success(op, sent).await
+        Err(StoreError::Permanent(format!(
+            "shards: {copy} exists already: another run is making it, or one failed before \
+             its swap; when none is running, delete it (DELETE /{copy}) and run again"
+        )))
     }
 
     /// The answer to `sent` when it is a success, else the error it is.
@@ -318,9 +369,10 @@ pub(super) fn described_in(body: &Value) -> Result<Described, String> {
     let routing = Routing::of(shards, number("number_of_routing_shards"))
         .ok_or_else(|| format!("a shard count the engines cannot hold: {settings}"))?;
     let uuid = settings["uuid"].as_str().ok_or("no uuid")?.to_owned();
-    let kept_identity = index["mappings"]["_meta"][IDENTITY_META]
-        .as_str()
-        .map(str::to_owned);
+    let meta = &index["mappings"]["_meta"];
+    let kept_identity = (meta[IDENTITY_FOR] == uuid.as_str())
+        .then(|| meta[IDENTITY_META].as_str().map(str::to_owned))
+        .flatten();
     Ok(Described {
         concrete: concrete.clone(),
         routing,
@@ -349,7 +401,8 @@ mod tests {
     fn an_alias_is_described_by_the_index_behind_it() {
         let body = json!({"ts-transactions-3shards": {
             "aliases": {"ts-transactions": {}},
-            "mappings": {"_meta": {"store_identity": "first-uuid"}, "properties": {}},
+            "mappings": {"_meta": {"store_identity": "first-uuid", "for_uuid": "copy-uuid"},
+                "properties": {}},
             "settings": {"index": {"number_of_shards": "3", "uuid": "copy-uuid"}},
         }});
         let described = described_in(&body).unwrap();
@@ -357,5 +410,16 @@ mod tests {
         assert_eq!(described.routing, Routing::of(3, None).unwrap());
         assert_eq!(described.uuid, "copy-uuid");
         assert_eq!(described.kept_identity.as_deref(), Some("first-uuid"));
+    }
+
+    /// A restored snapshot of a grown index keeps its mapping but gets a new uuid: it is
+    /// another store, so its identity is its own uuid again.
+    #[test]
+    fn an_identity_kept_for_another_uuid_is_not_this_indexs() {
+        let body = json!({"restored": {
+            "mappings": {"_meta": {"store_identity": "first-uuid", "for_uuid": "copy-uuid"}},
+            "settings": {"index": {"number_of_shards": "3", "uuid": "restored-uuid"}},
+        }});
+        assert_eq!(described_in(&body).unwrap().kept_identity, None);
     }
 }

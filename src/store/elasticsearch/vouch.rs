@@ -64,6 +64,7 @@ const STATS_ANSWER: &[&str] = &[
     "indices.*.shards.*.routing.state",
     "indices.*.shards.*.routing.primary",
     "indices.*.shards.*.routing.node",
+    "indices.*.uuid",
     "indices.*.shards.*.seq_no.global_checkpoint",
     "indices.*.shards.*.seq_no.local_checkpoint",
     "indices.*.shards.*.retention_leases.primary_term",
@@ -91,6 +92,13 @@ pub(super) struct Primary {
     pub copy_behind: bool,
 }
 
+/// What one answer says of a read.
+enum Judged {
+    Vouched,
+    /// Not by this answer; why (the vouch's error if no later answer vouches for it).
+    Not(String),
+}
+
 /// One `_stats` answer about an index: the index that answered (the name asked may be an
 /// alias) and the one started primary of each shard that has one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,10 +107,13 @@ pub(super) struct Report {
     /// `false`: the index does not exist (before the migrations ran).
     pub exists: bool,
     pub primaries: BTreeMap<u32, Primary>,
-    /// Every copy listed, as `(shard, node, primary, state)`, sorted: what the contacted
-    /// node routes reads by (see [`Layouts`]).
-    pub layout: Vec<(u32, String, bool, String)>,
+    /// The index's uuid and every copy listed, as `(shard, node, primary, state)`, sorted:
+    /// what the contacted node routes reads by (see [`Layouts`]).
+    pub layout: Listing,
 }
+
+/// An index's uuid (another index under the same name is another listing) and its copies.
+type Listing = (String, Vec<(u32, String, bool, String)>);
 
 impl Report {
     /// The answer about an index that does not exist: no shard, nothing to vouch against.
@@ -111,7 +122,7 @@ impl Report {
             index: name.to_owned(),
             exists: false,
             primaries: BTreeMap::new(),
-            layout: Vec::new(),
+            layout: Listing::default(),
         }
     }
 
@@ -150,7 +161,7 @@ struct Layouts {
 struct Layout {
     applied: u64,
     changed_at: u64,
-    copies: Option<Vec<(u32, String, bool, String)>>,
+    copies: Option<Listing>,
 }
 
 /// Whether the copies listed went from `before` to `after` only by copies starting: a copy
@@ -186,18 +197,20 @@ fn only_copies_starting(
     kept && new_ones_initialize
 }
 
-/// Reads remembered for their vouch at most; past it the oldest are forgotten (and vouched
-/// for by a read made again).
+/// Reads remembered for their vouch at most; past it all are forgotten (and each vouched for
+/// by a read made again).
 const READS_REMEMBERED: usize = 4096;
 
 impl Layouts {
-    fn applied(&mut self, index: &str, copies: Option<Vec<(u32, String, bool, String)>>) {
+    fn applied(&mut self, index: &str, copies: Option<Listing>) {
         let layout = self.by_index.entry(index.to_owned()).or_default();
         layout.applied += 1;
         // An answer that lists no copies (a failed request) counts as a change: what the
         // node routed by meanwhile is unknown.
         let benign = match (&layout.copies, &copies) {
-            (Some(before), Some(after)) => only_copies_starting(before, after),
+            (Some((uuid, before)), Some((now, after))) => {
+                uuid == now && only_copies_starting(before, after)
+            }
             _ => false,
         };
         if !benign {
@@ -210,12 +223,20 @@ impl Layouts {
         self.by_index.get(index).map_or(0, |layout| layout.applied)
     }
 
+    /// Two reads of one id may be in flight at once (a long-poll beside a worker's read):
+    /// the entry keeps the earlier one's count, so either read's vouch looks at every change
+    /// since the earlier was sent (more reads made again, never a change missed). A read
+    /// that is never vouched for (a worker's before a conditional write) leaves its entry
+    /// until a vouch of that id or the cap: a later read of the id is then judged from the
+    /// older count, which again can only ask for a read more.
     fn read_sent(&mut self, index: &str, id: &str, applied: u64) {
         if self.reads.len() >= READS_REMEMBERED {
+            // Forgotten reads are vouched for by a read made again (no entry: no vouch).
             self.reads.clear();
         }
-        self.reads
-            .insert((index.to_owned(), id.to_owned()), applied);
+        let entry = self.reads.entry((index.to_owned(), id.to_owned()));
+        let earliest = entry.or_insert(applied);
+        *earliest = (*earliest).min(applied);
     }
 
     /// Whether the copies listed are the same in the last answer applied before the read of
@@ -325,76 +346,111 @@ impl ElasticsearchStore {
         read: Option<Version>,
     ) -> StoreResult<()> {
         let name = self.index_name(index);
-        let unavailable =
-            |why: String| StoreError::Unavailable(format!("vouch: {name}/{id}: {why}"));
         let give_up = Instant::now() + self.vouch_patience;
         let mut report = self.contact(&name, Instant::now()).await?;
-        let mut behind;
+        let mut read_again_under_newer_term = false;
         loop {
-            if !report.exists {
-                // No index, no document (see "A missing index"); nothing read from it either.
-                return match read {
-                    None => Ok(()),
-                    Some(_) => Err(unavailable("read from an index that is gone".into())),
-                };
-            }
-            let routing = self.routing_of(&report).await?;
-            let shards: Vec<u32> = match id {
-                "" => (0..routing.shards).collect(),
-                id => vec![routing.shard_of(id)],
+            let why = match self
+                .judge(index, id, read, &report, &mut read_again_under_newer_term)
+                .await?
+            {
+                Judged::Vouched => return Ok(()),
+                Judged::Not(why) => why,
             };
-            let primaries = shards
-                .iter()
-                .map(|&shard| report.primary(shard))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|why| unavailable(format!("{why}; not answered on this node")))?;
-            behind = primaries.iter().any(|primary| primary.copy_behind);
-            if !behind {
-                if id.is_empty() {
-                    return Ok(());
-                }
-                let committed = match (read, &primaries[..]) {
-                    (None, _) => true,
-                    (Some(read), _) if self.checkpoints.cover(&report.index, shards[0], read) => {
-                        true
-                    }
-                    (Some(read), [primary]) if primary.term > read.primary_term => {
-                        let again = self.read_again(index, id, Some(read)).await;
-                        tracing::debug!(%id, ?read, ?primary, ok = again.is_ok(), "vouched by a re-read under a newer term");
-                        return again;
-                    }
-                    _ => false,
-                };
-                if committed {
-                    if self.checkpoints.layouts().unchanged_since_read(&name, id) {
-                        tracing::debug!(%id, ?read, "vouched");
-                        return Ok(());
-                    }
-                    // Read again, under the copies this answer lists; the same outcome is
-                    // vouched for by the next answer.
-                    self.read_again(index, id, read).await?;
-                    tracing::debug!(%id, ?read, "read again: the copies listed changed around the read");
-                }
-            }
             if Instant::now() >= give_up {
-                break;
+                return Err(StoreError::Unavailable(format!(
+                    "vouch: {name}/{id}: {why}"
+                )));
             }
             tokio::time::sleep(CHECKPOINT_PAUSE).await;
             report = self.contact(&name, Instant::now()).await?;
         }
-        Err(unavailable(match read {
-            _ if behind => "a copy listed as started is behind the primary's global \
-                 checkpoint (a node that has not yet applied the cluster's dropping it): \
-                 not answered on what it served"
-                .to_owned(),
-            Some(read) => format!(
-                "read at _seq_no {} of primary term {}, which the primary has not reported \
-                 committed (a write not yet acknowledged, or one a cut-off primary accepted): \
-                 not answered on it",
-                read.seq_no, read.primary_term
-            ),
-            None => "not vouched for in time".to_owned(),
-        }))
+    }
+
+    /// What one `_stats` answer, sent after the read, says of it (see the module docs).
+    /// `read_again_under_newer_term`: whether a document last written under an older term
+    /// than its primary's was read again already (once per vouch).
+    async fn judge(
+        &self,
+        index: Index,
+        id: &str,
+        read: Option<Version>,
+        report: &Report,
+        read_again_under_newer_term: &mut bool,
+    ) -> StoreResult<Judged> {
+        let unavailable =
+            |why: String| StoreError::Unavailable(format!("vouch: {}/{id}: {why}", report.index));
+        if !report.exists {
+            // No index, no document (see "A missing index"); nothing read from it either.
+            return match read {
+                None => Ok(Judged::Vouched),
+                Some(_) => Err(unavailable("read from an index that is gone".into())),
+            };
+        }
+        let routing = self.routing_of(report).await?;
+        let shards: Vec<u32> = match id {
+            "" => (0..routing.shards).collect(),
+            id => vec![routing.shard_of(id)],
+        };
+        let primaries = shards
+            .iter()
+            .map(|&shard| report.primary(shard))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|why| unavailable(format!("{why}; not answered on this node")))?;
+        if primaries.iter().any(|primary| primary.copy_behind) {
+            return Ok(Judged::Not(
+                "a copy listed as started is behind the primary's global checkpoint (a node \
+                 that has not yet applied the cluster's dropping it): not answered on what it \
+                 served"
+                    .into(),
+            ));
+        }
+        let (Some(read), [primary]) = (read, &primaries[..]) else {
+            // The index itself (every shard), or "not found".
+            return Ok(if id.is_empty() {
+                Judged::Vouched
+            } else {
+                self.copies_unchanged(index, id, None).await?
+            });
+        };
+        if self.checkpoints.cover(&report.index, shards[0], read) {
+            return self.copies_unchanged(index, id, Some(read)).await;
+        }
+        if primary.term > read.primary_term {
+            if *read_again_under_newer_term {
+                return self.copies_unchanged(index, id, Some(read)).await;
+            }
+            // Last written under an older term: the same operation read again, now that
+            // every copy answered with one primary, is one the current primary kept; the
+            // next answer vouches for that read.
+            self.read_again(index, id, Some(read)).await?;
+            *read_again_under_newer_term = true;
+            return Ok(Judged::Not("read again under a newer primary term".into()));
+        }
+        Ok(Judged::Not(format!(
+            "read at _seq_no {} of primary term {}, which the primary has not reported \
+             committed (a write not yet acknowledged, or one a cut-off primary accepted): not \
+             answered on it",
+            read.seq_no, read.primary_term
+        )))
+    }
+
+    /// A read otherwise vouched for: vouched if the copies listed stayed the same around it
+    /// ([`Layouts`]), else read again, for the next answer to vouch for.
+    async fn copies_unchanged(
+        &self,
+        index: Index,
+        id: &str,
+        read: Option<Version>,
+    ) -> StoreResult<Judged> {
+        let name = self.index_name(index);
+        if self.checkpoints.layouts().unchanged_since_read(&name, id) {
+            return Ok(Judged::Vouched);
+        }
+        self.read_again(index, id, read).await?;
+        Ok(Judged::Not(
+            "the copies listed changed around the read: read again".into(),
+        ))
     }
 
     /// The routing of the index that answered `report`: known, or read from its settings
@@ -451,7 +507,7 @@ impl ElasticsearchStore {
         let reply = self.read(op, sent).await?;
         if reply.status == 404 && reply.error_type() == Some("index_not_found_exception") {
             // No index, no document: nothing to vouch against (see "A missing index").
-            self.missing_index(op, reply)?;
+            self.missing_index(op, reply).await?;
             return Ok(Report::missing(name));
         }
         if !reply.is_success() {
@@ -513,11 +569,12 @@ pub(super) fn report_in(body: &Value) -> Result<Report, String> {
         }
     }
     layout.sort();
+    let uuid = stats["uuid"].as_str().unwrap_or_default().to_owned();
     Ok(Report {
         index: index.clone(),
         exists: true,
         primaries,
-        layout,
+        layout: (uuid, layout),
     })
 }
 
@@ -725,13 +782,10 @@ mod tests {
         assert!(report.primary(1).unwrap().copy_behind);
     }
 
-    fn layout(nodes: &[&str]) -> Option<Vec<(u32, String, bool, String)>> {
+    fn layout(nodes: &[&str]) -> Option<Listing> {
         let copies = nodes.iter().enumerate();
-        Some(
-            copies
-                .map(|(k, node)| (0, node.to_string(), k == 0, "STARTED".into()))
-                .collect(),
-        )
+        let copies = copies.map(|(k, node)| (0, node.to_string(), k == 0, "STARTED".into()));
+        Some(("u1".into(), copies.collect()))
     }
 
     #[test]
@@ -773,12 +827,22 @@ mod tests {
         );
         assert!(!layouts.unchanged_since_read("j", "t4"), "another index");
 
+        // Two reads of one id in flight: the later does not hide a change after the earlier.
+        layouts.read_sent("i", "t9", layouts.applied_so_far("i"));
+        layouts.applied("i", layout(&["n1"]));
+        layouts.read_sent("i", "t9", layouts.applied_so_far("i"));
+        layouts.applied("i", layout(&["n1"]));
+        assert!(
+            !layouts.unchanged_since_read("i", "t9"),
+            "the earlier read's change"
+        );
+
         // A replica that starts around a read: it served nothing before it started.
         let replica = |state: &str| (0, "n1".to_owned(), false, state.to_owned());
         let with = |state: &str| {
-            let mut copies = layout(&["n0"]).unwrap();
+            let (uuid, mut copies) = layout(&["n0"]).unwrap();
             copies.push(replica(state));
-            Some(copies)
+            Some((uuid, copies))
         };
         layouts.applied("i", with("INITIALIZING"));
         layouts.read_sent("i", "t5", layouts.applied_so_far("i"));
@@ -801,10 +865,16 @@ mod tests {
         );
         // A primary that moved.
         layouts.read_sent("i", "t8", layouts.applied_so_far("i"));
-        layouts.applied("i", Some(vec![(0, "n0".into(), false, "STARTED".into())]));
+        let demoted = vec![(0, "n0".into(), false, "STARTED".into())];
+        layouts.applied("i", Some(("u1".into(), demoted)));
         assert!(
             !layouts.unchanged_since_read("i", "t8"),
             "the primary flag changed"
         );
+        // The same copies of another index under the same name.
+        layouts.applied("i", layout(&["n0"]));
+        layouts.read_sent("i", "t10", layouts.applied_so_far("i"));
+        layouts.applied("i", Some(("u2".into(), layout(&["n0"]).unwrap().1)));
+        assert!(!layouts.unchanged_since_read("i", "t10"), "another index");
     }
 }
