@@ -9,6 +9,10 @@
 //!
 //! Guarantees:
 //! - **At most one inner `bulk` in flight**: the flusher awaits each before taking the next.
+//!   On a sharded index this is what binds the rate: a `_bulk` is answered when its busiest
+//!   shard has served its items, so more shards help only as far as one bulk's items spread
+//!   (`docs/benchmark.md`, "Shards on the capacity model": 2.47 times the one-shard rate at
+//!   8 shards, where several bulks in flight reached 5.5).
 //! - **Each caller gets exactly its own results, in order**: a batch is the concatenation of
 //!   whole submissions, and the inner results are cut back by the submissions' lengths.
 //!   A submission is never split, so one larger than `max_batch` goes out alone.
