@@ -448,10 +448,7 @@ impl Store for ElasticsearchStore {
                 .body(lines)
                 .send()
                 .await;
-            let reply = self.read(op, sent).await?;
-            if !reply.is_success() {
-                return Err(reply.into_error(op));
-            }
+            let reply = self.successful(op, sent).await?;
             // `errors` only says whether some item failed; each item's status is what counts.
             let items = reply
                 .body

@@ -178,6 +178,20 @@ impl ElasticsearchStore {
         };
         reply::read(op, sent, marked).await
     }
+
+    /// [`Self::read`] of an answer that must be a success: else the error it is.
+    pub(super) async fn successful(
+        &self,
+        op: &str,
+        sent: Result<elasticsearch::http::response::Response, elasticsearch::Error>,
+    ) -> StoreResult<reply::Reply> {
+        let reply = self.read(op, sent).await?;
+        if reply.is_success() {
+            Ok(reply)
+        } else {
+            Err(reply.into_error(op))
+        }
+    }
 }
 
 #[cfg(test)]

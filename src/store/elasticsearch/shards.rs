@@ -327,20 +327,6 @@ impl ElasticsearchStore {
         )))
     }
 
-    /// The answer to `sent` when it is a success, else the error it is.
-    async fn successful(
-        &self,
-        op: &str,
-        sent: Result<elasticsearch::http::response::Response, elasticsearch::Error>,
-    ) -> StoreResult<super::reply::Reply> {
-        let reply = self.read(op, sent).await?;
-        if reply.is_success() {
-            Ok(reply)
-        } else {
-            Err(reply.into_error(op))
-        }
-    }
-
     async fn expect_success(
         &self,
         op: &str,
