@@ -319,7 +319,7 @@ public final class LocalCluster<N> {
                         // One master for every running node first: a master cut off may still
                         // think itself master while the others' master already counts it in.
                         awaitOneMaster(deadline);
-                        waitForHealth(running, "green", deadline);
+                        awaitGreenRetryingAllocations(running, deadline);
                         reply(String.format(Locale.ROOT, "healed %d nodes green after %.1f s", running,
                                 (System.nanoTime() - begun) / 1e9));
                     }
@@ -750,6 +750,40 @@ public final class LocalCluster<N> {
             Thread.sleep(200);
         }
         throw new IllegalStateException("cluster not " + status + " with " + expectedNodes + " nodes: " + last);
+    }
+
+    /**
+     * Waits for green as {@link #waitForHealth}, asking the master every 10 s to retry the
+     * allocations that failed: a copy whose recovery failed five times during a cut (the
+     * engines' {@code index.allocation.max_retries}) is never tried again by itself, and the
+     * cluster would stay yellow (seen on OpenSearch 3.9 with three shards).
+     */
+    private void awaitGreenRetryingAllocations(int nodes, long deadline) throws Exception {
+        while (true) {
+            try {
+                post(anyRunningUrl(), "/_cluster/reroute?retry_failed=true");
+            } catch (IOException e) {
+                // The wait below says what is wrong if it lasts.
+            }
+            long round = Math.min(deadline, System.nanoTime() + 10_000_000_000L);
+            try {
+                waitForHealth(nodes, "green", round);
+                return;
+            } catch (IllegalStateException notYet) {
+                if (round >= deadline) {
+                    throw notYet;
+                }
+            }
+        }
+    }
+
+    private static void post(String base, String path) throws IOException {
+        HttpURLConnection connection = (HttpURLConnection) URI.create(base + path).toURL().openConnection();
+        connection.setConnectTimeout(2_000);
+        connection.setReadTimeout(30_000);
+        connection.setRequestMethod("POST");
+        connection.getResponseCode();
+        connection.disconnect();
     }
 
     private static String get(String base, String path) throws IOException {
