@@ -148,6 +148,13 @@ pub struct Config {
     #[arg(long, env = "ELASTICSEARCH_SHARDS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=512))]
     pub elasticsearch_shards: u32,
 
+    /// `_bulk` requests one instance keeps in flight at once (its writes are coalesced into
+    /// them). Unset: 8, or one per shard (`ELASTICSEARCH_SHARDS`) if that is more, so the
+    /// engine has bulks to serve while the service handles the answer of another.
+    /// From 1 to 64.
+    #[arg(long, env = "ELASTICSEARCH_BULKS_IN_FLIGHT", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub elasticsearch_bulks_in_flight: Option<u32>,
+
     /// How often the recovery loop looks for stale transfers.
     /// From 10ms to 1h.
     #[arg(long, env = "RECOVERY_INTERVAL", default_value = "1m", value_parser = RECOVERY_INTERVAL.parser())]
@@ -416,6 +423,7 @@ impl Config {
             embedded_checkpoint_interval: crate::store::embedded::CHECKPOINT_INTERVAL,
             index_prefix: "transfer-service-".into(),
             elasticsearch_shards: 1,
+            elasticsearch_bulks_in_flight: None,
             recovery_interval: Duration::from_millis(200),
             recovery_stale_after: Duration::from_secs(1),
             lease_duration: Duration::from_secs(2),

@@ -1,18 +1,23 @@
-//! Write coalescing (docs/design.md §6): concurrent [`Store::bulk`] calls share one inner `bulk`.
+//! Write coalescing (docs/design.md §6): concurrent [`Store::bulk`] calls share inner `bulk`s.
 //!
 //! Every caller hands its ops to a single flusher task through a channel and waits for its
-//! own answer on a oneshot. The flusher runs one inner `bulk` at a time; whatever queued up
-//! while it was in flight goes out together in the next one (up to `max_batch` ops). An idle
-//! store therefore adds no latency (the first write goes out at once), and a busy one turns
-//! N concurrent writes into about one round trip (Elasticsearch: one `_bulk`; embedded: one
-//! redb commit).
+//! own answer on a oneshot. The flusher keeps at most `in_flight` inner `bulk`s running;
+//! whatever queues up while they are all busy goes out together in the next one (up to
+//! `max_batch` ops). An idle store therefore adds no latency (the first write goes out at
+//! once), and a busy one turns N concurrent writes into a few round trips (Elasticsearch:
+//! `_bulk`s; embedded: redb commits).
 //!
 //! Guarantees:
-//! - **At most one inner `bulk` in flight**: the flusher awaits each before taking the next.
-//!   On a sharded index this is what binds the rate: a `_bulk` is answered when its busiest
-//!   shard has served its items, so more shards help only as far as one bulk's items spread
-//!   (`docs/benchmark.md`, "Shards on the capacity model": 2.47 times the one-shard rate at
-//!   8 shards, where several bulks in flight reached 5.5).
+//! - **At most `in_flight` inner `bulk`s at a time** (1 on the embedded store, whose commits
+//!   are serial anyway). On a sharded index one bulk in flight is what binds the rate: a
+//!   `_bulk` is answered when its busiest shard has served its items, so the other shards
+//!   idle meanwhile. With one bulk in flight per shard they stay busy (`docs/benchmark.md`,
+//!   "Shards on the capacity model").
+//! - **No order between callers is promised, and none is needed**: two submissions in
+//!   different batches in flight at once may be applied in either order, exactly as two
+//!   instances' writes may. A caller has at most one submission outstanding (it waits for
+//!   its answer), so its own writes keep their order; the protocol orders writes to one
+//!   document by their conditions (`if_seq_no`, `create`), never by arrival.
 //! - **Each caller gets exactly its own results, in order**: a batch is the concatenation of
 //!   whole submissions, and the inner results are cut back by the submissions' lengths.
 //!   A submission is never split, so one larger than `max_batch` goes out alone.
@@ -20,11 +25,12 @@
 //!   answer with the wrong number of items, or a panic inside the inner store, is a
 //!   `Permanent` error for that batch; the flusher carries on with the next.
 //! - **No lost wakeups**: a submission is in the channel before its caller waits, and the
-//!   flusher only blocks on the channel when it holds nothing; every submission taken off
-//!   the channel is answered (or its caller is gone).
+//!   flusher only blocks on the channel when it holds a free slot and no submission; every
+//!   submission taken off the channel is answered (or its caller is gone).
 //! - **The flusher ends with the store**: it owns the only receiver; dropping the store drops
-//!   the only sender, and the flusher returns once the queue is drained. Callers borrow the
-//!   store, so none can be waiting at that point.
+//!   the only sender, and the flusher returns once the queue is drained (batches still in
+//!   flight finish on their own tasks). Callers borrow the store, so none can be waiting at
+//!   that point.
 //!
 //! A caller that stops waiting (its future is dropped, e.g. on a timeout) does not withdraw
 //! its ops: they may still be written, exactly like a `_bulk` whose answer was lost. The
@@ -34,7 +40,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use super::{DynStore, Store, StoreError, StoreResult, WriteOp, WriteOutcome};
 
@@ -52,6 +58,8 @@ pub struct WriteCoalescer {
     inner: DynStore,
     /// Upper bound of ops per inner `bulk` (a single larger submission still goes whole).
     max_batch: usize,
+    /// Upper bound of inner `bulk`s running at once.
+    in_flight: usize,
     /// The flusher's queue, created with the flusher on the first write so that `new` works
     /// outside a Tokio runtime.
     queue: OnceLock<mpsc::UnboundedSender<Submission>>,
@@ -60,12 +68,18 @@ pub struct WriteCoalescer {
 }
 
 impl WriteCoalescer {
-    /// Wraps `inner`; `max_batch` is the largest number of ops merged into one inner call
-    /// (0 is treated as 1).
+    /// Wraps `inner` with one inner call in flight; `max_batch` is the largest number of ops
+    /// merged into one inner call (0 is treated as 1).
     pub fn new(inner: DynStore, max_batch: usize) -> Self {
+        Self::with_in_flight(inner, max_batch, 1)
+    }
+
+    /// Wraps `inner` with up to `in_flight` inner calls running at once (0 is treated as 1).
+    pub fn with_in_flight(inner: DynStore, max_batch: usize, in_flight: usize) -> Self {
         Self {
             inner,
             max_batch: max_batch.max(1),
+            in_flight: in_flight.max(1),
             queue: OnceLock::new(),
             queued_ops: Arc::new(AtomicUsize::new(0)),
         }
@@ -84,7 +98,10 @@ impl WriteCoalescer {
             let (sender, receiver) = mpsc::unbounded_channel();
             tokio::spawn(flush_loop(
                 self.inner.clone(),
-                self.max_batch,
+                Limits {
+                    max_batch: self.max_batch,
+                    in_flight: self.in_flight,
+                },
                 receiver,
                 self.queued_ops.clone(),
             ));
@@ -98,23 +115,38 @@ impl std::fmt::Debug for WriteCoalescer {
         f.debug_struct("WriteCoalescer")
             .field("backend", &self.inner.backend())
             .field("max_batch", &self.max_batch)
+            .field("in_flight", &self.in_flight)
             .field("queued_ops", &self.queued_ops())
             .finish()
     }
 }
 
-/// The flusher: takes the oldest submission, adds whatever else is queued while the batch
-/// stays within `max_batch`, writes the batch, answers, repeats. Ends when the store (the
-/// only sender) is gone and the queue is empty.
+/// How big a batch may be, and how many may be written at once.
+#[derive(Clone, Copy)]
+struct Limits {
+    max_batch: usize,
+    in_flight: usize,
+}
+
+/// The flusher: waits for a free slot, takes the oldest submission, adds whatever else is
+/// queued while the batch stays within `max_batch`, writes the batch on its own task (which
+/// answers and frees the slot), repeats. Ends when the store (the only sender) is gone and
+/// the queue is empty.
 async fn flush_loop(
     inner: DynStore,
-    max_batch: usize,
+    limits: Limits,
     mut receiver: mpsc::UnboundedReceiver<Submission>,
     queued_ops: Arc<AtomicUsize>,
 ) {
+    let slots = Arc::new(Semaphore::new(limits.in_flight));
     // A submission that did not fit into the previous batch; it opens the next one.
     let mut carried: Option<Submission> = None;
     loop {
+        // The slot is taken before the queue is read, so that while every slot is busy the
+        // submissions pile up and go out together in the next batch.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return; // never closed
+        };
         let first = match carried.take() {
             Some(submission) => submission,
             None => match receiver.recv().await {
@@ -122,29 +154,40 @@ async fn flush_loop(
                 None => return,
             },
         };
-        let mut size = first.ops.len();
-        let mut batch = vec![first];
-        while size < max_batch {
-            match receiver.try_recv() {
-                Ok(next) if size + next.ops.len() <= max_batch => {
-                    size += next.ops.len();
-                    batch.push(next);
-                }
-                Ok(next) => {
-                    carried = Some(next);
-                    break;
-                }
-                // Empty, or closed: either way this batch is complete.
-                Err(_) => break,
-            }
-        }
+        let (batch, next) = gather(first, &mut receiver, limits.max_batch);
+        carried = next;
+        let size = batch.iter().map(|s| s.ops.len()).sum();
         queued_ops.fetch_sub(size, Ordering::AcqRel);
-        flush(&inner, batch).await;
+        tokio::spawn(flush(inner.clone(), batch, slot));
     }
 }
 
-/// Writes one batch and gives every submission its own slice of the results.
-async fn flush(inner: &DynStore, batch: Vec<Submission>) {
+/// `first` and whatever queued after it that fits within `max_batch`, and the submission
+/// that did not fit (it opens the next batch).
+fn gather(
+    first: Submission,
+    receiver: &mut mpsc::UnboundedReceiver<Submission>,
+    max_batch: usize,
+) -> (Vec<Submission>, Option<Submission>) {
+    let mut size = first.ops.len();
+    let mut batch = vec![first];
+    while size < max_batch {
+        match receiver.try_recv() {
+            Ok(next) if size + next.ops.len() <= max_batch => {
+                size += next.ops.len();
+                batch.push(next);
+            }
+            Ok(next) => return (batch, Some(next)),
+            // Empty, or closed: either way this batch is complete.
+            Err(_) => break,
+        }
+    }
+    (batch, None)
+}
+
+/// Writes one batch and gives every submission its own slice of the results; the slot is
+/// freed when the answers are out.
+async fn flush(inner: DynStore, batch: Vec<Submission>, _slot: OwnedSemaphorePermit) {
     let mut ops = Vec::with_capacity(batch.iter().map(|s| s.ops.len()).sum());
     let mut waiters = Vec::with_capacity(batch.len());
     for submission in batch {
@@ -154,9 +197,8 @@ async fn flush(inner: &DynStore, batch: Vec<Submission>) {
     let sent = ops.len();
 
     // Run the inner call as its own task so that a panic in the inner store fails this
-    // batch instead of killing the flusher (which would fail every later write).
-    let store = inner.clone();
-    let result = tokio::spawn(async move { store.bulk(ops).await })
+    // batch instead of ending this task unanswered.
+    let result = tokio::spawn(async move { inner.bulk(ops).await })
         .await
         .unwrap_or_else(|e| Err(StoreError::Permanent(format!("store write failed: {e}"))));
 
@@ -460,6 +502,51 @@ mod tests {
         // Six callers, two inner calls: the first alone, the other five together.
         assert_eq!(fake.batch_sizes(), vec![1, 5]);
         assert_eq!(store.queued_ops(), 0);
+    }
+
+    #[tokio::test]
+    async fn with_two_in_flight_a_second_batch_starts_before_the_first_is_answered() {
+        let (fake, mut started) = FakeStore::new(true, vec![]);
+        let store = Arc::new(WriteCoalescer::with_in_flight(fake.clone(), 64, 2));
+
+        let first = spawn_caller(&store, vec!["1".into()]);
+        assert_eq!(next_call(&mut started).await, 1);
+        let second = spawn_caller(&store, vec!["2".into()]);
+        // The first call is still held at the gate: the second goes out beside it.
+        assert_eq!(next_call(&mut started).await, 1);
+        let queued: Vec<_> = (3..7)
+            .map(|n| spawn_caller(&store, vec![n.to_string()]))
+            .collect();
+        eventually("four queued ops", || store.queued_ops() == 4).await;
+        fake.release(3);
+
+        for handle in [first, second].into_iter().chain(queued) {
+            let (ids, result) = join(handle).await;
+            assert_eq!(outcomes(result), expected(&ids));
+        }
+        // Both slots busy while the last four queued: they went out together.
+        assert_eq!(fake.batch_sizes(), vec![1, 1, 4]);
+        assert_eq!(store.queued_ops(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn with_several_in_flight_concurrent_callers_still_get_their_own_results() {
+        let (fake, _started) = FakeStore::new(false, vec![]);
+        let store = Arc::new(WriteCoalescer::with_in_flight(fake.clone(), 8, 4));
+
+        let handles: Vec<_> = (0..60u64)
+            .map(|caller| {
+                spawn_caller(
+                    &store,
+                    vec![caller.to_string(), (caller + 1000).to_string()],
+                )
+            })
+            .collect();
+        for handle in handles {
+            let (ids, result) = join(handle).await;
+            assert_eq!(outcomes(result), expected(&ids), "caller with ops {ids:?}");
+        }
+        assert_eq!(fake.batch_sizes().iter().sum::<usize>(), 120);
     }
 
     #[tokio::test]
