@@ -622,28 +622,31 @@ fn an_apply_needs_the_currency_of_its_rule_and_settling_does_not() {
     );
 }
 
+/// Asserts that `decision` is `refusal`, which rolls the transfer back with `reason` (`None`:
+/// it does not roll it back).
+fn assert_refused(decision: AccountDecision, refusal: Refusal, reason: Option<RollbackReason>) {
+    assert_eq!(decision, AccountDecision::Refuse(refusal));
+    assert_eq!(refusal.rollback_reason(), reason);
+}
+
 #[test]
 fn apply_refuses_to_overflow() {
     let a = account(i64::MAX - 5);
-    assert_eq!(
+    assert_refused(
         decide(&a, AccountOp::Apply, Side::Destination, 6),
-        AccountDecision::Refuse(Refusal::Overflow)
-    );
-    assert_eq!(
-        Refusal::Overflow.rollback_reason(),
-        Some(RollbackReason::BalanceOverflow)
+        Refusal::Overflow,
+        Some(RollbackReason::BalanceOverflow),
     );
 }
 
 #[test]
 fn an_apply_of_an_id_an_older_version_tombstoned_is_refused() {
-    let mut a = account(100);
-    a.settled = tombstones([("t1", now().millis)]);
-    assert_eq!(
+    let a = tombstoned([("t1", now().millis)]);
+    assert_refused(
         decide(&a, AccountOp::Apply, Side::Source, 30),
-        AccountDecision::Refuse(Refusal::AlreadySettled)
+        Refusal::AlreadySettled,
+        None,
     );
-    assert_eq!(Refusal::AlreadySettled.rollback_reason(), None);
 }
 
 /// `op` of `t1` on `a` with `mark`: an apply's own, a remove's as the commit recorded it.
@@ -655,22 +658,22 @@ fn marked(a: &AccountDoc, op: AccountOp, side: Side, mark: Option<&str>) -> Acco
     decide_account(a, step, &now(), RETAIN)
 }
 
+/// The source apply of `t1` on `a` with `mark`, written.
+fn apply_marked(a: &AccountDoc, mark: &str) -> AccountDoc {
+    write(marked(a, AccountOp::Apply, Side::Source, Some(mark)))
+}
+
+/// The source remove of `t1` on `a` with `mark` (as the commit recorded it), written.
+fn remove_marked(a: &AccountDoc, mark: &str) -> AccountDoc {
+    write(marked(a, AccountOp::Remove, Side::Source, Some(mark)))
+}
+
 #[test]
 fn an_apply_marks_its_entry_and_a_remove_takes_the_entry_the_commit_counted() {
-    let applied = write(marked(
-        &account(100),
-        AccountOp::Apply,
-        Side::Source,
-        Some("i.1"),
-    ));
+    let applied = apply_marked(&account(100), "i.1");
     assert_eq!(applied.pending_mark("t1"), Some("i.1"));
     assert_eq!(applied.pending_mark("t2"), None);
-    let removed = write(marked(
-        &applied,
-        AccountOp::Remove,
-        Side::Source,
-        Some("i.1"),
-    ));
+    let removed = remove_marked(&applied, "i.1");
     assert_eq!((removed.balance, removed.pending_debits), (70, 0));
     assert!(removed.pending_transactions.is_empty() && removed.pending_marks.is_empty());
 }
@@ -681,24 +684,9 @@ fn an_apply_marks_its_entry_and_a_remove_takes_the_entry_the_commit_counted() {
 /// must give that late entry back, not keep it as if the commit had counted it.
 #[test]
 fn a_late_apply_after_the_settle_is_given_back_by_the_remove_run_again() {
-    let applied = write(marked(
-        &account(100),
-        AccountOp::Apply,
-        Side::Source,
-        Some("i.1"),
-    ));
-    let settled = write(marked(
-        &applied,
-        AccountOp::Remove,
-        Side::Source,
-        Some("i.1"),
-    ));
-    let late = write(marked(
-        &settled,
-        AccountOp::Apply,
-        Side::Source,
-        Some("j.7"),
-    ));
+    let applied = apply_marked(&account(100), "i.1");
+    let settled = remove_marked(&applied, "i.1");
+    let late = apply_marked(&settled, "j.7");
     assert_eq!(late.balance, 40, "applied twice until given back");
     let AccountDecision::UndoLate(again) =
         marked(&late, AccountOp::Remove, Side::Source, Some("i.1"))
@@ -719,30 +707,15 @@ fn a_late_apply_after_the_settle_is_given_back_by_the_remove_run_again() {
 /// counted, not be given back as late.
 #[test]
 fn an_entry_that_lost_its_mark_to_an_older_version_settles_as_counted() {
-    let mut applied = write(marked(
-        &account(100),
-        AccountOp::Apply,
-        Side::Source,
-        Some("i.1"),
-    ));
+    let mut applied = apply_marked(&account(100), "i.1");
     applied.pending_marks.clear();
-    let settled = write(marked(
-        &applied,
-        AccountOp::Remove,
-        Side::Source,
-        Some("i.1"),
-    ));
+    let settled = remove_marked(&applied, "i.1");
     assert_eq!((settled.balance, settled.pending_debits), (70, 0));
 }
 
 #[test]
 fn the_sweeps_undo_gives_back_only_the_entry_it_saw() {
-    let late = write(marked(
-        &account(100),
-        AccountOp::Apply,
-        Side::Source,
-        Some("j.7"),
-    ));
+    let late = apply_marked(&account(100), "j.7");
     assert_eq!(
         marked(&late, AccountOp::Undo, Side::Source, Some("other")),
         AccountDecision::AlreadyDone
@@ -838,27 +811,30 @@ fn tombstones<S: AsRef<str>>(entries: impl IntoIterator<Item = (S, i64)>) -> Tom
     t
 }
 
+/// An account of 100 holding the tombstones `entries` (`(transfer id, when settled)`).
+fn tombstoned<S: AsRef<str>>(entries: impl IntoIterator<Item = (S, i64)>) -> AccountDoc {
+    AccountDoc {
+        settled: tombstones(entries),
+        ..account(100)
+    }
+}
+
 fn ids(a: &AccountDoc) -> Vec<&str> {
     a.settled.ids().collect()
 }
 
 #[test]
 fn tombstones_are_kept_by_age_and_a_young_one_is_never_forgotten() {
-    let mut a = account(100);
     let old = now().millis - RETAIN.millis;
-    a.settled = tombstones([("old", old), ("young", old + 1)]);
+    let a = tombstoned([("old", old), ("young", old + 1)]);
     let fenced = write(decide(&a, AccountOp::Undo, Side::Source, 1));
     assert_eq!(ids(&fenced), ["young"], "only the expired one dropped");
     // Full of young tombstones: the apply is refused rather than one being forgotten.
-    let mut full = account(100);
-    full.settled = tombstones((0..3).map(|i| (format!("s{i}"), now().millis)));
-    assert_eq!(
+    let full = tombstoned((0..3).map(|i| (format!("s{i}"), now().millis)));
+    assert_refused(
         decide(&full, AccountOp::Apply, Side::Source, 1),
-        AccountDecision::Refuse(Refusal::AccountBusy)
-    );
-    assert_eq!(
-        Refusal::AccountBusy.rollback_reason(),
-        Some(RollbackReason::AccountBusy)
+        Refusal::AccountBusy,
+        Some(RollbackReason::AccountBusy),
     );
 }
 
@@ -901,12 +877,10 @@ fn pending_entries_count_against_the_bound_and_a_settle_makes_room() {
 
 #[test]
 fn old_tombstones_beyond_twice_the_bound_drop_the_oldest_and_stamps_from_the_future_are_young() {
-    let mut a = account(100);
-    a.settled = tombstones((0..7).map(|i| (format!("f{i}"), now().millis - 10 + i)));
+    let a = tombstoned((0..7).map(|i| (format!("f{i}"), now().millis - 10 + i)));
     let fenced = write(decide(&a, AccountOp::Undo, Side::Source, 1));
     assert_eq!(ids(&fenced), ["f1", "f2", "f3", "f4", "f5", "f6"]);
-    let mut b = account(100);
-    b.settled = tombstones([("ahead", now().millis + 3_600_000)]);
+    let b = tombstoned([("ahead", now().millis + 3_600_000)]);
     let kept = write(decide(&b, AccountOp::Undo, Side::Source, 1));
     assert_eq!(ids(&kept), ["ahead"]);
 }
