@@ -13,8 +13,8 @@ use transfer_service::store::{Index, Store, WriteOutcome};
 use transfer_service::transfer::clock::{Clock, SystemClock};
 use transfer_service::transfer::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
 use transfer_service::transfer::protocol::{
-    decide_account, plan, transition, AccountDecision, AccountStep, CurrencyRule, Now, Retention,
-    Side, Step,
+    decide_account, plan, transition, AccountDecision, AccountOp, AccountStep, CurrencyRule, Now,
+    Retention, Side, Step,
 };
 
 use TransferState::*;
@@ -62,31 +62,36 @@ impl World {
     async fn audit(&self) -> AuditReport {
         audit(self.store.as_ref(), STUCK_AFTER).await.unwrap()
     }
+
+    /// A world holding `transfers`, then `accounts`.
+    async fn with(transfers: &[TransferDoc], accounts: &[AccountDoc]) -> Self {
+        let w = World::new();
+        for t in transfers {
+            w.transfer(t).await;
+        }
+        w.accounts(accounts).await;
+        w
+    }
+
+    async fn accounts(&self, accounts: &[AccountDoc]) {
+        for a in accounts {
+            self.account(a).await;
+        }
+    }
 }
 
 fn now_text() -> String {
     format_millis(SystemClock.wall_millis())
 }
 
+/// A fresh account as its document is read: the fields every account has, the others at
+/// their defaults (floor 0, no currency, nothing pending).
 fn account(id: &str, opening: i64) -> AccountDoc {
-    AccountDoc {
-        account_id: id.into(),
-        balance: opening,
-        floor: 0,
-        opening_balance: opening,
-        created_by: None,
-        currency: None,
-        metadata: Default::default(),
-        pending_transactions: vec![],
-        pending_applied_at: vec![],
-        pending_marks: vec![],
-        pending_credits: 0,
-        pending_debits: 0,
-        settled: Default::default(),
-        legacy_settled: vec![],
-        creation_time: now_text(),
-        modification_time: now_text(),
-    }
+    serde_json::from_value(json!({
+        "account_id": id, "balance": opening, "opening_balance": opening,
+        "creation_time": now_text(), "modification_time": now_text(),
+    }))
+    .expect("an account document")
 }
 
 /// `account` with a balance and a pending list; the pending sums are given as (credits, debits).
@@ -116,6 +121,32 @@ fn transfer(id: &str, src: &str, dest: &str, amount: i64, state: TransferState) 
 /// Asserts the exact kinds found (sorted, with repeats).
 fn assert_kinds(report: &AuditReport, expected: &[ViolationKind]) {
     assert_eq!(report.kinds(), expected, "{report}");
+}
+
+/// [`assert_kinds`], and that the first violation's message says `text`.
+fn assert_kinds_saying(report: &AuditReport, expected: &[ViolationKind], text: &str) {
+    assert_kinds(report, expected);
+    assert!(report.violations[0].message.contains(text), "{report}");
+}
+
+/// `t`: 30 from `a` to `b`, in `state`.
+fn t_of_30(state: TransferState) -> TransferDoc {
+    transfer("t", "a", "b", 30, state)
+}
+
+/// `a` (opened with 100) with the debit of `t` applied and pending.
+fn a_with_t_applied() -> AccountDoc {
+    account_with("a", 100, 70, &["t"], (0, 30))
+}
+
+/// `b` (opened with 0) with the credit of `t` applied and pending.
+fn b_with_t_applied() -> AccountDoc {
+    account_with("b", 0, 30, &["t"], (30, 0))
+}
+
+/// `a` opened with 100 and `b` with nothing, untouched.
+fn a_and_b() -> [AccountDoc; 2] {
+    [account("a", 100), account("b", 0)]
 }
 
 // ---------------------------------------------------------------- no false positives
@@ -155,10 +186,11 @@ async fn a_clean_quiescent_world_is_clean() {
 #[tokio::test]
 async fn a_committed_transfer_half_cleaned_is_no_violation() {
     // After core step 5: the source's pending id is removed, the destination's is not yet.
-    let w = World::new();
-    w.transfer(&transfer("t", "a", "b", 30, Committed)).await;
-    w.account(&account_with("a", 100, 70, &[], (0, 0))).await;
-    w.account(&account_with("b", 0, 30, &["t"], (30, 0))).await;
+    let w = World::with(
+        &[t_of_30(Committed)],
+        &[account_with("a", 100, 70, &[], (0, 0)), b_with_t_applied()],
+    )
+    .await;
     let report = w.audit().await;
     assert_kinds(&report, &[]);
     assert!(!report.is_quiescent());
@@ -170,10 +202,6 @@ async fn a_committed_transfer_half_cleaned_is_no_violation() {
 async fn walk(accounts: &[(&str, i64)], transfers: &[TransferDoc], script: &[(usize, Step)]) {
     let w = World::new();
     let now = Now::at(SystemClock.wall_millis());
-    let retention = Retention {
-        millis: 3_600_000,
-        max_entries: 100,
-    };
     let mut docs: Vec<AccountDoc> = accounts.iter().map(|(id, o)| account(id, *o)).collect();
     for a in &docs {
         w.account(a).await;
@@ -194,53 +222,24 @@ async fn walk(accounts: &[(&str, i64)], transfers: &[TransferDoc], script: &[(us
             // Parking changes only the lease.
             Step::Park => {}
             Step::Account(op, side) => {
-                let id = side.account(t).to_owned();
-                let a = docs.iter_mut().find(|a| a.account_id == id).unwrap();
-                let step = AccountStep {
-                    transfer_id: &t.transaction_id,
-                    amount: t.amount,
-                    settle_amount: t.settle_amount(),
+                let posting = (
+                    side.account(t).to_owned(),
                     side,
-                    op,
-                    currency: CurrencyRule::Any,
-                    mark: None,
-                };
-                match decide_account(a, step, &now, retention) {
-                    AccountDecision::Write(next) => {
-                        *a = next;
-                        w.account(a).await;
-                    }
-                    AccountDecision::AlreadyDone => {}
-                    refused => panic!("step {i} refused: {refused:?}"),
-                }
+                    t.amount,
+                    t.settle_amount(),
+                );
+                write_account_step(&w, &mut docs, (i, t, op), posting, &now).await;
             }
             // Every account of a multi-leg transaction, each with its net change; the audit
             // runs after each account's write.
             Step::EachAccount(op) => {
-                let postings: Vec<(String, Side, i64, i64)> = t
+                let postings: Vec<Posting> = t
                     .postings()
                     .iter()
                     .map(|p| (p.account.to_owned(), p.side, p.amount, p.settle_amount))
                     .collect();
-                for (id, side, amount, settle_amount) in postings {
-                    let a = docs.iter_mut().find(|a| a.account_id == id).unwrap();
-                    let step = AccountStep {
-                        transfer_id: &t.transaction_id,
-                        amount,
-                        settle_amount,
-                        side,
-                        op,
-                        currency: CurrencyRule::Any,
-                        mark: None,
-                    };
-                    match decide_account(a, step, &now, retention) {
-                        AccountDecision::Write(next) => {
-                            *a = next;
-                            w.account(a).await;
-                        }
-                        AccountDecision::AlreadyDone => {}
-                        refused => panic!("step {i} refused: {refused:?}"),
-                    }
+                for posting in postings {
+                    write_account_step(&w, &mut docs, (i, t, op), posting, &now).await;
                     assert_kinds(&w.audit().await, &[]);
                 }
             }
@@ -249,6 +248,42 @@ async fn walk(accounts: &[(&str, i64)], transfers: &[TransferDoc], script: &[(us
     }
     let report = w.audit().await;
     assert!(report.is_quiescent(), "{report}");
+}
+
+/// One account's part in a transfer: the account, its side, the amount and the settle amount.
+type Posting = (String, Side, i64, i64);
+
+/// Step `i` of [`walk`]: decides `op` of `t` on the account of `posting` in `docs`, as the
+/// protocol would, and writes what it decides; a refusal fails the walk.
+async fn write_account_step(
+    w: &World,
+    docs: &mut [AccountDoc],
+    (i, t, op): (usize, &TransferDoc, AccountOp),
+    (id, side, amount, settle_amount): Posting,
+    now: &Now,
+) {
+    let retention = Retention {
+        millis: 3_600_000,
+        max_entries: 100,
+    };
+    let a = docs.iter_mut().find(|a| a.account_id == id).unwrap();
+    let step = AccountStep {
+        transfer_id: &t.transaction_id,
+        amount,
+        settle_amount,
+        side,
+        op,
+        currency: CurrencyRule::Any,
+        mark: None,
+    };
+    match decide_account(a, step, now, retention) {
+        AccountDecision::Write(next) => {
+            *a = next;
+            w.account(a).await;
+        }
+        AccountDecision::AlreadyDone => {}
+        refused => panic!("step {i} refused: {refused:?}"),
+    }
 }
 
 fn steps(k: usize, states: &[TransferState]) -> Vec<(usize, Step)> {
@@ -328,9 +363,7 @@ async fn a_waiting_hold_is_stuck_only_past_its_expiry() {
     // Created long ago (past any transfer timeout), waiting an hour more: not stuck.
     t.creation_time = format_millis(SystemClock.wall_millis() - 10 * STUCK_AFTER);
     w.transfer(&t).await;
-    w.account(&account_with("a", 100, 70, &["t"], (0, 30)))
-        .await;
-    w.account(&account_with("b", 0, 30, &["t"], (30, 0))).await;
+    w.accounts(&[a_with_t_applied(), b_with_t_applied()]).await;
     assert_kinds(&w.audit().await, &[]);
     t.hold_expires_at = Some(format_millis(SystemClock.wall_millis() - 2 * STUCK_AFTER));
     w.transfer(&t).await;
@@ -418,11 +451,8 @@ async fn a_balance_mismatch_is_detected() {
 #[tokio::test]
 async fn a_balance_mismatch_against_in_flight_amounts_is_detected() {
     // The source's pending id says 30 are off its balance, but the balance did not move.
-    let w = World::new();
-    w.transfer(&transfer("t", "a", "b", 30, Pending)).await;
-    w.account(&account_with("a", 100, 100, &["t"], (0, 30)))
-        .await;
-    w.account(&account("b", 0)).await;
+    let a_not_debited = account_with("a", 100, 100, &["t"], (0, 30));
+    let w = World::with(&[t_of_30(Pending)], &[a_not_debited, account("b", 0)]).await;
     assert_kinds(&w.audit().await, &[BalanceMismatch, Conservation]);
 }
 
@@ -517,48 +547,39 @@ async fn spending_uncommitted_credits_is_detected() {
 
 #[tokio::test]
 async fn pending_credits_drift_is_detected() {
-    let w = World::new();
-    w.transfer(&transfer("t", "a", "b", 30, Pending)).await;
-    w.account(&account_with("a", 100, 70, &["t"], (0, 30)))
-        .await;
-    w.account(&account_with("b", 0, 30, &["t"], (0, 0))).await;
+    let b_without_its_credit = account_with("b", 0, 30, &["t"], (0, 0));
+    let w = World::with(
+        &[t_of_30(Pending)],
+        &[a_with_t_applied(), b_without_its_credit],
+    )
+    .await;
     assert_kinds(&w.audit().await, &[PendingCreditsDrift]);
 }
 
 #[tokio::test]
 async fn pending_debits_drift_is_detected() {
-    let w = World::new();
-    w.transfer(&transfer("t", "a", "b", 30, Pending)).await;
-    w.account(&account_with("a", 100, 70, &["t"], (0, 0))).await;
-    w.account(&account_with("b", 0, 30, &["t"], (30, 0))).await;
+    let a_without_its_debit = account_with("a", 100, 70, &["t"], (0, 0));
+    let w = World::with(
+        &[t_of_30(Pending)],
+        &[a_without_its_debit, b_with_t_applied()],
+    )
+    .await;
     assert_kinds(&w.audit().await, &[PendingDebitsDrift]);
 }
 
 #[tokio::test]
 async fn a_pending_id_of_a_finished_transfer_is_reported_once() {
-    let w = World::new();
-    w.transfer(&transfer("t", "a", "b", 30, Finished)).await;
-    w.account(&account_with("a", 100, 70, &["t"], (0, 30)))
-        .await;
-    w.account(&account_with("b", 0, 30, &[], (0, 0))).await;
-    let report = w.audit().await;
-    assert_kinds(&report, &[PendingNotInFlight]);
-    assert!(
-        report.violations[0].message.contains("finished"),
-        "{report}"
-    );
+    let b_settled = account_with("b", 0, 30, &[], (0, 0));
+    let w = World::with(&[t_of_30(Finished)], &[a_with_t_applied(), b_settled]).await;
+    assert_kinds_saying(&w.audit().await, &[PendingNotInFlight], "finished");
 }
 
 #[tokio::test]
 async fn a_pending_id_of_a_rolled_back_transfer_is_reported_once() {
     // The source's undo never happened: the id and its 30 are still there.
-    let w = World::new();
-    let mut t = transfer("t", "a", "b", 30, RolledBack);
+    let mut t = t_of_30(RolledBack);
     t.reason = Some(RollbackReason::Cancelled);
-    w.transfer(&t).await;
-    w.account(&account_with("a", 100, 70, &["t"], (0, 30)))
-        .await;
-    w.account(&account("b", 0)).await;
+    let w = World::with(&[t], &[a_with_t_applied(), account("b", 0)]).await;
     assert_kinds(&w.audit().await, &[PendingNotInFlight]);
 }
 
@@ -572,12 +593,13 @@ async fn a_pending_id_of_an_unknown_transfer_is_detected() {
 
 #[tokio::test]
 async fn a_pending_id_of_an_unrelated_transfer_or_twice_is_detected() {
-    let w = World::new();
-    w.transfer(&transfer("t", "a", "b", 30, Pending)).await;
-    w.account(&account_with("a", 100, 70, &["t", "t"], (0, 30)))
-        .await;
-    w.account(&account("b", 0)).await;
-    w.account(&account_with("c", 0, 0, &["t"], (0, 0))).await;
+    let a_listing_t_twice = account_with("a", 100, 70, &["t", "t"], (0, 30));
+    let c_listing_t = account_with("c", 0, 0, &["t"], (0, 0));
+    let w = World::with(
+        &[t_of_30(Pending)],
+        &[a_listing_t_twice, account("b", 0), c_listing_t],
+    )
+    .await;
     assert_kinds(&w.audit().await, &[PendingUnrelated, PendingDuplicate]);
 }
 
@@ -595,32 +617,20 @@ async fn a_committed_or_finished_transfer_needs_both_accounts() {
 
 #[tokio::test]
 async fn a_stuck_transfer_is_detected() {
-    let w = World::new();
-    let mut t = transfer("t", "a", "b", 30, Pending);
+    let mut t = t_of_30(Pending);
     t.creation_time = format_millis(SystemClock.wall_millis() - 2 * STUCK_AFTER);
-    w.transfer(&t).await;
     // Old but settled: not stuck.
     let mut done = transfer("old", "a", "b", 1, RolledBack);
     done.creation_time = t.creation_time.clone();
-    w.transfer(&done).await;
-    w.account(&account("a", 100)).await;
-    w.account(&account("b", 0)).await;
-    let report = w.audit().await;
-    assert_kinds(&report, &[Stuck]);
-    assert!(
-        report.violations[0].message.contains("transfer t "),
-        "{report}"
-    );
+    let w = World::with(&[t, done], &a_and_b()).await;
+    assert_kinds_saying(&w.audit().await, &[Stuck], "transfer t ");
 }
 
 #[tokio::test]
 async fn an_unreadable_creation_time_is_detected() {
-    let w = World::new();
-    let mut t = transfer("t", "a", "b", 30, Created);
+    let mut t = t_of_30(Created);
     t.creation_time = "last tuesday".into();
-    w.transfer(&t).await;
-    w.account(&account("a", 100)).await;
-    w.account(&account("b", 0)).await;
+    let w = World::with(&[t], &a_and_b()).await;
     assert_kinds(&w.audit().await, &[UnreadableTime]);
 }
 
@@ -636,8 +646,7 @@ async fn an_unreadable_document_is_reported_once() {
         json!({ "transaction_id": "t", "transaction_state": "pending" }),
     )
     .await;
-    w.account(&account_with("a", 100, 70, &["t"], (0, 30)))
-        .await;
+    w.account(&a_with_t_applied()).await;
     let report = w.audit().await;
     assert_kinds(&report, &[UnreadableDocument, UnreadableDocument]);
     assert_eq!((report.accounts, report.transfers), (2, 1));
