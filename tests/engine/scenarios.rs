@@ -17,6 +17,7 @@ use transfer_service::transfer::lease::PARKED;
 use transfer_service::transfer::model::{AccountDoc, Leg, RollbackReason, TransferState};
 use transfer_service::transfer::operations::{Created, ServiceError};
 use transfer_service::transfer::protocol::Retention;
+use transfer_service::transfer::recovery::RecoveryReport;
 use transfer_service::transfer::requests::{Movement, NewAccount, NewTransfer};
 use transfer_service::transfer::EngineConfig;
 
@@ -40,6 +41,42 @@ fn two_phase_instance(w: &World, store: DynStore, lease: Duration) -> Instance {
     w.instance(store, config)
 }
 
+/// A world (seeded, without jitter) and one instance on its fault injector, with timers scaled
+/// to `lease`.
+fn one_instance(seed: u64, lease: Duration) -> (World, Instance) {
+    let w = world(seed, Duration::ZERO);
+    let e = instance(&w, w.faulty.clone(), lease);
+    (w, e)
+}
+
+/// [`one_instance`] with `a` (100) and `b` (0) open.
+async fn a_and_b_on_one_instance(seed: u64, lease: Duration) -> (World, Instance) {
+    let (w, e) = one_instance(seed, lease);
+    open_a_and_b(&e).await;
+    (w, e)
+}
+
+/// Holds the next write of account `b` for `stall` before it reaches the store: a transfer
+/// from `a` to `b` stays `pending` there.
+fn stall_the_write_of_b(w: &World, stall: Duration) {
+    w.faulty.inject(
+        Matcher::writes(Index::Accounts).of_doc("b"),
+        Fault::StallBefore(stall),
+        1,
+    );
+}
+
+/// Asserts that transfer `id` ends in `want`, driven by its own worker (no recovery runs).
+async fn assert_ends_by_itself(e: &Instance, id: &str, want: TransferState) {
+    assert_eq!(terminal_without_recovery(e, id).await, want);
+}
+
+/// One recovery sweep of `e` over the transfers untouched since `modified_before`.
+async fn sweep(e: &Instance, modified_before: i64) -> RecoveryReport {
+    let permits = Arc::new(Semaphore::new(4));
+    e.recover_once(modified_before, &permits).await.unwrap()
+}
+
 /// Drives recovery (as another instance would) until every transfer is terminal.
 async fn quiesce(w: &World, recoverer: &Instance, limit: Duration) {
     recover_until_quiescent(w, recoverer, || 0, limit).await;
@@ -48,9 +85,7 @@ async fn quiesce(w: &World, recoverer: &Instance, limit: Duration) {
 #[tokio::test(start_paused = true)]
 async fn a_write_applied_but_unacknowledged_is_not_applied_twice() {
     for fault in LOST_ANSWERS {
-        let w = world(1, Duration::ZERO);
-        let e = instance(&w, w.faulty.clone(), Duration::from_secs(5));
-        open_a_and_b(&e).await;
+        let (w, e) = a_and_b_on_one_instance(1, Duration::from_secs(5)).await;
         // Each account write is applied but answered with an error once: the worker retries the
         // same conditional write, which conflicts, re-reads and finds the step done.
         w.faulty.inject(Matcher::writes(Index::Accounts), fault, 4);
@@ -66,9 +101,7 @@ async fn a_write_applied_but_unacknowledged_is_not_applied_twice() {
 #[tokio::test(start_paused = true)]
 async fn state_writes_applied_but_unacknowledged_are_recovered() {
     for fault in LOST_ANSWERS {
-        let w = world(2, Duration::ZERO);
-        let e = instance(&w, w.faulty.clone(), Duration::from_millis(300));
-        open_a_and_b(&e).await;
+        let (w, e) = a_and_b_on_one_instance(2, Duration::from_millis(300)).await;
         w.faulty
             .inject(Matcher::writes(Index::Transactions), fault, 3);
         start_transfer(&e, "t1", "a", "b", 30).await;
@@ -122,16 +155,10 @@ async fn concurrent_transfers_on_one_account_merge_conflict_and_retry_to_an_exac
 
 #[tokio::test(start_paused = true)]
 async fn a_cancel_during_pending_makes_the_worker_roll_back() {
-    let w = world(4, Duration::ZERO);
-    let e = instance(&w, w.faulty.clone(), Duration::from_secs(5));
-    open_a_and_b(&e).await;
+    let (w, e) = a_and_b_on_one_instance(4, Duration::from_secs(5)).await;
     // Hold the destination apply so the cancel lands while the transfer is pending (its
     // write: the account, opened by this instance, is remembered and not read).
-    w.faulty.inject(
-        Matcher::writes(Index::Accounts).of_doc("b"),
-        Fault::StallBefore(Duration::from_millis(1500)),
-        1,
-    );
+    stall_the_write_of_b(&w, Duration::from_millis(1500));
     start_transfer(&e, "t1", "a", "b", 30).await;
     until_state(&e, "t1", TransferState::Pending, Duration::from_secs(10)).await;
     let cancelled = e.cancel_transfer("t1").await.unwrap();
@@ -159,6 +186,28 @@ async fn transfers_older_than_the_timeout_roll_back_unless_committed() {
     assert_eq!(t.reason.map(|r| r.as_str()), Some("timed_out"));
     assert_eq!(balance(&e, "a").await, 100);
     assert_invariants(&w.base).await;
+}
+
+/// The property tests' settings: `PROPTEST_CASES` cases (16 unless set), no failure files.
+fn proptest_config() -> ProptestConfig {
+    ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(16),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+/// Runs `schedule` to its end on a runtime of its own, on tokio's paused time.
+fn on_paused_time(schedule: impl std::future::Future<Output = ()>) {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap()
+        .block_on(schedule);
 }
 
 #[derive(Debug, Clone)]
@@ -287,11 +336,7 @@ async fn assert_each_id_is_one_transfer_as_requested(a: &Instance, requests: &[R
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(16),
-        failure_persistence: None,
-        .. ProptestConfig::default()
-    })]
+    #![proptest_config(proptest_config())]
 
     #[test]
     fn random_transfers_replays_and_cancels_keep_every_invariant(
@@ -300,12 +345,7 @@ proptest! {
     ) {
         for one_transaction in [false, true] {
             eprintln!("seed {seed}, {} ops, one transaction: {one_transaction}", ops.len());
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .start_paused(true)
-                .build()
-                .unwrap();
-            runtime.block_on(run_random_schedule(seed, ops.clone(), one_transaction));
+            on_paused_time(run_random_schedule(seed, ops.clone(), one_transaction));
         }
     }
 }
@@ -321,10 +361,7 @@ async fn recovery_does_not_trust_a_remembered_account_copy_without_writing() {
     let a = two_phase_instance(&w, w.base.clone(), Duration::from_millis(300));
     open_a_and_b(&a).await;
     start_transfer(&a, "warm", "a", "b", 1).await;
-    assert_eq!(
-        terminal_without_recovery(&a, "warm").await,
-        TransferState::Finished
-    );
+    assert_ends_by_itself(&a, "warm", TransferState::Finished).await;
     // Instance B crashes right before core step 5 (remove from the source).
     let b = instance(&w, w.faulty.clone(), Duration::from_millis(300));
     w.faulty.inject(
@@ -366,10 +403,7 @@ async fn a_refusal_is_never_decided_on_a_stale_remembered_copy() {
     start_transfer(&b, "credit", "rich", "poor", 50).await;
     terminal_without_recovery(&b, "credit").await;
     start_transfer(&a, "debit", "poor", "other", 5).await;
-    assert_eq!(
-        terminal_without_recovery(&a, "debit").await,
-        TransferState::Finished
-    );
+    assert_ends_by_itself(&a, "debit", TransferState::Finished).await;
     assert_eq!(balance(&a, "poor").await, 45);
     assert_invariants(&w.base).await;
 }
@@ -380,9 +414,7 @@ async fn a_refusal_is_never_decided_on_a_stale_remembered_copy() {
 #[tokio::test(start_paused = true)]
 async fn a_create_whose_answer_was_lost_is_still_driven_at_once() {
     for fault in LOST_ANSWERS {
-        let w = world(8, Duration::ZERO);
-        let e = instance(&w, w.faulty.clone(), Duration::from_secs(30));
-        open_a_and_b(&e).await;
+        let (w, e) = a_and_b_on_one_instance(8, Duration::from_secs(30)).await;
         w.faulty
             .inject(Matcher::creates(Index::Transactions), fault, 1);
         let created = e
@@ -390,10 +422,7 @@ async fn a_create_whose_answer_was_lost_is_still_driven_at_once() {
             .await
             .unwrap();
         assert!(matches!(created, Created::New(_)), "{created:?}");
-        assert_eq!(
-            terminal_without_recovery(&e, "t").await,
-            TransferState::Finished
-        );
+        assert_ends_by_itself(&e, "t", TransferState::Finished).await;
         assert_invariants(&w.base).await;
     }
 }
@@ -412,21 +441,13 @@ async fn abandoned_pending_transfer(e: &Instance, store: &DynStore) {
 #[tokio::test(start_paused = true)]
 async fn a_takeover_whose_answer_was_lost_is_driven_at_once() {
     for fault in LOST_ANSWERS {
-        let w = world(9, Duration::ZERO);
-        let e = instance(&w, w.faulty.clone(), Duration::from_secs(30));
+        let (w, e) = one_instance(9, Duration::from_secs(30));
         abandoned_pending_transfer(&e, &w.base).await;
         w.faulty
             .inject(Matcher::writes(Index::Transactions).of_doc("t"), fault, 1);
-        let permits = Arc::new(Semaphore::new(4));
-        let report = e
-            .recover_once(e.clock().wall_millis(), &permits)
-            .await
-            .unwrap();
+        let report = sweep(&e, e.clock().wall_millis()).await;
         assert_eq!(report.resumed, 1, "{report:?}");
-        assert_eq!(
-            terminal_without_recovery(&e, "t").await,
-            TransferState::Finished
-        );
+        assert_ends_by_itself(&e, "t", TransferState::Finished).await;
         assert_invariants(&w.base).await;
     }
 }
@@ -436,8 +457,7 @@ async fn a_takeover_whose_answer_was_lost_is_driven_at_once() {
 #[tokio::test(start_paused = true)]
 async fn a_cancel_whose_answer_was_lost_is_driven_at_once() {
     for fault in LOST_ANSWERS {
-        let w = world(10, Duration::ZERO);
-        let e = instance(&w, w.faulty.clone(), Duration::from_secs(30));
+        let (w, e) = one_instance(10, Duration::from_secs(30));
         abandoned_pending_transfer(&e, &w.base).await;
         w.faulty.inject(
             Matcher::writes(Index::Transactions)
@@ -448,10 +468,7 @@ async fn a_cancel_whose_answer_was_lost_is_driven_at_once() {
         );
         let cancelled = e.cancel_transfer("t").await.unwrap();
         assert_eq!(cancelled.transaction_state, TransferState::Terminating);
-        assert_eq!(
-            terminal_without_recovery(&e, "t").await,
-            TransferState::RolledBack
-        );
+        assert_ends_by_itself(&e, "t", TransferState::RolledBack).await;
         assert_eq!(balances_of_a_and_b(&e).await, (100, 0));
         assert_invariants(&w.base).await;
     }
@@ -462,8 +479,7 @@ async fn a_cancel_whose_answer_was_lost_is_driven_at_once() {
 #[tokio::test(start_paused = true)]
 async fn an_account_create_whose_answer_was_lost_is_new() {
     for fault in LOST_ANSWERS {
-        let w = world(11, Duration::ZERO);
-        let e = instance(&w, w.faulty.clone(), Duration::from_secs(30));
+        let (w, e) = one_instance(11, Duration::from_secs(30));
         w.faulty.inject(Matcher::creates(Index::Accounts), fault, 1);
         let created = e.create_account(new_account("a", 100)).await.unwrap();
         assert!(matches!(created, Created::New(_)), "{fault:?}: {created:?}");
@@ -506,12 +522,19 @@ async fn two_holds_parked_on_a(e: &Instance) {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_account_full_of_pending_entries_backs_off_then_sheds() {
-    let w = world(12, Duration::ZERO);
+/// A world whose account `a` is full of two parked holds (`h1`, `h2`, 10 each to `b`) when
+/// transfer `t3` (10 from `a` to `b`) starts.
+async fn t3_behind_two_parked_holds(seed: u64) -> (World, Instance) {
+    let w = world(seed, Duration::ZERO);
     let e = two_pending_at_most(&w);
     two_holds_parked_on_a(&e).await;
     start_transfer(&e, "t3", "a", "b", 10).await;
+    (w, e)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_account_full_of_pending_entries_backs_off_then_sheds() {
+    let (w, e) = t3_behind_two_parked_holds(12).await;
     terminal_without_recovery(&e, "t3").await;
     let shed = transfer_doc(&e, "t3").await;
     assert_eq!(shed.transaction_state, TransferState::RolledBack);
@@ -528,24 +551,15 @@ async fn an_account_full_of_pending_entries_backs_off_then_sheds() {
 async fn release_holds(e: &Instance, ids: &[&str]) {
     for id in ids {
         e.cancel_transfer(id).await.expect("cancelled");
-        assert_eq!(
-            terminal_without_recovery(e, id).await,
-            TransferState::RolledBack
-        );
+        assert_ends_by_itself(e, id, TransferState::RolledBack).await;
     }
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_apply_that_backs_off_goes_through_once_an_entry_settles() {
-    let w = world(13, Duration::ZERO);
-    let e = two_pending_at_most(&w);
-    two_holds_parked_on_a(&e).await;
-    start_transfer(&e, "t3", "a", "b", 10).await;
+    let (w, e) = t3_behind_two_parked_holds(13).await;
     e.capture_transfer("h1", None).await.expect("captured");
-    assert_eq!(
-        terminal_without_recovery(&e, "t3").await,
-        TransferState::Finished
-    );
+    assert_ends_by_itself(&e, "t3", TransferState::Finished).await;
     release_holds(&e, &["h2"]).await;
     assert_eq!(balances_of_a_and_b(&e).await, (80, 20));
     assert_invariants(&w.base).await;
@@ -572,8 +586,7 @@ async fn a_transfer_whose_documents_contradict_each_other_is_flagged_and_left_al
     assert_eq!(t.lease_owner, None, "nobody holds it");
     // Past the lease and the transfer timeout, recovery neither takes it nor rolls it back.
     tokio::time::sleep(Duration::from_secs(20)).await;
-    let permits = Arc::new(Semaphore::new(4));
-    let report = e.recover_once(w.now_millis(), &permits).await.unwrap();
+    let report = sweep(&e, w.now_millis()).await;
     assert_eq!(
         (report.resumed, report.needs_attention),
         (0, 1),
@@ -622,11 +635,7 @@ async fn a_transfer_released_at_shutdown_is_resumed_by_another_instance_at_once(
     let b = instance(&w, w.base.clone(), Duration::from_secs(30));
     open_a_and_b(&a).await;
     // A's worker is in the middle of the destination apply (its write) when A shuts down.
-    w.faulty.inject(
-        Matcher::writes(Index::Accounts).of_doc("b"),
-        Fault::StallBefore(Duration::from_secs(1)),
-        1,
-    );
+    stall_the_write_of_b(&w, Duration::from_secs(1));
     start_transfer(&a, "t", "a", "b", 10).await;
     until_state(&a, "t", TransferState::Pending, Duration::from_secs(5)).await;
     a.shut_down();
@@ -636,14 +645,10 @@ async fn a_transfer_released_at_shutdown_is_resumed_by_another_instance_at_once(
     .await;
     assert_eq!(transfer_doc(&b, "t").await.lease_owner, None, "released");
     // B's recovery looks only at transfers untouched for two minutes, yet resumes t now.
-    let permits = Arc::new(Semaphore::new(4));
     let two_minutes_ago = w.now_millis() - 120_000;
-    let report = b.recover_once(two_minutes_ago, &permits).await.unwrap();
+    let report = sweep(&b, two_minutes_ago).await;
     assert_eq!(report.resumed, 1, "{report:?}");
-    assert_eq!(
-        terminal_without_recovery(&b, "t").await,
-        TransferState::Finished
-    );
+    assert_ends_by_itself(&b, "t", TransferState::Finished).await;
     assert_invariants(&w.base).await;
 }
 
@@ -838,6 +843,12 @@ async fn cancel_and_record(e: &Instance, id: &str, answers: &SharedAnswers) {
     }
 }
 
+/// Starts the create of `new` on `e`, which must succeed.
+fn spawn_create(e: &Arc<Instance>, new: NewTransfer) -> tokio::task::JoinHandle<()> {
+    let e = e.clone();
+    tokio::spawn(async move { e.create_transfer(new).await.map(|_| ()).unwrap() })
+}
+
 async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
     let w = world(seed, Duration::from_millis(3));
     let a = Arc::new(w.instance(w.faulty.clone(), holds_config()));
@@ -875,8 +886,7 @@ async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
                     )
                 };
                 requests.push(new.clone());
-                let a = a.clone();
-                tokio::spawn(async move { a.create_transfer(new).await.map(|_| ()).unwrap() })
+                spawn_create(&a, new)
             }
             HoldOp::Hold {
                 from,
@@ -896,8 +906,7 @@ async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
                     )
                 };
                 requests.push(new.clone());
-                let a = a.clone();
-                tokio::spawn(async move { a.create_transfer(new).await.map(|_| ()).unwrap() })
+                spawn_create(&a, new)
             }
             HoldOp::Legs {
                 legs,
@@ -919,13 +928,11 @@ async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
                     ..NewTransfer::new(transfer_id(&id), Movement::legs(legs).expect("valid legs"))
                 };
                 requests.push(new.clone());
-                let a = a.clone();
-                tokio::spawn(async move { a.create_transfer(new).await.map(|_| ()).unwrap() })
+                spawn_create(&a, new)
             }
             HoldOp::Replay(i) if !requests.is_empty() => {
-                let (b, new) = (b.clone(), pick(i));
                 // The original may still be in flight: a replay can race it.
-                tokio::spawn(async move { b.create_transfer(new).await.map(|_| ()).unwrap() })
+                spawn_create(&b, pick(i))
             }
             HoldOp::Capture { i, percent } if !requests.is_empty() => {
                 let new = pick(i);
@@ -1216,11 +1223,7 @@ async fn assert_holds_outcomes(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(16),
-        failure_persistence: None,
-        .. ProptestConfig::default()
-    })]
+    #![proptest_config(proptest_config())]
 
     #[test]
     fn random_transfers_holds_captures_cancels_expiries_and_currencies_keep_every_invariant(
@@ -1228,11 +1231,6 @@ proptest! {
         ops in prop::collection::vec(hold_op(), 1..40),
     ) {
         eprintln!("seed {seed}, {} ops", ops.len());
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        runtime.block_on(run_holds_schedule(seed, ops));
+        on_paused_time(run_holds_schedule(seed, ops));
     }
 }
