@@ -218,6 +218,21 @@ impl Step {
         self
     }
 
+    /// Answered `status` with an error: the status and the root causes' types are compared.
+    fn refused(self, status: u16) -> Self {
+        self.status(status).compare(ERROR)
+    }
+
+    /// A get that finds nothing (404): the answers must say so alike.
+    fn finds_nothing(self) -> Self {
+        self.status(404).compare(GOT)
+    }
+
+    /// A write that creates its document (201): the write answers are compared.
+    fn created(self) -> Self {
+        self.status(201).compare(WRITE)
+    }
+
     fn save(mut self, label: &'static str) -> Self {
         self.save = Some(label);
         self
@@ -578,8 +593,7 @@ async fn index_creation_and_mapping_additions_match_elasticsearch() {
             "/${accounts}",
             migration_body(MIGRATION_ACCOUNTS),
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::put(
             "create webhooks (migration 0006)",
             "/${webhooks}",
@@ -599,8 +613,7 @@ async fn index_creation_and_mapping_additions_match_elasticsearch() {
             "/${transactions}/_mapping",
             r#"{"properties":{"attention":{"type":"long"}}}"#,
         )
-        .status(400)
-        .compare(ERROR)
+        .refused(400)
         .compare(REASON),
         Step::get(
             "the refused change left the mapping as it was",
@@ -612,36 +625,31 @@ async fn index_creation_and_mapping_additions_match_elasticsearch() {
             "/${missing}/_mapping",
             migration_body(MIGRATION_ATTENTION),
         )
-        .status(404)
-        .compare(ERROR),
+        .refused(404),
         Step::get(
             "read the mapping of a missing index",
             "/${missing}/_mapping",
         )
-        .status(404)
-        .compare(ERROR),
+        .refused(404),
         Step::head("HEAD of a missing index", "/${missing}").status(404),
         Step::put(
             "create an index with an invalid name",
             "/${BadName}",
             migration_body(MIGRATION_ACCOUNTS),
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::put(
             "record migration 0001",
             "/${migrations}/_create/0001_accounts",
             r#"{"description":"accounts","applied_at":"2026-01-01T00:00:00.000Z"}"#,
         )
-        .status(201)
-        .compare(WRITE),
+        .created(),
         Step::put(
             "record migration 0001 again (another instance)",
             "/${migrations}/_create/0001_accounts",
             r#"{"description":"accounts","applied_at":"2026-01-01T00:00:01.000Z"}"#,
         )
-        .status(409)
-        .compare(ERROR)
+        .refused(409)
         .compare(REASON),
         Step::get(
             "read the record",
@@ -652,8 +660,7 @@ async fn index_creation_and_mapping_additions_match_elasticsearch() {
             "read a record not written",
             "/${migrations}/_doc/0006_webhooks?realtime=true",
         )
-        .status(404)
-        .compare(GOT),
+        .finds_nothing(),
     ]);
     differential("index creation and mapping additions", steps).await;
 }
@@ -668,32 +675,28 @@ async fn create_and_compare_and_set_match_elasticsearch() {
             "/${accounts}/_doc/a1?op_type=create",
             account("a1", 100),
         )
-        .status(201)
-        .compare(WRITE)
+        .created()
         .save("a1"),
         Step::put(
             "create an existing id with op_type=create",
             "/${accounts}/_doc/a1?op_type=create",
             account("a1", 999),
         )
-        .status(409)
-        .compare(ERROR)
+        .refused(409)
         .compare(REASON),
         Step::put(
             "create a new id with _create",
             "/${accounts}/_create/a2",
             account("a2", 50),
         )
-        .status(201)
-        .compare(WRITE)
+        .created()
         .save("a2"),
         Step::post(
             "create an existing id with POST _create",
             "/${accounts}/_create/a2",
             account("a2", 1),
         )
-        .status(409)
-        .compare(ERROR)
+        .refused(409)
         .compare(REASON),
         Step::put(
             "index with the current seq_no and term",
@@ -707,61 +710,53 @@ async fn create_and_compare_and_set_match_elasticsearch() {
             "/${accounts}/_doc/a1?if_seq_no=${a1:/_seq_no}&if_primary_term=${a1:/_primary_term}",
             account("a1", 80),
         )
-        .status(409)
-        .compare(ERROR)
+        .refused(409)
         .compare(REASON),
         Step::put(
             "index with the current seq_no and another term",
             "/${accounts}/_doc/a1?if_seq_no=${a1v2:/_seq_no}&if_primary_term=7",
             account("a1", 80),
         )
-        .status(409)
-        .compare(ERROR)
+        .refused(409)
         .compare(REASON),
         Step::put(
             "index a missing document with a seq_no and term",
             "/${accounts}/_doc/ghost?if_seq_no=${a1v2:/_seq_no}&if_primary_term=1",
             account("ghost", 1),
         )
-        .status(409)
-        .compare(ERROR)
+        .refused(409)
         .compare(REASON),
         Step::get(
             "the missing document stays missing",
             "/${accounts}/_doc/ghost",
         )
-        .status(404)
-        .compare(GOT),
+        .finds_nothing(),
         Step::put(
             "index with if_seq_no and no term",
             "/${accounts}/_doc/a1?if_seq_no=${a1v2:/_seq_no}",
             account("a1", 70),
         )
-        .status(400)
-        .compare(ERROR)
+        .refused(400)
         .compare(REASON),
         Step::put(
             "index with a term and no if_seq_no",
             "/${accounts}/_doc/a1?if_primary_term=1",
             account("a1", 70),
         )
-        .status(400)
-        .compare(ERROR)
+        .refused(400)
         .compare(REASON),
         Step::put(
             "create with a seq_no and term",
             "/${accounts}/_create/a3?if_seq_no=0&if_primary_term=1",
             account("a3", 1),
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::put(
             "index with a negative seq_no",
             "/${accounts}/_doc/a1?if_seq_no=-5&if_primary_term=1",
             account("a1", 70),
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::put(
             "index an existing id without a condition",
             "/${accounts}/_doc/a2",
@@ -779,8 +774,7 @@ async fn create_and_compare_and_set_match_elasticsearch() {
             "/${accounts}/_doc/a4?refresh=true",
             account("a4", 4),
         )
-        .status(201)
-        .compare(WRITE),
+        .created(),
         Step::get(
             "read the conditionally indexed document",
             "/${accounts}/_doc/a1",
@@ -791,8 +785,7 @@ async fn create_and_compare_and_set_match_elasticsearch() {
             "/${scratch}/_doc/x?op_type=create",
             r#"{"note":"auto-created"}"#,
         )
-        .status(201)
-        .compare(WRITE),
+        .created(),
     ]);
     differential("create and compare-and-set", steps).await;
 }
@@ -850,8 +843,7 @@ async fn bulk_with_mixed_outcomes_matches_elasticsearch() {
             "the CAS on a missing id created nothing",
             "/${accounts}/_doc/ghost?realtime=true",
         )
-        .status(404)
-        .compare(GOT),
+        .finds_nothing(),
         Step::bulk(
             "bulk: the same CAS twice in one request",
             &[
@@ -880,14 +872,12 @@ async fn bulk_with_mixed_outcomes_matches_elasticsearch() {
                 &account("a8", 8),
             ],
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::get(
             "nothing of a refused bulk was applied",
             "/${accounts}/_doc/a7?realtime=true",
         )
-        .status(404)
-        .compare(GOT),
+        .finds_nothing(),
         Step::post(
             "bulk: no final newline",
             "/_bulk",
@@ -897,25 +887,20 @@ async fn bulk_with_mixed_outcomes_matches_elasticsearch() {
                 account("a9", 9)
             ),
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::post(
             "bulk: an action line cut short (EOF)",
             "/_bulk",
             "{\"create\":{\"_index\":\"${accounts}\",\"_id\":\n{}\n",
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::post(
             "bulk: an unknown action",
             "/_bulk",
             "{\"upsert\":{\"_index\":\"${accounts}\",\"_id\":\"x\"}}\n{}\n",
         )
-        .status(400)
-        .compare(ERROR),
-        Step::post("bulk: an empty body", "/_bulk", "")
-            .status(400)
-            .compare(ERROR),
+        .refused(400),
+        Step::post("bulk: an empty body", "/_bulk", "").refused(400),
         Step::bulk(
             "bulk: an unconditional index, an auto-created index, an empty id",
             &[
@@ -947,8 +932,7 @@ async fn bulk_with_mixed_outcomes_matches_elasticsearch() {
                 &a1,
             ],
         )
-        .status(400)
-        .compare(ERROR)
+        .refused(400)
         .compare(REASON),
         Step::bulk(
             "bulk: an id over 512 bytes fails the whole request",
@@ -962,14 +946,12 @@ async fn bulk_with_mixed_outcomes_matches_elasticsearch() {
                 &account("long", 1),
             ],
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::get(
             "nothing of those refused bulks was applied",
             "/${accounts}/_doc/a10?realtime=true",
         )
-        .status(404)
-        .compare(GOT),
+        .finds_nothing(),
     ]);
     differential("bulk", steps).await;
 }
@@ -994,14 +976,12 @@ async fn realtime_gets_match_elasticsearch() {
             "get an absent document",
             "/${accounts}/_doc/absent?realtime=true",
         )
-        .status(404)
-        .compare(GOT),
+        .finds_nothing(),
         Step::get(
             "get from a missing index",
             "/${missing}/_doc/a1?realtime=true",
         )
-        .status(404)
-        .compare(ERROR)
+        .refused(404)
         .compare(&["error/reason", "error/index", "error/resource.id"]),
         Step::head("HEAD of a document", "/${accounts}/_doc/a1"),
         Step::head("HEAD of an absent document", "/${accounts}/_doc/absent").status(404),
@@ -1108,6 +1088,41 @@ async fn searches_with_search_after_match_elasticsearch() {
         }
         body.to_string()
     };
+    // Recovery's search for stale transfers (`pending` or `rolled_back`, modified before 4.5 s
+    // or without a lease), with `extra` fields.
+    let find_stale = |extra: Value| {
+        let mut body = json!({
+            "size": 10,
+            "seq_no_primary_term": true,
+            "track_total_hits": false,
+            "query": {"bool": {
+                "filter": [{"terms": {"transaction_state": ["pending", "rolled_back"]}}],
+                "should": [
+                    {"range": {"modification_time": {"lt": 4_500, "format": "epoch_millis"}}},
+                    {"bool": {"must_not": {"exists": {"field": "lease_owner"}}}},
+                ],
+                "minimum_should_match": 1,
+            }},
+            "sort": [{"modification_time": "asc"}, {"transaction_id": "asc"}],
+        });
+        for (key, value) in extra.as_object().expect("fields") {
+            body[key] = value.clone();
+        }
+        body.to_string()
+    };
+    // A page of the change feed: `size` entries modified before `below`, in `order`.
+    let feed = |size: u64, below: u64, order: &str| {
+        json!({
+            "size": size,
+            "seq_no_primary_term": true,
+            "track_total_hits": false,
+            "query": {"bool": {"filter": [
+                {"range": {"modification_time": {"lt": below, "format": "epoch_millis"}}}
+            ]}},
+            "sort": [{"modification_time": order}, {"transaction_id": order}],
+        })
+        .to_string()
+    };
     steps.extend([
         Step::bulk("bulk: six transfers and three accounts", &lines),
         Step::new(
@@ -1157,75 +1172,27 @@ async fn searches_with_search_after_match_elasticsearch() {
         Step::post(
             "find stale (terms, range, must_not exists)",
             "/${transactions}/_search",
-            json!({
-                "size": 10,
-                "seq_no_primary_term": true,
-                "track_total_hits": false,
-                "timeout": "5000ms",
-                "query": {"bool": {
-                    "filter": [{"terms": {"transaction_state": ["pending", "rolled_back"]}}],
-                    "should": [
-                        {"range": {"modification_time": {"lt": 4_500, "format": "epoch_millis"}}},
-                        {"bool": {"must_not": {"exists": {"field": "lease_owner"}}}},
-                    ],
-                    "minimum_should_match": 1,
-                }},
-                "sort": [{"modification_time": "asc"}, {"transaction_id": "asc"}],
-            })
-            .to_string(),
+            find_stale(json!({"timeout": "5000ms"})),
         )
         .compare(HITS)
         .save("stale"),
         Step::post(
             "find stale: after the first hit",
             "/${transactions}/_search",
-            json!({
-                "size": 10,
-                "seq_no_primary_term": true,
-                "track_total_hits": false,
-                "query": {"bool": {
-                    "filter": [{"terms": {"transaction_state": ["pending", "rolled_back"]}}],
-                    "should": [
-                        {"range": {"modification_time": {"lt": 4_500, "format": "epoch_millis"}}},
-                        {"bool": {"must_not": {"exists": {"field": "lease_owner"}}}},
-                    ],
-                    "minimum_should_match": 1,
-                }},
-                "sort": [{"modification_time": "asc"}, {"transaction_id": "asc"}],
-                "search_after": "${stale:/hits/hits/0/sort}",
-            })
-            .to_string()
-            .replace(r#""${stale:/hits/hits/0/sort}""#, "${stale:/hits/hits/0/sort}"),
+            find_stale(json!({"search_after": "${stale:/hits/hits/0/sort}"}))
+                .replace(r#""${stale:/hits/hits/0/sort}""#, "${stale:/hits/hits/0/sort}"),
         )
         .compare(HITS),
         Step::post(
             "the change feed below a horizon",
             "/${transactions}/_search",
-            json!({
-                "size": 3,
-                "seq_no_primary_term": true,
-                "track_total_hits": false,
-                "query": {"bool": {"filter": [
-                    {"range": {"modification_time": {"lt": 6_000, "format": "epoch_millis"}}}
-                ]}},
-                "sort": [{"modification_time": "asc"}, {"transaction_id": "asc"}],
-            })
-            .to_string(),
+            feed(3, 6_000, "asc"),
         )
         .compare(HITS),
         Step::post(
             "the change feed's newest entry",
             "/${transactions}/_search",
-            json!({
-                "size": 1,
-                "seq_no_primary_term": true,
-                "track_total_hits": false,
-                "query": {"bool": {"filter": [
-                    {"range": {"modification_time": {"lt": 100_000, "format": "epoch_millis"}}}
-                ]}},
-                "sort": [{"modification_time": "desc"}, {"transaction_id": "desc"}],
-            })
-            .to_string(),
+            feed(1, 100_000, "desc"),
         )
         .compare(HITS),
         Step::post("scan accounts: page 1", "/${accounts}/_search", scan(None))
@@ -1251,15 +1218,13 @@ async fn searches_with_search_after_match_elasticsearch() {
             "/${transactions}/_search",
             list_by_account(Some(r#"["yesterday","t1"]"#)),
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::post(
             "a search body that is an array",
             "/${transactions}/_search",
             "[1]",
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::post(
             "a search counting hits (the default track_total_hits)",
             "/${transactions}/_search",
@@ -1277,18 +1242,14 @@ async fn searches_with_search_after_match_elasticsearch() {
             "/${missing}/_search",
             r#"{"query":{"match_all":{}}}"#,
         )
-        .status(404)
-        .compare(ERROR),
+        .refused(404),
         Step::new(
             "refresh an existing and a missing index",
             Method::POST,
             "/${accounts},${missing}/_refresh",
         )
-        .status(404)
-        .compare(ERROR),
-        Step::new("refresh a missing index", Method::POST, "/${missing}/_refresh")
-            .status(404)
-            .compare(ERROR),
+        .refused(404),
+        Step::new("refresh a missing index", Method::POST, "/${missing}/_refresh").refused(404),
         Step::new("refresh one index", Method::POST, "/${transactions}/_refresh").compare(SHARDS),
     ]);
     differential("search and refresh", steps).await;
@@ -1313,91 +1274,78 @@ async fn refused_requests_match_elasticsearch() {
             "/${transactions}/_search",
             r#"{"query": {"match_all": {}"#,
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::post(
             "search with an unexpected character",
             "/${transactions}/_search",
             r#"{"query" {}}"#,
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::post(
             "search with an unknown query type",
             "/${transactions}/_search",
             r#"{"query":{"no_such_query":{"f":1}}}"#,
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::post(
             "search with an unknown top-level key",
             "/${transactions}/_search",
             r#"{"querry":{"match_all":{}}}"#,
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::post(
             "sort on an unmapped field",
             "/${transactions}/_search",
             r#"{"query":{"match_all":{}},"sort":[{"no_such_field":"asc"}]}"#,
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::post(
             "search_after with the wrong number of values",
             "/${transactions}/_search",
             r#"{"query":{"match_all":{}},"sort":[{"creation_time":"asc"},{"transaction_id":"asc"}],"search_after":[1]}"#,
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::post(
             "a range on a date with a bad value",
             "/${transactions}/_search",
             r#"{"query":{"range":{"creation_time":{"lt":"not a date"}}}}"#,
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::post(
             "from + size beyond the result window",
             "/${transactions}/_search",
             r#"{"from":9999,"size":2,"query":{"match_all":{}}}"#,
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::put(
             "a document that is malformed JSON",
             "/${accounts}/_doc/a1",
             r#"{"account_id": "a1", "balance": "#,
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::put(
             "a document that does not fit the mapping",
             "/${accounts}/_doc/a1",
             r#"{"account_id":"a1","balance":"lots"}"#,
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::put(
             "create an index with malformed JSON",
             "/${scratch}",
             r#"{"mappings": "#,
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::put(
             "create an index with an unknown field type",
             "/${scratch}",
             r#"{"mappings":{"properties":{"f":{"type":"no_such_type"}}}}"#,
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::get(
             "an unknown URL parameter",
             "/${accounts}/_doc/a1?no_such_parameter=1",
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::new("a wrong method on _bulk", Method::DELETE, "/_bulk")
             .status(405)
             .compare(&["error", "status"]),
@@ -1413,15 +1361,13 @@ async fn refused_requests_match_elasticsearch() {
             "/_bulk",
             "{\"create\" {}}\n{}\n",
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
         Step::post(
             "search an unknown index",
             "/${missing}/_search",
             r#"{"query":{"match_all":{}}}"#,
         )
-        .status(404)
-        .compare(ERROR)
+        .refused(404)
         .compare(&["error/index", "error/resource.type", "error/resource.id"]),
     ]);
     differential("refused requests", steps).await;
@@ -1464,22 +1410,19 @@ async fn document_ids_in_urls_match_elasticsearch() {
             "/${accounts}/_create/x%2Fz",
             account("x/z", 1),
         )
-        .status(201)
-        .compare(WRITE),
+        .created(),
         Step::put(
             "an id of 512 bytes",
             format!("/${{accounts}}/_doc/{}", "i".repeat(512)),
             account("long", 1),
         )
-        .status(201)
-        .compare(WRITE),
+        .created(),
         Step::put(
             "an id of 513 bytes",
             format!("/${{accounts}}/_doc/{}", "i".repeat(513)),
             account("long", 1),
         )
-        .status(400)
-        .compare(ERROR),
+        .refused(400),
     ]);
     differential("document ids", steps).await;
 }
@@ -1619,8 +1562,7 @@ async fn documents_land_on_the_shards_the_engine_puts_them_on() {
             format!("/${{shards5}}/_create/{}", ids[1]),
             "{}",
         )
-        .status(409)
-        .compare(ERROR)
+        .refused(409)
         .compare(REASON)
         .compare(&["error/shard"]),
         Step::new(
@@ -1669,8 +1611,7 @@ async fn impossible_shard_counts_are_refused_as_elasticsearch_refuses_them() {
         .into_iter()
         .map(|(name, settings)| {
             Step::put(name, "/${scratch}", format!(r#"{{"settings":{settings}}}"#))
-                .status(400)
-                .compare(ERROR)
+                .refused(400)
                 .compare(REASON)
         })
         .collect();
