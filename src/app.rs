@@ -286,7 +286,7 @@ impl Application {
                 events = ?settings.events.iter().map(|e| e.type_name()).collect::<Vec<_>>(),
                 "webhooks on"
             );
-            Webhooks::spawn(engine.clone(), settings, self.metrics.clone())
+            Webhooks::spawn(engine.feed().clone(), settings, self.metrics.clone())
         });
         let shutdown = engine.shutdown_token();
         if let Some(keys) = self.auth.keys() {

@@ -78,20 +78,20 @@ pub async fn list_events(
         }
     }
     // Read first: the cursors of the page carry it.
-    state.engine.store_identity().await?;
+    state.engine.feed().store_identity().await?;
     let after = match after {
         None => None,
-        Some(text) => match state.engine.check_feed_cursor(text).await {
+        Some(text) => match state.engine.feed().check_cursor(text).await {
             Ok(position) => position,
             Err(CursorRefused::Store(error)) => return Err(error.into()),
             Err(refused) => return Err(ApiError::Invalid(format!("`after`: {refused}"))),
         },
     };
-    let page = state.engine.events_page(after, limit, wait).await?;
+    let page = state.engine.feed().page(after, limit, wait).await?;
     Ok(Json(EventPage {
         items: Event::from_feed(page.items),
         next_cursor: page
             .next
-            .map(|position| state.engine.feed_cursor(&position)),
+            .map(|position| state.engine.feed().cursor(&position)),
     }))
 }

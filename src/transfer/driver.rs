@@ -441,10 +441,7 @@ impl Engine {
                 self.metrics.transfer_duration_seconds.observe(secs);
             }
             self.terminal_events.send_modify(|n| *n += 1);
-            if self.terminal_writes.receiver_count() > 0 {
-                // A dispatcher that stopped in between is no error.
-                let _ = self.terminal_writes.send(Arc::new(doc.clone()));
-            }
+            self.feed.announce_terminal(doc);
         }
     }
 

@@ -3,15 +3,19 @@
 //! history (`super::history`), written in the same write as the transition, so the feed has
 //! no store of its own to lose or to keep in step.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use super::documents::decode;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use super::clock::DynClock;
+use super::documents::{decode, Documents};
 use super::history::EventKind;
 use super::model::TransferDoc;
 use super::operations::ServiceError;
-use super::Engine;
-use crate::store::{ChangesQuery, FeedPosition, SortKey};
+use crate::metrics::Metrics;
+use crate::store::{ChangesQuery, DynStore, FeedPosition, SortKey};
 
 /// The delay of a search after a write is applied on Elasticsearch: its default refresh
 /// interval (`docs/elasticsearch.md §7`; the service does not change it).
@@ -117,7 +121,111 @@ fn split_identity(text: &str) -> (Option<&str>, &str) {
     }
 }
 
-impl Engine {
+/// Terminal writes kept for a fast-path receiver that has not read them yet
+/// ([`Feed::terminal_writes`]): a second of the most a 2-core machine settles, and more.
+pub const TERMINAL_WRITES_KEPT: usize = 16_384;
+
+/// The change feed of one store, as this process serves it (`GET /events`, the webhooks):
+/// its pages and cursors, and the transfers this process writes terminal, announced as soon
+/// as their writes are acknowledged (the webhooks' fast path). Built once by the engine; the
+/// webhooks depend on it, not on the engine.
+pub struct Feed {
+    store: DynStore,
+    docs: Documents,
+    clock: DynClock,
+    metrics: Arc<Metrics>,
+    /// The engine's: a waiting read ends when it is cancelled.
+    shutdown: CancellationToken,
+    /// This process's name in lease owners (`super::lease`).
+    instance: String,
+    /// [`Feed::delay`], fixed when built.
+    delay: Duration,
+    /// The store's identity once read (`Store::identity`), which cursors carry.
+    store_identity: OnceLock<String>,
+    /// Every transfer this process wrote terminal, as written, once the store acknowledged
+    /// it. A receiver that falls behind misses some (the feed still serves them).
+    terminal_writes: broadcast::Sender<Arc<TransferDoc>>,
+}
+
+/// How far behind the wall clock the feed reads on a store that cannot order writes
+/// exactly: a write is searchable one refresh after it is applied, it is applied within
+/// the longest a request may take (`STORE_TIMEOUT`) of its stamp or its writer stamps it
+/// again (`super::lease`), and the reader's wall clock may differ from the writer's by
+/// twice the skew margin (the clock assumption of `docs/design.md §9`: holders stop a
+/// margin early and takers wait a margin late). Zero on a store that orders writes exactly.
+fn delay(exact: bool, request_timeout: Duration, skew_margin: Duration) -> Duration {
+    if exact {
+        return Duration::ZERO;
+    }
+    REFRESH_INTERVAL + request_timeout + 2 * skew_margin
+}
+
+/// What the feed is built from (all of it the engine's).
+pub(super) struct FeedParts {
+    pub store: DynStore,
+    pub docs: Documents,
+    pub clock: DynClock,
+    pub metrics: Arc<Metrics>,
+    pub shutdown: CancellationToken,
+    pub instance: String,
+    /// `STORE_TIMEOUT` and the clocks' skew margin, which bound how late a write is applied
+    /// after its stamp (see [`Feed::delay`]).
+    pub request_timeout: Duration,
+    pub skew_margin: Duration,
+}
+
+impl Feed {
+    pub(super) fn new(parts: FeedParts) -> Self {
+        let exact = parts.store.backend() == "embedded";
+        Self {
+            delay: delay(exact, parts.request_timeout, parts.skew_margin),
+            store: parts.store,
+            docs: parts.docs,
+            clock: parts.clock,
+            metrics: parts.metrics,
+            shutdown: parts.shutdown,
+            instance: parts.instance,
+            store_identity: OnceLock::new(),
+            terminal_writes: broadcast::channel(TERMINAL_WRITES_KEPT).0,
+        }
+    }
+
+    /// The store the feed reads, for what its readers keep there (a webhook receiver's
+    /// progress).
+    pub fn store(&self) -> &DynStore {
+        &self.store
+    }
+
+    /// The clock its horizon is read on.
+    pub fn clock(&self) -> &DynClock {
+        &self.clock
+    }
+
+    /// Cancelled when the engine shuts down: readers of the feed stop with it.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// This process's name in lease owners and in `settled_by` (`super::lease`).
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// The transfers this process writes terminal from now on, each once its write is
+    /// acknowledged (at most [`TERMINAL_WRITES_KEPT`] not yet received are kept for a
+    /// receiver; beyond, it is told how many it missed).
+    pub fn terminal_writes(&self) -> broadcast::Receiver<Arc<TransferDoc>> {
+        self.terminal_writes.subscribe()
+    }
+
+    /// Announces a terminal write the store acknowledged (the driver, after the write).
+    pub(super) fn announce_terminal(&self, doc: &TransferDoc) {
+        if self.terminal_writes.receiver_count() > 0 {
+            // An error only means every receiver went away since.
+            let _ = self.terminal_writes.send(Arc::new(doc.clone()));
+        }
+    }
+
     /// The store's identity (`Store::identity`), read once; `None` for a store without one.
     pub async fn store_identity(&self) -> Result<Option<String>, ServiceError> {
         if let Some(identity) = self.store_identity.get() {
@@ -133,7 +241,7 @@ impl Engine {
     /// The cursor text of `position`: `<store identity>~<position>` once the identity was
     /// read ([`Engine::store_identity`], which every reader of the feed asks first), else the
     /// position alone.
-    pub fn feed_cursor(&self, position: &FeedPosition) -> String {
+    pub fn cursor(&self, position: &FeedPosition) -> String {
         match self.store_identity.get() {
             Some(identity) => format!("{identity}~{}", position.encode()),
             None => position.encode(),
@@ -143,23 +251,20 @@ impl Engine {
     /// Reads a cursor this store issued: of this backend's form, of this store (a cursor
     /// without an identity, as issued before cursors carried one, is taken as this store's),
     /// and not past the end of the feed. `now`: where the feed ends now.
-    pub async fn check_feed_cursor(
-        &self,
-        text: &str,
-    ) -> Result<Option<FeedPosition>, CursorRefused> {
+    pub async fn check_cursor(&self, text: &str) -> Result<Option<FeedPosition>, CursorRefused> {
         let ours = self.store_identity().await?;
         if text == "now" {
-            return Ok(self.feed_end().await?);
+            return Ok(self.end().await?);
         }
         let shown = shorten(text);
         let (theirs, position_text) = split_identity(text);
-        let example = if self.feed_is_exact() {
+        let example = if self.is_exact() {
             "e3f1a2b4c5d6e7f8~42"
         } else {
             "Vq3xQ1rTQbqKc0mS4vD6Hg~1764000000000~t-1"
         };
         let position = self
-            .parse_feed_cursor(position_text)
+            .parse_cursor(position_text)
             .ok_or_else(|| CursorRefused::NotACursor(shown.clone(), example))?;
         if let Some(theirs) = theirs {
             if ours.as_deref() != Some(theirs) {
@@ -175,9 +280,9 @@ impl Engine {
             end,
         };
         match &position {
-            FeedPosition::Seq(seq_no) => match self.feed_end().await? {
+            FeedPosition::Seq(seq_no) => match self.end().await? {
                 Some(FeedPosition::Seq(end)) if *seq_no <= end => {}
-                Some(end) => return Err(past(format!("it ends at {}", self.feed_cursor(&end)))),
+                Some(end) => return Err(past(format!("it ends at {}", self.cursor(&end)))),
                 None => return Err(past("it has no events yet".into())),
             },
             // Every instance serves only writes older than its horizon, at least two skew
@@ -198,12 +303,12 @@ impl Engine {
     /// Reads a cursor of this backend's form (`FeedPosition::encode`); `None` if it is not
     /// one. Every cursor of the form is accepted, as the OpenAPI document says: a `seq_no`
     /// past the largest one reads as that (no write is later).
-    pub fn parse_feed_cursor(&self, text: &str) -> Option<FeedPosition> {
+    pub fn parse_cursor(&self, text: &str) -> Option<FeedPosition> {
         // 1 to `max_len` digits, no sign, no spaces.
         let digits = |text: &str, max_len: usize| {
             !text.is_empty() && text.len() <= max_len && text.bytes().all(|b| b.is_ascii_digit())
         };
-        if self.feed_is_exact() {
+        if self.is_exact() {
             let seq_no = text.parse::<u64>().unwrap_or(u64::MAX);
             return digits(text, 20).then_some(FeedPosition::Seq(seq_no));
         }
@@ -218,26 +323,18 @@ impl Engine {
 
     /// Whether the store orders writes exactly (the embedded store) or the feed must stay
     /// below a horizon (Elasticsearch).
-    fn feed_is_exact(&self) -> bool {
+    fn is_exact(&self) -> bool {
         self.store.backend() == "embedded"
     }
 
-    /// How far behind the wall clock the feed reads on a store that cannot order writes
-    /// exactly: a write is searchable one refresh after it is applied, it is applied within
-    /// the longest a request may take (`STORE_TIMEOUT`) of its stamp or its writer stamps it
-    /// again (`super::lease`), and the reader's wall clock may differ from the writer's by
-    /// twice the skew margin (the clock assumption of `docs/design.md §9`: holders stop a
-    /// margin early and takers wait a margin late). Zero on the embedded store.
-    pub fn feed_delay(&self) -> Duration {
-        if self.feed_is_exact() {
-            return Duration::ZERO;
-        }
-        REFRESH_INTERVAL + self.config.request_timeout + 2 * self.config.skew_margin
+    /// How far behind the wall clock the feed reads ([`delay`]); zero on the embedded store.
+    pub fn delay(&self) -> Duration {
+        self.delay
     }
 
     /// Up to `limit` transfers' events after `after`; when there are none and `wait` is not
     /// zero, waits up to `wait` for some.
-    pub async fn events_page(
+    pub async fn page(
         &self,
         after: Option<FeedPosition>,
         limit: usize,
@@ -257,7 +354,7 @@ impl Engine {
             let tick = (now + WAIT_POLL).min(deadline);
             // Behind a horizon a write that just happened is not served yet: waking on it
             // would only search again for nothing, so there only the poll wakes the reader.
-            let woken_by_writes = self.feed_is_exact();
+            let woken_by_writes = self.is_exact();
             tokio::select! {
                 _ = written, if woken_by_writes => {}
                 _ = tokio::time::sleep_until(tick) => {}
@@ -268,10 +365,10 @@ impl Engine {
 
     /// Where the feed ends now: the position of the newest transfer write it serves (`None`
     /// while it serves none). Reading on `after` it sees only later writes.
-    pub async fn feed_end(&self) -> Result<Option<FeedPosition>, ServiceError> {
+    pub async fn end(&self) -> Result<Option<FeedPosition>, ServiceError> {
         let query = ChangesQuery {
             after: None,
-            horizon: self.feed_horizon(),
+            horizon: self.horizon(),
             limit: 1,
             newest: true,
         };
@@ -279,9 +376,9 @@ impl Engine {
         Ok(page.docs.into_iter().last().map(|(position, _)| position))
     }
 
-    /// Epoch milliseconds below which the feed serves writes ([`Engine::feed_delay`] ago).
-    fn feed_horizon(&self) -> i64 {
-        self.clock.wall_millis() - self.feed_delay().as_millis() as i64
+    /// Epoch milliseconds below which the feed serves writes ([`Feed::delay`] ago).
+    fn horizon(&self) -> i64 {
+        self.clock.wall_millis() - self.delay().as_millis() as i64
     }
 
     async fn read_events(
@@ -289,7 +386,7 @@ impl Engine {
         after: Option<FeedPosition>,
         limit: usize,
     ) -> Result<EventsPage, ServiceError> {
-        let horizon = self.feed_horizon();
+        let horizon = self.horizon();
         let query = ChangesQuery {
             after: after.clone(),
             horizon,

@@ -102,10 +102,6 @@ pub struct EngineConfig {
     pub one_transaction: bool,
 }
 
-/// Terminal writes kept for a fast-path receiver that has not read them yet: a second of
-/// the most a 2-core machine settles, and more.
-pub const TERMINAL_WRITES_KEPT: usize = 16_384;
-
 /// The clock-skew margin: a quarter of the lease on each side, so instance wall clocks may
 /// differ by up to half a lease (15 s with the default 30 s lease). It scales with the lease:
 /// a longer lease buys more tolerance. A holder then acts for three quarters of its lease.
@@ -182,16 +178,13 @@ pub struct Engine {
     /// Bumped whenever a transfer this process drives reaches a terminal state; long-polls
     /// wait on it.
     terminal_events: watch::Sender<u64>,
-    /// Every transfer this process wrote terminal, as written, once the store acknowledged
-    /// it: the webhooks' fast path (`crate::webhooks`). A receiver that falls behind misses
-    /// some (the feed still serves them).
-    terminal_writes: tokio::sync::broadcast::Sender<Arc<model::TransferDoc>>,
+    /// The change feed, which also announces this process's terminal writes (the webhooks'
+    /// fast path).
+    feed: Arc<feed::Feed>,
     /// Account steps, merged per account.
     accounts: Arc<accounts::AccountSteps>,
     /// The bound on transfers created here and still in flight.
     admission: Arc<admission::Admission>,
-    /// The store's identity once read (`Store::identity`), which feed cursors carry.
-    store_identity: std::sync::OnceLock<String>,
 }
 
 impl Engine {
@@ -235,6 +228,17 @@ impl Engine {
                 metrics.transfers_waiting_admission.clone(),
             ),
         );
+        let shutdown = CancellationToken::new();
+        let feed = Arc::new(feed::Feed::new(feed::FeedParts {
+            store: store.clone(),
+            docs: docs.clone(),
+            clock: clock.clone(),
+            metrics: metrics.clone(),
+            shutdown: shutdown.clone(),
+            instance: leases.instance().to_owned(),
+            request_timeout: config.request_timeout,
+            skew_margin: config.skew_margin,
+        }));
         Arc::new(Self {
             store,
             docs,
@@ -243,20 +247,17 @@ impl Engine {
             config,
             clock,
             metrics,
-            shutdown: CancellationToken::new(),
+            shutdown,
             tasks: TaskTracker::new(),
             terminal_events: watch::channel(0).0,
-            terminal_writes: tokio::sync::broadcast::channel(TERMINAL_WRITES_KEPT).0,
+            feed,
             admission,
-            store_identity: std::sync::OnceLock::new(),
         })
     }
 
-    /// The transfers this process writes terminal from now on, each once its write is
-    /// acknowledged (at most [`TERMINAL_WRITES_KEPT`] not yet received are kept for a
-    /// receiver; beyond, it is told how many it missed).
-    pub fn terminal_writes(&self) -> tokio::sync::broadcast::Receiver<Arc<model::TransferDoc>> {
-        self.terminal_writes.subscribe()
+    /// The change feed (`GET /events`, the webhooks).
+    pub fn feed(&self) -> &Arc<feed::Feed> {
+        &self.feed
     }
 
     /// This process's name in lease owners and in `settled_by` (`super::lease`).

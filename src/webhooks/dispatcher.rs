@@ -37,11 +37,11 @@ use super::{Endpoint, WebhookSettings};
 use crate::metrics::Metrics;
 use crate::store::FeedPosition;
 use crate::transfer::feed::CursorRefused;
+use crate::transfer::feed::Feed;
 use crate::transfer::feed::{EventsPage, FeedEvent};
 use crate::transfer::model::TransferDoc;
 use crate::transfer::operations::ServiceError;
 use crate::transfer::view::Event;
-use crate::transfer::Engine;
 
 /// Transfer documents read per page of the feed.
 const PAGE: usize = 100;
@@ -67,7 +67,7 @@ pub enum Outcome {
 
 /// What one attempt needs, shared by the delivery tasks.
 pub(super) struct Deliverer {
-    pub(super) engine: Arc<Engine>,
+    pub(super) feed: Arc<Feed>,
     pub(super) settings: Arc<WebhookSettings>,
     pub(super) receiver: Endpoint,
     client: reqwest::Client,
@@ -90,7 +90,7 @@ type Read =
 
 impl Dispatcher {
     pub fn new(
-        engine: Arc<Engine>,
+        feed: Arc<Feed>,
         settings: Arc<WebhookSettings>,
         receiver: Endpoint,
         client: reqwest::Client,
@@ -99,7 +99,7 @@ impl Dispatcher {
         let slots = Semaphore::new(settings.max_concurrent.max(1));
         Self {
             sender: Arc::new(Deliverer {
-                engine,
+                feed,
                 settings,
                 receiver,
                 client,
@@ -119,14 +119,12 @@ impl Dispatcher {
             return Some(None);
         }
         loop {
-            let end = match self.sender.engine.store_identity().await {
-                Ok(_) => self.sender.engine.feed_end().await,
+            let end = match self.sender.feed.store_identity().await {
+                Ok(_) => self.sender.feed.end().await,
                 Err(error) => Err(error),
             };
             match end {
-                Ok(end) => {
-                    return Some(end.map(|position| self.sender.engine.feed_cursor(&position)))
-                }
+                Ok(end) => return Some(end.map(|position| self.sender.feed.cursor(&position))),
                 Err(error) => tracing::warn!(
                     receiver = self.sender.receiver.label.as_str(),
                     %error,
@@ -158,15 +156,15 @@ impl Dispatcher {
     /// Claims the receiver's lease and delivers while it is held, until the engine shuts down.
     async fn lease_and_deliver(&self) {
         let sender = &self.sender;
-        let engine = &sender.engine;
-        let shutdown = engine.shutdown_token();
+        let feed = &sender.feed;
+        let shutdown = feed.shutdown_token();
         let receiver = sender.receiver.label.as_str();
         let Some(start) = self.start_position(&shutdown).await else {
             return;
         };
         let mut progress = Progress::new(
-            engine.store().clone(),
-            engine.clock().clone(),
+            feed.store().clone(),
+            feed.clock().clone(),
             sender.receiver.id.clone(),
             sender.settings.lease,
         )
@@ -188,7 +186,7 @@ impl Dispatcher {
                     }
                 }
                 Ok(ProgressClaim::Busy { until }) => {
-                    let left = (until - engine.clock().wall_millis()).max(0) as u64;
+                    let left = (until - feed.clock().wall_millis()).max(0) as u64;
                     Duration::from_millis(left + 10).min(sender.settings.lease / 2)
                 }
                 Err(error) => {
@@ -205,18 +203,18 @@ impl Dispatcher {
 
     /// Where delivering starts: the saved `cursor`, checked to be a position of this store's
     /// feed, or the feed's beginning (with the store's identity read, so that every cursor
-    /// saved carries it: `Engine::feed_cursor`). `Err`: the store cannot answer; wait this
+    /// saved carries it: `Feed::cursor`). `Err`: the store cannot answer; wait this
     /// long and claim again.
     async fn start_of_feed(&self, cursor: Option<&str>) -> Result<Option<FeedPosition>, Duration> {
-        let engine = &self.sender.engine;
+        let feed = &self.sender.feed;
         let receiver = self.sender.receiver.label.as_str();
         let checked = match cursor {
-            None => engine
+            None => feed
                 .store_identity()
                 .await
                 .map(|_| None)
                 .map_err(CursorRefused::from),
-            Some(text) => engine.check_feed_cursor(text).await,
+            Some(text) => feed.check_cursor(text).await,
         };
         match checked {
             Ok(position) => Ok(position),
@@ -327,8 +325,8 @@ struct Session {
 
 impl Session {
     fn new(sender: Arc<Deliverer>, start: Option<FeedPosition>) -> Self {
-        let read_started = sender.engine.clock().wall_millis();
-        let written = sender.engine.terminal_writes();
+        let read_started = sender.feed.clock().wall_millis();
+        let written = sender.feed.terminal_writes();
         Self {
             sender,
             written,
@@ -357,18 +355,18 @@ impl Session {
         {
             return;
         }
-        let engine = self.sender.engine.clone();
+        let feed = self.sender.feed.clone();
         let after = self.ledger.read_after();
         self.last_read = Instant::now();
-        self.read_started = engine.clock().wall_millis();
+        self.read_started = feed.clock().wall_millis();
         let receiver_id = self.sender.receiver.id.clone();
         let fast_paths = fast::runs_for(&self.sender);
         self.read = Some(Box::pin(async move {
-            let page = engine.events_page(after, PAGE, LONG_POLL).await?;
+            let page = feed.page(after, PAGE, LONG_POLL).await?;
             let elsewhere = match fast_paths {
                 true => {
                     let transfers = page.items.iter().map(|event| event.transfer.as_ref());
-                    DeliveredElsewhere::read(engine.store(), &receiver_id, transfers).await
+                    DeliveredElsewhere::read(feed.store(), &receiver_id, transfers).await
                 }
                 false => DeliveredElsewhere::default(),
             };
@@ -410,7 +408,7 @@ impl Session {
                 return;
             }
             Err(broadcast::error::RecvError::Closed) => {
-                unreachable!("the engine, which sends them, outlives its dispatchers")
+                unreachable!("the feed, which sends them, outlives its dispatchers")
             }
         };
         // Backpressure as on the feed's path: beyond `max_pending`, the feed delivers it.
@@ -489,7 +487,7 @@ impl Session {
     /// Sets the age of the oldest event not delivered (or not known to be: see
     /// `unread_since`).
     fn update_oldest_gauge(&self) {
-        let now = self.sender.engine.clock().wall_millis();
+        let now = self.sender.feed.clock().wall_millis();
         let oldest = self
             .ledger
             .oldest()
@@ -510,7 +508,7 @@ impl Session {
     }
 
     fn cursor(&self) -> Option<String> {
-        (self.ledger.cursor()).map(|p| self.sender.engine.feed_cursor(p))
+        (self.ledger.cursor()).map(|p| self.sender.feed.cursor(p))
     }
 
     /// Saves the cursor with a renewal of the lease. `false`: the lease is lost (taken over,
@@ -591,7 +589,7 @@ impl Deliverer {
     async fn deliver(&self, item: Item) -> Outcome {
         let settings = &self.settings;
         let receiver = self.receiver.label.as_str();
-        let clock = self.engine.clock();
+        let clock = self.feed.clock();
         let give_up_at = item.at + settings.retry_period.as_millis() as i64;
         let mut attempt = 0u32;
         loop {
@@ -648,7 +646,7 @@ impl Deliverer {
     /// it to the holder, which reads it from the feed. Not fenced: no lease is involved, and
     /// the holder skips only what this delivered.
     pub(super) async fn deliver_fast(&self, item: Item, until: i64) -> bool {
-        let clock = self.engine.clock();
+        let clock = self.feed.clock();
         let mut attempt = 0u32;
         loop {
             attempt += 1;
@@ -705,14 +703,14 @@ impl Deliverer {
     /// is about to be aborted).
     async fn wait_for_the_fence(&self) {
         use std::sync::atomic::Ordering;
-        while self.engine.clock().wall_millis() >= self.fence.load(Ordering::Acquire) {
+        while self.feed.clock().wall_millis() >= self.fence.load(Ordering::Acquire) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
     /// One signed POST; `Err` says why it did not count as delivered.
     async fn attempt(&self, item: &Item) -> Result<(), String> {
-        let timestamp = self.engine.clock().wall_millis().div_euclid(1000);
+        let timestamp = self.feed.clock().wall_millis().div_euclid(1000);
         let signature = self.settings.secret.sign(&item.id, timestamp, &item.body);
         let response = self
             .client
@@ -752,7 +750,7 @@ mod tests {
         let store: crate::store::DynStore =
             Arc::new(crate::store::embedded::EmbeddedStore::open(dir).unwrap());
         let config = crate::transfer::EngineConfig::with_lease(Duration::from_secs(30));
-        let engine = Engine::new(store, config, Metrics::new());
+        let engine = crate::transfer::Engine::new(store, config, Metrics::new());
         let args = WebhookArgs {
             webhook_url: vec!["http://127.0.0.1:1/hook".into()],
             webhook_secret: Some(Secret::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")),
@@ -763,7 +761,7 @@ mod tests {
             .unwrap();
         let receiver = settings.receivers[0].clone();
         Dispatcher::new(
-            engine,
+            engine.feed().clone(),
             Arc::new(settings),
             receiver,
             reqwest::Client::new(),

@@ -187,7 +187,7 @@ pub fn serves(events: &[EventKind]) -> bool {
 /// embedded store the feed is immediate and one process holds the store), for a selection
 /// of terminal events only.
 pub(super) fn runs_for(sender: &Deliverer) -> bool {
-    sender.engine.feed_delay() > Duration::ZERO && serves(&sender.settings.events)
+    sender.feed.delay() > Duration::ZERO && serves(&sender.settings.events)
 }
 
 /// This instance's fast path for one receiver, while `leased_here` is false.
@@ -204,7 +204,7 @@ pub(super) struct FastPath {
 
 impl FastPath {
     pub(super) fn new(sender: Arc<Deliverer>, leased_here: Arc<AtomicBool>) -> Self {
-        let instance = sender.engine.instance().to_owned();
+        let instance = sender.feed.instance().to_owned();
         let doc_id = doc_id(&sender.receiver.id, &instance);
         Self {
             sender,
@@ -219,9 +219,9 @@ impl FastPath {
 
     /// Delivers this instance's terminal writes until the engine shuts down.
     pub(super) async fn run(mut self) {
-        let engine = self.sender.engine.clone();
-        let shutdown = engine.shutdown_token();
-        let mut written = engine.terminal_writes();
+        let feed = self.sender.feed.clone();
+        let shutdown = feed.shutdown_token();
+        let mut written = feed.terminal_writes();
         let mut tasks: JoinSet<Option<u64>> = JoinSet::new();
         let mut save = tokio::time::interval(SAVE_EVERY);
         save.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -235,7 +235,7 @@ impl FastPath {
                     Err(broadcast::error::RecvError::Closed) => break,
                 },
                 Some(Ok(Some(n))) = tasks.join_next(), if !tasks.is_empty() => {
-                    self.delivered.insert(n, engine.clock().wall_millis());
+                    self.delivered.insert(n, feed.clock().wall_millis());
                     self.changed = true;
                 }
                 _ = save.tick(), if self.changed => self.save().await,
@@ -245,7 +245,7 @@ impl FastPath {
         tasks.abort_all();
         while let Some(joined) = tasks.join_next().await {
             if let Ok(Some(n)) = joined {
-                self.delivered.insert(n, engine.clock().wall_millis());
+                self.delivered.insert(n, feed.clock().wall_millis());
                 self.changed = true;
             }
         }
@@ -276,15 +276,15 @@ impl FastPath {
             TransferState::Finished | TransferState::RolledBack
         ));
         let sender = sender.clone();
-        let until = item.at + (sender.engine.feed_delay() / 2).as_millis() as i64;
+        let until = item.at + (sender.feed.delay() / 2).as_millis() as i64;
         tasks.spawn(async move { sender.deliver_fast(item.fast(), until).await.then_some(n) });
     }
 
     /// Saves the delivered ranges (best effort: on failure the next tick tries again, and
     /// meanwhile the holder delivers what it cannot see, a duplicate at worst).
     async fn save(&mut self) {
-        let store = self.sender.engine.store();
-        let now = self.sender.engine.clock().wall_millis();
+        let store = self.sender.feed.store();
+        let now = self.sender.feed.clock().wall_millis();
         self.delivered
             .forget(now - KEEP.as_millis() as i64, MAX_RANGES);
         match self.write(store, now).await {

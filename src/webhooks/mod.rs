@@ -27,9 +27,9 @@ use tokio::task::JoinHandle;
 use crate::metrics::Metrics;
 use crate::store::elasticsearch::Secret;
 use crate::time::DurationSetting;
+use crate::transfer::feed::Feed;
 use crate::transfer::history::EventKind;
 use crate::transfer::model::TransferState;
-use crate::transfer::Engine;
 
 /// Webhooks (docs/api.md "Webhooks", docs/design.md §11 "Webhooks"). Checked at start-up by
 /// [`WebhookSettings::from_args`]: a bad value stops the service with a message
@@ -317,8 +317,8 @@ pub struct Webhooks {
 }
 
 impl Webhooks {
-    /// One dispatcher per receiver, each a task of its own.
-    pub fn spawn(engine: Arc<Engine>, settings: WebhookSettings, metrics: Arc<Metrics>) -> Self {
+    /// One dispatcher per receiver, each a task of its own, reading `feed`.
+    pub fn spawn(feed: Arc<Feed>, settings: WebhookSettings, metrics: Arc<Metrics>) -> Self {
         let settings = Arc::new(settings);
         let client = reqwest::Client::builder()
             .timeout(settings.timeout)
@@ -330,7 +330,7 @@ impl Webhooks {
             .iter()
             .map(|receiver| {
                 let dispatcher = dispatcher::Dispatcher::new(
-                    engine.clone(),
+                    feed.clone(),
                     settings.clone(),
                     receiver.clone(),
                     client.clone(),

@@ -144,7 +144,8 @@ async fn a_consumer_following_the_feed_during_a_mixed_load_sees_every_event_in_o
             let mut after = None;
             loop {
                 let page = e
-                    .events_page(after.clone(), 7, Duration::from_millis(200))
+                    .feed()
+                    .page(after.clone(), 7, Duration::from_millis(200))
                     .await
                     .expect("a page");
                 for event in &page.items {
@@ -325,7 +326,7 @@ async fn a_reader_ahead_of_a_slow_writer_misses_nothing(w: World) {
             let mut after = None;
             let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
             while tokio::time::Instant::now() < deadline {
-                let page = reader.events_page(after.clone(), 3, Duration::ZERO).await;
+                let page = reader.feed().page(after.clone(), 3, Duration::ZERO).await;
                 let page = page.expect("a page");
                 for event in &page.items {
                     let transfer = &event.transfer.transaction_id;

@@ -1,4 +1,4 @@
-//! What a change-feed consumer saw (`GET /events` or `Engine::events_page`), and the check
+//! What a change-feed consumer saw (`GET /events` or `Feed::page`), and the check
 //! every feed suite ends with: each transfer's events all there, in the order its history
 //! records them, repeated only under the same id.
 
