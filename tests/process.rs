@@ -511,6 +511,27 @@ fn resolution(id: &str, request: &Request) -> Option<(String, Value)> {
     }
 }
 
+/// [`run_clients`] in the background, recording into requests of its own: the requests and
+/// the load's task.
+fn start_load(
+    clients: usize,
+    until: Instant,
+    bases: &Arc<RwLock<Vec<String>>>,
+    seed: u64,
+    ledger: Ledger,
+) -> (Requests, tokio::task::JoinHandle<()>) {
+    let requests: Requests = Arc::default();
+    let load = tokio::spawn(run_clients(
+        clients,
+        until,
+        bases.clone(),
+        requests.clone(),
+        seed,
+        ledger,
+    ));
+    (requests, load)
+}
+
 /// `clients` tasks post random transfers (with replays and cancels) between the accounts of
 /// `ledger` to whichever service `bases` names, until `until`. Every id attempted is
 /// recorded, answered or not.
@@ -1024,16 +1045,8 @@ async fn kill_dash_nine_and_restart_keep_every_invariant() {
     let service = Service::start(&checkpoints(0));
     open_accounts(&reqwest::Client::new(), &service.base, MIXED).await;
     let bases = Arc::new(RwLock::new(vec![service.base.clone()]));
-    let requests: Requests = Arc::default();
     let until = Instant::now() + Duration::from_secs(seconds);
-    let load = tokio::spawn(run_clients(
-        clients,
-        until,
-        bases.clone(),
-        requests.clone(),
-        seed,
-        MIXED,
-    ));
+    let (requests, load) = start_load(clients, until, &bases, seed, MIXED);
 
     let stop_feed = Arc::new(AtomicBool::new(false));
     let feed = follow_feed(bases.clone(), stop_feed.clone());
@@ -1145,16 +1158,8 @@ async fn two_instances_share_work_and_survive_one_kill(url: &str, prefix: &str) 
     // A feed consumer reads from the first instance until it dies, then from the second.
     let stop_feed = Arc::new(AtomicBool::new(false));
     let feed = follow_feed(bases.clone(), stop_feed.clone());
-    let requests: Requests = Arc::default();
     let until = Instant::now() + Duration::from_secs(seconds);
-    let load = tokio::spawn(run_clients(
-        clients,
-        until,
-        bases.clone(),
-        requests.clone(),
-        seed,
-        SPREAD,
-    ));
+    let (requests, load) = start_load(clients, until, &bases, seed, SPREAD);
     tokio::time::sleep(Duration::from_secs(seconds) / 2).await;
     // One instance dies mid-run; the other takes over its transfers once their leases expire.
     first.kill9();
@@ -1200,10 +1205,9 @@ async fn sigterm_exits_promptly_and_releases_leases() {
     let service = Service::start(&env);
     let client = reqwest::Client::new();
     open_accounts(&client, &service.base, SPREAD).await;
-    let requests: Requests = Arc::default();
     let bases = Arc::new(RwLock::new(vec![service.base.clone()]));
     let until = Instant::now() + Duration::from_millis(1500);
-    let load = tokio::spawn(run_clients(16, until, bases, requests.clone(), 7, SPREAD));
+    let (requests, load) = start_load(16, until, &bases, 7, SPREAD);
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let (status, took) = service.terminate();
     assert!(status.success(), "exit status {status:?}");
@@ -1485,17 +1489,9 @@ async fn two_instances_one_wall_clock_seconds_ahead_end_exact_after_the_sweep() 
     let bases = Arc::new(RwLock::new(
         services.iter().map(|s| s.base.clone()).collect::<Vec<_>>(),
     ));
-    let requests: Requests = Arc::default();
     let started = Instant::now();
     let until = started + Duration::from_secs(seconds);
-    let load = tokio::spawn(run_clients(
-        clients,
-        until,
-        bases.clone(),
-        requests.clone(),
-        seed,
-        HOT,
-    ));
+    let (requests, load) = start_load(clients, until, &bases, seed, HOT);
     // Kills spread over the load, alternating between the two, the first picked by the seed.
     let mut rng = StdRng::seed_from_u64(seed);
     let first = rng.random_range(0..2);
