@@ -25,6 +25,23 @@ fn config() -> EngineConfig {
     }
 }
 
+/// A world (seeded, without jitter) with `a` (100) and `b` (0) open on one instance of
+/// [`config`], straight on its store.
+async fn a_and_b_world(seed: u64) -> (World, Instance) {
+    let w = world(seed, Duration::ZERO);
+    let e = w.instance(w.base.clone(), config());
+    open_a_and_b(&e).await;
+    (w, e)
+}
+
+/// How many holds `e` counted completed `how` (`captured`, `cancelled`, `expired`).
+fn holds_completed(e: &Instance, how: &str) -> u64 {
+    e.metrics
+        .holds_completed_total
+        .with_label_values(&[how])
+        .get()
+}
+
 async fn start_hold(e: &Arc<Engine>, id: &str, amount: i64, expires_in: Duration) {
     let created = e
         .create_transfer(hold(id, "a", "b", amount, expires_in))
@@ -63,9 +80,7 @@ async fn recover_for(w: &World, e: &Arc<Engine>, span: Duration) {
 
 #[tokio::test(start_paused = true)]
 async fn a_hold_waits_past_the_transfer_timeout_and_rolls_back_when_it_expires() {
-    let w = world(1, Duration::ZERO);
-    let e = w.instance(w.base.clone(), config());
-    open_a_and_b(&e).await;
+    let (w, e) = a_and_b_world(1).await;
     start_hold(&e, "h", 30, Duration::from_secs(60)).await;
     until_waiting(&e, "h").await;
     let t = transfer_doc(&e, "h").await;
@@ -91,22 +106,14 @@ async fn a_hold_waits_past_the_transfer_timeout_and_rolls_back_when_it_expires()
     assert_eq!(t.transaction_state, TransferState::RolledBack);
     assert_eq!(t.reason, Some(RollbackReason::Expired));
     assert_eq!(accounts(&e).await, (100, 0));
-    assert_eq!(
-        e.metrics
-            .holds_completed_total
-            .with_label_values(&["expired"])
-            .get(),
-        1
-    );
+    assert_eq!(holds_completed(&e, "expired"), 1);
     assert_invariants(&w.base).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn whole_and_partial_captures_settle_exactly() {
     for (capture, want) in [(None, (70, 30)), (Some(30), (70, 30)), (Some(12), (88, 12))] {
-        let w = world(2, Duration::ZERO);
-        let e = w.instance(w.base.clone(), config());
-        open_a_and_b(&e).await;
+        let (w, e) = a_and_b_world(2).await;
         start_hold(&e, "h", 30, Duration::from_secs(600)).await;
         until_waiting(&e, "h").await;
         let t = e.capture_transfer("h", capture).await.expect("captured");
@@ -118,10 +125,7 @@ async fn whole_and_partial_captures_settle_exactly() {
             "{t:?}"
         );
         assert_eq!(t.captured_amount, Some(capture.unwrap_or(30)));
-        assert_eq!(
-            terminal_without_recovery(&e, "h").await,
-            TransferState::Finished
-        );
+        assert_ends_by_itself(&e, "h", TransferState::Finished).await;
         assert_eq!(accounts(&e).await, want, "capture {capture:?}");
         // An identical repeat answers the same; another amount is a conflict.
         let again = e.capture_transfer("h", capture).await.expect("repeat");
@@ -132,22 +136,14 @@ async fn whole_and_partial_captures_settle_exactly() {
             e.cancel_transfer("h").await,
             Err(ServiceError::Conflict(_))
         ));
-        assert_eq!(
-            e.metrics
-                .holds_completed_total
-                .with_label_values(&["captured"])
-                .get(),
-            1
-        );
+        assert_eq!(holds_completed(&e, "captured"), 1);
         assert_invariants(&w.base).await;
     }
 }
 
 #[tokio::test(start_paused = true)]
 async fn captures_out_of_range_or_of_plain_transfers_are_refused() {
-    let w = world(3, Duration::ZERO);
-    let e = w.instance(w.base.clone(), config());
-    open_a_and_b(&e).await;
+    let (_w, e) = a_and_b_world(3).await;
     start_hold(&e, "h", 30, Duration::from_secs(600)).await;
     for bad in [0, -1, 31] {
         let refused = e.capture_transfer("h", Some(bad)).await;
@@ -168,19 +164,14 @@ async fn captures_out_of_range_or_of_plain_transfers_are_refused() {
         "{missing:?}"
     );
     // A plain transfer never waits: it finishes as before.
-    assert_eq!(
-        terminal_without_recovery(&e, "plain").await,
-        TransferState::Finished
-    );
+    assert_ends_by_itself(&e, "plain", TransferState::Finished).await;
     let plain = transfer_doc(&e, "plain").await;
     assert_eq!((plain.hold_expires_at, plain.captured_amount), (None, None));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_capture_recorded_while_created_is_applied_once_pending() {
-    let w = world(4, Duration::ZERO);
-    let e = w.instance(w.base.clone(), config());
-    open_a_and_b(&e).await;
+    let (w, e) = a_and_b_world(4).await;
     // The worker is slowed so that the capture finds the hold still `created`.
     w.faulty.inject(
         crate::support::faulty::Matcher::writes(transfer_service::store::Index::Transactions)
@@ -195,10 +186,7 @@ async fn a_capture_recorded_while_created_is_applied_once_pending() {
     assert_eq!(state(&e, "h").await, TransferState::Created);
     let t = e.capture_transfer("h", Some(10)).await.expect("captured");
     assert_eq!(t.captured_amount, Some(10));
-    assert_eq!(
-        terminal_without_recovery(&e, "h").await,
-        TransferState::Finished
-    );
+    assert_ends_by_itself(&e, "h", TransferState::Finished).await;
     assert_eq!(accounts(&e).await, (90, 10));
     assert_invariants(&w.base).await;
 }
@@ -240,19 +228,14 @@ async fn capture_and_cancel_racing_end_with_exactly_one_winner() {
 
 #[tokio::test(start_paused = true)]
 async fn a_capture_after_the_expiry_loses_and_rolls_the_hold_back() {
-    let w = world(5, Duration::ZERO);
-    let e = w.instance(w.base.clone(), config());
-    open_a_and_b(&e).await;
+    let (w, e) = a_and_b_world(5).await;
     start_hold(&e, "h", 30, Duration::from_secs(10)).await;
     until_waiting(&e, "h").await;
     // Expired, but recovery has not acted yet: the capture writes the expiry itself.
     tokio::time::sleep(Duration::from_secs(11)).await;
     let late = e.capture_transfer("h", None).await;
     assert!(matches!(late, Err(ServiceError::Conflict(_))), "{late:?}");
-    assert_eq!(
-        terminal_without_recovery(&e, "h").await,
-        TransferState::RolledBack
-    );
+    assert_ends_by_itself(&e, "h", TransferState::RolledBack).await;
     assert_eq!(
         transfer_doc(&e, "h").await.reason,
         Some(RollbackReason::Expired)
@@ -265,28 +248,17 @@ async fn a_capture_after_the_expiry_loses_and_rolls_the_hold_back() {
 
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_hold_is_released_and_counted() {
-    let w = world(6, Duration::ZERO);
-    let e = w.instance(w.base.clone(), config());
-    open_a_and_b(&e).await;
+    let (w, e) = a_and_b_world(6).await;
     start_hold(&e, "h", 30, Duration::from_secs(600)).await;
     until_waiting(&e, "h").await;
     let t = e.cancel_transfer("h").await.expect("cancelled");
     assert_eq!(t.transaction_state, TransferState::Terminating);
     // Without recovery: the cancel claimed the parked lease and drives the rollback itself.
-    assert_eq!(
-        terminal_without_recovery(&e, "h").await,
-        TransferState::RolledBack
-    );
+    assert_ends_by_itself(&e, "h", TransferState::RolledBack).await;
     assert_eq!(accounts(&e).await, (100, 0));
     let late = e.capture_transfer("h", None).await;
     assert!(matches!(late, Err(ServiceError::Conflict(_))), "{late:?}");
-    assert_eq!(
-        e.metrics
-            .holds_completed_total
-            .with_label_values(&["cancelled"])
-            .get(),
-        1
-    );
+    assert_eq!(holds_completed(&e, "cancelled"), 1);
     assert_invariants(&w.base).await;
 }
 
@@ -295,9 +267,7 @@ async fn a_cancelled_hold_is_released_and_counted() {
 #[tokio::test(start_paused = true)]
 async fn a_capture_recorded_before_the_expiry_is_finished_by_recovery_after_it() {
     use crate::support::faulty::{Fault, StepWrite};
-    let w = world(6, Duration::ZERO);
-    let e = w.instance(w.base.clone(), config());
-    open_a_and_b(&e).await;
+    let (w, e) = a_and_b_world(6).await;
     start_hold(&e, "h", 30, Duration::from_secs(10)).await;
     until_waiting(&e, "h").await;
     // The capturing instance records the capture, then dies before committing.

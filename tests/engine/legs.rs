@@ -19,6 +19,29 @@ use crate::support::engine::*;
 use crate::support::faulty::{Fault, FaultyStore, StepWrite, STEP_FAULTS};
 use crate::support::step_faults::*;
 
+/// A world (seeded, without jitter) with one instance of `config` straight on its store.
+fn on_the_store(seed: u64, config: EngineConfig) -> (World, Instance) {
+    let w = world(seed, Duration::ZERO);
+    let e = w.instance(w.base.clone(), config);
+    (w, e)
+}
+
+/// [`step_fault_config`], settling in one store transaction if `one_transaction`, else by the
+/// two-phase protocol.
+fn settling(one_transaction: bool) -> EngineConfig {
+    EngineConfig {
+        one_transaction,
+        ..step_fault_config()
+    }
+}
+
+/// Opens `a`, `b` and `c` with 100 each.
+async fn open_a_b_and_c(e: &Engine) {
+    for id in ["a", "b", "c"] {
+        open_account(e, id, 100).await;
+    }
+}
+
 async fn open_with_floor(e: &Engine, id: &str, balance: i64, floor: i64) {
     let created = e
         .create_account(NewAccount {
@@ -53,9 +76,7 @@ async fn run(e: &Arc<Engine>, new: NewTransfer) -> TransferState {
 async fn two_and_sixteen_legs_commit_with_every_account_exact() {
     let w = world(1, Duration::from_millis(2));
     let e = w.instance(w.base.clone(), step_fault_config());
-    for id in ["a", "b", "c"] {
-        open_account(&e, id, 100).await;
-    }
+    open_a_b_and_c(&e).await;
     let two = legs("two", &[("a", "b", 10), ("b", "c", 4)]);
     assert_eq!(run(&e, two).await, TransferState::Finished);
     assert_eq!(balances(&e, &["a", "b", "c"]).await, [90, 106, 104]);
@@ -85,12 +106,7 @@ async fn two_and_sixteen_legs_commit_with_every_account_exact() {
 async fn an_account_in_several_legs_holds_one_entry_and_is_checked_on_its_net_debit() {
     // By the two-phase protocol (one pending entry per account), and in one transaction.
     for one_transaction in [false, true] {
-        let w = world(2, Duration::ZERO);
-        let config = EngineConfig {
-            one_transaction,
-            ..step_fault_config()
-        };
-        let e = w.instance(w.base.clone(), config);
+        let (w, e) = on_the_store(2, settling(one_transaction));
         open_with_floor(&e, "a", 100, 20).await;
         open_account(&e, "b", 0).await;
         open_account(&e, "c", 50).await;
@@ -98,10 +114,7 @@ async fn an_account_in_several_legs_holds_one_entry_and_is_checked_on_its_net_de
         // though its debits sum to 110 (more than its balance).
         let net = legs("net", &[("a", "b", 60), ("a", "b", 50), ("c", "a", 30)]);
         e.create_transfer(net).await.unwrap();
-        assert_eq!(
-            terminal_without_recovery(&e, "net").await,
-            TransferState::Finished
-        );
+        assert_ends_by_itself(&e, "net", TransferState::Finished).await;
         assert_eq!(balances(&e, &["a", "b", "c"]).await, [20, 110, 20]);
         // One more unit of net debit is refused, and the refusal names `a`.
         let over = legs("over", &[("a", "b", 31), ("c", "a", 30)]);
@@ -123,12 +136,7 @@ async fn an_account_in_several_legs_holds_one_entry_and_is_checked_on_its_net_de
 async fn one_refused_leg_rolls_every_leg_back_and_names_the_account() {
     // By the two-phase protocol (one pending entry per account), and in one transaction.
     for one_transaction in [false, true] {
-        let w = world(3, Duration::ZERO);
-        let config = EngineConfig {
-            one_transaction,
-            ..step_fault_config()
-        };
-        let e = w.instance(w.base.clone(), config);
+        let (w, e) = on_the_store(3, settling(one_transaction));
         open_account(&e, "a", 100).await;
         open_account(&e, "b", 100).await;
         open_account(&e, "poor", 5).await;
@@ -200,8 +208,7 @@ fn transfer_doc_new(id: &str, from: &str, to: &str, amount: i64) -> NewTransfer 
 
 #[tokio::test(start_paused = true)]
 async fn every_account_must_share_the_currency() {
-    let w = world(4, Duration::ZERO);
-    let e = w.instance(w.base.clone(), step_fault_config());
+    let (w, e) = on_the_store(4, step_fault_config());
     for (id, currency) in [
         ("u1", Some("USD")),
         ("u2", Some("USD")),
@@ -244,11 +251,8 @@ async fn every_account_must_share_the_currency() {
 
 #[tokio::test(start_paused = true)]
 async fn a_multi_leg_hold_parks_and_is_captured_whole_or_cancelled() {
-    let w = world(5, Duration::ZERO);
-    let e = w.instance(w.base.clone(), step_fault_config());
-    for id in ["a", "b", "c"] {
-        open_account(&e, id, 100).await;
-    }
+    let (w, e) = on_the_store(5, step_fault_config());
+    open_a_b_and_c(&e).await;
     let held = |id: &str| NewTransfer {
         hold: hold_for(Duration::from_secs(600)),
         ..legs(id, &[("a", "b", 10), ("a", "c", 5)])
@@ -274,26 +278,17 @@ async fn a_multi_leg_hold_parks_and_is_captured_whole_or_cancelled() {
     let t = e.capture_transfer("h1", None).await.unwrap();
     assert_eq!(t.captured_amount, Some(15));
     e.capture_transfer("h1", Some(15)).await.unwrap();
-    assert_eq!(
-        terminal_without_recovery(&e, "h1").await,
-        TransferState::Finished
-    );
+    assert_ends_by_itself(&e, "h1", TransferState::Finished).await;
     e.cancel_transfer("h2").await.unwrap();
-    assert_eq!(
-        terminal_without_recovery(&e, "h2").await,
-        TransferState::RolledBack
-    );
+    assert_ends_by_itself(&e, "h2", TransferState::RolledBack).await;
     assert_eq!(balances(&e, &["a", "b", "c"]).await, [85, 110, 105]);
     assert_invariants(&w.base).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_replay_compares_the_legs() {
-    let w = world(6, Duration::ZERO);
-    let e = w.instance(w.base.clone(), step_fault_config());
-    for id in ["a", "b", "c"] {
-        open_account(&e, id, 100).await;
-    }
+    let (_w, e) = on_the_store(6, step_fault_config());
+    open_a_b_and_c(&e).await;
     let first = legs("r", &[("a", "b", 10), ("a", "c", 5)]);
     e.create_transfer(first.clone()).await.unwrap();
     assert!(matches!(
@@ -585,11 +580,8 @@ async fn a_stalled_worker_never_applies_a_multi_leg_transaction_twice() {
 /// undoes it by the account's net change.
 #[tokio::test(start_paused = true)]
 async fn the_sweep_undoes_a_late_multi_leg_entry_by_its_net_change() {
-    let w = world(9, Duration::ZERO);
-    let e = w.instance(w.base.clone(), step_fault_config());
-    for id in ["a", "b", "c"] {
-        open_account(&e, id, 100).await;
-    }
+    let (w, e) = on_the_store(9, step_fault_config());
+    open_a_b_and_c(&e).await;
     let new = legs("late", &[("a", "b", 10), ("c", "a", 4)]);
     assert_eq!(run(&e, new).await, TransferState::Finished);
     // Forge what a late worker would have left on `a`: its net debit of 6 applied again

@@ -66,11 +66,6 @@ fn stall_the_write_of_b(w: &World, stall: Duration) {
     );
 }
 
-/// Asserts that transfer `id` ends in `want`, driven by its own worker (no recovery runs).
-async fn assert_ends_by_itself(e: &Instance, id: &str, want: TransferState) {
-    assert_eq!(terminal_without_recovery(e, id).await, want);
-}
-
 /// One recovery sweep of `e` over the transfers untouched since `modified_before`.
 async fn sweep(e: &Instance, modified_before: i64) -> RecoveryReport {
     let permits = Arc::new(Semaphore::new(4));

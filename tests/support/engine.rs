@@ -246,6 +246,11 @@ pub async fn terminal_without_recovery(engine: &Engine, id: &str) -> TransferSta
     state(engine, id).await
 }
 
+/// Asserts that transfer `id` ends in `want`, driven by its own worker (no recovery runs).
+pub async fn assert_ends_by_itself(engine: &Engine, id: &str, want: TransferState) {
+    assert_eq!(terminal_without_recovery(engine, id).await, want);
+}
+
 /// Runs `recoverer`'s recovery (acting on any expired lease) until the store holds nothing
 /// in flight, `recoverer` has no worker left and `busy_elsewhere()` (workers of the other
 /// instances) is zero, at most `limit`.
