@@ -5,17 +5,27 @@
 
 use std::sync::Arc;
 
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
 use tracing::{debug, info, warn, Instrument};
 
+use super::accounts::AccountSteps;
 use super::accounts::{Observed, StepRequest, StepResult};
 use super::admission::Admitted;
+use super::clock::DynClock;
+use super::documents::Documents;
+use super::feed::Feed;
+use super::lease::Leases;
 use super::lease::{Leased, Reread};
 use super::model::{RollbackReason, TransferDoc, TransferState};
 use super::protocol::{
     self, deadline_transition, plan_for, AccountOp, CurrencyRule, Refusal, Side, Step,
 };
 use super::retry::backoff;
-use super::Engine;
+use super::EngineConfig;
+use crate::metrics::Metrics;
 use crate::store::StoreError;
 use crate::time::parse_millis;
 
@@ -87,15 +97,42 @@ impl From<StoreError> for Interrupt {
     }
 }
 
-impl Engine {
+/// The worker: drives each transfer it holds the lease of through the protocol's states
+/// (here), settling it in one store transaction where the store has them
+/// (`super::one_transaction`). Built once by the engine; the API's operations start it on a
+/// new or cancelled transfer, recovery on one it took over.
+pub struct Worker {
+    pub(super) docs: Documents,
+    pub(super) leases: Arc<Leases>,
+    pub(super) accounts: Arc<AccountSteps>,
+    pub(super) config: EngineConfig,
+    pub(super) clock: DynClock,
+    pub(super) metrics: Arc<Metrics>,
+    /// The engine's: a worker stops at its next step boundary once it is cancelled.
+    pub(super) shutdown: CancellationToken,
+    /// Every spawned worker task (the engine's tracker), so shutdown can wait for them.
+    pub(super) tasks: TaskTracker,
+    /// Bumped whenever a transfer this process drives reaches a terminal state; long-polls
+    /// wait on it.
+    pub(super) terminal_events: watch::Sender<u64>,
+    /// Told of every terminal write (the webhooks' fast path).
+    pub(super) feed: Arc<Feed>,
+}
+
+impl Worker {
+    /// Wakes on every terminal state this process's workers reach (long-polls).
+    pub(super) fn terminal_events(&self) -> watch::Receiver<u64> {
+        self.terminal_events.subscribe()
+    }
+
     /// Spawns a tracked task that drives `leased` (whose lease it holds) to the end. The
     /// permit of a new transfer (`admitted`) is given back when the task ends.
     pub(crate) fn spawn_driver(self: &Arc<Self>, leased: Leased, admitted: Option<Admitted>) {
-        let engine = self.clone();
+        let worker = self.clone();
         let span = transfer_span(&leased.doc.transaction_id);
         self.tasks.spawn(
             async move {
-                let outcome = engine.drive(leased).await;
+                let outcome = worker.drive(leased).await;
                 drop(admitted);
                 debug!(?outcome, "worker done");
             }

@@ -162,22 +162,22 @@ fn export_state_series(metrics: &Metrics) {
     }
 }
 
-/// What every worker shares. Built once per process (tests build one per simulated
-/// instance); every field is the engine's own.
+/// The service's transfers: the API's operations (`operations.rs`), recovery and the sweep,
+/// over the services it builds once and owns: the worker ([`driver::Worker`]) and the change
+/// feed ([`feed::Feed`]). Built once per process (tests build one per simulated instance).
 pub struct Engine {
     store: DynStore,
     docs: Documents,
-    leases: Leases,
+    leases: Arc<Leases>,
     config: EngineConfig,
     clock: DynClock,
     metrics: Arc<Metrics>,
     /// Stops drivers between steps, and the recovery loop.
     shutdown: CancellationToken,
-    /// Every spawned driver, so shutdown can wait for them.
+    /// Every spawned worker and loop, so shutdown can wait for them.
     tasks: TaskTracker,
-    /// Bumped whenever a transfer this process drives reaches a terminal state; long-polls
-    /// wait on it.
-    terminal_events: watch::Sender<u64>,
+    /// Drives transfers through the protocol.
+    worker: Arc<driver::Worker>,
     /// The change feed, which also announces this process's terminal writes (the webhooks'
     /// fast path).
     feed: Arc<feed::Feed>,
@@ -202,7 +202,7 @@ impl Engine {
     ) -> Arc<Self> {
         export_state_series(&metrics);
         let docs = Documents::new(store.clone());
-        let leases = Leases::new(
+        let leases = Arc::new(Leases::new(
             LeaseTimes {
                 duration: config.lease,
                 skew_margin: config.skew_margin,
@@ -212,7 +212,7 @@ impl Engine {
             clock.clone(),
             docs.clone(),
             metrics.clone(),
-        );
+        ));
         let accounts = accounts::AccountSteps::new(
             docs.clone(),
             clock.clone(),
@@ -239,6 +239,19 @@ impl Engine {
             request_timeout: config.request_timeout,
             skew_margin: config.skew_margin,
         }));
+        let tasks = TaskTracker::new();
+        let worker = Arc::new(driver::Worker {
+            docs: docs.clone(),
+            leases: leases.clone(),
+            accounts: accounts.clone(),
+            config: config.clone(),
+            clock: clock.clone(),
+            metrics: metrics.clone(),
+            shutdown: shutdown.clone(),
+            tasks: tasks.clone(),
+            terminal_events: watch::channel(0).0,
+            feed: feed.clone(),
+        });
         Arc::new(Self {
             store,
             docs,
@@ -248,11 +261,17 @@ impl Engine {
             clock,
             metrics,
             shutdown,
-            tasks: TaskTracker::new(),
-            terminal_events: watch::channel(0).0,
+            tasks,
+            worker,
             feed,
             admission,
         })
+    }
+
+    /// Whether transfers are settled in one store transaction (the embedded store unless
+    /// `PROTOCOL=two-phase`), rather than by the two-phase protocol.
+    pub fn uses_transactions(&self) -> bool {
+        self.worker.uses_transactions()
     }
 
     /// The change feed (`GET /events`, the webhooks).

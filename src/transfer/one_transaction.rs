@@ -25,12 +25,12 @@
 use tracing::Instrument;
 
 use super::documents::{TxnDocs, Versioned};
+use super::driver::Worker;
 use super::driver::{currency_rule, transfer_span, Interrupt};
 use super::lease::{seal_terminal, Leased};
 use super::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
 use super::protocol::{self, settle_at_once, AccountOp, AccountStep, Refusal, Retention};
 use super::retry::retry;
-use super::Engine;
 use crate::store::{StoreError, StoreResult, TxnOutcome, Version};
 use crate::transfer::clock::Now;
 
@@ -87,7 +87,7 @@ enum Settlement {
     Failed(StoreError),
 }
 
-impl Engine {
+impl Worker {
     /// Whether a new transfer is created settled, in one store transaction: not a hold, on
     /// a store with transactions, unless `PROTOCOL=two-phase`.
     pub(super) fn creates_settled(&self, transfer: &TransferDoc) -> bool {

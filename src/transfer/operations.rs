@@ -156,8 +156,8 @@ impl Engine {
     ) -> Result<Created<TransferDoc>, ServiceError> {
         let doc = new.document(&self.clock.now(), self.config.hold_timeout);
         // On a store with transactions the transfer is created settled (`super::one_transaction`).
-        let settled = if self.creates_settled(&doc) {
-            Some(self.create_settled(&doc).await?)
+        let settled = if self.worker.creates_settled(&doc) {
+            Some(self.worker.create_settled(&doc).await?)
         } else {
             None
         };
@@ -178,7 +178,7 @@ impl Engine {
                     Claim::Won(leased) => {
                         self.metrics.transfers_created_total.inc();
                         let shown = leased.doc.clone();
-                        self.spawn_driver(leased, Some(admitted));
+                        self.worker.spawn_driver(leased, Some(admitted));
                         return Ok(Created::New(shown));
                     }
                     Claim::Lost(existing) => existing,
@@ -230,7 +230,7 @@ impl Engine {
         done: impl Fn(&TransferDoc) -> bool,
     ) -> Result<Option<TransferDoc>, ServiceError> {
         let deadline = tokio::time::Instant::now() + wait;
-        let mut events = self.terminal_events.subscribe();
+        let mut events = self.worker.terminal_events();
         loop {
             let current = self.get_transfer(id).await?;
             match &current {
@@ -318,7 +318,12 @@ impl Engine {
             return Ok(match outcome {
                 WriteOutcome::Written(_) => {
                     if let Some(to) = to {
-                        self.record_transition(&next, (from, to), self.clock.wall_millis(), None);
+                        self.worker.record_transition(
+                            &next,
+                            (from, to),
+                            self.clock.wall_millis(),
+                            None,
+                        );
                     }
                     Ok(next)
                 }
@@ -347,10 +352,11 @@ impl Engine {
         to: Option<TransferState>,
     ) -> TransferDoc {
         if let Some(to) = to {
-            self.record_transition(&leased.doc, (from, to), self.clock.wall_millis(), None);
+            self.worker
+                .record_transition(&leased.doc, (from, to), self.clock.wall_millis(), None);
         }
         let shown = leased.doc.clone();
-        self.spawn_driver(leased, None);
+        self.worker.spawn_driver(leased, None);
         shown
     }
 

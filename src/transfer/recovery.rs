@@ -174,7 +174,7 @@ impl Engine {
         self.tasks.spawn(
             async move {
                 let _permit = permit;
-                engine.drive(leased).await;
+                engine.worker.drive(leased).await;
             }
             .instrument(span),
         );
