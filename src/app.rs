@@ -278,7 +278,7 @@ impl Application {
         signal: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let engine = self.engine.clone();
-        engine.spawn_recovery_loop();
+        engine.recovery().spawn_loop();
         // Tasks of their own: transfers never wait on a receiver.
         let webhooks = self.webhooks.map(|settings| {
             tracing::info!(

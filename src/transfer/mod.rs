@@ -178,6 +178,8 @@ pub struct Engine {
     tasks: TaskTracker,
     /// Drives transfers through the protocol.
     worker: Arc<driver::Worker>,
+    /// Resumes what a crash left, and gives late applies back.
+    recovery: Arc<recovery::Recovery>,
     /// The change feed, which also announces this process's terminal writes (the webhooks'
     /// fast path).
     feed: Arc<feed::Feed>,
@@ -252,6 +254,18 @@ impl Engine {
             terminal_events: watch::channel(0).0,
             feed: feed.clone(),
         });
+        let recovery = Arc::new(recovery::Recovery {
+            store: store.clone(),
+            docs: docs.clone(),
+            leases: leases.clone(),
+            accounts: accounts.clone(),
+            config: config.clone(),
+            clock: clock.clone(),
+            metrics: metrics.clone(),
+            shutdown: shutdown.clone(),
+            tasks: tasks.clone(),
+            worker: worker.clone(),
+        });
         Arc::new(Self {
             store,
             docs,
@@ -263,6 +277,7 @@ impl Engine {
             shutdown,
             tasks,
             worker,
+            recovery,
             feed,
             admission,
         })
@@ -272,6 +287,11 @@ impl Engine {
     /// `PROTOCOL=two-phase`), rather than by the two-phase protocol.
     pub fn uses_transactions(&self) -> bool {
         self.worker.uses_transactions()
+    }
+
+    /// Recovery and the sweep (the loop is started by the app; tests run single sweeps).
+    pub fn recovery(&self) -> &Arc<recovery::Recovery> {
+        &self.recovery
     }
 
     /// The change feed (`GET /events`, the webhooks).
@@ -306,6 +326,12 @@ impl Engine {
     /// The token [`Engine::shut_down`] cancels, for the HTTP server to stop with.
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
+    }
+
+    /// Waits until every worker and the recovery loop have stopped, at most `limit`.
+    pub async fn wait_idle(&self, limit: Duration) -> bool {
+        self.tasks.close();
+        tokio::time::timeout(limit, self.tasks.wait()).await.is_ok()
     }
 
     /// Drivers and loops running in this engine.

@@ -1,8 +1,8 @@
 //! A transfer settled in one store transaction (`docs/design.md §3`, "In one transaction").
 //!
-//! A new transfer is created and settled by the same transaction ([`Engine::create_settled`]):
+//! A new transfer is created and settled by the same transaction ([`Worker::create_settled`]):
 //! one durable write, before `201` answers. A `created` transfer a worker holds (one that
-//! recovery resumes) is settled by one too ([`Engine::settle_in_one_transaction`]).
+//! recovery resumes) is settled by one too ([`Worker::settle_in_one_transaction`]).
 //!
 //! Elastic's protocol exists because Elasticsearch writes one document at a time: it records
 //! intent (`pending`, the ids in `pending_transactions`) so that a crash between document
@@ -55,7 +55,7 @@ enum Start {
     Leased(Version),
 }
 
-/// What became of a new transfer ([`Engine::create_settled`]).
+/// What became of a new transfer ([`Worker::create_settled`]).
 #[derive(Debug)]
 pub(super) enum OneTransaction {
     /// Created and settled (finished or rolled back) in one transaction: the transfer as

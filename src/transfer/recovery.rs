@@ -17,16 +17,22 @@
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::Semaphore;
 use tracing::{info, warn, Instrument};
 
-use super::documents::decode;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::accounts::AccountSteps;
+use super::clock::DynClock;
+use super::documents::{decode, Documents};
+use super::driver::Worker;
 use super::lease::{Claim, ClaimWrite, Leased, Leases};
 use super::model::{TransferDoc, TransferState};
-use super::Engine;
-use crate::store::{Doc, SortKey, StaleQuery, StoreResult};
+use super::EngineConfig;
+use crate::metrics::Metrics;
+use crate::store::{Doc, DynStore, SortKey, StaleQuery, StoreResult};
 
 /// What one sweep did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -46,39 +52,60 @@ pub struct RecoveryReport {
 /// Most transfers recovery drives at once in this process.
 const MAX_CONCURRENT_RECOVERIES: usize = 64;
 
-impl Engine {
+/// Recovery and the sweep (`super::sweep`): finds what a crash or a late worker left and
+/// hands it to the worker, or gives a late apply back. Built once by the engine.
+pub struct Recovery {
+    pub(super) store: DynStore,
+    pub(super) docs: Documents,
+    pub(super) leases: Arc<Leases>,
+    pub(super) accounts: Arc<AccountSteps>,
+    pub(super) config: EngineConfig,
+    pub(super) clock: DynClock,
+    pub(super) metrics: Arc<Metrics>,
+    /// The engine's: the loop and a sweep in progress stop once it is cancelled.
+    pub(super) shutdown: CancellationToken,
+    /// The engine's tracker: the loop and the workers it starts are waited for at shutdown.
+    pub(super) tasks: TaskTracker,
+    /// Drives what recovery takes over.
+    pub(super) worker: Arc<Worker>,
+}
+
+impl Recovery {
     /// Starts the recovery loop: a sweep at once, then one every `RECOVERY_INTERVAL`, until
     /// shutdown. For one lease period after start it treats every in-flight transfer as a
     /// candidate (not only those stale for `RECOVERY_STALE_AFTER`), so what a crashed process
     /// left is resumed as soon as its leases run out rather than minutes later.
-    pub fn spawn_recovery_loop(self: &Arc<Self>) {
-        let engine = self.clone();
+    pub fn spawn_loop(self: &Arc<Self>) {
+        let recovery = self.clone();
         let started = self.clock.boot_time();
         let permits = Arc::new(Semaphore::new(MAX_CONCURRENT_RECOVERIES));
         self.tasks.spawn(
             async move {
-                let startup = engine.config.lease + engine.config.recovery_interval;
+                let startup = recovery.config.lease + recovery.config.recovery_interval;
                 let mut sweep_cursor: Option<String> = None;
                 loop {
-                    let now = engine.clock.wall_millis();
-                    let since_start = engine.clock.boot_time().saturating_duration_since(started);
+                    let now = recovery.clock.wall_millis();
+                    let since_start = recovery
+                        .clock
+                        .boot_time()
+                        .saturating_duration_since(started);
                     let bound = if since_start < startup {
                         now
                     } else {
-                        now - engine.config.recovery_stale_after.as_millis() as i64
+                        now - recovery.config.recovery_stale_after.as_millis() as i64
                     };
-                    match engine.recover_once(bound, &permits).await {
+                    match recovery.recover_once(bound, &permits).await {
                         Ok(report) if report.resumed > 0 => info!(?report, "recovery sweep"),
                         Ok(_) => {}
                         Err(error) => warn!(%error, "recovery sweep failed; next interval retries"),
                     }
-                    let pages = engine.config.sweep_pages_per_tick;
+                    let pages = recovery.config.sweep_pages_per_tick;
                     if pages > 0 {
-                        sweep_cursor = engine.sweep_some(sweep_cursor.take(), pages).await.0;
+                        sweep_cursor = recovery.sweep_some(sweep_cursor.take(), pages).await.0;
                     }
                     tokio::select! {
-                        _ = engine.shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(engine.config.recovery_interval) => {}
+                        _ = recovery.shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(recovery.config.recovery_interval) => {}
                     }
                 }
             }
@@ -169,12 +196,12 @@ impl Engine {
             .transfers_recovered_total
             .with_label_values(&[leased.doc.transaction_state.as_str()])
             .inc();
-        let engine = self.clone();
+        let worker = self.worker.clone();
         let span = tracing::info_span!("transfer", transfer_id = %leased.doc.transaction_id, recovered = true);
         self.tasks.spawn(
             async move {
                 let _permit = permit;
-                engine.worker.drive(leased).await;
+                worker.drive(leased).await;
             }
             .instrument(span),
         );
@@ -205,11 +232,5 @@ impl Engine {
             Claim::Won(leased) => Ok(Some(leased)),
             Claim::Lost(_) => Ok(None),
         }
-    }
-
-    /// Waits until every driver and the recovery loop have stopped, at most `limit`.
-    pub async fn wait_idle(&self, limit: Duration) -> bool {
-        self.tasks.close();
-        tokio::time::timeout(limit, self.tasks.wait()).await.is_ok()
     }
 }

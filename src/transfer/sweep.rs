@@ -32,7 +32,7 @@ use super::accounts::{StepRequest, StepResult};
 use super::documents::decode;
 use super::model::{AccountDoc, TransferDoc};
 use super::protocol::{AccountOp, CurrencyRule};
-use super::Engine;
+use super::recovery::Recovery;
 use crate::store::{Index, StoreResult};
 
 /// What one page of the sweep did.
@@ -48,7 +48,7 @@ pub struct SweepPage {
     pub next: Option<String>,
 }
 
-impl Engine {
+impl Recovery {
     /// Sweeps one page of accounts after `after` (the start when `None`).
     pub async fn sweep_late_applies(&self, after: Option<&str>) -> StoreResult<SweepPage> {
         let page = self

@@ -70,7 +70,7 @@ async fn run_in(w: World, seed: u64, clocks: Clocks, sweep: bool) -> Outcome {
         open_account(&a, &format!("hot{i}"), 1_000).await;
     }
     inject_stalls(&w, seed, clocks);
-    b.spawn_recovery_loop();
+    b.recovery().spawn_loop();
     if let Clocks::AFrozen(leases) = clocks {
         freeze_for(&w, LEASE * leases);
     }

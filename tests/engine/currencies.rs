@@ -121,7 +121,8 @@ async fn a_mismatch_found_after_the_source_was_applied_is_undone_by_recovery() {
         .unwrap();
     assert!(written.written().is_some());
     plant_abandoned_pending(store, "t", ("usd", "eur", 10), now).await;
-    e.recover_once(now, &Arc::new(Semaphore::new(4)))
+    e.recovery()
+        .recover_once(now, &Arc::new(Semaphore::new(4)))
         .await
         .unwrap();
     let state = terminal_without_recovery(&e, "t").await;

@@ -73,7 +73,10 @@ async fn recover_for(w: &World, e: &Arc<Engine>, span: Duration) {
     let permits = Arc::new(Semaphore::new(64));
     let end = tokio::time::Instant::now() + span;
     while tokio::time::Instant::now() < end {
-        e.recover_once(w.now_millis() + 1, &permits).await.unwrap();
+        e.recovery()
+            .recover_once(w.now_millis() + 1, &permits)
+            .await
+            .unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

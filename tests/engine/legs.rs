@@ -545,6 +545,7 @@ async fn a_stalled_worker_never_applies_a_multi_leg_transaction_twice() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while busy() > 0 || recoverer.running_tasks() > 0 {
         recoverer
+            .recovery()
             .recover_once(w.now_millis() + 1, &permits)
             .await
             .unwrap();
@@ -596,7 +597,7 @@ async fn the_sweep_undoes_a_late_multi_leg_entry_by_its_net_change() {
     stored.replace_if(&a, current.version).await.unwrap();
     e.engine.forget_account_copies();
     assert_eq!(balance(&e, "a").await, 88);
-    let page = e.sweep_late_applies(None).await.unwrap();
+    let page = e.recovery().sweep_late_applies(None).await.unwrap();
     assert_eq!(page.compensated, 1);
     assert_eq!(balances(&e, &["a", "b", "c"]).await, [94, 110, 96]);
     assert_invariants(&w.base).await;

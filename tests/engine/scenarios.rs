@@ -69,7 +69,10 @@ fn stall_the_write_of_b(w: &World, stall: Duration) {
 /// One recovery sweep of `e` over the transfers untouched since `modified_before`.
 async fn sweep(e: &Instance, modified_before: i64) -> RecoveryReport {
     let permits = Arc::new(Semaphore::new(4));
-    e.recover_once(modified_before, &permits).await.unwrap()
+    e.recovery()
+        .recover_once(modified_before, &permits)
+        .await
+        .unwrap()
 }
 
 /// Drives recovery (as another instance would) until every transfer is terminal.
@@ -303,7 +306,8 @@ fn spawn_op(
             let permits = permits.clone();
             tokio::spawn(async move {
                 let now = b.clock().wall_millis();
-                b.recover_once(now, &permits)
+                b.recovery()
+                    .recover_once(now, &permits)
                     .await
                     .map(|_| ())
                     .map_err(ServiceError::from)
@@ -968,7 +972,10 @@ async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
                 let (b, permits) = (b.clone(), permits.clone());
                 tokio::spawn(async move {
                     let now = b.clock().wall_millis();
-                    b.recover_once(now, &permits).await.expect("recovery sweep");
+                    b.recovery()
+                        .recover_once(now, &permits)
+                        .await
+                        .expect("recovery sweep");
                 })
             }
             HoldOp::Sleep(ms) => {
@@ -1028,7 +1035,8 @@ async fn settle_to_waiting_holds(
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let permits = Arc::new(Semaphore::new(64));
     loop {
-        b.recover_once(w.now_millis() + 1, &permits)
+        b.recovery()
+            .recover_once(w.now_millis() + 1, &permits)
             .await
             .expect("recovery sweep");
         let mut waiting = Vec::new();

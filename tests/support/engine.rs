@@ -264,6 +264,7 @@ pub async fn recover_until_quiescent(
     let permits = Arc::new(Semaphore::new(128));
     loop {
         recoverer
+            .recovery()
             .recover_once(world.now_millis() + 1, &permits)
             .await
             .expect("recovery sweep");
