@@ -134,7 +134,7 @@ async fn open_accounts(engine: &Arc<Engine>) {
     for i in 0..ACCOUNTS {
         // A few accounts can pay little: their transfers are refused for want of funds.
         let balance = if i % 50 == 3 { 10 } else { i64::MAX / 4 };
-        let opening = NewAccount::new(account(i), balance);
+        let opening = NewAccount::new(account(i), balance).expect("a positive balance");
         engine.create_account(opening).await.expect("account opens");
     }
 }

@@ -173,7 +173,7 @@ async fn fill(dir: &Path, transfers: u64) -> usize {
     let config = EngineConfig::with_lease(Duration::from_secs(30));
     let engine = Engine::new(store.clone(), config, Metrics::new());
     for i in 0..ACCOUNTS {
-        let opening = NewAccount::new(account(i), i64::MAX / 4);
+        let opening = NewAccount::new(account(i), i64::MAX / 4).expect("a positive balance");
         engine.create_account(opening).await.expect("account opens");
     }
     let next = Arc::new(AtomicU64::new(0));

@@ -115,18 +115,10 @@ pub async fn create_account(
     let floor = field::integer(body.floor, "floor")?.unwrap_or(0);
     let currency = field::currency(body.currency, "currency")?;
     let metadata = field::metadata(body.metadata, "metadata")?;
-    if balance < floor {
-        return Err(ApiError::Invalid(format!(
-            "`balance` ({balance}) must not be below `floor` ({floor})"
-        )));
-    }
-    let new = NewAccount {
-        id: id.clone(),
-        balance,
-        floor,
-        currency,
-        metadata,
-    };
+    let new = NewAccount::open(id.clone(), balance, floor)
+        .map_err(|refused| ApiError::Invalid(refused.to_string()))?
+        .with_currency(currency)
+        .with_metadata(metadata);
     Ok(match state.engine.create_account(new).await? {
         Created::New(doc) => {
             (StatusCode::CREATED, Json(Account::from_doc(id.into(), doc))).into_response()

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::admission::{Admitted, Overloaded};
 use super::documents::{decode, Versioned};
 use super::lease::{Claim, ClaimWrite, Leased, Leases};
-use super::model::{AccountDoc, RollbackReason, Tombstones, TransferDoc, TransferState};
+use super::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
 use super::one_transaction::OneTransaction;
 use super::protocol;
 use super::requests::{NewAccount, NewTransfer};
@@ -88,30 +88,13 @@ impl Engine {
     ) -> Result<Created<AccountDoc>, ServiceError> {
         let now = self.clock.now();
         let token = uuid::Uuid::new_v4().simple().to_string();
-        let doc = AccountDoc {
-            account_id: new.id.to_string(),
-            balance: new.balance,
-            floor: new.floor,
-            opening_balance: new.balance,
-            created_by: Some(token.clone()),
-            currency: new.currency.clone().map(String::from),
-            metadata: new.metadata.clone(),
-            pending_transactions: Vec::new(),
-            pending_applied_at: Vec::new(),
-            pending_marks: Vec::new(),
-            pending_credits: 0,
-            pending_debits: 0,
-            settled: Tombstones::default(),
-            legacy_settled: Vec::new(),
-            creation_time: now.text.clone(),
-            modification_time: now.text,
-        };
+        let doc = new.document(&now, token.clone());
         let created = retry(CREATE_ATTEMPTS, || true, || self.docs.create(&doc)).await?;
         if let WriteOutcome::Written(version) = created {
             self.accounts.remember_created(&doc, version);
             return Ok(Created::New(doc));
         }
-        let existing = self.get_account(&new.id).await?.ok_or_else(|| {
+        let existing = self.get_account(new.id()).await?.ok_or_else(|| {
             StoreError::Unavailable("account exists but cannot be read yet".into())
         })?;
         if existing.created_by.as_deref() == Some(token.as_str()) {
@@ -121,7 +104,7 @@ impl Engine {
         replay_or_conflict(new.is_replay_of(&existing), existing, || {
             format!(
                 "account {} exists with another opening balance, floor, currency or metadata",
-                *new.id
+                **new.id()
             )
         })
     }

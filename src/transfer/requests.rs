@@ -6,33 +6,93 @@
 use std::time::Duration;
 
 use super::clock::Now;
-use super::model::{AccountDoc, Leg, Metadata, TransferDoc};
+use super::model::{AccountDoc, Leg, Metadata, Tombstones, TransferDoc};
 use super::validated::{valid_id, AccountId, Currency, TransferId};
 use crate::time::{format_millis, parse_millis};
 
-/// The request to open an account.
+/// The request to open an account: its balance never below its floor (the only
+/// constructors, [`NewAccount::new`] and [`NewAccount::open`], refuse it).
 #[derive(Debug, Clone)]
 pub struct NewAccount {
-    pub id: AccountId,
+    id: AccountId,
+    balance: i64,
+    floor: i64,
+    /// Fixed for the account's life.
+    currency: Option<Currency>,
+    /// Labels ([`super::validated::valid_metadata`]).
+    metadata: Metadata,
+}
+
+/// An opening balance below the account's floor: such an account would break its own floor
+/// from its first moment.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`balance` ({balance}) must not be below `floor` ({floor})")]
+pub struct BalanceBelowFloor {
     pub balance: i64,
     pub floor: i64,
-    /// Fixed for the account's life.
-    pub currency: Option<Currency>,
-    /// Labels ([`super::validated::valid_metadata`]).
-    pub metadata: Metadata,
 }
 
 impl NewAccount {
     /// An account opened with `balance`, floor 0, no currency and no labels.
-    pub fn new(id: AccountId, balance: i64) -> Self {
-        Self {
+    pub fn new(id: AccountId, balance: i64) -> Result<Self, BalanceBelowFloor> {
+        Self::open(id, balance, 0)
+    }
+
+    /// An account opened with `balance` and `floor` (the lowest balance a debit may leave),
+    /// no currency and no labels.
+    pub fn open(id: AccountId, balance: i64, floor: i64) -> Result<Self, BalanceBelowFloor> {
+        if balance < floor {
+            return Err(BalanceBelowFloor { balance, floor });
+        }
+        Ok(Self {
             id,
             balance,
-            floor: 0,
+            floor,
             currency: None,
             metadata: Metadata::new(),
+        })
+    }
+
+    /// The same request with the account's currency (`None`: none).
+    pub fn with_currency(mut self, currency: Option<Currency>) -> Self {
+        self.currency = currency;
+        self
+    }
+
+    /// The same request with the account's labels.
+    pub fn with_metadata(mut self, metadata: Metadata) -> Self {
+        self.metadata = metadata;
+        self
+    }
+
+    pub fn id(&self) -> &AccountId {
+        &self.id
+    }
+
+    /// The account as stored when it opens at `now`, created by the request carrying
+    /// `token` (`created_by`): its opening balance is its balance, nothing pending.
+    pub fn document(&self, now: &Now, token: String) -> AccountDoc {
+        debug_assert!(self.balance >= self.floor, "checked when built");
+        AccountDoc {
+            account_id: self.id.to_string(),
+            balance: self.balance,
+            floor: self.floor,
+            opening_balance: self.balance,
+            created_by: Some(token),
+            currency: self.currency.clone().map(String::from),
+            metadata: self.metadata.clone(),
+            pending_transactions: Vec::new(),
+            pending_applied_at: Vec::new(),
+            pending_marks: Vec::new(),
+            pending_credits: 0,
+            pending_debits: 0,
+            settled: Tombstones::default(),
+            legacy_settled: Vec::new(),
+            creation_time: now.text.clone(),
+            modification_time: now.text.clone(),
         }
     }
+
     /// Whether `existing`, stored under this request's id, was opened by the same request
     /// (then a create is a replay; otherwise a conflict).
     pub fn is_replay_of(&self, existing: &AccountDoc) -> bool {
@@ -228,6 +288,26 @@ impl NewTransfer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_account_cannot_be_opened_below_its_floor() {
+        let id = || AccountId::parse("a".into()).expect("a valid id");
+        assert_eq!(
+            NewAccount::open(id(), 10, 20).unwrap_err(),
+            BalanceBelowFloor {
+                balance: 10,
+                floor: 20
+            }
+        );
+        assert!(NewAccount::new(id(), -1).is_err(), "floor 0");
+        let at_the_floor = NewAccount::open(id(), -5, -5).expect("at the floor");
+        let now = Now {
+            millis: 0,
+            text: "1970-01-01T00:00:00.000Z".into(),
+        };
+        let opened = at_the_floor.document(&now, "token".into());
+        assert_eq!((opened.balance, opened.floor, opened.opening_balance), (-5, -5, -5));
+    }
 
     #[test]
     fn legs_are_checked_one_by_one_and_their_sum_must_fit() {

@@ -9,17 +9,16 @@ use tokio::sync::Semaphore;
 use transfer_service::store::{DynStore, Index};
 use transfer_service::transfer::model::{AccountDoc, RollbackReason, TransferState};
 use transfer_service::transfer::operations::{Created, ServiceError};
-use transfer_service::transfer::requests::{NewAccount, NewTransfer};
+use transfer_service::transfer::requests::NewTransfer;
 use transfer_service::transfer::EngineConfig;
 
 use crate::support::engine::*;
 
 async fn open(e: &Instance, id: &str, balance: i64, currency: Option<&str>) {
     let created = e
-        .create_account(NewAccount {
-            currency: currency.map(crate::support::engine::currency),
-            ..new_account(id, balance)
-        })
+        .create_account(
+            new_account(id, balance).with_currency(currency.map(crate::support::engine::currency)),
+        )
         .await
         .expect("account opens");
     assert!(matches!(created, Created::New(_)), "{id} existed");
@@ -150,10 +149,7 @@ async fn currencies_are_part_of_the_replay_comparison() {
     );
     open(&e, "a", 100, Some("USD")).await;
     open(&e, "b", 0, Some("USD")).await;
-    let again = |code: Option<&str>| NewAccount {
-        currency: code.map(currency),
-        ..new_account("a", 100)
-    };
+    let again = |code: Option<&str>| new_account("a", 100).with_currency(code.map(currency));
     let replay = e.create_account(again(Some("USD"))).await.unwrap();
     assert!(matches!(replay, Created::Replayed(_)), "{replay:?}");
     for other in [None, Some("EUR")] {

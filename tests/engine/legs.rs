@@ -44,10 +44,10 @@ async fn open_a_b_and_c(e: &Engine) {
 
 async fn open_with_floor(e: &Engine, id: &str, balance: i64, floor: i64) {
     let created = e
-        .create_account(NewAccount {
-            floor,
-            ..new_account(id, balance)
-        })
+        .create_account(
+            NewAccount::open(account_id(id), balance, floor)
+                .expect("a balance at or above the floor"),
+        )
         .await
         .expect("account opens");
     assert!(matches!(created, Created::New(_)), "{id} existed");
@@ -215,10 +215,9 @@ async fn every_account_must_share_the_currency() {
         ("u3", Some("USD")),
         ("e", Some("EUR")),
     ] {
-        e.create_account(NewAccount {
-            currency: currency.map(crate::support::engine::currency),
-            ..new_account(id, 100)
-        })
+        e.create_account(
+            new_account(id, 100).with_currency(currency.map(crate::support::engine::currency)),
+        )
         .await
         .unwrap();
     }

@@ -18,7 +18,7 @@ use transfer_service::transfer::model::{AccountDoc, Leg, RollbackReason, Transfe
 use transfer_service::transfer::operations::{Created, ServiceError};
 use transfer_service::transfer::protocol::Retention;
 use transfer_service::transfer::recovery::RecoveryReport;
-use transfer_service::transfer::requests::{Movement, NewAccount, NewTransfer};
+use transfer_service::transfer::requests::{Movement, NewTransfer};
 use transfer_service::transfer::EngineConfig;
 
 use crate::support::engine::*;
@@ -854,10 +854,10 @@ async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
     let b = Arc::new(w.instance(w.faulty.clone(), holds_config()));
     for (i, currency) in CURRENCIES.iter().enumerate() {
         let created = a
-            .create_account(NewAccount {
-                currency: currency.map(crate::support::engine::currency),
-                ..new_account(&account_name(i), OPENING)
-            })
+            .create_account(
+                new_account(&account_name(i), OPENING)
+                    .with_currency(currency.map(crate::support::engine::currency)),
+            )
             .await
             .expect("account opens");
         assert!(matches!(created, Created::New(_)));

@@ -163,7 +163,7 @@ pub fn currency(code: &str) -> Currency {
 
 /// The request to open `id` with `balance`: floor 0, no currency, no labels.
 pub fn new_account(id: &str, balance: i64) -> NewAccount {
-    NewAccount::new(account_id(id), balance)
+    NewAccount::new(account_id(id), balance).expect("an opening balance at or above 0")
 }
 
 /// The terms of a hold that waits `expires_in` for its capture.
