@@ -6,26 +6,18 @@
 use std::sync::Arc;
 
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-
 use tracing::{debug, info, warn, Instrument};
 
-use super::accounts::AccountSteps;
 use super::accounts::{Observed, StepRequest, StepResult};
 use super::admission::Admitted;
-use super::clock::DynClock;
-use super::documents::Documents;
 use super::feed::Feed;
-use super::lease::Leases;
 use super::lease::{Leased, Reread};
 use super::model::{RollbackReason, TransferDoc, TransferState};
 use super::protocol::{
     self, deadline_transition, plan_for, AccountOp, CurrencyRule, Refusal, Side, Step,
 };
 use super::retry::backoff;
-use super::EngineConfig;
-use crate::metrics::Metrics;
+use super::Shared;
 use crate::store::StoreError;
 use crate::time::parse_millis;
 
@@ -102,16 +94,7 @@ impl From<StoreError> for Interrupt {
 /// (`super::one_transaction`). Built once by the engine; the API's operations start it on a
 /// new or cancelled transfer, recovery on one it took over.
 pub struct Worker {
-    pub(super) docs: Documents,
-    pub(super) leases: Arc<Leases>,
-    pub(super) accounts: Arc<AccountSteps>,
-    pub(super) config: EngineConfig,
-    pub(super) clock: DynClock,
-    pub(super) metrics: Arc<Metrics>,
-    /// The engine's: a worker stops at its next step boundary once it is cancelled.
-    pub(super) shutdown: CancellationToken,
-    /// Every spawned worker task (the engine's tracker), so shutdown can wait for them.
-    pub(super) tasks: TaskTracker,
+    pub(super) shared: Shared,
     /// Bumped whenever a transfer this process drives reaches a terminal state; long-polls
     /// wait on it.
     pub(super) terminal_events: watch::Sender<u64>,
@@ -130,7 +113,7 @@ impl Worker {
     pub(crate) fn spawn_driver(self: &Arc<Self>, leased: Leased, admitted: Option<Admitted>) {
         let worker = self.clone();
         let span = transfer_span(&leased.doc.transaction_id);
-        self.tasks.spawn(
+        self.shared.tasks.spawn(
             async move {
                 let outcome = worker.drive(leased).await;
                 drop(admitted);
@@ -143,13 +126,13 @@ impl Worker {
     /// Drives a transfer whose lease `leased` holds until it is terminal or the worker must
     /// stop. Never panics on store answers; every exit leaves the transfer resumable.
     pub async fn drive(&self, mut leased: Leased) -> DriveOutcome {
-        self.metrics.transfers_in_flight.inc();
+        self.shared.metrics.transfers_in_flight.inc();
         let outcome = self.drive_inner(&mut leased).await;
-        self.metrics.transfers_in_flight.dec();
+        self.shared.metrics.transfers_in_flight.dec();
         // Shutting down: whatever stopped this worker, give the lease back so the next
         // process (or another instance) resumes the transfer at once.
-        if matches!(outcome, DriveOutcome::Stopped(_)) && self.shutdown.is_cancelled() {
-            self.leases.release(&leased).await;
+        if matches!(outcome, DriveOutcome::Stopped(_)) && self.shared.shutdown.is_cancelled() {
+            self.shared.leases.release(&leased).await;
         }
         match &outcome {
             DriveOutcome::Stopped(StopReason::Permanent(why)) => {
@@ -220,7 +203,12 @@ impl Worker {
             leased.doc.transaction_state
         );
         tracing::error!(%why, "contradiction: the transfer needs attention and is left alone");
-        match self.leases.flag_for_attention(leased, why.clone()).await {
+        match self
+            .shared
+            .leases
+            .flag_for_attention(leased, why.clone())
+            .await
+        {
             Ok(true) => DriveOutcome::Stopped(StopReason::NeedsAttention(why)),
             // Someone else wrote it meanwhile: decide again from what it is now.
             Ok(false) => DriveOutcome::Stopped(StopReason::LeaseLost),
@@ -230,9 +218,9 @@ impl Worker {
 
     /// Runs the remaining steps of the current state, ending with its state write.
     async fn run_state(&self, leased: &mut Leased) -> Result<(), Interrupt> {
-        let now = self.clock.wall_millis();
+        let now = self.shared.clock.wall_millis();
         let created = parse_millis(&leased.doc.creation_time).unwrap_or(now);
-        let timeout = self.config.transfer_timeout.as_millis() as i64;
+        let timeout = self.shared.config.transfer_timeout.as_millis() as i64;
         if let Some((to, reason)) = deadline_transition(&leased.doc, created, now, timeout) {
             info!(to = %to, reason = reason.as_str(), "transfer ran out of time before committing; rolling back");
             return self.write_state(leased, to, Some(reason)).await;
@@ -248,7 +236,7 @@ impl Worker {
         // the commit records.
         let mut marks = Vec::new();
         for step in plan_for(&leased.doc) {
-            if self.shutdown.is_cancelled() {
+            if self.shared.shutdown.is_cancelled() {
                 return Err(StopReason::Shutdown.into());
             }
             match *step {
@@ -262,7 +250,7 @@ impl Worker {
                 }
                 Step::EachAccount(op) => {
                     for index in 0..leased.doc.postings().len() {
-                        if index > 0 && self.shutdown.is_cancelled() {
+                        if index > 0 && self.shared.shutdown.is_cancelled() {
                             return Err(StopReason::Shutdown.into());
                         }
                         self.posting_step(leased, op, index, (&mut first_currency, &mut marks))
@@ -330,7 +318,7 @@ impl Worker {
     /// Parks an applied hold until its capture, cancel or expiry, and stops. A conflict (a
     /// capture or cancel wrote it first) re-reads and decides again.
     async fn park(&self, leased: &mut Leased) -> Result<(), Interrupt> {
-        if self.leases.park(leased).await? {
+        if self.shared.leases.park(leased).await? {
             debug!(expires = ?leased.doc.hold_expires_at, "hold applied; waiting for its capture");
             self.terminal_events.send_modify(|n| *n += 1);
             Err(StopReason::HoldWaiting.into())
@@ -354,7 +342,7 @@ impl Worker {
         report_currency: bool,
     ) -> Result<Observed, Interrupt> {
         let mut busy = 0;
-        for _ in 0..self.config.max_conflicts {
+        for _ in 0..self.shared.config.max_conflicts {
             self.ensure_lease(leased).await?;
             let request = StepRequest {
                 transfer_id: leased.doc.transaction_id.clone(),
@@ -367,9 +355,13 @@ impl Worker {
                 deadline: leased.deadline(),
                 mark: expected.clone(),
             };
-            let (result, observed) = self.accounts.run_observing(account_id, request).await;
+            let (result, observed) = self
+                .shared
+                .accounts
+                .run_observing(account_id, request)
+                .await;
             if observed.undid_late_apply {
-                self.metrics.late_applies_compensated_total.inc();
+                self.shared.metrics.late_applies_compensated_total.inc();
                 warn!(
                     account = %account_id,
                     side = side.as_str(),
@@ -426,7 +418,7 @@ impl Worker {
         applied_marks: Vec<String>,
     ) -> Result<(), Interrupt> {
         let from = leased.doc.transaction_state;
-        let now = self.clock.now();
+        let now = self.shared.clock.now();
         let Some(mut next) = protocol::transition(&leased.doc, to, reason, &now) else {
             return Err(StopReason::Permanent(format!("illegal transition {from} → {to}")).into());
         };
@@ -436,8 +428,8 @@ impl Worker {
         if !applied_marks.is_empty() {
             next.applied_marks = applied_marks;
         }
-        let going = || !self.shutdown.is_cancelled();
-        if !self.leases.write(leased, next, going).await? {
+        let going = || !self.shared.shutdown.is_cancelled();
+        if !self.shared.leases.write(leased, next, going).await? {
             return Err(Interrupt::Reread);
         }
         self.record_transition(&leased.doc, (from, to), now.millis, None);
@@ -456,7 +448,8 @@ impl Worker {
         now_millis: i64,
         took: Option<std::time::Duration>,
     ) {
-        self.metrics
+        self.shared
+            .metrics
             .transfer_state_transitions_total
             .with_label_values(&[from.as_str(), to.as_str()])
             .inc();
@@ -465,7 +458,8 @@ impl Worker {
             self.record_hold(doc, from, to);
         }
         if to.is_terminal() {
-            self.metrics
+            self.shared
+                .metrics
                 .transfers_completed_total
                 .with_label_values(&[to.as_str()])
                 .inc();
@@ -475,7 +469,7 @@ impl Worker {
                     .map(|created| (now_millis - created).max(0) as f64 / 1000.0),
             };
             if let Some(secs) = secs {
-                self.metrics.transfer_duration_seconds.observe(secs);
+                self.shared.metrics.transfer_duration_seconds.observe(secs);
             }
             self.terminal_events.send_modify(|n| *n += 1);
             self.feed.announce_terminal(doc);
@@ -501,7 +495,8 @@ impl Worker {
             }
             _ => return,
         };
-        self.metrics
+        self.shared
+            .metrics
             .holds_completed_total
             .with_label_values(&[outcome])
             .inc();
@@ -515,7 +510,7 @@ impl Worker {
     /// our deadline is near, the next step renews the lease by a conditional write, which
     /// fails if anyone else has written the transfer since this read.
     async fn reread(&self, leased: &mut Leased) -> Result<(), DriveOutcome> {
-        match self.leases.reread(leased).await {
+        match self.shared.leases.reread(leased).await {
             Ok(Reread::StillHeld) => Ok(()),
             Ok(Reread::Terminal(state)) => Err(DriveOutcome::Terminal(state)),
             Ok(Reread::Lost) => Err(DriveOutcome::Stopped(StopReason::LeaseLost)),
@@ -527,12 +522,13 @@ impl Worker {
     /// Renews the lease unless it has room for a whole step (two requests).
     async fn ensure_lease(&self, leased: &mut Leased) -> Result<(), Interrupt> {
         if self
+            .shared
             .leases
-            .has_left(leased, self.config.request_timeout * 2)
+            .has_left(leased, self.shared.config.request_timeout * 2)
         {
             return Ok(());
         }
-        if self.leases.renew(leased).await? {
+        if self.shared.leases.renew(leased).await? {
             Ok(())
         } else {
             Err(Interrupt::Reread)

@@ -162,6 +162,23 @@ fn export_state_series(metrics: &Metrics) {
     }
 }
 
+/// What the engine's services (the worker, recovery) share: handles to the same documents,
+/// leases, account steps, settings, clock, metrics, shutdown and task tracker.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    docs: Documents,
+    leases: Arc<Leases>,
+    accounts: Arc<accounts::AccountSteps>,
+    config: EngineConfig,
+    clock: DynClock,
+    metrics: Arc<Metrics>,
+    /// Cancelled when the engine shuts down: workers stop at their next step boundary, the
+    /// recovery loop at its next sweep.
+    shutdown: CancellationToken,
+    /// Every spawned worker and loop, so shutdown can wait for them.
+    tasks: TaskTracker,
+}
+
 /// The service's transfers: the API's operations (`operations.rs`), recovery and the sweep,
 /// over the services it builds once and owns: the worker ([`driver::Worker`]) and the change
 /// feed ([`feed::Feed`]). Built once per process (tests build one per simulated instance).
@@ -242,7 +259,7 @@ impl Engine {
             skew_margin: config.skew_margin,
         }));
         let tasks = TaskTracker::new();
-        let worker = Arc::new(driver::Worker {
+        let shared = Shared {
             docs: docs.clone(),
             leases: leases.clone(),
             accounts: accounts.clone(),
@@ -251,19 +268,15 @@ impl Engine {
             metrics: metrics.clone(),
             shutdown: shutdown.clone(),
             tasks: tasks.clone(),
+        };
+        let worker = Arc::new(driver::Worker {
+            shared: shared.clone(),
             terminal_events: watch::channel(0).0,
             feed: feed.clone(),
         });
         let recovery = Arc::new(recovery::Recovery {
+            shared,
             store: store.clone(),
-            docs: docs.clone(),
-            leases: leases.clone(),
-            accounts: accounts.clone(),
-            config: config.clone(),
-            clock: clock.clone(),
-            metrics: metrics.clone(),
-            shutdown: shutdown.clone(),
-            tasks: tasks.clone(),
             worker: worker.clone(),
         });
         Arc::new(Self {

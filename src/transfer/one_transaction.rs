@@ -96,7 +96,7 @@ impl Worker {
 
     /// Whether the store's transactions are used: it has them, and `PROTOCOL` is `auto`.
     pub fn uses_transactions(&self) -> bool {
-        self.config.one_transaction && self.docs.has_transactions()
+        self.shared.config.one_transaction && self.shared.docs.has_transactions()
     }
 
     /// Creates `transfer` (as accepted: `created`, no lease) and settles it in the same store
@@ -107,16 +107,17 @@ impl Worker {
         &self,
         transfer: &TransferDoc,
     ) -> Result<OneTransaction, StoreError> {
-        let started = self.clock.boot_time();
-        let now = self.clock.now();
-        let retention = self.config.retention;
+        let started = self.shared.clock.boot_time();
+        let now = self.shared.clock.now();
+        let retention = self.shared.config.retention;
         let mut ours = transfer.clone();
         ours.created_by = Some(uuid::Uuid::new_v4().simple().to_string());
-        let going = || !self.shutdown.is_cancelled();
+        let going = || !self.shared.shutdown.is_cancelled();
         let attempt = retry(CREATE_ATTEMPTS, going, || {
             let transfer = ours.clone();
             let now = now.clone();
-            self.docs
+            self.shared
+                .docs
                 .transact(move |txn| decide(txn, transfer, Start::New, &now, retention))
         })
         .instrument(transfer_span(&transfer.transaction_id))
@@ -144,8 +145,12 @@ impl Worker {
                 (transfer, path)
             }
         };
-        self.metrics.transfers_created_total.inc();
-        let took = self.clock.boot_time().saturating_duration_since(started);
+        self.shared.metrics.transfers_created_total.inc();
+        let took = self
+            .shared
+            .clock
+            .boot_time()
+            .saturating_duration_since(started);
         let _span = transfer_span(&transfer.transaction_id).entered();
         self.settled(TransferState::Created, &settled, path, Some(took));
         Ok(OneTransaction::Settled(settled))
@@ -161,7 +166,7 @@ impl Worker {
         path: &[TransferState],
         took: Option<std::time::Duration>,
     ) {
-        let now_millis = self.clock.wall_millis();
+        let now_millis = self.shared.clock.wall_millis();
         for &to in path {
             self.record_transition(transfer, (from, to), now_millis, took);
             from = to;
@@ -182,16 +187,17 @@ impl Worker {
         &self,
         leased: &mut Leased,
     ) -> Result<bool, Interrupt> {
-        let now = self.clock.now();
-        let retention = self.config.retention;
-        let going = || !self.shutdown.is_cancelled();
+        let now = self.shared.clock.now();
+        let retention = self.shared.config.retention;
+        let going = || !self.shared.shutdown.is_cancelled();
         // Retried like any write whose outcome is unknown: if it was applied, the retry finds
         // the version moved and writes nothing.
-        let (settlement, outcome) = retry(self.config.max_store_attempts, going, || {
+        let (settlement, outcome) = retry(self.shared.config.max_store_attempts, going, || {
             let transfer = leased.doc.clone();
             let version = leased.version;
             let now = now.clone();
-            self.docs
+            self.shared
+                .docs
                 .transact(move |txn| decide(txn, transfer, Start::Leased(version), &now, retention))
         })
         .await?;

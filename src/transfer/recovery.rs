@@ -21,17 +21,11 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tracing::{info, warn, Instrument};
 
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-
-use super::accounts::AccountSteps;
-use super::clock::DynClock;
-use super::documents::{decode, Documents};
+use super::documents::decode;
 use super::driver::Worker;
 use super::lease::{Claim, ClaimWrite, Leased, Leases};
 use super::model::{TransferDoc, TransferState};
-use super::EngineConfig;
-use crate::metrics::Metrics;
+use super::Shared;
 use crate::store::{Doc, DynStore, SortKey, StaleQuery, StoreResult};
 
 /// What one sweep did.
@@ -55,17 +49,8 @@ const MAX_CONCURRENT_RECOVERIES: usize = 64;
 /// Recovery and the sweep (`super::sweep`): finds what a crash or a late worker left and
 /// hands it to the worker, or gives a late apply back. Built once by the engine.
 pub struct Recovery {
+    pub(super) shared: Shared,
     pub(super) store: DynStore,
-    pub(super) docs: Documents,
-    pub(super) leases: Arc<Leases>,
-    pub(super) accounts: Arc<AccountSteps>,
-    pub(super) config: EngineConfig,
-    pub(super) clock: DynClock,
-    pub(super) metrics: Arc<Metrics>,
-    /// The engine's: the loop and a sweep in progress stop once it is cancelled.
-    pub(super) shutdown: CancellationToken,
-    /// The engine's tracker: the loop and the workers it starts are waited for at shutdown.
-    pub(super) tasks: TaskTracker,
     /// Drives what recovery takes over.
     pub(super) worker: Arc<Worker>,
 }
@@ -77,35 +62,37 @@ impl Recovery {
     /// left is resumed as soon as its leases run out rather than minutes later.
     pub fn spawn_loop(self: &Arc<Self>) {
         let recovery = self.clone();
-        let started = self.clock.boot_time();
+        let started = self.shared.clock.boot_time();
         let permits = Arc::new(Semaphore::new(MAX_CONCURRENT_RECOVERIES));
-        self.tasks.spawn(
+        self.shared.tasks.spawn(
             async move {
-                let startup = recovery.config.lease + recovery.config.recovery_interval;
+                let startup =
+                    recovery.shared.config.lease + recovery.shared.config.recovery_interval;
                 let mut sweep_cursor: Option<String> = None;
                 loop {
-                    let now = recovery.clock.wall_millis();
+                    let now = recovery.shared.clock.wall_millis();
                     let since_start = recovery
+                        .shared
                         .clock
                         .boot_time()
                         .saturating_duration_since(started);
                     let bound = if since_start < startup {
                         now
                     } else {
-                        now - recovery.config.recovery_stale_after.as_millis() as i64
+                        now - recovery.shared.config.recovery_stale_after.as_millis() as i64
                     };
                     match recovery.recover_once(bound, &permits).await {
                         Ok(report) if report.resumed > 0 => info!(?report, "recovery sweep"),
                         Ok(_) => {}
                         Err(error) => warn!(%error, "recovery sweep failed; next interval retries"),
                     }
-                    let pages = recovery.config.sweep_pages_per_tick;
+                    let pages = recovery.shared.config.sweep_pages_per_tick;
                     if pages > 0 {
                         sweep_cursor = recovery.sweep_some(sweep_cursor.take(), pages).await.0;
                     }
                     tokio::select! {
-                        _ = recovery.shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(recovery.config.recovery_interval) => {}
+                        _ = recovery.shared.shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(recovery.shared.config.recovery_interval) => {}
                     }
                 }
             }
@@ -119,7 +106,7 @@ impl Recovery {
         modified_before: i64,
         permits: &Arc<Semaphore>,
     ) -> StoreResult<RecoveryReport> {
-        self.metrics.recovery_runs_total.inc();
+        self.shared.metrics.recovery_runs_total.inc();
         let mut report = RecoveryReport::default();
         let mut after: Option<SortKey> = None;
         loop {
@@ -130,7 +117,7 @@ impl Recovery {
                     .collect(),
                 modified_before,
                 after: after.clone(),
-                limit: self.config.recovery_page,
+                limit: self.shared.config.recovery_page,
             };
             let page = self.store.find_stale(&query).await?;
             for doc in &page.docs {
@@ -142,7 +129,8 @@ impl Recovery {
                 Some(next) => after = Some(next),
                 None => {
                     // A complete sweep has seen every stale transfer that needs a person.
-                    self.metrics
+                    self.shared
+                        .metrics
                         .transfers_needing_attention
                         .set(report.needs_attention as i64);
                     return Ok(report);
@@ -160,7 +148,7 @@ impl Recovery {
         permits: &Arc<Semaphore>,
         report: &mut RecoveryReport,
     ) -> ControlFlow<()> {
-        if self.shutdown.is_cancelled() {
+        if self.shared.shutdown.is_cancelled() {
             return ControlFlow::Break(());
         }
         report.candidates += 1;
@@ -173,7 +161,7 @@ impl Recovery {
         // so nothing to take over yet; skipped on the hit, with no read.
         if hit
             .as_ref()
-            .is_some_and(|t| Leases::is_parked(t) && self.leases.may_be_live(t))
+            .is_some_and(|t| Leases::is_parked(t) && self.shared.leases.may_be_live(t))
         {
             report.waiting_holds += 1;
             return ControlFlow::Continue(());
@@ -192,13 +180,14 @@ impl Recovery {
             }
         };
         report.resumed += 1;
-        self.metrics
+        self.shared
+            .metrics
             .transfers_recovered_total
             .with_label_values(&[leased.doc.transaction_state.as_str()])
             .inc();
         let worker = self.worker.clone();
         let span = tracing::info_span!("transfer", transfer_id = %leased.doc.transaction_id, recovered = true);
-        self.tasks.spawn(
+        self.shared.tasks.spawn(
             async move {
                 let _permit = permit;
                 worker.drive(leased).await;
@@ -213,18 +202,19 @@ impl Recovery {
     /// live worker, or someone else won the race. A takeover whose answer was lost but which
     /// was applied continues from the document as read (a cancel may have changed it since).
     pub async fn take_over(&self, id: &str) -> StoreResult<Option<Leased>> {
-        let Some(current) = self.docs.get::<TransferDoc>(id).await? else {
+        let Some(current) = self.shared.docs.get::<TransferDoc>(id).await? else {
             return Ok(None);
         };
         if current.doc.transaction_state.is_terminal()
             || current.doc.attention.is_some()
-            || self.leases.may_be_live(&current.doc)
+            || self.shared.leases.may_be_live(&current.doc)
         {
             return Ok(None);
         }
         let mut next = current.doc;
-        next.modification_time = self.clock.now().text;
+        next.modification_time = self.shared.clock.now().text;
         match self
+            .shared
             .leases
             .claim(next, ClaimWrite::ReplaceAt(current.version))
             .await?

@@ -306,7 +306,10 @@ mod tests {
             text: "1970-01-01T00:00:00.000Z".into(),
         };
         let opened = at_the_floor.document(&now, "token".into());
-        assert_eq!((opened.balance, opened.floor, opened.opening_balance), (-5, -5, -5));
+        assert_eq!(
+            (opened.balance, opened.floor, opened.opening_balance),
+            (-5, -5, -5)
+        );
     }
 
     #[test]

@@ -53,9 +53,10 @@ impl Recovery {
     pub async fn sweep_late_applies(&self, after: Option<&str>) -> StoreResult<SweepPage> {
         let page = self
             .store
-            .scan(Index::Accounts, after, self.config.recovery_page)
+            .scan(Index::Accounts, after, self.shared.config.recovery_page)
             .await?;
-        let older_than = self.clock.wall_millis() - self.config.lease.as_millis() as i64;
+        let older_than =
+            self.shared.clock.wall_millis() - self.shared.config.lease.as_millis() as i64;
         let mut report = SweepPage {
             accounts: page.docs.len(),
             next: page.next,
@@ -74,7 +75,11 @@ impl Recovery {
                 }
                 report.checked += 1;
                 if !transfers.contains_key(transfer_id) {
-                    let read = self.docs.get_vouched::<TransferDoc>(transfer_id).await?;
+                    let read = self
+                        .shared
+                        .docs
+                        .get_vouched::<TransferDoc>(transfer_id)
+                        .await?;
                     transfers.insert(transfer_id.to_owned(), read.map(|t| t.doc));
                 }
                 let Some(Some(transfer)) = transfers.get(transfer_id) else {
@@ -136,17 +141,17 @@ impl Recovery {
             currency: CurrencyRule::Any,
             report_currency: false,
             // Not a lease holder: what makes this safe is the terminal state read above.
-            deadline: self.clock.boot_time() + Duration::from_secs(3600),
+            deadline: self.shared.clock.boot_time() + Duration::from_secs(3600),
             // The entry seen, and only it: if it is gone, someone undid it first.
             mark: account
                 .pending_mark(&transfer.transaction_id)
                 .map(str::to_owned),
         };
-        match self.accounts.run(&account.account_id, request).await {
+        match self.shared.accounts.run(&account.account_id, request).await {
             // Someone (another instance's sweep) undid it first.
             StepResult::AlreadyDone => false,
             StepResult::Done => {
-                self.metrics.late_applies_compensated_total.inc();
+                self.shared.metrics.late_applies_compensated_total.inc();
                 warn!(
                     transfer_id = %transfer.transaction_id,
                     account = %account.account_id,
