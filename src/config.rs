@@ -149,8 +149,9 @@ pub struct Config {
     pub elasticsearch_shards: u32,
 
     /// `_bulk` requests one instance keeps in flight at once (its writes are coalesced into
-    /// them). Unset: 8, or one per shard (`ELASTICSEARCH_SHARDS`) if that is more, so the
-    /// engine has bulks to serve while the service handles the answer of another.
+    /// them). Unset: 8, or one per shard (`ELASTICSEARCH_SHARDS`) if that is more, at most
+    /// 64, so the engine has bulks to serve while the service handles the answer of another.
+    /// Each bulk holds at most 32 MiB, so this bounds the bulk bytes in flight too.
     /// From 1 to 64.
     #[arg(long, env = "ELASTICSEARCH_BULKS_IN_FLIGHT", value_parser = clap::value_parser!(u32).range(1..=64))]
     pub elasticsearch_bulks_in_flight: Option<u32>,

@@ -8,8 +8,8 @@
 //! `_bulk`s; embedded: redb commits).
 //!
 //! Guarantees:
-//! - **At most `in_flight` inner `bulk`s at a time** (1 on the embedded store, whose commits
-//!   are serial anyway). On a sharded index one bulk in flight is what binds the rate: a
+//! - **At most `in_flight` inner `bulk`s at a time** (the service wraps only Elasticsearch in
+//!   a coalescer: `ELASTICSEARCH_BULKS_IN_FLIGHT`). On a sharded index one bulk in flight is what binds the rate: a
 //!   `_bulk` is answered when its busiest shard has served its items, so the other shards
 //!   idle meanwhile. With one bulk in flight per shard they stay busy (`docs/benchmark.md`,
 //!   "Shards on the capacity model").
@@ -74,12 +74,13 @@ impl WriteCoalescer {
         Self::with_in_flight(inner, max_batch, 1)
     }
 
-    /// Wraps `inner` with up to `in_flight` inner calls running at once (0 is treated as 1).
+    /// Wraps `inner` with up to `in_flight` inner calls running at once (0 is treated as 1,
+    /// more than a semaphore holds as that most).
     pub fn with_in_flight(inner: DynStore, max_batch: usize, in_flight: usize) -> Self {
         Self {
             inner,
             max_batch: max_batch.max(1),
-            in_flight: in_flight.max(1),
+            in_flight: in_flight.clamp(1, Semaphore::MAX_PERMITS),
             queue: OnceLock::new(),
             queued_ops: Arc::new(AtomicUsize::new(0)),
         }

@@ -69,7 +69,9 @@ async fn world_on_elasticsearch(
     jitter: Duration,
 ) -> World {
     let store = Arc::new(super::stores::migrated_es_store(url).await);
-    let base: DynStore = Arc::new(WriteCoalescer::new(store, 512));
+    // As many bulks in flight as the service keeps by default, so the fault and property
+    // tests see the writes of concurrent bulks interleave as production does.
+    let base: DynStore = Arc::new(WriteCoalescer::with_in_flight(store, 512, 8));
     let faulty = FaultyStore::new(base.clone(), seed, jitter);
     World {
         base,
