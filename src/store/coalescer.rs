@@ -444,6 +444,26 @@ mod tests {
         })
     }
 
+    /// One caller of one op for each of `numbers`, in order.
+    fn spawn_one_op_callers(
+        store: &Arc<WriteCoalescer>,
+        numbers: std::ops::Range<u64>,
+    ) -> Vec<tokio::task::JoinHandle<(Vec<String>, BulkResult)>> {
+        numbers
+            .map(|n| spawn_caller(store, vec![n.to_string()]))
+            .collect()
+    }
+
+    /// Waits for every caller and checks that each got exactly its own outcomes.
+    async fn each_gets_its_own_results(
+        handles: impl IntoIterator<Item = tokio::task::JoinHandle<(Vec<String>, BulkResult)>>,
+    ) {
+        for handle in handles {
+            let (ids, result) = join(handle).await;
+            assert_eq!(outcomes(result), expected(&ids), "caller with ops {ids:?}");
+        }
+    }
+
     async fn join(
         handle: tokio::task::JoinHandle<(Vec<String>, BulkResult)>,
     ) -> (Vec<String>, BulkResult) {
@@ -488,18 +508,13 @@ mod tests {
 
         let first = spawn_caller(&store, vec!["1".into()]);
         assert_eq!(next_call(&mut started).await, 1);
-        let queued: Vec<_> = (2..7)
-            .map(|n| spawn_caller(&store, vec![n.to_string()]))
-            .collect();
+        let queued = spawn_one_op_callers(&store, 2..7);
         eventually("five queued ops", || store.queued_ops() == 5).await;
         fake.release(2);
 
         let (_, result) = join(first).await;
         assert_eq!(outcomes(result), vec![expected_outcome("1")]);
-        for handle in queued {
-            let (ids, result) = join(handle).await;
-            assert_eq!(outcomes(result), expected(&ids));
-        }
+        each_gets_its_own_results(queued).await;
         // Six callers, two inner calls: the first alone, the other five together.
         assert_eq!(fake.batch_sizes(), vec![1, 5]);
         assert_eq!(store.queued_ops(), 0);
@@ -515,16 +530,11 @@ mod tests {
         let second = spawn_caller(&store, vec!["2".into()]);
         // The first call is still held at the gate: the second goes out beside it.
         assert_eq!(next_call(&mut started).await, 1);
-        let queued: Vec<_> = (3..7)
-            .map(|n| spawn_caller(&store, vec![n.to_string()]))
-            .collect();
+        let queued = spawn_one_op_callers(&store, 3..7);
         eventually("four queued ops", || store.queued_ops() == 4).await;
         fake.release(3);
 
-        for handle in [first, second].into_iter().chain(queued) {
-            let (ids, result) = join(handle).await;
-            assert_eq!(outcomes(result), expected(&ids));
-        }
+        each_gets_its_own_results([first, second].into_iter().chain(queued)).await;
         // Both slots busy while the last four queued: they went out together.
         assert_eq!(fake.batch_sizes(), vec![1, 1, 4]);
         assert_eq!(store.queued_ops(), 0);
@@ -543,10 +553,7 @@ mod tests {
                 )
             })
             .collect();
-        for handle in handles {
-            let (ids, result) = join(handle).await;
-            assert_eq!(outcomes(result), expected(&ids), "caller with ops {ids:?}");
-        }
+        each_gets_its_own_results(handles).await;
         assert_eq!(fake.batch_sizes().iter().sum::<usize>(), 120);
     }
 
