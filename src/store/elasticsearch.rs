@@ -15,6 +15,18 @@
 //! How answers map to outcomes and errors is in `elasticsearch/reply.rs` (one table for
 //! everything).
 //!
+//! # Parts
+//!
+//! [`ElasticsearchStore`] sends the requests of the table above; the rest is done by parts it
+//! builds and owns, each in its file, all sharing one connection:
+//! - the connection (`elasticsearch/connection.rs`): the client, the index names under
+//!   `INDEX_PREFIX`, and what a missing index means (below); the engine behind it and how its
+//!   answers are read are in `elasticsearch/engine.rs`;
+//! - the migrations (`elasticsearch/migrations.rs`), applied by `migrate` and checked by
+//!   `verify_migrated` and `ready`;
+//! - the vouch for reads (`elasticsearch/vouch.rs`), through which every realtime GET is sent;
+//! - shard growth (`elasticsearch/shards.rs`), `transfer-service shards`.
+//!
 //! # Answers: only what is read, uncompressed
 //!
 //! A `_bulk` asks for only what the backend reads of each item (`filter_path`, [`BULK_ANSWER`]):
@@ -69,6 +81,7 @@
 //! on writes and reads alike (`Permanent`), before any request.
 
 mod bodies;
+mod connection;
 mod engine;
 mod migrations;
 mod reply;
@@ -82,21 +95,22 @@ pub use self::migrations::migrations_index_body;
 pub use self::security::{sha256_hex, EsCredentials, EsSecurity, EsSecuritySettings, Secret};
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use elasticsearch::auth::Credentials;
-use elasticsearch::http::headers::{HeaderValue, ACCEPT_ENCODING, CONTENT_TYPE};
-use elasticsearch::http::transport::{SingleNodeConnectionPool, TransportBuilder};
+use elasticsearch::http::headers::{HeaderValue, CONTENT_TYPE};
 use elasticsearch::indices::IndicesRefreshParts;
-use elasticsearch::{BulkParts, Elasticsearch, GetParts, SearchParts};
+use elasticsearch::{BulkParts, SearchParts};
 use serde_json::{json, Value};
 use url::Url;
 
 use self::bodies::{bulk_lines, doc_of, hits_of, page_of, search_body, sort_key_of};
+use self::connection::Connection;
+use self::migrations::Migrations;
 use self::reply::Reply;
+use self::shards::{Described, Growth, ShardGrowth};
+use self::vouch::Vouch;
 use super::{
     fields, ChangesPage, ChangesQuery, Doc, FeedPosition, Index, Page, ScanPage, StaleQuery, Store,
     StoreError, StoreResult, TransferFilter, Version, WriteOp, WriteOutcome,
@@ -147,13 +161,19 @@ impl fmt::Debug for EsConfig {
     }
 }
 
-/// A [`Store`] on an Elasticsearch 8 cluster.
+/// A [`Store`] on an Elasticsearch 8 cluster: the store's requests, over the parts it builds
+/// and owns (see "Parts" in the module docs).
 pub struct ElasticsearchStore {
-    client: Elasticsearch,
-    index_prefix: String,
-    /// Set once this instance has applied (or found applied) every migration; from then on a
-    /// missing index is an error, not an empty store (see the module docs).
-    migrated: AtomicBool,
+    /// The client, the index names, the engine and whether this instance has migrated
+    /// (`elasticsearch/connection.rs`), which the parts below share.
+    connection: Arc<Connection>,
+    /// Applies and verifies the migrations (`elasticsearch/migrations.rs`).
+    migrations: Migrations,
+    /// Vouches for reads against the global checkpoints (`elasticsearch/vouch.rs`); every
+    /// realtime GET is sent through it.
+    vouch: Vouch,
+    /// `transfer-service shards` (`elasticsearch/shards.rs`).
+    shard_growth: ShardGrowth,
     /// The server-side `timeout` of a `_bulk` (half the client's): an unavailable shard then
     /// fails its own items with 503 while the rest of the batch is applied, instead of the
     /// whole request timing out on the client while the server keeps executing it.
@@ -161,22 +181,13 @@ pub struct ElasticsearchStore {
     /// The client-side limit of one page of `find_stale` or `scan` (see "Pages of the
     /// sweeps" in the module docs); the request timeout until set.
     page_timeout: Duration,
-    /// Elasticsearch or OpenSearch, read from `GET /` before the migrations
-    /// (`elasticsearch/engine.rs`); unset until the engine has answered.
-    engine: OnceLock<SearchEngine>,
-    /// The global checkpoints reads are vouched for against (`elasticsearch/vouch.rs`).
-    checkpoints: vouch::Checkpoints,
-    /// How long a vouch waits for a write it read to be committed (half the request timeout).
-    vouch_patience: Duration,
-    /// Primary shards of the data indices this instance creates (`ELASTICSEARCH_SHARDS`).
-    shards: u32,
 }
 
 impl fmt::Debug for ElasticsearchStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ElasticsearchStore")
-            .field("index_prefix", &self.index_prefix)
-            .field("migrated", &self.migrated.load(Ordering::Relaxed))
+            .field("index_prefix", &self.connection.index_prefix)
+            .field("migrated", &self.connection.is_migrated())
             .finish_non_exhaustive()
     }
 }
@@ -194,47 +205,14 @@ impl ElasticsearchStore {
         config: EsConfig,
         security: EsSecurity,
     ) -> Result<Self, StoreError> {
-        validate_prefix(&config.index_prefix)?;
-        let mut url = Url::parse(&config.url).map_err(|e| {
-            StoreError::Permanent(format!("ELASTICSEARCH_URL is not a valid URL: {e}"))
-        })?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(StoreError::Permanent(format!(
-                "ELASTICSEARCH_URL must be http or https, not {}",
-                url.scheme()
-            )));
-        }
-        // Credentials in the URL become basic auth; the URL kept by the client has none, so
-        // they never show up in error messages.
-        let credentials = (!url.username().is_empty()).then(|| {
-            Credentials::Basic(
-                url.username().to_owned(),
-                url.password().unwrap_or("").to_owned(),
-            )
-        });
-        let _ = url.set_username("");
-        let _ = url.set_password(None);
-
-        // No proxy: HTTP(S)_PROXY set for other traffic must not reroute the store (and a
-        // proxy's own errors would be mistaken for the cluster's).
-        let mut builder = TransportBuilder::new(SingleNodeConnectionPool::new(url))
-            .disable_proxy()
-            .header(ACCEPT_ENCODING, HeaderValue::from_static("identity"))
-            .timeout(config.request_timeout);
-        builder = security.apply(builder, credentials)?;
-        let transport = builder.build().map_err(|e| {
-            StoreError::Permanent(format!("cannot build the Elasticsearch client: {e}"))
-        })?;
+        let connection = Arc::new(Connection::open(&config, security)?);
         Ok(Self {
-            client: Elasticsearch::new(transport),
-            index_prefix: config.index_prefix,
-            migrated: AtomicBool::new(false),
+            migrations: Migrations::new(connection.clone(), config.shards.max(1)),
+            vouch: Vouch::new(connection.clone(), config.request_timeout / 2),
+            shard_growth: ShardGrowth::new(connection.clone()),
+            connection,
             bulk_timeout: format!("{}ms", (config.request_timeout / 2).as_millis().max(1)),
             page_timeout: config.request_timeout,
-            engine: OnceLock::new(),
-            checkpoints: vouch::Checkpoints::default(),
-            vouch_patience: config.request_timeout / 2,
-            shards: config.shards.max(1),
         })
     }
 
@@ -254,9 +232,9 @@ impl ElasticsearchStore {
     /// Applies the embedded migrations in order, each once; safe when several instances do
     /// it at the same moment (the argument is in `elasticsearch/migrations.rs`).
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        self.detect_engine().await?;
-        self.apply_migrations().await?;
-        self.migrated.store(true, Ordering::Release);
+        self.connection.detect_engine().await?;
+        self.migrations.apply().await?;
+        self.connection.mark_migrated();
         Ok(())
     }
 
@@ -264,41 +242,28 @@ impl ElasticsearchStore {
     /// last migration is recorded), and from then on treats a missing index as an error.
     /// For read-only users of the store such as the auditor.
     pub async fn verify_migrated(&self) -> Result<(), StoreError> {
-        self.detect_engine().await?;
-        self.verify_migrations().await?;
-        self.migrated.store(true, Ordering::Release);
+        self.connection.detect_engine().await?;
+        self.migrations.verify().await?;
+        self.connection.mark_migrated();
         Ok(())
     }
 
     /// The physical name of `index`: `INDEX_PREFIX` + its logical name.
     pub fn index_name(&self, index: Index) -> String {
-        self.physical_name(index.name())
+        self.connection.index_name(index)
     }
 
-    fn physical_name(&self, logical: &str) -> String {
-        format!("{}{}", self.index_prefix, logical)
+    /// The engine behind `ELASTICSEARCH_URL` (`GET /`, once; `elasticsearch/engine.rs`): an
+    /// engine or version the service does not support is a `Permanent` error naming it.
+    pub async fn detect_engine(&self) -> StoreResult<&SearchEngine> {
+        self.connection.detect_engine().await
     }
 
-    /// What a 404 `index_not_found_exception` means; see "A missing index" in the module docs.
-    async fn missing_index(&self, op: &str, reply: Reply) -> StoreResult<()> {
-        // A request that reached the old index as `transfer-service shards` moved its name
-        // onto the copy: the name is there again (an alias), so ask again.
-        let name = reply.body.pointer("/error/index").and_then(Value::as_str);
-        if let Some(name) = name.filter(|_| self.migrated.load(Ordering::Acquire)) {
-            if self.index_exists(name).await.unwrap_or(false) {
-                return Err(StoreError::Unavailable(format!(
-                    "{op}: {name} was gone a moment (its name moved onto a copy of more shards)"
-                )));
-            }
-        }
-        if self.migrated.load(Ordering::Acquire) {
-            Err(StoreError::Permanent(format!(
-                "{op}: {} although migrations were applied (deleted index, or wrong INDEX_PREFIX?)",
-                reply::describe(&reply.body)
-            )))
-        } else {
-            Ok(())
-        }
+    /// Splits the accounts and transactions indices into `to` shards each
+    /// (`elasticsearch/shards.rs`); with `dry_run`, only says what it would do. The store
+    /// must be migrated.
+    pub async fn grow_shards(&self, to: u32, dry_run: bool) -> StoreResult<Vec<Growth>> {
+        self.shard_growth.grow(to, dry_run).await
     }
 
     /// Runs one search on the transactions index and cuts the answer into a [`Page`].
@@ -322,16 +287,20 @@ impl ElasticsearchStore {
         body: Value,
         timeout: Option<Duration>,
     ) -> StoreResult<Vec<Value>> {
-        let name = self.index_name(index);
+        let name = self.connection.index_name(index);
         let names = [name.as_str()];
-        let mut search = self.client.search(SearchParts::Index(&names)).body(body);
+        let mut search = self
+            .connection
+            .client
+            .search(SearchParts::Index(&names))
+            .body(body);
         if let Some(timeout) = timeout {
             search = search.request_timeout(timeout);
         }
         let sent = search.send().await;
-        let reply = self.read(op, sent).await?;
+        let reply = self.connection.read(op, sent).await?;
         if reply.status == 404 && reply.error_type() == Some("index_not_found_exception") {
-            self.missing_index(op, reply).await?;
+            self.connection.missing_index(op, reply).await?;
             return Ok(Vec::new());
         }
         if !reply.is_success() {
@@ -339,26 +308,6 @@ impl ElasticsearchStore {
         }
         hits_of(op, reply.body)
     }
-}
-
-/// Elasticsearch index names are lower case, without `\ / * ? " < > | , #` or spaces, and do
-/// not start with `-`, `_` or `+`. Checking the prefix here turns a typo into a start-up
-/// error instead of a 400 on every request.
-fn validate_prefix(prefix: &str) -> StoreResult<()> {
-    let bad_char = prefix
-        .chars()
-        .find(|c| c.is_uppercase() || c.is_whitespace() || r#"\/*?"<>|,#:"#.contains(*c));
-    if let Some(c) = bad_char {
-        return Err(StoreError::Permanent(format!(
-            "INDEX_PREFIX {prefix:?} contains {c:?}, not allowed in an index name"
-        )));
-    }
-    if prefix.starts_with(['-', '_', '+']) {
-        return Err(StoreError::Permanent(format!(
-            "INDEX_PREFIX {prefix:?} must not start with '-', '_' or '+'"
-        )));
-    }
-    Ok(())
 }
 
 /// See "Ids that cannot be written in a URL" in the module docs.
@@ -379,33 +328,15 @@ impl Store for ElasticsearchStore {
     }
 
     fn engine(&self) -> Option<SearchEngine> {
-        self.engine.get().cloned()
+        self.connection.engine.get().cloned()
     }
 
     async fn get(&self, index: Index, id: &str) -> StoreResult<Option<Doc>> {
-        let op = "get";
-        check_addressable(op, id)?;
-        let name = self.index_name(index);
-        self.checkpoints.sending(&name, id);
-        let sent = self
-            .client
-            .get(GetParts::IndexId(&name, id))
-            .realtime(true)
-            .send()
-            .await;
-        let reply = self.read(op, sent).await?;
-        match reply.status {
-            200 if reply.body["found"] == Value::Bool(true) => doc_of(op, &reply.body).map(Some),
-            404 if reply.body["found"] == Value::Bool(false) => Ok(None),
-            404 if reply.error_type() == Some("index_not_found_exception") => {
-                self.missing_index(op, reply).await.map(|()| None)
-            }
-            _ => Err(reply.into_error(op)),
-        }
+        self.vouch.get(index, id).await
     }
 
     async fn vouch(&self, index: Index, id: &str, read: Option<Version>) -> StoreResult<()> {
-        self.vouch_for(index, id, read).await
+        self.vouch.vouch_for(index, id, read).await
     }
 
     async fn bulk(&self, ops: Vec<WriteOp>) -> StoreResult<Vec<StoreResult<WriteOutcome>>> {
@@ -413,7 +344,7 @@ impl Store for ElasticsearchStore {
         if ops.is_empty() {
             return Ok(Vec::new());
         }
-        if !self.migrated.load(Ordering::Acquire) {
+        if !self.connection.is_migrated() {
             // See "A missing index" in the module docs: a write now could create an index
             // with the wrong mappings.
             return Err(StoreError::Unavailable(format!(
@@ -428,7 +359,7 @@ impl Store for ElasticsearchStore {
             match check_addressable(op, write.id()) {
                 Ok(()) => {
                     results.push(None);
-                    lines.extend(bulk_lines(self, write)?);
+                    lines.extend(bulk_lines(&self.connection, write)?);
                 }
                 Err(e) => results.push(Some(Err(e))),
             }
@@ -437,6 +368,7 @@ impl Store for ElasticsearchStore {
         if sent_count > 0 {
             // The client ends every line (the last one included) with '\n'.
             let sent = self
+                .connection
                 .client
                 .bulk(BulkParts::None)
                 .filter_path(BULK_ANSWER)
@@ -448,7 +380,7 @@ impl Store for ElasticsearchStore {
                 .body(lines)
                 .send()
                 .await;
-            let reply = self.successful(op, sent).await?;
+            let reply = self.connection.successful(op, sent).await?;
             // `errors` only says whether some item failed; each item's status is what counts.
             let items = reply
                 .body
@@ -522,13 +454,13 @@ impl Store for ElasticsearchStore {
         let sort = json!([{fields::MODIFIED: order}, {fields::ID: order}]);
         let body = search_body(filter, Vec::new(), sort, after, limit);
         let body = self.page_body(body);
-        let name = self.index_name(Index::Transactions);
-        if self.checkpoints.searching(&name) == 0 {
+        let name = self.connection.index_name(Index::Transactions);
+        if self.vouch.searching(&name) == 0 {
             // The copies listed before the search are what its hits are vouched by: have an
             // answer first (`elasticsearch/vouch.rs`, the copies listed around a read).
-            self.vouch_for(Index::Transactions, "", None).await?;
+            self.vouch.vouch_for(Index::Transactions, "", None).await?;
         }
-        let searching = self.checkpoints.searching(&name);
+        let searching = self.vouch.searching(&name);
         let hits = self
             .search(op, Index::Transactions, body, Some(self.page_timeout))
             .await?;
@@ -543,8 +475,9 @@ impl Store for ElasticsearchStore {
         // consumer's next cursor, and the document's newer write comes after it.
         for k in 0..docs.len() {
             let doc = &docs[k].1;
-            self.checkpoints.found_by_search(&name, &doc.id, searching);
+            self.vouch.found_by_search(&name, &doc.id, searching);
             match self
+                .vouch
                 .vouch_for(Index::Transactions, &doc.id, Some(doc.version))
                 .await
             {
@@ -596,17 +529,17 @@ impl Store for ElasticsearchStore {
     async fn ready(&self) -> StoreResult<()> {
         // Ready means this instance can write: it has applied (or verified) the migrations,
         // and the indices are still there.
-        if !self.migrated.load(Ordering::Acquire) {
+        if !self.connection.is_migrated() {
             return Err(StoreError::Unavailable(
                 "ready: this instance has not applied the migrations yet".into(),
             ));
         }
-        self.verify_migrations().await?;
+        self.migrations.verify().await?;
         // A node cut off from the others answers the checks above from its own copies;
         // reaching every copy of the data indices is what it cannot do then
         // (`elasticsearch/vouch.rs`).
         for index in [Index::Accounts, Index::Transactions] {
-            self.vouch_for(index, "", None).await?;
+            self.vouch.vouch_for(index, "", None).await?;
         }
         Ok(())
     }
@@ -657,20 +590,21 @@ impl Store for ElasticsearchStore {
 
     async fn refresh(&self) -> StoreResult<()> {
         let op = "refresh";
-        let accounts = self.index_name(Index::Accounts);
-        let transactions = self.index_name(Index::Transactions);
+        let accounts = self.connection.index_name(Index::Accounts);
+        let transactions = self.connection.index_name(Index::Transactions);
         let indices = [accounts.as_str(), transactions.as_str()];
         let sent = self
+            .connection
             .client
             .indices()
             .refresh(IndicesRefreshParts::Index(&indices))
             .send()
             .await;
-        let reply = self.read(op, sent).await?;
+        let reply = self.connection.read(op, sent).await?;
         if reply.status == 404 && reply.error_type() == Some("index_not_found_exception") {
             // Before migrations nothing may exist yet. Refresh the indices that do exist one
             // by one (a multi-index refresh fails as a whole on one missing index).
-            self.missing_index(op, reply).await?;
+            self.connection.missing_index(op, reply).await?;
             for index in indices {
                 self.refresh_one(index).await?;
             }
@@ -684,9 +618,8 @@ impl Store for ElasticsearchStore {
     /// identity the split wrote on the copy's mapping for the copy's uuid
     /// (`elasticsearch/shards.rs`), so cursors issued before the split still read.
     async fn identity(&self) -> StoreResult<Option<String>> {
-        let described = self
-            .describe_index(&self.index_name(Index::Transactions))
-            .await?;
+        let name = self.connection.index_name(Index::Transactions);
+        let described = Described::of(&self.connection, &name).await?;
         Ok(Some(described.kept_identity.unwrap_or(described.uuid)))
     }
 }
@@ -696,12 +629,13 @@ impl ElasticsearchStore {
     async fn refresh_one(&self, index: &str) -> StoreResult<()> {
         let op = "refresh";
         let sent = self
+            .connection
             .client
             .indices()
             .refresh(IndicesRefreshParts::Index(&[index]))
             .send()
             .await;
-        let reply = self.read(op, sent).await?;
+        let reply = self.connection.read(op, sent).await?;
         if reply.status == 404 && reply.error_type() == Some("index_not_found_exception") {
             return Ok(());
         }
@@ -797,7 +731,7 @@ mod tests {
     async fn a_conditional_replace_is_an_index_action_with_seq_no_and_term() {
         let store = store("p-").await;
         let [action, source] = bulk_lines(
-            &store,
+            &store.connection,
             WriteOp::ReplaceIf {
                 index: Index::Accounts,
                 id: "a".into(),
@@ -820,7 +754,7 @@ mod tests {
             "the source is sent as it is"
         );
         let [action, _] = bulk_lines(
-            &store,
+            &store.connection,
             WriteOp::Create {
                 index: Index::Transactions,
                 id: "t".into(),
@@ -877,7 +811,7 @@ mod tests {
         // Port 9 (discard) is closed: had a request been sent, the error would be
         // Unavailable, not Permanent.
         let store = store("p-").await;
-        store.migrated.store(true, Ordering::Release);
+        store.connection.mark_migrated();
         let error = store.get(Index::Accounts, "..").await.unwrap_err();
         assert!(!error.is_retryable(), "{error}");
         let results = store

@@ -5,7 +5,8 @@
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use super::{reply, ElasticsearchStore};
+use super::connection::Connection;
+use super::reply;
 use crate::store::{Doc, Page, SortKey, Source, StoreError, StoreResult, WriteOp};
 
 /// The action line of one bulk write: `{"create": {..}}` or `{"index": {..}}`.
@@ -29,8 +30,8 @@ struct BulkTarget<'a> {
 /// The two NDJSON lines of one bulk write: the action, then the source as it is (no tree is
 /// built). `ReplaceIf` is an `index` action with `if_seq_no`/`if_primary_term` (a `create`
 /// action cannot carry them).
-pub(super) fn bulk_lines(store: &ElasticsearchStore, op: WriteOp) -> StoreResult<[Bytes; 2]> {
-    let index_name = store.index_name(op.index());
+pub(super) fn bulk_lines(connection: &Connection, op: WriteOp) -> StoreResult<[Bytes; 2]> {
+    let index_name = connection.index_name(op.index());
     let (action, source) = match &op {
         WriteOp::Create { id, source, .. } => (
             BulkAction::Create(BulkTarget {

@@ -18,7 +18,8 @@
 
 use serde_json::Value;
 
-use super::{reply, security, ElasticsearchStore};
+use super::connection::Connection;
+use super::{reply, security};
 use crate::store::{StoreError, StoreResult};
 
 /// The engine behind `ELASTICSEARCH_URL`, with its version (`8.19.21`, `2.19.6`).
@@ -133,10 +134,10 @@ impl std::fmt::Display for SearchEngine {
     }
 }
 
-impl ElasticsearchStore {
+impl Connection {
     /// The engine behind `ELASTICSEARCH_URL` (`GET /`, once; `elasticsearch/engine.rs`): an
     /// engine or version the service does not support is a `Permanent` error naming it.
-    pub async fn detect_engine(&self) -> StoreResult<&SearchEngine> {
+    pub(super) async fn detect_engine(&self) -> StoreResult<&SearchEngine> {
         if let Some(engine) = self.engine.get() {
             return Ok(engine);
         }

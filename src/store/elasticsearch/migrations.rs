@@ -1,5 +1,6 @@
 //! Index migrations: the numbered JSON files in `migrations/`, embedded in the binary and
-//! applied in order at start-up by [`ElasticsearchStore::migrate`].
+//! applied in order at start-up by [`ElasticsearchStore::migrate`](super::ElasticsearchStore::migrate)
+//! through [`Migrations`].
 //!
 //! Each file is one step, recorded once applied as the document
 //! `{prefix}migrations/_doc/{file stem}`. Two kinds:
@@ -35,16 +36,15 @@
 //! that the list and the directory agree. A new kind of step needs a new field in [`Step`]
 //! and must be idempotent too.
 
-use elasticsearch::indices::{
-    IndicesCreateParts, IndicesExistsParts, IndicesGetMappingParts, IndicesGetParts,
-    IndicesPutMappingParts,
-};
+use std::sync::Arc;
+
+use elasticsearch::indices::{IndicesCreateParts, IndicesGetMappingParts, IndicesPutMappingParts};
 use elasticsearch::{CreateParts, GetParts};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::reply::{self, Reply};
-use super::ElasticsearchStore;
+use super::connection::Connection;
+use super::reply::Reply;
 use crate::store::{StoreError, StoreResult};
 
 /// One embedded migration file.
@@ -180,22 +180,33 @@ pub(super) fn last_id() -> &'static str {
     MIGRATIONS.last().map_or("", |m| m.id)
 }
 
-impl ElasticsearchStore {
+/// The migrations of one store, applied or verified over its connection.
+pub(super) struct Migrations {
+    connection: Arc<Connection>,
+    /// Primary shards of the data indices this instance creates (`ELASTICSEARCH_SHARDS`).
+    shards: u32,
+}
+
+impl Migrations {
+    pub(super) fn new(connection: Arc<Connection>, shards: u32) -> Migrations {
+        Migrations { connection, shards }
+    }
+
     /// See the module docs for why this is safe to run concurrently from several instances.
-    pub(super) async fn apply_migrations(&self) -> StoreResult<()> {
+    pub(super) async fn apply(&self) -> StoreResult<()> {
         // Parse everything first: a broken file must not leave a half-applied list behind.
         let steps = MIGRATIONS
             .iter()
             .map(|m| Ok((m, m.step()?)))
             .collect::<StoreResult<Vec<_>>>()?;
 
-        let engine = self.detect_engine().await?.clone();
-        let records = self.physical_name(MIGRATIONS_INDEX);
+        let engine = self.connection.detect_engine().await?.clone();
+        let records = self.connection.physical_name(MIGRATIONS_INDEX);
         self.create_index_if_absent(&records, migrations_index_body())
             .await?;
 
         for (migration, step) in steps {
-            let index = self.physical_name(step.index());
+            let index = self.connection.physical_name(step.index());
             // The files are written for Elasticsearch; OpenSearch names a type or two
             // differently (`flattened` is its `flat_object`), the layout is the same.
             let mut body = engine.mapping(&step.body);
@@ -211,11 +222,11 @@ impl ElasticsearchStore {
                 StepKind::CreateIndex(_) => self.create_index_if_absent(&index, body).await?,
                 StepKind::PutMapping(_) => self.put_mapping_if_missing(&index, &body).await?,
             }
-            if self.migration_recorded(&records, migration.id).await? {
+            if self.recorded(&records, migration.id).await? {
                 tracing::debug!(migration = migration.id, "migration already applied");
                 continue;
             }
-            self.record_migration(&records, migration.id, &step.description)
+            self.record(&records, migration.id, &step.description)
                 .await?;
             tracing::info!(migration = migration.id, %index, "migration applied");
         }
@@ -224,18 +235,18 @@ impl ElasticsearchStore {
 
     /// Whether every index the migrations create exists and the last migration is recorded:
     /// the store is migrated, without writing anything.
-    pub(super) async fn verify_migrations(&self) -> StoreResult<()> {
+    pub(super) async fn verify(&self) -> StoreResult<()> {
         for migration in MIGRATIONS {
             let step = migration.step()?;
-            let index = self.physical_name(step.index());
-            if !self.index_exists(&index).await? {
+            let index = self.connection.physical_name(step.index());
+            if !self.connection.index_exists(&index).await? {
                 return Err(StoreError::Unavailable(format!(
                     "index {index} does not exist (not migrated, or wrong INDEX_PREFIX?)"
                 )));
             }
         }
-        let records = self.physical_name(MIGRATIONS_INDEX);
-        if !self.migration_recorded(&records, last_id()).await? {
+        let records = self.connection.physical_name(MIGRATIONS_INDEX);
+        if !self.recorded(&records, last_id()).await? {
             return Err(StoreError::Unavailable(format!(
                 "migration {} is not recorded yet",
                 last_id()
@@ -244,54 +255,14 @@ impl ElasticsearchStore {
         Ok(())
     }
 
-    /// `HEAD /{index}`.
-    pub(super) async fn index_exists(&self, index: &str) -> StoreResult<bool> {
-        let sent = self
-            .client
-            .indices()
-            .exists(IndicesExistsParts::Index(&[index]))
-            .send()
-            .await
-            .map_err(|e| reply::transport_error(&format!("HEAD {index}"), &e))?;
-        match sent.status_code().as_u16() {
-            200 => Ok(true),
-            404 => Ok(false),
-            status if reply::is_denial(status) => Err(self.head_denied(index, status).await),
-            429 | 502 | 503 | 504 => Err(StoreError::Unavailable(format!(
-                "HEAD {index}: status {}",
-                sent.status_code()
-            ))),
-            status => Err(StoreError::Permanent(format!(
-                "HEAD {index}: status {status}"
-            ))),
-        }
-    }
-
-    /// A refused `HEAD /{index}` has no body to say why; for a 403, `GET /{index}` (the same
-    /// action, `indices:admin/get`) gets Elasticsearch's reason, which names the privilege.
-    async fn head_denied(&self, index: &str, status: u16) -> StoreError {
-        let op = format!("HEAD {index}");
-        if status == 403 {
-            let sent = self
-                .client
-                .indices()
-                .get(IndicesGetParts::Index(&[index]))
-                .send()
-                .await;
-            if let Err(denied @ StoreError::Denied { .. }) = self.read(&op, sent).await {
-                return denied;
-            }
-        }
-        super::security::denied(&op, status, &Value::Null)
-    }
-
     /// `PUT /{index}` unless it exists; one that appears meanwhile counts as created.
     async fn create_index_if_absent(&self, index: &str, body: Value) -> StoreResult<()> {
-        if self.index_exists(index).await? {
+        if self.connection.index_exists(index).await? {
             return Ok(());
         }
         let op = "migrate: create index";
         let sent = self
+            .connection
             .client
             .indices()
             .create(IndicesCreateParts::Index(index))
@@ -299,7 +270,7 @@ impl ElasticsearchStore {
             .request_timeout(CHANGE_TIMEOUT)
             .send()
             .await;
-        let reply = self.read(op, sent).await?;
+        let reply = self.connection.read(op, sent).await?;
         match reply.status {
             200..=299 if reply.body["acknowledged"] == Value::Bool(false) => {
                 // The master did not confirm in time: the index may or may not exist yet.
@@ -320,12 +291,13 @@ impl ElasticsearchStore {
     async fn put_mapping_if_missing(&self, index: &str, body: &Value) -> StoreResult<()> {
         let op = "migrate: read mapping";
         let sent = self
+            .connection
             .client
             .indices()
             .get_mapping(IndicesGetMappingParts::Index(&[index]))
             .send()
             .await;
-        let reply = self.read(op, sent).await?;
+        let reply = self.connection.read(op, sent).await?;
         if !(200..=299).contains(&reply.status) {
             return Err(reply.into_error(&format!("{op} [{index}]")));
         }
@@ -341,6 +313,7 @@ impl ElasticsearchStore {
         }
         let op = "migrate: put mapping";
         let sent = self
+            .connection
             .client
             .indices()
             .put_mapping(IndicesPutMappingParts::Index(&[index]))
@@ -348,7 +321,7 @@ impl ElasticsearchStore {
             .request_timeout(CHANGE_TIMEOUT)
             .send()
             .await;
-        let reply = self.read(op, sent).await?;
+        let reply = self.connection.read(op, sent).await?;
         match reply.status {
             200..=299 if reply.body["acknowledged"] == Value::Bool(true) => Ok(()),
             // Not confirmed by the master in time: applied or not, the next attempt tells.
@@ -360,15 +333,16 @@ impl ElasticsearchStore {
     }
 
     /// Realtime GET of the record of migration `id`.
-    pub(super) async fn migration_recorded(&self, records: &str, id: &str) -> StoreResult<bool> {
+    async fn recorded(&self, records: &str, id: &str) -> StoreResult<bool> {
         let op = "migrate: read record";
         let sent = self
+            .connection
             .client
             .get(GetParts::IndexId(records, id))
             .realtime(true)
             .send()
             .await;
-        let reply: Reply = self.read(op, sent).await?;
+        let reply: Reply = self.connection.read(op, sent).await?;
         match reply.status {
             200 => Ok(reply.body["found"] == Value::Bool(true)),
             404 if reply.body["found"] == Value::Bool(false) => Ok(false),
@@ -378,24 +352,20 @@ impl ElasticsearchStore {
     }
 
     /// `PUT /{records}/_create/{id}`: 201 we recorded it, 409 another instance did.
-    async fn record_migration(
-        &self,
-        records: &str,
-        id: &str,
-        description: &str,
-    ) -> StoreResult<()> {
+    async fn record(&self, records: &str, id: &str, description: &str) -> StoreResult<()> {
         let op = "migrate: record";
         let record = json!({
             "description": description,
             "applied_at": crate::time::format_millis(now_millis()),
         });
         let sent = self
+            .connection
             .client
             .create(CreateParts::IndexId(records, id))
             .body(record)
             .send()
             .await;
-        let reply = self.read(op, sent).await?;
+        let reply = self.connection.read(op, sent).await?;
         match reply.status {
             200..=299 | 409 => Ok(()),
             _ => Err(reply.into_error(op)),

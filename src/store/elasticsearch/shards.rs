@@ -24,6 +24,8 @@
 //! the swap, so cursors issued before the split are read after it as before, while a
 //! restored snapshot of it (a new uuid) is another store again.
 
+use std::sync::Arc;
+
 use elasticsearch::cluster::ClusterHealthParts;
 use elasticsearch::indices::{
     IndicesAddBlockParts, IndicesGetParts, IndicesPutMappingParts, IndicesPutSettingsParts,
@@ -34,7 +36,7 @@ use elasticsearch::CountParts;
 use es_routing::Routing;
 use serde_json::{json, Value};
 
-use super::ElasticsearchStore;
+use super::connection::Connection;
 use crate::store::{Index, StoreError, StoreResult};
 
 /// The key of the transactions mapping's `_meta` that keeps the store's identity across
@@ -109,14 +111,23 @@ pub(super) fn splits_into(routing: Routing, to: u32) -> Result<(), String> {
     Ok(())
 }
 
-impl ElasticsearchStore {
+/// Grows the data indices to more shards (the module docs), over the store's connection.
+pub(super) struct ShardGrowth {
+    connection: Arc<Connection>,
+}
+
+impl ShardGrowth {
+    pub(super) fn new(connection: Arc<Connection>) -> ShardGrowth {
+        ShardGrowth { connection }
+    }
+
     /// Splits the accounts and transactions indices into `to` shards each (see the module
     /// docs); with `dry_run`, only says what it would do. The store must be migrated.
-    pub async fn grow_shards(&self, to: u32, dry_run: bool) -> StoreResult<Vec<Growth>> {
+    pub(super) async fn grow(&self, to: u32, dry_run: bool) -> StoreResult<Vec<Growth>> {
         let mut plan = Vec::new();
         for index in [Index::Accounts, Index::Transactions] {
-            let name = self.index_name(index);
-            let described = self.describe_index(&name).await?;
+            let name = self.connection.index_name(index);
+            let described = Described::of(&self.connection, &name).await?;
             plan.push((index, name, described));
         }
         let mut done = Vec::new();
@@ -151,25 +162,12 @@ impl ElasticsearchStore {
         Ok(done)
     }
 
-    /// `GET /{name}`: the index behind the name, its routing, uuid and kept identity.
-    pub(super) async fn describe_index(&self, name: &str) -> StoreResult<Described> {
-        let op = "describe index";
-        let sent = self
-            .client
-            .indices()
-            .get(IndicesGetParts::Index(&[name]))
-            .send()
-            .await;
-        let reply = self.successful(op, sent).await?;
-        described_in(&reply.body)
-            .map_err(|why| StoreError::Permanent(format!("{op} {name}: {why}")))
-    }
-
     /// Writes the store's `identity` on the copy's mapping, for the copy alone.
     async fn keep_identity(&self, copy: &str, identity: &str) -> StoreResult<()> {
-        let uuid = self.describe_index(copy).await?.uuid;
+        let uuid = Described::of(&self.connection, copy).await?.uuid;
         let op = "shards: keep the store identity";
         let sent = self
+            .connection
             .client
             .indices()
             .put_mapping(IndicesPutMappingParts::Index(&[copy]))
@@ -202,6 +200,7 @@ impl ElasticsearchStore {
         }
         let op = "shards: move the name onto the copy";
         let sent = self
+            .connection
             .client
             .indices()
             .update_aliases()
@@ -216,7 +215,7 @@ impl ElasticsearchStore {
         if swapped.is_err() {
             // Unanswered or refused: if the name still names the old index, it takes writes
             // again; if it names the copy, the swap was applied.
-            if let Ok(now) = self.describe_index(name).await {
+            if let Ok(now) = Described::of(&self.connection, name).await {
                 if now.concrete == concrete {
                     let _ = self.allow_writes(concrete).await;
                 } else {
@@ -231,6 +230,7 @@ impl ElasticsearchStore {
     async fn split_copy(&self, concrete: &str, copy: &str, to: u32) -> StoreResult<()> {
         let op = "shards: split";
         let sent = self
+            .connection
             .client
             .indices()
             .split(IndicesSplitParts::IndexTarget(concrete, copy))
@@ -241,6 +241,7 @@ impl ElasticsearchStore {
         self.expect_success(op, sent).await?;
         let op = "shards: wait for the copy's primaries";
         let sent = self
+            .connection
             .client
             .cluster()
             .health(ClusterHealthParts::Index(&[copy]))
@@ -249,7 +250,7 @@ impl ElasticsearchStore {
             .request_timeout(COMMAND_TIMEOUT)
             .send()
             .await;
-        let reply = self.read(op, sent).await?;
+        let reply = self.connection.read(op, sent).await?;
         if !reply.is_success() || reply.body["timed_out"] == Value::Bool(true) {
             return Err(StoreError::Unavailable(format!(
                 "{op}: {copy} not started in {START_TIMEOUT}: {}",
@@ -271,13 +272,14 @@ impl ElasticsearchStore {
     async fn block_writes(&self, index: &str) -> StoreResult<()> {
         let op = "shards: write block";
         let sent = self
+            .connection
             .client
             .indices()
             .add_block(IndicesAddBlockParts::IndexBlock(&[index], "write"))
             .request_timeout(COMMAND_TIMEOUT)
             .send()
             .await;
-        let reply = self.successful(op, sent).await?;
+        let reply = self.connection.successful(op, sent).await?;
         if reply.body["acknowledged"] != Value::Bool(true) {
             return Err(StoreError::Unavailable(format!(
                 "{op}: {index}: not acknowledged: {}",
@@ -290,6 +292,7 @@ impl ElasticsearchStore {
     async fn allow_writes(&self, index: &str) -> StoreResult<()> {
         let op = "shards: lift the write block";
         let sent = self
+            .connection
             .client
             .indices()
             .put_settings(IndicesPutSettingsParts::Index(&[index]))
@@ -303,14 +306,20 @@ impl ElasticsearchStore {
     async fn count_all(&self, index: &str) -> StoreResult<u64> {
         let op = "shards: count";
         let sent = self
+            .connection
             .client
             .indices()
             .refresh(IndicesRefreshParts::Index(&[index]))
             .send()
             .await;
         self.expect_success(op, sent).await?;
-        let sent = self.client.count(CountParts::Index(&[index])).send().await;
-        let reply = self.successful(op, sent).await?;
+        let sent = self
+            .connection
+            .client
+            .count(CountParts::Index(&[index]))
+            .send()
+            .await;
+        let reply = self.connection.successful(op, sent).await?;
         reply.body["count"]
             .as_u64()
             .ok_or_else(|| StoreError::Permanent(format!("{op}: {index}: {}", reply.body)))
@@ -318,7 +327,7 @@ impl ElasticsearchStore {
 
     /// A copy already there is another run's, going on or given up: never touched.
     async fn refuse_a_copy_left(&self, copy: &str) -> StoreResult<()> {
-        if !self.index_exists(copy).await? {
+        if !self.connection.index_exists(copy).await? {
             return Ok(());
         }
         Err(StoreError::Permanent(format!(
@@ -332,7 +341,23 @@ impl ElasticsearchStore {
         op: &str,
         sent: Result<elasticsearch::http::response::Response, elasticsearch::Error>,
     ) -> StoreResult<()> {
-        self.successful(op, sent).await.map(drop)
+        self.connection.successful(op, sent).await.map(drop)
+    }
+}
+
+impl Described {
+    /// `GET /{name}`: the index behind the name, its routing, uuid and kept identity.
+    pub(super) async fn of(connection: &Connection, name: &str) -> StoreResult<Described> {
+        let op = "describe index";
+        let sent = connection
+            .client
+            .indices()
+            .get(IndicesGetParts::Index(&[name]))
+            .send()
+            .await;
+        let reply = connection.successful(op, sent).await?;
+        described_in(&reply.body)
+            .map_err(|why| StoreError::Permanent(format!("{op} {name}: {why}")))
     }
 }
 

@@ -45,18 +45,22 @@
 //! it acknowledged there and then lost (`docs/design.md` §9, "What OpenSearch loses").
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use elasticsearch::indices::IndicesStatsParts;
 use elasticsearch::params::Level;
+use elasticsearch::GetParts;
 use es_routing::Routing;
 use serde_json::Value;
 
-use super::ElasticsearchStore;
-use crate::store::{Index, StoreError, StoreResult, Version, CHANGED_SINCE_READ};
+use super::bodies::doc_of;
+use super::check_addressable;
+use super::connection::Connection;
+use super::shards::Described;
+use crate::store::{Doc, Index, StoreError, StoreResult, Version, CHANGED_SINCE_READ};
 
 /// What `_stats` asks for: the totals, and each copy's routing, checkpoints and term.
 const STATS_ANSWER: &[&str] = &[
@@ -255,7 +259,7 @@ impl Layouts {
 /// answer of each index with when it was sent; each index's routing; one `_stats` request at
 /// a time (the reads waiting share its answer).
 #[derive(Debug, Default)]
-pub(super) struct Checkpoints {
+struct Checkpoints {
     reported: Mutex<HashMap<(String, u32, u64), i64>>,
     last: Mutex<HashMap<String, (Instant, StoreResult<Report>)>>,
     routing: Mutex<HashMap<String, Routing>>,
@@ -314,20 +318,10 @@ impl Checkpoints {
     }
 
     /// A read of `id` in `index` is about to be sent (see [`Layouts`]).
-    pub(super) fn sending(&self, index: &str, id: &str) {
+    fn sending(&self, index: &str, id: &str) {
         let mut layouts = self.layouts();
         let applied = layouts.applied_so_far(index);
         layouts.read_sent(index, id, applied);
-    }
-
-    /// A search of `index` is about to be sent: what to pass to [`Self::found_by_search`].
-    pub(super) fn searching(&self, index: &str) -> u64 {
-        self.layouts().applied_so_far(index)
-    }
-
-    /// `id` came back from the search sent at `searching`'s answer.
-    pub(super) fn found_by_search(&self, index: &str, id: &str, searching: u64) {
-        self.layouts().read_sent(index, id, searching);
     }
 
     fn learned(&self, index: &str, routing: Routing) {
@@ -336,7 +330,63 @@ impl Checkpoints {
     }
 }
 
-impl ElasticsearchStore {
+/// Vouches for reads (see the module docs): the connection it asks `_stats` on, what the
+/// answers reported so far, and how long it waits for a write to be committed.
+pub(super) struct Vouch {
+    connection: Arc<Connection>,
+    /// The global checkpoints reads are vouched for against.
+    checkpoints: Checkpoints,
+    /// How long a vouch waits for a write it read to be committed (half the request timeout).
+    patience: Duration,
+}
+
+impl Vouch {
+    pub(super) fn new(connection: Arc<Connection>, patience: Duration) -> Vouch {
+        Vouch {
+            connection,
+            checkpoints: Checkpoints::default(),
+            patience,
+        }
+    }
+
+    /// A realtime GET of `id` ([`Store::get`](crate::store::Store::get)). Every read of a
+    /// document is sent from here: a vouch judges it by the answers applied before it was
+    /// sent (see [`Layouts`]).
+    pub(super) async fn get(&self, index: Index, id: &str) -> StoreResult<Option<Doc>> {
+        let op = "get";
+        check_addressable(op, id)?;
+        let name = self.connection.index_name(index);
+        self.checkpoints.sending(&name, id);
+        let sent = self
+            .connection
+            .client
+            .get(GetParts::IndexId(&name, id))
+            .realtime(true)
+            .send()
+            .await;
+        let reply = self.connection.read(op, sent).await?;
+        match reply.status {
+            200 if reply.body["found"] == Value::Bool(true) => doc_of(op, &reply.body).map(Some),
+            404 if reply.body["found"] == Value::Bool(false) => Ok(None),
+            404 if reply.error_type() == Some("index_not_found_exception") => self
+                .connection
+                .missing_index(op, reply)
+                .await
+                .map(|()| None),
+            _ => Err(reply.into_error(op)),
+        }
+    }
+
+    /// A search of `index` is about to be sent: what to pass to [`Self::found_by_search`].
+    pub(super) fn searching(&self, index: &str) -> u64 {
+        self.checkpoints.layouts().applied_so_far(index)
+    }
+
+    /// `id` came back from the search sent at `searching`'s answer.
+    pub(super) fn found_by_search(&self, index: &str, id: &str, searching: u64) {
+        self.checkpoints.layouts().read_sent(index, id, searching);
+    }
+
     /// See the module docs. Called after the read: the `_stats` it waits for is sent after it.
     /// `id` empty: the index itself (every shard reachable, none with a copy behind).
     pub(super) async fn vouch_for(
@@ -345,8 +395,8 @@ impl ElasticsearchStore {
         id: &str,
         read: Option<Version>,
     ) -> StoreResult<()> {
-        let name = self.index_name(index);
-        let give_up = Instant::now() + self.vouch_patience;
+        let name = self.connection.index_name(index);
+        let give_up = Instant::now() + self.patience;
         let mut report = self.contact(&name, Instant::now()).await?;
         let mut read_again_under_newer_term = false;
         loop {
@@ -443,7 +493,7 @@ impl ElasticsearchStore {
         id: &str,
         read: Option<Version>,
     ) -> StoreResult<Judged> {
-        let name = self.index_name(index);
+        let name = self.connection.index_name(index);
         if self.checkpoints.layouts().unchanged_since_read(&name, id) {
             return Ok(Judged::Vouched);
         }
@@ -459,7 +509,9 @@ impl ElasticsearchStore {
         if let Some(routing) = self.checkpoints.routing_for(report) {
             return Ok(routing);
         }
-        let routing = self.describe_index(&report.index).await?.routing;
+        let routing = Described::of(&self.connection, &report.index)
+            .await?
+            .routing;
         self.checkpoints.learned(&report.index, routing);
         Ok(routing)
     }
@@ -483,7 +535,7 @@ impl ElasticsearchStore {
     /// Reads `id` again, now that an answer sent after the first read is in; the same
     /// outcome (the same operation, or not found again) is the one vouched for next.
     async fn read_again(&self, index: Index, id: &str, read: Option<Version>) -> StoreResult<()> {
-        let again = crate::store::Store::get(self, index, id).await?;
+        let again = self.get(index, id).await?;
         let again = again.map(|doc| doc.version);
         if again == read {
             return Ok(());
@@ -497,6 +549,7 @@ impl ElasticsearchStore {
     async fn report_of(&self, name: &str) -> StoreResult<Report> {
         let op = "vouch";
         let sent = self
+            .connection
             .client
             .indices()
             .stats(IndicesStatsParts::IndexMetric(&[name], &["docs"]))
@@ -504,10 +557,10 @@ impl ElasticsearchStore {
             .filter_path(STATS_ANSWER)
             .send()
             .await;
-        let reply = self.read(op, sent).await?;
+        let reply = self.connection.read(op, sent).await?;
         if reply.status == 404 && reply.error_type() == Some("index_not_found_exception") {
             // No index, no document: nothing to vouch against (see "A missing index").
-            self.missing_index(op, reply).await?;
+            self.connection.missing_index(op, reply).await?;
             return Ok(Report::missing(name));
         }
         if !reply.is_success() {
