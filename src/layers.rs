@@ -7,7 +7,7 @@
 //! | 3 | `http`, `webhooks`, `audit` | the ways in and out: the API, deliveries, the auditor |
 //! | 2 | `transfer`, `auth` | the engine (the protocol, its documents and their views); API keys |
 //! | 1 | `store` | documents with Elasticsearch's semantics, and the backends |
-//! | 0 | `time`, `metrics` | timestamps; the Prometheus series |
+//! | 0 | `time`, `metrics`, `trace_context` | timestamps; the Prometheus series; W3C trace context |
 //!
 //! Modules of one layer do not import each other, except at the top, which wires everything.
 //!
@@ -28,6 +28,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("store", 1),
     ("time", 0),
     ("metrics", 0),
+    ("trace_context", 0),
 ];
 
 #[cfg(test)]

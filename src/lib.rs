@@ -17,5 +17,6 @@ pub mod metrics;
 pub mod store;
 pub mod telemetry;
 pub mod time;
+pub mod trace_context;
 pub mod transfer;
 pub mod webhooks;

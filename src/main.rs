@@ -44,15 +44,20 @@ async fn run() -> std::process::ExitCode {
     let cli = Cli::parse_args();
     let command = cli.command.clone().unwrap_or(Command::Serve);
     // `openapi` prints the document on stdout, where nothing else may write.
-    if !matches!(command, Command::Openapi) {
-        telemetry::init(cli.config.log_format);
-    }
-    match command {
+    let traces = match command {
+        Command::Openapi => None,
+        _ => telemetry::init(cli.config.log_format),
+    };
+    let code = match command {
         Command::Serve => app::serve(cli.config).await,
         Command::Audit => app::audit(cli.config).await,
         Command::Shards { to, dry_run } => app::grow_shards(cli.config, to, dry_run).await,
         Command::Openapi => print_openapi(),
+    };
+    if let Some(traces) = traces {
+        traces.shutdown().await;
     }
+    code
 }
 
 /// `transfer-service openapi > openapi/openapi.json`. A reader that closes the pipe early

@@ -119,9 +119,54 @@ fn register<C: Collector + Clone + 'static>(
     collector
 }
 
+/// What became of the spans this process finished (`docs/operations.md`, "Tracing"). One
+/// exporter serves the whole process, so these are process-wide, and every [`Metrics`]
+/// registry exports them.
+#[derive(Clone)]
+pub struct TraceSpanCounters {
+    /// Spans handed to the collector (accepted by it).
+    pub exported: IntCounter,
+    /// Spans let go instead of slowing a transfer: by `reason`, `queue_full` (the bounded
+    /// queue to the exporter was full) or `export_failed` (the collector refused them, did not
+    /// answer in time or could not be reached).
+    pub dropped: IntCounterVec,
+}
+
+/// Why a span is let go ([`TraceSpanCounters::dropped`]).
+pub const SPAN_DROP_REASONS: [&str; 2] = ["queue_full", "export_failed"];
+
+/// The process's [`TraceSpanCounters`].
+pub fn trace_spans() -> &'static TraceSpanCounters {
+    static COUNTERS: std::sync::OnceLock<TraceSpanCounters> = std::sync::OnceLock::new();
+    COUNTERS.get_or_init(|| {
+        let counters = TraceSpanCounters {
+            exported: IntCounter::new(
+                "trace_spans_exported_total",
+                "Spans this process exported to the OpenTelemetry collector",
+            )
+            .expect("valid metric"),
+            dropped: IntCounterVec::new(
+                Opts::new(
+                    "trace_spans_dropped_total",
+                    "Spans this process dropped rather than slow a transfer, by reason",
+                ),
+                &["reason"],
+            )
+            .expect("valid metric"),
+        };
+        for reason in SPAN_DROP_REASONS {
+            counters.dropped.with_label_values(&[reason]);
+        }
+        counters
+    })
+}
+
 impl Metrics {
     pub fn new() -> Arc<Self> {
         let registry = Registry::new();
+        let spans = trace_spans();
+        register(&registry, Ok(spans.exported.clone()));
+        register(&registry, Ok(spans.dropped.clone()));
         let counter = |name: &str, help: &str| register(&registry, IntCounter::new(name, help));
         let counter_vec = |name: &str, help: &str, labels: &[&str]| {
             register(&registry, IntCounterVec::new(Opts::new(name, help), labels))

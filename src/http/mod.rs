@@ -33,6 +33,7 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::TraceLayer;
 
 use crate::metrics::Metrics;
+use crate::trace_context;
 use crate::transfer::validated::valid_id;
 use crate::transfer::Engine;
 pub use error::{ApiError, ErrorLogged, Problem};
@@ -102,13 +103,38 @@ pub fn router_with_timeout(state: AppState, request_timeout: Duration) -> Router
                         .get(REQUEST_ID)
                         .and_then(|v| v.to_str().ok())
                         .unwrap_or("");
-                    tracing::info_span!(
+                    let route = route.as_deref().unwrap_or("unmatched");
+                    if !trace_context::is_on() {
+                        return tracing::info_span!(
+                            "request",
+                            method = %request.method(),
+                            route,
+                            request_id,
+                            client = tracing::field::Empty,
+                        );
+                    }
+                    // Traced: the same span with OpenTelemetry's fields (`otel.*`, the HTTP
+                    // semantic conventions), a child of the caller's `traceparent`, and the
+                    // trace's ids for the log lines (`crate::trace_context`).
+                    let span = tracing::info_span!(
                         "request",
                         method = %request.method(),
-                        route = route.as_deref().unwrap_or("unmatched"),
+                        route,
                         request_id,
                         client = tracing::field::Empty,
-                    )
+                        otel.name = %format_args!("{} {route}", request.method()),
+                        otel.kind = "server",
+                        otel.status_code = tracing::field::Empty,
+                        http.request.method = %request.method(),
+                        http.route = route,
+                        url.path = request.uri().path(),
+                        http.response.status_code = tracing::field::Empty,
+                        trace_id = tracing::field::Empty,
+                        span_id = tracing::field::Empty,
+                    );
+                    trace_context::continue_from_headers(&span, request.headers());
+                    trace_context::record_ids(&span);
+                    span
                 })
                 .on_response(log_response)
                 .on_failure(log_failure),
@@ -170,8 +196,14 @@ async fn track(State(state): State<AppState>, request: Request, next: Next) -> R
 /// status and latency, or ERROR for a 5xx, so every 5xx yields exactly one error line. A
 /// response carrying [`ErrorLogged`] (`ApiError::Internal`) has already logged its detail at
 /// ERROR inside the span: its response line stays at INFO.
-fn log_response(response: &Response, latency: Duration, _span: &tracing::Span) {
+fn log_response(response: &Response, latency: Duration, span: &tracing::Span) {
     let status = response.status();
+    if trace_context::is_on() {
+        span.record("http.response.status_code", status.as_u16());
+        if status.is_server_error() {
+            span.record("otel.status_code", "ERROR");
+        }
+    }
     let latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
     let logged_by_handler = response.extensions().get::<ErrorLogged>().is_some();
     if status.is_server_error() && !logged_by_handler {

@@ -50,6 +50,7 @@ pub fn capture() {
             EnvFilter::new("info"),
             move || buffer.clone(),
             false,
+            None,
         );
         tracing::subscriber::set_global_default(subscriber).expect("no other subscriber");
     });
