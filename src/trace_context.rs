@@ -98,6 +98,17 @@ pub fn inject_into_headers(span: &tracing::Span, headers: &mut http::HeaderMap) 
     }
 }
 
+/// Whether the current span is part of an exported trace (what a store request or an outgoing
+/// call joins); always `false` when tracing is off.
+pub fn in_trace() -> bool {
+    is_on()
+        && tracing::Span::current()
+            .context()
+            .span()
+            .span_context()
+            .is_valid()
+}
+
 /// Records `span`'s trace id and span id in its fields `trace_id` and `span_id` (declared
 /// `Empty` where it is made), so its log lines and those inside it name the trace. Call it
 /// after [`continue_from`]: it starts the span's OpenTelemetry side.

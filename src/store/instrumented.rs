@@ -1,16 +1,24 @@
 //! A [`Store`] wrapper that counts and times every request for `/metrics`
-//! (`store_requests_total{op,outcome}`, `store_request_duration_seconds{op}`).
+//! (`store_requests_total{op,outcome}`, `store_request_duration_seconds{op}`) and, when
+//! traces are exported, makes each request of a traced operation a client span
+//! (`db.system.name`, `db.operation.name`, `db.collection.name`, its outcome).
+//!
+//! The spans are made only inside a trace: a request made where no traced span runs (start-up,
+//! a background loop between transfers) has no trace to join, and would start one of its own
+//! for each request.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
+use tracing::Instrument;
 
 use super::{
     Doc, DynStore, Index, Page, ScanPage, StaleQuery, Store, StoreError, StoreResult,
     TransferFilter, TxnOutcome, TxnWork, Version, WriteOp, WriteOutcome,
 };
 use crate::metrics::Metrics;
+use crate::trace_context;
 
 pub struct InstrumentedStore {
     inner: DynStore,
@@ -22,9 +30,46 @@ impl InstrumentedStore {
         Self { inner, metrics }
     }
 
-    fn record<T>(&self, op: &str, started: Instant, result: &StoreResult<T>) {
-        self.metrics
-            .store_request(op, error_outcome(result.as_ref().err()), started.elapsed());
+    /// Counts, times and (on its span) records a request answered `result`.
+    fn record<T>(&self, op: &str, started: Instant, result: &StoreResult<T>, span: &tracing::Span) {
+        let outcome = error_outcome(result.as_ref().err());
+        self.metrics.store_request(op, outcome, started.elapsed());
+        finish(span, outcome);
+    }
+
+    /// The client span of one request (`op` on `index`), or a disabled span outside a trace.
+    fn span(&self, op: &'static str, index: Option<Index>) -> tracing::Span {
+        if !trace_context::in_trace() {
+            return tracing::Span::none();
+        }
+        let system = match (self.inner.backend(), self.inner.engine()) {
+            ("embedded", _) => "redb",
+            (_, Some(super::elasticsearch::SearchEngine::OpenSearch { .. })) => "opensearch",
+            (backend, _) => backend,
+        };
+        let collection = index.map(Index::name).unwrap_or("");
+        tracing::debug_span!(
+            target: trace_context::TARGET,
+            "store",
+            otel.name = %format_args!("{op} {collection}"),
+            otel.kind = "client",
+            otel.status_code = tracing::field::Empty,
+            db.system.name = system,
+            db.operation.name = op,
+            db.collection.name = collection,
+            outcome = tracing::field::Empty,
+        )
+    }
+}
+
+/// Records a request's outcome on its span; anything but a plain answer marks it an error.
+fn finish(span: &tracing::Span, outcome: &str) {
+    if span.is_disabled() {
+        return;
+    }
+    span.record("outcome", outcome);
+    if matches!(outcome, "unavailable" | "error" | "denied") {
+        span.record("otel.status_code", "ERROR");
     }
 }
 
@@ -55,24 +100,30 @@ impl Store for InstrumentedStore {
 
     async fn get(&self, index: Index, id: &str) -> StoreResult<Option<Doc>> {
         let started = Instant::now();
-        let result = self.inner.get(index, id).await;
+        let span = self.span("get", Some(index));
+        let result = self.inner.get(index, id).instrument(span.clone()).await;
         let outcome = match &result {
             Ok(None) => "not_found",
             other => error_outcome(other.as_ref().err()),
         };
         self.metrics
             .store_request("get", outcome, started.elapsed());
+        finish(&span, outcome);
         result
     }
 
     async fn vouch(&self, index: Index, id: &str, read: Option<Version>) -> StoreResult<()> {
         let started = Instant::now();
-        let result = self.inner.vouch(index, id, read).await;
-        self.metrics.store_request(
-            "vouch",
-            error_outcome(result.as_ref().err()),
-            started.elapsed(),
-        );
+        let span = self.span("vouch", Some(index));
+        let result = self
+            .inner
+            .vouch(index, id, read)
+            .instrument(span.clone())
+            .await;
+        let outcome = error_outcome(result.as_ref().err());
+        self.metrics
+            .store_request("vouch", outcome, started.elapsed());
+        finish(&span, outcome);
         result
     }
 
@@ -92,8 +143,21 @@ impl Store for InstrumentedStore {
                 kind
             })
             .collect();
-        let result = self.inner.bulk(ops).await;
+        let span = match ops.first() {
+            Some(WriteOp::Create { index, .. }) if ops.len() == 1 => {
+                self.span("create", Some(*index))
+            }
+            Some(WriteOp::ReplaceIf { index, .. }) if ops.len() == 1 => {
+                self.span("replace_if", Some(*index))
+            }
+            _ => self.span("bulk", None),
+        };
+        let result = self.inner.bulk(ops).instrument(span.clone()).await;
         let elapsed = started.elapsed();
+        match &result {
+            Ok(items) if items.len() == 1 => finish(&span, write_outcome(&items[0])),
+            other => finish(&span, error_outcome(other.as_ref().err())),
+        }
         match &result {
             Ok(items) => {
                 // One series per item kind, so conflicts are visible per operation.
@@ -122,7 +186,8 @@ impl Store for InstrumentedStore {
 
     async fn transact(&self, work: TxnWork) -> StoreResult<TxnOutcome> {
         let started = Instant::now();
-        let result = self.inner.transact(work).await;
+        let span = self.span("transact", None);
+        let result = self.inner.transact(work).instrument(span.clone()).await;
         let outcome = match &result {
             Ok(TxnOutcome::Committed(_)) => "ok",
             Ok(TxnOutcome::Refused) => "conflict",
@@ -130,41 +195,55 @@ impl Store for InstrumentedStore {
         };
         self.metrics
             .store_request("transact", outcome, started.elapsed());
+        finish(&span, outcome);
         result
     }
 
     async fn find_stale(&self, query: &StaleQuery) -> StoreResult<Page> {
         let started = Instant::now();
-        let result = self.inner.find_stale(query).await;
-        self.record("find_stale", started, &result);
+        let span = self.span("find_stale", Some(Index::Transactions));
+        let result = self.inner.find_stale(query).instrument(span.clone()).await;
+        self.record("find_stale", started, &result, &span);
         result
     }
 
     async fn list_transfers(&self, filter: &TransferFilter) -> StoreResult<Page> {
         let started = Instant::now();
-        let result = self.inner.list_transfers(filter).await;
-        self.record("list", started, &result);
+        let span = self.span("list", Some(Index::Transactions));
+        let result = self
+            .inner
+            .list_transfers(filter)
+            .instrument(span.clone())
+            .await;
+        self.record("list", started, &result, &span);
         result
     }
 
     async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<ScanPage> {
         let started = Instant::now();
-        let result = self.inner.scan(index, after, limit).await;
-        self.record("scan", started, &result);
+        let span = self.span("scan", Some(index));
+        let result = self
+            .inner
+            .scan(index, after, limit)
+            .instrument(span.clone())
+            .await;
+        self.record("scan", started, &result, &span);
         result
     }
 
     async fn ready(&self) -> StoreResult<()> {
         let started = Instant::now();
-        let result = self.inner.ready().await;
-        self.record("ready", started, &result);
+        let span = self.span("ready", None);
+        let result = self.inner.ready().instrument(span.clone()).await;
+        self.record("ready", started, &result, &span);
         result
     }
 
     async fn changes(&self, query: &super::ChangesQuery) -> StoreResult<super::ChangesPage> {
         let started = Instant::now();
-        let result = self.inner.changes(query).await;
-        self.record("changes", started, &result);
+        let span = self.span("changes", Some(Index::Transactions));
+        let result = self.inner.changes(query).instrument(span.clone()).await;
+        self.record("changes", started, &result, &span);
         result
     }
 
@@ -174,8 +253,9 @@ impl Store for InstrumentedStore {
 
     async fn refresh(&self) -> StoreResult<()> {
         let started = Instant::now();
-        let result = self.inner.refresh().await;
-        self.record("refresh", started, &result);
+        let span = self.span("refresh", None);
+        let result = self.inner.refresh().instrument(span.clone()).await;
+        self.record("refresh", started, &result, &span);
         result
     }
 }

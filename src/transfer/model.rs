@@ -241,6 +241,14 @@ pub struct TransferDoc {
     /// take whatever entry they find.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub applied_marks: Vec<String>,
+    /// The W3C `traceparent` of the request that created the transfer, when traces are
+    /// exported (`crate::trace_context`): the spans of its worker, of recovery and of its
+    /// webhook deliveries, in any instance and after any restart, are children of it. Written
+    /// by the create and kept by every later write; not compared by a replay. Absent (and not
+    /// written) when tracing is off; an older version that rewrites the document drops it,
+    /// which costs the trace its later spans, nothing else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// `lease_owner` of a parked hold (`crate::transfer::lease::PARKED`): the hold owns its own
@@ -306,6 +314,7 @@ impl TransferDoc {
             created_by: None,
             settled_by: None,
             applied_marks: Vec::new(),
+            traceparent: None,
         }
     }
 

@@ -9,6 +9,7 @@ use super::clock::Now;
 use super::model::{AccountDoc, Leg, Metadata, Tombstones, TransferDoc};
 use super::validated::{valid_id, AccountId, Currency, TransferId};
 use crate::time::{format_millis, parse_millis};
+use crate::trace_context;
 
 /// The request to open an account: its balance never below its floor (the only
 /// constructors, [`NewAccount::new`] and [`NewAccount::open`], refuse it).
@@ -244,6 +245,8 @@ impl NewTransfer {
                 .map(|millis| format_millis(now.millis + millis)),
             currency: self.currency.clone().map(String::from),
             metadata: self.metadata.clone(),
+            // The creating request's span: the transfer's later spans join its trace.
+            traceparent: trace_context::traceparent_of(&tracing::Span::current()),
             ..TransferDoc::created(&self.id, from, to, amount, &now.text)
         };
         if doc.is_multi_leg() {

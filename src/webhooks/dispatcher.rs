@@ -29,6 +29,7 @@ use tokio::sync::{broadcast, Semaphore};
 use tokio::task::{Id, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::fast::{self, DeliveredElsewhere, FastPath};
 use super::ledger::{Item, Ledger};
@@ -36,6 +37,7 @@ use super::progress::{Progress, ProgressClaim};
 use super::{Endpoint, WebhookSettings};
 use crate::metrics::Metrics;
 use crate::store::FeedPosition;
+use crate::trace_context;
 use crate::transfer::feed::CursorRefused;
 use crate::transfer::feed::Feed;
 use crate::transfer::feed::{EventsPage, FeedEvent};
@@ -563,15 +565,25 @@ impl Deliverer {
             .into_iter()
             .filter(|event| settings.events.contains(&event.kind) && wanted(event))
             .collect();
-        let meta: Vec<(String, i64)> = selected
+        let meta: Vec<(String, i64, Option<String>)> = selected
             .iter()
-            .map(|event| (event.transfer.transaction_id.clone(), event.at))
+            .map(|event| {
+                let transfer = &event.transfer;
+                (
+                    transfer.transaction_id.clone(),
+                    event.at,
+                    transfer.traceparent.clone(),
+                )
+            })
             .collect();
         Event::from_feed(selected)
             .into_iter()
             .zip(meta)
-            .filter_map(|(view, (transfer, at))| match serde_json::to_vec(&view) {
-                Ok(body) => Some((transfer, Item::new(view.id, at, Bytes::from(body)))),
+            .filter_map(|(view, (transfer, at, trace))| match serde_json::to_vec(&view) {
+                Ok(body) => {
+                    let item = Item::new(view.id, at, Bytes::from(body)).in_trace(trace.as_deref());
+                    Some((transfer, item))
+                }
                 Err(error) => {
                     tracing::error!(%error, id = view.id, "webhooks: cannot encode an event; skipping it");
                     None
@@ -708,13 +720,48 @@ impl Deliverer {
         }
     }
 
-    /// One signed POST; `Err` says why it did not count as delivered.
+    /// One signed POST; `Err` says why it did not count as delivered. With traces exported,
+    /// a client span of the transfer's trace, whose context the request carries.
     async fn attempt(&self, item: &Item) -> Result<(), String> {
+        let span = self.attempt_span(item);
+        let result = self.post(item, &span).instrument(span.clone()).await;
+        if let Err(why) = &result {
+            span.record("otel.status_code", "ERROR");
+            span.record("error.type", why.as_str());
+        }
+        result
+    }
+
+    /// The span of one delivery attempt: a child of the span that created the transfer.
+    fn attempt_span(&self, item: &Item) -> tracing::Span {
+        if !trace_context::is_on() || item.traceparent().is_none() {
+            return tracing::Span::none();
+        }
+        let span = tracing::debug_span!(
+            target: trace_context::TARGET,
+            "webhook",
+            otel.name = "POST webhook",
+            otel.kind = "client",
+            otel.status_code = tracing::field::Empty,
+            http.request.method = "POST",
+            webhook.receiver = self.receiver.label.as_str(),
+            webhook.id = item.id.as_str(),
+            http.response.status_code = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+        );
+        trace_context::continue_from(&span, item.traceparent());
+        span
+    }
+
+    async fn post(&self, item: &Item, span: &tracing::Span) -> Result<(), String> {
         let timestamp = self.feed.clock().wall_millis().div_euclid(1000);
         let signature = self.settings.secret.sign(&item.id, timestamp, &item.body);
+        let mut trace_headers = reqwest::header::HeaderMap::new();
+        trace_context::inject_into_headers(span, &mut trace_headers);
         let response = self
             .client
             .post(self.receiver.url.clone())
+            .headers(trace_headers)
             .header("webhook-id", &item.id)
             .header("webhook-timestamp", timestamp.to_string())
             .header("webhook-signature", signature)
@@ -730,6 +777,9 @@ impl Deliverer {
                 }
             })?;
         let status = response.status();
+        if !span.is_disabled() {
+            span.record("http.response.status_code", status.as_u16());
+        }
         if status.is_success() {
             Ok(())
         } else {

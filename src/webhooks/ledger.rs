@@ -18,6 +18,7 @@
 //!   up marks.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -40,6 +41,9 @@ pub struct Item {
     page: Option<u64>,
     /// Queued by the fast path (else by the feed).
     fast: bool,
+    /// The transfer's recorded trace context (`crate::trace_context`): each delivery attempt
+    /// is a span of the transfer's trace, and its request carries `traceparent`.
+    traceparent: Option<Arc<str>>,
 }
 
 impl Item {
@@ -50,7 +54,21 @@ impl Item {
             body,
             page: None,
             fast: false,
+            traceparent: None,
         }
+    }
+
+    /// The same, in the trace `traceparent` names (the transfer's).
+    pub fn in_trace(self, traceparent: Option<&str>) -> Self {
+        Self {
+            traceparent: traceparent.map(Arc::from),
+            ..self
+        }
+    }
+
+    /// The trace its deliveries join, if the transfer recorded one.
+    pub fn traceparent(&self) -> Option<&str> {
+        self.traceparent.as_deref()
     }
 
     /// The same, marked as the fast path's.
