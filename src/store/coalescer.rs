@@ -41,8 +41,10 @@ use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tracing::Instrument;
 
 use super::{DynStore, Store, StoreError, StoreResult, WriteOp, WriteOutcome};
+use crate::trace_context;
 
 type BulkResult = StoreResult<Vec<StoreResult<WriteOutcome>>>;
 
@@ -50,6 +52,9 @@ type BulkResult = StoreResult<Vec<StoreResult<WriteOutcome>>>;
 struct Submission {
     ops: Vec<WriteOp>,
     reply: oneshot::Sender<BulkResult>,
+    /// The caller's span when traces are exported (else none): the batch's request carries
+    /// the trace context of its first traced submission.
+    span: Option<tracing::Span>,
 }
 
 /// A [`Store`] that coalesces concurrent writes into batches on an inner store; reads,
@@ -191,6 +196,11 @@ fn gather(
 async fn flush(inner: DynStore, batch: Vec<Submission>, _slot: OwnedSemaphorePermit) {
     let mut ops = Vec::with_capacity(batch.iter().map(|s| s.ops.len()).sum());
     let mut waiters = Vec::with_capacity(batch.len());
+    // One request serves many transfers: it joins the trace of the first that has one.
+    let span = batch
+        .iter()
+        .find_map(|submission| submission.span.clone())
+        .unwrap_or_else(tracing::Span::none);
     for submission in batch {
         waiters.push((submission.ops.len(), submission.reply));
         ops.extend(submission.ops);
@@ -199,7 +209,7 @@ async fn flush(inner: DynStore, batch: Vec<Submission>, _slot: OwnedSemaphorePer
 
     // Run the inner call as its own task so that a panic in the inner store fails this
     // batch instead of ending this task unanswered.
-    let result = tokio::spawn(async move { inner.bulk(ops).await })
+    let result = tokio::spawn(async move { inner.bulk(ops).instrument(span).await })
         .await
         .unwrap_or_else(|e| Err(StoreError::Permanent(format!("store write failed: {e}"))));
 
@@ -243,7 +253,9 @@ impl crate::store::Forwarding for WriteCoalescer {
         let count = ops.len();
         // Counted before sending, so the flusher's decrement can never come first.
         self.queued_ops.fetch_add(count, Ordering::AcqRel);
-        if self.queue().send(Submission { ops, reply }).is_err() {
+        let span = trace_context::in_trace().then(tracing::Span::current);
+        let submission = Submission { ops, reply, span };
+        if self.queue().send(submission).is_err() {
             self.queued_ops.fetch_sub(count, Ordering::AcqRel);
             return Err(StoreError::Permanent(
                 "write coalescer stopped (its runtime shut down)".into(),

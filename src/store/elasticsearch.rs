@@ -106,7 +106,7 @@ use serde_json::{json, Value};
 use url::Url;
 
 use self::bodies::{bulk_lines, doc_of, hits_of, page_of, search_body, sort_key_of};
-use self::connection::Connection;
+use self::connection::{traced, Connection};
 use self::migrations::Migrations;
 use self::reply::Reply;
 use self::shards::{Described, Growth, ShardGrowth};
@@ -289,11 +289,11 @@ impl ElasticsearchStore {
     ) -> StoreResult<Vec<Value>> {
         let name = self.connection.index_name(index);
         let names = [name.as_str()];
-        let mut search = self
+        let mut search = traced!(self
             .connection
             .client
             .search(SearchParts::Index(&names))
-            .body(body);
+            .body(body));
         if let Some(timeout) = timeout {
             search = search.request_timeout(timeout);
         }
@@ -367,10 +367,7 @@ impl Store for ElasticsearchStore {
         let sent_count = lines.len() / 2;
         if sent_count > 0 {
             // The client ends every line (the last one included) with '\n'.
-            let sent = self
-                .connection
-                .client
-                .bulk(BulkParts::None)
+            let sent = traced!(self.connection.client.bulk(BulkParts::None))
                 .filter_path(BULK_ANSWER)
                 .timeout(&self.bulk_timeout)
                 .header(

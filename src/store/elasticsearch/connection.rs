@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use elasticsearch::auth::Credentials;
-use elasticsearch::http::headers::{HeaderValue, ACCEPT_ENCODING};
+use elasticsearch::http::headers::{HeaderName, HeaderValue, ACCEPT_ENCODING};
 use elasticsearch::http::transport::{SingleNodeConnectionPool, TransportBuilder};
 use elasticsearch::indices::{IndicesExistsParts, IndicesGetParts};
 use elasticsearch::Elasticsearch;
@@ -18,6 +18,30 @@ use url::Url;
 use super::reply::{self, Reply};
 use super::{EsConfig, EsSecurity, SearchEngine};
 use crate::store::{Index, StoreError, StoreResult};
+use crate::trace_context;
+
+/// An Elasticsearch request builder with the current span's `traceparent` when traces are
+/// exported (`crate::trace_context`): the engine's own tracing, or a proxy between, can join
+/// the operation's trace. The builder unchanged otherwise. Used on the requests a transfer
+/// makes (reads, searches, bulks, refreshes); a `_bulk` of several transfers carries the
+/// first traced one's (`crate::store::coalescer`).
+macro_rules! traced {
+    ($request:expr) => {{
+        let request = $request;
+        match $crate::store::elasticsearch::connection::trace_header() {
+            Some((name, value)) => request.header(name, value),
+            None => request,
+        }
+    }};
+}
+pub(super) use traced;
+
+/// The `traceparent` header of the current span, if it is traced.
+pub(super) fn trace_header() -> Option<(HeaderName, HeaderValue)> {
+    let traceparent = trace_context::traceparent_of(&tracing::Span::current())?;
+    let value = HeaderValue::from_str(&traceparent).ok()?;
+    Some((HeaderName::from_static(trace_context::TRACEPARENT), value))
+}
 
 /// The client and what this instance knows of the cluster behind it.
 pub(super) struct Connection {

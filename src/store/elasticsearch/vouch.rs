@@ -58,7 +58,7 @@ use serde_json::Value;
 
 use super::bodies::doc_of;
 use super::check_addressable;
-use super::connection::Connection;
+use super::connection::{traced, Connection};
 use super::shards::Described;
 use crate::store::{Doc, Index, StoreError, StoreResult, Version, CHANGED_SINCE_READ};
 
@@ -357,13 +357,13 @@ impl Vouch {
         check_addressable(op, id)?;
         let name = self.connection.index_name(index);
         self.checkpoints.sending(&name, id);
-        let sent = self
+        let sent = traced!(self
             .connection
             .client
             .get(GetParts::IndexId(&name, id))
-            .realtime(true)
-            .send()
-            .await;
+            .realtime(true))
+        .send()
+        .await;
         let reply = self.connection.read(op, sent).await?;
         match reply.status {
             200 if reply.body["found"] == Value::Bool(true) => doc_of(op, &reply.body).map(Some),
