@@ -341,6 +341,31 @@ impl<S: AsRef<str>> CurrencyRule<S> {
     }
 }
 
+/// The currency rule of one account step of a transfer stating `stated`: the first
+/// account's apply takes the stated currency or any; every other account's apply needs the
+/// stated one, else the first account's (`first`, once its apply ran in this plan).
+pub fn currency_rule(
+    stated: &Option<String>,
+    op: AccountOp,
+    index: usize,
+    first: &Option<Option<String>>,
+) -> CurrencyRule {
+    match (op, index) {
+        (AccountOp::Apply, 0) => CurrencyRule::for_source(stated.clone()),
+        (AccountOp::Apply, _) => {
+            // The plan of `pending` applies the first account first, always: its answer is
+            // here.
+            debug_assert!(
+                first.is_some(),
+                "another account's apply before the first's"
+            );
+            let first = first.clone().flatten();
+            CurrencyRule::for_destination(stated.clone(), first)
+        }
+        _ => CurrencyRule::Any,
+    }
+}
+
 /// One account step of one transfer.
 #[derive(Debug, Clone, Copy)]
 pub struct AccountStep<'a> {
