@@ -306,7 +306,7 @@ fn decide(
         return Decided::TwoPhase;
     };
     seal_terminal(&mut next, now);
-    let queued = write_transfer(txn, &next, start).and_then(|()| {
+    let queued = write_transfer(txn, &next, start, &FINISH).and_then(|()| {
         changed
             .iter()
             .try_for_each(|account| txn.replace_if(&account.doc, account.version))
@@ -349,7 +349,8 @@ enum NotApplied {
 
 /// Every account of the transfer, changed as its settled posting leaves it, in posting order
 /// (the first account's currency is the one the others must have, as in the two-phase
-/// applies).
+/// applies). Units are conserved (`docs/design.md §4`): the balance changes of a decision
+/// that writes the accounts sum to zero, checked in debug builds.
 fn apply_postings(
     txn: &mut TxnDocs<'_>,
     transfer: &TransferDoc,
@@ -358,6 +359,8 @@ fn apply_postings(
 ) -> Result<Vec<Versioned<AccountDoc>>, NotApplied> {
     let mut changed: Vec<Versioned<AccountDoc>> = Vec::with_capacity(2);
     let mut first_currency = None;
+    // What the decision moves, summed over its accounts: zero, or units were made or lost.
+    let mut moved = 0i128;
     for (index, posting) in transfer.postings().into_iter().enumerate() {
         let refused = |reason| NotApplied::Refused(reason, posting.account.to_owned());
         let account = match txn.get::<AccountDoc>(posting.account) {
@@ -380,6 +383,7 @@ fn apply_postings(
                 if index == 0 {
                     first_currency = Some(next.currency.clone());
                 }
+                moved += next.balance as i128 - account.doc.balance as i128;
                 changed.push(Versioned {
                     doc: next,
                     version: account.version,
@@ -391,6 +395,11 @@ fn apply_postings(
             },
         }
     }
+    debug_assert_eq!(
+        moved, 0,
+        "{}: a settlement created or destroyed units",
+        transfer.transaction_id
+    );
     Ok(changed)
 }
 
@@ -422,7 +431,7 @@ fn roll_back(
     };
     next.failed_account = Some(failed);
     seal_terminal(&mut next, now);
-    match write_transfer(txn, &next, start) {
+    match write_transfer(txn, &next, start, &ROLL_BACK) {
         Ok(()) => Decided::Settled {
             transfer: Box::new(next),
             path: &ROLL_BACK,
@@ -431,8 +440,25 @@ fn roll_back(
     }
 }
 
-/// Queues the transfer's write: its create, or its replace at the held version.
-fn write_transfer(txn: &mut TxnDocs<'_>, transfer: &TransferDoc, start: Start) -> StoreResult<()> {
+/// Queues the transfer's write: its create, or its replace at the held version. `path`: the
+/// arrows it took from `created` (either start is a `created` transfer).
+fn write_transfer(
+    txn: &mut TxnDocs<'_>,
+    transfer: &TransferDoc,
+    start: Start,
+    path: &[TransferState],
+) -> StoreResult<()> {
+    // States only move forward, along the arrows of the post: the written state is where
+    // they lead from `created`.
+    debug_assert_eq!(
+        path.iter()
+            .try_fold(TransferState::Created, |from, &to| from
+                .can_move_to(to)
+                .then_some(to)),
+        Some(transfer.transaction_state),
+        "{}: written off the arrows",
+        transfer.transaction_id
+    );
     match start {
         Start::New => txn.create(transfer),
         Start::Leased(version) => txn.replace_if(transfer, version),

@@ -267,6 +267,14 @@ impl Engine {
         to: Option<TransferState>,
     ) -> Result<Result<TransferDoc, Option<Versioned<TransferDoc>>>, ServiceError> {
         let from = current.doc.transaction_state;
+        // A state only moves along an arrow (or stays, for a capture's write).
+        debug_assert!(
+            to.is_none_or(|to| from.can_move_to(to))
+                && next.transaction_state == to.unwrap_or(from),
+            "{}: {from} → {} is not an arrow",
+            next.transaction_id,
+            next.transaction_state
+        );
         let live = self.leases.may_be_live(&current.doc) && !Leases::is_parked(&current.doc);
         if live || to.is_some_and(TransferState::is_terminal) {
             let outcome = self

@@ -10,7 +10,7 @@ use futures_util::future::{self, BoxFuture, FutureExt};
 use super::admission::Admitted;
 use super::driver::Worker;
 use super::lease::{Claim, ClaimWrite, Leased};
-use super::model::TransferDoc;
+use super::model::{TransferDoc, TransferState};
 use super::settlement::{Creation, Resumed, Settlement};
 use crate::store::StoreError;
 
@@ -27,6 +27,8 @@ impl TwoPhase {
         transfer: TransferDoc,
         admitted: Admitted,
     ) -> Result<Creation, StoreError> {
+        // A state only moves forward from where every transfer starts.
+        debug_assert_eq!(transfer.transaction_state, TransferState::Created);
         let shared = &worker.shared;
         match shared.leases.claim(transfer, ClaimWrite::Create).await? {
             Claim::Won(leased) => {
