@@ -14,10 +14,12 @@ use super::feed::Feed;
 use super::lease::{Leased, Reread};
 use super::model::{RollbackReason, TransferDoc, TransferState};
 use super::protocol::{
-    self, deadline_transition, plan_for, AccountOp, CurrencyRule, Refusal, Side, Step,
+    self, currency_rule, deadline_transition, plan_for, AccountOp, CurrencyRule, Refusal, Side,
+    Step,
 };
 use super::retry::backoff;
-use super::Shared;
+use super::settlement::{Resumed, Settlement};
+use super::{transfer_span, Shared};
 use crate::store::StoreError;
 use crate::time::parse_millis;
 
@@ -90,11 +92,13 @@ impl From<StoreError> for Interrupt {
 }
 
 /// The worker: drives each transfer it holds the lease of through the protocol's states
-/// (here), settling it in one store transaction where the store has them
-/// (`super::one_transaction`). Built once by the engine; the API's operations start it on a
-/// new or cancelled transfer, recovery on one it took over.
+/// (here), after its settlement had its say (`super::settlement`: one store transaction
+/// settles a `created` transfer where the store has them). Built once by the engine; the
+/// API's operations start it on a new or cancelled transfer, recovery on one it took over.
 pub struct Worker {
     pub(super) shared: Shared,
+    /// How transfers are settled, chosen once by the engine ([`super::settlement::chosen`]).
+    pub(super) settlement: Arc<dyn Settlement>,
     /// Bumped whenever a transfer this process drives reaches a terminal state; long-polls
     /// wait on it.
     pub(super) terminal_events: watch::Sender<u64>,
@@ -225,9 +229,11 @@ impl Worker {
             info!(to = %to, reason = reason.as_str(), "transfer ran out of time before committing; rolling back");
             return self.write_state(leased, to, Some(reason)).await;
         }
-        if self.settles_in_one_transaction(leased) && self.settle_in_one_transaction(leased).await?
-        {
-            return Ok(());
+        // The settlement may finish a `created` transfer at once (in one transaction).
+        match self.settlement.resume(self, leased).await? {
+            Resumed::Settled => return Ok(()),
+            Resumed::Changed => return Err(Interrupt::Reread),
+            Resumed::TwoPhase => {}
         }
         // The first account's currency, as its apply (done now or before) read it: the other
         // accounts' applies, later in the same plan, must match it.
@@ -533,36 +539,6 @@ impl Worker {
         } else {
             Err(Interrupt::Reread)
         }
-    }
-}
-
-/// The span every line about one transfer's progress is logged in.
-pub(super) fn transfer_span(transfer_id: &str) -> tracing::Span {
-    tracing::info_span!("transfer", transfer_id = %transfer_id)
-}
-
-/// The currency rule of one account step of a transfer stating `stated`: the first
-/// account's apply takes the stated currency or any; every other account's apply needs the
-/// stated one, else the first account's (`first`, once its apply ran in this plan).
-pub(super) fn currency_rule(
-    stated: &Option<String>,
-    op: AccountOp,
-    index: usize,
-    first: &Option<Option<String>>,
-) -> CurrencyRule {
-    match (op, index) {
-        (AccountOp::Apply, 0) => CurrencyRule::for_source(stated.clone()),
-        (AccountOp::Apply, _) => {
-            // The plan of `pending` applies the first account first, always: its answer is
-            // here.
-            debug_assert!(
-                first.is_some(),
-                "another account's apply before the first's"
-            );
-            let first = first.clone().flatten();
-            CurrencyRule::for_destination(stated.clone(), first)
-        }
-        _ => CurrencyRule::Any,
     }
 }
 

@@ -1,8 +1,9 @@
 //! The transfer engine: the protocol of Elastic's post as pure decisions ([`protocol`]), the
 //! worker that drives one transfer through it ([`driver`]), the lease that says which worker
-//! may act ([`lease`]), account steps merged per account ([`accounts`]), the recovery loop
-//! that resumes what a crash left ([`recovery`]), and the operations the HTTP API calls
-//! ([`operations`]). The engine is given its clock ([`clock`]) and reads and writes documents
+//! may act ([`lease`]), the settlement chosen once when the engine is built ([`settlement`]:
+//! two-phase, [`two_phase`], or in one store transaction, [`one_transaction`]), account steps
+//! merged per account ([`accounts`]), the recovery loop that resumes what a crash left
+//! ([`recovery`]), and the operations the HTTP API calls ([`operations`]). The engine is given its clock ([`clock`]) and reads and writes documents
 //! only through [`documents`].
 //!
 //! # Why it is safe (`docs/design.md §9`)
@@ -42,8 +43,10 @@ pub mod protocol;
 pub mod recovery;
 pub mod requests;
 pub mod retry;
+pub mod settlement;
 pub mod sweep;
 pub mod tombstones;
+pub mod two_phase;
 pub mod validated;
 pub mod view;
 
@@ -162,6 +165,11 @@ fn export_state_series(metrics: &Metrics) {
     }
 }
 
+/// The span every line about one transfer's progress is logged in.
+pub(crate) fn transfer_span(transfer_id: &str) -> tracing::Span {
+    tracing::info_span!("transfer", transfer_id = %transfer_id)
+}
+
 /// What the engine's services (the worker, recovery) share: handles to the same documents,
 /// leases, account steps, settings, clock, metrics, shutdown and task tracker.
 #[derive(Clone)]
@@ -188,7 +196,6 @@ pub struct Engine {
     leases: Arc<Leases>,
     config: EngineConfig,
     clock: DynClock,
-    metrics: Arc<Metrics>,
     /// Stops drivers between steps, and the recovery loop.
     shutdown: CancellationToken,
     /// Every spawned worker and loop, so shutdown can wait for them.
@@ -270,6 +277,7 @@ impl Engine {
             tasks: tasks.clone(),
         };
         let worker = Arc::new(driver::Worker {
+            settlement: settlement::chosen(&config, &docs),
             shared: shared.clone(),
             terminal_events: watch::channel(0).0,
             feed: feed.clone(),
@@ -286,7 +294,6 @@ impl Engine {
             accounts,
             config,
             clock,
-            metrics,
             shutdown,
             tasks,
             worker,
@@ -299,7 +306,7 @@ impl Engine {
     /// Whether transfers are settled in one store transaction (the embedded store unless
     /// `PROTOCOL=two-phase`), rather than by the two-phase protocol.
     pub fn uses_transactions(&self) -> bool {
-        self.worker.uses_transactions()
+        self.worker.settlement.in_one_transaction()
     }
 
     /// Recovery and the sweep (the loop is started by the app; tests run single sweeps).

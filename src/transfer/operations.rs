@@ -9,10 +9,10 @@ use super::admission::{Admitted, Overloaded};
 use super::documents::{decode, Versioned};
 use super::lease::{Claim, ClaimWrite, Leased, Leases};
 use super::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
-use super::one_transaction::OneTransaction;
 use super::protocol;
 use super::requests::{NewAccount, NewTransfer};
 use super::retry::retry;
+use super::settlement::Creation;
 use super::Engine;
 use crate::store::{SortKey, StoreError, TransferFilter, WriteOutcome};
 
@@ -138,35 +138,10 @@ impl Engine {
         admitted: Admitted,
     ) -> Result<Created<TransferDoc>, ServiceError> {
         let doc = new.document(&self.clock.now(), self.config.hold_timeout);
-        // On a store with transactions the transfer is created settled (`super::one_transaction`).
-        let settled = if self.worker.creates_settled(&doc) {
-            Some(self.worker.create_settled(&doc).await?)
-        } else {
-            None
-        };
-        let existing = match settled {
-            Some(OneTransaction::Settled(stored)) => {
-                // Answered as stored: already terminal (the same as a `GET` right after).
-                return Ok(Created::New(*stored));
-            }
-            Some(OneTransaction::Exists) => {
-                self.docs
-                    .get_vouched::<TransferDoc>(&doc.transaction_id)
-                    .await?
-            }
-            // A create whose answer was lost is still ours (the claim finds our token): it is
-            // new, and ours to drive.
-            Some(OneTransaction::TwoPhase) | None => {
-                match self.leases.claim(doc, ClaimWrite::Create).await? {
-                    Claim::Won(leased) => {
-                        self.metrics.transfers_created_total.inc();
-                        let shown = leased.doc.clone();
-                        self.worker.spawn_driver(leased, Some(admitted));
-                        return Ok(Created::New(shown));
-                    }
-                    Claim::Lost(existing) => existing,
-                }
-            }
+        let settlement = &self.worker.settlement;
+        let existing = match settlement.create(&self.worker, doc, admitted).await? {
+            Creation::New(shown) => return Ok(Created::New(shown)),
+            Creation::Taken(existing) => existing,
         };
         let existing = existing
             .ok_or_else(|| {
@@ -292,6 +267,14 @@ impl Engine {
         to: Option<TransferState>,
     ) -> Result<Result<TransferDoc, Option<Versioned<TransferDoc>>>, ServiceError> {
         let from = current.doc.transaction_state;
+        // A state only moves along an arrow (or stays, for a capture's write).
+        debug_assert!(
+            to.is_none_or(|to| from.can_move_to(to))
+                && next.transaction_state == to.unwrap_or(from),
+            "{}: {from} → {} is not an arrow",
+            next.transaction_id,
+            next.transaction_state
+        );
         let live = self.leases.may_be_live(&current.doc) && !Leases::is_parked(&current.doc);
         if live || to.is_some_and(TransferState::is_terminal) {
             let outcome = self

@@ -341,6 +341,31 @@ impl<S: AsRef<str>> CurrencyRule<S> {
     }
 }
 
+/// The currency rule of one account step of a transfer stating `stated`: the first
+/// account's apply takes the stated currency or any; every other account's apply needs the
+/// stated one, else the first account's (`first`, once its apply ran in this plan).
+pub fn currency_rule(
+    stated: &Option<String>,
+    op: AccountOp,
+    index: usize,
+    first: &Option<Option<String>>,
+) -> CurrencyRule {
+    match (op, index) {
+        (AccountOp::Apply, 0) => CurrencyRule::for_source(stated.clone()),
+        (AccountOp::Apply, _) => {
+            // The plan of `pending` applies the first account first, always: its answer is
+            // here.
+            debug_assert!(
+                first.is_some(),
+                "another account's apply before the first's"
+            );
+            let first = first.clone().flatten();
+            CurrencyRule::for_destination(stated.clone(), first)
+        }
+        _ => CurrencyRule::Any,
+    }
+}
+
 /// One account step of one transfer.
 #[derive(Debug, Clone, Copy)]
 pub struct AccountStep<'a> {
@@ -379,10 +404,7 @@ pub fn decide_account(
         currency,
         mark,
     } = step;
-    let pending = account
-        .pending_transactions
-        .iter()
-        .any(|id| id == transfer_id);
+    let pending = is_pending(account, transfer_id);
     let settled = account.settled.contains(transfer_id);
     let change = Change::of(side, amount);
     // What to write, and as which decision: a settle that finds a late apply gives it back.
@@ -395,14 +417,13 @@ pub fn decide_account(
     let decided = match op {
         AccountOp::Apply if pending => return AccountDecision::AlreadyDone,
         AccountOp::Apply if settled => return AccountDecision::Refuse(Refusal::AlreadySettled),
-        // Before the bound: a mismatch is final, a full account only has to wait.
-        AccountOp::Apply if !currency.admits(account.currency.as_deref()) => {
-            return AccountDecision::Refuse(Refusal::CurrencyMismatch)
-        }
-        AccountOp::Apply if is_full(account, now.millis, retention) => {
-            return AccountDecision::Refuse(Refusal::AccountBusy)
-        }
-        AccountOp::Apply => apply(account, transfer_id, change, now.millis, mark.unwrap_or("")),
+        AccountOp::Apply => apply(
+            account,
+            (transfer_id, mark.unwrap_or("")),
+            change,
+            currency,
+            (now.millis, retention),
+        ),
         AccountOp::Remove if !pending => return AccountDecision::AlreadyDone,
         AccountOp::Remove if is_late(account, transfer_id, mark) => {
             undo(account, transfer_id, change, true)
@@ -422,8 +443,7 @@ pub fn decide_account(
     };
     match decided {
         Ok(mut next) => {
-            prune_settled(&mut next, now.millis, retention);
-            next.modification_time = now.text.clone();
+            stamp(&mut next, now, retention);
             debug_assert_consistent(&next, transfer_id, op);
             write(next)
         }
@@ -467,20 +487,31 @@ impl Change {
     }
 }
 
-/// Core steps 2/3: add the delta, remember the id as pending.
+/// Whether the transfer's entry is pending on the account.
+fn is_pending(account: &AccountDoc, transfer_id: &str) -> bool {
+    account
+        .pending_transactions
+        .iter()
+        .any(|id| id == transfer_id)
+}
+
+/// Core steps 2/3: add the delta, remember the id as pending with its `mark`.
 fn apply(
     account: &AccountDoc,
-    transfer_id: &str,
+    (transfer_id, mark): (&str, &str),
     change: Change,
-    now_millis: i64,
-    mark: &str,
+    currency: CurrencyRule<&str>,
+    (now_millis, retention): (i64, Retention),
 ) -> Result<AccountDoc, Refusal> {
-    let (balance, pending_credits, pending_debits) = applied_sums(account, change)?;
+    let entry_room = Some((now_millis, retention));
+    let (balance, pending_credits, pending_debits) =
+        apply_rules(account, currency, change, entry_room)?;
     let mut next = account.clone();
     next.balance = balance;
     next.pending_credits = pending_credits;
     next.pending_debits = pending_debits;
     next.add_pending(transfer_id, now_millis, mark);
+    debug_assert_moved_by(account, &next, change);
     debug_assert!(
         !change.debits || next.available() >= 0,
         "a debit left {} below its floor {} (pending credits {})",
@@ -491,8 +522,40 @@ fn apply(
     Ok(next)
 }
 
-/// The balance and pending sums once `change` is applied, or why it may not be: the rules
-/// of every apply, two-phase or in one transaction.
+/// The rules of every apply, two-phase or in one transaction ([`settle_at_once`]), in their
+/// order: the currency (a mismatch is final, so it comes before the bound), room for one more
+/// pending entry (`entry_room`: the time and retention it is judged by; `None` for an apply
+/// that leaves no entry), then the floor and overflow ([`applied_sums`]). Answers the balance
+/// and pending sums once `change` is applied, or why it may not be.
+fn apply_rules(
+    account: &AccountDoc,
+    currency: CurrencyRule<&str>,
+    change: Change,
+    entry_room: Option<(i64, Retention)>,
+) -> Result<(i64, i64, i64), Refusal> {
+    if !currency.admits(account.currency.as_deref()) {
+        return Err(Refusal::CurrencyMismatch);
+    }
+    // A full account only has to wait.
+    if entry_room.is_some_and(|(now_millis, retention)| is_full(account, now_millis, retention)) {
+        return Err(Refusal::AccountBusy);
+    }
+    applied_sums(account, change)
+}
+
+/// Units are conserved (`docs/design.md §4`): an apply moves the account's balance by exactly
+/// its side's share of the transfer, and the shares of a transfer's accounts sum to zero.
+fn debug_assert_moved_by(before: &AccountDoc, after: &AccountDoc, change: Change) {
+    debug_assert_eq!(
+        after.balance as i128 - before.balance as i128,
+        change.delta as i128,
+        "an apply on {} moved its balance by other than its share",
+        before.account_id
+    );
+}
+
+/// The balance and pending sums once `change` is applied, or why it may not be: the floor
+/// and overflow rules of every apply.
 fn applied_sums(account: &AccountDoc, change: Change) -> Result<(i64, i64, i64), Refusal> {
     // Spendable = balance − uncommitted credits − floor, so that undoing any pending credit
     // later can never leave the balance below the floor.
@@ -515,12 +578,13 @@ fn applied_sums(account: &AccountDoc, change: Change) -> Result<(i64, i64, i64),
 }
 
 /// One account's part of a transfer settled in one store transaction (`docs/design.md §3`,
-/// "In one transaction"): the checks of an apply (currency, floor, overflow) and the delta,
-/// with no pending entry and no tombstone. Nothing can apply the transfer to the account
-/// again: its document becomes terminal in the same commit, and every two-phase apply comes
-/// after a `pending` write of it, which a terminal transfer refuses. An account that holds
-/// the transfer already (pending or settled) contradicts a `created` transfer: refused with
-/// [`Refusal::AlreadySettled`], for the two-phase path to sort out.
+/// "In one transaction"): the rules of an apply ([`apply_rules`], save the room for a
+/// pending entry, since none is left) and the delta, with no pending entry and no tombstone.
+/// Nothing can apply the transfer to the account again: its document becomes terminal in
+/// the same commit, and every two-phase apply comes after a `pending` write of it, which a
+/// terminal transfer refuses. An account that holds the transfer already (pending or
+/// settled) contradicts a `created` transfer: refused with [`Refusal::AlreadySettled`], for
+/// the two-phase path to sort out (a two-phase apply finds a pending entry done instead).
 pub fn settle_at_once(
     account: &AccountDoc,
     step: AccountStep<'_>,
@@ -528,19 +592,17 @@ pub fn settle_at_once(
     retention: Retention,
 ) -> Result<AccountDoc, Refusal> {
     let id = step.transfer_id;
-    if account.pending_transactions.iter().any(|p| p == id) || account.settled.contains(id) {
+    if is_pending(account, id) || account.settled.contains(id) {
         return Err(Refusal::AlreadySettled);
-    }
-    if !step.currency.admits(account.currency.as_deref()) {
-        return Err(Refusal::CurrencyMismatch);
     }
     // Nothing stays pending: the pending sums are checked as an apply would and left as
     // they were.
-    let (balance, _, _) = applied_sums(account, Change::of(step.side, step.amount))?;
+    let change = Change::of(step.side, step.amount);
+    let (balance, _, _) = apply_rules(account, step.currency, change, None)?;
     let mut next = account.clone();
     next.balance = balance;
-    prune_settled(&mut next, now.millis, retention);
-    next.modification_time = now.text.clone();
+    debug_assert_moved_by(account, &next, change);
+    stamp(&mut next, now, retention);
     Ok(next)
 }
 
@@ -616,6 +678,13 @@ fn debug_assert_consistent(account: &AccountDoc, transfer_id: &str, op: AccountO
         "{op:?} of {transfer_id} left an id both pending and settled on {}",
         account.account_id
     );
+}
+
+/// What every account decision does to the document it writes: old tombstones dropped, the
+/// time stamped.
+fn stamp(account: &mut AccountDoc, now: &Now, retention: Retention) {
+    prune_settled(account, now.millis, retention);
+    account.modification_time.clone_from(&now.text);
 }
 
 /// Drops tombstones older than the retention; beyond twice the count bound, the oldest.
