@@ -19,7 +19,7 @@ use super::protocol::{
 };
 use super::retry::backoff;
 use super::settlement::{Resumed, Settlement};
-use super::{transfer_span, Shared};
+use super::{step_span, transfer_span, Shared};
 use crate::store::StoreError;
 use crate::time::parse_millis;
 
@@ -116,7 +116,7 @@ impl Worker {
     /// permit of a new transfer (`admitted`) is given back when the task ends.
     pub(crate) fn spawn_driver(self: &Arc<Self>, leased: Leased, admitted: Option<Admitted>) {
         let worker = self.clone();
-        let span = transfer_span(&leased.doc.transaction_id);
+        let span = transfer_span(&leased.doc);
         self.shared.tasks.spawn(
             async move {
                 let outcome = worker.drive(leased).await;
@@ -251,7 +251,7 @@ impl Worker {
                         Side::Source => 0,
                         Side::Destination => 1,
                     };
-                    self.posting_step(leased, op, index, (&mut first_currency, &mut marks))
+                    self.traced_posting_step(leased, op, index, (&mut first_currency, &mut marks))
                         .await?;
                 }
                 Step::EachAccount(op) => {
@@ -259,20 +259,58 @@ impl Worker {
                         if index > 0 && self.shared.shutdown.is_cancelled() {
                             return Err(StopReason::Shutdown.into());
                         }
-                        self.posting_step(leased, op, index, (&mut first_currency, &mut marks))
-                            .await?;
+                        self.traced_posting_step(
+                            leased,
+                            op,
+                            index,
+                            (&mut first_currency, &mut marks),
+                        )
+                        .await?;
                     }
                 }
                 Step::SetState(TransferState::Committed) => {
                     let marks = std::mem::take(&mut marks);
-                    self.write_state_with(leased, TransferState::Committed, (None, None), marks)
-                        .await?
+                    let span = step_span(TransferState::Committed.as_str(), None);
+                    let written = self
+                        .write_state_with(leased, TransferState::Committed, (None, None), marks)
+                        .instrument(span.clone())
+                        .await;
+                    end_step(&span, &written, leased);
+                    written?
                 }
-                Step::SetState(to) => self.write_state(leased, to, None).await?,
+                Step::SetState(to) => {
+                    let span = step_span(to.as_str(), None);
+                    let written = self
+                        .write_state(leased, to, None)
+                        .instrument(span.clone())
+                        .await;
+                    end_step(&span, &written, leased);
+                    written?
+                }
                 Step::Park => return self.park(leased).await,
             }
         }
         Ok(())
+    }
+
+    /// [`Worker::posting_step`] in a span of its own.
+    async fn traced_posting_step(
+        &self,
+        leased: &mut Leased,
+        op: AccountOp,
+        index: usize,
+        found: (&mut Option<Option<String>>, &mut Vec<String>),
+    ) -> Result<(), Interrupt> {
+        let span = match leased.doc.posting(index) {
+            Some(posting) => step_span(op.step_name(), Some(posting.account)),
+            None => tracing::Span::none(),
+        };
+        let done = self
+            .posting_step(leased, op, index, found)
+            .instrument(span.clone())
+            .await;
+        end_step(&span, &done, leased);
+        done
     }
 
     /// `op` on the transfer's `index`-th account ([`TransferDoc::postings`]), with the
@@ -577,5 +615,26 @@ fn step_outcome(
         },
         StepResult::LeaseExpired | StepResult::Contention => Err(StopReason::Contention.into()),
         StepResult::Failed(error) => Err(error.into()),
+    }
+}
+
+/// Records on a step's span the transfer's state after it and how it ended: `ok`, `conflict`
+/// (the transfer changed under it: read again), `refused` (an account refused the apply: the
+/// transfer rolls back), `unavailable` (the store kept failing) or `stopped`.
+fn end_step(span: &tracing::Span, result: &Result<(), Interrupt>, leased: &Leased) {
+    if span.is_disabled() {
+        return;
+    }
+    span.record("state", leased.doc.transaction_state.as_str());
+    let outcome = match result {
+        Ok(()) => "ok",
+        Err(Interrupt::Reread) => "conflict",
+        Err(Interrupt::Rollback(..)) => "refused",
+        Err(Interrupt::Stop(StopReason::StoreUnavailable)) => "unavailable",
+        Err(Interrupt::Stop(_)) => "stopped",
+    };
+    span.record("outcome", outcome);
+    if matches!(outcome, "unavailable" | "stopped") {
+        span.record("otel.status_code", "ERROR");
     }
 }

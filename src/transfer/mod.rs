@@ -166,8 +166,44 @@ fn export_state_series(metrics: &Metrics) {
 }
 
 /// The span every line about one transfer's progress is logged in.
-pub(crate) fn transfer_span(transfer_id: &str) -> tracing::Span {
-    tracing::info_span!("transfer", transfer_id = %transfer_id)
+pub(crate) fn transfer_span(transfer: &model::TransferDoc) -> tracing::Span {
+    let transfer_id = transfer.transaction_id.as_str();
+    if !crate::trace_context::is_on() {
+        return tracing::info_span!("transfer", transfer_id = %transfer_id);
+    }
+    // Traced: a child of the request that created the transfer (its recorded `traceparent`),
+    // whichever process or restart runs it, so the transfer's whole life is one trace.
+    let span = tracing::info_span!(
+        "transfer",
+        transfer_id = %transfer_id,
+        otel.name = %format_args!("transfer {}", transfer.transaction_state),
+        transfer.id = %transfer_id,
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
+    );
+    crate::trace_context::continue_from(&span, transfer.traceparent.as_deref());
+    crate::trace_context::record_ids(&span);
+    span
+}
+
+/// The span of one protocol step of the current transfer (`docs/operations.md`, "Tracing"):
+/// `step` (`create`, `apply`, `settle`, `undo`, or the state a write moves to) on `account`
+/// when it is an account's. A disabled span outside a trace.
+pub(crate) fn step_span(step: &str, account: Option<&str>) -> tracing::Span {
+    if !crate::trace_context::in_trace() {
+        return tracing::Span::none();
+    }
+    let account = account.unwrap_or("");
+    tracing::debug_span!(
+        target: crate::trace_context::TARGET,
+        "step",
+        otel.name = %format_args!("{step} {account}").to_string().trim_end(),
+        otel.status_code = tracing::field::Empty,
+        step,
+        account,
+        state = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    )
 }
 
 /// What the engine's services (the worker, recovery) share: handles to the same documents,

@@ -77,6 +77,18 @@ pub enum AccountOp {
     Undo,
 }
 
+impl AccountOp {
+    /// The step's name in traces: `apply`, `settle` (the remove of a committed transfer) or
+    /// `undo`.
+    pub fn step_name(self) -> &'static str {
+        match self {
+            AccountOp::Apply => "apply",
+            AccountOp::Remove => "settle",
+            AccountOp::Undo => "undo",
+        }
+    }
+}
+
 /// One step of a transfer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {

@@ -6,12 +6,14 @@
 use std::sync::Arc;
 
 use futures_util::future::{self, BoxFuture, FutureExt};
+use tracing::Instrument;
 
 use super::admission::Admitted;
 use super::driver::Worker;
 use super::lease::{Claim, ClaimWrite, Leased};
 use super::model::{TransferDoc, TransferState};
 use super::settlement::{Creation, Resumed, Settlement};
+use super::step_span;
 use crate::store::StoreError;
 
 /// Settles every transfer by the two-phase protocol.
@@ -30,7 +32,22 @@ impl TwoPhase {
         // A state only moves forward from where every transfer starts.
         debug_assert_eq!(transfer.transaction_state, TransferState::Created);
         let shared = &worker.shared;
-        match shared.leases.claim(transfer, ClaimWrite::Create).await? {
+        let span = step_span("create", None);
+        let claimed = shared
+            .leases
+            .claim(transfer, ClaimWrite::Create)
+            .instrument(span.clone())
+            .await;
+        if !span.is_disabled() {
+            let outcome = match &claimed {
+                Ok(Claim::Won(_)) => "ok",
+                Ok(Claim::Lost(_)) => "exists",
+                Err(_) => "unavailable",
+            };
+            span.record("outcome", outcome);
+            span.record("state", TransferState::Created.as_str());
+        }
+        match claimed? {
             Claim::Won(leased) => {
                 shared.metrics.transfers_created_total.inc();
                 let shown = leased.doc.clone();
