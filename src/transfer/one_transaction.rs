@@ -156,7 +156,7 @@ impl OneTransaction {
                 .docs
                 .transact(move |txn| decide(txn, transfer, Start::New, &now, retention))
         })
-        .instrument(transfer_span(&transfer))
+        .instrument(transfer_span(transfer))
         .await;
         let (settled, path) = match attempt {
             // The work never came to an end (a bug in it): nothing was written.
@@ -181,7 +181,7 @@ impl OneTransaction {
         };
         shared.metrics.transfers_created_total.inc();
         let took = shared.clock.boot_time().saturating_duration_since(started);
-        let _span = transfer_span(&transfer).entered();
+        let _span = transfer_span(transfer).entered();
         settled_along(worker, TransferState::Created, &settled, path, Some(took));
         Ok(CreatedSettled::Settled(settled))
     }
