@@ -45,6 +45,9 @@ mod rolling_upgrade;
 #[path = "process/grow_shards.rs"]
 mod grow_shards;
 
+#[path = "process/traces.rs"]
+mod traces;
+
 const BIN: &str = env!("CARGO_BIN_EXE_transfer-service");
 
 /// The accounts `acct0`… the clients move units between, each opened with `opening`.

@@ -199,7 +199,7 @@ async fn track(State(state): State<AppState>, request: Request, next: Next) -> R
 fn log_response(response: &Response, latency: Duration, span: &tracing::Span) {
     let status = response.status();
     if trace_context::is_on() {
-        span.record("http.response.status_code", status.as_u16());
+        span.record("http.response.status_code", i64::from(status.as_u16()));
         if status.is_server_error() {
             span.record("otel.status_code", "ERROR");
         }

@@ -778,7 +778,7 @@ impl Deliverer {
             })?;
         let status = response.status();
         if !span.is_disabled() {
-            span.record("http.response.status_code", status.as_u16());
+            span.record("http.response.status_code", i64::from(status.as_u16()));
         }
         if status.is_success() {
             Ok(())

@@ -25,6 +25,7 @@
 //!   checks of its deliveries (every event, signatures, order per transfer);
 //! - [`wait`]: waiting on a condition with a deadline (never a fixed sleep);
 //! - [`faketime`]: a child process whose wall clock is offset (libfaketime);
+//! - [`jaeger`]: a real trace backend (Jaeger) per test, and the spans of a trace as it holds them;
 //! - [`old_version`]: the service as an older commit built it (the rolling-upgrade test);
 //! - [`skip`]: a test whose tool is missing fails under CI and skips loudly elsewhere.
 //!
@@ -75,6 +76,7 @@ pub mod faketime;
 pub mod faulty;
 pub mod feed;
 pub mod gate;
+pub mod jaeger;
 pub mod keys;
 pub mod logs;
 pub mod metrics;

@@ -34,6 +34,8 @@ pub struct Received {
     pub body: Vec<u8>,
     /// The status answered (0: hung, never answered).
     pub status: u16,
+    /// The W3C `traceparent` the delivery carried (empty: none).
+    pub traceparent: String,
 }
 
 impl Received {
@@ -106,6 +108,7 @@ async fn receive(State(shared): State<Shared>, headers: HeaderMap, body: Bytes) 
         content_type: header("content-type"),
         body: body.to_vec(),
         status: 0,
+        traceparent: header("traceparent"),
     };
     let behaviour = &shared.behaviour;
     let n = behaviour.seen.fetch_add(1, Ordering::SeqCst) + 1;

@@ -1,0 +1,335 @@
+//! Traces in a real backend (Jaeger, `support::jaeger`): a transfer posted with a caller's
+//! `traceparent` is one trace, from the caller's span through the HTTP span, every protocol
+//! step in order with its store calls, to the webhook delivery, whose request carries the
+//! trace on; on the embedded store (its two-phase path, where every step exists) and on a real
+//! cluster. And a collector that goes away costs spans, counted, not transfers.
+
+use super::*;
+use support::jaeger::{Jaeger, Span, SPANS_ARRIVE_WITHIN};
+
+/// The steps of a one-leg transfer from `a` to `b`, in the order the protocol takes them.
+const STEPS: [&str; 8] = [
+    "create",
+    "pending",
+    "apply a",
+    "apply b",
+    "committed",
+    "settle a",
+    "settle b",
+    "finished",
+];
+
+/// A trace id and a caller's span id of our own, as a caller's tracer would make them.
+fn callers_traceparent() -> (String, String, String) {
+    let trace_id = format!("{:032x}", rand::random::<u128>() | 1);
+    let span_id = format!("{:016x}", rand::random::<u64>() | 1);
+    let traceparent = format!("00-{trace_id}-{span_id}-01");
+    (trace_id, span_id, traceparent)
+}
+
+/// The service exporting its spans to `jaeger`, and delivering webhooks to `receiver`.
+fn traced_env(
+    jaeger: &Jaeger,
+    receiver: &support::receiver::Receiver,
+) -> Vec<(&'static str, String)> {
+    let mut env = vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", jaeger.otlp.clone()),
+        ("OTEL_SERVICE_NAME", "transfer-service-test".to_owned()),
+    ];
+    env.extend(webhook_env(receiver));
+    env
+}
+
+/// Opens `a` and `b`, posts a transfer from `a` to `b` with a caller's `traceparent`, waits
+/// until it is finished, and returns its id, the trace id and the caller's span id.
+async fn post_traced_transfer(base: &str) -> (String, String, String) {
+    let client = reqwest::Client::new();
+    for id in ["a", "b"] {
+        let (status, body) = post(
+            &client,
+            base,
+            "/accounts",
+            &json!({"id": id, "balance": 100}),
+        )
+        .await
+        .expect("open an account");
+        assert_eq!(status, 201, "{body}");
+    }
+    let (trace_id, caller_span, traceparent) = callers_traceparent();
+    let id = format!("traced-{trace_id}");
+    let answer = client
+        .post(format!("{base}/transfers"))
+        .header("traceparent", &traceparent)
+        .json(&json!({"id": id, "from": "a", "to": "b", "amount": 5}))
+        .send()
+        .await
+        .expect("POST /transfers");
+    assert_eq!(answer.status(), 201);
+    let transfer = get_ok(&client, base, &format!("/transfers/{id}?wait=10s")).await;
+    assert_eq!(transfer["state"], "finished", "{transfer}");
+    (id, trace_id, caller_span)
+}
+
+/// Waits until Jaeger holds the whole trace: the steps, and a webhook delivery answered 2xx.
+async fn whole_trace(jaeger: &Jaeger, trace_id: &str) -> Vec<Span> {
+    let deadline = std::time::Instant::now() + SPANS_ARRIVE_WITHIN;
+    loop {
+        let spans = jaeger.spans(trace_id).await;
+        let steps_there = STEPS
+            .iter()
+            .all(|step| spans.iter().any(|s| s.name == *step));
+        let delivered = spans
+            .iter()
+            .any(|s| s.name == "POST webhook" && answered_2xx(s));
+        if steps_there && delivered {
+            return spans;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the whole trace never reached Jaeger; it holds {:#?}",
+            spans.iter().map(|s| (&s.name, &s.tags)).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Whether a delivery's span records a 2xx answer.
+fn answered_2xx(span: &Span) -> bool {
+    span.tag("http.response.status_code")
+        .is_some_and(|status| status.starts_with('2') && status.len() == 3)
+}
+
+fn named<'a>(spans: &'a [Span], name: &str) -> &'a Span {
+    spans
+        .iter()
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("no span {name:?} in {:#?}", names(spans)))
+}
+
+fn names(spans: &[Span]) -> Vec<&str> {
+    spans.iter().map(|s| s.name.as_str()).collect()
+}
+
+/// Whether `span` descends from `ancestor` in `spans`.
+fn descends_from(spans: &[Span], span: &Span, ancestor: &Span) -> bool {
+    let mut parent = span.parent.clone();
+    while let Some(id) = parent {
+        if id == ancestor.id {
+            return true;
+        }
+        parent = spans
+            .iter()
+            .find(|s| s.id == id)
+            .and_then(|s| s.parent.clone());
+    }
+    false
+}
+
+/// What the trace of one transfer must show, whatever the store (`db_system`).
+fn assert_one_trace_from_request_to_webhook(
+    spans: &[Span],
+    caller_span: &str,
+    db_system: &str,
+    delivered: &support::receiver::Received,
+    trace_id: &str,
+) {
+    let request = named(spans, "POST /transfers");
+    assert_eq!(
+        request.parent.as_deref(),
+        Some(caller_span),
+        "the caller's span is the parent"
+    );
+    assert_eq!(request.tag("span.kind").as_deref(), Some("server"));
+    assert_eq!(
+        request.tag("http.response.status_code").as_deref(),
+        Some("201")
+    );
+    assert_eq!(request.tag("http.route").as_deref(), Some("/transfers"));
+    // Every step once, in the protocol's order, each ok and below the request.
+    let steps: Vec<&Span> = spans
+        .iter()
+        .filter(|s| STEPS.contains(&s.name.as_str()))
+        .collect();
+    assert_eq!(
+        steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+        STEPS,
+        "the steps in order"
+    );
+    for step in &steps {
+        assert_eq!(step.tag("outcome").as_deref(), Some("ok"), "{step:?}");
+        assert!(
+            descends_from(spans, step, request),
+            "{} under the request",
+            step.name
+        );
+    }
+    assert_eq!(
+        named(spans, "finished").tag("state").as_deref(),
+        Some("finished")
+    );
+    // The state writes' store calls, as client spans of the store, inside their steps.
+    for state in ["pending", "committed", "finished"] {
+        let step = named(spans, state);
+        let call = spans
+            .iter()
+            .find(|s| s.parent.as_deref() == Some(step.id.as_str()))
+            .unwrap_or_else(|| panic!("no store call under {state}: {:#?}", names(spans)));
+        assert_eq!(call.tag("span.kind").as_deref(), Some("client"));
+        assert_eq!(call.tag("db.system.name").as_deref(), Some(db_system));
+        assert_eq!(
+            call.tag("db.collection.name").as_deref(),
+            Some("transactions")
+        );
+    }
+    // The webhook: a client span of the trace, whose context the receiver got.
+    let webhook = spans
+        .iter()
+        .find(|s| s.name == "POST webhook" && answered_2xx(s))
+        .expect("a delivered webhook span");
+    assert!(
+        descends_from(spans, webhook, request),
+        "the delivery under the request"
+    );
+    let carried: Vec<&str> = delivered.traceparent.split('-').collect();
+    assert_eq!(
+        carried.get(1).copied(),
+        Some(trace_id),
+        "{}",
+        delivered.traceparent
+    );
+    assert!(
+        spans
+            .iter()
+            .any(|s| s.name == "POST webhook" && carried.get(2).copied() == Some(s.id.as_str())),
+        "the delivery's traceparent names a webhook span: {}",
+        delivered.traceparent
+    );
+}
+
+/// The delivery of `transfer`'s terminal event, once it is there.
+async fn delivery_of(
+    receiver: &support::receiver::Receiver,
+    transfer: &str,
+) -> support::receiver::Received {
+    support::wait::until_some("the terminal event delivered", || async {
+        receiver
+            .delivered()
+            .into_iter()
+            .find(|r| r.transfer() == transfer)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_is_one_trace_from_the_callers_request_to_the_webhook() {
+    let Some(jaeger) = Jaeger::start().await else {
+        return;
+    };
+    let receiver = support::receiver::Receiver::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let mut env = traced_env(&jaeger, &receiver);
+    env.push(("DATA_DIR", data.path().display().to_string()));
+    // The two-phase path, where every step of the protocol is a write of its own.
+    env.push(("PROTOCOL", "two-phase".to_owned()));
+    let service = Service::start_ready(&env).await;
+    let (id, trace_id, caller_span) = post_traced_transfer(&service.base).await;
+    let delivered = delivery_of(&receiver, &id).await;
+    let spans = whole_trace(&jaeger, &trace_id).await;
+    assert_one_trace_from_request_to_webhook(&spans, &caller_span, "redb", &delivered, &trace_id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_real_elasticsearch_a_transfer_is_one_trace_from_the_callers_request_to_the_webhook() {
+    let Some(url) = support::cluster::shared() else {
+        return;
+    };
+    let Some(jaeger) = Jaeger::start().await else {
+        return;
+    };
+    let receiver = support::receiver::Receiver::start().await;
+    let mut env = traced_env(&jaeger, &receiver);
+    env.push(("ELASTICSEARCH_URL", url));
+    env.push(("INDEX_PREFIX", support::stores::unique_prefix("traces")));
+    env.push((
+        "ELASTICSEARCH_SHARDS",
+        support::cluster::shards().to_string(),
+    ));
+    let service = Service::start_ready(&env).await;
+    let (id, trace_id, caller_span) = post_traced_transfer(&service.base).await;
+    let delivered = delivery_of(&receiver, &id).await;
+    let spans = whole_trace(&jaeger, &trace_id).await;
+    let engine = if support::cluster::engine().starts_with("opensearch") {
+        "opensearch"
+    } else {
+        "elasticsearch"
+    };
+    assert_one_trace_from_request_to_webhook(&spans, &caller_span, engine, &delivered, &trace_id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_stops_costs_spans_counted_not_transfers() {
+    let Some(mut jaeger) = Jaeger::start().await else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", jaeger.otlp.clone()),
+        ("DATA_DIR", data.path().display().to_string()),
+        ("PROTOCOL", "two-phase".to_owned()),
+    ];
+    let service = Service::start_ready(&env).await;
+    let client = reqwest::Client::new();
+    for id in ["acct0", "acct1"] {
+        let (status, _) = post(
+            &client,
+            &service.base,
+            "/accounts",
+            &json!({"id": id, "balance": 1000}),
+        )
+        .await
+        .expect("open an account");
+        assert_eq!(status, 201);
+    }
+    let transfer =
+        |n: usize| json!({"id": format!("t{n}"), "from": "acct0", "to": "acct1", "amount": 1});
+    // Some with the collector up, then the collector gone, and more.
+    for n in 0..20 {
+        let (status, body) = post(&client, &service.base, "/transfers", &transfer(n))
+            .await
+            .expect("POST");
+        assert_eq!(status, 201, "{body}");
+    }
+    support::wait::eventually_within(SPANS_ARRIVE_WITHIN, "spans exported", || async {
+        scrape(&service.base)
+            .await
+            .value("trace_spans_exported_total", &[])
+            > 0.0
+    })
+    .await;
+    jaeger.kill();
+    for n in 20..100 {
+        let (status, body) = post(&client, &service.base, "/transfers", &transfer(n))
+            .await
+            .expect("POST");
+        assert_eq!(status, 201, "{body}");
+    }
+    // Every transfer finishes, as without tracing.
+    for n in 0..100 {
+        let done = get_ok(&client, &service.base, &format!("/transfers/t{n}?wait=10s")).await;
+        assert_eq!(done["state"], "finished", "{done}");
+    }
+    assert_exact(&service.base, &[900, 1100]).await;
+    // The spans the dead collector could not take are counted, not waited for.
+    support::wait::eventually_within(SPANS_ARRIVE_WITHIN, "dropped spans counted", || async {
+        scrape(&service.base)
+            .await
+            .value("trace_spans_dropped_total", &[("reason", "export_failed")])
+            > 0.0
+    })
+    .await;
+    let metrics = scrape(&service.base).await;
+    assert!(
+        metrics.value("trace_spans_exported_total", &[]) > 0.0,
+        "spans went out before"
+    );
+}
