@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
+use tracing::Instrument;
 
 use super::clock::{BootTime, Clock, DynClock};
 use super::documents::{Documents, Versioned};
@@ -116,6 +117,9 @@ type StepReply = (StepResult, Observed);
 struct QueuedStep {
     request: StepRequest,
     reply: oneshot::Sender<StepReply>,
+    /// The worker's step span when traces are exported (else none): the batch's store
+    /// requests are spans of the first traced step it serves.
+    span: Option<tracing::Span>,
 }
 
 struct FlushGuard<'a> {
@@ -190,15 +194,21 @@ impl AccountSteps {
         request: StepRequest,
     ) -> (StepResult, Observed) {
         let (reply, result) = oneshot::channel();
+        let span = crate::trace_context::in_trace().then(tracing::Span::current);
+        let step = QueuedStep {
+            request,
+            reply,
+            span,
+        };
         let start_flusher = {
             let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
             match queues.get_mut(account) {
                 Some(queue) => {
-                    queue.push(QueuedStep { request, reply });
+                    queue.push(step);
                     false
                 }
                 None => {
-                    queues.insert(account.to_owned(), vec![QueuedStep { request, reply }]);
+                    queues.insert(account.to_owned(), vec![step]);
                     true
                 }
             }
@@ -240,7 +250,12 @@ impl AccountSteps {
                 }
                 std::mem::take(queue)
             };
-            let results = self.settle_batch(&account, &batch).await;
+            // One batch serves many steps: its store requests join the first traced one's.
+            let span = batch
+                .iter()
+                .find_map(|step| step.span.clone())
+                .unwrap_or_else(tracing::Span::none);
+            let results = self.settle_batch(&account, &batch).instrument(span).await;
             for (waiting, result) in batch.into_iter().zip(results) {
                 let _ = waiting.reply.send(result);
             }

@@ -181,6 +181,18 @@ fn assert_one_trace_from_request_to_webhook(
             Some("transactions")
         );
     }
+    // Each account step's store requests (a batch of one step here) are inside it.
+    for step in ["apply a", "apply b", "settle a", "settle b"] {
+        let step = named(spans, step);
+        assert!(
+            spans.iter().any(|s| descends_from(spans, s, step)
+                && s.tag("db.collection.name").as_deref() == Some("accounts")
+                && s.tag("db.system.name").as_deref() == Some(db_system)),
+            "no accounts request under {}: {:#?}",
+            step.name,
+            names(spans)
+        );
+    }
     // The webhook: a client span of the trace, whose context the receiver got.
     let webhook = spans
         .iter()
