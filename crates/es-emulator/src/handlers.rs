@@ -13,7 +13,7 @@ use crate::dates;
 use crate::errors::{bytes_response, empty_response, json_response, EsError, NODE_ID};
 use crate::routes::{Ctx, Params};
 use crate::search::{self, SearchRequest, SourceFilter};
-use crate::state::{random_id, WriteKind, WriteRequest};
+use crate::state::{random_id, IndexState, WriteKind, WriteRequest};
 use crate::Shared;
 
 type Answer = Result<Response, EsError>;
@@ -292,20 +292,10 @@ pub fn get_index(ctx: &Ctx<'_>, index: &str) -> Answer {
 /// `PUT|POST /{index}/_mapping` (§8): adds fields to every named index, or to none when one
 /// of them refuses the update.
 pub fn put_mapping(ctx: &Ctx<'_>, index: &str) -> Answer {
-    ctx.params.check(
-        ctx.path,
-        &[
-            "allow_no_indices",
-            "expand_wildcards",
-            "ignore_unavailable",
-            "master_timeout",
-            "timeout",
-            "write_index_only",
-        ],
-    )?;
-    ctx.params.check_expand_wildcards()?;
+    let ignore = ctx
+        .params
+        .check_multi_target(ctx.path, &["master_timeout", "timeout", "write_index_only"])?;
     ctx.params.refuse_unless("write_index_only", &["false"])?;
-    let ignore = ctx.params.bool("ignore_unavailable")?.unwrap_or(false);
     let body = json_body(ctx.body)?.ok_or_else(|| EsError::parse("request body is required"))?;
     let mut cluster = ctx.shared.cluster();
     let names = cluster.resolve(index, ignore)?;
@@ -323,18 +313,9 @@ pub fn put_mapping(ctx: &Ctx<'_>, index: &str) -> Answer {
 
 /// `GET /{index}/_mapping` (§8): `{"<index>": {"mappings": {...}}}` for every named index.
 pub fn get_mapping(ctx: &Ctx<'_>, index: &str) -> Answer {
-    ctx.params.check(
-        ctx.path,
-        &[
-            "allow_no_indices",
-            "expand_wildcards",
-            "ignore_unavailable",
-            "local",
-            "master_timeout",
-        ],
-    )?;
-    ctx.params.check_expand_wildcards()?;
-    let ignore = ctx.params.bool("ignore_unavailable")?.unwrap_or(false);
+    let ignore = ctx
+        .params
+        .check_multi_target(ctx.path, &["local", "master_timeout"])?;
     let cluster = ctx.shared.cluster();
     let mut out = Map::new();
     for name in cluster.resolve(index, ignore)? {
@@ -370,12 +351,7 @@ pub fn delete_index(ctx: &Ctx<'_>, index: &str) -> Answer {
 }
 
 pub fn refresh(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
-    ctx.params.check(
-        ctx.path,
-        &["ignore_unavailable", "allow_no_indices", "expand_wildcards"],
-    )?;
-    ctx.params.check_expand_wildcards()?;
-    let ignore = ctx.params.bool("ignore_unavailable")?.unwrap_or(false);
+    let ignore = ctx.params.check_multi_target(ctx.path, &[])?;
     let allow_none = ctx.params.bool("allow_no_indices")?.unwrap_or(true);
     let now = Instant::now();
     let mut cluster = ctx.shared.cluster();
@@ -617,31 +593,46 @@ pub async fn write_doc(ctx: &Ctx<'_>, index: &str, id: Option<&str>, create_rout
         let capacity = cluster.capacity;
         let state = cluster.index_for_write(index, now)?;
         state.occupy_shard_of(&id, capacity, &ctx.answer_at);
-        let written = state.apply(
-            WriteRequest {
-                kind,
-                id: id.clone(),
-                source: Some(source),
-                if_seq_no,
-                if_primary_term,
-            },
-            now,
-        )?;
-        let forced = (refresh == RefreshPolicy::Now).then(|| {
-            state.refresh(now);
-            true
-        });
-        let body = bulk::write_body(index, &id, &written, state.shards(), forced);
-        (written.status, body, written.order)
+        let request = WriteRequest {
+            kind,
+            id,
+            source: Some(source),
+            if_seq_no,
+            if_primary_term,
+        };
+        apply_write(state, index, request, refresh, now)?
     };
+    honour_refresh(ctx, refresh, &[(index.to_owned(), order)]).await;
+    Ok(json_response(status, &Value::Object(body)))
+}
+
+/// Applies one document write to `state` (its shard occupied), refreshing the index at once
+/// for `refresh=true`: the answer's status and body, and the write's order.
+fn apply_write(
+    state: &mut IndexState,
+    index: &str,
+    request: WriteRequest,
+    refresh: RefreshPolicy,
+    now: Instant,
+) -> Result<(u16, Map<String, Value>, u64), EsError> {
+    let id = request.id.clone();
+    let written = state.apply(request, now)?;
+    let forced = (refresh == RefreshPolicy::Now).then(|| {
+        state.refresh(now);
+        true
+    });
+    let body = bulk::write_body(index, &id, &written, state.shards(), forced);
+    Ok((written.status, body, written.order))
+}
+
+/// What `refresh` asks once the writes are applied: a forced refresh wakes the requests
+/// waiting for one; `wait_for` waits until the writes (`(index, order)`) are visible.
+async fn honour_refresh(ctx: &Ctx<'_>, refresh: RefreshPolicy, written: &[(String, u64)]) {
     match refresh {
         RefreshPolicy::Now => ctx.shared.refreshed.notify_waiters(),
-        RefreshPolicy::WaitFor => {
-            wait_until_visible(ctx.shared, &[(index.to_owned(), order)]).await
-        }
+        RefreshPolicy::WaitFor => wait_until_visible(ctx.shared, written).await,
         RefreshPolicy::No => {}
     }
-    Ok(json_response(status, &Value::Object(body)))
 }
 
 /// `DELETE /{i}/_doc/{id}` (§5).
@@ -681,30 +672,16 @@ pub async fn delete_doc(ctx: &Ctx<'_>, index: &str, id: &str) -> Answer {
         let state = cluster.index(index, now)?;
         state.refuse_custom_routing(ctx.params.get("routing"))?;
         state.occupy_shard_of(id, capacity, &ctx.answer_at);
-        let written = state.apply(
-            WriteRequest {
-                kind: WriteKind::Delete,
-                id: id.to_owned(),
-                source: None,
-                if_seq_no,
-                if_primary_term,
-            },
-            now,
-        )?;
-        let forced = (refresh == RefreshPolicy::Now).then(|| {
-            state.refresh(now);
-            true
-        });
-        let body = bulk::write_body(index, id, &written, state.shards(), forced);
-        (written.status, body, written.order)
+        let request = WriteRequest {
+            kind: WriteKind::Delete,
+            id: id.to_owned(),
+            source: None,
+            if_seq_no,
+            if_primary_term,
+        };
+        apply_write(state, index, request, refresh, now)?
     };
-    match refresh {
-        RefreshPolicy::Now => ctx.shared.refreshed.notify_waiters(),
-        RefreshPolicy::WaitFor => {
-            wait_until_visible(ctx.shared, &[(index.to_owned(), order)]).await
-        }
-        RefreshPolicy::No => {}
-    }
+    honour_refresh(ctx, refresh, &[(index.to_owned(), order)]).await;
     Ok(json_response(status, &Value::Object(body)))
 }
 
@@ -765,11 +742,7 @@ pub async fn bulk(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
             }
         }
     }
-    match refresh {
-        RefreshPolicy::Now => ctx.shared.refreshed.notify_waiters(),
-        RefreshPolicy::WaitFor => wait_until_visible(ctx.shared, &written).await,
-        RefreshPolicy::No => {}
-    }
+    honour_refresh(ctx, refresh, &written).await;
     Ok(json_response(
         200,
         &json!({"errors": errors, "took": ctx.took(), "items": results}),

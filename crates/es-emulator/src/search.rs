@@ -11,7 +11,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use crate::dates;
-use crate::errors::{Cause, EsError, Ordered};
+use crate::errors::{token_name, Cause, EsError, Ordered};
 use crate::mapping::{FieldType, Mapping, Scalar};
 use crate::query::{self, Query};
 use crate::state::{glob, Cluster, Doc, IndexState};
@@ -79,17 +79,6 @@ impl Default for SearchRequest {
             source: SourceFilter::default(),
             total_as_int: false,
         }
-    }
-}
-
-fn token_name(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "VALUE_NULL",
-        Value::Bool(_) => "VALUE_BOOLEAN",
-        Value::Number(_) => "VALUE_NUMBER",
-        Value::String(_) => "VALUE_STRING",
-        Value::Array(_) => "START_ARRAY",
-        Value::Object(_) => "START_OBJECT",
     }
 }
 
