@@ -99,6 +99,12 @@ impl Exposition {
             .unwrap_or_else(|| panic!("no sample {name}{labels:?}; have {:#?}", self.named(name)))
     }
 
+    /// `store_requests_total` of the store operation `op` that ended as `outcome`; panics if
+    /// there is no such sample.
+    pub fn store_requests(&self, op: &str, outcome: &str) -> f64 {
+        self.value("store_requests_total", &[("op", op), ("outcome", outcome)])
+    }
+
     /// The value of the one sample with exactly these labels, if there is one.
     pub fn find(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         let wanted: BTreeMap<String, String> = labels
