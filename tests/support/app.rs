@@ -333,6 +333,15 @@ impl TestApp {
         body["balance"].as_i64().unwrap()
     }
 
+    /// The balances of these accounts, in their order.
+    pub async fn balances<const N: usize>(&self, ids: [&str; N]) -> [i64; N] {
+        let mut balances = [0; N];
+        for (balance, id) in balances.iter_mut().zip(ids) {
+            *balance = self.balance(id).await;
+        }
+        balances
+    }
+
     pub async fn transfer(&self, id: &str, from: &str, to: &str, amount: i64) -> (u16, Value) {
         self.post(
             "/transfers",
