@@ -179,14 +179,7 @@ async fn entries_a_run_left_in_the_open_transaction_are_committed_before_a_searc
         open.commit(&store.committer, Durability::None).unwrap();
     }
     runs_due(&store, true);
-    let taken = store
-        .create(
-            Index::Transactions,
-            "t1",
-            transfer("t1", "created", 5).into(),
-        )
-        .await
-        .unwrap();
+    let taken = create_transfer(&store, "t1", "created", 5).await;
     assert_eq!(
         taken,
         WriteOutcome::AlreadyExists,

@@ -72,14 +72,7 @@ async fn writes_acknowledged_between_checkpoints_survive_a_crash_by_replay() {
         ]
     );
     // Numbering goes on after the replayed writes.
-    let next = replayed
-        .create(
-            Index::Transactions,
-            "t3",
-            transfer("t3", "created", 4).into(),
-        )
-        .await
-        .unwrap();
+    let next = create_transfer(&replayed, "t3", "created", 4).await;
     assert!(
         matches!(next, WriteOutcome::Written(Version { seq_no: 3, .. })),
         "{next:?}"

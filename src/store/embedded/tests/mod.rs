@@ -35,10 +35,16 @@ fn transfer(id: &str, state: &str, modified: i64) -> Value {
     })
 }
 
-/// Stores a new transfer `id` in `state`, modified (and created) at `modified`.
-async fn create_transfer(store: &EmbeddedStore, id: &str, state: &str, modified: i64) {
+/// Stores a new transfer `id` in `state`, modified (and created) at `modified`: what the
+/// create did.
+async fn create_transfer(
+    store: &EmbeddedStore,
+    id: &str,
+    state: &str,
+    modified: i64,
+) -> WriteOutcome {
     let source = transfer(id, state, modified).into();
-    store.create(Index::Transactions, id, source).await.unwrap();
+    store.create(Index::Transactions, id, source).await.unwrap()
 }
 
 /// Overwrites a stored document with bytes that do not decode, leaving its version

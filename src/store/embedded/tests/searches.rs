@@ -138,14 +138,7 @@ fn entries_by_state(
 #[tokio::test]
 async fn only_in_flight_transfers_have_recovery_entries() {
     let (_dir, store) = open();
-    let created = store
-        .create(
-            Index::Transactions,
-            "t1",
-            transfer("t1", "created", 1).into(),
-        )
-        .await
-        .unwrap();
+    let created = create_transfer(&store, "t1", "created", 1).await;
     create_transfer(&store, "t2", "rolled-back", 1).await;
     let entry = |state: &str, id: &str| (state.to_owned(), id.to_owned());
     assert_eq!(recovery_entries(&store), [entry("created", "t1")]);
