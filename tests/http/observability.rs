@@ -72,15 +72,10 @@ const SERIES: &[(&str, &str)] = &[
     ("api_keys_reloads_total", "counter"),
 ];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_count_every_transfer_transition_and_request_on_the_embedded_store() {
-    metrics_count_every_transfer_transition_and_request(Backend::Embedded).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_count_every_transfer_transition_and_request_on_elasticsearch() {
-    metrics_count_every_transfer_transition_and_request(Backend::Emulator).await;
-}
+case_on_backends!(metrics_count_every_transfer_transition_and_request:
+    metrics_count_every_transfer_transition_and_request_on_the_embedded_store => Embedded,
+    metrics_count_every_transfer_transition_and_request_on_elasticsearch => Emulator,
+);
 
 /// On the embedded store a transfer is settled in one store transaction: an overdraft goes
 /// from `created` straight to `rolled-back` (nothing was applied anywhere). On Elasticsearch
