@@ -82,6 +82,16 @@ impl Default for SearchRequest {
     }
 }
 
+/// A sort option that takes one of two words: `false` for the first (`no`), `true` for the
+/// second (`yes`); any other value is refused as `unsupported`.
+fn one_of_two(value: &Value, (no, yes): (&str, &str), unsupported: &str) -> Result<bool, EsError> {
+    match value.as_str() {
+        Some(word) if word == no => Ok(false),
+        Some(word) if word == yes => Ok(true),
+        _ => Err(EsError::unsupported(unsupported)),
+    }
+}
+
 fn as_int(key: &str, value: &Value) -> Result<i64, EsError> {
     value
         .as_i64()
@@ -178,27 +188,23 @@ fn parse_sort_entry(entry: &Value) -> Result<SortSpec, EsError> {
                         for (key, value) in options {
                             match key.as_str() {
                                 "order" => {}
-                                "missing" => match value.as_str() {
-                                    Some("_last") => *missing_first = false,
-                                    Some("_first") => *missing_first = true,
-                                    _ => {
-                                        return Err(EsError::unsupported(
-                                            "sort.missing with a custom value",
-                                        ))
-                                    }
-                                },
+                                "missing" => {
+                                    *missing_first = one_of_two(
+                                        value,
+                                        ("_last", "_first"),
+                                        "sort.missing with a custom value",
+                                    )?
+                                }
                                 "unmapped_type" => {
                                     *unmapped_type = value.as_str().map(str::to_owned)
                                 }
-                                "mode" => match value.as_str() {
-                                    Some("min") => *mode_max = false,
-                                    Some("max") => *mode_max = true,
-                                    _ => {
-                                        return Err(EsError::unsupported(
-                                            "sort.mode other than min/max",
-                                        ))
-                                    }
-                                },
+                                "mode" => {
+                                    *mode_max = one_of_two(
+                                        value,
+                                        ("min", "max"),
+                                        "sort.mode other than min/max",
+                                    )?
+                                }
                                 "format" => *format = value.as_str().map(str::to_owned),
                                 "numeric_type" | "nested" => {
                                     return Err(EsError::unsupported(&format!("sort.{key}")))
