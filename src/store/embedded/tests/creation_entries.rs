@@ -7,15 +7,7 @@ use super::durability::crash_image;
 use super::*;
 
 async fn of_account(store: &EmbeddedStore, account: &str) -> Vec<String> {
-    let account = Some(account.to_owned());
-    listed(
-        store,
-        TransferFilter {
-            account,
-            ..TransferFilter::default()
-        },
-    )
-    .await
+    listed_by(store, Some(account), None).await
 }
 
 /// The entries of `TX_BY_ACCOUNT` as redb's tables hold them now, without writing anything.

@@ -119,20 +119,8 @@ fn entries_by_state(
     store: &EmbeddedStore,
     index: TableDefinition<'static, (&'static str, i64, &'static str), ()>,
 ) -> Vec<(String, String)> {
-    settle(store);
-    let db = &store.db;
-    let txn = db.begin_read().unwrap();
-    let table = txn.open_table(index).unwrap();
-    let rows = table
-        .iter()
-        .unwrap()
-        .map(|entry| {
-            let key = entry.unwrap().0;
-            let (state, _, id) = key.value();
-            (state.to_owned(), id.to_owned())
-        })
-        .collect();
-    rows
+    let rows = index_rows(store, index).into_iter();
+    rows.map(|(state, _, id)| (state, id)).collect()
 }
 
 #[tokio::test]
