@@ -160,7 +160,7 @@ fn committer_idle(store: &EmbeddedStore) {
 
 /// Writes are refused (transient for the callers) and `ready` fails, until a restart.
 async fn assert_writes_stopped(store: &EmbeddedStore) {
-    let refused = create_numbered(&store, "later", 3).await;
+    let refused = create_numbered(store, "later", 3).await;
     assert!(
         matches!(&refused, Err(StoreError::Unavailable(e)) if e.contains("restarts")),
         "{refused:?}"
