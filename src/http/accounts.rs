@@ -8,6 +8,7 @@ use axum::{Json, Router};
 use serde::Serialize;
 
 use super::body::{json_fields, Integer, MetadataField, Text};
+use super::error::responses::{JsonBodyRefused, StoreUnavailable};
 use super::{field, ApiError, AppState, JsonFields, PathId, Problem, QueryParams};
 use crate::transfer::model::AccountDoc;
 use crate::transfer::operations::Created;
@@ -97,12 +98,10 @@ json_fields! {
     responses(
         (status = 201, description = "Account opened", body = Account),
         (status = 200, description = "Identical replay", body = Account),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The id exists with other data", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid field", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Store unavailable", body = Problem, content_type = "application/problem+json"),
+        JsonBodyRefused,
+        StoreUnavailable,
     ))]
 pub async fn create_account(
     State(state): State<AppState>,
@@ -136,7 +135,7 @@ pub async fn create_account(
     responses(
         (status = 200, description = "The account", body = Account),
         (status = 404, description = "No such account", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Store unavailable", body = Problem, content_type = "application/problem+json"),
+        StoreUnavailable,
     ))]
 pub async fn get_account(
     State(state): State<AppState>,

@@ -17,6 +17,7 @@ use futures_util::stream::{self, StreamExt};
 use serde::Serialize;
 
 use super::body::{json_fields, Array, Object};
+use super::error::responses::MalformedJson;
 use super::transfers::{counted_if_shed, new_transfer, CreateTransfer};
 use super::{
     field, idempotency, ApiError, AppState, JsonFields, PathId, Problem, QueryParams, NOT_AN_OBJECT,
@@ -165,7 +166,7 @@ impl From<ApiError> for BatchItem {
             deleted).")),
     responses(
         (status = 200, description = "One outcome per item, in request order; items are independent (`201`, `200`, `409`, `422`, `503` or `500` each)", body = BatchResult),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
         (status = 413, description = "Body too large (over 1 MiB): a batch of 1,000 items with maximal metadata (16 keys of 40 characters, values of 256) exceeds it; send fewer items per batch", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Not an object, `transfers` missing or not an array, or not 1 to 1,000 items (nor more than `MAX_IN_FLIGHT`), or an `Idempotency-Key` that is not 1–124 characters of an id", body = Problem, content_type = "application/problem+json"),

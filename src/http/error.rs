@@ -20,6 +20,63 @@ pub struct Problem {
     pub detail: String,
 }
 
+/// The problem answers several operations document alike, for their `responses(...)` (each
+/// an RFC 9457 [`Problem`]).
+pub mod responses {
+    use super::Problem;
+
+    /// 503: the store did not answer.
+    #[derive(utoipa::IntoResponses)]
+    #[response(
+        status = 503,
+        description = "Store unavailable",
+        content_type = "application/problem+json"
+    )]
+    pub struct StoreUnavailable(pub Problem);
+
+    /// 404: no transfer with the path's id.
+    #[derive(utoipa::IntoResponses)]
+    #[response(
+        status = 404,
+        description = "No such transfer",
+        content_type = "application/problem+json"
+    )]
+    pub struct NoSuchTransfer(pub Problem);
+
+    /// 400: a body that does not parse as JSON.
+    #[derive(utoipa::IntoResponses)]
+    #[response(
+        status = 400,
+        description = "Malformed JSON",
+        content_type = "application/problem+json"
+    )]
+    pub struct MalformedJson(pub Problem);
+
+    /// What a JSON body refused before its fields are read answers: malformed, too large, or
+    /// not JSON.
+    #[derive(utoipa::IntoResponses)]
+    pub enum JsonBodyRefused {
+        #[response(
+            status = 400,
+            description = "Malformed JSON",
+            content_type = "application/problem+json"
+        )]
+        Malformed(Problem),
+        #[response(
+            status = 413,
+            description = "Body too large",
+            content_type = "application/problem+json"
+        )]
+        TooLarge(Problem),
+        #[response(
+            status = 415,
+            description = "Not JSON",
+            content_type = "application/problem+json"
+        )]
+        NotJson(Problem),
+    }
+}
+
 /// A response extension set by [`ApiError::into_response`] when it has already logged the
 /// error at ERROR, with its detail, inside the request span. The response line of the trace
 /// layer then stays at INFO, so every 5xx yields exactly one ERROR line whatever its body or

@@ -8,6 +8,7 @@ use axum::{Json, Router};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use super::error::responses::StoreUnavailable;
 use super::error::{ApiError, Problem};
 use super::transfers::Wait;
 use super::{AppState, QueryParams};
@@ -55,7 +56,7 @@ pub struct EventPage {
     responses(
         (status = 200, description = "A page (maybe empty)", body = EventPage),
         (status = 422, description = "Bad, unknown or repeated parameter, or a cursor this service did not issue", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Store unavailable", body = Problem, content_type = "application/problem+json"),
+        StoreUnavailable,
     ))]
 pub async fn list_events(
     State(state): State<AppState>,

@@ -9,6 +9,7 @@ use axum::{Json, Router};
 use serde::Serialize;
 
 use super::body::{json_fields, Array, Flag, Integer, MetadataField, Object, Text};
+use super::error::responses::{JsonBodyRefused, MalformedJson, NoSuchTransfer, StoreUnavailable};
 use super::{
     field, idempotency, shorten, ApiError, AppState, JsonFields, OptionalJsonFields, PathId,
     Problem, QueryParams, QuerySpec, MAX_WAIT,
@@ -144,10 +145,8 @@ pub struct TransferPage {
         (status = 201, description = "Stored, and shown as stored: `finished` or `rolled-back` where one store transaction settled it (the embedded store), `created` where a worker drives it (Elasticsearch, and holds)", body = Transfer,
             headers(("Location" = String, description = "/transfers/{id}"))),
         (status = 200, description = "Identical replay: the transfer as it is now", body = Transfer),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        JsonBodyRefused,
         (status = 409, description = "Same id, different request", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid field, an `Idempotency-Key` that is not a valid id, or one that differs from the body's `id`", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Store unavailable, or too many transfers in flight (`type` `/problems/overloaded`, nothing created; retry after `Retry-After` seconds)",
             body = Problem, content_type = "application/problem+json",
@@ -329,9 +328,9 @@ impl QuerySpec for WaitQuery {
             description = "Long-poll up to this long for a terminal state: `<digits><unit>`, repeated (`5s`, `500ms`, `1m30s`; units `ns`, `us`, `ms`, `s`, `m`, `h`); `0s` answers at once, more than 30 s waits 30 s. Any other parameter, or `wait` given twice, is a 422.")),
     responses(
         (status = 200, description = "The transfer", body = Transfer),
-        (status = 404, description = "No such transfer", body = Problem, content_type = "application/problem+json"),
+        NoSuchTransfer,
         (status = 422, description = "Invalid `wait`, or a query parameter given twice", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Store unavailable", body = Problem, content_type = "application/problem+json"),
+        StoreUnavailable,
     ))]
 pub async fn get_transfer(
     State(state): State<AppState>,
@@ -416,9 +415,9 @@ impl Wait {
         description = "Transfer id (1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`; any other value is 404)")),
     responses(
         (status = 200, description = "`terminating` (rollback under way) or `rolled-back`", body = Transfer),
-        (status = 404, description = "No such transfer", body = Problem, content_type = "application/problem+json"),
+        NoSuchTransfer,
         (status = 409, description = "Already committed or finished, or a hold already captured", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Store unavailable", body = Problem, content_type = "application/problem+json"),
+        StoreUnavailable,
     ))]
 pub async fn cancel_transfer(
     State(state): State<AppState>,
@@ -458,13 +457,13 @@ fn no_transfer(error: crate::transfer::operations::ServiceError, id: &str) -> Ap
     request_body(content = Option<CaptureHold>, description = "Optional: no body (or `{}`) captures all of it"),
     responses(
         (status = 200, description = "Captured: `committed` or `finished`, with `captured_amount`", body = Transfer),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such transfer", body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
+        NoSuchTransfer,
         (status = 409, description = "Not a hold; rolled back, cancelled or expired; or captured with another amount", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "A body that is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`amount` not an integer from 1 to the held amount", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Store unavailable", body = Problem, content_type = "application/problem+json"),
+        StoreUnavailable,
     ))]
 pub async fn capture_transfer(
     State(state): State<AppState>,
@@ -530,7 +529,7 @@ impl QuerySpec for ListQuery {
     responses(
         (status = 200, description = "A page", body = TransferPage),
         (status = 422, description = "Bad, unknown or repeated parameter", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Store unavailable", body = Problem, content_type = "application/problem+json"),
+        StoreUnavailable,
     ))]
 pub async fn list_transfers(
     State(state): State<AppState>,

@@ -63,6 +63,14 @@ impl World {
         audit(self.store.as_ref(), STUCK_AFTER).await.unwrap()
     }
 
+    /// The audit of a world where `t` (30 from `a` to `b`) is pending between `accounts`.
+    async fn audit_with_t_pending(accounts: &[AccountDoc]) -> AuditReport {
+        World::with(&[t_of_30(Pending)], accounts)
+            .await
+            .audit()
+            .await
+    }
+
     /// A world holding `transfers`, then `accounts`.
     async fn with(transfers: &[TransferDoc], accounts: &[AccountDoc]) -> Self {
         let w = World::new();
@@ -452,8 +460,8 @@ async fn a_balance_mismatch_is_detected() {
 async fn a_balance_mismatch_against_in_flight_amounts_is_detected() {
     // The source's pending id says 30 are off its balance, but the balance did not move.
     let a_not_debited = account_with("a", 100, 100, &["t"], (0, 30));
-    let w = World::with(&[t_of_30(Pending)], &[a_not_debited, account("b", 0)]).await;
-    assert_kinds(&w.audit().await, &[BalanceMismatch, Conservation]);
+    let report = World::audit_with_t_pending(&[a_not_debited, account("b", 0)]).await;
+    assert_kinds(&report, &[BalanceMismatch, Conservation]);
 }
 
 #[tokio::test]
@@ -548,23 +556,15 @@ async fn spending_uncommitted_credits_is_detected() {
 #[tokio::test]
 async fn pending_credits_drift_is_detected() {
     let b_without_its_credit = account_with("b", 0, 30, &["t"], (0, 0));
-    let w = World::with(
-        &[t_of_30(Pending)],
-        &[a_with_t_applied(), b_without_its_credit],
-    )
-    .await;
-    assert_kinds(&w.audit().await, &[PendingCreditsDrift]);
+    let report = World::audit_with_t_pending(&[a_with_t_applied(), b_without_its_credit]).await;
+    assert_kinds(&report, &[PendingCreditsDrift]);
 }
 
 #[tokio::test]
 async fn pending_debits_drift_is_detected() {
     let a_without_its_debit = account_with("a", 100, 70, &["t"], (0, 0));
-    let w = World::with(
-        &[t_of_30(Pending)],
-        &[a_without_its_debit, b_with_t_applied()],
-    )
-    .await;
-    assert_kinds(&w.audit().await, &[PendingDebitsDrift]);
+    let report = World::audit_with_t_pending(&[a_without_its_debit, b_with_t_applied()]).await;
+    assert_kinds(&report, &[PendingDebitsDrift]);
 }
 
 #[tokio::test]
@@ -595,12 +595,9 @@ async fn a_pending_id_of_an_unknown_transfer_is_detected() {
 async fn a_pending_id_of_an_unrelated_transfer_or_twice_is_detected() {
     let a_listing_t_twice = account_with("a", 100, 70, &["t", "t"], (0, 30));
     let c_listing_t = account_with("c", 0, 0, &["t"], (0, 0));
-    let w = World::with(
-        &[t_of_30(Pending)],
-        &[a_listing_t_twice, account("b", 0), c_listing_t],
-    )
-    .await;
-    assert_kinds(&w.audit().await, &[PendingUnrelated, PendingDuplicate]);
+    let report =
+        World::audit_with_t_pending(&[a_listing_t_twice, account("b", 0), c_listing_t]).await;
+    assert_kinds(&report, &[PendingUnrelated, PendingDuplicate]);
 }
 
 #[tokio::test]

@@ -181,26 +181,28 @@ async fn wait_until_quiescent(w: &World, a: &Instance, b: &Instance) -> bool {
     false
 }
 
-#[tokio::test(start_paused = true)]
-async fn instances_whose_wall_clocks_are_leases_apart_end_exact_after_the_sweep() {
+/// Runs every seed with `clocks` and the sweep, each ending exact: the late applies the sweep
+/// undid, over all of them.
+async fn late_applies_undone_by_the_sweep(clocks: Clocks) -> u64 {
     let mut compensated = 0;
     for seed in 0..SEEDS {
-        let outcome = run(seed, Clocks::BAhead(3), true).await;
+        let outcome = run(seed, clocks, true).await;
         assert!(outcome.clean, "seed {seed}: {}", outcome.report);
         compensated += outcome.compensated;
     }
+    compensated
+}
+
+#[tokio::test(start_paused = true)]
+async fn instances_whose_wall_clocks_are_leases_apart_end_exact_after_the_sweep() {
+    let compensated = late_applies_undone_by_the_sweep(Clocks::BAhead(3)).await;
     eprintln!("wall clocks apart: {compensated} late applies undone by the sweep");
     assert!(compensated > 0, "the skew must have caused late applies");
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_instance_whose_clock_stood_still_ends_exact_after_the_sweep() {
-    let mut compensated = 0;
-    for seed in 0..SEEDS {
-        let outcome = run(seed, Clocks::AFrozen(40), true).await;
-        assert!(outcome.clean, "seed {seed}: {}", outcome.report);
-        compensated += outcome.compensated;
-    }
+    let compensated = late_applies_undone_by_the_sweep(Clocks::AFrozen(40)).await;
     eprintln!("a clock stood still: {compensated} late applies undone by the sweep");
     assert!(
         compensated > 0,

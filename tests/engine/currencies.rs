@@ -10,7 +10,6 @@ use transfer_service::store::{DynStore, Index};
 use transfer_service::transfer::model::{AccountDoc, RollbackReason, TransferState};
 use transfer_service::transfer::operations::{Created, ServiceError};
 use transfer_service::transfer::requests::NewTransfer;
-use transfer_service::transfer::EngineConfig;
 
 use crate::support::engine::*;
 
@@ -34,10 +33,7 @@ fn in_currency(id: &str, from: &str, to: &str, currency: Option<&str>) -> NewTra
 #[tokio::test(start_paused = true)]
 async fn a_transfer_between_currencies_rolls_back_and_moves_nothing() {
     let w = world(41, Duration::ZERO);
-    let e = w.instance(
-        w.base.clone(),
-        EngineConfig::with_lease(Duration::from_secs(5)),
-    );
+    let e = w.instance_on_base();
     open(&e, "usd1", 100, Some("USD")).await;
     open(&e, "usd2", 100, Some("USD")).await;
     open(&e, "eur", 100, Some("EUR")).await;
@@ -96,10 +92,7 @@ async fn a_transfer_between_currencies_rolls_back_and_moves_nothing() {
 #[tokio::test(start_paused = true)]
 async fn a_mismatch_found_after_the_source_was_applied_is_undone_by_recovery() {
     let w = world(42, Duration::ZERO);
-    let e = w.instance(
-        w.base.clone(),
-        EngineConfig::with_lease(Duration::from_secs(5)),
-    );
+    let e = w.instance_on_base();
     open(&e, "usd", 100, Some("USD")).await;
     open(&e, "eur", 0, Some("EUR")).await;
     let store: &DynStore = &w.base;
@@ -143,10 +136,7 @@ async fn a_mismatch_found_after_the_source_was_applied_is_undone_by_recovery() {
 #[tokio::test(start_paused = true)]
 async fn currencies_are_part_of_the_replay_comparison() {
     let w = world(43, Duration::ZERO);
-    let e = w.instance(
-        w.base.clone(),
-        EngineConfig::with_lease(Duration::from_secs(5)),
-    );
+    let e = w.instance_on_base();
     open(&e, "a", 100, Some("USD")).await;
     open(&e, "b", 0, Some("USD")).await;
     let again = |code: Option<&str>| new_account("a", 100).with_currency(code.map(currency));

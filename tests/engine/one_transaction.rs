@@ -14,13 +14,6 @@ use transfer_service::transfer::EngineConfig;
 use crate::support::engine::*;
 use crate::support::faulty::{Fault, Matcher};
 
-fn instance(w: &World) -> Instance {
-    w.instance(
-        w.base.clone(),
-        EngineConfig::with_lease(Duration::from_secs(5)),
-    )
-}
-
 async fn version_of(store: &DynStore, id: &str) -> Version {
     let doc = store.get(Index::Accounts, id).await.unwrap();
     doc.expect("account exists").version
@@ -45,7 +38,7 @@ async fn thirty_from_a_to_b(e: &Instance) {
 #[tokio::test(start_paused = true)]
 async fn a_transfer_is_created_and_settled_by_one_store_transaction() {
     let w = world(40, Duration::ZERO);
-    let e = instance(&w);
+    let e = w.instance_on_base();
     thirty_from_a_to_b(&e).await;
 
     assert_eq!(e.store_requests("transact", "ok"), 1);
@@ -77,7 +70,7 @@ async fn a_transfer_is_created_and_settled_by_one_store_transaction() {
 #[tokio::test(start_paused = true)]
 async fn a_refused_transfer_rolls_back_in_its_one_write_and_no_account_changes() {
     let w = world(41, Duration::ZERO);
-    let e = instance(&w);
+    let e = w.instance_on_base();
     open_account(&e, "a", 5).await;
     open_account(&e, "b", 0).await;
     let before = (
@@ -119,7 +112,7 @@ async fn a_refused_transfer_rolls_back_in_its_one_write_and_no_account_changes()
 #[tokio::test(start_paused = true)]
 async fn concurrent_transfers_on_hot_accounts_settle_exactly() {
     let w = world(42, Duration::ZERO);
-    let e = instance(&w);
+    let e = w.instance_on_base();
     for id in ["a", "b", "c"] {
         open_account(&e, id, 50).await;
     }
@@ -171,7 +164,7 @@ async fn concurrent_transfers_on_hot_accounts_settle_exactly() {
 #[tokio::test(start_paused = true)]
 async fn a_hold_on_hot_accounts_is_applied_among_one_transaction_settles_without_conflicts() {
     let w = world(44, Duration::ZERO);
-    let e = instance(&w);
+    let e = w.instance_on_base();
     open_account(&e, "a", 1_000).await;
     open_account(&e, "b", 1_000).await;
     let mut load = Vec::new();
@@ -241,7 +234,7 @@ async fn the_two_phase_protocol_can_be_asked_for_on_a_store_with_transactions() 
 #[tokio::test(start_paused = true)]
 async fn an_unreadable_account_leaves_the_transfer_to_the_two_phase_path() {
     let w = world(45, Duration::ZERO);
-    let e = instance(&w);
+    let e = w.instance_on_base();
     open_account(&e, "a", 100).await;
     let unreadable = serde_json::json!({"account_id": "broken", "balance": "not a number"});
     w.base

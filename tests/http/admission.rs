@@ -17,6 +17,15 @@ fn transfer(id: &str, from: &str, to: &str, amount: i64) -> Value {
     json!({"id": id, "from": from, "to": to, "amount": amount})
 }
 
+/// `POST /transfers/batch` of three transfers from `A` to `B`, `<prefix>-<i>` of `i`.
+async fn post_batch_of_three(app: &TestApp, prefix: &str) -> reqwest::Response {
+    let three: Vec<Value> = (1..=3)
+        .map(|i| transfer(&format!("{prefix}-{i}"), "A", "B", i))
+        .collect();
+    app.post_response("/transfers/batch", json!({ "transfers": three }))
+        .await
+}
+
 /// The app with `MAX_IN_FLIGHT = max`, its account writes held by the returned gate.
 async fn held_app(b: Backend, max: usize) -> (TestApp, Arc<AccountGate>) {
     let gate = std::sync::OnceLock::new();
@@ -132,12 +141,7 @@ mod cases {
     pub async fn a_batch_is_admitted_whole_or_not_at_all(b: Backend) {
         let (app, gate) = held_app(b, 3).await;
         app.transfer_accepted("held", "A", "B", 1).await;
-        let three: Vec<Value> = (1..=3)
-            .map(|i| transfer(&format!("b-{i}"), "A", "B", i))
-            .collect();
-        let response = app
-            .post_response("/transfers/batch", json!({ "transfers": three }))
-            .await;
+        let response = post_batch_of_three(&app, "b").await;
         assert_shed(response).await;
         for i in 1..=3 {
             assert_eq!(app.get(&format!("/transfers/b-{i}")).await.0, 404);
@@ -171,12 +175,7 @@ mod cases {
     pub async fn a_batch_larger_than_the_bound_is_422(b: Backend) {
         let (app, gate) = held_app(b, 2).await;
         gate.open();
-        let three: Vec<Value> = (1..=3)
-            .map(|i| transfer(&format!("c-{i}"), "A", "B", i))
-            .collect();
-        let response = app
-            .post_response("/transfers/batch", json!({ "transfers": three }))
-            .await;
+        let response = post_batch_of_three(&app, "c").await;
         assert_eq!(response.status(), 422);
         assert!(response.headers().get("retry-after").is_none());
         let problem: Value = response.json().await.unwrap();

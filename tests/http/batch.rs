@@ -65,7 +65,7 @@ mod cases {
         }
         let overdraft = app.settled("t-2").await;
         assert_eq!(overdraft["reason"], "insufficient_funds", "{overdraft}");
-        assert_eq!((app.balance("A").await, app.balance("B").await), (55, 45));
+        assert_eq!(app.balances(["A", "B"]).await, [55, 45]);
         app.shutdown().await;
     }
 
@@ -100,7 +100,7 @@ mod cases {
         assert_eq!(app.settled("clash").await["amount"], 2);
         app.settled("twice").await;
         app.settled("old").await;
-        assert_eq!((app.balance("A").await, app.balance("B").await), (87, 13));
+        assert_eq!(app.balances(["A", "B"]).await, [87, 13]);
         app.shutdown().await;
     }
 
@@ -184,7 +184,7 @@ mod cases {
         for id in ["d1", "d2"] {
             assert_eq!(app.get(&format!("/transfers/{id}")).await.0, 404, "{id}");
         }
-        assert_eq!((app.balance("A").await, app.balance("B").await), (97, 3));
+        assert_eq!(app.balances(["A", "B"]).await, [97, 3]);
         app.shutdown().await;
     }
 

@@ -295,18 +295,8 @@ async fn a_key_revoked_while_running_fails_readyz_with_the_reason_and_is_not_ret
     assert_eq!(emulator.request_count_of("get") - gets_before, 1);
 
     let metrics = app.scrape().await;
-    assert!(
-        metrics.value(
-            "store_requests_total",
-            &[("op", "ready"), ("outcome", "denied")]
-        ) >= 1.0
-    );
-    assert!(
-        metrics.value(
-            "store_requests_total",
-            &[("op", "get"), ("outcome", "denied")]
-        ) >= 1.0
-    );
+    assert!(metrics.store_requests("ready", "denied") >= 1.0);
+    assert!(metrics.store_requests("get", "denied") >= 1.0);
     app.shutdown().await;
 }
 
@@ -331,12 +321,7 @@ async fn a_privilege_withdrawn_while_running_is_counted_and_named_in_the_log() {
         .await;
     assert_eq!(status, 503, "{problem}");
     let metrics = app.scrape().await;
-    assert!(
-        metrics.value(
-            "store_requests_total",
-            &[("op", "create"), ("outcome", "denied")]
-        ) >= 1.0
-    );
+    assert!(metrics.store_requests("create", "denied") >= 1.0);
     wait::eventually("the refusal to be logged with the privilege", || async {
         serde_json::to_string(&logs::lines())
             .unwrap_or_default()

@@ -227,17 +227,12 @@ on_every_backend!(
     cursors_past_the_end_or_of_another_store_are_422_saying_what_to_do,
 );
 
-/// Two instances on one Elasticsearch, each taking half the load; a consumer on either sees
-/// every event of both. On the emulator (a test double) and on the real cluster.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_two_instances_on_one_store_a_consumer_of_either_sees_every_event() {
-    with_two_instances_a_consumer_of_either_sees_every_event(Backend::Emulator).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_two_instances_on_real_elasticsearch_a_consumer_of_either_sees_every_event() {
-    with_two_instances_a_consumer_of_either_sees_every_event(Backend::RealEs).await;
-}
+// Two instances on one Elasticsearch, each taking half the load; a consumer on either sees
+// every event of both. On the emulator (a test double) and on the real cluster.
+case_on_backends!(with_two_instances_a_consumer_of_either_sees_every_event:
+    with_two_instances_on_one_store_a_consumer_of_either_sees_every_event => Emulator,
+    with_two_instances_on_real_elasticsearch_a_consumer_of_either_sees_every_event => RealEs,
+);
 
 async fn with_two_instances_a_consumer_of_either_sees_every_event(backend: Backend) {
     let Some(shared) = SharedElasticsearch::on(backend).await else {

@@ -22,6 +22,13 @@ async fn post_keyed(app: &TestApp, path: &str, keys: &[&str], body: Value) -> (u
     (status, response.json().await.expect("JSON"), location)
 }
 
+/// `POST /transfers/batch` of one item without an id (1 from `A` to `B`) under the batch key
+/// `key`.
+async fn post_one_under_batch_key(app: &TestApp, key: &str) -> (u16, Value, String) {
+    let batch = json!({"transfers": [unkeyed("A", "B", 1)]});
+    post_keyed(app, "/transfers/batch", &[key], batch).await
+}
+
 fn unkeyed(from: &str, to: &str, amount: i64) -> Value {
     json!({"from": from, "to": to, "amount": amount})
 }
@@ -160,7 +167,7 @@ mod cases {
         for id in ["batch-7:0", "own-id", "batch-7:2"] {
             assert_eq!(app.settled(id).await["state"], "finished", "{id}");
         }
-        assert_eq!((app.balance("A").await, app.balance("B").await), (94, 6));
+        assert_eq!(app.balances(["A", "B"]).await, [94, 6]);
 
         // Without the key the same items are new transfers (ids made by the server).
         let unkeyed_batch = json!({"transfers": [unkeyed("A", "B", 1)]});
@@ -183,21 +190,9 @@ mod cases {
         assert_eq!(statuses, [409, 200, 409], "{swapped}");
 
         // A batch key leaves room for `:<index>`: at most 124 characters.
-        let (status, problem, _) = post_keyed(
-            &app,
-            "/transfers/batch",
-            &[&"k".repeat(125)],
-            json!({"transfers": [unkeyed("A", "B", 1)]}),
-        )
-        .await;
+        let (status, problem, _) = post_one_under_batch_key(&app, &"k".repeat(125)).await;
         assert_422_saying(status, &problem, "1–124 characters");
-        let (status, ok, _) = post_keyed(
-            &app,
-            "/transfers/batch",
-            &[&"k".repeat(124)],
-            json!({"transfers": [unkeyed("A", "B", 1)]}),
-        )
-        .await;
+        let (status, ok, _) = post_one_under_batch_key(&app, &"k".repeat(124)).await;
         assert_eq!(status, 200, "{ok}");
         assert_eq!(
             ok["items"][0]["transfer"]["id"],

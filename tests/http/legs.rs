@@ -42,14 +42,7 @@ mod cases {
         }
         let settled = app.settled("m").await;
         assert_eq!(settled["state"], "finished", "{settled}");
-        assert_eq!(
-            [
-                app.balance("a").await,
-                app.balance("b").await,
-                app.balance("c").await
-            ],
-            [85, 7, 8]
-        );
+        assert_eq!(app.balances(["a", "b", "c"]).await, [85, 7, 8]);
         // An identical replay is 200; other legs are 409.
         let (status, _) = app.post("/transfers", body).await;
         assert_eq!(status, 200);
@@ -74,14 +67,7 @@ mod cases {
             ),
             "{settled}"
         );
-        assert_eq!(
-            [
-                app.balance("a").await,
-                app.balance("b").await,
-                app.balance("poor").await
-            ],
-            [85, 7, 1]
-        );
+        assert_eq!(app.balances(["a", "b", "poor"]).await, [85, 7, 1]);
     }
 
     pub async fn one_leg_is_a_plain_transfer_and_plain_transfers_show_their_leg(b: Backend) {
@@ -213,14 +199,7 @@ mod cases {
         assert_eq!(status, 200, "{captured}");
         assert_eq!(captured["captured_amount"], 15, "{captured}");
         assert_eq!(app.settled("h").await["state"], "finished");
-        assert_eq!(
-            [
-                app.balance("a").await,
-                app.balance("b").await,
-                app.balance("c").await
-            ],
-            [85, 10, 5]
-        );
+        assert_eq!(app.balances(["a", "b", "c"]).await, [85, 10, 5]);
     }
 
     pub async fn the_listing_by_account_finds_a_transaction_under_each_account(b: Backend) {

@@ -18,6 +18,24 @@ async fn all_pages(app: &TestApp, query: &str, limit: usize) -> Vec<String> {
     pages.iter().flat_map(ids).collect()
 }
 
+/// Creates the transfer `id` (1 from `D` to `A`) with the metadata `note`, and asserts that
+/// `GET /transfers?<query>` lists it alone.
+async fn assert_listed_alone(app: &TestApp, (id, note): (&str, &str), query: &str) {
+    let transfer = json!({"id": id, "from": "D", "to": "A", "amount": 1,
+        "metadata": {"note": note}});
+    let (status, body) = app.post("/transfers", transfer).await;
+    assert_eq!(status, 201, "{body}");
+    app.store().refresh().await.unwrap();
+    let (status, page) = app.get(&format!("/transfers?{query}")).await;
+    assert_eq!((status, ids(&page)), (200, vec![id.to_owned()]), "{page}");
+}
+
+/// Seventeen metadata filters, one more than a listing takes: `filter(i)` for each `i`,
+/// joined with `&`.
+fn seventeen_filters(filter: impl Fn(usize) -> String) -> String {
+    (0..17).map(filter).collect::<Vec<_>>().join("&")
+}
+
 mod cases {
     use super::*;
 
@@ -29,17 +47,11 @@ mod cases {
         assert_eq!((status, &body["metadata"]), (201, &owner), "{body}");
         let (_, body) = app.get("/accounts/a").await;
         assert_eq!(body["metadata"], owner, "{body}");
-        let (status, _) = app.post("/accounts", account).await;
+        let (status, _) = app.post("/accounts", account.clone()).await;
         assert_eq!(status, 200);
-        for other in [json!({"owner": "team-8", "cost.center": ""}), Value::Null] {
-            let (status, body) = app
-                .post(
-                    "/accounts",
-                    json!({"id": "a", "balance": 100, "metadata": other}),
-                )
-                .await;
-            assert_eq!(status, 409, "{other}: {body}");
-        }
+        let others = [json!({"owner": "team-8", "cost.center": ""}), Value::Null];
+        app.assert_account_replays_conflict(&account, "metadata", &others)
+            .await;
         app.open_account("b", 0).await;
         let (_, body) = app.get("/accounts/b").await;
         assert!(body.get("metadata").is_none(), "{body}");
@@ -132,10 +144,7 @@ mod cases {
             ("metadatax=1".to_owned(), "unknown parameter"),
             ("metadata.k=1&metadata.k=2".to_owned(), "more than once"),
             (
-                (0..17)
-                    .map(|i| format!("metadata.k{i}=v"))
-                    .collect::<Vec<_>>()
-                    .join("&"),
+                seventeen_filters(|i| format!("metadata.k{i}=v")),
                 "at most 16",
             ),
             // The same rules in the form the OpenAPI document declares, `metadata=<key>:<value>`.
@@ -166,10 +175,7 @@ mod cases {
             ),
             ("metadata[k]=1".to_owned(), "unknown parameter"),
             (
-                (0..17)
-                    .map(|i| format!("metadata=k{i}:v"))
-                    .collect::<Vec<_>>()
-                    .join("&"),
+                seventeen_filters(|i| format!("metadata=k{i}:v")),
                 "at most 16",
             ),
             (
@@ -261,21 +267,9 @@ mod cases {
         }
         // The value is percent-decoded like any parameter: exact text, spaces included.
         app.open_account("D", 10).await;
-        let spaced = json!({"id": "t6", "from": "D", "to": "A", "amount": 1,
-            "metadata": {"note": "a b&c=d"}});
-        let (status, body) = app.post("/transfers", spaced).await;
-        assert_eq!(status, 201, "{body}");
-        app.store().refresh().await.unwrap();
-        let (status, page) = app.get("/transfers?metadata.note=a%20b%26c%3Dd").await;
-        assert_eq!((status, ids(&page)), (200, vec!["t6".to_owned()]), "{page}");
+        assert_listed_alone(&app, ("t6", "a b&c=d"), "metadata.note=a%20b%26c%3Dd").await;
         // After the key, the value is everything up to the end, colons included.
-        let coloned = json!({"id": "t7", "from": "D", "to": "A", "amount": 1,
-            "metadata": {"note": "a:b"}});
-        let (status, body) = app.post("/transfers", coloned).await;
-        assert_eq!(status, 201, "{body}");
-        app.store().refresh().await.unwrap();
-        let (status, page) = app.get("/transfers?metadata=note%3Aa%3Ab").await;
-        assert_eq!((status, ids(&page)), (200, vec!["t7".to_owned()]), "{page}");
+        assert_listed_alone(&app, ("t7", "a:b"), "metadata=note%3Aa%3Ab").await;
     }
 }
 

@@ -72,15 +72,10 @@ const SERIES: &[(&str, &str)] = &[
     ("api_keys_reloads_total", "counter"),
 ];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_count_every_transfer_transition_and_request_on_the_embedded_store() {
-    metrics_count_every_transfer_transition_and_request(Backend::Embedded).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_count_every_transfer_transition_and_request_on_elasticsearch() {
-    metrics_count_every_transfer_transition_and_request(Backend::Emulator).await;
-}
+case_on_backends!(metrics_count_every_transfer_transition_and_request:
+    metrics_count_every_transfer_transition_and_request_on_the_embedded_store => Embedded,
+    metrics_count_every_transfer_transition_and_request_on_elasticsearch => Emulator,
+);
 
 /// On the embedded store a transfer is settled in one store transaction: an overdraft goes
 /// from `created` straight to `rolled-back` (nothing was applied anywhere). On Elasticsearch
@@ -247,25 +242,15 @@ async fn metrics_count_every_transfer_transition_and_request(backend: Backend) {
     // The store: creates of 3 accounts and 10 transfers (on the embedded store, each transfer
     // created in its one transaction), and realtime gets, all timed.
     let creates = if one_transaction { 3.0 } else { 13.0 };
-    assert!(
-        m.value(
-            "store_requests_total",
-            &[("op", "create"), ("outcome", "ok")]
-        ) >= creates
-    );
-    assert!(m.value("store_requests_total", &[("op", "get"), ("outcome", "ok")]) > 0.0);
+    assert!(m.store_requests("create", "ok") >= creates);
+    assert!(m.store_requests("get", "ok") > 0.0);
     // Each transfer settled in one transaction, or by conditional replaces.
     let (settling, settled_by) = if one_transaction {
         ("transact", 10.0)
     } else {
         ("replace", 1.0)
     };
-    assert!(
-        m.value(
-            "store_requests_total",
-            &[("op", settling), ("outcome", "ok")]
-        ) >= settled_by
-    );
+    assert!(m.store_requests(settling, "ok") >= settled_by);
     assert!(m.value("store_request_duration_seconds_count", &[("op", "get")]) > 0.0);
     let ops = [
         "get",
@@ -527,12 +512,7 @@ async fn an_unavailable_store_is_logged_once_per_request() {
     let store_error = warnings[0]["store_error"].as_str().unwrap_or_default();
     assert!(store_error.contains(&dead_addr), "{:#}", warnings[0]);
     let m = app.scrape().await;
-    assert!(
-        m.value(
-            "store_requests_total",
-            &[("op", "get"), ("outcome", "unavailable")]
-        ) >= 1.0
-    );
+    assert!(m.store_requests("get", "unavailable") >= 1.0);
     assert_eq!(
         m.value(
             "http_requests_total",

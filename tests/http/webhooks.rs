@@ -423,19 +423,14 @@ async fn a_terminal_event_comes_by_the_fast_path_before_the_feeds_horizon(backen
     app.shutdown().await;
 }
 
-/// Two instances on one emulator (a test double of Elasticsearch), one index prefix, one
-/// receiver: one instance delivers at a time; when it stops, the other takes the lease over
-/// from the saved cursor; every event reaches the receiver, repeats only by id and few.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_instances_share_a_receiver_one_lease_at_a_time_and_hand_over() {
-    two_instances_share_a_receiver_and_hand_over(Backend::Emulator).await;
-}
-
-/// The same on the real cluster.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_real_elasticsearch_two_instances_share_a_receiver_and_hand_over() {
-    two_instances_share_a_receiver_and_hand_over(Backend::RealEs).await;
-}
+case_on_backends!(two_instances_share_a_receiver_and_hand_over:
+    /// Two instances on one emulator (a test double of Elasticsearch), one index prefix, one
+    /// receiver: one instance delivers at a time; when it stops, the other takes the lease over
+    /// from the saved cursor; every event reaches the receiver, repeats only by id and few.
+    two_instances_share_a_receiver_one_lease_at_a_time_and_hand_over => Emulator,
+    /// The same on the real cluster.
+    on_real_elasticsearch_two_instances_share_a_receiver_and_hand_over => RealEs,
+);
 
 async fn two_instances_share_a_receiver_and_hand_over(backend: Backend) {
     // The store outlives both instances.
@@ -508,21 +503,16 @@ async fn two_instances_share_a_receiver_and_hand_over(backend: Backend) {
     survivor.shutdown().await;
 }
 
-/// Two instances behind one receiver on the emulator: the one without the receiver's lease
-/// delivers what it writes by its own fast path, and the holder, reading the feed a horizon
-/// later, does not deliver it again; a transfer whose writer dies before its fast delivery
-/// succeeds is delivered by the holder from the feed (docs/design.md §11 "Webhooks").
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_the_emulator_each_instance_delivers_its_writes_fast_and_the_holder_only_the_rest() {
-    each_instance_delivers_its_writes_fast_and_the_holder_only_the_rest(Backend::Emulator).await;
-}
-
-/// The same on the real cluster.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_real_elasticsearch_each_instance_delivers_its_writes_fast_and_the_holder_only_the_rest()
-{
-    each_instance_delivers_its_writes_fast_and_the_holder_only_the_rest(Backend::RealEs).await;
-}
+case_on_backends!(each_instance_delivers_its_writes_fast_and_the_holder_only_the_rest:
+    /// Two instances behind one receiver on the emulator: the one without the receiver's lease
+    /// delivers what it writes by its own fast path, and the holder, reading the feed a horizon
+    /// later, does not deliver it again; a transfer whose writer dies before its fast delivery
+    /// succeeds is delivered by the holder from the feed (docs/design.md §11 "Webhooks").
+    on_the_emulator_each_instance_delivers_its_writes_fast_and_the_holder_only_the_rest => Emulator,
+    /// The same on the real cluster.
+    on_real_elasticsearch_each_instance_delivers_its_writes_fast_and_the_holder_only_the_rest
+        => RealEs,
+);
 
 async fn each_instance_delivers_its_writes_fast_and_the_holder_only_the_rest(backend: Backend) {
     let Some(shared) = SharedElasticsearch::on(backend).await else {

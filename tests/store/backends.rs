@@ -14,7 +14,7 @@ use transfer_service::store::{
     StoreError, TransferFilter, TxnOutcome, Version, WriteOp, WriteOutcome,
 };
 
-use crate::support::stores;
+use crate::support::stores::{self, create_op, replace_op};
 
 fn transfer(id: &str, state: &str, src: &str, dest: &str, created: i64, modified: i64) -> Value {
     json!({
@@ -66,6 +66,40 @@ async fn replace_current(
 /// The ids of a page, in order.
 fn ids(page: &Page) -> Vec<String> {
     page.docs.iter().map(|d| d.id.clone()).collect()
+}
+
+/// A listing's filter: `account`'s and in `state` (when given), flagged ones only where
+/// `attention`, after `after`, `limit` a page.
+fn listing(
+    account: Option<&str>,
+    state: Option<&str>,
+    attention: bool,
+    after: Option<SortKey>,
+    limit: usize,
+) -> TransferFilter {
+    TransferFilter {
+        account: account.map(String::from),
+        state: state.map(String::from),
+        attention,
+        metadata: Vec::new(),
+        after,
+        limit,
+    }
+}
+
+/// Asserts what each listing (`account`, `state`, ids wanted in order) shows on one page of
+/// 10, flagged transfers only where `attention`.
+async fn assert_listings(
+    s: &dyn Store,
+    attention: bool,
+    listings: &[(Option<&str>, Option<&str>, &[&str])],
+) {
+    for &(account, state, want) in listings {
+        let page = s
+            .list_transfers(&listing(account, state, attention, None, 10))
+            .await;
+        assert_eq!(ids(&page.unwrap()), want, "{account:?} {state:?}");
+    }
 }
 
 /// Every id `filter` lists, following the cursor from its first page to its last;
@@ -185,34 +219,11 @@ mod suite {
             primary_term: v.primary_term,
         };
         let ops = vec![
-            WriteOp::Create {
-                index: Index::Accounts,
-                id: "new".into(),
-                source: json!({"n": 1}).into(),
-            },
-            WriteOp::Create {
-                index: Index::Accounts,
-                id: "x".into(),
-                source: json!({"n": 9}).into(),
-            },
-            WriteOp::ReplaceIf {
-                index: Index::Accounts,
-                id: "x".into(),
-                source: json!({"n": 9}).into(),
-                expected: stale,
-            },
-            WriteOp::ReplaceIf {
-                index: Index::Accounts,
-                id: "missing".into(),
-                source: json!({"n": 9}).into(),
-                expected: v,
-            },
-            WriteOp::ReplaceIf {
-                index: Index::Accounts,
-                id: "x".into(),
-                source: json!({"n": 2}).into(),
-                expected: v,
-            },
+            create_op(Index::Accounts, "new", json!({"n": 1})),
+            create_op(Index::Accounts, "x", json!({"n": 9})),
+            replace_op(Index::Accounts, "x", json!({"n": 9}), stale),
+            replace_op(Index::Accounts, "missing", json!({"n": 9}), v),
+            replace_op(Index::Accounts, "x", json!({"n": 2}), v),
             WriteOp::Create {
                 index: Index::Transactions,
                 id: "t".into(),
@@ -238,12 +249,7 @@ mod suite {
 
     pub async fn bulk_two_writes_on_one_version_only_first_wins(s: &dyn Store) {
         let v = create_new(s, Index::Accounts, "x", json!({"n": 0})).await;
-        let op = |n: i64| WriteOp::ReplaceIf {
-            index: Index::Accounts,
-            id: "x".into(),
-            source: json!({ "n": n }).into(),
-            expected: v,
-        };
+        let op = |n: i64| replace_op(Index::Accounts, "x", json!({ "n": n }), v);
         let results = s.bulk(vec![op(1), op(2)]).await.unwrap();
         assert!(matches!(results[0], Ok(WriteOutcome::Written(_))));
         assert_eq!(results[1].clone().unwrap(), WriteOutcome::Conflict);
@@ -390,26 +396,18 @@ mod suite {
             .unwrap();
         }
         s.refresh().await.unwrap();
-        let list = |account: Option<&str>, state: Option<&str>, after: Option<SortKey>, limit| {
-            TransferFilter {
-                account: account.map(String::from),
-                state: state.map(String::from),
-                attention: false,
-                metadata: Vec::new(),
-                after,
-                limit,
-            }
-        };
-        let listings: [(Option<&str>, Option<&str>, &[&str]); 4] = [
-            (None, None, &["t5", "t4", "t3", "t2", "t1"]),
-            (Some("a"), None, &["t4", "t3", "t1"]),
-            (None, Some("finished"), &["t5", "t3", "t1"]),
-            (Some("a"), Some("finished"), &["t3", "t1"]),
-        ];
-        for (account, state, want) in listings {
-            let page = s.list_transfers(&list(account, state, None, 10)).await;
-            assert_eq!(ids(&page.unwrap()), want, "{account:?} {state:?}");
-        }
+        let list = |account, state, after, limit| listing(account, state, false, after, limit);
+        assert_listings(
+            s,
+            false,
+            &[
+                (None, None, &["t5", "t4", "t3", "t2", "t1"]),
+                (Some("a"), None, &["t4", "t3", "t1"]),
+                (None, Some("finished"), &["t5", "t3", "t1"]),
+                (Some("a"), Some("finished"), &["t3", "t1"]),
+            ],
+        )
+        .await;
         // Pages of two, following the cursor.
         let seen = every_page(s, list(None, None, None, 2), |_, _| {}).await;
         assert_eq!(seen, ["t5", "t4", "t3", "t2", "t1"]);
@@ -494,29 +492,23 @@ mod suite {
             .unwrap();
         s.refresh().await.unwrap();
 
-        let list = |account: Option<&str>, state: Option<&str>, after, limit| TransferFilter {
-            account: account.map(String::from),
-            state: state.map(String::from),
-            attention: true,
-            metadata: Vec::new(),
-            after,
-            limit,
-        };
+        let list = |account, state, after, limit| listing(account, state, true, after, limit);
         let flagged = s.list_transfers(&list(None, None, None, 10)).await.unwrap();
         assert_eq!(ids(&flagged), ["t6", "t4", "t3", "t1"]);
         assert!(flagged
             .docs
             .iter()
             .all(|d| d.source.to_value().unwrap()["attention"].is_string()));
-        let listings: [(Option<&str>, Option<&str>, &[&str]); 3] = [
-            (Some("a"), None, &["t4", "t3", "t1"]),
-            (None, Some("pending"), &["t6", "t4", "t1"]),
-            (Some("b"), Some("pending"), &["t6", "t1"]),
-        ];
-        for (account, state, want) in listings {
-            let page = s.list_transfers(&list(account, state, None, 10)).await;
-            assert_eq!(ids(&page.unwrap()), want, "{account:?} {state:?}");
-        }
+        assert_listings(
+            s,
+            true,
+            &[
+                (Some("a"), None, &["t4", "t3", "t1"]),
+                (None, Some("pending"), &["t6", "t4", "t1"]),
+                (Some("b"), Some("pending"), &["t6", "t1"]),
+            ],
+        )
+        .await;
         let none = s
             .list_transfers(&list(None, Some("finished"), None, 10))
             .await
@@ -746,36 +738,22 @@ mod suite {
         s.refresh().await.unwrap();
         let horizon = 10_000;
         assert_eq!(follow_changes(s, 2, horizon).await, ["t2", "t3", "t1"]);
-        // The end of the feed: the newest write's document and position.
-        let newest = s
-            .changes(&ChangesQuery {
-                after: None,
-                horizon,
-                limit: 10,
-                newest: true,
-            })
-            .await
-            .unwrap();
-        let ends: Vec<&str> = newest.docs.iter().map(|(_, d)| d.id.as_str()).collect();
-        assert_eq!(ends, ["t1"]);
-        let after_end = ChangesQuery {
-            after: Some(newest.docs[0].0.clone()),
+        // Pages of 10 up to the horizon, from `after`; `newest`: the end of the feed.
+        let changes = |after, newest| ChangesQuery {
+            after,
             horizon,
             limit: 10,
-            newest: false,
+            newest,
         };
+        // The end of the feed: the newest write's document and position.
+        let newest = s.changes(&changes(None, true)).await.unwrap();
+        let ends: Vec<&str> = newest.docs.iter().map(|(_, d)| d.id.as_str()).collect();
+        assert_eq!(ends, ["t1"]);
+        let after_end = changes(Some(newest.docs[0].0.clone()), false);
         assert!(s.changes(&after_end).await.unwrap().docs.is_empty());
         assert_eq!(follow_changes(s, 100, horizon).await, ["t2", "t3", "t1"]);
         // The page holds the documents as they are now.
-        let page = s
-            .changes(&ChangesQuery {
-                after: None,
-                horizon,
-                limit: 10,
-                newest: false,
-            })
-            .await
-            .unwrap();
+        let page = s.changes(&changes(None, false)).await.unwrap();
         let (_, t1) = page.docs.last().unwrap();
         assert_eq!(
             t1.source.to_value().unwrap()["transaction_state"],

@@ -20,7 +20,7 @@ use transfer_service::store::{
 
 use es_emulator::RunningEmulator;
 
-use crate::support::stores;
+use crate::support::stores::{self, create_op, replace_op};
 
 fn unique_prefix() -> String {
     stores::unique_prefix("es-backend")
@@ -44,14 +44,6 @@ fn transfer(id: &str, state: &str, from: &str, to: &str, created: i64, modified:
         // Held by a worker, as a transfer in flight is (a released one is a candidate at once).
         fields::LEASE_OWNER: "worker",
     })
-}
-
-fn create(index: Index, id: &str, source: Value) -> WriteOp {
-    WriteOp::Create {
-        index,
-        id: id.to_owned(),
-        source: source.into(),
-    }
 }
 
 fn assert_unavailable<T: std::fmt::Debug>(result: Result<T, StoreError>) {
@@ -313,7 +305,7 @@ async fn rejected_and_unavailable_answers_are_unavailable() {
     emulator.fail_next(503, 1);
     assert_unavailable(
         store
-            .bulk(vec![create(Index::Accounts, "a", json!({}))])
+            .bulk(vec![create_op(Index::Accounts, "a", json!({}))])
             .await,
     );
     emulator.fail_next(502, 1);
@@ -351,7 +343,7 @@ async fn a_500_is_unavailable_other_error_statuses_are_permanent() {
     emulator.fail_next(400, 1);
     assert_permanent(
         store
-            .bulk(vec![create(Index::Accounts, "a", json!({}))])
+            .bulk(vec![create_op(Index::Accounts, "a", json!({}))])
             .await,
     );
 }
@@ -483,34 +475,19 @@ async fn a_bulk_reports_each_items_own_outcome() {
     let results = store
         .bulk(vec![
             // 0: a new document.
-            create(Index::Accounts, "b", json!({"balance": 2})),
+            create_op(Index::Accounts, "b", json!({"balance": 2})),
             // 1: an id that exists.
-            create(Index::Accounts, "a", json!({"balance": 9})),
+            create_op(Index::Accounts, "a", json!({"balance": 9})),
             // 2: the right version.
-            WriteOp::ReplaceIf {
-                index: Index::Accounts,
-                id: "a".into(),
-                source: json!({"balance": 3}).into(),
-                expected: v1,
-            },
+            replace_op(Index::Accounts, "a", json!({"balance": 3}), v1),
             // 3: the same version again, now stale (items apply in order).
-            WriteOp::ReplaceIf {
-                index: Index::Accounts,
-                id: "a".into(),
-                source: json!({"balance": 4}).into(),
-                expected: v1,
-            },
+            replace_op(Index::Accounts, "a", json!({"balance": 4}), v1),
             // 4: a document that does not exist.
-            WriteOp::ReplaceIf {
-                index: Index::Accounts,
-                id: "missing".into(),
-                source: json!({}).into(),
-                expected: v1,
-            },
+            replace_op(Index::Accounts, "missing", json!({}), v1),
             // 5: an id no URL can address: refused in place, not sent.
-            create(Index::Transactions, "..", json!({})),
+            create_op(Index::Transactions, "..", json!({})),
             // 6: the other index.
-            create(Index::Transactions, "t", json!({fields::ID: "t"})),
+            create_op(Index::Transactions, "t", json!({fields::ID: "t"})),
         ])
         .await
         .expect("the bulk as a whole succeeds");
@@ -572,16 +549,11 @@ async fn bulk_items_rejected_one_by_one_are_errors_of_their_own_kind() {
     };
     let results = store
         .bulk(vec![
-            create(Index::Accounts, "r", json!({})),
-            WriteOp::ReplaceIf {
-                index: Index::Accounts,
-                id: "u".into(),
-                source: json!({}).into(),
-                expected: version,
-            },
-            create(Index::Accounts, "p", json!({})),
-            create(Index::Accounts, "ok", json!({"n": 1})),
-            create(Index::Accounts, "moved", json!({})),
+            create_op(Index::Accounts, "r", json!({})),
+            replace_op(Index::Accounts, "u", json!({}), version),
+            create_op(Index::Accounts, "p", json!({})),
+            create_op(Index::Accounts, "ok", json!({"n": 1})),
+            create_op(Index::Accounts, "moved", json!({})),
         ])
         .await
         .expect("HTTP 200");
@@ -629,7 +601,7 @@ async fn a_bulk_answered_with_fewer_items_than_sent_is_permanent() {
     store.migrate().await.unwrap();
     assert_permanent(
         store
-            .bulk(vec![create(Index::Accounts, "a", json!({}))])
+            .bulk(vec![create_op(Index::Accounts, "a", json!({}))])
             .await,
     );
     server.abort();
@@ -662,7 +634,7 @@ async fn a_failed_item_does_not_stop_the_rest_of_the_bulk() {
                     primary_term: 7,
                 },
             },
-            create(Index::Accounts, "y", json!({})),
+            create_op(Index::Accounts, "y", json!({})),
         ])
         .await
         .unwrap();
@@ -687,7 +659,7 @@ async fn recovery_pages_through_more_than_a_hundred_stale_transfers() {
         let id = format!("t{n:04}");
         let modified = now - 60_000 + (n / 10);
         let state = if n % 2 == 0 { "pending" } else { "committed" };
-        ops.push(create(
+        ops.push(create_op(
             Index::Transactions,
             &id,
             transfer(&id, state, "a", "b", modified, modified),
@@ -699,13 +671,13 @@ async fn recovery_pages_through_more_than_a_hundred_stale_transfers() {
     }
     for n in 0..20 {
         let id = format!("fresh{n}");
-        ops.push(create(
+        ops.push(create_op(
             Index::Transactions,
             &id,
             transfer(&id, "pending", "a", "b", now, now),
         ));
         let id = format!("done{n}");
-        ops.push(create(
+        ops.push(create_op(
             Index::Transactions,
             &id,
             transfer(&id, "finished", "a", "b", now - 90_000, now - 90_000),
@@ -766,7 +738,7 @@ async fn listing_filters_by_account_and_state_newest_first() {
         } else {
             "rolled-back"
         };
-        ops.push(create(
+        ops.push(create_op(
             Index::Transactions,
             &id,
             transfer(&id, state, from, to, 1_000 + n, 1_000 + n),
@@ -950,7 +922,7 @@ async fn scan_pages_accounts_by_their_id_field() {
         .rev()
         .map(|n| {
             let id = format!("acct-{n:02}");
-            create(Index::Accounts, &id, json!({fields::ACCOUNT_ID: id}))
+            create_op(Index::Accounts, &id, json!({fields::ACCOUNT_ID: id}))
         })
         .collect();
     store.bulk(ops).await.unwrap();
@@ -982,11 +954,11 @@ async fn scan_pages_past_a_document_whose_id_field_differs_from_its_id() {
     let mut ops: Vec<_> = (0..11)
         .map(|n| {
             let id = format!("acct-{n:02}");
-            create(Index::Accounts, &id, json!({fields::ACCOUNT_ID: id}))
+            create_op(Index::Accounts, &id, json!({fields::ACCOUNT_ID: id}))
         })
         .collect();
     // Sorts as "acct-04a" (the fifth place), but its `_id` sorts last.
-    ops.push(create(
+    ops.push(create_op(
         Index::Accounts,
         "zz",
         json!({fields::ACCOUNT_ID: "acct-04a"}),
@@ -1057,7 +1029,7 @@ async fn an_instance_that_has_not_migrated_is_not_ready() {
         "not ready before its migrate succeeded"
     );
     assert!(second
-        .bulk(vec![create(Index::Accounts, "x", json!({}))])
+        .bulk(vec![create_op(Index::Accounts, "x", json!({}))])
         .await
         .is_err());
     second.migrate().await.unwrap();

@@ -333,6 +333,31 @@ impl TestApp {
         body["balance"].as_i64().unwrap()
     }
 
+    /// Asserts that `POST /accounts` of `account` with its `field` set to each of `others`
+    /// instead is a 409 (the id exists with another request).
+    pub async fn assert_account_replays_conflict(
+        &self,
+        account: &Value,
+        field: &str,
+        others: &[Value],
+    ) {
+        for other in others {
+            let mut changed = account.clone();
+            changed[field] = other.clone();
+            let (status, body) = self.post("/accounts", changed).await;
+            assert_eq!(status, 409, "{other}: {body}");
+        }
+    }
+
+    /// The balances of these accounts, in their order.
+    pub async fn balances<const N: usize>(&self, ids: [&str; N]) -> [i64; N] {
+        let mut balances = [0; N];
+        for (balance, id) in balances.iter_mut().zip(ids) {
+            *balance = self.balance(id).await;
+        }
+        balances
+    }
+
     pub async fn transfer(&self, id: &str, from: &str, to: &str, amount: i64) -> (u16, Value) {
         self.post(
             "/transfers",

@@ -95,6 +95,12 @@ impl std::ops::Deref for Instance {
 }
 
 impl World {
+    /// An instance on the base store, with a lease of 5 s and this world's clock.
+    pub fn instance_on_base(&self) -> Instance {
+        let config = EngineConfig::with_lease(Duration::from_secs(5));
+        self.instance(self.base.clone(), config)
+    }
+
     /// An instance on `store` (`base` or `faulty`) with this world's clock.
     pub fn instance(&self, store: DynStore, config: EngineConfig) -> Instance {
         self.instance_with_clock(store, config, self.clock.clone())

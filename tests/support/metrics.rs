@@ -61,35 +61,40 @@ impl Exposition {
                 value,
             })
         };
-        match value {
-            PrometheusValue::Unknown(n) | PrometheusValue::Gauge(n) => push("", labels, n.as_f64()),
-            PrometheusValue::Counter(c) => push("", labels, c.value.as_f64()),
+        // A histogram's buckets and a summary's quantiles: one sample each, labelled with its
+        // bound, then their sum and count.
+        let mut bounded = |suffix: &str, label: &str, upper: f64, value: f64| {
+            let mut with_bound = labels.clone();
+            with_bound.insert(label.into(), bound(upper));
+            push(suffix, with_bound, value);
+        };
+        let (sum, count) = match value {
+            PrometheusValue::Unknown(n) | PrometheusValue::Gauge(n) => {
+                push("", labels, n.as_f64());
+                return;
+            }
+            PrometheusValue::Counter(c) => {
+                push("", labels, c.value.as_f64());
+                return;
+            }
             PrometheusValue::Histogram(h) => {
                 for bucket in &h.buckets {
-                    let mut with_le = labels.clone();
-                    with_le.insert("le".into(), bound(bucket.upper_bound));
-                    push("_bucket", with_le, bucket.count.as_f64());
+                    bounded("_bucket", "le", bucket.upper_bound, bucket.count.as_f64());
                 }
-                if let Some(sum) = h.sum {
-                    push("_sum", labels.clone(), sum.as_f64());
-                }
-                if let Some(count) = h.count {
-                    push("_count", labels, count as f64);
-                }
+                (h.sum.map(|sum| sum.as_f64()), h.count)
             }
             PrometheusValue::Summary(s) => {
                 for quantile in &s.quantiles {
-                    let mut with_q = labels.clone();
-                    with_q.insert("quantile".into(), bound(quantile.quantile));
-                    push("", with_q, quantile.value.as_f64());
+                    bounded("", "quantile", quantile.quantile, quantile.value.as_f64());
                 }
-                if let Some(sum) = s.sum {
-                    push("_sum", labels.clone(), sum.as_f64());
-                }
-                if let Some(count) = s.count {
-                    push("_count", labels, count as f64);
-                }
+                (s.sum.map(|sum| sum.as_f64()), s.count)
             }
+        };
+        if let Some(sum) = sum {
+            push("_sum", labels.clone(), sum);
+        }
+        if let Some(count) = count {
+            push("_count", labels, count as f64);
         }
     }
 
@@ -97,6 +102,12 @@ impl Exposition {
     pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
         self.find(name, labels)
             .unwrap_or_else(|| panic!("no sample {name}{labels:?}; have {:#?}", self.named(name)))
+    }
+
+    /// `store_requests_total` of the store operation `op` that ended as `outcome`; panics if
+    /// there is no such sample.
+    pub fn store_requests(&self, op: &str, outcome: &str) -> f64 {
+        self.value("store_requests_total", &[("op", op), ("outcome", outcome)])
     }
 
     /// The value of the one sample with exactly these labels, if there is one.

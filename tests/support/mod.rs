@@ -68,6 +68,22 @@ macro_rules! on_every_backend {
     };
 }
 
+/// Runs the calling module's `case(backend)` as one test per name given, each on its backend
+/// (for a case whose backends are named in the test's name; [`on_every_backend`] names them
+/// by module). The doc comments given go on the tests.
+#[allow(unused_macros)]
+macro_rules! case_on_backends {
+    ($case:ident: $($(#[$doc:meta])* $test:ident => $backend:ident),+ $(,)?) => {
+        $(
+            $(#[$doc])*
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                $case(crate::support::app::Backend::$backend).await;
+            }
+        )+
+    };
+}
+
 pub mod app;
 pub mod cluster;
 pub mod cut_off;

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use es_emulator::{EmulatorConfig, RunningEmulator};
+use serde_json::Value;
 use transfer_service::store::elasticsearch::{ElasticsearchStore, EsConfig};
 use transfer_service::store::embedded::EmbeddedStore;
-use transfer_service::store::DynStore;
+use transfer_service::store::{DynStore, Index, Version, WriteOp};
 
 /// A store under test and whatever keeps it alive (a temp dir, an emulator).
 pub struct StoreUnderTest {
@@ -92,4 +93,23 @@ pub async fn real_es() -> Option<StoreUnderTest> {
         store: Arc::new(migrated_es_store(&url).await),
         _guard: Box::new(()),
     })
+}
+
+/// A bulk item creating `id` in `index`.
+pub fn create_op(index: Index, id: &str, source: Value) -> WriteOp {
+    WriteOp::Create {
+        index,
+        id: id.to_owned(),
+        source: source.into(),
+    }
+}
+
+/// A bulk item replacing `id` in `index` if it is still at version `expected`.
+pub fn replace_op(index: Index, id: &str, source: Value, expected: Version) -> WriteOp {
+    WriteOp::ReplaceIf {
+        index,
+        id: id.to_owned(),
+        source: source.into(),
+        expected,
+    }
 }

@@ -21,7 +21,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use crate::capacity::AnswerAt;
-use crate::errors::EsError;
+use crate::errors::{token_name, EsError};
 use crate::state::{random_id, Cluster, WriteKind, WriteRequest, Written};
 
 /// The longest document id Elasticsearch accepts, in bytes.
@@ -155,17 +155,6 @@ fn malformed(line: usize, what: String) -> EsError {
     EsError::illegal_argument(format!("Malformed action/metadata line [{line}], {what}"))
 }
 
-fn token_of(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "VALUE_NULL",
-        Value::Bool(_) => "VALUE_BOOLEAN",
-        Value::Number(_) => "VALUE_NUMBER",
-        Value::String(_) => "VALUE_STRING",
-        Value::Array(_) => "START_ARRAY",
-        Value::Object(_) => "START_OBJECT",
-    }
-}
-
 /// Parses an NDJSON bulk body. `default_index` comes from `/{index}/_bulk`.
 pub fn parse(body: &[u8], default_index: Option<&str>) -> Result<Vec<BulkItem>, EsError> {
     if body.is_empty() {
@@ -192,7 +181,7 @@ pub fn parse(body: &[u8], default_index: Option<&str>) -> Result<Vec<BulkItem>, 
         let Value::Object(action) = action else {
             return Err(malformed(
                 number,
-                format!("expected START_OBJECT but found [{}]", token_of(&action)),
+                format!("expected START_OBJECT but found [{}]", token_name(&action)),
             ));
         };
         let mut entries = action.iter();
@@ -226,7 +215,7 @@ pub fn parse(body: &[u8], default_index: Option<&str>) -> Result<Vec<BulkItem>, 
         let Value::Object(params) = params else {
             return Err(malformed(
                 number,
-                format!("expected START_OBJECT but found [{}]", token_of(params)),
+                format!("expected START_OBJECT but found [{}]", token_name(params)),
             ));
         };
         let mut index = default_index.map(str::to_owned);

@@ -455,3 +455,15 @@ pub fn method_not_allowed(path: &str, method: &str, allowed: &[&str]) -> Respons
     }
     response
 }
+
+/// The parser's token for a JSON value, as a bulk or search body's errors name it.
+pub(crate) fn token_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "VALUE_NULL",
+        Value::Bool(_) => "VALUE_BOOLEAN",
+        Value::Number(_) => "VALUE_NUMBER",
+        Value::String(_) => "VALUE_STRING",
+        Value::Array(_) => "START_ARRAY",
+        Value::Object(_) => "START_OBJECT",
+    }
+}

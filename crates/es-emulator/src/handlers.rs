@@ -292,20 +292,10 @@ pub fn get_index(ctx: &Ctx<'_>, index: &str) -> Answer {
 /// `PUT|POST /{index}/_mapping` (§8): adds fields to every named index, or to none when one
 /// of them refuses the update.
 pub fn put_mapping(ctx: &Ctx<'_>, index: &str) -> Answer {
-    ctx.params.check(
-        ctx.path,
-        &[
-            "allow_no_indices",
-            "expand_wildcards",
-            "ignore_unavailable",
-            "master_timeout",
-            "timeout",
-            "write_index_only",
-        ],
-    )?;
-    ctx.params.check_expand_wildcards()?;
+    let ignore = ctx
+        .params
+        .check_multi_target(ctx.path, &["master_timeout", "timeout", "write_index_only"])?;
     ctx.params.refuse_unless("write_index_only", &["false"])?;
-    let ignore = ctx.params.bool("ignore_unavailable")?.unwrap_or(false);
     let body = json_body(ctx.body)?.ok_or_else(|| EsError::parse("request body is required"))?;
     let mut cluster = ctx.shared.cluster();
     let names = cluster.resolve(index, ignore)?;
@@ -323,18 +313,9 @@ pub fn put_mapping(ctx: &Ctx<'_>, index: &str) -> Answer {
 
 /// `GET /{index}/_mapping` (§8): `{"<index>": {"mappings": {...}}}` for every named index.
 pub fn get_mapping(ctx: &Ctx<'_>, index: &str) -> Answer {
-    ctx.params.check(
-        ctx.path,
-        &[
-            "allow_no_indices",
-            "expand_wildcards",
-            "ignore_unavailable",
-            "local",
-            "master_timeout",
-        ],
-    )?;
-    ctx.params.check_expand_wildcards()?;
-    let ignore = ctx.params.bool("ignore_unavailable")?.unwrap_or(false);
+    let ignore = ctx
+        .params
+        .check_multi_target(ctx.path, &["local", "master_timeout"])?;
     let cluster = ctx.shared.cluster();
     let mut out = Map::new();
     for name in cluster.resolve(index, ignore)? {
@@ -370,12 +351,7 @@ pub fn delete_index(ctx: &Ctx<'_>, index: &str) -> Answer {
 }
 
 pub fn refresh(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
-    ctx.params.check(
-        ctx.path,
-        &["ignore_unavailable", "allow_no_indices", "expand_wildcards"],
-    )?;
-    ctx.params.check_expand_wildcards()?;
-    let ignore = ctx.params.bool("ignore_unavailable")?.unwrap_or(false);
+    let ignore = ctx.params.check_multi_target(ctx.path, &[])?;
     let allow_none = ctx.params.bool("allow_no_indices")?.unwrap_or(true);
     let now = Instant::now();
     let mut cluster = ctx.shared.cluster();
@@ -563,24 +539,17 @@ fn reject_external_versioning(params: &Params) -> Result<(), EsError> {
 
 /// `PUT|POST /{i}/_doc/{id}`, `POST /{i}/_doc`, `PUT|POST /{i}/_create/{id}` (§1, §3).
 pub async fn write_doc(ctx: &Ctx<'_>, index: &str, id: Option<&str>, create_route: bool) -> Answer {
-    ctx.params.check(
-        ctx.path,
-        &[
+    let allowed: Vec<&str> = DOC_WRITE_PARAMS
+        .into_iter()
+        .chain([
             "op_type",
-            "if_seq_no",
-            "if_primary_term",
-            "refresh",
-            "routing",
-            "timeout",
-            "version",
-            "version_type",
-            "wait_for_active_shards",
             "pipeline",
             "require_alias",
             "require_data_stream",
             "include_source_on_error",
-        ],
-    )?;
+        ])
+        .collect();
+    ctx.params.check(ctx.path, &allowed)?;
     let op_type = ctx.params.get("op_type");
     let kind = match (create_route, op_type) {
         (true, None | Some("create")) => WriteKind::Create,
@@ -605,28 +574,67 @@ pub async fn write_doc(ctx: &Ctx<'_>, index: &str, id: Option<&str>, create_rout
     if ctx.body.iter().all(u8::is_ascii_whitespace) {
         return Err(EsError::parse("request body is required"));
     }
+    validate_doc_write(kind, index, id, (if_seq_no, if_primary_term))?;
+    let source = bulk::parse_source(ctx.body)?;
+    let request = WriteRequest {
+        kind,
+        id: id.map_or_else(|| random_id(20), str::to_owned),
+        source: Some(source),
+        if_seq_no,
+        if_primary_term,
+    };
+    write_one(ctx, index, request, refresh).await
+}
+
+/// The parameters every single-document write takes (§1, §5).
+const DOC_WRITE_PARAMS: [&str; 8] = [
+    "if_seq_no",
+    "if_primary_term",
+    "refresh",
+    "routing",
+    "timeout",
+    "version",
+    "version_type",
+    "wait_for_active_shards",
+];
+
+/// Refuses a single-document write as a bulk item's checks would.
+fn validate_doc_write(
+    kind: WriteKind,
+    index: &str,
+    id: Option<&str>,
+    (if_seq_no, if_primary_term): (Option<i64>, Option<u64>),
+) -> Result<(), EsError> {
     let messages = bulk::validate_write(kind, Some(index), id, if_seq_no, if_primary_term, true);
     if !messages.is_empty() {
         return Err(EsError::validation(&messages));
     }
-    let source = bulk::parse_source(ctx.body)?;
-    let id = id.map_or_else(|| random_id(20), str::to_owned);
+    Ok(())
+}
+
+/// Applies one document write to `index` (created by an index or create; a delete refuses a
+/// custom routing), occupying its shard, refreshing at once for `refresh=true`, and answers
+/// once `refresh` is honoured.
+async fn write_one(
+    ctx: &Ctx<'_>,
+    index: &str,
+    request: WriteRequest,
+    refresh: RefreshPolicy,
+) -> Answer {
     let now = Instant::now();
+    let id = request.id.clone();
     let (status, body, order) = {
         let mut cluster = ctx.shared.cluster();
         let capacity = cluster.capacity;
-        let state = cluster.index_for_write(index, now)?;
+        let state = if request.kind == WriteKind::Delete {
+            let state = cluster.index(index, now)?;
+            state.refuse_custom_routing(ctx.params.get("routing"))?;
+            state
+        } else {
+            cluster.index_for_write(index, now)?
+        };
         state.occupy_shard_of(&id, capacity, &ctx.answer_at);
-        let written = state.apply(
-            WriteRequest {
-                kind,
-                id: id.clone(),
-                source: Some(source),
-                if_seq_no,
-                if_primary_term,
-            },
-            now,
-        )?;
+        let written = state.apply(request, now)?;
         let forced = (refresh == RefreshPolicy::Now).then(|| {
             state.refresh(now);
             true
@@ -634,78 +642,41 @@ pub async fn write_doc(ctx: &Ctx<'_>, index: &str, id: Option<&str>, create_rout
         let body = bulk::write_body(index, &id, &written, state.shards(), forced);
         (written.status, body, written.order)
     };
+    honour_refresh(ctx, refresh, &[(index.to_owned(), order)]).await;
+    Ok(json_response(status, &Value::Object(body)))
+}
+
+/// What `refresh` asks once the writes are applied: a forced refresh wakes the requests
+/// waiting for one; `wait_for` waits until the writes (`(index, order)`) are visible.
+async fn honour_refresh(ctx: &Ctx<'_>, refresh: RefreshPolicy, written: &[(String, u64)]) {
     match refresh {
         RefreshPolicy::Now => ctx.shared.refreshed.notify_waiters(),
-        RefreshPolicy::WaitFor => {
-            wait_until_visible(ctx.shared, &[(index.to_owned(), order)]).await
-        }
+        RefreshPolicy::WaitFor => wait_until_visible(ctx.shared, written).await,
         RefreshPolicy::No => {}
     }
-    Ok(json_response(status, &Value::Object(body)))
 }
 
 /// `DELETE /{i}/_doc/{id}` (§5).
 pub async fn delete_doc(ctx: &Ctx<'_>, index: &str, id: &str) -> Answer {
-    ctx.params.check(
-        ctx.path,
-        &[
-            "if_seq_no",
-            "if_primary_term",
-            "refresh",
-            "routing",
-            "timeout",
-            "version",
-            "version_type",
-            "wait_for_active_shards",
-        ],
-    )?;
+    ctx.params.check(ctx.path, &DOC_WRITE_PARAMS)?;
     reject_external_versioning(ctx.params)?;
     refuse_more_active_shards(ctx.params)?;
     let (if_seq_no, if_primary_term) = cas_params(ctx.params)?;
     let refresh = refresh_policy(ctx.params)?;
-    let messages = bulk::validate_write(
+    validate_doc_write(
         WriteKind::Delete,
-        Some(index),
+        index,
         Some(id),
+        (if_seq_no, if_primary_term),
+    )?;
+    let request = WriteRequest {
+        kind: WriteKind::Delete,
+        id: id.to_owned(),
+        source: None,
         if_seq_no,
         if_primary_term,
-        true,
-    );
-    if !messages.is_empty() {
-        return Err(EsError::validation(&messages));
-    }
-    let now = Instant::now();
-    let (status, body, order) = {
-        let mut cluster = ctx.shared.cluster();
-        let capacity = cluster.capacity;
-        let state = cluster.index(index, now)?;
-        state.refuse_custom_routing(ctx.params.get("routing"))?;
-        state.occupy_shard_of(id, capacity, &ctx.answer_at);
-        let written = state.apply(
-            WriteRequest {
-                kind: WriteKind::Delete,
-                id: id.to_owned(),
-                source: None,
-                if_seq_no,
-                if_primary_term,
-            },
-            now,
-        )?;
-        let forced = (refresh == RefreshPolicy::Now).then(|| {
-            state.refresh(now);
-            true
-        });
-        let body = bulk::write_body(index, id, &written, state.shards(), forced);
-        (written.status, body, written.order)
     };
-    match refresh {
-        RefreshPolicy::Now => ctx.shared.refreshed.notify_waiters(),
-        RefreshPolicy::WaitFor => {
-            wait_until_visible(ctx.shared, &[(index.to_owned(), order)]).await
-        }
-        RefreshPolicy::No => {}
-    }
-    Ok(json_response(status, &Value::Object(body)))
+    write_one(ctx, index, request, refresh).await
 }
 
 /// `POST /_bulk`, `POST /{i}/_bulk` (§6).
@@ -765,11 +736,7 @@ pub async fn bulk(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
             }
         }
     }
-    match refresh {
-        RefreshPolicy::Now => ctx.shared.refreshed.notify_waiters(),
-        RefreshPolicy::WaitFor => wait_until_visible(ctx.shared, &written).await,
-        RefreshPolicy::No => {}
-    }
+    honour_refresh(ctx, refresh, &written).await;
     Ok(json_response(
         200,
         &json!({"errors": errors, "took": ctx.took(), "items": results}),
@@ -778,7 +745,7 @@ pub async fn bulk(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
 
 // ---- search ----------------------------------------------------------------------------
 
-const SEARCH_PARAMS: [&str; 33] = [
+const SEARCH_PARAMS: [&str; 27] = [
     "size",
     "from",
     "sort",
@@ -805,13 +772,18 @@ const SEARCH_PARAMS: [&str; 33] = [
     "allow_partial_search_results",
     "search_type",
     "ignore_throttled",
+    "explain",
+];
+
+/// The search parameters of a query given in the URL (`q`, with what tunes it), which the
+/// emulator knows but does not implement.
+const URL_QUERY_PARAMS: [&str; 6] = [
     "q",
     "df",
     "analyzer",
     "default_operator",
     "lenient",
     "terminate_after",
-    "explain",
 ];
 
 /// Resolves the searched indices, runs their scheduled refreshes, and occupies each of their
@@ -840,17 +812,11 @@ fn searched_indices(
 
 pub fn search(ctx: &Ctx<'_>, index: Option<&str>) -> Answer {
     let params = ctx.params;
-    params.check(ctx.path, &SEARCH_PARAMS)?;
+    let allowed: Vec<&str> = SEARCH_PARAMS.into_iter().chain(URL_QUERY_PARAMS).collect();
+    params.check(ctx.path, &allowed)?;
     params.check_expand_wildcards()?;
     params.refuse_unless("explain", &["false"])?;
-    for unsupported in [
-        "q",
-        "df",
-        "analyzer",
-        "default_operator",
-        "lenient",
-        "terminate_after",
-    ] {
+    for unsupported in URL_QUERY_PARAMS {
         if params.get(unsupported).is_some() {
             return Err(EsError::unsupported(&format!(
                 "search URL parameter {unsupported}"

@@ -61,6 +61,52 @@ pub struct FieldDef {
     pub since: u64,
 }
 
+impl FieldDef {
+    /// A field at `path` that dynamic mapping adds (as `ty`), at generation `since`: no format,
+    /// no `ignore_above`, indexed.
+    fn dynamic(path: &str, ty: FieldType, type_name: String, since: u64) -> Self {
+        FieldDef {
+            ty,
+            type_name,
+            source_path: path.to_owned(),
+            format: None,
+            ignore_above: None,
+            ignore_malformed: false,
+            indexed: true,
+            dynamic: None,
+            since,
+        }
+    }
+
+    /// The multi-field `sub_def` of the field at `path` (`{path}.{sub}`: `path`'s values,
+    /// indexed as `ty`), added at generation `since`.
+    fn multi_field(
+        path: &str,
+        ty: FieldType,
+        type_name: String,
+        sub_def: &Value,
+        since: u64,
+    ) -> Self {
+        FieldDef {
+            ty,
+            type_name,
+            source_path: path.to_owned(),
+            format: sub_def
+                .get("format")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            ignore_above: sub_def
+                .get("ignore_above")
+                .and_then(Value::as_u64)
+                .map(|n| n as usize),
+            ignore_malformed: false,
+            indexed: sub_def.get("index") != Some(&Value::Bool(false)),
+            dynamic: None,
+            since,
+        }
+    }
+}
+
 /// A value as indexed: what queries compare and sorts order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Scalar {
@@ -262,23 +308,7 @@ impl Mapping {
                     })?;
                     self.fields.insert(
                         format!("{path}.{sub}"),
-                        FieldDef {
-                            ty,
-                            type_name: sub_type,
-                            source_path: path.clone(),
-                            format: sub_def
-                                .get("format")
-                                .and_then(Value::as_str)
-                                .map(str::to_owned),
-                            ignore_above: sub_def
-                                .get("ignore_above")
-                                .and_then(Value::as_u64)
-                                .map(|n| n as usize),
-                            ignore_malformed: false,
-                            indexed: sub_def.get("index") != Some(&Value::Bool(false)),
-                            dynamic: None,
-                            since: 0,
-                        },
+                        FieldDef::multi_field(&path, ty, sub_type, sub_def, 0),
                     );
                 }
             }
@@ -321,17 +351,7 @@ impl Mapping {
             let declared = self.fields.get(&path).cloned().or_else(|| {
                 added.iter().find(|(p, _)| *p == path).and_then(|(_, def)| {
                     let ty = def.get("type").and_then(Value::as_str).unwrap_or("object");
-                    Some(FieldDef {
-                        ty: type_of(ty)?,
-                        type_name: ty.to_owned(),
-                        source_path: path.clone(),
-                        format: None,
-                        ignore_above: None,
-                        ignore_malformed: false,
-                        indexed: true,
-                        dynamic: None,
-                        since: 0,
-                    })
+                    Some(FieldDef::dynamic(&path, type_of(ty)?, ty.to_owned(), 0))
                 })
             });
             match declared {
@@ -466,17 +486,7 @@ impl Mapping {
             };
             self.fields.insert(
                 path.clone(),
-                FieldDef {
-                    ty,
-                    type_name,
-                    source_path: path.clone(),
-                    format: None,
-                    ignore_above: None,
-                    ignore_malformed: false,
-                    indexed: true,
-                    dynamic: None,
-                    since: self.generation,
-                },
+                FieldDef::dynamic(path, ty, type_name, self.generation),
             );
             if let Some(Value::Object(multi)) = def.get("fields") {
                 for (sub, sub_def) in multi {
@@ -484,17 +494,7 @@ impl Mapping {
                     if let Some(ty) = type_of(&sub_type) {
                         self.fields.insert(
                             format!("{path}.{sub}"),
-                            FieldDef {
-                                ty,
-                                type_name: sub_type,
-                                source_path: path.clone(),
-                                format: None,
-                                ignore_above: sub_def["ignore_above"].as_u64().map(|n| n as usize),
-                                ignore_malformed: false,
-                                indexed: true,
-                                dynamic: None,
-                                since: self.generation,
-                            },
+                            FieldDef::multi_field(path, ty, sub_type, sub_def, self.generation),
                         );
                     }
                 }

@@ -515,6 +515,15 @@ fn bound(
             Some(Cause::new("illegal_argument_exception", reason.clone())),
         )
     };
+    // A numeric bound: a number, or a string that parses as one.
+    let number = || {
+        match value {
+            Value::Number(n) => n.as_f64(),
+            Value::String(s) => s.trim().parse::<f64>().ok(),
+            _ => None,
+        }
+        .ok_or_else(|| invalid(format!("For input string: \"{}\"", plain(value))))
+    };
     match def.ty {
         FieldType::Date => {
             let round_up = matches!(op, RangeOp::Gt | RangeOp::Lte);
@@ -532,12 +541,7 @@ fn bound(
             Ok((Scalar::Long(millis), inclusive))
         }
         FieldType::Long => {
-            let number = match value {
-                Value::Number(n) => n.as_f64(),
-                Value::String(s) => s.trim().parse::<f64>().ok(),
-                _ => None,
-            }
-            .ok_or_else(|| invalid(format!("For input string: \"{}\"", plain(value))))?;
+            let number = number()?;
             if let Some(exact) = value
                 .as_i64()
                 .or_else(|| value.as_str().and_then(|s| s.trim().parse().ok()))
@@ -553,12 +557,7 @@ fn bound(
             Ok((Scalar::Long(whole as i64), inclusive))
         }
         FieldType::Double => {
-            let number = match value {
-                Value::Number(n) => n.as_f64(),
-                Value::String(s) => s.trim().parse::<f64>().ok(),
-                _ => None,
-            }
-            .ok_or_else(|| invalid(format!("For input string: \"{}\"", plain(value))))?;
+            let number = number()?;
             Ok((Scalar::Double(number), inclusive))
         }
         FieldType::Boolean => {

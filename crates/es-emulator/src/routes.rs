@@ -88,6 +88,18 @@ impl Params {
         }
     }
 
+    /// Checks the parameters of an API that names several indices: `allowed` and the
+    /// multi-target ones (`allow_no_indices`, `expand_wildcards` as
+    /// [`Params::check_expand_wildcards`] allows it, `ignore_unavailable`); answers
+    /// `ignore_unavailable` (default `false`).
+    pub fn check_multi_target(&self, path: &str, allowed: &[&str]) -> Result<bool, EsError> {
+        let multi_target = ["allow_no_indices", "expand_wildcards", "ignore_unavailable"];
+        let all: Vec<&str> = multi_target.iter().chain(allowed).copied().collect();
+        self.check(path, &all)?;
+        self.check_expand_wildcards()?;
+        Ok(self.bool("ignore_unavailable")?.unwrap_or(false))
+    }
+
     /// `expand_wildcards`: the emulator has only open, visible indices, so any value that
     /// includes `open` (or `all`) resolves as the default does; the others are refused.
     pub fn check_expand_wildcards(&self) -> Result<(), EsError> {

@@ -11,7 +11,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use crate::dates;
-use crate::errors::{Cause, EsError, Ordered};
+use crate::errors::{token_name, Cause, EsError, Ordered};
 use crate::mapping::{FieldType, Mapping, Scalar};
 use crate::query::{self, Query};
 use crate::state::{glob, Cluster, Doc, IndexState};
@@ -82,14 +82,13 @@ impl Default for SearchRequest {
     }
 }
 
-fn token_name(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "VALUE_NULL",
-        Value::Bool(_) => "VALUE_BOOLEAN",
-        Value::Number(_) => "VALUE_NUMBER",
-        Value::String(_) => "VALUE_STRING",
-        Value::Array(_) => "START_ARRAY",
-        Value::Object(_) => "START_OBJECT",
+/// A sort option that takes one of two words: `false` for the first (`no`), `true` for the
+/// second (`yes`); any other value is refused as `unsupported`.
+fn one_of_two(value: &Value, (no, yes): (&str, &str), unsupported: &str) -> Result<bool, EsError> {
+    match value.as_str() {
+        Some(word) if word == no => Ok(false),
+        Some(word) if word == yes => Ok(true),
+        _ => Err(EsError::unsupported(unsupported)),
     }
 }
 
@@ -189,27 +188,23 @@ fn parse_sort_entry(entry: &Value) -> Result<SortSpec, EsError> {
                         for (key, value) in options {
                             match key.as_str() {
                                 "order" => {}
-                                "missing" => match value.as_str() {
-                                    Some("_last") => *missing_first = false,
-                                    Some("_first") => *missing_first = true,
-                                    _ => {
-                                        return Err(EsError::unsupported(
-                                            "sort.missing with a custom value",
-                                        ))
-                                    }
-                                },
+                                "missing" => {
+                                    *missing_first = one_of_two(
+                                        value,
+                                        ("_last", "_first"),
+                                        "sort.missing with a custom value",
+                                    )?
+                                }
                                 "unmapped_type" => {
                                     *unmapped_type = value.as_str().map(str::to_owned)
                                 }
-                                "mode" => match value.as_str() {
-                                    Some("min") => *mode_max = false,
-                                    Some("max") => *mode_max = true,
-                                    _ => {
-                                        return Err(EsError::unsupported(
-                                            "sort.mode other than min/max",
-                                        ))
-                                    }
-                                },
+                                "mode" => {
+                                    *mode_max = one_of_two(
+                                        value,
+                                        ("min", "max"),
+                                        "sort.mode other than min/max",
+                                    )?
+                                }
                                 "format" => *format = value.as_str().map(str::to_owned),
                                 "numeric_type" | "nested" => {
                                     return Err(EsError::unsupported(&format!("sort.{key}")))

@@ -311,11 +311,22 @@ impl EmbeddedStore {
         T: Send + 'static,
         F: FnOnce(&Database) -> StoreResult<T> + Send + 'static,
     {
-        let db = self.db.clone();
-        tokio::task::spawn_blocking(move || f(&db))
-            .await
-            .map_err(|e| StoreError::Permanent(format!("read task failed: {e}")))?
+        read_blocking(&self.db, f).await
     }
+}
+
+/// Runs the read `f` on `db` on the blocking pool (a redb read blocks its thread): the
+/// store's and the read-only view's reads.
+async fn read_blocking<D, T, F>(db: &Arc<D>, f: F) -> StoreResult<T>
+where
+    D: Send + Sync + 'static,
+    T: Send + 'static,
+    F: FnOnce(&D) -> StoreResult<T> + Send + 'static,
+{
+    let db = db.clone();
+    tokio::task::spawn_blocking(move || f(&db))
+        .await
+        .map_err(|e| StoreError::Permanent(format!("read task failed: {e}")))?
 }
 
 /// Makes a new, empty database under its own name, durably, then gives it the store's.

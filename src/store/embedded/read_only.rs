@@ -114,10 +114,7 @@ impl ReadOnlyEmbeddedStore {
         T: Send + 'static,
         F: FnOnce(&ReadOnlyDatabase) -> StoreResult<T> + Send + 'static,
     {
-        let db = self.db.clone();
-        tokio::task::spawn_blocking(move || f(&db))
-            .await
-            .map_err(|e| StoreError::Permanent(format!("read task failed: {e}")))?
+        super::read_blocking(&self.db, f).await
     }
 }
 

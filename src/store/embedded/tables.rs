@@ -423,25 +423,21 @@ pub(super) fn update_transfer_indexes(
         move_metadata_entries(t, id, old, new)?;
     }
     if let Some(old) = old {
-        remove_entries(t, (id, number), old, &moved)?;
+        move_entries(t, (id, number), old, &moved, EntryOp::Remove)?;
     }
     // A new transfer's creation entries wait for a run, given a list to wait in
     // ([`super::listing_entries`]); otherwise (replay) they are written now.
     match deferred.filter(|_| old.is_none()) {
         Some(deferred) => {
-            insert_entries(
-                t,
-                (id, number),
-                new,
-                &MovedEntries {
-                    created: false,
-                    parties: false,
-                    ..moved
-                },
-            )?;
+            let now = MovedEntries {
+                created: false,
+                parties: false,
+                ..moved
+            };
+            move_entries(t, (id, number), new, &now, EntryOp::Insert)?;
             deferred.push(Creation::of(number, new));
         }
-        None => insert_entries(t, (id, number), new, &moved)?,
+        None => move_entries(t, (id, number), new, &moved, EntryOp::Insert)?,
     }
     Ok(())
 }
@@ -504,75 +500,56 @@ fn move_metadata_entries(
     Ok(())
 }
 
-/// Removes the entries of `old` that move (but metadata's).
-fn remove_entries(
-    t: &mut Tables<'_>,
-    (id, number): (&str, u64),
-    old: &TransferKeys<'_>,
-    moved: &MovedEntries,
-) -> StoreResult<()> {
-    let e = storage;
-    if old.released && moved.released {
-        t.released.remove((&*old.state, id)).map_err(e)?;
-    }
-    if moved.state_modified {
-        t.by_state_modified
-            .remove((&*old.state, old.modified, id))
-            .map_err(e)?;
-    }
-    if moved.created {
-        t.by_created.remove((old.created, number)).map_err(e)?;
-    }
-    if old.attention && moved.attention {
-        t.attention.remove((old.created, id)).map_err(e)?;
-    }
-    if moved.state_created {
-        t.by_state_created
-            .remove((&*old.state, old.created, id))
-            .map_err(e)?;
-    }
-    if moved.parties {
-        for party in old.parties() {
-            t.by_account
-                .remove((&*party, old.created, number))
-                .map_err(e)?;
-        }
-    }
-    Ok(())
+/// Whether a write's index entries go (the old keys') or come (the new keys').
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EntryOp {
+    Remove,
+    Insert,
 }
 
-/// Inserts the entries of `new` that move (but metadata's), each where its index lists it.
-fn insert_entries(
+impl EntryOp {
+    fn apply<'k, K: redb::Key + 'static>(
+        self,
+        table: &mut Table<'_, K, ()>,
+        key: impl std::borrow::Borrow<K::SelfType<'k>>,
+    ) -> StoreResult<()> {
+        match self {
+            EntryOp::Remove => table.remove(key).map(drop),
+            EntryOp::Insert => table.insert(key, ()).map(drop),
+        }
+        .map_err(storage)
+    }
+}
+
+/// Removes or inserts (`op`) the entries of `keys` that move (but metadata's). An entry is
+/// inserted only where its index lists it (the recovery index in-flight transfers, the
+/// state index the states it lists); a removal looks everywhere it may be.
+fn move_entries(
     t: &mut Tables<'_>,
     (id, number): (&str, u64),
-    new: &TransferKeys<'_>,
+    keys: &TransferKeys<'_>,
     moved: &MovedEntries,
+    op: EntryOp,
 ) -> StoreResult<()> {
-    let e = storage;
-    if moved.state_modified && new.in_flight() {
-        t.by_state_modified
-            .insert((&*new.state, new.modified, id), ())
-            .map_err(e)?;
+    let removing = op == EntryOp::Remove;
+    if keys.released && moved.released {
+        op.apply(&mut t.released, (&*keys.state, id))?;
+    }
+    if moved.state_modified && (removing || keys.in_flight()) {
+        op.apply(&mut t.by_state_modified, (&*keys.state, keys.modified, id))?;
     }
     if moved.created {
-        t.by_created.insert((new.created, number), ()).map_err(e)?;
+        op.apply(&mut t.by_created, (keys.created, number))?;
     }
-    if new.released && moved.released {
-        t.released.insert((&*new.state, id), ()).map_err(e)?;
+    if keys.attention && moved.attention {
+        op.apply(&mut t.attention, (keys.created, id))?;
     }
-    if new.attention && moved.attention {
-        t.attention.insert((new.created, id), ()).map_err(e)?;
-    }
-    if moved.state_created && listed_by_state(&new.state) {
-        t.by_state_created
-            .insert((&*new.state, new.created, id), ())
-            .map_err(e)?;
+    if moved.state_created && (removing || listed_by_state(&keys.state)) {
+        op.apply(&mut t.by_state_created, (&*keys.state, keys.created, id))?;
     }
     if moved.parties {
-        for party in new.parties() {
-            t.by_account
-                .insert((&*party, new.created, number), ())
-                .map_err(e)?;
+        for party in keys.parties() {
+            op.apply(&mut t.by_account, (&*party, keys.created, number))?;
         }
     }
     Ok(())

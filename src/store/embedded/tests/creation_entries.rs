@@ -7,15 +7,7 @@ use super::durability::crash_image;
 use super::*;
 
 async fn of_account(store: &EmbeddedStore, account: &str) -> Vec<String> {
-    let account = Some(account.to_owned());
-    listed(
-        store,
-        TransferFilter {
-            account,
-            ..TransferFilter::default()
-        },
-    )
-    .await
+    listed_by(store, Some(account), None).await
 }
 
 /// The entries of `TX_BY_ACCOUNT` as redb's tables hold them now, without writing anything.
@@ -179,14 +171,7 @@ async fn entries_a_run_left_in_the_open_transaction_are_committed_before_a_searc
         open.commit(&store.committer, Durability::None).unwrap();
     }
     runs_due(&store, true);
-    let taken = store
-        .create(
-            Index::Transactions,
-            "t1",
-            transfer("t1", "created", 5).into(),
-        )
-        .await
-        .unwrap();
+    let taken = create_transfer(&store, "t1", "created", 5).await;
     assert_eq!(
         taken,
         WriteOutcome::AlreadyExists,

@@ -72,14 +72,7 @@ async fn writes_acknowledged_between_checkpoints_survive_a_crash_by_replay() {
         ]
     );
     // Numbering goes on after the replayed writes.
-    let next = replayed
-        .create(
-            Index::Transactions,
-            "t3",
-            transfer("t3", "created", 4).into(),
-        )
-        .await
-        .unwrap();
+    let next = create_transfer(&replayed, "t3", "created", 4).await;
     assert!(
         matches!(next, WriteOutcome::Written(Version { seq_no: 3, .. })),
         "{next:?}"
@@ -210,15 +203,10 @@ async fn a_log_that_does_not_continue_the_file_refuses_to_open() {
 async fn after_a_failed_log_write_the_store_stops_writing_until_reopened() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = open_without_checkpoints(dir.path());
-    let kept = store
-        .create(Index::Accounts, "kept", json!({ "n": 1 }).into())
-        .await
-        .unwrap();
+    let kept = create_numbered(&store, "kept", 1).await.unwrap();
     assert!(matches!(kept, WriteOutcome::Written(_)));
     lock(&store.committer.log).fail_appends = true;
-    let failed = store
-        .create(Index::Accounts, "lost", json!({ "n": 2 }).into())
-        .await;
+    let failed = create_numbered(&store, "lost", 2).await;
     assert!(
         matches!(&failed, Err(StoreError::Unavailable(_))),
         "{failed:?}"
@@ -243,10 +231,7 @@ async fn after_a_failed_log_write_the_store_stops_writing_until_reopened() {
         .unwrap()
         .is_some());
     assert_eq!(restarted.get(Index::Accounts, "lost").await.unwrap(), None);
-    let written = restarted
-        .create(Index::Accounts, "later", json!({ "n": 3 }).into())
-        .await
-        .unwrap();
+    let written = create_numbered(&restarted, "later", 3).await.unwrap();
     assert!(matches!(written, WriteOutcome::Written(_)));
     restarted.ready().await.unwrap();
 }
@@ -278,11 +263,7 @@ async fn a_transaction_whose_record_cannot_be_logged_answers_an_error_not_what_i
 /// writes only; and kept's version.
 async fn store_keeping_an_account(dir: &Path) -> (EmbeddedStore, Option<Version>) {
     let store = open_without_checkpoints(dir);
-    let kept = store
-        .create(Index::Accounts, "kept", json!({ "n": 1 }).into())
-        .await
-        .unwrap()
-        .written();
+    let kept = create_numbered(&store, "kept", 1).await.unwrap().written();
     assert!(
         transaction_open(&store),
         "kept is in the recent writes only"
@@ -316,18 +297,13 @@ async fn a_committer_that_panics_holding_acknowledged_writes_stops_writing_until
     let dir = tempfile::tempdir().expect("temp dir");
     let (store, kept) = store_keeping_an_account(dir.path()).await;
     lock(&store.committer.log).panic_appends = true;
-    let lost = store
-        .create(Index::Accounts, "lost", json!({ "n": 2 }).into())
-        .await;
+    let lost = create_numbered(&store, "lost", 2).await;
     assert!(matches!(lost, Err(StoreError::Unavailable(_))), "{lost:?}");
     lock(&store.committer.log).panic_appends = false;
     // The open transaction went with the panic: later writes would reuse kept's seq_no.
     let (_image, restarted) = assert_kept_until_replayed(&store, dir.path(), kept).await;
     assert_eq!(restarted.get(Index::Accounts, "lost").await.unwrap(), None);
-    let next = restarted
-        .create(Index::Accounts, "next", json!({ "n": 3 }).into())
-        .await
-        .unwrap();
+    let next = create_numbered(&restarted, "next", 3).await.unwrap();
     let seq_no = |version: Option<Version>| version.map(|v| v.seq_no);
     assert_eq!(
         seq_no(next.written()),

@@ -25,14 +25,7 @@ async fn a_store_written_before_the_attention_index_gets_it_built_when_opened() 
             .await
             .unwrap();
         // As an older version left it: no index of flagged transfers, no marker.
-        settle(&store);
-        let txn = store.db.begin_write().unwrap();
-        txn.delete_table(TX_ATTENTION).unwrap();
-        txn.open_table(META)
-            .unwrap()
-            .remove(ATTENTION_BUILT)
-            .unwrap();
-        txn.commit().unwrap();
+        as_before_the_index(&store, TX_ATTENTION, ATTENTION_BUILT);
     }
     let store = EmbeddedStore::open(dir.path()).unwrap();
     let page = store.list_transfers(&list).await.unwrap();
@@ -57,21 +50,7 @@ async fn a_store_holding_metadata_without_its_index_gets_it_built_when_opened() 
         limit: 10,
         ..TransferFilter::default()
     };
-    let entries = |store: &EmbeddedStore| -> Vec<(String, i64, String)> {
-        settle(store);
-        let txn = store.db.begin_read().unwrap();
-        let table = txn.open_table(TX_METADATA).unwrap();
-        let rows = table
-            .iter()
-            .unwrap()
-            .map(|entry| {
-                let key = entry.unwrap().0;
-                let (pair, created, id) = key.value();
-                (pair.to_owned(), created, id.to_owned())
-            })
-            .collect();
-        rows
-    };
+    let entries = |store: &EmbeddedStore| index_rows(store, TX_METADATA);
     {
         let store = EmbeddedStore::open(dir.path()).unwrap();
         for (id, doc) in [
@@ -87,14 +66,7 @@ async fn a_store_holding_metadata_without_its_index_gets_it_built_when_opened() 
         assert_eq!(entries(&store).len(), 4, "two pairs each of t1 and t3");
         // As a version without the table (or one that opened the store in between) left it:
         // transfers with metadata, no entries, no marker.
-        settle(&store);
-        let txn = store.db.begin_write().unwrap();
-        txn.delete_table(TX_METADATA).unwrap();
-        txn.open_table(META)
-            .unwrap()
-            .remove(METADATA_BUILT)
-            .unwrap();
-        txn.commit().unwrap();
+        as_before_the_index(&store, TX_METADATA, METADATA_BUILT);
     }
     let store = EmbeddedStore::open(dir.path()).unwrap();
     let ids =

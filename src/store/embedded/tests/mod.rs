@@ -35,10 +35,16 @@ fn transfer(id: &str, state: &str, modified: i64) -> Value {
     })
 }
 
-/// Stores a new transfer `id` in `state`, modified (and created) at `modified`.
-async fn create_transfer(store: &EmbeddedStore, id: &str, state: &str, modified: i64) {
+/// Stores a new transfer `id` in `state`, modified (and created) at `modified`: what the
+/// create did.
+async fn create_transfer(
+    store: &EmbeddedStore,
+    id: &str,
+    state: &str,
+    modified: i64,
+) -> WriteOutcome {
     let source = transfer(id, state, modified).into();
-    store.create(Index::Transactions, id, source).await.unwrap();
+    store.create(Index::Transactions, id, source).await.unwrap()
 }
 
 /// Overwrites a stored document with bytes that do not decode, leaving its version
@@ -154,9 +160,7 @@ fn committer_idle(store: &EmbeddedStore) {
 
 /// Writes are refused (transient for the callers) and `ready` fails, until a restart.
 async fn assert_writes_stopped(store: &EmbeddedStore) {
-    let refused = store
-        .create(Index::Accounts, "later", json!({ "n": 3 }).into())
-        .await;
+    let refused = create_numbered(store, "later", 3).await;
     assert!(
         matches!(&refused, Err(StoreError::Unavailable(e)) if e.contains("restarts")),
         "{refused:?}"
@@ -186,6 +190,13 @@ async fn feed(store: &EmbeddedStore) -> Vec<(FeedPosition, String)> {
 /// until the store is closed.
 fn open_without_checkpoints(dir: &Path) -> EmbeddedStore {
     EmbeddedStore::open_with(dir, DEFAULT_CACHE_MIB, Duration::from_secs(24 * 3600)).unwrap()
+}
+
+/// Creates the account document `id` numbered `n` (`{"n": n}`): what the create did.
+async fn create_numbered(store: &EmbeddedStore, id: &str, n: u64) -> StoreResult<WriteOutcome> {
+    store
+        .create(Index::Accounts, id, json!({ "n": n }).into())
+        .await
 }
 
 /// A one-leg transfer moving through states, an account, and their versions as written.
@@ -235,16 +246,54 @@ async fn listed(store: &EmbeddedStore, filter: TransferFilter) -> Vec<String> {
     page.docs.into_iter().map(|d| d.id).collect()
 }
 
+/// The ids listed (first page) in `state`.
 async fn in_state(store: &EmbeddedStore, state: &str) -> Vec<String> {
-    let state = Some(state.to_owned());
-    listed(
-        store,
-        TransferFilter {
-            state,
-            ..TransferFilter::default()
-        },
-    )
-    .await
+    listed_by(store, None, Some(state)).await
+}
+
+/// The ids listed (first page) of `account` or in `state`, where given.
+async fn listed_by(
+    store: &EmbeddedStore,
+    account: Option<&str>,
+    state: Option<&str>,
+) -> Vec<String> {
+    let filter = TransferFilter {
+        account: account.map(str::to_owned),
+        state: state.map(str::to_owned),
+        ..TransferFilter::default()
+    };
+    listed(store, filter).await
+}
+
+/// Every entry of an index keyed `(text, time, id)` (state or metadata pair, time, id), in
+/// key order, as redb's tables hold it once the committer is idle.
+fn index_rows(
+    store: &EmbeddedStore,
+    index: TableDefinition<'static, (&'static str, i64, &'static str), ()>,
+) -> Vec<(String, i64, String)> {
+    settle(store);
+    let txn = store.db.begin_read().unwrap();
+    let table = txn.open_table(index).unwrap();
+    let rows = table
+        .iter()
+        .unwrap()
+        .map(|entry| {
+            let key = entry.unwrap().0;
+            let (text, time, id) = key.value();
+            (text.to_owned(), time, id.to_owned())
+        })
+        .collect();
+    rows
+}
+
+/// Leaves the store as a version before the index `table` left it: the table deleted, its
+/// built marker `built` gone.
+fn as_before_the_index(store: &EmbeddedStore, table: impl redb::TableHandle, built: &str) {
+    settle(store);
+    let txn = store.db.begin_write().unwrap();
+    txn.delete_table(table).unwrap();
+    txn.open_table(META).unwrap().remove(built).unwrap();
+    txn.commit().unwrap();
 }
 
 /// Whether the committer's transaction is open, holding writes not yet in redb's tables.

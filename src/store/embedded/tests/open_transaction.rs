@@ -85,10 +85,7 @@ async fn the_open_transaction_outlives_the_groups_until_a_checkpoint_is_due() {
 async fn an_account_rewritten_by_later_groups_reaches_the_tables_once_at_the_commit() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = open_without_checkpoints(dir.path());
-    let created = store
-        .create(Index::Accounts, "a1", json!({ "n": 1 }).into())
-        .await
-        .unwrap();
+    let created = create_numbered(&store, "a1", 1).await.unwrap();
     let v1 = version(created);
     // The tables hold the first version, the recent writes the second.
     settle(&store);
@@ -107,9 +104,7 @@ async fn an_account_rewritten_by_later_groups_reaches_the_tables_once_at_the_com
         .replace_if(Index::Accounts, "a1", json!({ "n": 3 }).into(), v1)
         .await;
     assert_eq!(stale.unwrap(), WriteOutcome::Conflict);
-    let again = store
-        .create(Index::Accounts, "a1", json!({ "n": 3 }).into())
-        .await;
+    let again = create_numbered(&store, "a1", 3).await;
     assert_eq!(again.unwrap(), WriteOutcome::AlreadyExists);
     let outcome = store
         .transact(Box::new(|reads| {

@@ -119,33 +119,14 @@ fn entries_by_state(
     store: &EmbeddedStore,
     index: TableDefinition<'static, (&'static str, i64, &'static str), ()>,
 ) -> Vec<(String, String)> {
-    settle(store);
-    let db = &store.db;
-    let txn = db.begin_read().unwrap();
-    let table = txn.open_table(index).unwrap();
-    let rows = table
-        .iter()
-        .unwrap()
-        .map(|entry| {
-            let key = entry.unwrap().0;
-            let (state, _, id) = key.value();
-            (state.to_owned(), id.to_owned())
-        })
-        .collect();
-    rows
+    let rows = index_rows(store, index).into_iter();
+    rows.map(|(state, _, id)| (state, id)).collect()
 }
 
 #[tokio::test]
 async fn only_in_flight_transfers_have_recovery_entries() {
     let (_dir, store) = open();
-    let created = store
-        .create(
-            Index::Transactions,
-            "t1",
-            transfer("t1", "created", 1).into(),
-        )
-        .await
-        .unwrap();
+    let created = create_transfer(&store, "t1", "created", 1).await;
     create_transfer(&store, "t2", "rolled-back", 1).await;
     let entry = |state: &str, id: &str| (state.to_owned(), id.to_owned());
     assert_eq!(recovery_entries(&store), [entry("created", "t1")]);

@@ -1,13 +1,8 @@
 package transferservice.escluster;
 
 import java.io.IOException;
-import java.net.InetAddress;
-import java.net.UnknownHostException;
 import java.util.List;
 import java.util.Map;
-import java.util.concurrent.Executors;
-import java.util.concurrent.ScheduledExecutorService;
-import java.util.concurrent.TimeUnit;
 
 import org.elasticsearch.common.logging.LogConfigurator;
 import org.elasticsearch.common.settings.Settings;
@@ -35,16 +30,6 @@ import transferservice.cluster.LocalCluster;
  * network faults.
  */
 public final class EsCluster implements LocalCluster.Engine<Node> {
-    /**
-     * Sends what a slowed node sends, when its delay is up: one thread, so that the messages to a
-     * node leave in the order they were sent (they all wait the same time).
-     */
-    private static final ScheduledExecutorService DELAYED_SENDS = Executors.newSingleThreadScheduledExecutor(task -> {
-        Thread thread = new Thread(task, "es-cluster-delayed-sends");
-        thread.setDaemon(true);
-        return thread;
-    });
-
     public static void main(String[] args) throws Exception {
         // What a distribution's bootstrap does before it builds a node: route the server's own
         // logging facade to log4j (configured by log4j2.properties, to standard error).
@@ -71,25 +56,15 @@ public final class EsCluster implements LocalCluster.Engine<Node> {
     }
 
     @Override
-    public void close(Node node) throws IOException {
-        node.close();
-    }
-
-    @Override
     public boolean isBindFailure(Throwable e) {
-        for (Throwable cause = e; cause != null; cause = cause.getCause()) {
-            if (cause instanceof org.elasticsearch.transport.BindTransportException
-                    || cause instanceof org.elasticsearch.http.BindHttpException) {
-                return true;
-            }
-        }
-        return LocalCluster.causedByBindException(e);
+        return LocalCluster.causedByBindFailure(e, org.elasticsearch.transport.BindTransportException.class,
+                org.elasticsearch.http.BindHttpException.class);
     }
 
     @Override
-    public void addFault(Node from, int port, LocalCluster.Fault fault) throws UnknownHostException {
+    public void addFault(Node from, int port, LocalCluster.Fault fault) throws IOException {
         MockTransportService transport = transport(from);
-        TransportAddress address = address(port);
+        TransportAddress address = new TransportAddress(LocalCluster.transportAddress(port));
         // A rule it had for that node goes first (an unresponsive one closes the connections it
         // held up, as a TCP time-out eventually would).
         transport.clearOutboundRules(address);
@@ -101,9 +76,9 @@ public final class EsCluster implements LocalCluster.Engine<Node> {
 
     /**
      * A default send rule (rules for one node come first): each request is sent {@code millis}
-     * later from {@link #DELAYED_SENDS}, in the sender's thread context, holding a reference to
-     * the request until then; should the late send fail, the request's response handler is told,
-     * as the transport service does when a send fails at once.
+     * later ({@link LocalCluster#sendLater}), in the sender's thread context, holding a reference
+     * to the request until then; should the late send fail, the request's response handler is
+     * told.
      */
     @Override
     public void setDelay(Node node, long millis) {
@@ -116,42 +91,32 @@ public final class EsCluster implements LocalCluster.Engine<Node> {
         Transport.ResponseHandlers handlers = transport.transport().getResponseHandlers();
         transport.addSendBehavior((connection, requestId, action, request, options) -> {
             request.incRef();
-            Runnable send = threadPool.getThreadContext().preserveContext(() -> {
+            LocalCluster.sendLater(millis, threadPool.getThreadContext()::preserveContext, () -> {
                 try {
                     connection.sendRequest(requestId, action, request, options);
-                } catch (Exception e) {
-                    var context = handlers.remove(requestId);
-                    if (context != null) {
-                        var failure = new SendRequestTransportException(connection.getNode(), action, e);
-                        try {
-                            threadPool.generic().execute(() -> context.handler().handleException(failure));
-                        } catch (RuntimeException closing) {
-                            // The node is closing: its handlers are failed as it closes.
-                        }
-                    }
                 } finally {
                     request.decRef();
                 }
+            }, e -> {
+                var context = handlers.remove(requestId);
+                if (context != null) {
+                    var failure = new SendRequestTransportException(connection.getNode(), action, e);
+                    threadPool.generic().execute(() -> context.handler().handleException(failure));
+                }
             });
-            DELAYED_SENDS.schedule(send, millis, TimeUnit.MILLISECONDS);
         });
     }
 
     @Override
-    public void clearFaults(Node node, int[] ports) throws UnknownHostException {
+    public void clearFaults(Node node, int[] ports) throws IOException {
         MockTransportService transport = transport(node);
         for (int port : ports) {
-            transport.clearOutboundRules(address(port));
+            transport.clearOutboundRules(new TransportAddress(LocalCluster.transportAddress(port)));
         }
         transport.clearAllRules();
     }
 
     private static MockTransportService transport(Node node) {
         return (MockTransportService) node.injector().getInstance(TransportService.class);
-    }
-
-    /** A node's transport address as the others know it (its publish address: 127.0.0.1). */
-    private static TransportAddress address(int port) throws UnknownHostException {
-        return new TransportAddress(InetAddress.getByAddress(new byte[] {127, 0, 0, 1}), port);
     }
 }

@@ -1,10 +1,12 @@
 package transferservice.cluster;
 
 import java.io.BufferedReader;
+import java.io.Closeable;
 import java.io.IOException;
 import java.io.InputStreamReader;
 import java.io.UncheckedIOException;
 import java.net.HttpURLConnection;
+import java.net.InetAddress;
 import java.net.InetSocketAddress;
 import java.net.ServerSocket;
 import java.net.URI;
@@ -20,13 +22,18 @@ import java.util.List;
 import java.util.Locale;
 import java.util.Map;
 import java.util.TreeSet;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.TimeUnit;
 import java.util.function.BiConsumer;
+import java.util.function.Consumer;
+import java.util.function.UnaryOperator;
 import java.util.stream.Collectors;
 import java.util.stream.Stream;
 
 /**
  * A real search cluster of N nodes in one JVM, on 127.0.0.1, for tests: Elasticsearch or
- * OpenSearch, by the {@link Engine} given. This class is the part the two launchers share (the
+ * OpenSearch, by the {@link Engine} given. This class is the part the launchers share (the
  * ports, the cluster's settings, the commands, the health checks); each engine's launcher
  * supplies how one of its nodes is built, started and closed, and how its transport is made
  * to misbehave.
@@ -71,9 +78,9 @@ import java.util.stream.Stream;
  * rules naming a stopped node are kept, and it is given its own when it starts. End of input or
  * SIGTERM stops every node and deletes the data.
  */
-public final class LocalCluster<N> {
-    /** What differs between the engines. */
-    public interface Engine<N> {
+public final class LocalCluster<N extends Closeable> {
+    /** What differs between the engines (a node is closed with {@link Closeable#close}). */
+    public interface Engine<N extends Closeable> {
         /** {@code Elasticsearch 8.19.21 (Lucene 9.12.2)}, for the start-up line. */
         String describe();
 
@@ -84,8 +91,6 @@ public final class LocalCluster<N> {
         N build(Map<String, Object> settings) throws Exception;
 
         void start(N node) throws Exception;
-
-        void close(N node) throws IOException;
 
         /** Whether the start failed because a port was taken. */
         boolean isBindFailure(Throwable e);
@@ -167,7 +172,7 @@ public final class LocalCluster<N> {
     }
 
     /** The launcher's main: {@code [--nodes N] [--setting key=value ...]}. */
-    public static <N> void run(String[] args, Engine<N> engine) throws Exception {
+    public static <N extends Closeable> void run(String[] args, Engine<N> engine) throws Exception {
         int nodeCount = 1;
         List<String> extraSettings = new ArrayList<>();
         for (int i = 0; i < args.length; i++) {
@@ -235,14 +240,65 @@ public final class LocalCluster<N> {
         waitForHealth(nodeCount, "green");
     }
 
-    /** Whether {@code e} or one of its causes is a {@link java.net.BindException}. */
-    public static boolean causedByBindException(Throwable e) {
+    /**
+     * Whether {@code e} or one of its causes is a {@link java.net.BindException} or one of an
+     * engine's {@code bindFailures} (its transport's and HTTP server's own exceptions for a port
+     * taken).
+     */
+    public static boolean causedByBindFailure(Throwable e, Class<?>... bindFailures) {
         for (Throwable cause = e; cause != null; cause = cause.getCause()) {
             if (cause instanceof java.net.BindException) {
                 return true;
             }
+            for (Class<?> failure : bindFailures) {
+                if (failure.isInstance(cause)) {
+                    return true;
+                }
+            }
         }
         return false;
+    }
+
+    /** A node's transport address as the others know it (its publish address: 127.0.0.1). */
+    public static InetSocketAddress transportAddress(int port) throws IOException {
+        return new InetSocketAddress(InetAddress.getByAddress(new byte[] {127, 0, 0, 1}), port);
+    }
+
+    /**
+     * Sends what a slowed node sends, when its delay is up: one thread, so that the messages to a
+     * node leave in the order they were sent (they all wait the same time).
+     */
+    private static final ScheduledExecutorService DELAYED_SENDS = Executors.newSingleThreadScheduledExecutor(task -> {
+        Thread thread = new Thread(task, "es-cluster-delayed-sends");
+        thread.setDaemon(true);
+        return thread;
+    });
+
+    /** A request's send, which may fail. */
+    public interface Send {
+        void run() throws Exception;
+    }
+
+    /**
+     * Runs {@code send} {@code millis} from now on {@link #DELAYED_SENDS}, in the context
+     * {@code inContext} gives it (the sender's thread context); should the send fail, {@code failed}
+     * is told, as a transport service tells a request's response handler when a send fails at once
+     * (unless the node is closing: a {@link RuntimeException} from {@code failed} is dropped, the
+     * node's handlers are failed as it closes).
+     */
+    public static void sendLater(long millis, UnaryOperator<Runnable> inContext, Send send, Consumer<Exception> failed) {
+        Runnable later = inContext.apply(() -> {
+            try {
+                send.run();
+            } catch (Exception e) {
+                try {
+                    failed.accept(e);
+                } catch (RuntimeException closing) {
+                    // The node is closing: its handlers are failed as it closes.
+                }
+            }
+        });
+        DELAYED_SENDS.schedule(later, millis, TimeUnit.MILLISECONDS);
     }
 
     private void announce() {
@@ -696,7 +752,7 @@ public final class LocalCluster<N> {
             engine.start(node);
         } catch (Exception e) {
             // Release its data directory's lock, so that a later start may use it.
-            engine.close(node);
+            node.close();
             throw e;
         }
         nodes.set(i, node);
@@ -709,7 +765,7 @@ public final class LocalCluster<N> {
             throw new IllegalStateException("node " + i + " is not running");
         }
         nodes.set(i, null);
-        engine.close(node);
+        node.close();
     }
 
     private synchronized int runningNodes() {
@@ -840,7 +896,7 @@ public final class LocalCluster<N> {
             N node = nodes.get(i);
             if (node != null) {
                 try {
-                    engine.close(node);
+                    node.close();
                 } catch (Exception e) {
                     System.err.println("es-cluster: closing node " + i + ": " + e);
                 }

@@ -1,15 +1,9 @@
 package transferservice.oscluster;
 
-import java.io.IOException;
-import java.net.InetAddress;
-import java.net.UnknownHostException;
 import java.util.Collection;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
-import java.util.concurrent.Executors;
-import java.util.concurrent.ScheduledExecutorService;
-import java.util.concurrent.TimeUnit;
 import java.util.function.Function;
 
 import org.opensearch.cluster.node.DiscoveryNode;
@@ -17,21 +11,19 @@ import org.opensearch.cluster.service.ClusterService;
 import org.opensearch.common.settings.ClusterSettings;
 import org.opensearch.common.settings.Settings;
 import org.opensearch.core.common.transport.BoundTransportAddress;
-import org.opensearch.core.common.transport.TransportAddress;
 import org.opensearch.node.InternalSettingsPreparer;
 import org.opensearch.node.Node;
 import org.opensearch.plugins.Plugin;
 import org.opensearch.telemetry.tracing.Tracer;
 import org.opensearch.test.transport.MockTransportService;
-import org.opensearch.test.transport.StubbableTransport;
 import org.opensearch.threadpool.ThreadPool;
 import org.opensearch.transport.Netty4Plugin;
-import org.opensearch.transport.SendRequestTransportException;
 import org.opensearch.transport.Transport;
 import org.opensearch.transport.TransportInterceptor;
 import org.opensearch.transport.TransportService;
 
 import transferservice.cluster.LocalCluster;
+import transferservice.opensearch.OpenSearchEngine;
 
 /**
  * A real OpenSearch cluster of N nodes in one JVM, on 127.0.0.1, for tests
@@ -39,129 +31,17 @@ import transferservice.cluster.LocalCluster;
  * Elasticsearch).
  *
  * <p>Each node is OpenSearch's own server ({@code org.opensearch:opensearch}) with its Netty
- * transport module loaded from the classpath, as the OpenSearch test framework's {@code MockNode}
- * does (without its test-only services), and with the framework's {@link MockTransportService} as
- * its node-to-node transport, whose rules are the launcher's network faults.
+ * transport module ({@link Netty4Plugin}); the rest, network faults included, is
+ * {@link OpenSearchEngine}, which the 3.x launcher shares.
  */
-public final class OsCluster implements LocalCluster.Engine<Node> {
-    /**
-     * Sends what a slowed node sends, when its delay is up: one thread, so that the messages to a
-     * node leave in the order they were sent (they all wait the same time).
-     */
-    private static final ScheduledExecutorService DELAYED_SENDS = Executors.newSingleThreadScheduledExecutor(task -> {
-        Thread thread = new Thread(task, "os-cluster-delayed-sends");
-        thread.setDaemon(true);
-        return thread;
-    });
-
+public final class OsCluster extends OpenSearchEngine {
     public static void main(String[] args) throws Exception {
         LocalCluster.run(args, new OsCluster());
     }
 
     @Override
-    public String describe() {
-        return "OpenSearch " + org.opensearch.Version.CURRENT + " (Lucene " + org.apache.lucene.util.Version.LATEST + ")";
-    }
-
-    @Override
-    public Node build(Map<String, Object> settings) {
-        Settings.Builder builder = Settings.builder();
-        // OpenSearch's name for the bootstrap list (the Elasticsearch name is deprecated).
-        LocalCluster.apply(settings, builder::put, (key, list) -> builder.putList(
-                key.equals("cluster.initial_master_nodes") ? "cluster.initial_cluster_manager_nodes" : key, list));
-        return new ClasspathNode(builder.build(), List.of(Netty4Plugin.class));
-    }
-
-    @Override
-    public void start(Node node) throws Exception {
-        node.start();
-    }
-
-    @Override
-    public void close(Node node) throws IOException {
-        node.close();
-    }
-
-    @Override
-    public boolean isBindFailure(Throwable e) {
-        for (Throwable cause = e; cause != null; cause = cause.getCause()) {
-            if (cause instanceof org.opensearch.transport.BindTransportException
-                    || cause instanceof org.opensearch.http.BindHttpException) {
-                return true;
-            }
-        }
-        return LocalCluster.causedByBindException(e);
-    }
-
-    @Override
-    public void addFault(Node from, int port, LocalCluster.Fault fault) throws UnknownHostException {
-        MockTransportService transport = transport(from);
-        TransportAddress address = address(port);
-        // A rule it had for that node goes first (an unresponsive one closes the connections it
-        // held up, as a TCP time-out eventually would).
-        transport.clearOutboundRules(address);
-        switch (fault) {
-            case DISCONNECT -> transport.addFailToSendNoConnectRule(address);
-            case UNRESPONSIVE -> transport.addUnresponsiveRule(address);
-        }
-    }
-
-    /**
-     * A default send rule (rules for one node come first): each request is sent {@code millis}
-     * later from {@link #DELAYED_SENDS}, in the sender's thread context; should the late send
-     * fail, the request's response handler is told, as the transport service does when a send
-     * fails at once.
-     */
-    @Override
-    public void setDelay(Node node, long millis) {
-        MockTransportService transport = transport(node);
-        if (millis <= 0) {
-            transport.addSendBehavior((StubbableTransport.SendRequestBehavior) null);
-            return;
-        }
-        ThreadPool threadPool = transport.getThreadPool();
-        Transport.ResponseHandlers handlers = transport.transport().getResponseHandlers();
-        transport.addSendBehavior((connection, requestId, action, request, options) -> {
-            Runnable send = threadPool.getThreadContext().preserveContext(() -> {
-                try {
-                    connection.sendRequest(requestId, action, request, options);
-                } catch (Exception e) {
-                    var context = handlers.remove(requestId);
-                    if (context != null) {
-                        var failure = new SendRequestTransportException(connection.getNode(), action, e);
-                        try {
-                            threadPool.generic().execute(() -> context.handler().handleException(failure));
-                        } catch (RuntimeException closing) {
-                            // The node is closing: its handlers are failed as it closes.
-                        }
-                    }
-                }
-            });
-            DELAYED_SENDS.schedule(send, millis, TimeUnit.MILLISECONDS);
-        });
-    }
-
-    /**
-     * Clears one address at a time first: OpenSearch's {@code clearAllRules} forgets the rules
-     * without their clean-up (an unresponsive rule's connections would stay open, and what was
-     * sent on them unanswered).
-     */
-    @Override
-    public void clearFaults(Node node, int[] ports) throws UnknownHostException {
-        MockTransportService transport = transport(node);
-        for (int port : ports) {
-            transport.clearOutboundRules(address(port));
-        }
-        transport.clearAllRules();
-    }
-
-    private static MockTransportService transport(Node node) {
-        return (MockTransportService) node.injector().getInstance(TransportService.class);
-    }
-
-    /** A node's transport address as the others know it (its publish address: 127.0.0.1). */
-    private static TransportAddress address(int port) throws UnknownHostException {
-        return new TransportAddress(InetAddress.getByAddress(new byte[] {127, 0, 0, 1}), port);
+    protected Node node(Settings settings) {
+        return new ClasspathNode(settings, List.of(Netty4Plugin.class));
     }
 
     /**
