@@ -30,11 +30,21 @@ impl InstrumentedStore {
         Self { inner, metrics }
     }
 
-    /// Counts, times and (on its span) records a request answered `result`.
-    fn record<T>(&self, op: &str, started: Instant, result: &StoreResult<T>, span: &tracing::Span) {
+    /// Runs `request` (`op` on `index`) in its client span, then counts, times and records
+    /// it by its error, if any.
+    async fn measured<T>(
+        &self,
+        op: &'static str,
+        index: Option<Index>,
+        request: impl std::future::Future<Output = StoreResult<T>>,
+    ) -> StoreResult<T> {
+        let started = Instant::now();
+        let span = self.span(op, index);
+        let result = request.instrument(span.clone()).await;
         let outcome = error_outcome(result.as_ref().err());
         self.metrics.store_request(op, outcome, started.elapsed());
-        finish(span, outcome);
+        finish(&span, outcome);
+        result
     }
 
     /// The client span of one request (`op` on `index`), or a disabled span outside a trace.
@@ -113,18 +123,8 @@ impl Store for InstrumentedStore {
     }
 
     async fn vouch(&self, index: Index, id: &str, read: Option<Version>) -> StoreResult<()> {
-        let started = Instant::now();
-        let span = self.span("vouch", Some(index));
-        let result = self
-            .inner
-            .vouch(index, id, read)
-            .instrument(span.clone())
-            .await;
-        let outcome = error_outcome(result.as_ref().err());
-        self.metrics
-            .store_request("vouch", outcome, started.elapsed());
-        finish(&span, outcome);
-        result
+        self.measured("vouch", Some(index), self.inner.vouch(index, id, read))
+            .await
     }
 
     async fn bulk(&self, ops: Vec<WriteOp>) -> StoreResult<Vec<StoreResult<WriteOutcome>>> {
@@ -200,51 +200,39 @@ impl Store for InstrumentedStore {
     }
 
     async fn find_stale(&self, query: &StaleQuery) -> StoreResult<Page> {
-        let started = Instant::now();
-        let span = self.span("find_stale", Some(Index::Transactions));
-        let result = self.inner.find_stale(query).instrument(span.clone()).await;
-        self.record("find_stale", started, &result, &span);
-        result
+        self.measured(
+            "find_stale",
+            Some(Index::Transactions),
+            self.inner.find_stale(query),
+        )
+        .await
     }
 
     async fn list_transfers(&self, filter: &TransferFilter) -> StoreResult<Page> {
-        let started = Instant::now();
-        let span = self.span("list", Some(Index::Transactions));
-        let result = self
-            .inner
-            .list_transfers(filter)
-            .instrument(span.clone())
-            .await;
-        self.record("list", started, &result, &span);
-        result
+        self.measured(
+            "list",
+            Some(Index::Transactions),
+            self.inner.list_transfers(filter),
+        )
+        .await
     }
 
     async fn scan(&self, index: Index, after: Option<&str>, limit: usize) -> StoreResult<ScanPage> {
-        let started = Instant::now();
-        let span = self.span("scan", Some(index));
-        let result = self
-            .inner
-            .scan(index, after, limit)
-            .instrument(span.clone())
-            .await;
-        self.record("scan", started, &result, &span);
-        result
+        self.measured("scan", Some(index), self.inner.scan(index, after, limit))
+            .await
     }
 
     async fn ready(&self) -> StoreResult<()> {
-        let started = Instant::now();
-        let span = self.span("ready", None);
-        let result = self.inner.ready().instrument(span.clone()).await;
-        self.record("ready", started, &result, &span);
-        result
+        self.measured("ready", None, self.inner.ready()).await
     }
 
     async fn changes(&self, query: &super::ChangesQuery) -> StoreResult<super::ChangesPage> {
-        let started = Instant::now();
-        let span = self.span("changes", Some(Index::Transactions));
-        let result = self.inner.changes(query).instrument(span.clone()).await;
-        self.record("changes", started, &result, &span);
-        result
+        self.measured(
+            "changes",
+            Some(Index::Transactions),
+            self.inner.changes(query),
+        )
+        .await
     }
 
     async fn identity(&self) -> StoreResult<Option<String>> {
@@ -252,10 +240,6 @@ impl Store for InstrumentedStore {
     }
 
     async fn refresh(&self) -> StoreResult<()> {
-        let started = Instant::now();
-        let span = self.span("refresh", None);
-        let result = self.inner.refresh().instrument(span.clone()).await;
-        self.record("refresh", started, &result, &span);
-        result
+        self.measured("refresh", None, self.inner.refresh()).await
     }
 }

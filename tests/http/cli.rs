@@ -222,7 +222,21 @@ async fn audit_reads_a_stopped_store_and_writes_nothing() {
 
 /// Settings read by the libraries the service runs on, not flags of its own: the
 /// configuration table lists them, `--help` cannot.
-const LIBRARY_SETTINGS: [&str; 2] = ["RUST_LOG", "_RJEM_MALLOC_CONF"];
+const LIBRARY_SETTINGS: &[&str] = &[
+    "RUST_LOG",
+    "_RJEM_MALLOC_CONF",
+    // OpenTelemetry's standard variables, read by its SDK and `src/telemetry/traces.rs`.
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_SERVICE_NAME",
+    "OTEL_RESOURCE_ATTRIBUTES",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TIMEOUT",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_SDK_DISABLED",
+];
 
 /// The rows of the table under "## Settings" in docs/configuration.md: each environment
 /// variable its first cell names (one row may name several), with the row's default cell.
