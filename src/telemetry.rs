@@ -85,14 +85,24 @@ where
     let Some(tracer) = tracer else {
         return logs_only(format, filter, writer, ansi);
     };
+    // What a span costs is what the trace is for: no source locations, thread names or
+    // busy/idle timing (a clock read at every poll of every span), and of the log events
+    // only warnings and errors, which mark what went wrong in the trace.
+    let spans = Targets::new()
+        .with_target(trace_context::TARGET, tracing::Level::TRACE)
+        .with_default(tracing::Level::INFO);
     let exported = tracing_opentelemetry::layer()
         .with_tracer(tracer)
         .with_threads(false)
-        .with_filter(
-            Targets::new()
-                .with_target(trace_context::TARGET, tracing::Level::TRACE)
-                .with_default(tracing::Level::INFO),
-        );
+        .with_location(false)
+        .with_tracked_inactivity(false)
+        .with_filter(tracing_subscriber::filter::filter_fn(move |meta| {
+            if meta.is_event() {
+                *meta.level() <= tracing::Level::WARN
+            } else {
+                spans.would_enable(meta.target(), meta.level())
+            }
+        }));
     let lines = tracing_subscriber::fmt::layer()
         .with_writer(writer)
         .with_ansi(ansi && format == LogFormat::Pretty);
