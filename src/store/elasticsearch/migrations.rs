@@ -33,7 +33,7 @@
 //!   all steps are applied, which is what [`Store::ready`](crate::store::Store::ready) checks.
 //!
 //! Adding a migration: add `NNNN_name.json` and a line to [`MIGRATIONS`]; a unit test checks
-//! that the list and the directory agree. A new kind of step needs a new field in [`Step`]
+//! that the list and the directory agree. A new kind of step needs a new field in [`MigrationStep`]
 //! and must be idempotent too.
 
 use std::sync::Arc;
@@ -124,7 +124,7 @@ fn with_shards(mut body: Value, logical: &str, shards: u32) -> Value {
 /// kind this binary does not know fails loudly instead of being skipped.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct Step {
+pub(super) struct MigrationStep {
     pub description: String,
     /// Logical index name (without the prefix) to create with `body`.
     #[serde(default)]
@@ -135,19 +135,19 @@ pub(super) struct Step {
     pub body: Value,
 }
 
-/// What a [`Step`] does, on which logical index.
+/// What a [`MigrationStep`] does, on which logical index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum StepKind<'a> {
+pub(super) enum MigrationStepKind<'a> {
     CreateIndex(&'a str),
     PutMapping(&'a str),
 }
 
-impl Step {
+impl MigrationStep {
     /// The step's kind; a file naming both kinds, or neither, is refused by [`Migration::step`].
-    pub fn kind(&self) -> StepKind<'_> {
+    pub fn kind(&self) -> MigrationStepKind<'_> {
         match (&self.create_index, &self.put_mapping) {
-            (Some(index), _) => StepKind::CreateIndex(index),
-            (None, Some(index)) => StepKind::PutMapping(index),
+            (Some(index), _) => MigrationStepKind::CreateIndex(index),
+            (None, Some(index)) => MigrationStepKind::PutMapping(index),
             (None, None) => unreachable!("checked by Migration::step"),
         }
     }
@@ -155,17 +155,17 @@ impl Step {
     /// The logical index the step works on.
     pub fn index(&self) -> &str {
         match self.kind() {
-            StepKind::CreateIndex(index) | StepKind::PutMapping(index) => index,
+            MigrationStepKind::CreateIndex(index) | MigrationStepKind::PutMapping(index) => index,
         }
     }
 }
 
 impl Migration {
-    pub fn step(&self) -> StoreResult<Step> {
+    pub fn step(&self) -> StoreResult<MigrationStep> {
         let invalid = |e: &dyn std::fmt::Display| {
             StoreError::Permanent(format!("migration {} is not a valid step: {e}", self.id))
         };
-        let step: Step = serde_json::from_str(self.json).map_err(|e| invalid(&e))?;
+        let step: MigrationStep = serde_json::from_str(self.json).map_err(|e| invalid(&e))?;
         if step.create_index.is_some() == step.put_mapping.is_some() {
             return Err(invalid(
                 &"it needs exactly one of create_index and put_mapping",
@@ -210,7 +210,7 @@ impl Migrations {
             // The files are written for Elasticsearch; OpenSearch names a type or two
             // differently (`flattened` is its `flat_object`), the layout is the same.
             let mut body = engine.mapping(&step.body);
-            if let StepKind::CreateIndex(logical) = step.kind() {
+            if let MigrationStepKind::CreateIndex(logical) = step.kind() {
                 body = with_shards(body, logical, self.shards);
             }
             // Even when recorded, the step must hold: an index deleted after its migration
@@ -219,8 +219,8 @@ impl Migrations {
             // fields a later step added. Both calls only ask (HEAD, GET) when the step holds,
             // so an instance without the rights to change indices still starts.
             match step.kind() {
-                StepKind::CreateIndex(_) => self.create_index_if_absent(&index, body).await?,
-                StepKind::PutMapping(_) => self.put_mapping_if_missing(&index, &body).await?,
+                MigrationStepKind::CreateIndex(_) => self.create_index_if_absent(&index, body).await?,
+                MigrationStepKind::PutMapping(_) => self.put_mapping_if_missing(&index, &body).await?,
             }
             if self.recorded(&records, migration.id).await? {
                 tracing::debug!(migration = migration.id, "migration already applied");
@@ -393,7 +393,7 @@ mod tests {
         .is_err());
         assert!(step(r#"{"description": "d", "put_index_template": "a", "body": {}}"#).is_err());
         let put = step(r#"{"description": "d", "put_mapping": "a", "body": {}}"#).unwrap();
-        assert_eq!(put.kind(), StepKind::PutMapping("a"));
+        assert_eq!(put.kind(), MigrationStepKind::PutMapping("a"));
     }
 
     #[test]
@@ -415,7 +415,7 @@ mod tests {
     fn the_data_indices_get_the_configured_shards_and_the_others_keep_one() {
         for migration in MIGRATIONS {
             let step = migration.step().unwrap();
-            let StepKind::CreateIndex(index) = step.kind() else {
+            let MigrationStepKind::CreateIndex(index) = step.kind() else {
                 continue;
             };
             let shards =
@@ -430,7 +430,7 @@ mod tests {
         for migration in MIGRATIONS {
             let step = migration.step().unwrap();
             assert!(!step.description.is_empty(), "{}", migration.id);
-            if let StepKind::PutMapping(index) = step.kind() {
+            if let MigrationStepKind::PutMapping(index) = step.kind() {
                 // Only additions: a mapping step names properties and nothing else, on an
                 // index an earlier step created.
                 let keys: Vec<&String> = step.body.as_object().unwrap().keys().collect();
@@ -438,7 +438,7 @@ mod tests {
                 let created_before = MIGRATIONS
                     .iter()
                     .take_while(|m| m.id != migration.id)
-                    .any(|m| m.step().unwrap().kind() == StepKind::CreateIndex(index));
+                    .any(|m| m.step().unwrap().kind() == MigrationStepKind::CreateIndex(index));
                 assert!(created_before, "{}", migration.id);
                 continue;
             }
@@ -458,8 +458,8 @@ mod tests {
         let mut properties = serde_json::Map::new();
         for step in MIGRATIONS.iter().map(|m| m.step().unwrap()) {
             let added = match step.kind() {
-                StepKind::CreateIndex("transactions") => &step.body["mappings"]["properties"],
-                StepKind::PutMapping("transactions") => &step.body["properties"],
+                MigrationStepKind::CreateIndex("transactions") => &step.body["mappings"]["properties"],
+                MigrationStepKind::PutMapping("transactions") => &step.body["properties"],
                 _ => continue,
             };
             for (field, def) in added.as_object().unwrap() {

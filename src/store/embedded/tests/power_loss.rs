@@ -21,24 +21,24 @@ type Docs = BTreeMap<(Index, String), (u64, Vec<u8>)>;
 
 /// How often the store checkpoints during a run.
 #[derive(Clone, Copy, Debug)]
-enum Checkpoints {
+enum CheckpointPace {
     AfterEveryGroup,
     Never,
     Every2Ms,
 }
 
-impl Checkpoints {
-    const ALL: [Checkpoints; 3] = [
-        Checkpoints::AfterEveryGroup,
-        Checkpoints::Never,
-        Checkpoints::Every2Ms,
+impl CheckpointPace {
+    const ALL: [CheckpointPace; 3] = [
+        CheckpointPace::AfterEveryGroup,
+        CheckpointPace::Never,
+        CheckpointPace::Every2Ms,
     ];
 
     fn interval(self) -> Duration {
         match self {
-            Checkpoints::AfterEveryGroup => Duration::ZERO,
-            Checkpoints::Never => Duration::from_secs(24 * 3600),
-            Checkpoints::Every2Ms => Duration::from_millis(2),
+            CheckpointPace::AfterEveryGroup => Duration::ZERO,
+            CheckpointPace::Never => Duration::from_secs(24 * 3600),
+            CheckpointPace::Every2Ms => Duration::from_millis(2),
         }
     }
 }
@@ -68,7 +68,7 @@ fn random_points() -> usize {
 }
 
 /// Opens the store on `disk`, as the service opens it on a real directory.
-fn open_on(disk: &SimDisk, checkpoints: Checkpoints) -> StoreResult<EmbeddedStore> {
+fn open_on(disk: &SimDisk, checkpoints: CheckpointPace) -> StoreResult<EmbeddedStore> {
     EmbeddedStore::open_files(
         Arc::new(disk.clone()),
         Path::new("simulated"),
@@ -85,7 +85,7 @@ fn open_on(disk: &SimDisk, checkpoints: Checkpoints) -> StoreResult<EmbeddedStor
 // The workload: one store call a step, so that each step is one group, answered or not.
 
 /// One step of the workload.
-enum Step {
+enum WorkloadStep {
     /// Independent writes, as the two-phase protocol makes them.
     Bulk(Vec<WriteOp>),
     /// A one-transaction transfer: both balances and the transfer document, all or none.
@@ -144,15 +144,15 @@ fn set_state(docs: &Docs, id: &str, state: &str, step: usize) -> WriteOp {
     })
 }
 
-/// Step `n` of the workload, over the documents the earlier steps left.
-fn step(n: usize, docs: &Docs) -> Step {
+/// WorkloadStep `n` of the workload, over the documents the earlier steps left.
+fn step(n: usize, docs: &Docs) -> WorkloadStep {
     if n == 0 {
         let accounts = (0..ACCOUNTS).map(|a| WriteOp::Create {
             index: Index::Accounts,
             id: account_id(a),
             source: json!({ "balance": 1000 }).into(),
         });
-        return Step::Bulk(accounts.collect());
+        return WorkloadStep::Bulk(accounts.collect());
     }
     // A two-phase transfer every eight steps: created, pending, committed, finished.
     let cycle = n / 8;
@@ -162,27 +162,27 @@ fn step(n: usize, docs: &Docs) -> Step {
         account_id(cycle + 1),
     );
     match n % 8 {
-        0 | 3 => Step::Transfer {
+        0 | 3 => WorkloadStep::Transfer {
             id: format!("t{n}"),
             from: account_id(n),
             to: account_id(n + 2),
             amount: 1 + (n % 7) as i64,
         },
-        1 => Step::Bulk(vec![WriteOp::Create {
+        1 => WorkloadStep::Bulk(vec![WriteOp::Create {
             index: Index::Transactions,
             id: two_phase.clone(),
             source: transfer_source(&two_phase, &from, &to, 5, "created", n).into(),
         }]),
-        2 => Step::Bulk(vec![
+        2 => WorkloadStep::Bulk(vec![
             set_state(docs, &two_phase, "pending", n),
             add_balance(docs, &from, -5),
         ]),
-        4 => Step::Search,
-        5 => Step::Bulk(vec![
+        4 => WorkloadStep::Search,
+        5 => WorkloadStep::Bulk(vec![
             add_balance(docs, &to, 5),
             set_state(docs, &two_phase, "committed", n),
         ]),
-        6 => Step::Bulk(
+        6 => WorkloadStep::Bulk(
             // A record of several blocks: three transfers with a large metadata each.
             (0..3)
                 .map(|k| {
@@ -197,7 +197,7 @@ fn step(n: usize, docs: &Docs) -> Step {
                 })
                 .collect(),
         ),
-        _ => Step::Bulk(vec![
+        _ => WorkloadStep::Bulk(vec![
             set_state(docs, &two_phase, "finished", n),
             replace_op(docs, Index::Accounts, &account_id(n), |a| {
                 a["note"] = json!(n)
@@ -231,9 +231,9 @@ fn transfer_writes(
 }
 
 /// Runs `step` on `store`: the writes it made, with their versions, or the store's error.
-async fn run_step(store: &EmbeddedStore, step: Step) -> StoreResult<Vec<(WriteOp, Version)>> {
+async fn run_step(store: &EmbeddedStore, step: WorkloadStep) -> StoreResult<Vec<(WriteOp, Version)>> {
     match step {
-        Step::Bulk(ops) => {
+        WorkloadStep::Bulk(ops) => {
             let outcomes = store.bulk(ops.clone()).await?;
             let versions = outcomes.into_iter().map(|outcome| match outcome {
                 Ok(WriteOutcome::Written(version)) => version,
@@ -241,7 +241,7 @@ async fn run_step(store: &EmbeddedStore, step: Step) -> StoreResult<Vec<(WriteOp
             });
             Ok(ops.into_iter().zip(versions).collect())
         }
-        Step::Transfer {
+        WorkloadStep::Transfer {
             id,
             from,
             to,
@@ -262,7 +262,7 @@ async fn run_step(store: &EmbeddedStore, step: Step) -> StoreResult<Vec<(WriteOp
             let ops = std::mem::take(&mut *lock(&made));
             Ok(ops.into_iter().zip(versions).collect())
         }
-        Step::Search => {
+        WorkloadStep::Search => {
             store.list_transfers(&TransferFilter::default()).await?;
             Ok(Vec::new())
         }
@@ -457,7 +457,7 @@ async fn open_and_check(
     states: &[Docs],
     answered: usize,
 ) -> Result<(EmbeddedStore, Docs), String> {
-    let store = open_on(image, Checkpoints::Never).map_err(|e| format!("open failed: {e}"))?;
+    let store = open_on(image, CheckpointPace::Never).map_err(|e| format!("open failed: {e}"))?;
     let docs = all_docs(&store).await.map_err(|e| e.to_string())?;
     check_docs(&docs, states, answered)?;
     check_derived(&store, &docs).await?;
@@ -499,7 +499,7 @@ async fn check_cut(
 }
 
 /// Fails the test with everything needed to replay the case.
-fn fail_case(seed: u64, checkpoints: Checkpoints, what: &str, error: String) -> ! {
+fn fail_case(seed: u64, checkpoints: CheckpointPace, what: &str, error: String) -> ! {
     panic!("power loss, seed {seed} (POWER_LOSS_SEED={seed}), checkpoints {checkpoints:?}, {what}: {error}");
 }
 
@@ -508,7 +508,7 @@ fn fail_case(seed: u64, checkpoints: Checkpoints, what: &str, error: String) -> 
 
 /// A clean run of the workload: the documents after each step, and the disk's trace (the
 /// store's open, the workload and its close).
-async fn reference_run(checkpoints: Checkpoints) -> (Vec<Docs>, Vec<DiskOp>) {
+async fn reference_run(checkpoints: CheckpointPace) -> (Vec<Docs>, Vec<DiskOp>) {
     let disk = SimDisk::default();
     let store = open_on(&disk, checkpoints).expect("a blank disk opens");
     let states = run_workload(&store, &disk).await;
@@ -538,7 +538,7 @@ fn crash_points(trace: &[DiskOp], rng: &mut StdRng) -> Vec<usize> {
 #[tokio::test]
 async fn power_loss_at_any_point_of_a_workload_keeps_every_acknowledged_write() {
     let seed = seed();
-    for checkpoints in Checkpoints::ALL {
+    for checkpoints in CheckpointPace::ALL {
         let mut rng = StdRng::seed_from_u64(seed);
         let (states, trace) = reference_run(checkpoints).await;
         let mut disk = DiskState::default();
@@ -576,7 +576,7 @@ async fn power_loss_at_any_point_of_a_workload_keeps_every_acknowledged_write() 
 async fn power_loss_during_the_stores_own_open_leaves_what_that_open_would_have_made() {
     let seed = seed();
     let mut rng = StdRng::seed_from_u64(seed);
-    for checkpoints in [Checkpoints::AfterEveryGroup, Checkpoints::Never] {
+    for checkpoints in [CheckpointPace::AfterEveryGroup, CheckpointPace::Never] {
         let (states, trace) = reference_run(checkpoints).await;
         let mut disk = DiskState::default();
         let mut answered = 0;
@@ -631,7 +631,7 @@ async fn a_cut_at_the_first_header_write_after_a_clean_close_still_opens() {
     // Whether a close leaves its file longer than its layout depends on the run's groups,
     // which follow the committer's timing: several runs, each cut many times.
     for run in 0..CLEAN_CLOSES {
-        let (states, trace) = reference_run(Checkpoints::AfterEveryGroup).await;
+        let (states, trace) = reference_run(CheckpointPace::AfterEveryGroup).await;
         let mut closed = DiskState::default();
         closed.replay(&trace);
         let answered = trace
@@ -644,7 +644,7 @@ async fn a_cut_at_the_first_header_write_after_a_clean_close_still_opens() {
             let what = format!("run {run}, cut {cut}");
             let (store, docs) = match open_and_check(&opened, &states, answered).await {
                 Ok(opened) => opened,
-                Err(e) => fail_case(seed, Checkpoints::AfterEveryGroup, &what, e),
+                Err(e) => fail_case(seed, CheckpointPace::AfterEveryGroup, &what, e),
             };
             drop(store);
             let first_header_write = opened
@@ -659,7 +659,7 @@ async fn a_cut_at_the_first_header_write_after_a_clean_close_still_opens() {
             during.replay(&opened.state().trace[..=upto]);
             if let Err(e) = reopens_to(during.power_cut(&mut rng), &docs, &states, answered).await {
                 let what = format!("{what}, then at the open's first header write");
-                fail_case(seed, Checkpoints::AfterEveryGroup, &what, e);
+                fail_case(seed, CheckpointPace::AfterEveryGroup, &what, e);
             }
         }
     }
@@ -681,7 +681,7 @@ fn syncs_to_fail(trace: &[DiskOp], rng: &mut StdRng) -> Vec<usize> {
 async fn power_loss_after_a_failed_sync_keeps_every_acknowledged_write_restarted_or_not() {
     let seed = seed();
     let mut rng = StdRng::seed_from_u64(seed);
-    for checkpoints in [Checkpoints::AfterEveryGroup, Checkpoints::Never] {
+    for checkpoints in [CheckpointPace::AfterEveryGroup, CheckpointPace::Never] {
         let (states, trace) = reference_run(checkpoints).await;
         for failing in syncs_to_fail(&trace, &mut rng) {
             let what = format!("sync {failing} failed");
