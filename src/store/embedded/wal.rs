@@ -231,6 +231,13 @@ impl Wal {
 
     /// Appends `record` and syncs it: once this returns, the record survives a crash.
     pub(super) fn append(&mut self, record: &mut LogRecord) -> std::io::Result<()> {
+        // Records are numbered without gaps, in the order they reach the log: replay applies
+        // the records after the number the redb file holds, and stops at a gap.
+        debug_assert_eq!(
+            record.number, self.next_number,
+            "log record {} appended where {} is next",
+            record.number, self.next_number
+        );
         let bytes = record.seal();
         #[cfg(test)]
         if self.panic_appends {
