@@ -88,8 +88,12 @@ where
     // What a span costs is what the trace is for: no source locations, thread names or
     // busy/idle timing (a clock read at every poll of every span), and of the log events
     // only warnings and errors, which mark what went wrong in the trace.
+    // The recovery loop's span lasts as long as the process: exported, it would be one trace
+    // holding every search of every pass. Each transfer it resumes is a trace's span of its
+    // own (`crate::transfer::transfer_span`).
     let spans = Targets::new()
         .with_target(trace_context::TARGET, tracing::Level::TRACE)
+        .with_target("transfer_service::transfer::recovery", tracing::Level::WARN)
         .with_default(tracing::Level::INFO);
     let exported = tracing_opentelemetry::layer()
         .with_tracer(tracer)

@@ -78,6 +78,19 @@ fn requested() -> Result<bool, String> {
             "OTLP protocol {protocol} is not supported: this service sends http/protobuf"
         ));
     }
+    for name in [
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    ] {
+        // The exporter's client speaks plain HTTP: an https collector would refuse every
+        // export. Said at start rather than counted as failed exports forever.
+        if std::env::var(name).is_ok_and(|v| v.trim().to_ascii_lowercase().starts_with("https:")) {
+            return Err(format!(
+                "{name} is https: this service exports by plain HTTP (a local collector or \
+                 agent in front of a TLS endpoint)"
+            ));
+        }
+    }
     Ok(exporter.trim() == "otlp"
         || set("OTEL_EXPORTER_OTLP_ENDPOINT")
         || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
@@ -149,7 +162,8 @@ impl SpanProcessor for BoundedQueue {
         if !span.span_context.is_sampled() {
             return;
         }
-        if self.queue.try_send(span).is_err() {
+        // Closed: the export was shut down (the process is stopping); nothing is counted.
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.queue.try_send(span) {
             trace_spans()
                 .dropped
                 .with_label_values(&["queue_full"])

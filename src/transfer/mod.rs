@@ -169,13 +169,21 @@ fn export_state_series(metrics: &Metrics) {
 pub(crate) fn transfer_span(transfer: &model::TransferDoc) -> tracing::Span {
     let transfer_id = transfer.transaction_id.as_str();
     if !crate::trace_context::is_on() {
-        return tracing::info_span!("transfer", transfer_id = %transfer_id);
+        return tracing::info_span!(
+            "transfer",
+            transfer_id = %transfer_id,
+            recovered = tracing::field::Empty,
+        );
     }
     // Traced: a child of the request that created the transfer (its recorded `traceparent`),
-    // whichever process or restart runs it, so the transfer's whole life is one trace.
+    // whichever process or restart runs it, so the transfer's whole life is one trace. Not a
+    // child of the current span in `tracing`'s own tree (`parent: None`): a worker outlives
+    // the request that spawned it, and a request's span must end with its answer.
     let span = tracing::info_span!(
+        parent: None,
         "transfer",
         transfer_id = %transfer_id,
+        recovered = tracing::field::Empty,
         otel.name = %format_args!("transfer {}", transfer.transaction_state),
         transfer.id = %transfer_id,
         trace_id = tracing::field::Empty,

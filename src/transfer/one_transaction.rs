@@ -149,6 +149,7 @@ impl OneTransaction {
         let mut ours = transfer.clone();
         ours.created_by = Some(uuid::Uuid::new_v4().simple().to_string());
         let going = || !shared.shutdown.is_cancelled();
+        let span = transfer_span(transfer);
         let attempt = retry(CREATE_ATTEMPTS, going, || {
             let transfer = ours.clone();
             let now = now.clone();
@@ -156,7 +157,7 @@ impl OneTransaction {
                 .docs
                 .transact(move |txn| decide(txn, transfer, Start::New, &now, retention))
         })
-        .instrument(transfer_span(transfer))
+        .instrument(span.clone())
         .await;
         let (settled, path) = match attempt {
             // The work never came to an end (a bug in it): nothing was written.
@@ -181,7 +182,7 @@ impl OneTransaction {
         };
         shared.metrics.transfers_created_total.inc();
         let took = shared.clock.boot_time().saturating_duration_since(started);
-        let _span = transfer_span(transfer).entered();
+        let _in_span = span.enter();
         settled_along(worker, TransferState::Created, &settled, path, Some(took));
         Ok(CreatedSettled::Settled(settled))
     }

@@ -186,7 +186,8 @@ impl Recovery {
             .with_label_values(&[leased.doc.transaction_state.as_str()])
             .inc();
         let worker = self.worker.clone();
-        let span = tracing::info_span!("transfer", transfer_id = %leased.doc.transaction_id, recovered = true);
+        let span = super::transfer_span(&leased.doc);
+        span.record("recovered", true);
         self.shared.tasks.spawn(
             async move {
                 let _permit = permit;

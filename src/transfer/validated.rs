@@ -105,24 +105,29 @@ pub fn id_pattern(max: usize) -> String {
     )
 }
 
-text_schema! {
-    /// An account id: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`.
-    pub struct AccountId(String) {
-        rule: valid_id,
-        pattern: format!("^{}$", id_pattern(128)),
-        example: "acct-1",
-        length: 1..=128,
-    }
+/// An id type: the rule of [`valid_id`], its pattern and length, one example.
+macro_rules! id_schema {
+    ($(#[doc = $doc:literal])* $name:ident, $example:literal) => {
+        text_schema! {
+            $(#[doc = $doc])*
+            pub struct $name(String) {
+                rule: valid_id,
+                pattern: format!("^{}$", id_pattern(128)),
+                example: $example,
+                length: 1..=128,
+            }
+        }
+    };
 }
 
-text_schema! {
+id_schema! {
+    /// An account id: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`.
+    AccountId, "acct-1"
+}
+
+id_schema! {
     /// A transfer id: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`.
-    pub struct TransferId(String) {
-        rule: valid_id,
-        pattern: format!("^{}$", id_pattern(128)),
-        example: "t-1",
-        length: 1..=128,
-    }
+    TransferId, "t-1"
 }
 
 impl TransferId {

@@ -279,6 +279,75 @@ async fn on_real_elasticsearch_a_transfer_is_one_trace_from_the_callers_request_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_recovery_does_to_a_transfer_is_in_its_creating_requests_trace() {
+    let Some(jaeger) = Jaeger::start().await else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", jaeger.otlp.clone()),
+        ("DATA_DIR", data.path().display().to_string()),
+    ];
+    let service = Service::start_ready(&env).await;
+    let client = reqwest::Client::new();
+    for id in ["a", "b"] {
+        let (status, _) = post(
+            &client,
+            &service.base,
+            "/accounts",
+            &json!({"id": id, "balance": 100}),
+        )
+        .await
+        .expect("open an account");
+        assert_eq!(status, 201);
+    }
+    // A hold left to expire: its worker parks it, and recovery rolls it back at its expiry.
+    let (trace_id, _, traceparent) = callers_traceparent();
+    let body = json!({"id": "held", "from": "a", "to": "b", "amount": 5, "hold": true, "hold_expires_in": "1s"});
+    let answer = client
+        .post(format!("{}/transfers", service.base))
+        .header("traceparent", &traceparent)
+        .json(&body)
+        .send()
+        .await
+        .expect("POST /transfers");
+    assert_eq!(answer.status(), 201);
+    support::wait::eventually("the hold rolled back at its expiry", || async {
+        get_ok(&client, &service.base, "/transfers/held").await["state"] == "rolled-back"
+    })
+    .await;
+    let deadline = std::time::Instant::now() + SPANS_ARRIVE_WITHIN;
+    loop {
+        let spans = jaeger.spans(&trace_id).await;
+        let request = spans.iter().find(|s| s.name == "POST /transfers");
+        let recovered = spans.iter().find(|s| {
+            s.name.starts_with("transfer ") && s.tag("recovered").as_deref() == Some("true")
+        });
+        let rolled_back = spans.iter().find(|s| s.name == "rolled-back");
+        if let (Some(request), Some(recovered), Some(rolled_back)) =
+            (request, recovered, rolled_back)
+        {
+            assert!(
+                descends_from(&spans, recovered, request),
+                "recovery's run under the request"
+            );
+            assert!(
+                descends_from(&spans, rolled_back, recovered),
+                "its steps under recovery's run"
+            );
+            assert_eq!(rolled_back.tag("outcome").as_deref(), Some("ok"));
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "recovery's spans never reached the request's trace: {:#?}",
+            spans.iter().map(|s| (&s.name, &s.tags)).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collector_that_stops_costs_spans_counted_not_transfers() {
     let Some(mut jaeger) = Jaeger::start().await else {
         return;

@@ -219,8 +219,12 @@ impl Migrations {
             // fields a later step added. Both calls only ask (HEAD, GET) when the step holds,
             // so an instance without the rights to change indices still starts.
             match step.kind() {
-                MigrationStepKind::CreateIndex(_) => self.create_index_if_absent(&index, body).await?,
-                MigrationStepKind::PutMapping(_) => self.put_mapping_if_missing(&index, &body).await?,
+                MigrationStepKind::CreateIndex(_) => {
+                    self.create_index_if_absent(&index, body).await?
+                }
+                MigrationStepKind::PutMapping(_) => {
+                    self.put_mapping_if_missing(&index, &body).await?
+                }
             }
             if self.recorded(&records, migration.id).await? {
                 tracing::debug!(migration = migration.id, "migration already applied");
@@ -458,7 +462,9 @@ mod tests {
         let mut properties = serde_json::Map::new();
         for step in MIGRATIONS.iter().map(|m| m.step().unwrap()) {
             let added = match step.kind() {
-                MigrationStepKind::CreateIndex("transactions") => &step.body["mappings"]["properties"],
+                MigrationStepKind::CreateIndex("transactions") => {
+                    &step.body["mappings"]["properties"]
+                }
                 MigrationStepKind::PutMapping("transactions") => &step.body["properties"],
                 _ => continue,
             };

@@ -231,7 +231,10 @@ fn transfer_writes(
 }
 
 /// Runs `step` on `store`: the writes it made, with their versions, or the store's error.
-async fn run_step(store: &EmbeddedStore, step: WorkloadStep) -> StoreResult<Vec<(WriteOp, Version)>> {
+async fn run_step(
+    store: &EmbeddedStore,
+    step: WorkloadStep,
+) -> StoreResult<Vec<(WriteOp, Version)>> {
     match step {
         WorkloadStep::Bulk(ops) => {
             let outcomes = store.bulk(ops.clone()).await?;
