@@ -14,6 +14,8 @@
 //! batch the collector refused or did not take in time is dropped and counted too. Nothing is
 //! retried: a trace may lose spans, a transfer loses nothing.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
@@ -52,6 +54,10 @@ pub struct Traces {
     provider: SdkTracerProvider,
     closing: watch::Sender<bool>,
     export: JoinHandle<()>,
+    /// The queue's sending side, to count what a shutdown leaves in it.
+    queue: mpsc::Sender<SpanData>,
+    /// Spans of the export being sent, counted as dropped if a shutdown cuts it off.
+    sending: Arc<AtomicUsize>,
 }
 
 /// Whether the environment asks for traces, and where to.
@@ -121,29 +127,59 @@ impl Traces {
             .with_protocol(Protocol::HttpBinary)
             .build()
             .map_err(|error| format!("the OTLP exporter cannot be built: {error}"))?;
-        let (queue, queued) = mpsc::channel(QUEUE);
-        let (closing, closed) = watch::channel(false);
-        let resource = resource();
-        let export = tokio::spawn(export_loop(exporter, resource.clone(), queued, closed));
-        let provider = SdkTracerProvider::builder()
-            .with_resource(resource)
-            .with_span_processor(BoundedQueue { queue })
-            .build();
-        let tracer = provider.tracer("transfer-service");
-        Ok(Some((
-            tracer,
-            Traces {
-                provider,
-                closing,
-                export,
-            },
-        )))
+        Ok(Some(Traces::exporting_to(exporter, QUEUE)))
     }
 
-    /// Exports what is queued (for at most [`SHUTDOWN_DEADLINE`]) and stops.
+    /// Exports through `exporter` behind a queue of `capacity` spans.
+    fn exporting_to(
+        exporter: opentelemetry_otlp::SpanExporter,
+        capacity: usize,
+    ) -> (SdkTracer, Traces) {
+        let (queue, queued) = mpsc::channel(capacity);
+        let (closing, closed) = watch::channel(false);
+        let resource = resource();
+        let sending = Arc::new(AtomicUsize::new(0));
+        let export = tokio::spawn(export_loop(
+            exporter,
+            resource.clone(),
+            queued,
+            closed,
+            sending.clone(),
+        ));
+        let provider = SdkTracerProvider::builder()
+            .with_resource(resource)
+            .with_span_processor(BoundedQueue {
+                queue: queue.clone(),
+            })
+            .build();
+        let tracer = provider.tracer("transfer-service");
+        let traces = Traces {
+            provider,
+            closing,
+            export,
+            queue,
+            sending,
+        };
+        (tracer, traces)
+    }
+
+    /// Exports what is queued for at most [`SHUTDOWN_DEADLINE`] and stops; what is still
+    /// queued or being sent then (a collector that does not answer) is dropped and counted.
     pub async fn shutdown(self) {
         let _ = self.closing.send(true);
-        let _ = tokio::time::timeout(SHUTDOWN_DEADLINE, self.export).await;
+        let mut export = self.export;
+        if tokio::time::timeout(SHUTDOWN_DEADLINE, &mut export)
+            .await
+            .is_err()
+        {
+            export.abort();
+            let left = self.queue.max_capacity() - self.queue.capacity()
+                + self.sending.load(Ordering::Acquire);
+            trace_spans()
+                .dropped
+                .with_label_values(&["export_failed"])
+                .inc_by(left as u64);
+        }
         let _ = self.provider.shutdown();
     }
 }
@@ -191,6 +227,7 @@ async fn export_loop(
     resource: Resource,
     mut queued: mpsc::Receiver<SpanData>,
     mut closed: watch::Receiver<bool>,
+    sending: Arc<AtomicUsize>,
 ) {
     // The handle's `send(true)` is the only change it makes.
     exporter.set_resource(&resource);
@@ -208,7 +245,9 @@ async fn export_loop(
         batch.push(first);
         let closing = queued.is_closed();
         fill(&mut batch, &mut queued, closing).await;
+        sending.store(batch.len(), Ordering::Release);
         export(&exporter, batch).await;
+        sending.store(0, Ordering::Release);
     }
     let _ = exporter.shutdown();
 }
@@ -247,5 +286,56 @@ async fn export(exporter: &opentelemetry_otlp::SpanExporter, batch: Vec<SpanData
             .dropped
             .with_label_values(&["export_failed"])
             .inc_by(spans),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::{Span as _, Tracer as _};
+    use opentelemetry_otlp::WithExportConfig;
+
+    use super::*;
+
+    /// A collector that takes connections and never answers: every export waits until its
+    /// deadline.
+    async fn collector_that_never_answers() -> (tokio::net::TcpListener, String) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/v1/traces", listener.local_addr().unwrap());
+        (listener, url)
+    }
+
+    fn exporter(url: &str) -> opentelemetry_otlp::SpanExporter {
+        opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(Protocol::HttpBinary)
+            .with_endpoint(url)
+            .build()
+            .unwrap()
+    }
+
+    fn dropped(reason: &str) -> u64 {
+        trace_spans().dropped.with_label_values(&[reason]).get()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_collector_costs_spans_counted_never_a_wait() {
+        let (_listener, url) = collector_that_never_answers().await;
+        let (tracer, traces) = Traces::exporting_to(exporter(&url), 4);
+        let full_before = dropped("queue_full");
+        // Far more spans than the queue holds, ended while the export hangs: each `end`
+        // returns at once, and what does not fit is dropped and counted.
+        let started = std::time::Instant::now();
+        for n in 0..100 {
+            tracer.start(format!("span {n}")).end();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "ending spans waited"
+        );
+        assert!(dropped("queue_full") - full_before >= 90);
+        // The shutdown gives up on the stalled export at its deadline, counting what it held.
+        let failed_before = dropped("export_failed");
+        traces.shutdown().await;
+        assert!(dropped("export_failed") > failed_before);
     }
 }
