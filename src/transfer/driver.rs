@@ -301,9 +301,16 @@ impl Worker {
         index: usize,
         found: (&mut Option<Option<String>>, &mut Vec<String>),
     ) -> Result<(), Interrupt> {
-        let span = match leased.doc.posting(index) {
-            Some(posting) => step_span(op.step_name(), Some(posting.account)),
-            None => tracing::Span::none(),
+        // Traced only: finding the posting's account costs a multi-leg transfer its postings.
+        let span = if crate::trace_context::in_trace() {
+            leased
+                .doc
+                .posting(index)
+                .map_or_else(tracing::Span::none, |posting| {
+                    step_span(op.step_name(), Some(posting.account))
+                })
+        } else {
+            tracing::Span::none()
         };
         let done = self
             .posting_step(leased, op, index, found)

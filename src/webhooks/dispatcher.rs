@@ -569,11 +569,11 @@ impl Deliverer {
             .iter()
             .map(|event| {
                 let transfer = &event.transfer;
-                (
-                    transfer.transaction_id.clone(),
-                    event.at,
-                    transfer.traceparent.clone(),
-                )
+                // Untraced, a stored context is not even copied.
+                let trace = trace_context::is_on()
+                    .then(|| transfer.traceparent.clone())
+                    .flatten();
+                (transfer.transaction_id.clone(), event.at, trace)
             })
             .collect();
         Event::from_feed(selected)
