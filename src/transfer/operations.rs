@@ -110,11 +110,16 @@ impl Engine {
     }
 
     pub async fn get_account(&self, id: &str) -> Result<Option<AccountDoc>, ServiceError> {
-        Ok(self
-            .docs
-            .get_vouched::<AccountDoc>(id)
-            .await?
-            .map(|v| v.doc))
+        self.vouched(id).await
+    }
+
+    /// The document `id` as a client may be answered it: vouched for
+    /// ([`super::documents::Documents::get_vouched`]).
+    async fn vouched<T: super::documents::Document>(
+        &self,
+        id: &str,
+    ) -> Result<Option<T>, ServiceError> {
+        Ok(self.docs.get_vouched::<T>(id).await?.map(|v| v.doc))
     }
 
     /// Persists the transfer in `created` with a lease for a new worker, spawns that worker,
@@ -158,11 +163,7 @@ impl Engine {
     }
 
     pub async fn get_transfer(&self, id: &str) -> Result<Option<TransferDoc>, ServiceError> {
-        Ok(self
-            .docs
-            .get_vouched::<TransferDoc>(id)
-            .await?
-            .map(|v| v.doc))
+        self.vouched(id).await
     }
 
     /// The transfer as soon as it is terminal, or as it is when `wait` ends. Wakes on this

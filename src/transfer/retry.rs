@@ -46,61 +46,43 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU32, Ordering};
 
-    #[tokio::test]
-    async fn retries_retryable_errors_up_to_the_bound() {
+    /// `retry` of a request whose n-th call (from 0) answers `answer(n)`: what it returned and
+    /// how many calls it made.
+    async fn retried(
+        attempts: u32,
+        go_on: bool,
+        answer: impl Fn(u32) -> Result<i32, StoreError>,
+    ) -> (Result<i32, StoreError>, u32) {
         let calls = AtomicU32::new(0);
-        let answer: Result<(), _> = retry(
-            3,
-            || true,
-            || async {
-                calls.fetch_add(1, Ordering::SeqCst);
-                Err(StoreError::Unavailable("busy".into()))
-            },
+        let result = retry(
+            attempts,
+            || go_on,
+            || async { answer(calls.fetch_add(1, Ordering::SeqCst)) },
         )
         .await;
+        (result, calls.load(Ordering::SeqCst))
+    }
+
+    fn busy() -> StoreError {
+        StoreError::Unavailable("busy".into())
+    }
+
+    #[tokio::test]
+    async fn retries_retryable_errors_up_to_the_bound() {
+        let (answer, calls) = retried(3, true, |_| Err(busy())).await;
         assert!(answer.is_err());
-        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        assert_eq!(calls, 3);
     }
 
     #[tokio::test]
     async fn stops_at_success_permanent_errors_or_when_told() {
-        let calls = AtomicU32::new(0);
-        let answer = retry(
-            5,
-            || true,
-            || async {
-                match calls.fetch_add(1, Ordering::SeqCst) {
-                    0 => Err(StoreError::Unavailable("busy".into())),
-                    _ => Ok(7),
-                }
-            },
-        )
-        .await;
-        assert_eq!(answer, Ok(7));
-        assert_eq!(calls.load(Ordering::SeqCst), 2);
-        let calls = AtomicU32::new(0);
-        let answer: Result<(), _> = retry(
-            5,
-            || true,
-            || async {
-                calls.fetch_add(1, Ordering::SeqCst);
-                Err(StoreError::Permanent("no".into()))
-            },
-        )
-        .await;
+        let (answer, calls) = retried(5, true, |n| if n == 0 { Err(busy()) } else { Ok(7) }).await;
+        assert_eq!((answer, calls), (Ok(7), 2));
+        let (answer, calls) = retried(5, true, |_| Err(StoreError::Permanent("no".into()))).await;
         assert!(answer.is_err());
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
-        let calls = AtomicU32::new(0);
-        let _: Result<(), _> = retry(
-            5,
-            || false,
-            || async {
-                calls.fetch_add(1, Ordering::SeqCst);
-                Err(StoreError::Unavailable("busy".into()))
-            },
-        )
-        .await;
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(calls, 1);
+        let (_, calls) = retried(5, false, |_| Err(busy())).await;
+        assert_eq!(calls, 1);
     }
 
     #[test]
