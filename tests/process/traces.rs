@@ -40,21 +40,23 @@ fn traced_env(
     env
 }
 
+/// Opens each of `ids` with `balance`.
+async fn open(base: &str, ids: &[&str], balance: i64) {
+    let client = reqwest::Client::new();
+    for id in ids {
+        let body = json!({"id": id, "balance": balance});
+        let (status, answer) = post(&client, base, "/accounts", &body)
+            .await
+            .expect("open an account");
+        assert_eq!(status, 201, "{answer}");
+    }
+}
+
 /// Opens `a` and `b`, posts a transfer from `a` to `b` with a caller's `traceparent`, waits
 /// until it is finished, and returns its id, the trace id and the caller's span id.
 async fn post_traced_transfer(base: &str) -> (String, String, String) {
     let client = reqwest::Client::new();
-    for id in ["a", "b"] {
-        let (status, body) = post(
-            &client,
-            base,
-            "/accounts",
-            &json!({"id": id, "balance": 100}),
-        )
-        .await
-        .expect("open an account");
-        assert_eq!(status, 201, "{body}");
-    }
+    open(base, &["a", "b"], 100).await;
     let (trace_id, caller_span, traceparent) = callers_traceparent();
     let id = format!("traced-{trace_id}");
     let answer = client
@@ -290,17 +292,7 @@ async fn what_recovery_does_to_a_transfer_is_in_its_creating_requests_trace() {
     ];
     let service = Service::start_ready(&env).await;
     let client = reqwest::Client::new();
-    for id in ["a", "b"] {
-        let (status, _) = post(
-            &client,
-            &service.base,
-            "/accounts",
-            &json!({"id": id, "balance": 100}),
-        )
-        .await
-        .expect("open an account");
-        assert_eq!(status, 201);
-    }
+    open(&service.base, &["a", "b"], 100).await;
     // A hold left to expire: its worker parks it, and recovery rolls it back at its expiry.
     let (trace_id, _, traceparent) = callers_traceparent();
     let body = json!({"id": "held", "from": "a", "to": "b", "amount": 5, "hold": true, "hold_expires_in": "1s"});
@@ -360,17 +352,7 @@ async fn a_collector_that_stops_costs_spans_counted_not_transfers() {
     ];
     let service = Service::start_ready(&env).await;
     let client = reqwest::Client::new();
-    for id in ["acct0", "acct1"] {
-        let (status, _) = post(
-            &client,
-            &service.base,
-            "/accounts",
-            &json!({"id": id, "balance": 1000}),
-        )
-        .await
-        .expect("open an account");
-        assert_eq!(status, 201);
-    }
+    open(&service.base, &["acct0", "acct1"], 1000).await;
     let transfer =
         |n: usize| json!({"id": format!("t{n}"), "from": "acct0", "to": "acct1", "amount": 1});
     // Some with the collector up, then the collector gone, and more.
