@@ -365,6 +365,10 @@ mod tests {
             .await
         }
 
+        async fn account_entries(&self, _: &super::super::EntriesQuery) -> StoreResult<Vec<Doc>> {
+            Ok(Vec::new())
+        }
+
         async fn scan(&self, _: Index, _: Option<&str>, _: usize) -> StoreResult<ScanPage> {
             Ok(ScanPage {
                 docs: Vec::new(),

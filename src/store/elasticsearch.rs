@@ -8,6 +8,7 @@
 //! | `bulk`           | `POST /_bulk`: `create` actions, `index` actions with `if_seq_no` + `if_primary_term` |
 //! | `find_stale`     | `POST /{p}transactions/_search`, `search_after` on `(modification_time, transaction_id)` |
 //! | `list_transfers` | `POST /{p}transactions/_search`, `search_after` on `(creation_time, transaction_id)` |
+//! | `account_entries` | `POST /{p}transactions/_search`, a `range` on `entries`, sorted on `transaction_id` |
 //! | `scan`           | `POST /{p}{index}/_search`, `search_after` on `account_id` / `transaction_id` |
 //! | `ready`          | this instance migrated; `HEAD` of every index; `GET /{p}migrations/_doc/{last migration}` |
 //! | `refresh`        | `POST /{p}accounts,{p}transactions/_refresh`                    |
@@ -105,15 +106,15 @@ use elasticsearch::{BulkParts, SearchParts};
 use serde_json::{json, Value};
 use url::Url;
 
-use self::bodies::{bulk_lines, doc_of, hits_of, page_of, search_body, sort_key_of};
+use self::bodies::{bulk_lines, doc_of, entries_body, hits_of, page_of, search_body, sort_key_of};
 use self::connection::{traced, Connection};
 use self::migrations::Migrations;
 use self::reply::Reply;
 use self::shards::{Described, Growth, ShardGrowth};
 use self::vouch::Vouch;
 use super::{
-    fields, ChangesPage, ChangesQuery, Doc, FeedPosition, Index, Page, ScanPage, StaleQuery, Store,
-    StoreError, StoreResult, TransferFilter, Version, WriteOp, WriteOutcome,
+    fields, ChangesPage, ChangesQuery, Doc, EntriesQuery, FeedPosition, Index, Page, ScanPage,
+    StaleQuery, Store, StoreError, StoreResult, TransferFilter, Version, WriteOp, WriteOutcome,
 };
 
 /// What the backend reads of a `_bulk` answer: each item's status, version and error, under
@@ -517,6 +518,19 @@ impl Store for ElasticsearchStore {
         let body = search_body(clauses, should, sort, filter.after.as_ref(), filter.limit);
         self.search_transactions("list_transfers", body, filter.limit, None)
             .await
+    }
+
+    /// Near-real-time, like the listing: a range on `entries` (migration 0007,
+    /// [`entries_body`]).
+    async fn account_entries(&self, query: &EntriesQuery) -> StoreResult<Vec<Doc>> {
+        let op = "account_entries";
+        if query.limit == 0 || query.seqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let hits = self
+            .search(op, Index::Transactions, entries_body(query), None)
+            .await?;
+        hits.iter().map(|hit| doc_of(op, hit)).collect()
     }
 
     /// One realtime GET of the last migration's record: it answers both "reachable" and

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use tracing::Instrument;
 
 use super::{
-    Doc, DynStore, Index, Page, ScanPage, StaleQuery, Store, StoreError, StoreResult,
+    Doc, DynStore, EntriesQuery, Index, Page, ScanPage, StaleQuery, Store, StoreError, StoreResult,
     TransferFilter, TxnOutcome, TxnWork, Version, WriteOp, WriteOutcome,
 };
 use crate::metrics::Metrics;
@@ -213,6 +213,15 @@ impl Store for InstrumentedStore {
             "list",
             Some(Index::Transactions),
             self.inner.list_transfers(filter),
+        )
+        .await
+    }
+
+    async fn account_entries(&self, query: &EntriesQuery) -> StoreResult<Vec<Doc>> {
+        self.measured(
+            "account_entries",
+            Some(Index::Transactions),
+            self.inner.account_entries(query),
         )
         .await
     }

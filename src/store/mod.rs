@@ -302,6 +302,101 @@ pub struct TransferFilter {
     pub limit: usize,
 }
 
+/// The statement of one account (issue 48): every transfer document that files an entry of
+/// `account` whose sequence number is in `seqs`, at most `limit` of them, in no particular
+/// order (the caller sorts the entries it reads from them).
+///
+/// Entries are the strings of a transfer's `entries` ([`fields::ENTRIES`]), each
+/// `<account>/<seq>/<rest>` ([`entries`]). A document matches when *any* of its entries does,
+/// whatever else it files (entries of other accounts, other entries of this one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntriesQuery {
+    pub account: String,
+    /// From inclusive, to exclusive.
+    pub seqs: std::ops::Range<u64>,
+    pub limit: usize,
+}
+
+/// The form of an entry value, which both backends read the same way: `<account>/<seq>/<rest>`,
+/// `<account>` 1 to [`entries::ACCOUNT_MAX_LEN`] characters of `[A-Za-z0-9._:-]`, `<seq>`
+/// exactly 20 decimal digits (a zero-padded `u64`), `<rest>` opaque to the stores.
+///
+/// Why a range of strings finds exactly one account's entries (Elasticsearch's query on the
+/// keyword field, `docs/elasticsearch.md` §8): `"<account>/<from:020>" <= value <
+/// "<account>/<to:020>"` holds for `<account>/<seq>/...` exactly when `from <= seq < to`
+/// (20 digits sort as numbers). No value of another account falls in the range: a string
+/// between two strings that start with `<account>/` starts with it too, and an account id
+/// holds no `/`, so the value's account is `<account>` itself (`tests/store/backends.rs`
+/// checks accounts like `a`, `a.b`, `a-b`, `a0`, `a:b`, `ab`). The embedded store parses the
+/// values instead ([`entries::parse`]) and keys its index on `(account, seq)`; both agree on
+/// well-formed values (a malformed one, which the engine never writes, the embedded store
+/// skips while a range may match it).
+pub mod entries {
+    /// The longest account id an entry names.
+    pub const ACCOUNT_MAX_LEN: usize = 128;
+    /// The digits of an entry's sequence number.
+    pub const SEQ_DIGITS: usize = 20;
+
+    /// `<account>/<seq as 20 digits>`: the start of every entry of `account` at `seq`, and the
+    /// bound of a range of them.
+    pub fn bound(account: &str, seq: u64) -> String {
+        format!("{account}/{seq:020}")
+    }
+
+    /// The account and sequence number of a well-formed entry value; `None` for any other
+    /// string (a store skips it rather than fail the document's write).
+    pub fn parse(value: &str) -> Option<(&str, u64)> {
+        let (account, tail) = value.split_once('/')?;
+        let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-');
+        if account.is_empty() || account.len() > ACCOUNT_MAX_LEN || !account.chars().all(valid) {
+            return None;
+        }
+        let digits = tail.get(..SEQ_DIGITS)?;
+        if !digits.bytes().all(|b| b.is_ascii_digit())
+            || tail.as_bytes().get(SEQ_DIGITS) != Some(&b'/')
+        {
+            return None;
+        }
+        Some((account, digits.parse().ok()?))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn an_entry_value_reads_as_its_account_and_seq() {
+            let at = |seq: u64| format!("{}/1764371234567/-100/900/d", bound("a:b-c.d_e", seq));
+            assert_eq!(parse(&at(7)), Some(("a:b-c.d_e", 7)));
+            assert_eq!(parse(&at(u64::MAX)), Some(("a:b-c.d_e", u64::MAX)));
+            // The bound of a range is an entry's start: 20 digits after the account.
+            assert_eq!(bound("a", 12), "a/00000000000000000012");
+        }
+
+        #[test]
+        fn a_malformed_entry_value_reads_as_nothing() {
+            let long = "x".repeat(ACCOUNT_MAX_LEN + 1);
+            for value in [
+                "",
+                "a",
+                "/00000000000000000001/x",
+                "a/1/x",
+                "a/0000000000000000001/x",
+                "a/000000000000000000001/x",
+                "a/00000000000000000001",
+                "a/0000000000000000000x/x",
+                "a b/00000000000000000001/x",
+                "é/00000000000000000001/x",
+                "a/0000000000000000000é/x",
+                "a/99999999999999999999/x",
+                &format!("{long}/00000000000000000001/x"),
+            ] {
+                assert_eq!(parse(value), None, "{value:?}");
+            }
+        }
+    }
+}
+
 /// A position in the change feed (`docs/design.md §11`): where a reader has read up to.
 /// Each backend has its own kind; [`Store::changes`] refuses the other kind.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -362,7 +457,7 @@ pub struct Page {
 
 /// The single-document operations the protocol needs, with Elasticsearch's semantics.
 ///
-/// Searches (`find_stale`, `list_transfers`) are near-real-time on Elasticsearch: a write may
+/// Searches (`find_stale`, `list_transfers`, `account_entries`) are near-real-time on Elasticsearch: a write may
 /// take up to the refresh interval to show. Never decide on a search hit; `get` it first.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -394,6 +489,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// The API's listing; see [`TransferFilter`].
     async fn list_transfers(&self, filter: &TransferFilter) -> StoreResult<Page>;
+
+    /// The transfer documents filing entries of one account in a range of sequence numbers;
+    /// see [`EntriesQuery`]. Near-real-time on Elasticsearch (a write may take up to the
+    /// refresh interval to show, as for the listing); realtime on the embedded store.
+    async fn account_entries(&self, query: &EntriesQuery) -> StoreResult<Vec<Doc>>;
 
     /// Reachable and migrated: what `/readyz` reports.
     async fn ready(&self) -> StoreResult<()>;
@@ -513,6 +613,9 @@ pub trait Forwarding: Send + Sync + 'static {
     async fn list_transfers(&self, filter: &TransferFilter) -> StoreResult<Page> {
         self.inner().list_transfers(filter).await
     }
+    async fn account_entries(&self, query: &EntriesQuery) -> StoreResult<Vec<Doc>> {
+        self.inner().account_entries(query).await
+    }
     async fn ready(&self) -> StoreResult<()> {
         self.inner().ready().await
     }
@@ -558,6 +661,9 @@ impl<T: Forwarding> Store for T {
     }
     async fn list_transfers(&self, filter: &TransferFilter) -> StoreResult<Page> {
         Forwarding::list_transfers(self, filter).await
+    }
+    async fn account_entries(&self, query: &EntriesQuery) -> StoreResult<Vec<Doc>> {
+        Forwarding::account_entries(self, query).await
     }
     async fn ready(&self) -> StoreResult<()> {
         Forwarding::ready(self).await
@@ -625,4 +731,9 @@ pub mod fields {
     /// migration `0005_transactions_accounts`; the listing by account is a `term` on it or on
     /// either party.
     pub const ACCOUNTS: &str = "accounts";
+    /// The account entries a transfer files (a string array, absent on transfers written
+    /// before statements), each `<account>/<seq>/<rest>` ([`super::entries`]). Mapped as a
+    /// keyword by migration `0007_transactions_entries`; [`super::Store::account_entries`]
+    /// is a `range` on it.
+    pub const ENTRIES: &str = "entries";
 }

@@ -10,8 +10,8 @@ use transfer_service::time::format_millis;
 
 use serde_json::{json, Value};
 use transfer_service::store::{
-    ChangesQuery, DynStore, FeedPosition, Index, Page, SortKey, Source, StaleQuery, Store,
-    StoreError, TransferFilter, TxnOutcome, Version, WriteOp, WriteOutcome,
+    entries, ChangesQuery, DynStore, EntriesQuery, FeedPosition, Index, Page, SortKey, Source,
+    StaleQuery, Store, StoreError, TransferFilter, TxnOutcome, Version, WriteOp, WriteOutcome,
 };
 
 use crate::support::stores::{self, create_op, replace_op};
@@ -85,6 +85,51 @@ fn listing(
         after,
         limit,
     }
+}
+
+/// The entries a transfer files, `(account, seq)` each.
+type Filed<'a> = &'a [(&'a str, u64)];
+
+/// A transfer filing `filed` as its `entries`, or no `entries` at all where `filed` is `None`.
+fn filing(id: &str, created: i64, filed: Option<Filed<'_>>) -> Value {
+    let mut doc = transfer(id, "finished", "x", "y", created, created);
+    if let Some(filed) = filed {
+        let values: Vec<String> = filed
+            .iter()
+            .map(|&(account, seq)| {
+                format!("{}/1764371234567/-100/900/d", entries::bound(account, seq))
+            })
+            .collect();
+        doc["entries"] = json!(values);
+    }
+    doc
+}
+
+/// The ids of the transfers filing entries of `account` in `seqs`, at most `limit`, sorted
+/// (the store answers them in no particular order). Each must be what a `get` answers.
+async fn filing_ids(
+    s: &dyn Store,
+    account: &str,
+    seqs: std::ops::Range<u64>,
+    limit: usize,
+) -> Vec<String> {
+    let query = EntriesQuery {
+        account: account.to_owned(),
+        seqs,
+        limit,
+    };
+    let docs = s.account_entries(&query).await.unwrap();
+    assert!(docs.len() <= limit, "{query:?}: {docs:?}");
+    for doc in &docs {
+        let got = s.get(Index::Transactions, &doc.id).await.unwrap();
+        assert_eq!(Some(doc), got.as_ref(), "{query:?}");
+    }
+    let mut ids: Vec<String> = docs.into_iter().map(|d| d.id).collect();
+    ids.sort();
+    let len = ids.len();
+    ids.dedup();
+    assert_eq!(ids.len(), len, "{query:?}: a transfer answered twice");
+    ids
 }
 
 /// Asserts what each listing (`account`, `state`, ids wanted in order) shows on one page of
@@ -885,6 +930,124 @@ mod suite {
         assert_eq!(counter.source, json!({"n": 40}));
     }
 
+    pub async fn account_entries_find_the_transfers_of_one_account_in_a_range_of_seqs(
+        s: &dyn Store,
+    ) {
+        let all = 0..u64::MAX;
+        let docs: [(&str, Option<Filed<'_>>); 6] = [
+            // Two accounts, and two entries of one of them.
+            ("t1", Some(&[("a", 1), ("a.b", 1), ("a", 2)])),
+            ("t2", Some(&[("a0", 1), ("a", 3)])),
+            // Accounts whose ids start with `a`, on both sides of `/` in byte order.
+            ("t3", Some(&[("ab", 1), ("a-b", 1), ("a:b", 1), ("a", 5)])),
+            ("t4", None),
+            ("t5", Some(&[("a", 4)])),
+            ("t6", Some(&[])),
+        ];
+        let ops = docs
+            .iter()
+            .enumerate()
+            .map(|(i, &(id, filed))| {
+                create_op(Index::Transactions, id, filing(id, i as i64, filed))
+            })
+            .collect();
+        for item in s.bulk(ops).await.unwrap() {
+            written(item.unwrap());
+        }
+        s.refresh().await.unwrap();
+        let find =
+            |account: &'static str, seqs: std::ops::Range<u64>| filing_ids(s, account, seqs, 10);
+        // From inclusive, to exclusive.
+        assert_eq!(find("a", 1..2).await, ["t1"]);
+        assert_eq!(find("a", 2..4).await, ["t1", "t2"]);
+        assert_eq!(find("a", 3..5).await, ["t2", "t5"]);
+        assert_eq!(find("a", 5..6).await, ["t3"]);
+        assert_eq!(find("a", 6..1_000).await, Vec::<String>::new());
+        assert_eq!(find("a", 4..4).await, Vec::<String>::new());
+        assert_eq!(find("a", all.clone()).await, ["t1", "t2", "t3", "t5"]);
+        // Each account's own entries only, whatever ids start alike.
+        for (account, want) in [
+            ("a.b", "t1"),
+            ("a0", "t2"),
+            ("ab", "t3"),
+            ("a-b", "t3"),
+            ("a:b", "t3"),
+        ] {
+            assert_eq!(find(account, all.clone()).await, [want], "{account}");
+            assert_eq!(find(account, 1..2).await, [want], "{account}");
+            assert_eq!(
+                find(account, 2..10).await,
+                Vec::<String>::new(),
+                "{account}"
+            );
+        }
+        for account in ["b", "a.", "a/", "A", "a.b.c"] {
+            assert_eq!(
+                find(account, all.clone()).await,
+                Vec::<String>::new(),
+                "{account}"
+            );
+        }
+        // At most `limit`, each once, whatever the number of entries each files.
+        let some = filing_ids(s, "a", all.clone(), 2).await;
+        assert_eq!(some.len(), 2, "{some:?}");
+        assert!(some
+            .iter()
+            .all(|id| ["t1", "t2", "t3", "t5"].contains(&id.as_str())));
+        assert_eq!(filing_ids(s, "a", all, 0).await, Vec::<String>::new());
+    }
+
+    pub async fn account_entries_follow_the_writes_of_a_transfer(s: &dyn Store) {
+        let all = 0..u64::MAX;
+        let v = create_new(s, Index::Transactions, "t1", filing("t1", 1, None)).await;
+        let v2 = create_new(
+            s,
+            Index::Transactions,
+            "t2",
+            filing("t2", 2, Some(&[("a", 1)])),
+        )
+        .await;
+        s.refresh().await.unwrap();
+        assert_eq!(filing_ids(s, "a", all.clone(), 10).await, ["t2"]);
+        // A transfer without entries gains some; another one gains one more.
+        let v = replace_current(
+            s,
+            Index::Transactions,
+            "t1",
+            filing("t1", 1, Some(&[("a", 2)])),
+            v,
+        )
+        .await;
+        let v2 = replace_current(
+            s,
+            Index::Transactions,
+            "t2",
+            filing("t2", 2, Some(&[("a", 1), ("b", 1), ("a", 3)])),
+            v2,
+        )
+        .await;
+        s.refresh().await.unwrap();
+        assert_eq!(filing_ids(s, "a", 2..3, 10).await, ["t1"]);
+        assert_eq!(filing_ids(s, "a", 3..4, 10).await, ["t2"]);
+        assert_eq!(filing_ids(s, "a", 1..2, 10).await, ["t2"]);
+        assert_eq!(filing_ids(s, "b", all.clone(), 10).await, ["t2"]);
+        // A write that drops values (the engine never does) leaves them behind: only what the
+        // document files now is found.
+        replace_current(s, Index::Transactions, "t1", filing("t1", 1, None), v).await;
+        replace_current(
+            s,
+            Index::Transactions,
+            "t2",
+            filing("t2", 2, Some(&[("a", 3)])),
+            v2,
+        )
+        .await;
+        s.refresh().await.unwrap();
+        assert_eq!(filing_ids(s, "a", all.clone(), 10).await, ["t2"]);
+        assert_eq!(filing_ids(s, "a", 1..3, 10).await, Vec::<String>::new());
+        assert_eq!(filing_ids(s, "b", all, 10).await, Vec::<String>::new());
+    }
+
     pub async fn ready_answers_ok(s: &dyn Store) {
         s.ready().await.unwrap();
     }
@@ -933,6 +1096,8 @@ macro_rules! all_backends {
                 list_transfers_of_flagged_transfers_combines_with_the_other_filters,
                 list_transfers_by_metadata_combines_and_pages,
                 scan_pages_every_document_in_id_order,
+                account_entries_find_the_transfers_of_one_account_in_a_range_of_seqs,
+                account_entries_follow_the_writes_of_a_transfer,
                 changes_serve_transfers_in_the_order_of_their_latest_writes,
                 changes_stay_below_the_horizon_where_writes_are_not_ordered,
                 a_transaction_writes_all_of_its_documents_or_none,

@@ -60,6 +60,7 @@ const MIGRATION_ATTENTION: &str = include_str!("../../migrations/0003_transactio
 const MIGRATION_METADATA: &str = include_str!("../../migrations/0004_transactions_metadata.json");
 const MIGRATION_ACCOUNTS_FIELD: &str =
     include_str!("../../migrations/0005_transactions_accounts.json");
+const MIGRATION_ENTRIES: &str = include_str!("../../migrations/0007_transactions_entries.json");
 const MIGRATION_WEBHOOKS: &str = include_str!("../../migrations/0006_webhooks.json");
 
 /// The `body` of a migration file: what the backend sends to create an index or add fields.
@@ -526,6 +527,12 @@ fn create_indices() -> Vec<Step> {
             migration_body(MIGRATION_ACCOUNTS_FIELD),
         )
         .compare(ACKNOWLEDGED),
+        Step::put(
+            "map entries (migration 0007)",
+            "/${transactions}/_mapping",
+            migration_body(MIGRATION_ENTRIES),
+        )
+        .compare(ACKNOWLEDGED),
     ]
 }
 
@@ -544,6 +551,11 @@ fn account(id: &str, balance: i64) -> String {
         "modification_time": "2026-01-01T00:00:00.000Z",
     })
     .to_string()
+}
+
+/// An entry value of `account` at `seq` (`transfer_service::store::entries`).
+fn entry(account: &str, seq: u64) -> String {
+    format!("{account}/{seq:020}/1764371234567/-1/9/d")
 }
 
 /// A transfer document as the engine writes it; `extra` adds or replaces fields.
@@ -996,8 +1008,20 @@ async fn searches_with_search_after_match_elasticsearch() {
     let mut steps = create_indices();
     let t = |id, state, created, modified, extra| transfer(id, state, created, modified, extra);
     let docs = [
-        t("t1", "committed", 1_000, 9_000, json!({})),
-        t("t2", "pending", 2_000, 2_000, json!({"lease_owner": null})),
+        t(
+            "t1",
+            "committed",
+            1_000,
+            9_000,
+            json!({"entries": [entry("a", 1), entry("a.b", 1), entry("a", 2)]}),
+        ),
+        t(
+            "t2",
+            "pending",
+            2_000,
+            2_000,
+            json!({"lease_owner": null, "entries": [entry("a0", 1), entry("a", 3)]}),
+        ),
         t(
             "t3",
             "pending",
@@ -1123,6 +1147,20 @@ async fn searches_with_search_after_match_elasticsearch() {
         })
         .to_string()
     };
+    // An account's entries in a range of sequence numbers (`Store::account_entries`).
+    let entries_of = |account: &str, from: u64, to: u64| {
+        json!({
+            "size": 10,
+            "seq_no_primary_term": true,
+            "track_total_hits": false,
+            "query": {"bool": {"filter": [{"range": {"entries": {
+                "gte": format!("{account}/{from:020}"),
+                "lt": format!("{account}/{to:020}"),
+            }}}]}},
+            "sort": [{"transaction_id": "asc"}],
+        })
+        .to_string()
+    };
     steps.extend([
         Step::bulk("bulk: six transfers and three accounts", &lines),
         Step::new(
@@ -1193,6 +1231,18 @@ async fn searches_with_search_after_match_elasticsearch() {
             "the change feed's newest entry",
             "/${transactions}/_search",
             feed(1, 100_000, "desc"),
+        )
+        .compare(HITS),
+        Step::post(
+            "account entries: a range on a multi-valued keyword",
+            "/${transactions}/_search",
+            entries_of("a", 2, 4),
+        )
+        .compare(HITS),
+        Step::post(
+            "account entries: an account another one's id starts with",
+            "/${transactions}/_search",
+            entries_of("a", 0, u64::MAX),
         )
         .compare(HITS),
         Step::post("scan accounts: page 1", "/${accounts}/_search", scan(None))

@@ -123,15 +123,17 @@ async fn migrations_apply_once_when_two_instances_start_together() {
             "0003_transactions_attention",
             "0004_transactions_metadata",
             "0005_transactions_accounts",
-            "0006_webhooks"
+            "0006_webhooks",
+            "0007_transactions_entries"
         ]
     );
-    // The mapping steps ran (perhaps twice, at once): `attention` is a keyword, `metadata`
-    // flattened.
+    // The mapping steps ran (perhaps twice, at once): `attention`, `accounts` and `entries`
+    // are keywords, `metadata` flattened.
     let mapping = transactions_mapping(&emulator.url, &first).await;
     assert_eq!(mapping["attention"], json!({"type": "keyword"}));
     assert_eq!(mapping["metadata"], json!({"type": "flattened"}));
     assert_eq!(mapping["accounts"], json!({"type": "keyword"}));
+    assert_eq!(mapping["entries"], json!({"type": "keyword"}));
 
     // Both indices exist under the prefix, with the mappings of the migrations.
     for index in [Index::Accounts, Index::Transactions] {

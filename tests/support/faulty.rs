@@ -356,6 +356,15 @@ impl transfer_service::store::Forwarding for FaultyStore {
         self.check_alive()?;
         self.inner.list_transfers(filter).await
     }
+
+    async fn account_entries(
+        &self,
+        query: &transfer_service::store::EntriesQuery,
+    ) -> StoreResult<Vec<Doc>> {
+        self.check_alive()?;
+        self.inner.account_entries(query).await
+    }
+
     async fn ready(&self) -> StoreResult<()> {
         self.check_alive()?;
         self.inner.ready().await

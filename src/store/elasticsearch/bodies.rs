@@ -7,7 +7,9 @@ use serde_json::{json, Map, Value};
 
 use super::connection::Connection;
 use super::reply;
-use crate::store::{Doc, Page, SortKey, Source, StoreError, StoreResult, WriteOp};
+use crate::store::{
+    entries, fields, Doc, EntriesQuery, Page, SortKey, Source, StoreError, StoreResult, WriteOp,
+};
 
 /// The action line of one bulk write: `{"create": {..}}` or `{"index": {..}}`.
 #[derive(serde::Serialize)]
@@ -155,4 +157,42 @@ pub(super) fn search_body(
         body["search_after"] = json!([after.millis, after.id]);
     }
     body
+}
+
+/// The search body of an account's entries ([`crate::store::Store::account_entries`]): a
+/// `range` on the keyword field `entries` from `<account>/<from:020>` (inclusive) to
+/// `<account>/<to:020>` (exclusive), which holds exactly the entry values of that account in
+/// that range ([`entries`] says why). A document matches when any of its values does. Sorted
+/// on the repeated id, so that a page cut by `limit` is the same on every engine.
+pub(super) fn entries_body(query: &EntriesQuery) -> Value {
+    let range = json!({"range": {fields::ENTRIES: {
+        "gte": entries::bound(&query.account, query.seqs.start),
+        "lt": entries::bound(&query.account, query.seqs.end),
+    }}});
+    let sort = json!([{fields::ID: "asc"}]);
+    search_body(vec![range], Vec::new(), sort, None, query.limit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_entries_body_is_a_range_of_one_account_from_inclusive_to_exclusive() {
+        let query = EntriesQuery {
+            account: "a.b".into(),
+            seqs: 7..12,
+            limit: 50,
+        };
+        let body = entries_body(&query);
+        assert_eq!(
+            body["query"]["bool"]["filter"],
+            json!([{"range": {"entries": {
+                "gte": "a.b/00000000000000000007",
+                "lt": "a.b/00000000000000000012",
+            }}}])
+        );
+        assert_eq!(body["size"], 50);
+        assert_eq!(body["seq_no_primary_term"], true);
+    }
 }

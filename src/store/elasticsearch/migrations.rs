@@ -77,6 +77,7 @@ pub(super) const MIGRATIONS: &[Migration] = &[
     migration!("0004_transactions_metadata"),
     migration!("0005_transactions_accounts"),
     migration!("0006_webhooks"),
+    migration!("0007_transactions_entries"),
 ];
 
 /// The client's limit for a request that changes an index (create, put mapping), longer than
@@ -482,6 +483,8 @@ mod tests {
             fields::DEST,
             fields::ID,
             fields::ATTENTION,
+            fields::ACCOUNTS,
+            fields::ENTRIES,
         ] {
             assert_eq!(properties[field]["type"], "keyword", "{field}");
         }

@@ -57,9 +57,9 @@ use std::borrow::Cow;
 use tokio::sync::oneshot;
 
 use super::{
-    ChangesPage, ChangesQuery, Doc, FeedPosition, Index, Page, ScanPage, SortKey, Source,
-    StaleQuery, Store, StoreError, StoreResult, TransferFilter, TxnOutcome, TxnReads, TxnWork,
-    Version, WriteOp, WriteOutcome,
+    ChangesPage, ChangesQuery, Doc, EntriesQuery, FeedPosition, Index, Page, ScanPage, SortKey,
+    Source, StaleQuery, Store, StoreError, StoreResult, TransferFilter, TxnOutcome, TxnReads,
+    TxnWork, Version, WriteOp, WriteOutcome,
 };
 use crate::time::parse_millis;
 
@@ -234,8 +234,10 @@ impl EmbeddedStore {
             txn.open_table(TX_RELEASED).map_err(permanent)?;
             txn.open_table(TX_ATTENTION).map_err(permanent)?;
             txn.open_table(TX_METADATA).map_err(permanent)?;
+            txn.open_table(TX_ENTRIES).map_err(permanent)?;
             build_attention_index(&txn)?;
             build_metadata_index(&txn)?;
+            build_entries_index(&txn)?;
         }
         catch_up_creation_entries(&txn)?;
         let identity = store_id(&txn)?;
@@ -457,6 +459,11 @@ impl Store for EmbeddedStore {
     async fn list_transfers(&self, filter: &TransferFilter) -> StoreResult<Page> {
         let filter = filter.clone();
         self.search(move |db| list_blocking(db, &filter)).await
+    }
+
+    async fn account_entries(&self, query: &EntriesQuery) -> StoreResult<Vec<Doc>> {
+        let query = query.clone();
+        self.search(move |db| entries_blocking(db, &query)).await
     }
 
     async fn changes(&self, query: &ChangesQuery) -> StoreResult<ChangesPage> {

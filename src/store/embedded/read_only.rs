@@ -15,9 +15,9 @@ use async_trait::async_trait;
 use redb::ReadOnlyDatabase;
 
 use super::{
-    read_doc_of, scan_docs, storage, ChangesPage, ChangesQuery, Doc, Index, Page, ScanPage,
-    StaleQuery, Store, StoreError, StoreResult, TransferFilter, WriteOp, WriteOutcome, FILE_NAME,
-    LOG_FILE_NAME,
+    read_doc_of, scan_docs, storage, ChangesPage, ChangesQuery, Doc, EntriesQuery, Index, Page,
+    ScanPage, StaleQuery, Store, StoreError, StoreResult, TransferFilter, WriteOp, WriteOutcome,
+    FILE_NAME, LOG_FILE_NAME,
 };
 
 /// The embedded store's file, read-only: [`Store::get`] and [`Store::scan`] read it; every
@@ -159,6 +159,10 @@ impl Store for ReadOnlyEmbeddedStore {
     }
 
     async fn list_transfers(&self, _: &TransferFilter) -> StoreResult<Page> {
+        read_only("searches")
+    }
+
+    async fn account_entries(&self, _: &EntriesQuery) -> StoreResult<Vec<Doc>> {
         read_only("searches")
     }
 

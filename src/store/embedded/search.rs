@@ -24,29 +24,9 @@ pub(super) fn load_transfers(
         if out.len() == limit {
             break;
         }
-        let Some(bytes) = docs
-            .get((Index::Transactions.name(), key.id.as_str()))
-            .map_err(storage)?
-        else {
-            continue;
-        };
-        let stored = split_stored(&key.id, bytes.value());
-        let wanted = match &stored {
-            Ok((_, source)) => transfer_keys(source).map(|keys| filter(&keys)),
-            Err(error) => Err(error.clone()),
-        };
-        match wanted {
-            Ok(true) => {
-                let (seq_no, source) = stored?;
-                out.push(doc_of(&key.id, seq_no, source.into_owned()));
-                last = Some(key);
-            }
-            Ok(false) => {}
-            Err(error) => tracing::warn!(
-                transfer_id = %key.id,
-                %error,
-                "skipping a stored transfer that does not decode"
-            ),
+        if let Some(doc) = wanted_transfer(&docs, &key.id, &filter)? {
+            out.push(doc);
+            last = Some(key);
         }
     }
     let next = if out.len() == limit && limit > 0 {
@@ -55,6 +35,78 @@ pub(super) fn load_transfers(
         None
     };
     Ok(Page { docs: out, next })
+}
+
+/// The stored transfer `id` if it is there, decodes, and `filter` keeps it. One that does not
+/// decode is skipped with a warning rather than failing the search.
+fn wanted_transfer(
+    docs: &redb::ReadOnlyTable<(&'static str, &'static str), &'static [u8]>,
+    id: &str,
+    filter: impl Fn(&TransferKeys<'_>) -> bool,
+) -> StoreResult<Option<Doc>> {
+    let Some(bytes) = docs
+        .get((Index::Transactions.name(), id))
+        .map_err(storage)?
+    else {
+        return Ok(None);
+    };
+    let stored = split_stored(id, bytes.value());
+    let wanted = match &stored {
+        Ok((_, source)) => transfer_keys(source).map(|keys| filter(&keys)),
+        Err(error) => Err(error.clone()),
+    };
+    match wanted {
+        Ok(true) => {
+            let (seq_no, source) = stored?;
+            Ok(Some(doc_of(id, seq_no, source.into_owned())))
+        }
+        Ok(false) => Ok(None),
+        Err(error) => {
+            tracing::warn!(
+                transfer_id = %id,
+                %error,
+                "skipping a stored transfer that does not decode"
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// The transfers filing an entry of `q.account` in `q.seqs`, by a walk of [`TX_ENTRIES`]
+/// in `(seq, number)` order: each transfer once, at most `q.limit`. A document that does not
+/// decode is skipped with a warning (as [`load_transfers`] does), and so is one that no
+/// longer files such an entry (an entry left by an older version that rewrote the document
+/// without its entries): what is answered always holds what was asked for.
+pub(super) fn entries_blocking(db: &Database, q: &EntriesQuery) -> StoreResult<Vec<Doc>> {
+    let mut out = Vec::new();
+    if q.limit == 0 || q.seqs.is_empty() {
+        return Ok(out);
+    }
+    let txn = db.begin_read().map_err(storage)?;
+    let entries = txn.open_table(TX_ENTRIES).map_err(storage)?;
+    let ids = txn.open_table(TX_IDS).map_err(storage)?;
+    let docs = txn.open_table(DOCS).map_err(storage)?;
+    let account = q.account.as_str();
+    let range = (account, q.seqs.start, 0)..(account, q.seqs.end, 0);
+    let mut seen = std::collections::HashSet::new();
+    for entry in entries.range(range).map_err(storage)? {
+        let (key, _) = entry.map_err(storage)?;
+        let (_, _, number) = key.value();
+        if !seen.insert(number) {
+            continue;
+        }
+        let Some(id) = ids.get(number).map_err(storage)? else {
+            continue;
+        };
+        let files = |keys: &TransferKeys<'_>| keys.files_entry_in(account, &q.seqs);
+        if let Some(doc) = wanted_transfer(&docs, id.value(), files)? {
+            out.push(doc);
+            if out.len() == q.limit {
+                break;
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The keys of released transfers in the query's states that the stale range does not

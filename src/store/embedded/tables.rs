@@ -1,7 +1,10 @@
 //! The embedded store's tables: documents, the per-index sequence numbers, and the secondary
 //! indexes of transfers its searches walk, kept in the same write transaction as the documents.
 
+use std::collections::BTreeSet;
+
 use super::*;
+use crate::store::entries;
 
 /// `(index, id)` → `seq_no` (8 bytes, little endian) followed by the source, plain or
 /// compressed ([`super::at_rest`]).
@@ -79,6 +82,16 @@ pub(super) const TX_ATTENTION: TableDefinition<(i64, &str), ()> =
 pub(super) const TX_METADATA: TableDefinition<(&str, i64, &str), ()> =
     TableDefinition::new("tx_metadata");
 
+/// Account entries by `(account, seq, number)` ([`TX_IDS`]): one per well-formed value of a
+/// transfer's `entries` ([`crate::store::entries`]), the statement's range scan
+/// ([`super::search::entries_blocking`]). Moved in the transaction of every write of the
+/// transfer whose `entries` changed (values added, values gone); transfers without entries
+/// have none (and their writes never touch the table). Keyed on the number as well, not
+/// mapped to it: should two documents ever file the same `(account, seq)`, both are found
+/// (as Elasticsearch would find both), and one losing it does not take the other's.
+pub(super) const TX_ENTRIES: TableDefinition<(&str, u64, u64), ()> =
+    TableDefinition::new("tx_entries");
+
 /// The change feed (`docs/design.md §11`): `seq_no` of each transfer's latest write → its
 /// number ([`TX_IDS`]). A transfer's entry moves to its new `seq_no` in the transaction of
 /// every write (and is where a write finds the transfer's number), so the table holds one
@@ -101,6 +114,9 @@ pub(super) const NUMBERED: &str = "built:numbered";
 
 /// The key in [`META`] that says [`TX_METADATA`] holds every transfer's metadata.
 pub(super) const METADATA_BUILT: &str = "built:tx_metadata";
+
+/// The key in [`META`] that says [`TX_ENTRIES`] holds every transfer's entries.
+pub(super) const ENTRIES_BUILT: &str = "built:tx_entries";
 
 /// The entry of [`TX_METADATA`] for one pair.
 pub(super) fn metadata_entry(key: &str, value: &str) -> String {
@@ -139,6 +155,34 @@ pub(super) fn build_metadata_index(txn: &WriteTransaction) -> StoreResult<()> {
         for (k, v) in keys.metadata_pairs() {
             index
                 .insert((metadata_entry(&k, &v).as_str(), keys.created, id), ())
+                .map_err(permanent)?;
+        }
+        Ok(())
+    })
+    .map(drop)
+}
+
+/// Fills [`TX_ENTRIES`] from the stored transfers, once, as [`build_metadata_index`] does
+/// for its table and for the same reason (a newer version may have written entries into a
+/// store an older one opened since). Runs after the log's replay: a transfer's number is
+/// in its feed entry, under the `seq_no` of its latest write. Afterwards every write keeps
+/// the table up to date.
+pub(super) fn build_entries_index(txn: &WriteTransaction) -> StoreResult<()> {
+    let mut index = txn.open_table(TX_ENTRIES).map_err(permanent)?;
+    let changes = txn.open_table(TX_CHANGES).map_err(permanent)?;
+    build_once(txn, ENTRIES_BUILT, |_, seq_no, keys| {
+        let entries = keys.entry_keys();
+        if entries.is_empty() {
+            return Ok(());
+        }
+        // Without a feed entry the transfer has no number (its document did not decode when
+        // the store was numbered): its next write numbers it and files its entries.
+        let Some(number) = changes.get(seq_no).map_err(permanent)?.map(|n| n.value()) else {
+            return Ok(());
+        };
+        for (account, seq) in entries {
+            index
+                .insert((&*account, seq, number), ())
                 .map_err(permanent)?;
         }
         Ok(())
@@ -227,6 +271,7 @@ pub(super) struct Tables<'txn> {
     pub(super) released: Table<'txn, (&'static str, &'static str), ()>,
     pub(super) attention: Table<'txn, (i64, &'static str), ()>,
     pub(super) metadata: Table<'txn, (&'static str, i64, &'static str), ()>,
+    pub(super) entries: Table<'txn, (&'static str, u64, u64), ()>,
     pub(super) changes: Table<'txn, u64, u64>,
 }
 
@@ -243,6 +288,7 @@ impl<'txn> Tables<'txn> {
             released: txn.open_table(TX_RELEASED).map_err(storage)?,
             attention: txn.open_table(TX_ATTENTION).map_err(storage)?,
             metadata: txn.open_table(TX_METADATA).map_err(storage)?,
+            entries: txn.open_table(TX_ENTRIES).map_err(storage)?,
             changes: txn.open_table(TX_CHANGES).map_err(storage)?,
         })
     }
@@ -266,6 +312,9 @@ pub(super) struct TransferKeys<'a> {
     /// The raw JSON of `metadata` ([`crate::store::fields::METADATA`]), if any: parsed only
     /// when it changes or a filter asks.
     pub(super) metadata: Option<Cow<'a, str>>,
+    /// The raw JSON of `entries` ([`crate::store::fields::ENTRIES`]), if an array: parsed
+    /// only when it changes or a search reads it.
+    pub(super) entries: Option<Cow<'a, str>>,
 }
 
 impl TransferKeys<'_> {
@@ -283,6 +332,7 @@ impl TransferKeys<'_> {
             accounts: self.accounts.map(own),
             attention: self.attention,
             metadata: self.metadata.map(own),
+            entries: self.entries.map(own),
         }
     }
 }
@@ -329,6 +379,31 @@ impl TransferKeys<'_> {
             .unwrap_or_default()
     }
 
+    /// The `(account, seq)` of each well-formed entry value, once each; values that are not
+    /// strings of the entry form are skipped ([`crate::store::entries::parse`]).
+    pub(super) fn entry_keys(&self) -> BTreeSet<(Cow<'_, str>, u64)> {
+        let Some(raw) = self.entries.as_deref() else {
+            return BTreeSet::new();
+        };
+        let values: Vec<&RawValue> = serde_json::from_str(raw).unwrap_or_default();
+        values
+            .into_iter()
+            .filter_map(|value| match text_of(Some(value)) {
+                Cow::Borrowed(text) => entries::parse(text).map(|(a, seq)| (Cow::Borrowed(a), seq)),
+                Cow::Owned(text) => {
+                    entries::parse(&text).map(|(a, seq)| (Cow::Owned(a.to_owned()), seq))
+                }
+            })
+            .collect()
+    }
+
+    /// Whether the transfer files an entry of `account` with a seq in `seqs`.
+    pub(super) fn files_entry_in(&self, account: &str, seqs: &std::ops::Range<u64>) -> bool {
+        self.entry_keys()
+            .iter()
+            .any(|(a, seq)| a == account && seqs.contains(seq))
+    }
+
     /// Whether the metadata has every pair of `wanted`.
     pub(super) fn has_metadata(&self, wanted: &[(String, String)]) -> bool {
         if wanted.is_empty() {
@@ -364,6 +439,8 @@ struct IndexedFields<'a> {
     attention: Option<&'a RawValue>,
     #[serde(borrow, rename = "metadata")]
     metadata: Option<&'a RawValue>,
+    #[serde(borrow, rename = "entries")]
+    entries: Option<&'a RawValue>,
 }
 
 /// The text of a string field (borrowed unless it holds escapes); any other value reads as
@@ -402,6 +479,11 @@ pub(super) fn transfer_keys(source: &[u8]) -> StoreResult<TransferKeys<'_>> {
             .map(RawValue::get)
             .filter(|raw| raw.starts_with('{'))
             .map(Cow::Borrowed),
+        entries: indexed
+            .entries
+            .map(RawValue::get)
+            .filter(|raw| raw.starts_with('['))
+            .map(Cow::Borrowed),
     };
     // Terminal transfers have no owner either; only in-flight ones are candidates.
     keys.released = indexed.lease_owner.is_none() && keys.in_flight();
@@ -421,6 +503,9 @@ pub(super) fn update_transfer_indexes(
     let moved = MovedEntries::between(old, new);
     if moved.metadata {
         move_metadata_entries(t, id, old, new)?;
+    }
+    if moved.entries {
+        move_account_entries(t, number, old, new)?;
     }
     if let Some(old) = old {
         move_entries(t, (id, number), old, &moved, EntryOp::Remove)?;
@@ -453,6 +538,7 @@ struct MovedEntries {
     state_created: bool,
     parties: bool,
     metadata: bool,
+    entries: bool,
 }
 
 impl MovedEntries {
@@ -474,6 +560,9 @@ impl MovedEntries {
             // order, so a transfer's state writes never parse it.
             metadata: changed(|a, b| (&a.metadata, a.created) == (&b.metadata, b.created))
                 && (new.metadata.is_some() || old.is_some_and(|o| o.metadata.is_some())),
+            // As raw text too: most writes of a transfer leave its entries as they were.
+            entries: changed(|a, b| a.entries == b.entries)
+                && (new.entries.is_some() || old.is_some_and(|o| o.entries.is_some())),
         }
     }
 }
@@ -495,6 +584,30 @@ fn move_metadata_entries(
     for (k, v) in new.metadata_pairs() {
         t.metadata
             .insert((metadata_entry(&k, &v).as_str(), new.created, id), ())
+            .map_err(storage)?;
+    }
+    Ok(())
+}
+
+/// Removes the account entries of `old` (if any) that `new` no longer files and inserts
+/// those `new` adds, leaving the ones both file untouched (a write that adds an entry to a
+/// transfer inserts that one only).
+fn move_account_entries(
+    t: &mut Tables<'_>,
+    number: u64,
+    old: Option<&TransferKeys<'_>>,
+    new: &TransferKeys<'_>,
+) -> StoreResult<()> {
+    let before = old.map(TransferKeys::entry_keys).unwrap_or_default();
+    let after = new.entry_keys();
+    for (account, seq) in before.difference(&after) {
+        t.entries
+            .remove((&**account, *seq, number))
+            .map_err(storage)?;
+    }
+    for (account, seq) in after.difference(&before) {
+        t.entries
+            .insert((&**account, *seq, number), ())
             .map_err(storage)?;
     }
     Ok(())

@@ -99,6 +99,46 @@ async fn a_store_holding_metadata_without_its_index_gets_it_built_when_opened() 
     assert_eq!(entries(&store), built);
 }
 
+#[tokio::test]
+async fn a_store_holding_entries_without_their_index_gets_it_built_when_opened() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let filing = |id: &str, values: Value| {
+        let mut doc = transfer(id, "finished", 1);
+        doc[fields::ENTRIES] = values;
+        doc
+    };
+    let seq = |account: &str, n: u64| format!("{account}/{n:020}/1/-1/0/d");
+    {
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        for (id, doc) in [
+            ("t1", filing("t1", json!([seq("a", 1), seq("b", 1)]))),
+            ("t2", transfer("t2", "finished", 2)),
+            ("t3", filing("t3", json!([seq("a", 2)]))),
+        ] {
+            store
+                .create(Index::Transactions, id, doc.into())
+                .await
+                .unwrap();
+        }
+        // As a version without the table (or one that opened the store in between) left it:
+        // transfers with entries, no rows, no marker.
+        as_before_the_index(&store, TX_ENTRIES, ENTRIES_BUILT);
+    }
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(filing_entries_of(&store, "a").await, ["t1", "t3"]);
+    assert_eq!(filing_entries_of(&store, "b").await, ["t1"]);
+    let built = entry_rows(&store);
+    let row = |account: &str, n, id: &str| (account.to_owned(), n, id.to_owned());
+    assert_eq!(
+        built,
+        [row("a", 1, "t1"), row("a", 2, "t3"), row("b", 1, "t1")]
+    );
+    // Built once: opening again neither duplicates nor loses it.
+    drop(store);
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(entry_rows(&store), built);
+}
+
 /// As a version before numbers left the store: listing and feed entries by id, in tables of
 /// their own (given an entry each here, to see them go), and no transfer numbered.
 fn unnumber(store: &EmbeddedStore) {

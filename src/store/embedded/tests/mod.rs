@@ -286,6 +286,43 @@ fn index_rows(
     rows
 }
 
+/// The rows of [`TX_ENTRIES`], as `(account, seq, transfer id)`.
+fn entry_rows(store: &EmbeddedStore) -> Vec<(String, u64, String)> {
+    settle(store);
+    let txn = store.db.begin_read().unwrap();
+    let table = txn.open_table(TX_ENTRIES).unwrap();
+    let ids = txn.open_table(TX_IDS).unwrap();
+    let rows = table
+        .iter()
+        .unwrap()
+        .map(|entry| {
+            let key = entry.unwrap().0;
+            let (account, seq, number) = key.value();
+            let id = ids
+                .get(number)
+                .unwrap()
+                .expect("numbered")
+                .value()
+                .to_owned();
+            (account.to_owned(), seq, id)
+        })
+        .collect();
+    rows
+}
+
+/// The ids of the transfers [`Store::account_entries`] answers for `account`, any seq, sorted.
+async fn filing_entries_of(store: &EmbeddedStore, account: &str) -> Vec<String> {
+    let query = crate::store::EntriesQuery {
+        account: account.to_owned(),
+        seqs: 0..u64::MAX,
+        limit: 100,
+    };
+    let docs = store.account_entries(&query).await.unwrap();
+    let mut ids: Vec<String> = docs.into_iter().map(|d| d.id).collect();
+    ids.sort();
+    ids
+}
+
 /// Leaves the store as a version before the index `table` left it: the table deleted, its
 /// built marker `built` gone.
 fn as_before_the_index(store: &EmbeddedStore, table: impl redb::TableHandle, built: &str) {

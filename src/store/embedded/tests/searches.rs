@@ -1,4 +1,5 @@
-//! The searches over the secondary indexes: undecodable documents skipped, recovery entries.
+//! The searches over the secondary indexes: undecodable documents skipped, recovery entries,
+//! account entries.
 
 use super::*;
 
@@ -195,4 +196,77 @@ async fn list_all(store: &EmbeddedStore, state: &str, limit: usize) -> Vec<Strin
         }
     }
     panic!("paging does not end: {ids:?}");
+}
+
+/// A transfer `id` whose `entries` are `entries`.
+fn with_entries(id: &str, entries: Value) -> Value {
+    let mut doc = transfer(id, "finished", 1);
+    doc[fields::ENTRIES] = entries;
+    doc
+}
+
+#[tokio::test]
+async fn account_entries_skip_malformed_values_and_undecodable_documents() {
+    let (_dir, store) = open();
+    let seq = |n: u64| format!("a/{n:020}/1/-1/0/d");
+    let docs = [
+        // Values that are not entries are skipped; the write and the well-formed one stand.
+        (
+            "t1",
+            json!([42, null, {"a": 1}, "garbage", "a/1/x", "a/00000000000000000007", seq(7)]),
+        ),
+        ("t2", json!("a/00000000000000000007/not-an-array")),
+        ("t3", json!({"a": seq(8)})),
+        ("t4", json!([seq(8)])),
+        ("t5", json!([seq(9)])),
+    ];
+    for (id, entries) in docs {
+        let written = store
+            .create(Index::Transactions, id, with_entries(id, entries).into())
+            .await
+            .unwrap();
+        assert!(written.written().is_some(), "{id}: {written:?}");
+    }
+    let t = |id: &str, seq| ("a".to_owned(), seq, id.to_owned());
+    assert_eq!(entry_rows(&store), [t("t1", 7), t("t4", 8), t("t5", 9)]);
+    break_doc(&store, Index::Transactions, "t4");
+    assert_eq!(filing_entries_of(&store, "a").await, ["t1", "t5"]);
+}
+
+#[tokio::test]
+async fn a_write_moves_only_the_account_entries_that_changed() {
+    let (_dir, store) = open();
+    let seq = |account: &str, n: u64| format!("{account}/{n:020}/1/-1/0/d");
+    let v = store
+        .create(
+            Index::Transactions,
+            "t1",
+            transfer("t1", "pending", 1).into(),
+        )
+        .await
+        .unwrap();
+    assert!(entry_rows(&store).is_empty(), "no entries, no rows");
+    let mut seq_no = v.written().unwrap().seq_no;
+    for (entries, rows) in [
+        (vec![seq("a", 1), seq("b", 1)], vec![("a", 1), ("b", 1)]),
+        (
+            vec![seq("a", 1), seq("b", 1), seq("a", 2)],
+            vec![("a", 1), ("a", 2), ("b", 1)],
+        ),
+        // The same entry twice is one row.
+        (
+            vec![seq("a", 1), seq("a", 1), seq("a", 2)],
+            vec![("a", 1), ("a", 2)],
+        ),
+        (vec![], vec![]),
+    ] {
+        let doc = with_entries("t1", json!(entries));
+        let outcome = store.bulk(vec![replace("t1", doc, seq_no)]).await.unwrap();
+        seq_no = written(&outcome[0]);
+        let want: Vec<(String, u64, String)> = rows
+            .into_iter()
+            .map(|(account, n)| (account.to_owned(), n, "t1".to_owned()))
+            .collect();
+        assert_eq!(entry_rows(&store), want, "{entries:?}");
+    }
 }
