@@ -37,9 +37,10 @@ pub struct Metrics {
     pub recovery_runs_total: IntCounter,
     /// `state` = the state recovery found the transfer in.
     pub transfers_recovered_total: IntCounterVec,
-    /// `op` = get | create | replace | find_stale | list | scan | ready | refresh | vouch (a `_bulk`
-    /// counts once per item, as `create` or `replace`); `outcome` = ok | conflict | exists |
-    /// not_found | unavailable | error | denied (the store refused the credentials: 401/403).
+    /// `op` = get | create | replace | find_stale | list | account_entries | scan | ready |
+    /// refresh | vouch (a `_bulk` counts once per item, as `create` or `replace`); `outcome` =
+    /// ok | conflict | exists | not_found | unavailable | error | denied (the store refused the
+    /// credentials: 401/403).
     pub store_requests_total: IntCounterVec,
     pub store_request_duration_seconds: HistogramVec,
     /// Bytes of document sources sent in writes (`index` = accounts | transactions |
