@@ -314,6 +314,9 @@ pub struct EntriesQuery {
     pub account: String,
     /// From inclusive, to exclusive.
     pub seqs: std::ops::Range<u64>,
+    /// Documents at most (0: none). Keep it at 10,000 or below: Elasticsearch refuses a
+    /// larger page (`index.max_result_window`, `docs/elasticsearch.md` §7) as a permanent
+    /// error, where the embedded store would answer.
     pub limit: usize,
 }
 
