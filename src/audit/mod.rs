@@ -65,6 +65,7 @@ use crate::transfer::model::{AccountDoc, TransferDoc};
 
 mod checks;
 mod reader;
+mod statements;
 
 use checks::{
     check_account, check_conservation, check_currencies, check_transfer, settled_balances,
@@ -114,6 +115,9 @@ pub enum ViolationKind {
     /// A committed or finished transfer between accounts of different currencies, or in
     /// another currency than it stated: units moved that the protocol must have refused.
     CurrencyMismatch,
+    /// An account's statement has a gap, a running sum that does not add up, or a last entry
+    /// that is not its balance (`docs/design.md §12`).
+    StatementMismatch,
 }
 
 impl ViolationKind {
@@ -127,6 +131,7 @@ impl ViolationKind {
                 | ViolationKind::PendingNotInFlight
                 | ViolationKind::PendingUnknown
                 | ViolationKind::MissingAccount
+                | ViolationKind::StatementMismatch
         )
     }
 }
@@ -234,7 +239,9 @@ pub async fn audit(store: &dyn Store, stuck_after_millis: i64) -> StoreResult<Au
 
     // Conservation needs every balance and every in-flight amount: `None` once one is missing.
     let mut in_flight_delta = accounts.unreadable.is_empty().then_some(0);
+    let filed = statements::filed_entries(transfers.docs.values());
     for (id, a) in &accounts.docs {
+        statements::check_statement(&mut report, id, a, filed.get(id));
         let listed = check_account(&mut report, id, a, &settled, &transfers);
         in_flight_delta = in_flight_delta
             .zip(listed)

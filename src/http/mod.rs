@@ -11,6 +11,7 @@ pub mod events;
 pub mod health;
 pub mod idempotency;
 pub mod openapi;
+pub mod statements;
 pub mod transfers;
 
 use std::collections::HashMap;
@@ -76,6 +77,7 @@ pub fn router(state: AppState) -> Router {
 pub fn router_with_timeout(state: AppState, request_timeout: Duration) -> Router {
     Router::new()
         .merge(accounts::router())
+        .merge(statements::router())
         .merge(transfers::router())
         .merge(batch::router())
         .merge(events::router())

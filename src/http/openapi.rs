@@ -400,6 +400,7 @@ impl Modify for EventTypes {
     ),
     paths(
         super::accounts::create_account, super::accounts::get_account,
+        super::statements::list_entries, super::statements::balance_at,
         super::transfers::create_transfer, super::batch::create_batch,
         super::transfers::list_transfers,
         super::transfers::get_transfer, super::transfers::cancel_transfer,

@@ -52,6 +52,11 @@ pub struct StepRequest {
     /// A remove: the mark the commit recorded. An undo: the entry to give back, or `None`
     /// for any ([`AccountStep::mark`]). An apply: unused; each decision makes its own.
     pub mark: Option<String>,
+    /// The transfer is a hold ([`AccountStep::hold`]).
+    pub hold: bool,
+    /// A settle or undo: what the transfer's written document filed of this account's
+    /// entries ([`AccountStep::filed`]).
+    pub filed: Vec<u64>,
 }
 
 /// The marks of this process's apply decisions (`AccountDoc::pending_marks`,
@@ -109,6 +114,9 @@ pub struct Observed {
     /// A settle found a late apply of the transfer and gave it back
     /// ([`AccountDecision::UndoLate`]).
     pub undid_late_apply: bool,
+    /// An apply done (now or before): the entries the transfer's next write files
+    /// ([`super::entries::to_file`]).
+    pub to_file: Vec<String>,
 }
 
 /// A step's result and what it saw.
@@ -495,6 +503,8 @@ fn decide_steps<'a>(
                 op: r.op,
                 currency: r.currency.as_deref(),
                 mark: new_mark.as_deref().or(r.mark.as_deref()),
+                hold: r.hold,
+                filed: &r.filed,
             };
             let mut seen = Observed::default();
             let result = match decide_account(&current, step, &now, retention) {
@@ -516,6 +526,7 @@ fn decide_steps<'a>(
             };
             if r.op == AccountOp::Apply {
                 seen.mark = current.pending_mark(&r.transfer_id).map(str::to_owned);
+                seen.to_file = super::entries::to_file(&current, &r.transfer_id);
                 // Only the first account's apply is asked for it (cloned only when there is one).
                 seen.currency = r
                     .report_currency

@@ -10,6 +10,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use super::accounts::{Observed, StepRequest, StepResult};
 use super::admission::Admitted;
+use super::entries::{file, filed_seqs};
 use super::feed::Feed;
 use super::lease::{Leased, Reread};
 use super::model::{RollbackReason, TransferDoc, TransferState};
@@ -346,10 +347,15 @@ impl Worker {
             AccountOp::Remove => leased.doc.applied_marks.get(index).cloned(),
             AccountOp::Apply | AccountOp::Undo => None,
         };
+        // A settle or undo drops from the account what the written transfer filed.
+        let filed = match op {
+            AccountOp::Apply => Vec::new(),
+            AccountOp::Remove | AccountOp::Undo => filed_seqs(&leased.doc.entries, &account),
+        };
         let observed = self
             .account_step(
                 leased,
-                (op, expected),
+                (op, expected, filed),
                 &account,
                 (side, amount, settle_amount),
                 currency,
@@ -362,6 +368,9 @@ impl Worker {
         if op == AccountOp::Apply {
             marks.resize(marks.len().max(index + 1), String::new());
             marks[index] = observed.mark.unwrap_or_default();
+            // Filed by the transfer's next write, whichever it is (commit, park,
+            // `terminating`): it is written from this document.
+            file(&mut leased.doc.entries, observed.to_file);
         }
         Ok(())
     }
@@ -386,7 +395,7 @@ impl Worker {
     async fn account_step(
         &self,
         leased: &mut Leased,
-        (op, expected): (AccountOp, Option<String>),
+        (op, expected, filed): (AccountOp, Option<String>, Vec<u64>),
         account_id: &str,
         (side, amount, settle_amount): (Side, i64, i64),
         currency: CurrencyRule,
@@ -405,6 +414,8 @@ impl Worker {
                 report_currency,
                 deadline: leased.deadline(),
                 mark: expected.clone(),
+                hold: leased.doc.is_hold(),
+                filed: filed.clone(),
             };
             let (result, observed) = self
                 .shared

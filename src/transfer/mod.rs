@@ -33,6 +33,7 @@ pub mod admission;
 pub mod clock;
 pub mod documents;
 pub mod driver;
+pub mod entries;
 pub mod feed;
 pub mod history;
 pub mod lease;
@@ -44,6 +45,7 @@ pub mod recovery;
 pub mod requests;
 pub mod retry;
 pub mod settlement;
+pub mod statements;
 pub mod sweep;
 pub mod tombstones;
 pub mod two_phase;
@@ -371,6 +373,11 @@ impl Engine {
     /// The store, for what the engine does not cover (readiness, refreshes in tests).
     pub fn store(&self) -> &DynStore {
         &self.store
+    }
+
+    /// Account statements, read from the engine's store.
+    pub fn statements(&self) -> statements::Statements {
+        statements::Statements::new(self.store.clone(), self.docs.clone())
     }
 
     pub fn clock(&self) -> &DynClock {

@@ -6,6 +6,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use super::entries::{Entry, EntryKind};
+
 pub use super::tombstones::Tombstones;
 
 /// The state of a transfer. A background worker moves it along
@@ -249,6 +251,18 @@ pub struct TransferDoc {
     /// which costs the trace its later spans, nothing else.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+    /// Account entries filed here (`<account>/<seq>/...`, [`super::entries`]): this
+    /// transfer's, and others' it carried from its accounts' `unfiled`; indexed by their
+    /// `<account>/<seq>` start, which is what a statement finds them by. Added by the writes
+    /// after the applies (commit, park, `terminating`), or all at once by a transfer settled
+    /// in one transaction; never removed. Empty (and not written) before then.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub entries: Vec<String>,
+}
+
+/// For `skip_serializing_if` on counters that start at zero.
+fn is_zero<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
 }
 
 /// `lease_owner` of a parked hold (`crate::transfer::lease::PARKED`): the hold owns its own
@@ -315,6 +329,7 @@ impl TransferDoc {
             settled_by: None,
             applied_marks: Vec::new(),
             traceparent: None,
+            entries: Vec::new(),
         }
     }
 
@@ -503,6 +518,27 @@ pub struct AccountDoc {
     /// `settled` by [`AccountDoc::upgrade`] as the document is decoded, never written.
     #[serde(default, rename = "settled_transactions", skip_serializing)]
     pub legacy_settled: Vec<Settled>,
+    /// The `seq` of the statement's first entry ([`super::entries`]): 1 for an account opened
+    /// by a version with statements; 0 on one opened before them, or rewritten since by such
+    /// a version (which drops the field), where the next entry starts a new statement.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub entry_from: u64,
+    /// The `seq` of the account's last entry (a change of its balance, [`super::entries`]);
+    /// `entry_from − 1` before the first. Written only by [`AccountDoc::record_entry`].
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub entry_seq: u64,
+    /// When the last entry was made (epoch milliseconds): the next is never stamped earlier,
+    /// whatever the clock of the instance that makes it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub entry_at: i64,
+    /// The entry each apply of `pending_transactions` made (same order), kept until its
+    /// transfer has filed it (`""`: the apply changed nothing, or predates statements).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_entries: Vec<String>,
+    /// Entries no transfer document is known to have filed yet: a settle's give-back, an
+    /// undo, a late apply given back ([`super::entries`] says who files and who drops them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unfiled: Vec<String>,
     pub creation_time: String,
     pub modification_time: String,
 }
@@ -521,12 +557,97 @@ impl AccountDoc {
         }
     }
 
-    /// Records `transfer_id` as applied (pending) at `at_millis` by the apply marked `mark`.
-    pub fn add_pending(&mut self, transfer_id: &str, at_millis: i64, mark: &str) {
+    /// Records `transfer_id` as applied (pending) at `at_millis` by the apply marked `mark`,
+    /// with the entry the apply made, if it moved the balance.
+    pub fn add_pending(
+        &mut self,
+        transfer_id: &str,
+        at_millis: i64,
+        mark: &str,
+        entry: Option<&Entry>,
+    ) {
         self.align_pending_times();
         self.pending_transactions.push(transfer_id.to_owned());
         self.pending_applied_at.push(at_millis);
         self.pending_marks.push(mark.to_owned());
+        self.pending_entries
+            .push(entry.map(Entry::encode_pending).unwrap_or_default());
+    }
+
+    /// The next entry of the account, made by the write that has just moved its balance by
+    /// `amount` (so `balance` is the balance after): numbered one past the last, stamped no
+    /// earlier than it.
+    pub fn record_entry(
+        &mut self,
+        now_millis: i64,
+        amount: i64,
+        kind: EntryKind,
+        transfer_id: &str,
+    ) -> Entry {
+        if self.entry_from == 0 {
+            // A statement starts here, numbered above every entry the account may have had
+            // before an older version rewrote it: from the time, 2^20 numbers a millisecond.
+            self.entry_from = (now_millis.max(1) as u64) << 20;
+            self.entry_seq = self.entry_from - 1;
+        }
+        self.entry_seq += 1;
+        self.entry_at = self.entry_at.max(now_millis);
+        Entry {
+            seq: self.entry_seq,
+            at: self.entry_at,
+            amount,
+            balance_after: self.balance,
+            kind,
+            transfer_id: transfer_id.to_owned(),
+        }
+    }
+
+    /// The `seq`s of the account's statement: from its first entry to its last (empty before
+    /// the first).
+    pub fn statement_seqs(&self) -> std::ops::Range<u64> {
+        match self.entry_from {
+            0 => 0..0,
+            from => from..self.entry_seq + 1,
+        }
+    }
+
+    /// The entry of `transfer_id`'s pending apply, if it made one.
+    pub fn pending_entry(&self, transfer_id: &str) -> Option<Entry> {
+        let i = self
+            .pending_transactions
+            .iter()
+            .position(|id| id == transfer_id)?;
+        Entry::decode_kept(self.pending_entries.get(i)?, transfer_id)
+    }
+
+    /// Keeps `entry` until a transfer files it.
+    pub fn keep_unfiled(&mut self, entry: &Entry) {
+        self.unfiled.push(entry.encode_unfiled());
+    }
+
+    /// Drops the entries (pending or unfiled) whose `seq` a written transfer document has
+    /// filed.
+    pub fn drop_filed(&mut self, filed: &[u64]) {
+        if filed.is_empty() {
+            return;
+        }
+        self.unfiled.retain(|text| {
+            Entry::decode_kept(text, "").is_none_or(|entry| !filed.contains(&entry.seq))
+        });
+    }
+
+    /// Every entry kept on the account: the pending applies' and the unfiled ones.
+    pub fn kept_entries(&self) -> Vec<Entry> {
+        let pending = self
+            .pending_transactions
+            .iter()
+            .zip(&self.pending_entries)
+            .filter_map(|(id, text)| Entry::decode_kept(text, id));
+        let unfiled = self
+            .unfiled
+            .iter()
+            .filter_map(|text| Entry::decode_kept(text, ""));
+        pending.chain(unfiled).collect()
     }
 
     /// The mark of `transfer_id`'s pending entry (`""` for an entry from before marks), or
@@ -539,18 +660,18 @@ impl AccountDoc {
         Some(self.pending_marks.get(i).map_or("", String::as_str))
     }
 
-    /// Forgets the pending entry of `transfer_id`, if any.
-    pub fn remove_pending(&mut self, transfer_id: &str) {
+    /// Forgets the pending entry of `transfer_id`, if any; answers the balance entry its apply
+    /// made, for the caller to drop (filed) or keep ([`AccountDoc::keep_unfiled`]).
+    pub fn remove_pending(&mut self, transfer_id: &str) -> Option<Entry> {
         self.align_pending_times();
-        if let Some(i) = self
+        let i = self
             .pending_transactions
             .iter()
-            .position(|id| id == transfer_id)
-        {
-            self.pending_transactions.remove(i);
-            self.pending_applied_at.remove(i);
-            self.pending_marks.remove(i);
-        }
+            .position(|id| id == transfer_id)?;
+        self.pending_transactions.remove(i);
+        self.pending_applied_at.remove(i);
+        self.pending_marks.remove(i);
+        Entry::decode_kept(&self.pending_entries.remove(i), transfer_id)
     }
 
     /// Each pending id with when it was applied (0 when a document predates the times).
@@ -567,6 +688,7 @@ impl AccountDoc {
         let n = self.pending_transactions.len();
         self.pending_applied_at.resize(n, 0);
         self.pending_marks.resize(n, String::new());
+        self.pending_entries.resize(n, String::new());
     }
 
     /// What a debit may take: the balance less uncommitted credits and the floor (in i128,

@@ -296,8 +296,8 @@ fn decide(
     if let Some(settlement) = unless_as_expected(txn, &transfer, start) {
         return settlement;
     }
-    let changed = match apply_postings(txn, &transfer, now, retention) {
-        Ok(changed) => changed,
+    let (changed, filed) = match apply_postings(txn, &transfer, now, retention) {
+        Ok(applied) => applied,
         Err(NotApplied::Refused(reason, failed)) => {
             return roll_back(txn, transfer, start, now, reason, failed)
         }
@@ -307,6 +307,7 @@ fn decide(
         return Decided::TwoPhase;
     };
     seal_terminal(&mut next, now);
+    next.entries = filed;
     let queued = write_transfer(txn, &next, start, &FINISH).and_then(|()| {
         changed
             .iter()
@@ -357,8 +358,9 @@ fn apply_postings(
     transfer: &TransferDoc,
     now: &Now,
     retention: Retention,
-) -> Result<Vec<Versioned<AccountDoc>>, NotApplied> {
+) -> Result<(Vec<Versioned<AccountDoc>>, Vec<String>), NotApplied> {
     let mut changed: Vec<Versioned<AccountDoc>> = Vec::with_capacity(2);
+    let mut filed = Vec::with_capacity(2);
     let mut first_currency = None;
     // What the decision moves, summed over its accounts: zero, or units were made or lost.
     let mut moved = 0i128;
@@ -378,9 +380,14 @@ fn apply_postings(
             op: AccountOp::Apply,
             currency: currency.as_deref(),
             mark: None,
+            hold: false,
+            filed: &[],
         };
         match settle_at_once(&account.doc, step, now, retention) {
-            Ok(next) => {
+            Ok((next, entry)) => {
+                if let Some(entry) = entry {
+                    filed.push(entry.encode_filed(posting.account, &transfer.transaction_id));
+                }
                 if index == 0 {
                     first_currency = Some(next.currency.clone());
                 }
@@ -401,7 +408,7 @@ fn apply_postings(
         "{}: a settlement created or destroyed units",
         transfer.transaction_id
     );
-    Ok(changed)
+    Ok((changed, filed))
 }
 
 /// A new transfer's id is taken: by our own earlier attempt when the stored transfer

@@ -30,6 +30,7 @@
 //!   age out: an apply for such an id is refused. No new ones are written.
 
 pub use super::clock::Now;
+use super::entries::{Entry, EntryKind};
 use super::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
 
 /// Which account of the transfer a step touches.
@@ -398,6 +399,12 @@ pub struct AccountStep<'a> {
     /// (rollback 2/3); `Some` gives back only the entry with that mark, and writes nothing
     /// if it is gone (the late-apply sweep, undoing the entry it saw).
     pub mark: Option<&'a str>,
+    /// Whether the transfer is a hold: its entries say `hold` and `release`
+    /// ([`EntryKind`]).
+    pub hold: bool,
+    /// A settle or undo: the `seq`s of this account's entries that the transfer's written
+    /// document has filed, which the account then drops ([`super::entries`]).
+    pub filed: &'a [u64],
 }
 
 /// Decides one account step.
@@ -415,7 +422,15 @@ pub fn decide_account(
         op,
         currency,
         mark,
+        hold,
+        filed,
     } = step;
+    let entries = Entries {
+        now_millis: now.millis,
+        hold,
+        filed,
+        transfer_id,
+    };
     let pending = is_pending(account, transfer_id);
     let settled = account.settled.contains(transfer_id);
     let change = Change::of(side, amount);
@@ -434,24 +449,24 @@ pub fn decide_account(
             (transfer_id, mark.unwrap_or("")),
             change,
             currency,
-            (now.millis, retention),
+            (entries, retention),
         ),
         AccountOp::Remove if !pending => return AccountDecision::AlreadyDone,
         AccountOp::Remove if is_late(account, transfer_id, mark) => {
-            undo(account, transfer_id, change, true)
+            undo(account, change, true, entries)
         }
         AccountOp::Remove => remove(
             account,
-            transfer_id,
             change,
             side.delta(amount) as i128 - side.delta(settle_amount) as i128,
+            entries,
         ),
         // A tombstone of a version before marks: that version's undo was done.
         AccountOp::Undo if !pending && settled => return AccountDecision::AlreadyDone,
         AccountOp::Undo if mark.is_some_and(|m| account.pending_mark(transfer_id) != Some(m)) => {
             return AccountDecision::AlreadyDone
         }
-        AccountOp::Undo => undo(account, transfer_id, change, pending),
+        AccountOp::Undo => undo(account, change, pending, entries),
     };
     match decided {
         Ok(mut next) => {
@@ -507,14 +522,42 @@ fn is_pending(account: &AccountDoc, transfer_id: &str) -> bool {
         .any(|id| id == transfer_id)
 }
 
-/// Core steps 2/3: add the delta, remember the id as pending with its `mark`.
+/// What a step needs to keep the account's entries ([`super::entries`]).
+#[derive(Debug, Clone, Copy)]
+struct Entries<'a> {
+    now_millis: i64,
+    hold: bool,
+    filed: &'a [u64],
+    transfer_id: &'a str,
+}
+
+impl Entries<'_> {
+    /// The entry of a write that has just moved `next`'s balance by `amount`, if it did.
+    fn record(&self, next: &mut AccountDoc, amount: i64, kind: EntryKind) -> Option<Entry> {
+        (amount != 0).then(|| next.record_entry(self.now_millis, amount, kind, self.transfer_id))
+    }
+
+    /// Where the entry of the apply a settle or undo removes goes: dropped if the transfer
+    /// filed it, else kept until someone does; and what the transfer filed of the account's
+    /// unfiled entries, dropped.
+    fn settle_applied(&self, next: &mut AccountDoc, applied: Option<Entry>) {
+        if let Some(applied) = applied.filter(|e| !self.filed.contains(&e.seq)) {
+            next.keep_unfiled(&applied);
+        }
+        next.drop_filed(self.filed);
+    }
+}
+
+/// Core steps 2/3: add the delta, remember the id as pending with its `mark` and the entry
+/// the apply made.
 fn apply(
     account: &AccountDoc,
     (transfer_id, mark): (&str, &str),
     change: Change,
     currency: CurrencyRule<&str>,
-    (now_millis, retention): (i64, Retention),
+    (entries, retention): (Entries<'_>, Retention),
 ) -> Result<AccountDoc, Refusal> {
+    let now_millis = entries.now_millis;
     let entry_room = Some((now_millis, retention));
     let (balance, pending_credits, pending_debits) =
         apply_rules(account, currency, change, entry_room)?;
@@ -522,7 +565,9 @@ fn apply(
     next.balance = balance;
     next.pending_credits = pending_credits;
     next.pending_debits = pending_debits;
-    next.add_pending(transfer_id, now_millis, mark);
+    let kind = EntryKind::of_apply(change.delta, entries.hold);
+    let entry = entries.record(&mut next, change.delta, kind);
+    next.add_pending(transfer_id, now_millis, mark, entry.as_ref());
     debug_assert_moved_by(account, &next, change);
     debug_assert!(
         !change.debits || next.available() >= 0,
@@ -602,7 +647,7 @@ pub fn settle_at_once(
     step: AccountStep<'_>,
     now: &Now,
     retention: Retention,
-) -> Result<AccountDoc, Refusal> {
+) -> Result<(AccountDoc, Option<Entry>), Refusal> {
     let id = step.transfer_id;
     if is_pending(account, id) || account.settled.contains(id) {
         return Err(Refusal::AlreadySettled);
@@ -614,8 +659,19 @@ pub fn settle_at_once(
     let mut next = account.clone();
     next.balance = balance;
     debug_assert_moved_by(account, &next, change);
+    let entries = Entries {
+        now_millis: now.millis,
+        hold: false,
+        filed: &[],
+        transfer_id: id,
+    };
+    let entry = entries.record(
+        &mut next,
+        change.delta,
+        EntryKind::of_apply(change.delta, false),
+    );
     stamp(&mut next, now, retention);
-    Ok(next)
+    Ok((next, entry))
 }
 
 /// Core steps 5/6: forget the pending entry. `give_back` is what the
@@ -625,9 +681,9 @@ pub fn settle_at_once(
 /// destination's credit was never spendable.
 fn remove(
     account: &AccountDoc,
-    transfer_id: &str,
     change: Change,
     give_back: i128,
+    entries: Entries<'_>,
 ) -> Result<AccountDoc, Refusal> {
     let mut next = account.clone();
     let balance = account.balance as i128 - give_back;
@@ -635,7 +691,13 @@ fn remove(
     // Never below zero, even on a document whose sums an older version did not keep.
     next.pending_credits = next.pending_credits.saturating_sub(change.credit).max(0);
     next.pending_debits = next.pending_debits.saturating_sub(change.debit).max(0);
-    next.remove_pending(transfer_id);
+    let applied = next.remove_pending(entries.transfer_id);
+    entries.settle_applied(&mut next, applied);
+    // `give_back` fits an i64: the balance it moved did.
+    let given_back = -(give_back as i64);
+    if let Some(entry) = entries.record(&mut next, given_back, EntryKind::Release) {
+        next.keep_unfiled(&entry);
+    }
     Ok(next)
 }
 
@@ -643,11 +705,13 @@ fn remove(
 /// way (the caller stamps it).
 fn undo(
     account: &AccountDoc,
-    transfer_id: &str,
     change: Change,
     pending: bool,
+    entries: Entries<'_>,
 ) -> Result<AccountDoc, Refusal> {
+    let transfer_id = entries.transfer_id;
     let mut next = account.clone();
+    next.drop_filed(entries.filed);
     if pending {
         let Some(balance) = account.balance.checked_sub(change.delta) else {
             return Err(Refusal::Overflow);
@@ -656,7 +720,12 @@ fn undo(
         // Never below zero, even on a document whose sums an older version did not keep.
         next.pending_credits = account.pending_credits.saturating_sub(change.credit).max(0);
         next.pending_debits = account.pending_debits.saturating_sub(change.debit).max(0);
-        next.remove_pending(transfer_id);
+        let applied = next.remove_pending(transfer_id);
+        entries.settle_applied(&mut next, applied);
+        let kind = EntryKind::of_undo(entries.hold);
+        if let Some(entry) = entries.record(&mut next, -change.delta, kind) {
+            next.keep_unfiled(&entry);
+        }
     }
     // Applied or not, the account is written. Not applied: a worker that stalled before its
     // apply then fails its conditional write (the version moved); one that reads the

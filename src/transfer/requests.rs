@@ -89,6 +89,11 @@ impl NewAccount {
             pending_debits: 0,
             settled: Tombstones::default(),
             legacy_settled: Vec::new(),
+            entry_from: 1,
+            entry_seq: 0,
+            entry_at: 0,
+            pending_entries: Vec::new(),
+            unfiled: Vec::new(),
             creation_time: now.text.clone(),
             modification_time: now.text.clone(),
         }

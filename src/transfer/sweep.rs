@@ -146,6 +146,10 @@ impl Recovery {
             mark: account
                 .pending_mark(&transfer.transaction_id)
                 .map(str::to_owned),
+            hold: transfer.is_hold(),
+            // The late entry and its undo stay on the account until a later transfer
+            // there files them: this one's documents are final.
+            filed: Vec::new(),
         };
         match self.shared.accounts.run(&account.account_id, request).await {
             // Someone (another instance's sweep) undid it first.

@@ -283,6 +283,8 @@ async fn write_account_step(
         op,
         currency: CurrencyRule::Any,
         mark: None,
+        hold: false,
+        filed: &[],
     };
     match decide_account(a, step, now, retention) {
         AccountDecision::Write(next) => {

@@ -101,7 +101,7 @@ async fn a_mismatch_found_after_the_source_was_applied_is_undone_by_recovery() {
     let mut applied: AccountDoc = source.source.decode().unwrap();
     applied.balance -= 10;
     applied.pending_debits = 10;
-    applied.add_pending("t", now - 60_000, "");
+    applied.add_pending("t", now - 60_000, "", None);
     let written = store
         .replace_if(
             Index::Accounts,

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
+use transfer_service::transfer::entries::EntryKind;
 use transfer_service::transfer::lease::PARKED;
 use transfer_service::transfer::model::{AccountDoc, RollbackReason, TransferState};
 use transfer_service::transfer::operations::{Created, ServiceError};
@@ -590,7 +591,9 @@ async fn the_sweep_undoes_a_late_multi_leg_entry_by_its_net_change() {
     a.balance -= 6;
     a.pending_debits += 6;
     a.settled = Default::default();
-    a.add_pending("late", 0, "");
+    // Its entry too, as every apply makes one (`docs/design.md §12`).
+    let entry = a.record_entry(0, -6, EntryKind::Debit, "late");
+    a.add_pending("late", 0, "", Some(&entry));
     let stored = transfer_service::transfer::documents::Documents::new(w.base.clone());
     let current = stored.get::<AccountDoc>("a").await.unwrap().unwrap();
     stored.replace_if(&a, current.version).await.unwrap();

@@ -88,6 +88,12 @@ fn request_on(route: &Route, tag: &str) -> (String, Option<Value>, &'static [u16
             &[201, 200],
         ),
         ("GET", "/accounts/{id}") => ("/accounts/auth-a".into(), None, &[200]),
+        ("GET", "/accounts/{id}/entries") => ("/accounts/auth-a/entries".into(), None, &[200]),
+        ("GET", "/accounts/{id}/balance") => (
+            "/accounts/auth-a/balance?at=2100-01-01T00:00:00Z".into(),
+            None,
+            &[200],
+        ),
         ("POST", "/transfers") => (
             "/transfers".into(),
             Some(transfer(format!("one-{tag}"))),

@@ -52,5 +52,6 @@ mod observability;
 mod operator_kit;
 mod resilience;
 mod schema;
+mod statements;
 mod strict_input;
 mod webhooks;

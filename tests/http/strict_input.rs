@@ -305,7 +305,8 @@ async fn the_typos_of_the_issue_are_refused_and_move_nothing() {
 fn a_parameter_of(route: &Route) -> Option<(&'static str, &'static str)> {
     match (route.method, route.template) {
         ("GET", "/transfers/{id}" | "/transfers/batch") => Some(("wait", "0s")),
-        ("GET", "/transfers") | ("GET", "/events") => Some(("limit", "5")),
+        ("GET", "/transfers" | "/events" | "/accounts/{id}/entries") => Some(("limit", "5")),
+        ("GET", "/accounts/{id}/balance") => Some(("at", "2100-01-01T00:00:00Z")),
         _ => None,
     }
 }
@@ -320,9 +321,9 @@ struct Request {
 
 async fn request_of(app: &TestApp, route: &Route, n: usize) -> Request {
     let id = format!("q-{n}");
-    if route.template == "/accounts/{id}" {
+    if let Some(rest) = route.template.strip_prefix("/accounts/{id}") {
         return Request {
-            path: "/accounts/A".into(),
+            path: format!("/accounts/A{rest}"),
             body: None,
         };
     }

@@ -37,6 +37,8 @@ const fn route(method: &'static str, template: &'static str, access: Access) -> 
 pub const ROUTES: &[Route] = &[
     route("POST", "/accounts", Access::Write),
     route("GET", "/accounts/{id}", Access::Read),
+    route("GET", "/accounts/{id}/entries", Access::Read),
+    route("GET", "/accounts/{id}/balance", Access::Read),
     route("POST", "/transfers", Access::Write),
     route("GET", "/transfers", Access::Read),
     route("POST", "/transfers/batch", Access::Write),

@@ -29,6 +29,11 @@ fn account(balance: i64) -> AccountDoc {
         pending_debits: 0,
         settled: Tombstones::default(),
         legacy_settled: vec![],
+        entry_from: 1,
+        entry_seq: 0,
+        entry_at: 0,
+        pending_entries: Vec::new(),
+        unfiled: Vec::new(),
         creation_time: "2026-01-01T00:00:00.000Z".into(),
         modification_time: "2026-01-01T00:00:00.000Z".into(),
     }
@@ -43,6 +48,8 @@ fn step(op: AccountOp, side: Side, amount: i64) -> AccountStep<'static> {
         op,
         currency: CurrencyRule::Any,
         mark: None,
+        hold: false,
+        filed: &[],
     }
 }
 
@@ -263,6 +270,8 @@ fn a_net_debit_is_checked_against_the_floor_once() {
         op: AccountOp::Apply,
         currency: CurrencyRule::Any,
         mark: None,
+        hold: false,
+        filed: &[],
     };
     let after = write(decide_account(&account(100), step, &now(), RETAIN));
     assert_eq!(
@@ -517,6 +526,8 @@ fn uncommitted_credits_cannot_be_spent() {
         op: AccountOp::Apply,
         currency: CurrencyRule::Any,
         mark: None,
+        hold: false,
+        filed: &[],
     };
     assert_eq!(
         decide_account(&a, step, &now(), RETAIN),
@@ -550,6 +561,8 @@ fn a_credit_leaves_room_to_undo_pending_debits() {
         op: AccountOp::Apply,
         currency: CurrencyRule::Any,
         mark: None,
+        hold: false,
+        filed: &[],
     };
     assert_eq!(
         decide_account(&a, credit, &now(), RETAIN),
@@ -899,7 +912,7 @@ fn without_tombstones_nothing_is_remembered_and_nothing_is_full() {
 /// A transfer settled in one transaction (`settle_at_once`) keeps every rule of the apply and
 /// leaves neither a pending entry nor a tombstone.
 fn at_once(a: &AccountDoc, side: Side, amount: i64) -> Result<AccountDoc, Refusal> {
-    settle_at_once(a, step(AccountOp::Apply, side, amount), &now(), RETAIN)
+    settle_at_once(a, step(AccountOp::Apply, side, amount), &now(), RETAIN).map(|(next, _)| next)
 }
 
 /// `a` with another transfer (`t0`) applied by the two-phase protocol and not yet settled.
