@@ -810,9 +810,11 @@ public final class LocalCluster<N extends Closeable> {
 
     /**
      * Waits for green as {@link #waitForHealth}, asking the master every 10 s to retry the
-     * allocations that failed: a copy whose recovery failed five times during a cut (the
-     * engines' {@code index.allocation.max_retries}) is never tried again by itself, and the
-     * cluster would stay yellow (seen on OpenSearch 3.9 with three shards).
+     * allocations that failed: a copy whose allocation failed five times (the engines'
+     * {@code index.allocation.max_retries}) is never tried again by itself, and the cluster
+     * would stay yellow. On OpenSearch a copy coming back to a node fails so while that node's
+     * old copy is still held open by a search context (see the OpenSearch engine's settings);
+     * on time-out, {@link #explainNotGreen} says what the engine reports.
      */
     private void awaitGreenRetryingAllocations(int nodes, long deadline) throws Exception {
         while (true) {
@@ -827,8 +829,30 @@ public final class LocalCluster<N extends Closeable> {
                 return;
             } catch (IllegalStateException notYet) {
                 if (round >= deadline) {
+                    explainNotGreen();
                     throw notYet;
                 }
+            }
+        }
+    }
+
+    /**
+     * Writes to standard error what the engine says of a cluster that is not green: its shards,
+     * its pending tasks and the allocation explanation of the first unassigned copy.
+     */
+    private void explainNotGreen() {
+        String base;
+        try {
+            base = anyRunningUrl();
+        } catch (IllegalStateException none) {
+            return;
+        }
+        for (String path : List.of("/_cat/shards?v&h=index,shard,prirep,state,node,unassigned.reason",
+                "/_cluster/pending_tasks", "/_cluster/allocation/explain?include_yes_decisions=false")) {
+            try {
+                System.err.println("es-cluster: not green: GET " + path + "\n" + get(base, path));
+            } catch (IOException e) {
+                System.err.println("es-cluster: not green: GET " + path + ": " + e);
             }
         }
     }

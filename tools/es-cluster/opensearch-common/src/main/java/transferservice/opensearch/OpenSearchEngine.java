@@ -36,6 +36,17 @@ public abstract class OpenSearchEngine implements LocalCluster.Engine<Node> {
     @Override
     public Node build(Map<String, Object> settings) {
         Settings.Builder builder = Settings.builder();
+        // A search's reader context on a shard copy lives until its fetch or its free request
+        // comes, or until it has been idle for search.default_keep_alive (5 min), checked every
+        // search.keep_alive_interval (1 min). OpenSearch (2.19 and 3.9 alike) does not free the
+        // contexts of a shard allocated to the node again (Elasticsearch does: its
+        // elastic/elasticsearch#68539), so one whose fetch or free was lost in a cut keeps the
+        // node's old copy, and its shard lock, for up to six minutes: the copy cannot come back
+        // ("lock already held for [closing shard]") and the launcher's heal, which waits two
+        // minutes for green, failed so on OpenSearch 3.9. Idle contexts end within 35 s here.
+        // A --setting of either name overrides this (it is applied after).
+        builder.put("search.default_keep_alive", "30s");
+        builder.put("search.keep_alive_interval", "5s");
         // OpenSearch's name for the bootstrap list (the Elasticsearch name is deprecated).
         LocalCluster.apply(settings, builder::put, (key, list) -> builder.putList(
                 key.equals("cluster.initial_master_nodes") ? "cluster.initial_cluster_manager_nodes" : key, list));
