@@ -269,7 +269,7 @@ async fn create_all(
                     .take_one()
                     .expect("the batch was admitted one permit per valid item");
                 let group = *group_of_id
-                    .entry(String::from(new.id.clone()))
+                    .entry(String::from(new.id().clone()))
                     .or_insert_with(|| {
                         groups.push(Vec::new());
                         groups.len() - 1

@@ -410,7 +410,7 @@ pub(crate) fn shorten(text: &str) -> String {
 pub(crate) mod field {
     use super::body::{Fields, Integer, MetadataField, Text};
     use super::ApiError;
-    use crate::transfer::validated::{AccountId, Currency, TransferId};
+    use crate::transfer::validated::{AccountId, Currency, PositiveAmount, TransferId};
 
     /// 422 if the body gave a field its type does not have (naming it, and the field it
     /// most likely misspells), or one field twice.
@@ -489,7 +489,7 @@ pub(crate) mod field {
     }
 
     /// Units to move: a whole number from 1 to 2^63-1; absent or null: none.
-    pub fn amount(value: Option<Integer>, name: &str) -> Result<Option<i64>, ApiError> {
+    pub fn amount(value: Option<Integer>, name: &str) -> Result<Option<PositiveAmount>, ApiError> {
         let not_an_integer = |received: &str| {
             ApiError::Invalid(format!(
                 "`{name}` must be an integer from 1 to 2^63-1, such as 100 (received {received})"
@@ -497,11 +497,12 @@ pub(crate) mod field {
         };
         match value {
             None => Ok(None),
-            Some(Integer::Given(n)) if n > 0 => Ok(Some(n)),
-            Some(Integer::Given(n)) => Err(ApiError::Invalid(format!(
-                "`{name}` must be positive: a whole number of units from 1 to 2^63-1, such as \
-                 100 (received {n})"
-            ))),
+            Some(Integer::Given(n)) => PositiveAmount::new(n).map(Some).ok_or_else(|| {
+                ApiError::Invalid(format!(
+                    "`{name}` must be positive: a whole number of units from 1 to 2^63-1, such \
+                     as 100 (received {n})"
+                ))
+            }),
             Some(Integer::OtherNumber) => Err(not_an_integer(
                 "a fraction, an exponent or a number beyond 2^63-1",
             )),
@@ -509,7 +510,7 @@ pub(crate) mod field {
         }
     }
 
-    pub fn required_amount(value: Option<Integer>, name: &str) -> Result<i64, ApiError> {
+    pub fn required_amount(value: Option<Integer>, name: &str) -> Result<PositiveAmount, ApiError> {
         amount(value, name)?.ok_or_else(|| ApiError::Invalid(format!("`{name}` is required")))
     }
 

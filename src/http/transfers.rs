@@ -15,12 +15,12 @@ use super::{
     Problem, QueryParams, QuerySpec, MAX_WAIT,
 };
 use crate::store::{SortKey, TransferFilter};
-use crate::transfer::model::{Leg, TransferState};
+use crate::transfer::model::TransferState;
 use crate::transfer::operations::Created;
-use crate::transfer::requests::{Hold, Movement, NewTransfer, MAX_LEGS};
+use crate::transfer::requests::{Hold, InvalidLegs, Movement, NewLeg, NewTransfer};
 use crate::transfer::validated::{
-    text_schema, valid_id, valid_metadata_key, valid_metadata_value, HoldExpiry, TransferId,
-    METADATA_MAX_KEYS,
+    text_schema, valid_id, valid_metadata_key, valid_metadata_value, HoldExpiry, PositiveAmount,
+    TransferId, METADATA_MAX_KEYS,
 };
 use crate::transfer::view::Transfer;
 
@@ -161,7 +161,7 @@ pub async fn create_transfer(
     let key = idempotency::transfer_key(&headers)?;
     let new = new_transfer(body, key.clone())?;
     if let Some(key) = &key {
-        idempotency::check_same(&new.id, key)?;
+        idempotency::check_same(new.id(), key)?;
     }
     let created = state
         .engine
@@ -185,88 +185,104 @@ pub async fn create_transfer(
 /// The body of `POST /transfers` (one item of a batch), validated: 422 on the first invalid
 /// field. A missing id becomes `id_if_absent` (from an `Idempotency-Key`), else a new UUIDv7.
 pub(crate) fn new_transfer(
-    mut body: CreateTransfer,
+    body: CreateTransfer,
     id_if_absent: Option<TransferId>,
 ) -> Result<NewTransfer, ApiError> {
-    field::known_and_once(&body)?;
-    let id = field::transfer_id(body.id.take(), "id")?;
-    let movement = match body.legs.take() {
-        None => one_leg(body.from.take(), body.to.take(), body.amount.take())?,
-        Some(given) => {
-            let one_leg_fields = [
-                ("from", body.from.is_some()),
-                ("to", body.to.is_some()),
-                ("amount", body.amount.is_some()),
-            ];
-            if let Some((name, _)) = one_leg_fields.into_iter().find(|(_, given)| *given) {
-                return Err(ApiError::Invalid(format!(
-                    "give either `legs` or `from`, `to` and `amount`, not both (`{name}` is \
-                     there with `legs`)"
-                )));
-            }
-            legs_of(given)?
-        }
-    };
-    let currency = field::currency(body.currency, "currency")?;
-    let metadata = field::metadata(body.metadata, "metadata")?;
-    let hold = hold_fields(body.hold, body.hold_expires_in)?;
-    Ok(NewTransfer {
-        id: id.or(id_if_absent).unwrap_or_else(TransferId::fresh),
-        movement,
-        hold,
-        currency,
-        metadata,
+    let id_given = body.id.is_some();
+    let new = NewTransfer::try_from(body)?;
+    Ok(match id_if_absent {
+        Some(id) if !id_given => new.with_id(id),
+        _ => new,
     })
 }
 
-/// `from`, `to` and `amount` of a one-leg transfer.
-fn one_leg(
-    from: Option<Text>,
-    to: Option<Text>,
-    amount: Option<Integer>,
-) -> Result<Movement, ApiError> {
-    let from = field::account_id(from, "from")?;
-    let to = field::account_id(to, "to")?;
-    let amount = field::required_amount(amount, "amount")?;
-    Movement::one_leg(from, to, amount).map_err(ApiError::Invalid)
+impl TryFrom<CreateTransfer> for NewTransfer {
+    type Error = ApiError;
+
+    /// The body, each field read once into its validated value: 422 on the first invalid
+    /// field. Without an `id`, a new UUIDv7.
+    fn try_from(mut body: CreateTransfer) -> Result<Self, ApiError> {
+        field::known_and_once(&body)?;
+        let id = field::transfer_id(body.id.take(), "id")?;
+        let movement = match body.legs.take() {
+            None => {
+                let leg = CreateLeg {
+                    from: body.from.take(),
+                    to: body.to.take(),
+                    amount: body.amount.take(),
+                    ..CreateLeg::default()
+                };
+                Movement::one(NewLeg::try_from(leg)?).map_err(ApiError::Invalid)?
+            }
+            Some(given) => {
+                let one_leg_fields = [
+                    ("from", body.from.is_some()),
+                    ("to", body.to.is_some()),
+                    ("amount", body.amount.is_some()),
+                ];
+                if let Some((name, _)) = one_leg_fields.into_iter().find(|(_, given)| *given) {
+                    return Err(ApiError::Invalid(format!(
+                        "give either `legs` or `from`, `to` and `amount`, not both (`{name}` is \
+                         there with `legs`)"
+                    )));
+                }
+                legs_of(given)?
+            }
+        };
+        let currency = field::currency(body.currency, "currency")?;
+        let metadata = field::metadata(body.metadata, "metadata")?;
+        let hold = hold_fields(body.hold, body.hold_expires_in)?;
+        Ok(
+            NewTransfer::new(id.unwrap_or_else(TransferId::fresh), movement)
+                .with_hold(hold)
+                .with_currency(currency)
+                .with_metadata(metadata),
+        )
+    }
 }
 
-/// `legs`: 1 to 16 objects `{"from","to","amount"}` (each checked like a one-leg transfer,
-/// their amounts summing to at most 2^63−1). One leg is a one-leg transfer, stored and
-/// answered exactly as one sent with `from`, `to` and `amount`; with several, the sum.
+impl TryFrom<CreateLeg> for NewLeg {
+    type Error = ApiError;
+
+    /// `from`, `to` and `amount` (of a one-leg transfer, or of one of `legs`).
+    fn try_from(leg: CreateLeg) -> Result<Self, ApiError> {
+        field::known_and_once(&leg)?;
+        let from = field::account_id(leg.from, "from")?;
+        let to = field::account_id(leg.to, "to")?;
+        let amount = field::required_amount(leg.amount, "amount")?;
+        Ok(NewLeg::new(from, to, amount))
+    }
+}
+
+impl From<InvalidLegs> for ApiError {
+    fn from(invalid: InvalidLegs) -> Self {
+        ApiError::Invalid(invalid.to_string())
+    }
+}
+
+/// `legs`: 1 to [`MAX_LEGS`](crate::transfer::requests::MAX_LEGS) objects
+/// `{"from","to","amount"}` ([`Movement::of_legs`]). One leg is a one-leg transfer, stored
+/// and answered exactly as one sent with `from`, `to` and `amount`; with several, the sum.
 fn legs_of(given: Array<Object<CreateLeg>>) -> Result<Movement, ApiError> {
     let Array::Given(items) = given else {
         return Err(ApiError::Invalid(
             "`legs` must be an array of {\"from\", \"to\", \"amount\"} objects".into(),
         ));
     };
-    if items.is_empty() || items.len() > MAX_LEGS {
+    Movement::of_legs(items.into_iter().enumerate().map(|(i, item)| leg(i, item)))
+}
+
+/// `legs[i]`, checked like a one-leg transfer's fields; a refusal names it (`legs[1].from`).
+fn leg(i: usize, item: Object<CreateLeg>) -> Result<NewLeg, ApiError> {
+    let Object::Given(leg) = item else {
         return Err(ApiError::Invalid(format!(
-            "`legs` must hold 1 to {MAX_LEGS} legs, not {}",
-            items.len()
+            "`legs[{i}]` must be an object {{\"from\", \"to\", \"amount\"}}"
         )));
-    }
-    let mut legs = Vec::with_capacity(items.len());
-    for (i, item) in items.into_iter().enumerate() {
-        let Object::Given(leg) = item else {
-            return Err(ApiError::Invalid(format!(
-                "`legs[{i}]` must be an object {{\"from\", \"to\", \"amount\"}}"
-            )));
-        };
-        let named = |error: ApiError| match error {
-            ApiError::Invalid(why) => {
-                ApiError::Invalid(why.replacen('`', &format!("`legs[{i}]."), 1))
-            }
-            other => other,
-        };
-        field::known_and_once(&leg).map_err(named)?;
-        legs.push(Leg {
-            from: field::account_id(leg.from, "from").map_err(named)?.into(),
-            to: field::account_id(leg.to, "to").map_err(named)?.into(),
-            amount: field::required_amount(leg.amount, "amount").map_err(named)?,
-        });
-    }
-    Movement::legs(legs).map_err(ApiError::Invalid)
+    };
+    NewLeg::try_from(leg).map_err(|error| match error {
+        ApiError::Invalid(why) => ApiError::Invalid(why.replacen('`', &format!("`legs[{i}]."), 1)),
+        other => other,
+    })
 }
 
 /// `hold` (a boolean, default false) and `hold_expires_in` (a duration string within the
@@ -474,7 +490,7 @@ pub async fn capture_transfer(
     let amount = match body {
         Some(body) => {
             field::known_and_once(&body)?;
-            field::amount(body.amount, "amount")?
+            field::amount(body.amount, "amount")?.map(PositiveAmount::get)
         }
         None => None,
     };

@@ -138,6 +138,28 @@ impl TransferId {
     }
 }
 
+/// Units a transfer, one of its legs or a capture moves: a whole number from 1 to 2^63−1 (its
+/// one constructor, [`PositiveAmount::new`], refuses anything else).
+///
+/// ```
+/// use transfer_service::transfer::validated::PositiveAmount;
+/// assert_eq!(PositiveAmount::new(1).map(PositiveAmount::get), Some(1));
+/// assert!(PositiveAmount::new(0).is_none() && PositiveAmount::new(-1).is_none());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PositiveAmount(i64);
+
+impl PositiveAmount {
+    /// `units` if it is at least 1.
+    pub fn new(units: i64) -> Option<Self> {
+        (units >= 1).then_some(Self(units))
+    }
+
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
 /// Currencies: 1–16 characters of `[A-Z0-9_]` (`USD`, `EUR`, `POINTS`, `USD_CENTS`).
 ///
 /// ```
