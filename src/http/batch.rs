@@ -155,7 +155,7 @@ impl From<ApiError> for BatchItem {
 /// every item instead of creating it again.
 #[utoipa::path(post, path = "/transfers/batch", tag = "transfers",
     request_body = CreateBatch,
-    params(("Idempotency-Key" = Option<super::openapi::BatchIdempotencyKey>, Header, nullable = false,
+    params(("Idempotency-Key" = Option<super::idempotency::BatchIdempotencyKey>, Header, nullable = false,
         description = "Names the batch (draft-ietf-httpapi-idempotency-key-header): item `i` \
             (counted from 0) without an `id` gets the id `<key>:<i>`, so resending the same \
             items in the same order with the same key replays each of them (`200`) instead of \

@@ -410,7 +410,9 @@ pub(crate) fn shorten(text: &str) -> String {
 pub(crate) mod field {
     use super::body::{Fields, Integer, MetadataField, Text};
     use super::ApiError;
-    use crate::transfer::validated::{AccountId, Currency, PositiveAmount, TransferId};
+    use crate::transfer::validated::{
+        AccountId, Currency, PositiveAmount, TransferId, MAX_CURRENCY_LEN, MAX_ID_LEN,
+    };
 
     /// 422 if the body gave a field its type does not have (naming it, and the field it
     /// most likely misspells), or one field twice.
@@ -443,17 +445,20 @@ pub(crate) mod field {
         }
     }
 
+    /// The 422 of a body field or query parameter `name` that is not an id (`valid_id`).
+    pub fn invalid_id(name: &str) -> ApiError {
+        ApiError::Invalid(format!(
+            "`{name}` must be 1–{MAX_ID_LEN} characters of A-Z a-z 0-9 . _ : -, and not `.` or `..`"
+        ))
+    }
+
     /// An id (`valid_id`) of type `T`, parsed by `parse`; absent or null: none.
     fn id<T>(
         value: Option<Text>,
         name: &str,
         parse: fn(String) -> Option<T>,
     ) -> Result<Option<T>, ApiError> {
-        let invalid = || {
-            ApiError::Invalid(format!(
-                "`{name}` must be 1–128 characters of A-Z a-z 0-9 . _ : -, and not `.` or `..`"
-            ))
-        };
+        let invalid = || invalid_id(name);
         match value {
             None => Ok(None),
             Some(Text::Given(s)) => parse(s).map(Some).ok_or_else(invalid),
@@ -551,7 +556,7 @@ pub(crate) mod field {
     pub fn currency(value: Option<Text>, name: &str) -> Result<Option<Currency>, ApiError> {
         let invalid = || {
             ApiError::Invalid(format!(
-                "`{name}` must be 1–16 characters of A-Z 0-9 _ (such as USD)"
+                "`{name}` must be 1–{MAX_CURRENCY_LEN} characters of A-Z 0-9 _ (such as USD)"
             ))
         };
         match value {
