@@ -303,8 +303,9 @@ fn hold_fields(hold: Option<Flag>, expires_in: Option<Text>) -> Result<Option<Ho
         }
         Some(Text::Given(text)) => Some(*HoldExpiry::parse(&text).ok_or_else(|| {
             ApiError::Invalid(format!(
-                "`hold_expires_in` must be a duration from 1s to 30days, such as \"10m\", \
-                 \"1h30m\" or \"2days\" (received \"{}\")",
+                "`hold_expires_in` must be a duration {}, such as \"10m\", \"1h30m\" or \
+                 \"2days\" (received \"{}\")",
+                HoldExpiry::bounds(),
                 shorten(&text)
             ))
         })?),

@@ -210,16 +210,24 @@ impl HoldExpiry {
     /// assert!(HoldExpiry::new(Duration::from_secs(30 * 24 * 3600)).is_ok());
     /// assert!(HoldExpiry::new(Duration::from_millis(999)).is_err());
     /// assert!(HoldExpiry::new(Duration::from_secs(30 * 24 * 3600 + 1)).is_err());
+    /// assert_eq!(HoldExpiry::bounds(), "from 1s to 30days");
     /// ```
     pub fn new(duration: Duration) -> Result<Self, String> {
         if (MIN_HOLD..=MAX_HOLD).contains(&duration) {
             Ok(Self(duration))
         } else {
             Err(format!(
-                "a hold lasts from 1s to 30days, not {}",
+                "a hold lasts {}, not {}",
+                Self::bounds(),
                 humantime::format_duration(duration)
             ))
         }
+    }
+
+    /// "from 1s to 30days": [`MIN_HOLD`] and [`MAX_HOLD`] as a client writes them.
+    pub fn bounds() -> String {
+        let [min, max] = [MIN_HOLD, MAX_HOLD].map(humantime::format_duration);
+        format!("from {min} to {max}")
     }
 
     /// A humantime duration (`10m`, `1h30m`, `2days`) within the bounds.
