@@ -20,7 +20,7 @@ use std::time::Duration;
 use transfer_service::metrics::Metrics;
 use transfer_service::store::embedded::EmbeddedStore;
 use transfer_service::store::{DynStore, Index};
-use transfer_service::transfer::model::Leg;
+use transfer_service::transfer::model::{Leg, Metadata};
 use transfer_service::transfer::requests::{Hold, Movement, NewAccount, NewTransfer};
 use transfer_service::transfer::validated::{AccountId, Currency, TransferId};
 use transfer_service::transfer::{Engine, EngineConfig};
@@ -81,19 +81,19 @@ fn request(n: u64) -> NewTransfer {
     .expect("a valid movement");
     let mut new = NewTransfer::new(transfer_id(n), movement);
     if n % 4 == 3 {
-        new.currency = Some(
-            Currency::parse(["USD", "EUR", "GBP"][(n % 3) as usize].to_owned()).expect("valid"),
-        );
+        let currency = ["USD", "EUR", "GBP"][(n % 3) as usize];
+        new = new.with_currency(Some(Currency::parse(currency.to_owned()).expect("valid")));
     }
     if n % 6 == 5 {
-        new.metadata
-            .insert("order_id".into(), format!("ord-{}", 31_000 + n));
-        new.metadata.insert("channel".into(), "web".into());
+        new = new.with_metadata(Metadata::from([
+            ("order_id".into(), format!("ord-{}", 31_000 + n)),
+            ("channel".into(), "web".into()),
+        ]));
     }
     if n % 25 == 11 {
-        new.hold = Some(Hold {
+        new = new.with_hold(Some(Hold {
             expires_in: Some(Duration::from_secs(600)),
-        });
+        }));
     }
     new
 }
@@ -145,7 +145,7 @@ async fn settle(engine: &Arc<Engine>, samples: std::ops::Range<u64>) {
     let mut ids = Vec::new();
     for n in samples {
         let new = request(n);
-        ids.push((new.id.to_string(), new.hold.is_some()));
+        ids.push((new.id().to_string(), new.hold().is_some()));
         engine.create_transfer(new).await.expect("accepted");
     }
     let waited = |id: String| {

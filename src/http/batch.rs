@@ -155,7 +155,7 @@ impl From<ApiError> for BatchItem {
 /// every item instead of creating it again.
 #[utoipa::path(post, path = "/transfers/batch", tag = "transfers",
     request_body = CreateBatch,
-    params(("Idempotency-Key" = Option<super::openapi::BatchIdempotencyKey>, Header, nullable = false,
+    params(("Idempotency-Key" = Option<super::idempotency::BatchIdempotencyKey>, Header, nullable = false,
         description = "Names the batch (draft-ietf-httpapi-idempotency-key-header): item `i` \
             (counted from 0) without an `id` gets the id `<key>:<i>`, so resending the same \
             items in the same order with the same key replays each of them (`200`) instead of \
@@ -269,7 +269,7 @@ async fn create_all(
                     .take_one()
                     .expect("the batch was admitted one permit per valid item");
                 let group = *group_of_id
-                    .entry(String::from(new.id.clone()))
+                    .entry(String::from(new.id().clone()))
                     .or_insert_with(|| {
                         groups.push(Vec::new());
                         groups.len() - 1

@@ -13,6 +13,7 @@ use super::error::{ApiError, Problem};
 use super::transfers::Wait;
 use super::{AppState, QueryParams};
 use crate::transfer::feed::CursorRefused;
+use crate::transfer::validated::{id_pattern, text_schema, MAX_ID_LEN};
 use crate::transfer::view::Event;
 
 pub fn router() -> Router<AppState> {
@@ -28,7 +29,31 @@ impl super::QuerySpec for EventsQuery {
 }
 
 const DEFAULT_LIMIT: usize = 100;
-const MAX_LIMIT: usize = 1000;
+pub(crate) const MAX_LIMIT: usize = 1000;
+
+text_schema! {
+    /// The `next_cursor` of the previous page of `GET /events`, passed back as `after`:
+    /// `<store identity>~<position>`, where the identity is the store's (the embedded store's id,
+    /// the Elasticsearch transfers index's uuid) and the position, on the embedded store, that of
+    /// a write (`<digits>`), on Elasticsearch `<modification time, ms since the epoch>~<id>`.
+    /// `now` is the end of the feed. Only cursors of this service's backend and store are
+    /// accepted, and none past the end of its feed (a 422 says why); a position without an
+    /// identity (as issued before cursors carried one) is taken as this store's.
+    pub struct FeedCursor(String) {
+        pattern: format!(
+            "^(?:now|(?:[0-9]{{0,63}}[A-Za-z_-][A-Za-z0-9_-]{{0,64}}~)?(?:[0-9]{{1,20}}|[0-9]{{1,15}}~{}))$",
+            id_pattern(MAX_ID_LEN)
+        ),
+        example: "e3f1a2b4c5d6e7f8~1042",
+    }
+}
+
+/// The cursor as issued: its text.
+impl Serialize for FeedCursor {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
 
 /// A page of the feed.
 #[derive(Debug, Serialize, ToSchema)]
@@ -36,8 +61,7 @@ pub struct EventPage {
     pub items: Vec<Event>,
     /// Pass as `after` for the next page (also when this one is empty: keep following it).
     /// Null only while the feed has no events at all.
-    #[schema(value_type = Option<super::openapi::FeedCursor>)]
-    pub next_cursor: Option<String>,
+    pub next_cursor: Option<FeedCursor>,
 }
 
 /// The change feed: every event of every transfer, oldest write first. Follow `next_cursor`
@@ -46,7 +70,7 @@ pub struct EventPage {
 /// horizon (21 s with the defaults; `docs/design.md §11`).
 #[utoipa::path(get, path = "/events", tag = "events",
     params(
-        ("after" = Option<super::openapi::FeedCursor>, Query,
+        ("after" = Option<FeedCursor>, Query,
             description = "`next_cursor` of the previous page; omit to start at the beginning"),
         ("limit" = Option<usize>, Query, minimum = 1, maximum = 1000,
             description = "Transfers read per page, 1–1000, default 100 (each brings its events)"),
@@ -93,6 +117,6 @@ pub async fn list_events(
         items: Event::from_feed(page.items),
         next_cursor: page
             .next
-            .map(|position| state.engine.feed().cursor(&position)),
+            .map(|position| FeedCursor(state.engine.feed().cursor(&position))),
     }))
 }

@@ -21,15 +21,40 @@
 use axum::http::{HeaderMap, HeaderName};
 
 use super::ApiError;
-use crate::transfer::validated::TransferId;
+use crate::transfer::validated::{id_pattern, text_schema, TransferId, MAX_ID_LEN};
 
 pub const HEADER: HeaderName = HeaderName::from_static("idempotency-key");
 
-/// The longest id.
-pub const MAX_KEY_LEN: usize = 128;
+/// The longest key: an id.
+pub const MAX_KEY_LEN: usize = MAX_ID_LEN;
 
-/// The longest batch key: `<key>:<index>` with an index up to 999 is then at most 128.
-pub const MAX_BATCH_KEY_LEN: usize = MAX_KEY_LEN - ":999".len();
+/// The longest batch key: `<key>:<index>` with the largest index (999, a batch holding at
+/// most [`MAX_BATCH`](super::batch::MAX_BATCH)) is then at most an id's length.
+pub const MAX_BATCH_KEY_LEN: usize =
+    MAX_KEY_LEN - ":".len() - ((super::batch::MAX_BATCH - 1).ilog10() as usize + 1);
+
+text_schema! {
+    /// An `Idempotency-Key` of `POST /transfers`: an id (1–128 characters of `[A-Za-z0-9._:-]`,
+    /// not `.` or `..`), bare or as a quoted Structured Field string (`"t-1"`).
+    pub struct IdempotencyKey(TransferId) {
+        pattern: bare_or_quoted(&id_pattern(MAX_KEY_LEN)),
+        example: "t-1",
+    }
+}
+
+text_schema! {
+    /// An `Idempotency-Key` of `POST /transfers/batch`: an id of 1–124 characters (so that
+    /// `<key>:<index>` is an id), bare or as a quoted Structured Field string.
+    pub struct BatchIdempotencyKey(TransferId) {
+        pattern: bare_or_quoted(&id_pattern(MAX_BATCH_KEY_LEN)),
+        example: "batch-7",
+    }
+}
+
+/// `pattern`, bare or between double quotes (a Structured Field string), anchored.
+fn bare_or_quoted(pattern: &str) -> String {
+    format!(r#"^(?:{pattern}|"{pattern}")$"#)
+}
 
 /// The `Idempotency-Key` of a request, if it has one, checked to be a valid id of at most
 /// `max_len` characters (`what_for` ends the 422's detail: what the key becomes).
@@ -62,21 +87,23 @@ fn key(
 }
 
 /// The key of `POST /transfers`: a valid id.
-pub fn transfer_key(headers: &HeaderMap) -> Result<Option<TransferId>, ApiError> {
-    key(
+pub fn transfer_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiError> {
+    let key = key(
         headers,
         MAX_KEY_LEN,
         "without an `id` in the body it is the transfer's id",
-    )
+    )?;
+    Ok(key.map(IdempotencyKey))
 }
 
 /// The key of `POST /transfers/batch`: a valid id of at most [`MAX_BATCH_KEY_LEN`].
-pub fn batch_key(headers: &HeaderMap) -> Result<Option<TransferId>, ApiError> {
-    key(
+pub fn batch_key(headers: &HeaderMap) -> Result<Option<BatchIdempotencyKey>, ApiError> {
+    let key = key(
         headers,
         MAX_BATCH_KEY_LEN,
         "item i without an `id` gets the id `<key>:<i>`",
-    )
+    )?;
+    Ok(key.map(BatchIdempotencyKey))
 }
 
 /// A single transfer's id and its key name the same transfer, or the request is a 422.
@@ -94,7 +121,7 @@ pub fn check_same(id: &str, key: &str) -> Result<(), ApiError> {
 /// The id of item `index` of a batch sent with `key`, when the item has none: a key of at
 /// most [`MAX_BATCH_KEY_LEN`] characters and an index below 1,000 ([`super::batch::MAX_BATCH`])
 /// make an id.
-pub fn item_id(key: &TransferId, index: usize) -> TransferId {
+pub fn item_id(key: &BatchIdempotencyKey, index: usize) -> TransferId {
     TransferId::parse(format!("{}:{index}", key.as_str()))
         .expect("a batch key and an item's index make an id")
 }
@@ -172,7 +199,7 @@ mod tests {
         let key = batch_key(&headers(&[&longest])).unwrap().unwrap();
         assert_eq!(item_id(&key, 999).len(), MAX_KEY_LEN);
         assert!(batch_key(&headers(&[&"k".repeat(125)])).is_err());
-        let key = TransferId::parse("b-7".into()).unwrap();
+        let key = BatchIdempotencyKey(TransferId::parse("b-7".into()).unwrap());
         assert_eq!(item_id(&key, 0).as_str(), "b-7:0");
     }
 }

@@ -412,7 +412,9 @@ pub(crate) fn shorten(text: &str) -> String {
 pub(crate) mod field {
     use super::body::{Fields, Integer, MetadataField, Text};
     use super::ApiError;
-    use crate::transfer::validated::{AccountId, Currency, TransferId};
+    use crate::transfer::validated::{
+        AccountId, Currency, PositiveAmount, TransferId, MAX_CURRENCY_LEN, MAX_ID_LEN,
+    };
 
     /// 422 if the body gave a field its type does not have (naming it, and the field it
     /// most likely misspells), or one field twice.
@@ -445,17 +447,20 @@ pub(crate) mod field {
         }
     }
 
+    /// The 422 of a body field or query parameter `name` that is not an id (`valid_id`).
+    pub fn invalid_id(name: &str) -> ApiError {
+        ApiError::Invalid(format!(
+            "`{name}` must be 1–{MAX_ID_LEN} characters of A-Z a-z 0-9 . _ : -, and not `.` or `..`"
+        ))
+    }
+
     /// An id (`valid_id`) of type `T`, parsed by `parse`; absent or null: none.
     fn id<T>(
         value: Option<Text>,
         name: &str,
         parse: fn(String) -> Option<T>,
     ) -> Result<Option<T>, ApiError> {
-        let invalid = || {
-            ApiError::Invalid(format!(
-                "`{name}` must be 1–128 characters of A-Z a-z 0-9 . _ : -, and not `.` or `..`"
-            ))
-        };
+        let invalid = || invalid_id(name);
         match value {
             None => Ok(None),
             Some(Text::Given(s)) => parse(s).map(Some).ok_or_else(invalid),
@@ -491,7 +496,7 @@ pub(crate) mod field {
     }
 
     /// Units to move: a whole number from 1 to 2^63-1; absent or null: none.
-    pub fn amount(value: Option<Integer>, name: &str) -> Result<Option<i64>, ApiError> {
+    pub fn amount(value: Option<Integer>, name: &str) -> Result<Option<PositiveAmount>, ApiError> {
         let not_an_integer = |received: &str| {
             ApiError::Invalid(format!(
                 "`{name}` must be an integer from 1 to 2^63-1, such as 100 (received {received})"
@@ -499,11 +504,12 @@ pub(crate) mod field {
         };
         match value {
             None => Ok(None),
-            Some(Integer::Given(n)) if n > 0 => Ok(Some(n)),
-            Some(Integer::Given(n)) => Err(ApiError::Invalid(format!(
-                "`{name}` must be positive: a whole number of units from 1 to 2^63-1, such as \
-                 100 (received {n})"
-            ))),
+            Some(Integer::Given(n)) => PositiveAmount::new(n).map(Some).ok_or_else(|| {
+                ApiError::Invalid(format!(
+                    "`{name}` must be positive: a whole number of units from 1 to 2^63-1, such \
+                     as 100 (received {n})"
+                ))
+            }),
             Some(Integer::OtherNumber) => Err(not_an_integer(
                 "a fraction, an exponent or a number beyond 2^63-1",
             )),
@@ -511,7 +517,7 @@ pub(crate) mod field {
         }
     }
 
-    pub fn required_amount(value: Option<Integer>, name: &str) -> Result<i64, ApiError> {
+    pub fn required_amount(value: Option<Integer>, name: &str) -> Result<PositiveAmount, ApiError> {
         amount(value, name)?.ok_or_else(|| ApiError::Invalid(format!("`{name}` is required")))
     }
 
@@ -552,7 +558,7 @@ pub(crate) mod field {
     pub fn currency(value: Option<Text>, name: &str) -> Result<Option<Currency>, ApiError> {
         let invalid = || {
             ApiError::Invalid(format!(
-                "`{name}` must be 1–16 characters of A-Z 0-9 _ (such as USD)"
+                "`{name}` must be 1–{MAX_CURRENCY_LEN} characters of A-Z 0-9 _ (such as USD)"
             ))
         };
         match value {

@@ -27,88 +27,17 @@ use utoipa::openapi::path::{Operation, PathItem};
 use utoipa::openapi::response::ResponseBuilder;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{Content, ObjectBuilder, Ref, Type};
-use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa::{Modify, OpenApi};
 
 use super::auth::{self, REALM};
-use super::transfers::Wait;
+use super::events::FeedCursor;
+use super::idempotency::{BatchIdempotencyKey, IdempotencyKey};
+use super::transfers::{Attention, Cursor, MetadataFilter, Wait};
 use super::AppState;
 use crate::auth::Scope;
 use crate::transfer::history::EventKind;
 use crate::transfer::model::TransferState;
-use crate::transfer::validated::{
-    id_pattern, text_schema, AccountId, Currency, HoldExpiry, MetadataSchema, TransferId,
-    METADATA_KEY_PATTERN, METADATA_MAX_VALUE_CHARS,
-};
-
-text_schema! {
-    /// The `next_cursor` of the previous page: `<creation time, ms since the epoch>~<id>`. Any
-    /// cursor of that form is accepted (a time past 9999-12-31T23:59:59.999Z reads as that
-    /// instant).
-    pub struct Cursor {
-        pattern: format!("^[0-9]+~{}$", id_pattern(128)),
-        example: "1700000000000~t-1",
-    }
-}
-
-text_schema! {
-    /// The `next_cursor` of the previous page of `GET /events`, passed back as `after`:
-    /// `<store identity>~<position>`, where the identity is the store's (the embedded store's id,
-    /// the Elasticsearch transfers index's uuid) and the position, on the embedded store, that of
-    /// a write (`<digits>`), on Elasticsearch `<modification time, ms since the epoch>~<id>`.
-    /// `now` is the end of the feed. Only cursors of this service's backend and store are
-    /// accepted, and none past the end of its feed (a 422 says why); a position without an
-    /// identity (as issued before cursors carried one) is taken as this store's.
-    pub struct FeedCursor {
-        pattern: format!(
-            "^(?:now|(?:[0-9]{{0,63}}[A-Za-z_-][A-Za-z0-9_-]{{0,64}}~)?(?:[0-9]{{1,20}}|[0-9]{{1,15}}~{}))$",
-            id_pattern(128)
-        ),
-        example: "e3f1a2b4c5d6e7f8~1042",
-    }
-}
-
-text_schema! {
-    /// An `Idempotency-Key` of `POST /transfers`: an id (1–128 characters of `[A-Za-z0-9._:-]`,
-    /// not `.` or `..`), bare or as a quoted Structured Field string (`"t-1"`).
-    pub struct IdempotencyKey {
-        pattern: bare_or_quoted(&id_pattern(128)),
-        example: "t-1",
-    }
-}
-
-text_schema! {
-    /// An `Idempotency-Key` of `POST /transfers/batch`: an id of 1–124 characters (so that
-    /// `<key>:<index>` is an id), bare or as a quoted Structured Field string.
-    pub struct BatchIdempotencyKey {
-        pattern: bare_or_quoted(&id_pattern(124)),
-        example: "batch-7",
-    }
-}
-
-text_schema! {
-    /// One metadata filter of `GET /transfers`: `<key>:<value>`, the key 1–40 characters of
-    /// `[a-z0-9_.-]` (so the first `:` ends it), the value everything after it (at most 256
-    /// characters), matched exactly.
-    pub struct MetadataFilter {
-        pattern: format!(
-            "^{}:[\\s\\S]{{0,{METADATA_MAX_VALUE_CHARS}}}$",
-            METADATA_KEY_PATTERN.trim_start_matches('^').trim_end_matches('$')
-        ),
-        example: "order_id:123",
-    }
-}
-
-/// `pattern`, bare or between double quotes (a Structured Field string), anchored.
-fn bare_or_quoted(pattern: &str) -> String {
-    format!(r#"^(?:{pattern}|"{pattern}")$"#)
-}
-
-/// The one value `attention` takes.
-#[derive(ToSchema)]
-pub enum Attention {
-    #[schema(rename = "true")]
-    True,
-}
+use crate::transfer::validated::{AccountId, Currency, HoldExpiry, MetadataSchema, TransferId};
 
 /// Declares the bearer keys and, on every operation the server can protect, the scope it
 /// needs and its `401` and `403` answers. The requirement is optional (`[{}, bearer]`): the
@@ -440,4 +369,56 @@ pub fn document_json() -> String {
 pub fn router() -> Router<AppState> {
     let swagger = utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", document());
     Router::new().merge(swagger)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use super::document;
+    use crate::transfer::requests::MAX_LEGS;
+    use crate::transfer::validated::METADATA_MAX_KEYS;
+
+    /// utoipa's attributes take only literals, so the limits the document states are written
+    /// there again: this holds each to the one constant the server checks.
+    #[test]
+    fn the_limits_the_document_states_are_the_servers_constants() {
+        let doc = serde_json::to_value(document()).expect("the document serializes");
+        let at = |pointer: &str| doc.pointer(pointer).and_then(Value::as_u64);
+        let parameter = |path: &str, name: &str, limit: &str| {
+            doc["paths"][path]["get"]["parameters"]
+                .as_array()
+                .and_then(|all| all.iter().find(|p| p["name"] == name))
+                .and_then(|p| p["schema"][limit].as_u64())
+        };
+        let schemas = "/components/schemas";
+        for (stated, limit) in [
+            (
+                at(&format!(
+                    "{schemas}/MultiLegTransfer/properties/legs/maxItems"
+                )),
+                MAX_LEGS,
+            ),
+            (
+                at(&format!(
+                    "{schemas}/CreateBatch/properties/transfers/maxItems"
+                )),
+                super::super::batch::MAX_BATCH,
+            ),
+            (
+                parameter("/transfers", "metadata", "maxItems"),
+                METADATA_MAX_KEYS,
+            ),
+            (
+                parameter("/transfers", "limit", "maximum"),
+                super::super::transfers::MAX_LIMIT,
+            ),
+            (
+                parameter("/events", "limit", "maximum"),
+                super::super::events::MAX_LIMIT,
+            ),
+        ] {
+            assert_eq!(stated, Some(limit as u64));
+        }
+    }
 }

@@ -15,12 +15,13 @@ use super::{
     Problem, QueryParams, QuerySpec, MAX_WAIT,
 };
 use crate::store::{SortKey, TransferFilter};
-use crate::transfer::model::{Leg, TransferState};
+use crate::transfer::model::TransferState;
 use crate::transfer::operations::Created;
-use crate::transfer::requests::{Hold, Movement, NewTransfer, MAX_LEGS};
+use crate::transfer::requests::{Hold, InvalidLegs, Movement, NewLeg, NewTransfer};
 use crate::transfer::validated::{
-    text_schema, valid_id, valid_metadata_key, valid_metadata_value, HoldExpiry, TransferId,
-    METADATA_MAX_KEYS,
+    id_pattern, metadata_key_pattern, text_schema, valid_id, valid_metadata_key,
+    valid_metadata_value, HoldExpiry, PositiveAmount, TransferId, MAX_ID_LEN,
+    METADATA_KEY_MAX_CHARS, METADATA_MAX_KEYS, METADATA_MAX_VALUE_CHARS,
 };
 use crate::transfer::view::Transfer;
 
@@ -133,7 +134,7 @@ pub struct TransferPage {
 /// is a replay however late it comes.
 #[utoipa::path(post, path = "/transfers", tag = "transfers",
     request_body = CreateTransfer,
-    params(("Idempotency-Key" = Option<super::openapi::IdempotencyKey>, Header, nullable = false,
+    params(("Idempotency-Key" = Option<super::idempotency::IdempotencyKey>, Header, nullable = false,
         description = "The transfer's id, as the `Idempotency-Key` header \
             (draft-ietf-httpapi-idempotency-key-header): without a body `id` the key is the \
             id (so it must be a valid id, else `422`); with a body `id` it must be the same \
@@ -159,9 +160,9 @@ pub async fn create_transfer(
     JsonFields(body): JsonFields<CreateTransfer>,
 ) -> Result<Response, ApiError> {
     let key = idempotency::transfer_key(&headers)?;
-    let new = new_transfer(body, key.clone())?;
+    let new = new_transfer(body, key.clone().map(TransferId::from))?;
     if let Some(key) = &key {
-        idempotency::check_same(&new.id, key)?;
+        idempotency::check_same(new.id(), key)?;
     }
     let created = state
         .engine
@@ -185,88 +186,104 @@ pub async fn create_transfer(
 /// The body of `POST /transfers` (one item of a batch), validated: 422 on the first invalid
 /// field. A missing id becomes `id_if_absent` (from an `Idempotency-Key`), else a new UUIDv7.
 pub(crate) fn new_transfer(
-    mut body: CreateTransfer,
+    body: CreateTransfer,
     id_if_absent: Option<TransferId>,
 ) -> Result<NewTransfer, ApiError> {
-    field::known_and_once(&body)?;
-    let id = field::transfer_id(body.id.take(), "id")?;
-    let movement = match body.legs.take() {
-        None => one_leg(body.from.take(), body.to.take(), body.amount.take())?,
-        Some(given) => {
-            let one_leg_fields = [
-                ("from", body.from.is_some()),
-                ("to", body.to.is_some()),
-                ("amount", body.amount.is_some()),
-            ];
-            if let Some((name, _)) = one_leg_fields.into_iter().find(|(_, given)| *given) {
-                return Err(ApiError::Invalid(format!(
-                    "give either `legs` or `from`, `to` and `amount`, not both (`{name}` is \
-                     there with `legs`)"
-                )));
-            }
-            legs_of(given)?
-        }
-    };
-    let currency = field::currency(body.currency, "currency")?;
-    let metadata = field::metadata(body.metadata, "metadata")?;
-    let hold = hold_fields(body.hold, body.hold_expires_in)?;
-    Ok(NewTransfer {
-        id: id.or(id_if_absent).unwrap_or_else(TransferId::fresh),
-        movement,
-        hold,
-        currency,
-        metadata,
+    let id_given = body.id.is_some();
+    let new = NewTransfer::try_from(body)?;
+    Ok(match id_if_absent {
+        Some(id) if !id_given => new.with_id(id),
+        _ => new,
     })
 }
 
-/// `from`, `to` and `amount` of a one-leg transfer.
-fn one_leg(
-    from: Option<Text>,
-    to: Option<Text>,
-    amount: Option<Integer>,
-) -> Result<Movement, ApiError> {
-    let from = field::account_id(from, "from")?;
-    let to = field::account_id(to, "to")?;
-    let amount = field::required_amount(amount, "amount")?;
-    Movement::one_leg(from, to, amount).map_err(ApiError::Invalid)
+impl TryFrom<CreateTransfer> for NewTransfer {
+    type Error = ApiError;
+
+    /// The body, each field read once into its validated value: 422 on the first invalid
+    /// field. Without an `id`, a new UUIDv7.
+    fn try_from(mut body: CreateTransfer) -> Result<Self, ApiError> {
+        field::known_and_once(&body)?;
+        let id = field::transfer_id(body.id.take(), "id")?;
+        let movement = match body.legs.take() {
+            None => {
+                let leg = CreateLeg {
+                    from: body.from.take(),
+                    to: body.to.take(),
+                    amount: body.amount.take(),
+                    ..CreateLeg::default()
+                };
+                Movement::one(NewLeg::try_from(leg)?).map_err(ApiError::Invalid)?
+            }
+            Some(given) => {
+                let one_leg_fields = [
+                    ("from", body.from.is_some()),
+                    ("to", body.to.is_some()),
+                    ("amount", body.amount.is_some()),
+                ];
+                if let Some((name, _)) = one_leg_fields.into_iter().find(|(_, given)| *given) {
+                    return Err(ApiError::Invalid(format!(
+                        "give either `legs` or `from`, `to` and `amount`, not both (`{name}` is \
+                         there with `legs`)"
+                    )));
+                }
+                legs_of(given)?
+            }
+        };
+        let currency = field::currency(body.currency, "currency")?;
+        let metadata = field::metadata(body.metadata, "metadata")?;
+        let hold = hold_fields(body.hold, body.hold_expires_in)?;
+        Ok(
+            NewTransfer::new(id.unwrap_or_else(TransferId::fresh), movement)
+                .with_hold(hold)
+                .with_currency(currency)
+                .with_metadata(metadata),
+        )
+    }
 }
 
-/// `legs`: 1 to 16 objects `{"from","to","amount"}` (each checked like a one-leg transfer,
-/// their amounts summing to at most 2^63−1). One leg is a one-leg transfer, stored and
-/// answered exactly as one sent with `from`, `to` and `amount`; with several, the sum.
+impl TryFrom<CreateLeg> for NewLeg {
+    type Error = ApiError;
+
+    /// `from`, `to` and `amount` (of a one-leg transfer, or of one of `legs`).
+    fn try_from(leg: CreateLeg) -> Result<Self, ApiError> {
+        field::known_and_once(&leg)?;
+        let from = field::account_id(leg.from, "from")?;
+        let to = field::account_id(leg.to, "to")?;
+        let amount = field::required_amount(leg.amount, "amount")?;
+        Ok(NewLeg::new(from, to, amount))
+    }
+}
+
+impl From<InvalidLegs> for ApiError {
+    fn from(invalid: InvalidLegs) -> Self {
+        ApiError::Invalid(invalid.to_string())
+    }
+}
+
+/// `legs`: 1 to [`MAX_LEGS`](crate::transfer::requests::MAX_LEGS) objects
+/// `{"from","to","amount"}` ([`Movement::of_legs`]). One leg is a one-leg transfer, stored
+/// and answered exactly as one sent with `from`, `to` and `amount`; with several, the sum.
 fn legs_of(given: Array<Object<CreateLeg>>) -> Result<Movement, ApiError> {
     let Array::Given(items) = given else {
         return Err(ApiError::Invalid(
             "`legs` must be an array of {\"from\", \"to\", \"amount\"} objects".into(),
         ));
     };
-    if items.is_empty() || items.len() > MAX_LEGS {
+    Movement::of_legs(items.into_iter().enumerate().map(|(i, item)| leg(i, item)))
+}
+
+/// `legs[i]`, checked like a one-leg transfer's fields; a refusal names it (`legs[1].from`).
+fn leg(i: usize, item: Object<CreateLeg>) -> Result<NewLeg, ApiError> {
+    let Object::Given(leg) = item else {
         return Err(ApiError::Invalid(format!(
-            "`legs` must hold 1 to {MAX_LEGS} legs, not {}",
-            items.len()
+            "`legs[{i}]` must be an object {{\"from\", \"to\", \"amount\"}}"
         )));
-    }
-    let mut legs = Vec::with_capacity(items.len());
-    for (i, item) in items.into_iter().enumerate() {
-        let Object::Given(leg) = item else {
-            return Err(ApiError::Invalid(format!(
-                "`legs[{i}]` must be an object {{\"from\", \"to\", \"amount\"}}"
-            )));
-        };
-        let named = |error: ApiError| match error {
-            ApiError::Invalid(why) => {
-                ApiError::Invalid(why.replacen('`', &format!("`legs[{i}]."), 1))
-            }
-            other => other,
-        };
-        field::known_and_once(&leg).map_err(named)?;
-        legs.push(Leg {
-            from: field::account_id(leg.from, "from").map_err(named)?.into(),
-            to: field::account_id(leg.to, "to").map_err(named)?.into(),
-            amount: field::required_amount(leg.amount, "amount").map_err(named)?,
-        });
-    }
-    Movement::legs(legs).map_err(ApiError::Invalid)
+    };
+    NewLeg::try_from(leg).map_err(|error| match error {
+        ApiError::Invalid(why) => ApiError::Invalid(why.replacen('`', &format!("`legs[{i}]."), 1)),
+        other => other,
+    })
 }
 
 /// `hold` (a boolean, default false) and `hold_expires_in` (a duration string within the
@@ -286,8 +303,9 @@ fn hold_fields(hold: Option<Flag>, expires_in: Option<Text>) -> Result<Option<Ho
         }
         Some(Text::Given(text)) => Some(*HoldExpiry::parse(&text).ok_or_else(|| {
             ApiError::Invalid(format!(
-                "`hold_expires_in` must be a duration from 1s to 30days, such as \"10m\", \
-                 \"1h30m\" or \"2days\" (received \"{}\")",
+                "`hold_expires_in` must be a duration {}, such as \"10m\", \"1h30m\" or \
+                 \"2days\" (received \"{}\")",
+                HoldExpiry::bounds(),
                 shorten(&text)
             ))
         })?),
@@ -474,7 +492,7 @@ pub async fn capture_transfer(
     let amount = match body {
         Some(body) => {
             field::known_and_once(&body)?;
-            field::amount(body.amount, "amount")?
+            field::amount(body.amount, "amount")?.map(PositiveAmount::get)
         }
         None => None,
     };
@@ -488,7 +506,7 @@ pub async fn capture_transfer(
 }
 
 const DEFAULT_LIMIT: usize = 50;
-const MAX_LIMIT: usize = 1000;
+pub(crate) const MAX_LIMIT: usize = 1000;
 
 /// The query of `GET /transfers`.
 pub struct ListQuery;
@@ -519,12 +537,12 @@ impl QuerySpec for ListQuery {
         ("account" = Option<crate::transfer::validated::AccountId>, Query,
             description = "Only transfers from or to this account (an account id: 1–128 characters of `[A-Za-z0-9._:-]`, not `.` or `..`)"),
         ("state" = Option<TransferState>, Query, description = "Only transfers in this state"),
-        ("attention" = Option<super::openapi::Attention>, Query,
+        ("attention" = Option<Attention>, Query,
             description = "`true`: only transfers flagged for a person (they carry `attention`: their documents contradict each other; `docs/design.md` §9 says what to do). The only value accepted: omit the parameter to list every transfer; `false` or anything else is 422"),
-        ("metadata" = Option<Vec<super::openapi::MetadataFilter>>, Query, style = Form, explode, max_items = 16,
+        ("metadata" = Option<Vec<MetadataFilter>>, Query, style = Form, explode, max_items = 16,
             description = "Only transfers whose metadata has, for each filter `<key>:<value>`, exactly this value for this key: `metadata=order_id:123`. Repeat it for several keys (at most 16, each key once), all must match. The key is 1–40 characters of `[a-z0-9_.-]`, the value (everything after the first `:`) at most 256 characters; anything else is 422. The same filter is also accepted as `metadata.<key>=<value>` (`metadata.order_id=123`), the form this service took first"),
         ("limit" = Option<usize>, Query, minimum = 1, maximum = 1000, description = "Page size, 1–1000, default 50"),
-        ("cursor" = Option<super::openapi::Cursor>, Query, description = "`next_cursor` of the previous page"),
+        ("cursor" = Option<Cursor>, Query, description = "`next_cursor` of the previous page"),
     ),
     responses(
         (status = 200, description = "A page", body = TransferPage),
@@ -542,10 +560,7 @@ pub async fn list_transfers(
     for (key, value) in &query {
         match key.as_str() {
             "account" if valid_id(value) => filter.account = Some(value.clone()),
-            "account" => return Err(ApiError::Invalid(
-                "`account` must be 1–128 characters of A-Z a-z 0-9 . _ : -, and not `.` or `..`"
-                    .into(),
-            )),
+            "account" => return Err(field::invalid_id("account")),
             "state" => {
                 let s: TransferState = value.parse().map_err(|_| {
                     let states: Vec<&str> = TransferState::ALL.iter().map(|s| s.as_str()).collect();
@@ -558,17 +573,12 @@ pub async fn list_transfers(
                 filter.state = Some(s.as_str().to_owned());
             }
             "limit" => filter.limit = super::parse_limit(value, MAX_LIMIT)?,
-            "cursor" => filter.after = Some(decode_cursor(value)?),
-            // Only `true`: `false` could be read as "only the unflagged ones", which the
-            // listing does not offer, so it is refused rather than silently ignored.
-            "attention" if value == "true" => filter.attention = true,
-            "attention" => {
-                return Err(ApiError::Invalid(
-                    "`attention` must be `true` (omit it to list every transfer)".into(),
-                ))
-            }
+            "cursor" => filter.after = Some(Cursor::parse(value)?.into()),
+            "attention" => filter.attention = matches!(Attention::parse(value)?, Attention::True),
             other => match other.strip_prefix("metadata.") {
-                Some(key) => filter.metadata.push(metadata_filter(key, value, other)?),
+                Some(key) => filter
+                    .metadata
+                    .push(MetadataFilter::new(key, value, other)?.into()),
                 None => {
                     return Err(ApiError::Invalid(format!(
                         "unknown parameter `{}`",
@@ -579,16 +589,7 @@ pub async fn list_transfers(
         }
     }
     for (_, given) in &repeated {
-        let (key, value) = given.split_once(':').ok_or_else(|| {
-            ApiError::Invalid(format!(
-                "`metadata={}`: a metadata filter is `<key>:<value>`, such as \
-                 `metadata=order_id:123`",
-                shorten(given)
-            ))
-        })?;
-        filter
-            .metadata
-            .push(metadata_filter(key, value, "metadata")?);
+        filter.metadata.push(MetadataFilter::parse(given)?.into());
     }
     if filter.metadata.len() > METADATA_MAX_KEYS {
         return Err(ApiError::Invalid(format!(
@@ -606,51 +607,118 @@ pub async fn list_transfers(
     let (docs, next) = state.engine.list_transfers(filter).await?;
     Ok(Json(TransferPage {
         items: docs.into_iter().map(Transfer::from).collect(),
-        next_cursor: next.map(|k| format!("{}~{}", k.millis, k.id)),
+        next_cursor: next.map(|key| Cursor(key).to_string()),
     }))
 }
 
-/// One metadata filter, given as `metadata=<key>:<value>` or `metadata.<key>=<value>`
-/// (`parameter` names it in the 422): a valid key and a value a transfer's metadata can hold.
-fn metadata_filter(key: &str, value: &str, parameter: &str) -> Result<(String, String), ApiError> {
-    if !valid_metadata_key(key) {
-        return Err(ApiError::Invalid(format!(
-            "`{}`: metadata keys are 1–40 characters of a-z 0-9 _ . - (received `{}`)",
-            shorten(parameter),
-            shorten(key)
-        )));
+/// The one value `attention` takes.
+#[derive(utoipa::ToSchema)]
+pub enum Attention {
+    #[schema(rename = "true")]
+    True,
+}
+
+impl Attention {
+    /// Only `true`: `false` could be read as "only the unflagged ones", which the listing
+    /// does not offer, so it is refused rather than silently ignored.
+    fn parse(value: &str) -> Result<Self, ApiError> {
+        match value {
+            "true" => Ok(Attention::True),
+            _ => Err(ApiError::Invalid(
+                "`attention` must be `true` (omit it to list every transfer)".into(),
+            )),
+        }
     }
-    if !valid_metadata_value(value) {
-        return Err(ApiError::Invalid(format!(
-            "`{}`: metadata values are at most 256 characters",
-            shorten(parameter)
-        )));
+}
+
+text_schema! {
+    /// One metadata filter of `GET /transfers`: `<key>:<value>`, the key 1–40 characters of
+    /// `[a-z0-9_.-]` (so the first `:` ends it), the value everything after it (at most 256
+    /// characters), matched exactly.
+    pub struct MetadataFilter((String, String)) {
+        pattern: format!(
+            "^{}:[\\s\\S]{{0,{METADATA_MAX_VALUE_CHARS}}}$",
+            metadata_key_pattern()
+        ),
+        example: "order_id:123",
     }
-    Ok((key.to_owned(), value.to_owned()))
+}
+
+impl MetadataFilter {
+    /// `metadata=<key>:<value>`: the key ends at the first `:`.
+    fn parse(given: &str) -> Result<Self, ApiError> {
+        let (key, value) = given.split_once(':').ok_or_else(|| {
+            ApiError::Invalid(format!(
+                "`metadata={}`: a metadata filter is `<key>:<value>`, such as \
+                 `metadata=order_id:123`",
+                shorten(given)
+            ))
+        })?;
+        Self::new(key, value, "metadata")
+    }
+
+    /// A filter given as `metadata=<key>:<value>` or `metadata.<key>=<value>` (`parameter`
+    /// names it in the 422): a valid key and a value a transfer's metadata can hold.
+    fn new(key: &str, value: &str, parameter: &str) -> Result<Self, ApiError> {
+        if !valid_metadata_key(key) {
+            return Err(ApiError::Invalid(format!(
+                "`{}`: metadata keys are 1–{METADATA_KEY_MAX_CHARS} characters of a-z 0-9 _ . - \
+                 (received `{}`)",
+                shorten(parameter),
+                shorten(key)
+            )));
+        }
+        if !valid_metadata_value(value) {
+            return Err(ApiError::Invalid(format!(
+                "`{}`: metadata values are at most {METADATA_MAX_VALUE_CHARS} characters",
+                shorten(parameter)
+            )));
+        }
+        Ok(Self((key.to_owned(), value.to_owned())))
+    }
 }
 
 /// The latest creation time a cursor may carry: 9999-12-31T23:59:59.999Z, the last instant
 /// an RFC 3339 date (and an Elasticsearch `date`) can hold.
 const MAX_CURSOR_MILLIS: i64 = 253_402_300_799_999;
 
-/// `<creation millis>~<id>`, as [`list_transfers`] issues them: digits, `~`, a valid id.
-/// A time past [`MAX_CURSOR_MILLIS`] reads as that instant (no transfer is newer), so every
-/// cursor of that form is accepted and none outside the store's range reaches it; anything
-/// else is 422.
-fn decode_cursor(text: &str) -> Result<SortKey, ApiError> {
-    let invalid = || ApiError::Invalid("`cursor` is not one this service issued".into());
-    let (millis, id) = text.split_once('~').ok_or_else(invalid)?;
-    if millis.is_empty() || !millis.bytes().all(|b| b.is_ascii_digit()) || !valid_id(id) {
-        return Err(invalid());
+text_schema! {
+    /// The `next_cursor` of the previous page: `<creation time, ms since the epoch>~<id>`. Any
+    /// cursor of that form is accepted (a time past 9999-12-31T23:59:59.999Z reads as that
+    /// instant).
+    pub struct Cursor(SortKey) {
+        pattern: format!("^[0-9]+~{}$", id_pattern(MAX_ID_LEN)),
+        example: "1700000000000~t-1",
     }
-    let millis = millis
-        .parse::<i64>()
-        .unwrap_or(i64::MAX)
-        .min(MAX_CURSOR_MILLIS);
-    Ok(SortKey {
-        millis,
-        id: id.to_owned(),
-    })
+}
+
+impl Cursor {
+    /// `<creation millis>~<id>`, as [`list_transfers`] issues them: digits, `~`, a valid id.
+    /// A time past [`MAX_CURSOR_MILLIS`] reads as that instant (no transfer is newer), so
+    /// every cursor of that form is accepted and none outside the store's range reaches it;
+    /// anything else is 422.
+    fn parse(text: &str) -> Result<Self, ApiError> {
+        let invalid = || ApiError::Invalid("`cursor` is not one this service issued".into());
+        let (millis, id) = text.split_once('~').ok_or_else(invalid)?;
+        if millis.is_empty() || !millis.bytes().all(|b| b.is_ascii_digit()) || !valid_id(id) {
+            return Err(invalid());
+        }
+        let millis = millis
+            .parse::<i64>()
+            .unwrap_or(i64::MAX)
+            .min(MAX_CURSOR_MILLIS);
+        Ok(Self(SortKey {
+            millis,
+            id: id.to_owned(),
+        }))
+    }
+}
+
+/// The cursor as [`Cursor::parse`] reads it.
+impl std::fmt::Display for Cursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "{}~{}", self.0.millis, self.0.id)
+    }
 }
 
 #[cfg(test)]
@@ -705,20 +773,20 @@ mod tests {
             "9223372036854775808~a",
             "99999999999999999999~a",
         ] {
-            let key = decode_cursor(text).unwrap();
+            let key = Cursor::parse(text).unwrap();
             assert_eq!(key.millis, MAX_CURSOR_MILLIS, "{text}");
         }
-        assert_eq!(decode_cursor("0007~a").unwrap().millis, 7);
+        assert_eq!(Cursor::parse("0007~a").unwrap().millis, 7);
     }
 
     #[test]
     fn cursors_round_trip_and_odd_ones_are_refused() {
-        let key = decode_cursor("1700000000000~t-1").unwrap();
+        let key = Cursor::parse("1700000000000~t-1").unwrap();
         assert_eq!((key.millis, key.id.as_str()), (1_700_000_000_000, "t-1"));
         for bad in [
             "", "~", "1~", "~a", "-1~a", "+1~a", " 1~a", "1.5~a", "1~a~b", "1~..",
         ] {
-            assert!(decode_cursor(bad).is_err(), "{bad:?}");
+            assert!(Cursor::parse(bad).is_err(), "{bad:?}");
         }
     }
 }

@@ -157,7 +157,7 @@ impl Engine {
         replay_or_conflict(replay, existing, || {
             format!(
                 "transfer {} exists with another from, to, amount, legs, hold, hold_expires_in, currency or metadata",
-                *new.id
+                **new.id()
             )
         })
     }

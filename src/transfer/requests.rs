@@ -7,9 +7,32 @@ use std::time::Duration;
 
 use super::clock::Now;
 use super::model::{AccountDoc, Leg, Metadata, Tombstones, TransferDoc};
-use super::validated::{valid_id, AccountId, Currency, TransferId};
+use super::validated::{AccountId, Currency, PositiveAmount, TransferId};
 use crate::time::{format_millis, parse_millis};
 use crate::trace_context;
+
+/// `with_currency` and `with_metadata` of a request (`$kind`) that states a currency and
+/// labels, in fields of those names.
+macro_rules! currency_and_labels {
+    ($request:ty, $kind:literal) => {
+        impl $request {
+            #[doc = concat!("The same request with the ", $kind, "'s currency (`None`: none).")]
+            pub fn with_currency(mut self, currency: Option<Currency>) -> Self {
+                self.currency = currency;
+                self
+            }
+
+            #[doc = concat!("The same request with the ", $kind, "'s labels.")]
+            pub fn with_metadata(mut self, metadata: Metadata) -> Self {
+                self.metadata = metadata;
+                self
+            }
+        }
+    };
+}
+
+currency_and_labels!(NewAccount, "account");
+currency_and_labels!(NewTransfer, "transfer");
 
 /// The request to open an account: its balance never below its floor (the only
 /// constructors, [`NewAccount::new`] and [`NewAccount::open`], refuse it).
@@ -52,18 +75,6 @@ impl NewAccount {
             currency: None,
             metadata: Metadata::new(),
         })
-    }
-
-    /// The same request with the account's currency (`None`: none).
-    pub fn with_currency(mut self, currency: Option<Currency>) -> Self {
-        self.currency = currency;
-        self
-    }
-
-    /// The same request with the account's labels.
-    pub fn with_metadata(mut self, metadata: Metadata) -> Self {
-        self.metadata = metadata;
-        self
     }
 
     pub fn id(&self) -> &AccountId {
@@ -109,19 +120,21 @@ impl NewAccount {
     }
 }
 
-/// A validated transfer request.
+/// A validated transfer request: its parts are validated values, and its fields private, so
+/// that it holds only what its constructors and the API's body (`TryFrom<CreateTransfer>` in
+/// `crate::http::transfers`) admit.
 #[derive(Debug, Clone)]
 pub struct NewTransfer {
-    pub id: TransferId,
+    id: TransferId,
     /// What it moves.
-    pub movement: Movement,
+    movement: Movement,
     /// `Some`: a hold, driven to `pending` and left there for a capture, a cancel or its
     /// expiry.
-    pub hold: Option<Hold>,
+    hold: Option<Hold>,
     /// The currency the client states, if any.
-    pub currency: Option<Currency>,
+    currency: Option<Currency>,
     /// Labels ([`super::validated::valid_metadata`]).
-    pub metadata: Metadata,
+    metadata: Metadata,
 }
 
 /// A hold's terms.
@@ -137,6 +150,36 @@ pub struct Hold {
 /// The most legs one transaction has.
 pub const MAX_LEGS: usize = 16;
 
+/// One leg as a client asks for it: `amount` units from one account to another, each part
+/// a validated value. That the two accounts differ is the rule of the [`Movement`] it joins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewLeg {
+    from: AccountId,
+    to: AccountId,
+    amount: PositiveAmount,
+}
+
+impl NewLeg {
+    pub fn new(from: AccountId, to: AccountId, amount: PositiveAmount) -> Self {
+        Self { from, to, amount }
+    }
+}
+
+impl From<NewLeg> for Leg {
+    fn from(leg: NewLeg) -> Self {
+        Leg {
+            from: leg.from.into(),
+            to: leg.to.into(),
+            amount: leg.amount.get(),
+        }
+    }
+}
+
+/// Legs that make no [`Movement`], and why: the message the API answers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidLegs(String);
+
 /// What a transfer moves: 1 to [`MAX_LEGS`] legs, each from one account to another and of
 /// at least one unit, their amounts summing to at most 2^63−1. One leg is a one-leg transfer,
 /// stored exactly as one made before legs existed (`src_acct`, `dest_acct`, `amount`).
@@ -150,26 +193,54 @@ impl Movement {
     /// `amount` units from `from` to `to`; `Err` says why not (the same account twice, an
     /// amount below 1).
     pub fn one_leg(from: AccountId, to: AccountId, amount: i64) -> Result<Self, String> {
-        if from == to {
+        let amount = PositiveAmount::new(amount).ok_or("`amount` must be positive")?;
+        Self::one(NewLeg::new(from, to, amount))
+    }
+
+    /// One leg; `Err` if it is from an account to itself.
+    pub fn one(leg: NewLeg) -> Result<Self, String> {
+        if leg.from == leg.to {
             return Err("`from` and `to` must differ".into());
         }
-        if amount < 1 {
-            return Err("`amount` must be positive".into());
-        }
-        let leg = Leg {
-            from: from.into(),
-            to: to.into(),
-            amount,
-        };
+        let total = leg.amount.get();
         Ok(Self {
-            legs: vec![leg],
-            total: amount,
+            legs: vec![leg.into()],
+            total,
         })
     }
 
-    /// The legs of a transaction, checked: 1 to [`MAX_LEGS`], each with valid ids, `from` ≠
-    /// `to` and an amount of at least 1, the amounts summing to at most 2^63−1. `Err` says
-    /// which leg is wrong and why.
+    /// The legs of a transaction as `legs` yields them, each parsed by whoever gives it (an
+    /// `Err` is passed on as it is): 1 to [`MAX_LEGS`] (counted before any is read), each
+    /// from one account to another, the amounts summing to at most 2^63−1. A refusal names
+    /// the leg.
+    pub fn of_legs<E: From<InvalidLegs>>(
+        legs: impl ExactSizeIterator<Item = Result<NewLeg, E>>,
+    ) -> Result<Self, E> {
+        if legs.len() == 0 || legs.len() > MAX_LEGS {
+            return Err(InvalidLegs(format!(
+                "`legs` must hold 1 to {MAX_LEGS} legs, not {}",
+                legs.len()
+            ))
+            .into());
+        }
+        let legs = legs.collect::<Result<Vec<NewLeg>, E>>()?;
+        let mut total: i64 = 0;
+        for (i, leg) in legs.iter().enumerate() {
+            if leg.from == leg.to {
+                let same = format!("`legs[{i}].from` and `legs[{i}].to` must differ");
+                return Err(InvalidLegs(same).into());
+            }
+            total = total.checked_add(leg.amount.get()).ok_or_else(|| {
+                InvalidLegs("the amounts of `legs` must sum to at most 9223372036854775807".into())
+            })?;
+        }
+        let legs = legs.into_iter().map(Leg::from).collect();
+        Ok(Self { legs, total })
+    }
+
+    /// The legs of a transaction as stored (or written by hand), parsed: 1 to [`MAX_LEGS`],
+    /// each with valid ids, `from` ≠ `to` and an amount of at least 1, the amounts summing to
+    /// at most 2^63−1. `Err` says which leg is wrong and why.
     ///
     /// ```
     /// use transfer_service::transfer::model::Leg;
@@ -182,28 +253,18 @@ impl Movement {
     /// assert!(Movement::legs(vec![leg("a", "b", i64::MAX), leg("a", "c", 1)]).is_err());
     /// ```
     pub fn legs(legs: Vec<Leg>) -> Result<Self, String> {
-        if legs.is_empty() || legs.len() > MAX_LEGS {
-            return Err(format!(
-                "`legs` must hold 1 to {MAX_LEGS} legs, not {}",
-                legs.len()
-            ));
-        }
-        let mut total: i64 = 0;
-        for (i, leg) in legs.iter().enumerate() {
-            if !valid_id(&leg.from) || !valid_id(&leg.to) {
-                return Err(format!("`legs[{i}]` names an invalid account id"));
-            }
-            if leg.amount <= 0 {
-                return Err(format!("`legs[{i}].amount` must be positive"));
-            }
-            if leg.from == leg.to {
-                return Err(format!("`legs[{i}].from` and `legs[{i}].to` must differ"));
-            }
-            total = total.checked_add(leg.amount).ok_or_else(|| {
-                "the amounts of `legs` must sum to at most 9223372036854775807".to_owned()
-            })?;
-        }
-        Ok(Self { legs, total })
+        let parsed = legs.into_iter().enumerate().map(|(i, leg)| {
+            let (Some(from), Some(to)) = (AccountId::parse(leg.from), AccountId::parse(leg.to))
+            else {
+                return Err(InvalidLegs(format!(
+                    "`legs[{i}]` names an invalid account id"
+                )));
+            };
+            let amount = PositiveAmount::new(leg.amount)
+                .ok_or_else(|| InvalidLegs(format!("`legs[{i}].amount` must be positive")))?;
+            Ok(NewLeg::new(from, to, amount))
+        });
+        Self::of_legs(parsed).map_err(|InvalidLegs(why)| why)
     }
 
     /// The units it moves: the sum of its legs.
@@ -237,6 +298,34 @@ impl NewTransfer {
             currency: None,
             metadata: Metadata::new(),
         }
+    }
+
+    /// The same request under another id.
+    pub fn with_id(mut self, id: TransferId) -> Self {
+        self.id = id;
+        self
+    }
+
+    /// The same request as a hold with these terms (`None`: not a hold).
+    pub fn with_hold(mut self, hold: Option<Hold>) -> Self {
+        self.hold = hold;
+        self
+    }
+
+    pub fn id(&self) -> &TransferId {
+        &self.id
+    }
+
+    pub fn movement(&self) -> &Movement {
+        &self.movement
+    }
+
+    pub fn hold(&self) -> Option<Hold> {
+        self.hold
+    }
+
+    pub fn currency(&self) -> Option<&Currency> {
+        self.currency.as_ref()
     }
 
     /// The document this request creates at `now`: `created`, a hold expiring after its own

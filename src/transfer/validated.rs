@@ -6,44 +6,40 @@
 
 use std::time::Duration;
 
-/// Declares a string type of the API's OpenAPI document: its doc comment is the schema's
-/// description (lines joined as utoipa joins them), with an optional pattern (any
-/// expression, so that one rule can build several), an example and, optionally, bounds on
-/// its length. `pub struct Name;` only names a schema (a value checked where it is read);
-/// `pub struct Name(Inner);` is also a validated value: a newtype whose field only its own
-/// module can set (by the constructor written beside it, or, given a `rule`, a `parse` that
-/// admits a `String` the rule admits), readable through `Deref`.
+/// Declares a validated value that the API's OpenAPI document shows as a string: a newtype
+/// `pub struct Name(Inner)` whose field only its own module can set (by the constructor
+/// written beside it, or, given a `rule`, a `parse` that admits a `String` the rule admits),
+/// readable through `Deref`. Its doc comment is the schema's description (lines joined as
+/// utoipa joins them), with an optional pattern (any expression, so that one rule can build
+/// several), an example and, optionally, bounds on its length. No type is declared for the
+/// schema alone: the value the server reads or answers is the one the document describes.
 macro_rules! text_schema {
     (
         $(#[doc = $doc:literal])*
-        pub struct $name:ident $(($inner:ty))? {
+        pub struct $name:ident ($inner:ty) {
             $(rule: $rule:path,)?
             $(pattern: $pattern:expr,)?
             example: $example:literal $(,)?
-            $(length: $min:literal..=$max:literal $(,)?)?
+            $(length: $min:literal..=$max:expr $(,)?)?
         }
     ) => {
         $(#[doc = $doc])*
-        #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-        pub struct $name $((
-            $inner
-        ))?;
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub struct $name($inner);
 
-        $(
-            impl std::ops::Deref for $name {
-                type Target = $inner;
+        impl std::ops::Deref for $name {
+            type Target = $inner;
 
-                fn deref(&self) -> &$inner {
-                    &self.0
-                }
+            fn deref(&self) -> &$inner {
+                &self.0
             }
+        }
 
-            impl From<$name> for $inner {
-                fn from(value: $name) -> $inner {
-                    value.0
-                }
+        impl From<$name> for $inner {
+            fn from(value: $name) -> $inner {
+                value.0
             }
-        )?
+        }
 
         $(
             impl $name {
@@ -73,6 +69,9 @@ macro_rules! text_schema {
 }
 pub(crate) use text_schema;
 
+/// The longest id, in characters.
+pub const MAX_ID_LEN: usize = 128;
+
 /// Transfer and account ids: 1–128 characters of `[A-Za-z0-9._:-]` (`docs/design.md §5`), except `.`
 /// and `..`, which no Elasticsearch document URL can address.
 ///
@@ -86,7 +85,7 @@ pub(crate) use text_schema;
 /// assert!(!valid_id(".") && !valid_id(".."));
 /// ```
 pub fn valid_id(id: &str) -> bool {
-    (1..=128).contains(&id.len())
+    (1..=MAX_ID_LEN).contains(&id.len())
         && id != "."
         && id != ".."
         && id
@@ -112,9 +111,9 @@ macro_rules! id_schema {
             $(#[doc = $doc])*
             pub struct $name(String) {
                 rule: valid_id,
-                pattern: format!("^{}$", id_pattern(128)),
+                pattern: format!("^{}$", id_pattern(MAX_ID_LEN)),
                 example: $example,
-                length: 1..=128,
+                length: 1..=MAX_ID_LEN,
             }
         }
     };
@@ -138,6 +137,31 @@ impl TransferId {
     }
 }
 
+/// Units a transfer, one of its legs or a capture moves: a whole number from 1 to 2^63−1 (its
+/// one constructor, [`PositiveAmount::new`], refuses anything else).
+///
+/// ```
+/// use transfer_service::transfer::validated::PositiveAmount;
+/// assert_eq!(PositiveAmount::new(1).map(PositiveAmount::get), Some(1));
+/// assert!(PositiveAmount::new(0).is_none() && PositiveAmount::new(-1).is_none());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PositiveAmount(i64);
+
+impl PositiveAmount {
+    /// `units` if it is at least 1.
+    pub fn new(units: i64) -> Option<Self> {
+        (units >= 1).then_some(Self(units))
+    }
+
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+/// The longest currency code, in characters.
+pub const MAX_CURRENCY_LEN: usize = 16;
+
 /// Currencies: 1–16 characters of `[A-Z0-9_]` (`USD`, `EUR`, `POINTS`, `USD_CENTS`).
 ///
 /// ```
@@ -147,7 +171,7 @@ impl TransferId {
 /// assert!(!valid_currency("usd") && !valid_currency("US D") && !valid_currency("€"));
 /// ```
 pub fn valid_currency(text: &str) -> bool {
-    (1..=16).contains(&text.len())
+    (1..=MAX_CURRENCY_LEN).contains(&text.len())
         && text
             .bytes()
             .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
@@ -157,9 +181,9 @@ text_schema! {
     /// A currency code: 1–16 characters of `[A-Z0-9_]`.
     pub struct Currency(String) {
         rule: valid_currency,
-        pattern: r"^[A-Z0-9_]{1,16}$",
+        pattern: format!("^[A-Z0-9_]{{1,{MAX_CURRENCY_LEN}}}$"),
         example: "USD",
-        length: 1..=16,
+        length: 1..=MAX_CURRENCY_LEN,
     }
 }
 
@@ -186,16 +210,24 @@ impl HoldExpiry {
     /// assert!(HoldExpiry::new(Duration::from_secs(30 * 24 * 3600)).is_ok());
     /// assert!(HoldExpiry::new(Duration::from_millis(999)).is_err());
     /// assert!(HoldExpiry::new(Duration::from_secs(30 * 24 * 3600 + 1)).is_err());
+    /// assert_eq!(HoldExpiry::bounds(), "from 1s to 30days");
     /// ```
     pub fn new(duration: Duration) -> Result<Self, String> {
         if (MIN_HOLD..=MAX_HOLD).contains(&duration) {
             Ok(Self(duration))
         } else {
             Err(format!(
-                "a hold lasts from 1s to 30days, not {}",
+                "a hold lasts {}, not {}",
+                Self::bounds(),
                 humantime::format_duration(duration)
             ))
         }
+    }
+
+    /// "from 1s to 30days": [`MIN_HOLD`] and [`MAX_HOLD`] as a client writes them.
+    pub fn bounds() -> String {
+        let [min, max] = [MIN_HOLD, MAX_HOLD].map(humantime::format_duration);
+        format!("from {min} to {max}")
     }
 
     /// A humantime duration (`10m`, `1h30m`, `2days`) within the bounds.
@@ -209,8 +241,13 @@ pub const METADATA_MAX_KEYS: usize = 16;
 /// The longest metadata value, in characters.
 pub const METADATA_MAX_VALUE_CHARS: usize = 256;
 
-/// A metadata key: 1–40 characters of `[a-z0-9_.-]`.
-pub const METADATA_KEY_PATTERN: &str = r"^[a-z0-9_.-]{1,40}$";
+/// The longest metadata key, in characters.
+pub const METADATA_KEY_MAX_CHARS: usize = 40;
+
+/// A metadata key, unanchored: 1–40 characters of `[a-z0-9_.-]`.
+pub fn metadata_key_pattern() -> String {
+    format!("[a-z0-9_.-]{{1,{METADATA_KEY_MAX_CHARS}}}")
+}
 
 /// Metadata keys: 1–40 characters of `[a-z0-9_.-]` (no `=`: the embedded store's index
 /// joins a key and its value with it).
@@ -222,7 +259,7 @@ pub const METADATA_KEY_PATTERN: &str = r"^[a-z0-9_.-]{1,40}$";
 /// assert!(!valid_metadata_key("Order") && !valid_metadata_key("a b") && !valid_metadata_key("a=b"));
 /// ```
 pub fn valid_metadata_key(key: &str) -> bool {
-    (1..=40).contains(&key.len())
+    (1..=METADATA_KEY_MAX_CHARS).contains(&key.len())
         && key.bytes().all(|b| {
             b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-')
         })
@@ -246,7 +283,9 @@ pub fn valid_metadata<'a>(
     }
     for (key, value) in entries {
         if !valid_metadata_key(key) {
-            return Err("`metadata` keys must be 1–40 characters of a-z 0-9 _ . -".to_owned());
+            return Err(format!(
+                "`metadata` keys must be 1–{METADATA_KEY_MAX_CHARS} characters of a-z 0-9 _ . -"
+            ));
         }
         if !valid_metadata_value(value) {
             return Err(format!(
@@ -266,8 +305,8 @@ impl utoipa::PartialSchema for MetadataSchema {
         let key = utoipa::openapi::ObjectBuilder::new()
             .schema_type(utoipa::openapi::Type::String)
             .min_length(Some(1))
-            .max_length(Some(40))
-            .pattern(Some(METADATA_KEY_PATTERN));
+            .max_length(Some(METADATA_KEY_MAX_CHARS))
+            .pattern(Some(format!("^{}$", metadata_key_pattern())));
         let value = utoipa::openapi::ObjectBuilder::new()
             .schema_type(utoipa::openapi::Type::String)
             .max_length(Some(METADATA_MAX_VALUE_CHARS));

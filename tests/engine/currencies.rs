@@ -24,10 +24,7 @@ async fn open(e: &Instance, id: &str, balance: i64, currency: Option<&str>) {
 }
 
 fn in_currency(id: &str, from: &str, to: &str, currency: Option<&str>) -> NewTransfer {
-    NewTransfer {
-        currency: currency.map(crate::support::engine::currency),
-        ..transfer(id, from, to, 10)
-    }
+    transfer(id, from, to, 10).with_currency(currency.map(crate::support::engine::currency))
 }
 
 #[tokio::test(start_paused = true)]

@@ -67,7 +67,7 @@ async fn balances(e: &Engine, ids: &[&str]) -> Vec<i64> {
 }
 
 async fn run(e: &Arc<Engine>, new: NewTransfer) -> TransferState {
-    let id = new.id.to_string();
+    let id = new.id().to_string();
     let created = e.create_transfer(new).await.expect("accepted");
     assert!(matches!(created, Created::New(_)), "{id} existed");
     terminal_without_recovery(e, &id).await
@@ -233,10 +233,8 @@ async fn every_account_must_share_the_currency() {
         (Some(RollbackReason::CurrencyMismatch), Some("e"))
     );
     // A stated currency the first account lacks.
-    let stated = NewTransfer {
-        currency: Some(currency("EUR")),
-        ..legs("stated", &[("u1", "u2", 1), ("u2", "u3", 1)])
-    };
+    let stated =
+        legs("stated", &[("u1", "u2", 1), ("u2", "u3", 1)]).with_currency(Some(currency("EUR")));
     assert_eq!(run(&e, stated).await, TransferState::RolledBack);
     assert_eq!(
         transfer_doc(&e, "stated").await.failed_account.as_deref(),
@@ -253,9 +251,8 @@ async fn every_account_must_share_the_currency() {
 async fn a_multi_leg_hold_parks_and_is_captured_whole_or_cancelled() {
     let (w, e) = on_the_store(5, step_fault_config());
     open_a_b_and_c(&e).await;
-    let held = |id: &str| NewTransfer {
-        hold: hold_for(Duration::from_secs(600)),
-        ..legs(id, &[("a", "b", 10), ("a", "c", 5)])
+    let held = |id: &str| {
+        legs(id, &[("a", "b", 10), ("a", "c", 5)]).with_hold(hold_for(Duration::from_secs(600)))
     };
     e.create_transfer(held("h1")).await.unwrap();
     e.create_transfer(held("h2")).await.unwrap();
@@ -376,11 +373,12 @@ async fn every_step_of_a_multi_leg_transaction_survives_errors_crashes_and_stall
         cases.push(Case::new(&w, step_fault_config(), name, seed, step, fault));
     }
     create_every_transfer(&cases, |case| {
-        let mut new = three_legs(&case.name);
+        let new = three_legs(&case.name);
         if case.path == Path::Capture {
-            new.hold = hold_for(Duration::from_secs(600));
+            new.with_hold(hold_for(Duration::from_secs(600)))
+        } else {
+            new
         }
-        new
     })
     .await;
     // Capture every hold whole, through A, else through the recoverer.

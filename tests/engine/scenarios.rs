@@ -768,7 +768,7 @@ fn currency_mismatch(accounts: &[usize], stated: Option<&str>) -> bool {
 
 /// A request's legs as `(from, to, amount)` account indices: its one leg, or its legs.
 fn requested_legs(new: &NewTransfer) -> Vec<(usize, usize, i64)> {
-    new.movement
+    new.movement()
         .leg_list()
         .iter()
         .map(|l| (account_of(&l.from), account_of(&l.to), l.amount))
@@ -777,7 +777,7 @@ fn requested_legs(new: &NewTransfer) -> Vec<(usize, usize, i64)> {
 
 /// Whether a request is a multi-leg transaction (else a one-leg transfer).
 fn is_multi_leg(new: &NewTransfer) -> bool {
-    new.movement.leg_list().len() > 1
+    new.movement().leg_list().len() > 1
 }
 
 fn account_name(i: usize) -> String {
@@ -875,15 +875,13 @@ async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
                 amount,
                 currency,
             } => {
-                let new = NewTransfer {
-                    currency: currency.map(crate::support::engine::currency),
-                    ..transfer(
-                        &format!("t{n}"),
-                        &account_name(from),
-                        &account_name(to),
-                        amount,
-                    )
-                };
+                let new = transfer(
+                    &format!("t{n}"),
+                    &account_name(from),
+                    &account_name(to),
+                    amount,
+                )
+                .with_currency(currency.map(crate::support::engine::currency));
                 requests.push(new.clone());
                 spawn_create(&a, new)
             }
@@ -894,16 +892,14 @@ async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
                 currency,
                 expires_ms,
             } => {
-                let new = NewTransfer {
-                    currency: currency.map(crate::support::engine::currency),
-                    ..hold(
-                        &format!("h{n}"),
-                        &account_name(from),
-                        &account_name(to),
-                        amount,
-                        Duration::from_millis(expires_ms),
-                    )
-                };
+                let new = hold(
+                    &format!("h{n}"),
+                    &account_name(from),
+                    &account_name(to),
+                    amount,
+                    Duration::from_millis(expires_ms),
+                )
+                .with_currency(currency.map(crate::support::engine::currency));
                 requests.push(new.clone());
                 spawn_create(&a, new)
             }
@@ -921,11 +917,10 @@ async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
                     })
                     .collect();
                 let id = format!("{}{n}", if expires_ms.is_some() { "lh" } else { "l" });
-                let new = NewTransfer {
-                    hold: expires_ms.and_then(|ms| hold_for(Duration::from_millis(ms))),
-                    currency: currency.map(crate::support::engine::currency),
-                    ..NewTransfer::new(transfer_id(&id), Movement::legs(legs).expect("valid legs"))
-                };
+                let new =
+                    NewTransfer::new(transfer_id(&id), Movement::legs(legs).expect("valid legs"))
+                        .with_hold(expires_ms.and_then(|ms| hold_for(Duration::from_millis(ms))))
+                        .with_currency(currency.map(crate::support::engine::currency));
                 requests.push(new.clone());
                 spawn_create(&a, new)
             }
@@ -935,16 +930,16 @@ async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
             }
             HoldOp::Capture { i, percent } if !requests.is_empty() => {
                 let new = pick(i);
-                let n = percent.map(|p| (new.movement.amount() * i64::from(p) / 100).max(1));
+                let n = percent.map(|p| (new.movement().amount() * i64::from(p) / 100).max(1));
                 let (b, answers) = (b.clone(), answers.clone());
                 match n {
                     // A multi-leg hold is captured whole only: a part is refused (422) and
                     // changes nothing; a multi-leg transfer that is not a hold is refused as
                     // any such (409); one still being created is not found.
-                    Some(part) if is_multi_leg(&new) && part != new.movement.amount() => {
+                    Some(part) if is_multi_leg(&new) && part != new.movement().amount() => {
                         tokio::spawn(async move {
-                            let refused = b.capture_transfer(&new.id, Some(part)).await;
-                            let hold = new.hold.is_some();
+                            let refused = b.capture_transfer(new.id(), Some(part)).await;
+                            let hold = new.hold().is_some();
                             assert!(
                                 matches!(
                                     (&refused, hold),
@@ -953,18 +948,20 @@ async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
                                         | (Err(ServiceError::NotFound), _)
                                 ),
                                 "{}: a capture of {part} of {}: {refused:?}",
-                                *new.id,
-                                new.movement.amount()
+                                **new.id(),
+                                new.movement().amount()
                             );
                         })
                     }
-                    _ => tokio::spawn(
-                        async move { capture_and_record(&b, &new.id, n, &answers).await },
-                    ),
+                    _ => {
+                        tokio::spawn(
+                            async move { capture_and_record(&b, new.id(), n, &answers).await },
+                        )
+                    }
                 }
             }
             HoldOp::Cancel(i) if !requests.is_empty() => {
-                let id = pick(i).id;
+                let id = pick(i).id().clone();
                 let (b, answers) = (b.clone(), answers.clone());
                 tokio::spawn(async move { cancel_and_record(&b, &id, &answers).await })
             }
@@ -1043,7 +1040,7 @@ async fn settle_to_waiting_holds(
         let mut busy = Vec::new();
         if a.running_tasks() + b.running_tasks() == 0 {
             for new in requests {
-                let t = transfer_doc(b, &new.id).await;
+                let t = transfer_doc(b, new.id()).await;
                 if t.transaction_state.is_terminal() {
                     continue;
                 }
@@ -1083,11 +1080,11 @@ async fn assert_holds_outcomes(
     let mut seen = HashMap::new();
     let mut outcomes: std::collections::BTreeMap<String, usize> = Default::default();
     for new in requests {
-        if seen.insert(new.id.to_string(), ()).is_some() {
+        if seen.insert(new.id().to_string(), ()).is_some() {
             continue;
         }
-        let t = transfer_doc(e, &new.id).await;
-        let id: &String = &new.id;
+        let t = transfer_doc(e, new.id()).await;
+        let id: &String = new.id();
         assert_eq!(
             (
                 t.leg_list(),
@@ -1097,17 +1094,17 @@ async fn assert_holds_outcomes(
                 t.is_hold()
             ),
             (
-                new.movement.leg_list().to_vec(),
+                new.movement().leg_list().to_vec(),
                 is_multi_leg(new),
-                new.movement.amount(),
-                new.currency.as_deref().map(String::as_str),
-                new.hold.is_some()
+                new.movement().amount(),
+                new.currency().map(|c| c.as_str()),
+                new.hold().is_some()
             ),
             "{id}: the transfer as requested"
         );
         let legs = requested_legs(new);
         let touched: Vec<usize> = legs.iter().flat_map(|&(f, d, _)| [f, d]).collect();
-        let mismatch = currency_mismatch(&touched, new.currency.as_deref().map(String::as_str));
+        let mismatch = currency_mismatch(&touched, new.currency().map(|c| c.as_str()));
         let state = t.transaction_state;
         assert!(state.is_terminal(), "{id} left {state}");
         // The currency rule: a mismatch never moves a unit; only a mismatch rolls back so.
@@ -1122,7 +1119,7 @@ async fn assert_holds_outcomes(
         let capture_won = captures
             .iter()
             .any(|(_, shown)| matches!(shown, TransferState::Committed | TransferState::Finished));
-        if new.hold.is_some() {
+        if new.hold().is_some() {
             assert_ne!(
                 t.reason,
                 Some(RollbackReason::TimedOut),
@@ -1203,7 +1200,7 @@ async fn assert_holds_outcomes(
             }
         }
         let shape = if is_multi_leg(new) { "legs " } else { "" };
-        let kind = match (new.hold.is_some(), t.captured_amount, t.reason) {
+        let kind = match (new.hold().is_some(), t.captured_amount, t.reason) {
             (true, Some(n), _) if n < t.amount => format!("{shape}hold captured in part"),
             (true, Some(_), _) => format!("{shape}hold captured whole"),
             (hold, _, reason) => format!(

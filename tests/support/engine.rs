@@ -189,10 +189,7 @@ pub fn transfer(id: &str, from: &str, to: &str, amount: i64) -> NewTransfer {
 
 /// A hold of `amount` from `from` to `to` that waits `expires_in` for its capture.
 pub fn hold(id: &str, from: &str, to: &str, amount: i64, expires_in: Duration) -> NewTransfer {
-    NewTransfer {
-        hold: hold_for(expires_in),
-        ..transfer(id, from, to, amount)
-    }
+    transfer(id, from, to, amount).with_hold(hold_for(expires_in))
 }
 
 pub async fn start_transfer(engine: &Arc<Engine>, id: &str, from: &str, to: &str, amount: i64) {
