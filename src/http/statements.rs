@@ -10,7 +10,6 @@ use serde::Serialize;
 
 use super::error::responses::StoreUnavailable;
 use super::error::{ApiError, Problem};
-use super::openapi::Cursor;
 use super::{shorten, AppState, PathId, QueryParams, QuerySpec};
 use crate::time::{format_millis, parse_millis};
 use crate::transfer::entries::{Entry, EntryKind};
@@ -108,7 +107,7 @@ impl QuerySpec for BalanceQuery {
         ("before" = Option<String>, Query, format = DateTime,
             description = "Only entries made before this instant (RFC 3339)"),
         ("limit" = Option<usize>, Query, minimum = 1, maximum = 1000, description = "Page size, 1–1000, default 100"),
-        ("cursor" = Option<Cursor>, Query, description = "`next_cursor` of the previous page"),
+        ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page (opaque)"),
     ),
     responses(
         (status = 200, description = "A page, newest first (`Accept: text/csv`: the same entries as CSV, the next page's cursor in the `next-cursor` header)",
