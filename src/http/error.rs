@@ -43,6 +43,15 @@ pub mod responses {
     )]
     pub struct NoSuchTransfer(pub Problem);
 
+    /// 404: no account with the path's id.
+    #[derive(utoipa::IntoResponses)]
+    #[response(
+        status = 404,
+        description = "No such account",
+        content_type = "application/problem+json"
+    )]
+    pub struct NoSuchAccount(pub Problem);
+
     /// 400: a body that does not parse as JSON.
     #[derive(utoipa::IntoResponses)]
     #[response(

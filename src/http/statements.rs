@@ -8,7 +8,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
 
-use super::error::responses::StoreUnavailable;
+use super::error::responses::{NoSuchAccount, StoreUnavailable};
 use super::error::{ApiError, Problem};
 use super::{shorten, AppState, PathId, QueryParams, QuerySpec};
 use crate::time::{format_millis, parse_millis};
@@ -112,7 +112,7 @@ impl QuerySpec for BalanceQuery {
     responses(
         (status = 200, description = "A page, newest first (`Accept: text/csv`: the same entries as CSV, the next page's cursor in the `next-cursor` header)",
             content((StatementEntries = "application/json"), (String = "text/csv"))),
-        (status = 404, description = "No such account", body = Problem, content_type = "application/problem+json"),
+        NoSuchAccount,
         (status = 422, description = "Bad, unknown or repeated parameter", body = Problem, content_type = "application/problem+json"),
         StoreUnavailable,
     ))]
@@ -122,7 +122,7 @@ pub async fn list_entries(
     QueryParams(params, _, _): QueryParams<EntriesQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let id = id.ok_or_else(|| ApiError::NotFound("no account with this id".into()))?;
+    let id = id.ok_or_else(no_such_account)?;
     let mut query = StatementQuery {
         limit: DEFAULT_LIMIT as u64,
         ..StatementQuery::default()
@@ -159,7 +159,7 @@ pub async fn list_entries(
     ),
     responses(
         (status = 200, description = "The balance then", body = BalanceAt),
-        (status = 404, description = "No such account", body = Problem, content_type = "application/problem+json"),
+        NoSuchAccount,
         (status = 422, description = "`at` missing or not RFC 3339, or before the account's statement begins", body = Problem, content_type = "application/problem+json"),
         StoreUnavailable,
     ))]
@@ -168,7 +168,7 @@ pub async fn balance_at(
     PathId(id): PathId,
     QueryParams(params, _, _): QueryParams<BalanceQuery>,
 ) -> Result<Json<BalanceAt>, ApiError> {
-    let id = id.ok_or_else(|| ApiError::NotFound("no account with this id".into()))?;
+    let id = id.ok_or_else(no_such_account)?;
     let at = match params.iter().find(|(key, _)| key.as_str() == "at") {
         Some((_, value)) => instant(value, "at")?,
         None => {
@@ -203,6 +203,11 @@ fn cursor(value: &str) -> Result<u64, ApiError> {
         .ok()
         .filter(|seq| *seq > 0 && value.bytes().all(|b| b.is_ascii_digit()))
         .ok_or_else(|| ApiError::Invalid("`cursor` is not one this service issued".into()))
+}
+
+/// A path id that is no account id: the same 404 as an account that does not exist.
+fn no_such_account() -> ApiError {
+    ApiError::NotFound("no account with this id".into())
 }
 
 fn no_account(error: ServiceError, id: &str) -> ApiError {

@@ -69,6 +69,14 @@ fn assert_exact(
     by_transfer
 }
 
+/// The `seq`s of one page of entries.
+async fn seqs_of(app: &TestApp, path: &str) -> Vec<u64> {
+    let (status, page) = app.get(path).await;
+    assert_eq!(status, 200, "{path}: {page}");
+    let items = page["items"].as_array().expect("items");
+    items.iter().filter_map(|e| e["seq"].as_u64()).collect()
+}
+
 async fn settled(app: &TestApp, id: &str, state: &str) {
     let done = app.settled(id).await;
     assert_eq!(done["state"], state, "{done}");
@@ -191,26 +199,10 @@ mod cases {
         let (status, body) = app.get("/accounts/a/balance?at=yesterday").await;
         assert_eq!(status, 422, "{body}");
         // The first two entries, by time.
-        let (_, page) = app
-            .get(&format!("/accounts/a/entries?before={}", seen[1].0))
-            .await;
-        let seqs: Vec<u64> = page["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["seq"].as_u64().unwrap())
-            .collect();
-        assert_eq!(seqs, [2, 1], "{page}");
-        let (_, page) = app
-            .get(&format!("/accounts/a/entries?after={}", seen[0].0))
-            .await;
-        let seqs: Vec<u64> = page["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["seq"].as_u64().unwrap())
-            .collect();
-        assert_eq!(seqs, [3, 2], "{page}");
+        let before = format!("/accounts/a/entries?before={}", seen[1].0);
+        assert_eq!(seqs_of(&app, &before).await, [2, 1]);
+        let after = format!("/accounts/a/entries?after={}", seen[0].0);
+        assert_eq!(seqs_of(&app, &after).await, [3, 2]);
         app.shutdown().await;
     }
 
