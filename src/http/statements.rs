@@ -14,7 +14,7 @@ use super::{shorten, AppState, PathId, QueryParams, QuerySpec};
 use crate::time::{format_millis, parse_millis};
 use crate::transfer::entries::{Entry, EntryKind};
 use crate::transfer::operations::ServiceError;
-use crate::transfer::statements::{StatementPage, StatementQuery};
+use crate::transfer::statements::{StatementPage, StatementQuery, Statements};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -141,7 +141,9 @@ pub async fn list_entries(
             }
         }
     }
-    let page = state.engine.statements().page(&id, &query).await;
+    let page = Statements::new(state.engine.store().clone())
+        .page(&id, &query)
+        .await;
     let page = page.map_err(|e| no_account(e, &id))?;
     Ok(if wants_csv(&headers) {
         csv(page).into_response()
@@ -177,7 +179,9 @@ pub async fn balance_at(
             ))
         }
     };
-    let found = state.engine.statements().balance_at(&id, at).await;
+    let found = Statements::new(state.engine.store().clone())
+        .balance_at(&id, at)
+        .await;
     let found = found.map_err(|e| no_account(e, &id))?;
     Ok(Json(BalanceAt {
         balance: found.balance,

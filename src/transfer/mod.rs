@@ -375,17 +375,8 @@ impl Engine {
         &self.store
     }
 
-    /// Account statements, read from the engine's store.
-    pub fn statements(&self) -> statements::Statements {
-        statements::Statements::new(self.store.clone(), self.docs.clone())
-    }
-
     pub fn clock(&self) -> &DynClock {
         &self.clock
-    }
-
-    pub fn config(&self) -> &EngineConfig {
-        &self.config
     }
 
     /// Asks every driver to stop at its next step boundary (releasing its lease) and the

@@ -60,8 +60,12 @@ struct Reading<'a> {
 }
 
 impl Statements {
-    pub(crate) fn new(store: DynStore, docs: Documents) -> Self {
-        Self { store, docs }
+    /// Statements read from `store`.
+    pub fn new(store: DynStore) -> Self {
+        Self {
+            docs: Documents::new(store.clone()),
+            store,
+        }
     }
 
     /// A page of `account`'s entries, newest first.

@@ -172,7 +172,7 @@ async fn wait_until_quiescent(w: &World, a: &Instance, b: &Instance) -> bool {
             if report.in_flight == 0 && report.pending_entries == 0 {
                 return true;
             }
-            if report.in_flight == 0 && b.config().sweep_pages_per_tick == 0 {
+            if report.in_flight == 0 && b.config.sweep_pages_per_tick == 0 {
                 return true;
             }
         }

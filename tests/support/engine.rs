@@ -85,6 +85,8 @@ async fn world_on_elasticsearch(
 pub struct Instance {
     pub engine: Arc<Engine>,
     pub metrics: Arc<Metrics>,
+    /// The settings the engine was built with.
+    pub config: EngineConfig,
 }
 
 impl std::ops::Deref for Instance {
@@ -115,8 +117,12 @@ impl World {
     ) -> Instance {
         let metrics = Metrics::new();
         let store = Arc::new(InstrumentedStore::new(store, metrics.clone()));
-        let engine = Engine::with_clock(store, config, metrics.clone(), clock);
-        Instance { engine, metrics }
+        let engine = Engine::with_clock(store, config.clone(), metrics.clone(), clock);
+        Instance {
+            engine,
+            metrics,
+            config,
+        }
     }
 
     /// Wall-clock milliseconds on this world's timeline.
