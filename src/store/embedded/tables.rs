@@ -82,15 +82,57 @@ pub(super) const TX_ATTENTION: TableDefinition<(i64, &str), ()> =
 pub(super) const TX_METADATA: TableDefinition<(&str, i64, &str), ()> =
     TableDefinition::new("tx_metadata");
 
-/// Account entries by `(account, seq, number)` ([`TX_IDS`]): one per well-formed value of a
-/// transfer's `entries` ([`crate::store::entries`]), the statement's range scan
-/// ([`super::search::entries_blocking`]). Moved in the transaction of every write of the
-/// transfer whose `entries` changed (values added, values gone); transfers without entries
-/// have none (and their writes never touch the table). Keyed on the number as well, not
-/// mapped to it: should two documents ever file the same `(account, seq)`, both are found
-/// (as Elasticsearch would find both), and one losing it does not take the other's.
-pub(super) const TX_ENTRIES: TableDefinition<(&str, u64, u64), ()> =
-    TableDefinition::new("tx_entries");
+/// Account entries by `(account, seq, number)` ([`TX_IDS`]), laid out by [`EntryKey`]: one
+/// per well-formed value of a transfer's `entries` ([`crate::store::entries`]), the
+/// statement's range scan ([`super::search::entries_blocking`]). Moved in the transaction of
+/// every write of the transfer whose `entries` changed (values added, values gone);
+/// transfers without entries have none (and their writes never touch the table). Keyed on
+/// the number as well, not mapped to it: should two documents ever file the same
+/// `(account, seq)`, both are found (as Elasticsearch would find both), and one losing it
+/// does not take the other's.
+pub(super) const TX_ENTRIES: TableDefinition<&[u8], ()> = TableDefinition::new("tx_entries");
+
+/// The key of a [`TX_ENTRIES`] row: the account's bytes, a 0, then the seq and the number,
+/// 8 bytes each, big endian. Bytes compare as the tuple `(account, seq, number)` would (an
+/// account id never holds a 0, [`crate::store::entries::parse`], so the 0 ends it and a
+/// shorter account sorts before a longer one it starts), but a redb key comparison is then
+/// one `memcmp`: as a tuple of `(&str, u64, u64)`, each comparison decoded the lengths of
+/// the tuple's parts first, and the table is searched from its root for every key a write
+/// inserts.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct EntryKey(Vec<u8>);
+
+impl EntryKey {
+    /// The bytes after the account's.
+    const TAIL: usize = 1 + 8 + 8;
+
+    pub(super) fn new(account: &str, seq: u64, number: u64) -> Self {
+        debug_assert!(!account.as_bytes().contains(&0), "an account id holds no 0");
+        let mut key = Vec::with_capacity(account.len() + Self::TAIL);
+        key.extend_from_slice(account.as_bytes());
+        key.push(0);
+        key.extend_from_slice(&seq.to_be_bytes());
+        key.extend_from_slice(&number.to_be_bytes());
+        EntryKey(key)
+    }
+
+    pub(super) fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// The `(account, seq, number)` of a stored key; `None` if it is not of this layout.
+    pub(super) fn parse(key: &[u8]) -> Option<(&str, u64, u64)> {
+        let split = key.len().checked_sub(Self::TAIL)?;
+        let (account, tail) = key.split_at(split);
+        let (zero, tail) = tail.split_first()?;
+        let (seq, number) = tail.split_at(8);
+        Some((
+            std::str::from_utf8(account).ok().filter(|_| *zero == 0)?,
+            u64::from_be_bytes(seq.try_into().ok()?),
+            u64::from_be_bytes(number.try_into().ok()?),
+        ))
+    }
+}
 
 /// The change feed (`docs/design.md §11`): `seq_no` of each transfer's latest write → its
 /// number ([`TX_IDS`]). A transfer's entry moves to its new `seq_no` in the transaction of
@@ -181,9 +223,8 @@ pub(super) fn build_entries_index(txn: &WriteTransaction) -> StoreResult<()> {
             return Ok(());
         };
         for (account, seq) in entries {
-            index
-                .insert((&*account, seq, number), ())
-                .map_err(permanent)?;
+            let key = EntryKey::new(&account, seq, number);
+            index.insert(key.as_bytes(), ()).map_err(permanent)?;
         }
         Ok(())
     })
@@ -271,7 +312,7 @@ pub(super) struct Tables<'txn> {
     pub(super) released: Table<'txn, (&'static str, &'static str), ()>,
     pub(super) attention: Table<'txn, (i64, &'static str), ()>,
     pub(super) metadata: Table<'txn, (&'static str, i64, &'static str), ()>,
-    pub(super) entries: Table<'txn, (&'static str, u64, u64), ()>,
+    pub(super) entries: Table<'txn, &'static [u8], ()>,
     pub(super) changes: Table<'txn, u64, u64>,
 }
 
@@ -601,14 +642,12 @@ fn move_account_entries(
     let before = old.map(TransferKeys::entry_keys).unwrap_or_default();
     let after = new.entry_keys();
     for (account, seq) in before.difference(&after) {
-        t.entries
-            .remove((&**account, *seq, number))
-            .map_err(storage)?;
+        let key = EntryKey::new(account, *seq, number);
+        t.entries.remove(key.as_bytes()).map_err(storage)?;
     }
     for (account, seq) in after.difference(&before) {
-        t.entries
-            .insert((&**account, *seq, number), ())
-            .map_err(storage)?;
+        let key = EntryKey::new(account, *seq, number);
+        t.entries.insert(key.as_bytes(), ()).map_err(storage)?;
     }
     Ok(())
 }

@@ -297,7 +297,7 @@ fn entry_rows(store: &EmbeddedStore) -> Vec<(String, u64, String)> {
         .unwrap()
         .map(|entry| {
             let key = entry.unwrap().0;
-            let (account, seq, number) = key.value();
+            let (account, seq, number) = EntryKey::parse(key.value()).expect("an entry key");
             let id = ids
                 .get(number)
                 .unwrap()

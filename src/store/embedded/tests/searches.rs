@@ -270,3 +270,49 @@ async fn a_write_moves_only_the_account_entries_that_changed() {
         assert_eq!(entry_rows(&store), want, "{entries:?}");
     }
 }
+
+#[test]
+fn entry_keys_sort_as_their_account_seq_and_number() {
+    // Accounts that start one another, and seqs and numbers that differ in their high bytes.
+    let mut tuples = Vec::new();
+    for account in ["a", "a-b", "a.b", "a0", "a:b", "ab", "b"] {
+        for seq in [0, 1, 255, 256, u64::MAX] {
+            for number in [0, 7, 1 << 40] {
+                tuples.push((account, seq, number));
+            }
+        }
+    }
+    let mut keys: Vec<EntryKey> = tuples
+        .iter()
+        .map(|&(account, seq, number)| EntryKey::new(account, seq, number))
+        .collect();
+    keys.sort();
+    tuples.sort();
+    let parsed: Vec<_> = keys
+        .iter()
+        .map(|key| EntryKey::parse(key.as_bytes()).expect("an entry key"))
+        .collect();
+    assert_eq!(parsed, tuples);
+    assert_eq!(EntryKey::parse(b"a\x01too short"), None);
+}
+
+#[tokio::test]
+async fn account_entries_of_an_account_holding_a_zero_are_none() {
+    let (_dir, store) = open();
+    let doc = with_entries("t1", json!([format!("a/{:020}/1/-1/0/d", 1)]));
+    store
+        .create(Index::Transactions, "t1", doc.into())
+        .await
+        .unwrap();
+    let query = |account: &str| EntriesQuery {
+        account: account.to_owned(),
+        seqs: 0..u64::MAX,
+        limit: 10,
+    };
+    assert_eq!(store.account_entries(&query("a")).await.unwrap().len(), 1);
+    assert!(store
+        .account_entries(&query("a\0"))
+        .await
+        .unwrap()
+        .is_empty());
+}
