@@ -75,8 +75,8 @@ pub(super) struct Committer {
     /// The documents written by the acknowledged groups of the open transaction: for `get`,
     /// for the committer's own reads, and, for accounts, until the commit writes them.
     pub(super) recent: Recent,
-    /// New transfers' listing entries not in the tables yet ([`super::listing_entries`]). Only the
-    /// committer changes them, holding `log`.
+    /// New transfers' listing entries and transfers' new account entries not in the tables
+    /// yet ([`super::listing_entries`]). Only the committer changes them, holding `log`.
     pub(super) creations: Mutex<CreationEntries>,
     /// Whether the open transaction holds listing entries (written from `creations`) that
     /// are not committed: a search must then have it commit, even with nothing recent.
@@ -493,8 +493,7 @@ pub(super) fn apply_group(
     }
     let mut record = log.record();
     let mut written = DocsById::default();
-    let mut created = Vec::new();
-    let mut moved = Vec::new();
+    let mut deferred = GroupEntries::default();
     let mut added = 0;
     let applied = apply_writes(
         &taken.get().txn,
@@ -503,8 +502,7 @@ pub(super) fn apply_group(
             record: &mut record,
             written: &mut written,
             recent: &committer.recent,
-            created: &mut created,
-            moved: &mut moved,
+            deferred: &mut deferred,
         },
         group,
     );
@@ -523,10 +521,7 @@ pub(super) fn apply_group(
         }
         taken.get().logged += written.iter().map(HashMap::len).sum::<usize>();
         committer.recent.add(written);
-        for &number in &moved {
-            creations.forget(number);
-        }
-        added = creations.add(created);
+        added = creations.add(deferred);
     }
     let flush = group.iter().any(|w| matches!(w, Waiting::Flush(_)));
     // Listing entries: a chunk of the run after each group, all of them before a search.
@@ -600,8 +595,8 @@ fn write_creations(
 }
 
 /// Runs a group's ops and transactions in `txn`, adding each write to the log `record`, to
-/// `written` (the latest value of each document) and new transfers' listing entries to
-/// `created`, and stores the `seq_no` counters and the record's number. Unindexed documents
+/// `written` (the latest value of each document) and the entries left to the runs to
+/// `deferred`, and stores the `seq_no` counters and the record's number. Unindexed documents
 /// are read from `written`, then from the `recent` writes, then from the tables (see
 /// [`GroupView`]). An error is a storage error: the transaction may be poisoned.
 fn apply_writes(

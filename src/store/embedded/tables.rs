@@ -84,9 +84,11 @@ pub(super) const TX_METADATA: TableDefinition<(&str, i64, &str), ()> =
 
 /// Account entries by `(account, seq, number)` ([`TX_IDS`]), laid out by [`EntryKey`]: one
 /// per well-formed value of a transfer's `entries` ([`crate::store::entries`]), the
-/// statement's range scan ([`super::search::entries_blocking`]). Moved in the transaction of
-/// every write of the transfer whose `entries` changed (values added, values gone);
-/// transfers without entries have none (and their writes never touch the table). Keyed on
+/// statement's range scan ([`super::search::entries_blocking`]). A write that adds values to
+/// a transfer's `entries` leaves their rows to a sorted run ([`super::listing_entries`],
+/// which a statement's search has written first); a value gone (never, from the engine)
+/// takes its row at once; transfers without entries have none (and their writes never
+/// touch the table). Keyed on
 /// the number as well, not mapped to it: should two documents ever file the same
 /// `(account, seq)`, both are found (as Elasticsearch would find both), and one losing it
 /// does not take the other's.
@@ -539,14 +541,14 @@ pub(super) fn update_transfer_indexes(
     (id, number): (&str, u64),
     old: Option<&TransferKeys<'_>>,
     new: &TransferKeys<'_>,
-    deferred: Option<&mut Vec<Creation>>,
+    mut deferred: Option<&mut GroupEntries>,
 ) -> StoreResult<()> {
     let moved = MovedEntries::between(old, new);
     if moved.metadata {
         move_metadata_entries(t, id, old, new)?;
     }
     if moved.entries {
-        move_account_entries(t, number, old, new)?;
+        move_account_entries(t, number, old, new, deferred.as_deref_mut())?;
     }
     if let Some(old) = old {
         move_entries(t, (id, number), old, &moved, EntryOp::Remove)?;
@@ -561,7 +563,7 @@ pub(super) fn update_transfer_indexes(
                 ..moved
             };
             move_entries(t, (id, number), new, &now, EntryOp::Insert)?;
-            deferred.push(Creation::of(number, new));
+            deferred.created.push(Creation::of(number, new));
         }
         None => move_entries(t, (id, number), new, &moved, EntryOp::Insert)?,
     }
@@ -633,21 +635,39 @@ fn move_metadata_entries(
 /// Removes the account entries of `old` (if any) that `new` no longer files and inserts
 /// those `new` adds, leaving the ones both file untouched (a write that adds an entry to a
 /// transfer inserts that one only).
+///
+/// Given a group's list (`deferred`), the added ones wait there for a run
+/// ([`super::listing_entries`]), written late like a new transfer's creation entries: the
+/// engine only ever adds values to a transfer's `entries`, so an entry, once filed, stays,
+/// and writing it late (or twice) is the same as writing it at once. A removal (which the
+/// engine never makes) is immediate, and takes the entry out of the pending ones too
+/// ([`GroupEntries::unfile`]), so a run never writes it back. Replay writes both at once.
 fn move_account_entries(
     t: &mut Tables<'_>,
     number: u64,
     old: Option<&TransferKeys<'_>>,
     new: &TransferKeys<'_>,
+    mut deferred: Option<&mut GroupEntries>,
 ) -> StoreResult<()> {
     let before = old.map(TransferKeys::entry_keys).unwrap_or_default();
     let after = new.entry_keys();
     for (account, seq) in before.difference(&after) {
         let key = EntryKey::new(account, *seq, number);
         t.entries.remove(key.as_bytes()).map_err(storage)?;
+        if let Some(deferred) = deferred.as_deref_mut() {
+            deferred.unfile(key);
+        }
     }
     for (account, seq) in after.difference(&before) {
         let key = EntryKey::new(account, *seq, number);
-        t.entries.insert(key.as_bytes(), ()).map_err(storage)?;
+        match deferred.as_deref_mut() {
+            Some(deferred) => deferred.file(key),
+            None => t
+                .entries
+                .insert(key.as_bytes(), ())
+                .map(drop)
+                .map_err(storage)?,
+        }
     }
     Ok(())
 }

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use super::*;
 
 /// What a group's writes add to besides the tables: the `seq_no` counters, the log record,
-/// the documents written (for [`Committer::recent`]) and new transfers' listing entries (for
+/// the documents written (for [`Committer::recent`]) and the entries left to the runs (for
 /// [`Committer::creations`]); and the recent writes, where the unindexed documents of earlier
 /// groups are.
 pub(super) struct GroupWrites<'r> {
@@ -16,10 +16,9 @@ pub(super) struct GroupWrites<'r> {
     pub(super) record: &'r mut LogRecord,
     pub(super) written: &'r mut DocsById,
     pub(super) recent: &'r Recent,
-    pub(super) created: &'r mut Vec<Creation>,
-    /// Transfers whose creation time or accounts this group changed: their pending entries
-    /// are forgotten once the group is logged.
-    pub(super) moved: &'r mut Vec<u64>,
+    /// What its writes leave to the runs (new transfers' creation entries, account entries
+    /// filed) and take back from them.
+    pub(super) deferred: &'r mut GroupEntries,
 }
 
 impl GroupWrites<'_> {
@@ -333,11 +332,10 @@ pub(super) fn write_checked(
             seq_no,
             &value,
             transfer,
-            Some(writes.created),
+            Some(writes.deferred),
         )?;
         if let (Some(keys), Some(number)) = (moved, number) {
-            writes.created.retain(|c| c.number() != number);
-            writes.moved.push(number);
+            writes.deferred.moved(number);
             Creation::of(number, &keys).write(tables)?;
         }
     }
@@ -358,7 +356,7 @@ fn store_document(
     seq_no: u64,
     value: &[u8],
     transfer: Option<(Option<u64>, IndexKeys<'_>)>,
-    created: Option<&mut Vec<Creation>>,
+    deferred: Option<&mut GroupEntries>,
 ) -> StoreResult<Option<u64>> {
     tables
         .docs
@@ -382,7 +380,7 @@ fn store_document(
             seq_no
         }
     };
-    update_transfer_indexes(tables, (id, number), old.as_ref(), &new, created)?;
+    update_transfer_indexes(tables, (id, number), old.as_ref(), &new, deferred)?;
     tables.changes.insert(seq_no, number).map_err(storage)?;
     Ok(Some(number))
 }

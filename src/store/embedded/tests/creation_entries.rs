@@ -219,3 +219,121 @@ async fn a_failure_while_writing_entries_stops_writing_and_the_restart_catches_u
     );
     assert_eq!(created_index_ids(&reopened).len(), count as usize + 1);
 }
+
+/// The rows of `TX_ENTRIES` as redb's tables hold them now, without writing anything.
+fn statement_entries_in_tables(store: &EmbeddedStore) -> usize {
+    committer_idle(store);
+    let txn = store.db.begin_read().unwrap();
+    let table = txn.open_table(TX_ENTRIES).unwrap();
+    table.len().unwrap() as usize
+}
+
+/// Writes `entries` (`(account, seq)`) as transfer `id`'s, creating it if `version` is none.
+async fn file_entries(
+    store: &EmbeddedStore,
+    id: &str,
+    entries: &[(&str, u64)],
+    version: Option<Version>,
+) -> Version {
+    let mut doc = transfer(id, "pending", 1_000);
+    let values: Vec<String> = entries
+        .iter()
+        .map(|(account, seq)| format!("{}/1/-1/0/d", crate::store::entries::bound(account, *seq)))
+        .collect();
+    doc[fields::ENTRIES] = json!(values);
+    let outcome = match version {
+        None => store.create(Index::Transactions, id, doc.into()).await,
+        Some(version) => (store.replace_if(Index::Transactions, id, doc.into(), version)).await,
+    };
+    match outcome.unwrap() {
+        WriteOutcome::Written(version) => version,
+        other => panic!("{id}: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn account_entries_wait_for_a_run_and_a_statement_has_them_written_first() {
+    let (_dir, store) = open();
+    runs_due(&store, false);
+    let v = file_entries(&store, "t1", &[("a", 1), ("b", 1)], None).await;
+    // A later write of the transfer files one more: it waits as well.
+    file_entries(&store, "t1", &[("a", 1), ("b", 1), ("a", 2)], Some(v)).await;
+    file_entries(&store, "t2", &[("a", 3)], None).await;
+    if let Some(open) = lock(&store.committer.open).take() {
+        open.commit(&store.committer, Durability::None).unwrap();
+    }
+    assert_eq!(
+        statement_entries_in_tables(&store),
+        0,
+        "pending, not written"
+    );
+    assert_eq!(filing_entries_of(&store, "a").await, ["t1", "t2"]);
+    assert_eq!(statement_entries_in_tables(&store), 4);
+    assert!(lock(&store.committer.creations).is_empty());
+    // Only a filed entry pending, of a transfer created before: written first too.
+    let v = store.get(Index::Transactions, "t2").await.unwrap().unwrap();
+    file_entries(&store, "t2", &[("a", 3), ("c", 1)], Some(v.version)).await;
+    assert_eq!(filing_entries_of(&store, "c").await, ["t2"]);
+    assert_eq!(statement_entries_in_tables(&store), 5);
+}
+
+#[tokio::test]
+async fn a_crash_with_account_entries_pending_leaves_the_next_start_to_write_them() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // A checkpoint after every group: the file alone holds the transfers, the log is empty.
+    let store = EmbeddedStore::open_with(dir.path(), DEFAULT_CACHE_MIB, Duration::ZERO).unwrap();
+    // t1's entries are written by a run; then it files one more, which a crash leaves pending.
+    let v = file_entries(&store, "t1", &[("a", 1)], None).await;
+    settle(&store);
+    assert_eq!(statement_entries_in_tables(&store), 1);
+    runs_due(&store, false);
+    file_entries(&store, "t1", &[("a", 1), ("a", 2)], Some(v)).await;
+    file_entries(&store, "t2", &[("b", 1)], None).await;
+    committer_idle(&store);
+    assert!(!lock(&store.committer.creations).is_empty());
+    let image = crash_image(dir.path(), true);
+    let reopened = EmbeddedStore::open(image.path()).unwrap();
+    assert_eq!(
+        statement_entries_in_tables(&reopened),
+        3,
+        "written at the start"
+    );
+    let t = |account: &str, seq, id: &str| (account.to_owned(), seq, id.to_owned());
+    assert_eq!(
+        entry_rows(&reopened),
+        [t("a", 1, "t1"), t("a", 2, "t1"), t("b", 1, "t2")]
+    );
+}
+
+/// The engine never takes a value from a transfer's `entries`, but the store does not rely
+/// on it: the entry goes at once, pending or written, and no run writes it back.
+#[tokio::test]
+async fn an_account_entry_taken_back_is_gone_whether_written_or_pending() {
+    let (_dir, store) = open();
+    runs_due(&store, false);
+    let v = file_entries(&store, "t1", &[("a", 1), ("a", 2)], None).await;
+    settle(&store);
+    let v = file_entries(&store, "t1", &[("a", 1), ("a", 2), ("a", 3)], Some(v)).await;
+    // a/2 was written, a/3 is pending: both go.
+    let v = file_entries(&store, "t1", &[("a", 1)], Some(v)).await;
+    // Within one group: filed, then taken back, then filed again.
+    let doc = |entries: &[u64]| {
+        let mut doc = transfer("t1", "pending", 1_000);
+        let values: Vec<String> = entries
+            .iter()
+            .map(|seq| format!("{}/1/-1/0/d", crate::store::entries::bound("a", *seq)))
+            .collect();
+        doc[fields::ENTRIES] = json!(values);
+        doc
+    };
+    let ops = vec![
+        replace("t1", doc(&[1, 4]), v.seq_no),
+        replace("t1", doc(&[1]), v.seq_no + 1),
+        replace("t1", doc(&[1, 5]), v.seq_no + 2),
+    ];
+    for outcome in store.bulk(ops).await.unwrap() {
+        written(&outcome);
+    }
+    let t = |seq| ("a".to_owned(), seq, "t1".to_owned());
+    assert_eq!(entry_rows(&store), [t(1), t(5)]);
+}
