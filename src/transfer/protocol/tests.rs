@@ -57,6 +57,11 @@ fn decide(a: &AccountDoc, op: AccountOp, side: Side, amount: i64) -> AccountDeci
     decide_account(a, step(op, side, amount), &now(), RETAIN)
 }
 
+/// A new account of `balance` after the apply of `amount` on `side`.
+fn applied(balance: i64, side: Side, amount: i64) -> AccountDoc {
+    write(decide(&account(balance), AccountOp::Apply, side, amount))
+}
+
 fn write(decision: AccountDecision) -> AccountDoc {
     match decision {
         AccountDecision::Write(doc) => doc,
@@ -201,17 +206,20 @@ fn a_multi_leg_transaction_takes_each_account_once_in_every_state() {
     assert_eq!(plan_for(&transfer(Pending)), plan(Pending));
 }
 
+/// Each posting of `t` as (account, side, amount).
+fn net_changes(t: &TransferDoc) -> Vec<(&str, Side, i64)> {
+    t.postings()
+        .iter()
+        .map(|p| (p.account, p.side, p.amount))
+        .collect()
+}
+
 #[test]
 fn postings_carry_each_accounts_net_change_once_in_order_of_appearance() {
     use Side::*;
     let t = multi(&[("a", "b", 10), ("c", "a", 4), ("b", "c", 10), ("d", "e", 1)]);
-    let got: Vec<_> = t
-        .postings()
-        .iter()
-        .map(|p| (p.account, p.side, p.amount))
-        .collect();
     assert_eq!(
-        got,
+        net_changes(&t),
         [
             ("a", Source, 6),
             ("b", Destination, 0),
@@ -222,13 +230,8 @@ fn postings_carry_each_accounts_net_change_once_in_order_of_appearance() {
     );
     // The extremes: the sum of the legs fits, so every net change does.
     let t = multi(&[("a", "b", i64::MAX - 1), ("c", "a", 1)]);
-    let got: Vec<_> = t
-        .postings()
-        .iter()
-        .map(|p| (p.account, p.side, p.amount))
-        .collect();
     assert_eq!(
-        got,
+        net_changes(&t),
         [
             ("a", Source, i64::MAX - 2),
             ("b", Destination, i64::MAX - 1),
@@ -263,15 +266,8 @@ fn a_net_debit_is_checked_against_the_floor_once() {
     let t = multi(&[("a", "b", 60), ("a", "c", 50), ("d", "a", 30)]);
     let p = t.posting_of("a").unwrap();
     let step = AccountStep {
-        transfer_id: "t1",
-        amount: p.amount,
         settle_amount: p.settle_amount,
-        side: p.side,
-        op: AccountOp::Apply,
-        currency: CurrencyRule::Any,
-        mark: None,
-        hold: false,
-        filed: &[],
+        ..step(AccountOp::Apply, p.side, p.amount)
     };
     let after = write(decide_account(&account(100), step, &now(), RETAIN));
     assert_eq!(
@@ -407,8 +403,8 @@ fn settle(a: &AccountDoc, side: Side, amount: i64, settle_amount: i64) -> Accoun
 
 #[test]
 fn a_partial_capture_gives_the_rest_back_in_the_remove() {
-    let src = write(decide(&account(100), AccountOp::Apply, Side::Source, 30));
-    let dest = write(decide(&account(0), AccountOp::Apply, Side::Destination, 30));
+    let src = applied(100, Side::Source, 30);
+    let dest = applied(0, Side::Destination, 30);
     let src = settle(&src, Side::Source, 30, 12);
     let dest = settle(&dest, Side::Destination, 30, 12);
     assert_eq!((src.balance, src.pending_debits), (88, 0));
@@ -436,7 +432,7 @@ fn a_partial_capture_gives_the_rest_back_in_the_remove() {
 
 #[test]
 fn a_full_capture_settles_like_a_transfer() {
-    let dest = write(decide(&account(0), AccountOp::Apply, Side::Destination, 30));
+    let dest = applied(0, Side::Destination, 30);
     assert_eq!(
         settle(&dest, Side::Destination, 30, 30),
         write(decide(&dest, AccountOp::Remove, Side::Destination, 30))
@@ -454,19 +450,14 @@ fn a_partial_capture_at_the_extremes_neither_overflows_nor_overdraws() {
         i64::MAX - 1
     );
     // The destination's credit was never spendable, so taking it back keeps the floor.
-    let credited = write(decide(
-        &account(0),
-        AccountOp::Apply,
-        Side::Destination,
-        i64::MAX,
-    ));
+    let credited = applied(0, Side::Destination, i64::MAX);
     let settled = settle(&credited, Side::Destination, i64::MAX, 1);
     assert_eq!((settled.balance, settled.available()), (1, 1));
 }
 
 #[test]
 fn apply_debits_source_and_remembers_the_id() {
-    let a = write(decide(&account(100), AccountOp::Apply, Side::Source, 30));
+    let a = applied(100, Side::Source, 30);
     assert_eq!(a.balance, 70);
     assert_eq!(a.pending_transactions, ["t1"]);
     assert_eq!(a.pending_credits, 0);
@@ -475,12 +466,7 @@ fn apply_debits_source_and_remembers_the_id() {
 
 #[test]
 fn apply_credits_destination_as_not_yet_spendable() {
-    let a = write(decide(
-        &account(100),
-        AccountOp::Apply,
-        Side::Destination,
-        30,
-    ));
+    let a = applied(100, Side::Destination, 30);
     assert_eq!(a.balance, 130);
     assert_eq!(a.pending_credits, 30);
     assert_eq!(a.available(), 100);
@@ -488,7 +474,7 @@ fn apply_credits_destination_as_not_yet_spendable() {
 
 #[test]
 fn apply_twice_is_a_noop() {
-    let a = write(decide(&account(100), AccountOp::Apply, Side::Source, 30));
+    let a = applied(100, Side::Source, 30);
     assert_eq!(
         decide(&a, AccountOp::Apply, Side::Source, 30),
         AccountDecision::AlreadyDone
@@ -517,17 +503,10 @@ fn apply_refuses_to_overdraw_the_floor() {
 
 #[test]
 fn uncommitted_credits_cannot_be_spent() {
-    let a = write(decide(&account(0), AccountOp::Apply, Side::Destination, 50));
+    let a = applied(0, Side::Destination, 50);
     let step = AccountStep {
         transfer_id: "t2",
-        amount: 1,
-        settle_amount: 1,
-        side: Side::Source,
-        op: AccountOp::Apply,
-        currency: CurrencyRule::Any,
-        mark: None,
-        hold: false,
-        filed: &[],
+        ..step(AccountOp::Apply, Side::Source, 1)
     };
     assert_eq!(
         decide_account(&a, step, &now(), RETAIN),
@@ -551,18 +530,11 @@ fn extreme_floors_neither_overflow_nor_overdraw() {
 
 #[test]
 fn a_credit_leaves_room_to_undo_pending_debits() {
-    let a = write(decide(&account(100), AccountOp::Apply, Side::Source, 100));
+    let a = applied(100, Side::Source, 100);
     assert_eq!((a.balance, a.pending_debits), (0, 100));
     let credit = AccountStep {
         transfer_id: "t2",
-        amount: i64::MAX,
-        settle_amount: i64::MAX,
-        side: Side::Destination,
-        op: AccountOp::Apply,
-        currency: CurrencyRule::Any,
-        mark: None,
-        hold: false,
-        filed: &[],
+        ..step(AccountOp::Apply, Side::Destination, i64::MAX)
     };
     assert_eq!(
         decide_account(&a, credit, &now(), RETAIN),
@@ -635,31 +607,38 @@ fn an_apply_needs_the_currency_of_its_rule_and_settling_does_not() {
     );
 }
 
-/// Asserts that `decision` is `refusal`, which rolls the transfer back with `reason` (`None`:
-/// it does not roll it back).
-fn assert_refused(decision: AccountDecision, refusal: Refusal, reason: Option<RollbackReason>) {
-    assert_eq!(decision, AccountDecision::Refuse(refusal));
-    assert_eq!(refusal.rollback_reason(), reason);
+#[test]
+fn each_refusal_rolls_the_transfer_back_with_its_reason_or_not_at_all() {
+    let cases = [
+        (
+            Refusal::InsufficientFunds,
+            Some(RollbackReason::InsufficientFunds),
+        ),
+        (Refusal::Overflow, Some(RollbackReason::BalanceOverflow)),
+        (Refusal::AlreadySettled, None),
+        (Refusal::AccountBusy, Some(RollbackReason::AccountBusy)),
+        (
+            Refusal::CurrencyMismatch,
+            Some(RollbackReason::CurrencyMismatch),
+        ),
+    ];
+    for (refusal, reason) in cases {
+        assert_eq!(refusal.rollback_reason(), reason, "{refusal:?}");
+    }
 }
 
 #[test]
 fn apply_refuses_to_overflow() {
     let a = account(i64::MAX - 5);
-    assert_refused(
-        decide(&a, AccountOp::Apply, Side::Destination, 6),
-        Refusal::Overflow,
-        Some(RollbackReason::BalanceOverflow),
-    );
+    let overflowing = decide(&a, AccountOp::Apply, Side::Destination, 6);
+    assert_eq!(overflowing, AccountDecision::Refuse(Refusal::Overflow));
 }
 
 #[test]
 fn an_apply_of_an_id_an_older_version_tombstoned_is_refused() {
     let a = tombstoned([("t1", now().millis)]);
-    assert_refused(
-        decide(&a, AccountOp::Apply, Side::Source, 30),
-        Refusal::AlreadySettled,
-        None,
-    );
+    let again = decide(&a, AccountOp::Apply, Side::Source, 30);
+    assert_eq!(again, AccountDecision::Refuse(Refusal::AlreadySettled));
 }
 
 /// `op` of `t1` on `a` with `mark`: an apply's own, a remove's as the commit recorded it.
@@ -744,13 +723,8 @@ fn the_sweeps_undo_gives_back_only_the_entry_it_saw() {
 
 #[test]
 fn remove_keeps_the_balance_and_forgets_the_id() {
-    let applied = write(decide(
-        &account(100),
-        AccountOp::Apply,
-        Side::Destination,
-        30,
-    ));
-    let removed = write(decide(&applied, AccountOp::Remove, Side::Destination, 30));
+    let credited = applied(100, Side::Destination, 30);
+    let removed = write(decide(&credited, AccountOp::Remove, Side::Destination, 30));
     assert_eq!(removed.balance, 130);
     assert!(removed.pending_transactions.is_empty());
     assert_eq!(removed.pending_credits, 0);
@@ -763,16 +737,11 @@ fn remove_keeps_the_balance_and_forgets_the_id() {
 
 #[test]
 fn undo_gives_back_what_was_applied() {
-    let applied = write(decide(&account(100), AccountOp::Apply, Side::Source, 30));
-    let undone = write(decide(&applied, AccountOp::Undo, Side::Source, 30));
+    let debited = applied(100, Side::Source, 30);
+    let undone = write(decide(&debited, AccountOp::Undo, Side::Source, 30));
     assert_eq!(undone.balance, 100);
     assert!(undone.pending_transactions.is_empty());
-    let credited = write(decide(
-        &account(100),
-        AccountOp::Apply,
-        Side::Destination,
-        30,
-    ));
+    let credited = applied(100, Side::Destination, 30);
     let undone = write(decide(&credited, AccountOp::Undo, Side::Destination, 30));
     assert_eq!((undone.balance, undone.pending_credits), (100, 0));
     // Run again, it changes no sum but still writes: the write is the fence.
@@ -844,11 +813,8 @@ fn tombstones_are_kept_by_age_and_a_young_one_is_never_forgotten() {
     assert_eq!(ids(&fenced), ["young"], "only the expired one dropped");
     // Full of young tombstones: the apply is refused rather than one being forgotten.
     let full = tombstoned((0..3).map(|i| (format!("s{i}"), now().millis)));
-    assert_refused(
-        decide(&full, AccountOp::Apply, Side::Source, 1),
-        Refusal::AccountBusy,
-        Some(RollbackReason::AccountBusy),
-    );
+    let one_more = decide(&full, AccountOp::Apply, Side::Source, 1);
+    assert_eq!(one_more, AccountDecision::Refuse(Refusal::AccountBusy));
 }
 
 #[test]
@@ -976,7 +942,7 @@ fn settling_at_once_refuses_to_overflow_or_to_leave_no_room_for_pending_undos() 
 
 #[test]
 fn settling_at_once_refuses_an_account_that_already_holds_the_transfer() {
-    let pending = write(decide(&account(100), AccountOp::Apply, Side::Source, 10));
+    let pending = applied(100, Side::Source, 10);
     assert_eq!(
         at_once(&pending, Side::Source, 10),
         Err(Refusal::AlreadySettled)
