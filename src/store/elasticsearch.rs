@@ -101,7 +101,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use elasticsearch::http::headers::{HeaderValue, CONTENT_TYPE};
-use elasticsearch::indices::IndicesRefreshParts;
 use elasticsearch::{BulkParts, SearchParts};
 use serde_json::{json, Value};
 use url::Url;
@@ -604,14 +603,7 @@ impl Store for ElasticsearchStore {
         let accounts = self.connection.index_name(Index::Accounts);
         let transactions = self.connection.index_name(Index::Transactions);
         let indices = [accounts.as_str(), transactions.as_str()];
-        let sent = self
-            .connection
-            .client
-            .indices()
-            .refresh(IndicesRefreshParts::Index(&indices))
-            .send()
-            .await;
-        let reply = self.connection.read(op, sent).await?;
+        let reply = self.connection.refresh(op, &indices).await?;
         if reply.status == 404 && reply.error_type() == Some("index_not_found_exception") {
             // Before migrations nothing may exist yet. Refresh the indices that do exist one
             // by one (a multi-index refresh fails as a whole on one missing index).
@@ -639,14 +631,7 @@ impl ElasticsearchStore {
     /// Refresh of a single index; a missing one has nothing to refresh.
     async fn refresh_one(&self, index: &str) -> StoreResult<()> {
         let op = "refresh";
-        let sent = self
-            .connection
-            .client
-            .indices()
-            .refresh(IndicesRefreshParts::Index(&[index]))
-            .send()
-            .await;
-        let reply = self.connection.read(op, sent).await?;
+        let reply = self.connection.refresh(op, &[index]).await?;
         if reply.status == 404 && reply.error_type() == Some("index_not_found_exception") {
             return Ok(());
         }

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use elasticsearch::auth::Credentials;
 use elasticsearch::http::headers::{HeaderName, HeaderValue, ACCEPT_ENCODING};
 use elasticsearch::http::transport::{SingleNodeConnectionPool, TransportBuilder};
-use elasticsearch::indices::{IndicesExistsParts, IndicesGetParts};
+use elasticsearch::indices::{IndicesExistsParts, IndicesGetParts, IndicesRefreshParts};
 use elasticsearch::Elasticsearch;
 use serde_json::Value;
 use url::Url;
@@ -163,6 +163,18 @@ impl Connection {
                 "HEAD {index}: status {status}"
             ))),
         }
+    }
+
+    /// `POST /{indices}/_refresh`, its answer read: whether a refusal, a missing index or
+    /// a shard that failed to refresh matters is the caller's to say.
+    pub(super) async fn refresh(&self, op: &str, indices: &[&str]) -> StoreResult<Reply> {
+        let sent = self
+            .client
+            .indices()
+            .refresh(IndicesRefreshParts::Index(indices))
+            .send()
+            .await;
+        self.read(op, sent).await
     }
 
     /// A refused `HEAD /{index}` has no body to say why; for a 403, `GET /{index}` (the same

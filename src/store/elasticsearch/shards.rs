@@ -29,7 +29,7 @@ use std::sync::Arc;
 use elasticsearch::cluster::ClusterHealthParts;
 use elasticsearch::indices::{
     IndicesAddBlockParts, IndicesGetParts, IndicesPutMappingParts, IndicesPutSettingsParts,
-    IndicesRefreshParts, IndicesSplitParts,
+    IndicesSplitParts,
 };
 use elasticsearch::params::WaitForStatus;
 use elasticsearch::CountParts;
@@ -305,14 +305,10 @@ impl ShardGrowth {
 
     async fn count_all(&self, index: &str) -> StoreResult<u64> {
         let op = "shards: count";
-        let sent = self
-            .connection
-            .client
-            .indices()
-            .refresh(IndicesRefreshParts::Index(&[index]))
-            .send()
-            .await;
-        self.expect_success(op, sent).await?;
+        let refreshed = self.connection.refresh(op, &[index]).await?;
+        if !refreshed.is_success() {
+            return Err(refreshed.into_error(op));
+        }
         let sent = self
             .connection
             .client
