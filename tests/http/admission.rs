@@ -40,8 +40,7 @@ async fn held_app(b: Backend, max: usize) -> (TestApp, Arc<AccountGate>) {
     )
     .await;
     let gate = gate.into_inner().expect("the store was wrapped");
-    app.open_account("A", 1_000).await;
-    app.open_account("B", 0).await;
+    app.open_accounts([("A", 1_000), ("B", 0)]).await;
     (app, gate)
 }
 

@@ -5,7 +5,7 @@
 //! cluster can run).
 
 use crate::support::app::{item_ids as ids, Backend, TestApp};
-use crate::support::problems::assert_problem;
+use crate::support::problems::{assert_answer_is_problem, assert_problem};
 use serde_json::{json, Value};
 use transfer_service::store::Index;
 use transfer_service::time::format_millis;
@@ -83,10 +83,11 @@ mod cases {
             .post("/accounts", json!({"id": "A", "balance": 500}))
             .await;
         assert_eq!((status, body["balance"].as_i64()), (200, Some(500)));
-        let (status, body) = app
-            .post("/accounts", json!({"id": "A", "balance": 501}))
-            .await;
-        assert_problem(status, &body, 409);
+        assert_answer_is_problem(
+            app.post("/accounts", json!({"id": "A", "balance": 501}))
+                .await,
+            409,
+        );
         assert_eq!(app.balance("A").await, 500);
         app.shutdown().await;
     }
@@ -122,17 +123,13 @@ mod cases {
 
     pub async fn unknown_account_is_404(b: Backend) {
         let app = TestApp::spawn(b).await;
-        let (status, body) = app.get("/accounts/nobody").await;
-        assert_problem(status, &body, 404);
-        let (status, body) = app.get("/accounts/not%20valid").await;
-        assert_problem(status, &body, 404);
+        assert_answer_is_problem(app.get("/accounts/nobody").await, 404);
+        assert_answer_is_problem(app.get("/accounts/not%20valid").await, 404);
         app.shutdown().await;
     }
 
     pub async fn transfer_is_answered_as_stored_then_finishes(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 500).await;
-        app.open_account("B", 500).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 500), ("B", 500)]).await;
         let response = app
             .client
             .post(app.url("/transfers"))
@@ -160,9 +157,7 @@ mod cases {
     }
 
     pub async fn overdraft_rolls_back_with_insufficient_funds(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 50).await;
-        app.open_account("B", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 50), ("B", 0)]).await;
         assert_eq!(app.transfer("t1", "A", "B", 51).await.0, 201);
         let done = app.settled("t1").await;
         assert_eq!(
@@ -187,9 +182,7 @@ mod cases {
     }
 
     pub async fn overflow_rolls_back_never_wraps(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 10).await;
-        app.open_account("RICH", i64::MAX).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 10), ("RICH", i64::MAX)]).await;
         assert_eq!(app.transfer("t1", "A", "RICH", 1).await.0, 201);
         let done = app.settled("t1").await;
         assert_eq!(done["reason"], "balance_overflow", "{done}");
@@ -201,9 +194,7 @@ mod cases {
     }
 
     pub async fn identical_transfer_replay_returns_200_with_current_state(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 500).await;
-        app.open_account("B", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 500), ("B", 0)]).await;
         assert_eq!(app.transfer("t1", "A", "B", 100).await.0, 201);
         app.settled("t1").await;
         let (status, body) = app.transfer("t1", "A", "B", 100).await;
@@ -217,14 +208,10 @@ mod cases {
     }
 
     pub async fn same_transfer_id_with_another_body_is_409(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 500).await;
-        app.open_account("B", 0).await;
-        app.open_account("C", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 500), ("B", 0), ("C", 0)]).await;
         assert_eq!(app.transfer("t1", "A", "B", 100).await.0, 201);
         for (from, to, amount) in [("A", "B", 101), ("A", "C", 100), ("B", "A", 100)] {
-            let (status, body) = app.transfer("t1", from, to, amount).await;
-            assert_problem(status, &body, 409);
+            assert_answer_is_problem(app.transfer("t1", from, to, amount).await, 409);
         }
         app.settled("t1").await;
         assert_eq!(
@@ -239,9 +226,7 @@ mod cases {
     }
 
     pub async fn transfer_without_id_gets_a_uuid_v7(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 5).await;
-        app.open_account("B", 5).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 5), ("B", 5)]).await;
         let (status, body) = app
             .post("/transfers", json!({"from": "A", "to": "B", "amount": 1}))
             .await;
@@ -253,9 +238,7 @@ mod cases {
     }
 
     pub async fn invalid_transfer_fields_are_422_and_change_nothing(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 500).await;
-        app.open_account("B", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 500), ("B", 0)]).await;
         for body in [
             json!({"id": "x1", "from": "A", "to": "B", "amount": 0}),
             json!({"id": "x2", "from": "A", "to": "B", "amount": -5}),
@@ -327,20 +310,16 @@ mod cases {
             }
             assert_problem(status, &body, 404);
         }
-        let (status, body) = app.post("/transfers/nobody/cancel", json!({})).await;
-        assert_problem(status, &body, 404);
+        assert_answer_is_problem(app.post("/transfers/nobody/cancel", json!({})).await, 404);
         app.shutdown().await;
     }
 
     pub async fn wait_answers_when_terminal_and_rejects_bad_durations(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 5).await;
-        app.open_account("B", 5).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 5), ("B", 5)]).await;
         app.transfer("t1", "A", "B", 5).await;
         let (status, body) = app.get("/transfers/t1?wait=10s").await;
         assert_eq!((status, body["state"].as_str()), (200, Some("finished")));
-        let (status, body) = app.get("/transfers/t1?wait=soon").await;
-        assert_problem(status, &body, 422);
+        assert_answer_is_problem(app.get("/transfers/t1?wait=soon").await, 422);
         // A transfer that stays in flight: the wait ends with its current state.
         plant_transfer(&app, "held", "pending", Some("someone-else"), 60_000).await;
         let started = std::time::Instant::now();
@@ -369,9 +348,7 @@ mod cases {
     }
 
     pub async fn cancel_pending_undoes_the_accounts(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("a", 100).await;
-        app.open_account("b", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("a", 100), ("b", 0)]).await;
         // A pending transfer whose worker died: its lease has run out.
         plant_transfer(&app, "p1", "pending", Some("dead-worker"), -1).await;
         let (status, body) = app.post("/transfers/p1/cancel", json!({})).await;
@@ -390,16 +367,12 @@ mod cases {
     }
 
     pub async fn cancel_after_commit_is_409(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 5).await;
-        app.open_account("B", 5).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 5), ("B", 5)]).await;
         app.transfer("t1", "A", "B", 5).await;
         app.settled("t1").await;
-        let (status, body) = app.post("/transfers/t1/cancel", json!({})).await;
-        assert_problem(status, &body, 409);
+        assert_answer_is_problem(app.post("/transfers/t1/cancel", json!({})).await, 409);
         plant_transfer(&app, "k1", "committed", Some("a-live-worker"), 60_000).await;
-        let (status, body) = app.post("/transfers/k1/cancel", json!({})).await;
-        assert_problem(status, &body, 409);
+        assert_answer_is_problem(app.post("/transfers/k1/cancel", json!({})).await, 409);
         app.shutdown().await;
     }
 
@@ -437,8 +410,7 @@ mod cases {
             "account=a%20b",
             "color=red",
         ] {
-            let (status, body) = app.get(&format!("/transfers?{bad}")).await;
-            assert_problem(status, &body, 422);
+            assert_answer_is_problem(app.get(&format!("/transfers?{bad}")).await, 422);
         }
         app.shutdown().await;
     }
@@ -489,8 +461,7 @@ mod cases {
             "attention=yes",
             "attention=true&attention=true",
         ] {
-            let (status, body) = app.get(&format!("/transfers?{bad}")).await;
-            assert_problem(status, &body, 422);
+            assert_answer_is_problem(app.get(&format!("/transfers?{bad}")).await, 422);
         }
         app.shutdown().await;
     }
@@ -589,10 +560,11 @@ mod cases {
         for pair in ids.windows(2) {
             let done = app.settled(pair[0]).await;
             assert_eq!(done["state"], "finished", "{done}");
-            let (status, body) = app
-                .post(&format!("/transfers/{}/cancel", pair[0]), json!({}))
-                .await;
-            assert_problem(status, &body, 409);
+            assert_answer_is_problem(
+                app.post(&format!("/transfers/{}/cancel", pair[0]), json!({}))
+                    .await,
+                409,
+            );
         }
         // Every account but the ends sent 10 and received 10.
         assert_eq!(app.balance(ids[0]).await, 90);
@@ -621,9 +593,7 @@ mod cases {
     /// `?wait=` edge values: zero answers at once, huge values (even past any clock) are
     /// capped at 30 s, anything that is not `<digits><unit>`... (or is given twice) is 422.
     pub async fn wait_edge_values_are_capped_or_422(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 5).await;
-        app.open_account("B", 5).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 5), ("B", 5)]).await;
         app.transfer("t1", "A", "B", 5).await;
         app.settled("t1").await;
         plant_transfer(&app, "held", "pending", Some("someone-else"), 60_000).await;
@@ -666,21 +636,17 @@ mod cases {
             "x".repeat(10_000).as_str(),
         ] {
             let path = format!("/transfers/held?wait={wait}");
-            let (status, body) = app.get(&path).await;
-            assert_problem(status, &body, 422);
+            assert_answer_is_problem(app.get(&path).await, 422);
         }
         // An unknown or impossible id with a valid wait is 404 at once.
-        let (status, body) = app.get("/transfers/nobody?wait=10s").await;
-        assert_problem(status, &body, 404);
+        assert_answer_is_problem(app.get("/transfers/nobody?wait=10s").await, 404);
         app.shutdown().await;
     }
 
     /// Listing parameters that are repeated, not UTF-8, out of range, or cursors not of the
     /// form `<digits>~<id>` are 422, never a 5xx.
     pub async fn odd_list_queries_are_422(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 100).await;
-        app.open_account("B", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 100), ("B", 0)]).await;
         assert_eq!(app.transfer("t1", "A", "B", 10).await.0, 201);
         app.settled("t1").await;
         app.store().refresh().await.unwrap();
@@ -748,9 +714,7 @@ mod cases {
     /// Bodies built to trip a parser: deep nesting, lone surrogates, numbers out of range,
     /// NUL bytes in ids, duplicate keys. 4xx, never a 5xx, and nothing is created.
     pub async fn hostile_bodies_are_4xx(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 100).await;
-        app.open_account("B", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 100), ("B", 0)]).await;
         let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
         let deep_object = format!(
             "{{\"id\":\"d\",\"from\":\"A\",\"to\":\"B\",\"amount\":1,\"x\":{}1{}}}",

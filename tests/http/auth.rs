@@ -174,10 +174,7 @@ async fn assert_refused_everywhere(app: &TestApp, revoked: &[&str]) {
         }
         let response = request.send().await.unwrap();
         assert_eq!(response.status(), 401, "{what} with Basic");
-        assert!(response.headers()["www-authenticate"]
-            .to_str()
-            .unwrap()
-            .starts_with("Bearer "));
+        assert!(header(&response, "www-authenticate").starts_with("Bearer "));
 
         for secret in revoked.iter().chain([&UNKNOWN_SECRET]) {
             let (status, challenge, body) =

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::support::app::{Backend, TestApp};
 use crate::support::faulty::{Fault, FaultyStore, Matcher};
-use crate::support::problems::assert_problem;
+use crate::support::problems::{assert_answer_is_problem, assert_problem};
 use serde_json::{json, Value};
 use transfer_service::store::DynStore;
 
@@ -27,9 +27,7 @@ mod cases {
     use super::*;
 
     pub async fn batch_answers_every_item_in_request_order(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 100).await;
-        app.open_account("B", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 100), ("B", 0)]).await;
         let sent = vec![
             transfer("t-3", "A", "B", 30),
             transfer("t-1", "A", "B", 10),
@@ -72,9 +70,7 @@ mod cases {
     /// Replays and conflicts, against transfers that exist and within the batch: items with
     /// one id behave as sequential single requests, in request order.
     pub async fn replays_and_conflicts_are_answered_per_item(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 100).await;
-        app.open_account("B", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 100), ("B", 0)]).await;
         app.transfer_accepted("old", "A", "B", 10).await;
         let (_, single_conflict) = app.transfer("old", "A", "B", 11).await;
         let sent = vec![
@@ -107,9 +103,7 @@ mod cases {
     /// An invalid item is a 422 in its slot with the problem `POST /transfers` gives for the
     /// same body; it creates nothing and the valid items around it go through.
     pub async fn invalid_items_are_422_slots(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 100).await;
-        app.open_account("B", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 100), ("B", 0)]).await;
         let invalid = vec![
             transfer("x1", "A", "B", 0),
             json!({"id": "x2", "from": "A", "to": "B", "amount": 1.5}),
@@ -146,9 +140,7 @@ mod cases {
     /// A field given twice is ambiguous (parsers disagree on which one counts): a 422 naming
     /// it, alone, in a batch item's slot (the items around it go through) and in a leg.
     pub async fn a_field_given_twice_is_422_and_creates_nothing(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 100).await;
-        app.open_account("B", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 100), ("B", 0)]).await;
         let twice = r#"{"id":"d1","from":"A","to":"B","amount":1,"amount":50}"#;
         let in_a_leg = r#"{"id":"d2","legs":[{"from":"A","to":"B","amount":1,"from":"B"}]}"#;
         for (body, detail) in [
@@ -191,9 +183,7 @@ mod cases {
     /// What is wrong with the envelope fails the whole request, and creates nothing: 400 not
     /// JSON, 415 not JSON by its type, 413 over the body limit, 422 anything else.
     pub async fn malformed_envelopes_are_problems_for_the_whole_request(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 100).await;
-        app.open_account("B", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 100), ("B", 0)]).await;
         let one = transfer("e-1", "A", "B", 1);
         let huge = format!(
             "{{\"transfers\":[{one}],\"pad\":\"{}\"}}",
@@ -258,9 +248,7 @@ mod cases {
     /// 1,000 items is a batch (here all invalid, so nothing is created and the test stays
     /// quick); 1,001 is refused whole, and creates nothing.
     pub async fn a_batch_holds_at_most_1000_items(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 100_000).await;
-        app.open_account("B", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 100_000), ("B", 0)]).await;
         let invalid: Vec<Value> = (0..1000)
             .map(|i| transfer(&format!("z-{i}"), "A", "B", 0))
             .collect();
@@ -289,9 +277,7 @@ mod cases {
     /// maximal metadata (16 keys of 40 characters, values of 256) exceeds the 1 MiB body
     /// limit: 413 for the whole request, nothing created.
     pub async fn batch_items_carry_metadata_and_a_maximal_batch_is_413(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 100).await;
-        app.open_account("B", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 100), ("B", 0)]).await;
         let labelled = |id: &str, metadata: Value| {
             let mut item = transfer(id, "A", "B", 1);
             item["metadata"] = metadata;
@@ -351,8 +337,7 @@ mod cases {
             },
         )
         .await;
-        app.open_account("A", 100).await;
-        app.open_account("B", 0).await;
+        app.open_accounts([("A", 100), ("B", 0)]).await;
         let down = Matcher {
             op: Some("create"),
             id: Some("down".into()),
@@ -383,15 +368,12 @@ mod cases {
     /// `/transfers/batch` is a route of its own; a transfer whose id is `batch` is still
     /// created, read and cancelled like any other.
     pub async fn a_transfer_named_batch_is_still_a_transfer(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 100).await;
-        app.open_account("B", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 100), ("B", 0)]).await;
         app.transfer_accepted("batch", "A", "B", 7).await;
         let (status, body) = app.get("/transfers/batch").await;
         assert_eq!((status, &body["id"]), (200, &json!("batch")), "{body}");
         assert_eq!(app.settled("batch").await["state"], "finished");
-        let (status, body) = app.post("/transfers/batch/cancel", json!({})).await;
-        assert_problem(status, &body, 409);
+        assert_answer_is_problem(app.post("/transfers/batch/cancel", json!({})).await, 409);
         app.shutdown().await;
     }
 }

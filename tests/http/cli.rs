@@ -194,8 +194,7 @@ async fn audit_reads_a_stopped_store_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let app = TestApp::spawn_with(Backend::Embedded, |config| config.data_dir = data.clone()).await;
-    app.open_account("alice", 100).await;
-    app.open_account("bob", 0).await;
+    app.open_accounts([("alice", 100), ("bob", 0)]).await;
     app.transfer_accepted("t-1", "alice", "bob", 30).await;
     app.settled("t-1").await;
     app.shutdown().await;

@@ -38,9 +38,7 @@ mod cases {
     }
 
     pub async fn invalid_currencies_are_422_saying_why(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("a", 10).await;
-        app.open_account("b", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("a", 10), ("b", 0)]).await;
         let long = "A".repeat(17);
         for bad in [
             json!("usd"),
@@ -120,9 +118,7 @@ mod cases {
     }
 
     pub async fn a_transfers_currency_is_part_of_its_replay_comparison(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("a", 100).await;
-        app.open_account("b", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("a", 100), ("b", 0)]).await;
         let plain = json!({"id": "t", "from": "a", "to": "b", "amount": 1});
         let (status, body) = app.post("/transfers", plain.clone()).await;
         assert_eq!(status, 201, "{body}");

@@ -131,9 +131,7 @@ async fn on_the_real_cluster_readyz_and_store_info_name_its_engine() {
 /// of a document written since the last refresh makes the shard refresh).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transfer_between_accounts_this_instance_opened_reads_neither() {
-    let app = TestApp::spawn(Backend::Emulator).await;
-    app.open_account("a", 100).await;
-    app.open_account("b", 0).await;
+    let app = TestApp::spawn_with_accounts(Backend::Emulator, [("a", 100), ("b", 0)]).await;
     let gets_before = app.emulator().request_count_of("get");
     app.transfer_accepted("t", "a", "b", 10).await;
     crate::support::wait::eventually("the transfer to finish", || async {

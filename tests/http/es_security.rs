@@ -143,8 +143,7 @@ async fn an_api_key_with_the_minimal_role_runs_the_service() {
         ready["engine"], "Elasticsearch (its version needs the monitor privilege)",
         "{ready}"
     );
-    app.open_account("alice", 100).await;
-    app.open_account("bob", 0).await;
+    app.open_accounts([("alice", 100), ("bob", 0)]).await;
     app.transfer_accepted("t-1", "alice", "bob", 30).await;
     assert_eq!(app.settled("t-1").await["state"], "finished");
     app.store().refresh().await.expect("refresh (maintenance)");

@@ -112,9 +112,7 @@ mod cases {
     }
 
     pub async fn cursors_past_the_end_or_of_another_store_are_422_saying_what_to_do(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("a", 100).await;
-        app.open_account("b", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("a", 100), ("b", 0)]).await;
         app.transfer_accepted("t1", "a", "b", 7).await;
         app.settled("t1").await;
         // The end of the feed, once it serves the transfer (on Elasticsearch, past its horizon).

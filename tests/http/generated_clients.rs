@@ -364,8 +364,7 @@ async fn the_document_states_what_generated_clients_need() {
             .unwrap()
             .contains(&json!("outcome")));
     }
-    app.open_account("A", 10).await;
-    app.open_account("B", 0).await;
+    app.open_accounts([("A", 10), ("B", 0)]).await;
     let (status, batch) = app
         .batch(vec![
             json!({"from": "A", "to": "B", "amount": 1}),

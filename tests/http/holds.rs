@@ -4,14 +4,9 @@
 //! Elasticsearch REST subset) and a real cluster (`tools/es-cluster/run`).
 
 use crate::support::app::{Backend, TestApp};
+use crate::support::problems::{assert_answer_is_problem, assert_problem};
 use crate::support::wait;
 use serde_json::{json, Value};
-
-fn assert_problem(status: u16, body: &Value, want: u16) {
-    assert_eq!(status, want, "{body}");
-    assert_eq!(body["status"], want, "{body}");
-    assert!(body["detail"].is_string(), "{body}");
-}
 
 async fn hold(app: &TestApp, id: &str, amount: i64, expires_in: Option<&str>) -> Value {
     let mut body = json!({"id": id, "from": "a", "to": "b", "amount": amount, "hold": true});
@@ -37,9 +32,7 @@ mod cases {
     use super::*;
 
     pub async fn a_hold_waits_in_pending_and_a_partial_capture_moves_only_that(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("a", 100).await;
-        app.open_account("b", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("a", 100), ("b", 0)]).await;
         let created = hold(&app, "h1", 30, Some("10m")).await;
         assert_eq!(
             (created["state"].as_str(), created["hold"].as_bool()),
@@ -83,21 +76,18 @@ mod cases {
             (200, Some("finished")),
             "{again}"
         );
-        let (status, body) = app
-            .post("/transfers/h1/capture", json!({"amount": 13}))
-            .await;
-        assert_problem(status, &body, 409);
-        let (status, body) = app.post("/transfers/h1/capture", json!({})).await;
-        assert_problem(status, &body, 409);
-        let (status, body) = app.post("/transfers/h1/cancel", json!({})).await;
-        assert_problem(status, &body, 409);
+        assert_answer_is_problem(
+            app.post("/transfers/h1/capture", json!({"amount": 13}))
+                .await,
+            409,
+        );
+        assert_answer_is_problem(app.post("/transfers/h1/capture", json!({})).await, 409);
+        assert_answer_is_problem(app.post("/transfers/h1/cancel", json!({})).await, 409);
         app.shutdown().await;
     }
 
     pub async fn an_empty_capture_takes_all_of_it(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("a", 100).await;
-        app.open_account("b", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("a", 100), ("b", 0)]).await;
         hold(&app, "h2", 30, None).await;
         waiting(&app, "h2").await;
         let response = app
@@ -112,9 +102,7 @@ mod cases {
     }
 
     pub async fn hold_fields_are_validated_and_part_of_the_replay(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("a", 100).await;
-        app.open_account("b", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("a", 100), ("b", 0)]).await;
         let base = json!({"from": "a", "to": "b", "amount": 5});
         for (extra, why) in [
             (json!({"hold": "yes"}), "hold not a boolean"),
@@ -186,14 +174,10 @@ mod cases {
     }
 
     pub async fn capture_errors_are_problems(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("a", 100).await;
-        app.open_account("b", 0).await;
-        let (status, body) = app.post("/transfers/nope/capture", json!({})).await;
-        assert_problem(status, &body, 404);
+        let app = TestApp::spawn_with_accounts(b, [("a", 100), ("b", 0)]).await;
+        assert_answer_is_problem(app.post("/transfers/nope/capture", json!({})).await, 404);
         app.transfer("plain", "a", "b", 5).await;
-        let (status, body) = app.post("/transfers/plain/capture", json!({})).await;
-        assert_problem(status, &body, 409);
+        assert_answer_is_problem(app.post("/transfers/plain/capture", json!({})).await, 409);
         hold(&app, "h4", 10, None).await;
         for amount in [json!(0), json!(-1), json!(11), json!("5"), json!(1.5)] {
             let (status, body) = app
@@ -226,9 +210,7 @@ mod cases {
     }
 
     pub async fn a_cancelled_hold_is_released_and_cannot_be_captured(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("a", 100).await;
-        app.open_account("b", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("a", 100), ("b", 0)]).await;
         hold(&app, "h5", 30, None).await;
         waiting(&app, "h5").await;
         let (status, body) = app.post("/transfers/h5/cancel", json!({})).await;
@@ -239,15 +221,12 @@ mod cases {
             (Some("rolled-back"), Some("cancelled"))
         );
         assert_eq!((app.balance("a").await, app.balance("b").await), (100, 0));
-        let (status, body) = app.post("/transfers/h5/capture", json!({})).await;
-        assert_problem(status, &body, 409);
+        assert_answer_is_problem(app.post("/transfers/h5/capture", json!({})).await, 409);
         app.shutdown().await;
     }
 
     pub async fn an_expired_hold_rolls_back_and_cannot_be_captured(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("a", 100).await;
-        app.open_account("b", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("a", 100), ("b", 0)]).await;
         hold(&app, "h6", 30, Some("1s")).await;
         let done = app.settled("h6").await;
         assert_eq!(
@@ -255,8 +234,7 @@ mod cases {
             (Some("rolled-back"), Some("expired"))
         );
         assert_eq!((app.balance("a").await, app.balance("b").await), (100, 0));
-        let (status, body) = app.post("/transfers/h6/capture", json!({})).await;
-        assert_problem(status, &body, 409);
+        assert_answer_is_problem(app.post("/transfers/h6/capture", json!({})).await, 409);
         // Counted right after the terminal write, which the GET above may see first.
         wait::eventually("the expired hold to be counted", || async {
             let metrics = app.scrape().await;

@@ -37,9 +37,7 @@ mod cases {
     use super::*;
 
     pub async fn the_key_is_the_transfers_id_and_a_retry_replays_it(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 100).await;
-        app.open_account("B", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 100), ("B", 0)]).await;
 
         let (status, first, location) =
             post_keyed(&app, "/transfers", &["idem-1"], unkeyed("A", "B", 10)).await;
@@ -79,9 +77,7 @@ mod cases {
     }
 
     pub async fn a_key_that_differs_from_the_body_id_or_is_no_id_is_422(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 100).await;
-        app.open_account("B", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 100), ("B", 0)]).await;
 
         let body = json!({"id": "body-id", "from": "A", "to": "B", "amount": 1});
         let (status, problem, _) = post_keyed(&app, "/transfers", &["header-key"], body).await;
@@ -124,9 +120,7 @@ mod cases {
     /// A batch's key derives `<key>:<index>` for each item without an `id`: resending the
     /// batch with the key replays every item.
     pub async fn a_batch_key_names_its_items_without_an_id(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("A", 100).await;
-        app.open_account("B", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("A", 100), ("B", 0)]).await;
         let items = json!({"transfers": [
             unkeyed("A", "B", 1),
             {"id": "own-id", "from": "A", "to": "B", "amount": 2},

@@ -71,9 +71,7 @@ mod cases {
     }
 
     pub async fn one_leg_is_a_plain_transfer_and_plain_transfers_show_their_leg(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("a", 100).await;
-        app.open_account("b", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("a", 100), ("b", 0)]).await;
         let (status, one) = app
             .post(
                 "/transfers",
@@ -118,9 +116,7 @@ mod cases {
     }
 
     pub async fn invalid_legs_are_422_saying_why(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("a", 100).await;
-        app.open_account("b", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("a", 100), ("b", 0)]).await;
         let many: Vec<Value> = (0..17).map(|_| leg("a", "b", 1)).collect();
         let rows = [
             (json!({"legs": []}), "1 to 16 legs, not 0"),

@@ -84,9 +84,7 @@ mod cases {
     }
 
     pub async fn invalid_metadata_is_422_saying_why(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("a", 10).await;
-        app.open_account("b", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("a", 10), ("b", 0)]).await;
         let seventeen: serde_json::Map<String, Value> =
             (0..17).map(|i| (format!("k{i}"), json!("v"))).collect();
         let sixteen: serde_json::Map<String, Value> =

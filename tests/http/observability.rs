@@ -16,7 +16,7 @@ use transfer_service::http::openapi;
 use transfer_service::store::Index;
 use transfer_service::transfer::clock::{Clock, SystemClock};
 
-use crate::support::app::{Backend, TestApp};
+use crate::support::app::{header, Backend, TestApp};
 use crate::support::metrics::Exposition;
 use crate::support::routes::{self, ROUTES};
 use crate::support::{logs, wait};
@@ -83,9 +83,8 @@ case_on_backends!(metrics_count_every_transfer_transition_and_request:
 async fn metrics_count_every_transfer_transition_and_request(backend: Backend) {
     let one_transaction = matches!(backend, Backend::Embedded);
     let app = TestApp::spawn(backend).await;
-    app.open_account("alice", 1_000).await;
-    app.open_account("bob", 0).await;
-    app.open_account("carol", 5).await;
+    app.open_accounts([("alice", 1_000), ("bob", 0), ("carol", 5)])
+        .await;
 
     // 7 transfers that must finish, 3 overdrafts that must roll back, whatever the order.
     const FINISHING: usize = 7;
@@ -290,13 +289,7 @@ async fn metrics_count_every_transfer_transition_and_request(backend: Backend) {
 async fn request_ids_are_propagated_or_generated_and_logged() {
     let app = TestApp::spawn(Backend::Embedded).await;
 
-    let given = app
-        .client
-        .get(app.url("/healthz"))
-        .header("x-request-id", "abc")
-        .send()
-        .await
-        .expect("GET");
+    let given = app.get_with_header("/healthz", "x-request-id", "abc").await;
     assert_eq!(given.status(), 200);
     assert_eq!(given.headers()["x-request-id"], "abc");
 
@@ -304,10 +297,7 @@ async fn request_ids_are_propagated_or_generated_and_logged() {
     for _ in 0..2 {
         let response = app.get_response("/healthz").await;
         assert_eq!(response.status(), 200);
-        let id = response.headers()["x-request-id"]
-            .to_str()
-            .unwrap()
-            .to_owned();
+        let id = header(&response, "x-request-id");
         uuid::Uuid::parse_str(&id).unwrap_or_else(|e| panic!("generated id {id:?}: {e}"));
         generated.push(id);
     }
@@ -326,12 +316,8 @@ async fn request_ids_are_propagated_or_generated_and_logged() {
 
     // The route is the template, never the raw path.
     let response = app
-        .client
-        .get(app.url("/accounts/nobody-obs"))
-        .header("x-request-id", "obs-template")
-        .send()
-        .await
-        .expect("GET");
+        .get_with_header("/accounts/nobody-obs", "x-request-id", "obs-template")
+        .await;
     assert_eq!(response.status(), 404);
     let line = logs::response_line("obs-template").await;
     assert_eq!(line["span"]["route"], "/accounts/{id}", "{line}");
@@ -344,8 +330,8 @@ async fn request_ids_are_propagated_or_generated_and_logged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_carry_the_transfer_id_on_every_step() {
     let app = TestApp::spawn(Backend::Embedded).await;
-    app.open_account("obs-log-a", 100).await;
-    app.open_account("obs-log-b", 0).await;
+    app.open_accounts([("obs-log-a", 100), ("obs-log-b", 0)])
+        .await;
     let response = app
         .client
         .post(app.url("/transfers"))
@@ -420,12 +406,8 @@ async fn an_internal_error_is_logged_once_with_its_detail() {
         .await
         .expect("store write");
     let response = app
-        .client
-        .get(app.url("/accounts/obs-corrupt"))
-        .header("x-request-id", "obs-500")
-        .send()
-        .await
-        .expect("GET");
+        .get_with_header("/accounts/obs-corrupt", "x-request-id", "obs-500")
+        .await;
     assert_eq!(response.status(), 500);
     let body: Value = response.json().await.expect("problem");
     assert_eq!(body["type"], "/problems/internal", "{body}");
@@ -467,13 +449,7 @@ async fn an_unavailable_store_is_logged_once_per_request() {
         ("/accounts/obs-any", "obs-503-account"),
         ("/readyz", "obs-503-ready"),
     ] {
-        let response = app
-            .client
-            .get(app.url(path))
-            .header("x-request-id", request_id)
-            .send()
-            .await
-            .expect("GET");
+        let response = app.get_with_header(path, "x-request-id", request_id).await;
         assert_eq!(response.status(), 503, "{path}");
         let line = logs::response_line(request_id).await;
         assert_eq!(line["level"], "ERROR", "{line}");
@@ -485,12 +461,8 @@ async fn an_unavailable_store_is_logged_once_per_request() {
     // The problem says to retry; the store's error text (which names the cluster's address)
     // is logged once at WARN inside the request span, never sent.
     let response = app
-        .client
-        .get(app.url("/accounts/obs-any"))
-        .header("x-request-id", "obs-503-detail")
-        .send()
-        .await
-        .expect("GET");
+        .get_with_header("/accounts/obs-any", "x-request-id", "obs-503-detail")
+        .await;
     assert_eq!(response.status(), 503);
     let body = response.text().await.expect("body");
     let problem: Value = serde_json::from_str(&body).expect("problem+json");
@@ -555,12 +527,12 @@ async fn a_request_cut_off_by_the_timeout_is_counted_and_logged_once() {
         .expect("store write");
     let started = Instant::now();
     let response = app
-        .client
-        .get(app.url("/transfers/obs-held?wait=10s"))
-        .header("x-request-id", "obs-timeout")
-        .send()
-        .await
-        .expect("GET");
+        .get_with_header(
+            "/transfers/obs-held?wait=10s",
+            "x-request-id",
+            "obs-timeout",
+        )
+        .await;
     assert_eq!(response.status(), 503);
     assert!(
         started.elapsed() < Duration::from_secs(5),
@@ -734,10 +706,7 @@ async fn swagger_ui_is_served_from_the_binary() {
     let app = TestApp::spawn(Backend::Embedded).await;
     let page = app.get_response("/docs/").await;
     assert_eq!(page.status(), 200);
-    assert!(page.headers()["content-type"]
-        .to_str()
-        .unwrap()
-        .starts_with("text/html"));
+    assert!(header(&page, "content-type").starts_with("text/html"));
     let html = page.text().await.expect("page");
     assert!(html.contains("swagger-ui"), "{html}");
 
@@ -760,10 +729,7 @@ async fn swagger_ui_is_served_from_the_binary() {
     }
     let bundle = app.get_response("/docs/swagger-ui-bundle.js").await;
     assert_eq!(bundle.status(), 200);
-    assert!(bundle.headers()["content-type"]
-        .to_str()
-        .unwrap()
-        .contains("javascript"));
+    assert!(header(&bundle, "content-type").contains("javascript"));
     assert!(bundle.bytes().await.unwrap().len() > 100_000);
 
     // The page is pointed at our document.

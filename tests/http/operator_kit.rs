@@ -255,8 +255,7 @@ async fn exposition_of_a_busy_service() -> Exposition {
         config.webhooks.webhook_secret = Some(Secret::new(SECRET));
     })
     .await;
-    app.open_account("alice", 100).await;
-    app.open_account("bob", 0).await;
+    app.open_accounts([("alice", 100), ("bob", 0)]).await;
     app.transfer_accepted("t-1", "alice", "bob", 10).await;
     app.settled("t-1").await;
     // The dispatcher records a delivery a moment after the receiver has answered it.

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use transfer_service::http::error::UNAVAILABLE_DETAIL;
 
-use crate::support::app::{Backend, TestApp};
+use crate::support::app::{header, Backend, TestApp};
 use crate::support::wait;
 
 /// The application on the emulator with short leases and a fast recovery loop.
@@ -64,10 +64,7 @@ async fn readiness_follows_the_store_and_outages_answer_503() {
         )
         .await;
     let status = response.status().as_u16();
-    let content_type = response.headers()["content-type"]
-        .to_str()
-        .unwrap()
-        .to_owned();
+    let content_type = header(&response, "content-type");
     let problem: Value = response.json().await.unwrap_or(Value::Null);
     assert_eq!(status, 503, "{problem}");
     assert_eq!(content_type, "application/problem+json");

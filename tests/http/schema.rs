@@ -129,8 +129,7 @@ async fn what_the_openapi_document_allows_the_server_accepts_and_nothing_else() 
     let app = &owned;
     let (status, doc) = app.get("/openapi.json").await;
     assert_eq!(status, 200);
-    app.open_account("A", 1_000_000).await;
-    app.open_account("B", 0).await;
+    app.open_accounts([("A", 1_000_000), ("B", 0)]).await;
     app.transfer_accepted("t-1", "A", "B", 1).await;
     app.settled("t-1").await;
     let long = |n: usize| "a".repeat(n);
@@ -494,9 +493,7 @@ async fn each_backend_accepts_exactly_its_half_of_the_feed_cursor_pattern() {
         .chain(generate(near, SAMPLES * 2))
         .collect();
     for backend in [Backend::Embedded, Backend::Emulator] {
-        let app = TestApp::spawn(backend).await;
-        app.open_account("A", 10).await;
-        app.open_account("B", 0).await;
+        let app = TestApp::spawn_with_accounts(backend, [("A", 10), ("B", 0)]).await;
         app.transfer_accepted("t-1", "A", "B", 1).await;
         app.settled("t-1").await;
         let end = crate::support::wait::until_some("the end of the feed", || async {

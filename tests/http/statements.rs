@@ -170,9 +170,7 @@ mod cases {
     }
 
     pub async fn the_balance_at_an_instant_is_the_one_a_client_read_then(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("a", 100).await;
-        app.open_account("b", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("a", 100), ("b", 0)]).await;
         let mut seen = Vec::new();
         for (i, amount) in [10, 20, 30].into_iter().enumerate() {
             let id = format!("t{i}");
@@ -207,9 +205,7 @@ mod cases {
     }
 
     pub async fn statements_refuse_what_they_do_not_know_and_speak_csv(b: Backend) {
-        let app = TestApp::spawn(b).await;
-        app.open_account("a", 100).await;
-        app.open_account("b", 0).await;
+        let app = TestApp::spawn_with_accounts(b, [("a", 100), ("b", 0)]).await;
         app.transfer_accepted("t1", "a", "b", 7).await;
         settled(&app, "t1", "finished").await;
         for path in [
@@ -223,12 +219,9 @@ mod cases {
             assert_eq!(status, 422, "{path}: {body}");
         }
         assert_eq!(app.get("/accounts/nobody/entries").await.0, 404);
-        let response = reqwest::Client::new()
-            .get(app.url("/accounts/b/entries"))
-            .header("accept", "text/csv")
-            .send()
-            .await
-            .expect("GET");
+        let response = app
+            .get_with_header("/accounts/b/entries", "accept", "text/csv")
+            .await;
         assert_eq!(response.status(), 200);
         let csv = response.text().await.expect("text");
         let lines: Vec<&str> = csv.lines().collect();
@@ -252,9 +245,7 @@ fn now_millis() -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_audit_reports_a_dropped_or_doubled_entry() {
     use transfer_service::store::{Index, Source, WriteOp};
-    let app = TestApp::spawn(Backend::Embedded).await;
-    app.open_account("a", 100).await;
-    app.open_account("b", 0).await;
+    let app = TestApp::spawn_with_accounts(Backend::Embedded, [("a", 100), ("b", 0)]).await;
     app.transfer_accepted("t1", "a", "b", 7).await;
     settled(&app, "t1", "finished").await;
     app.transfer_accepted("t2", "a", "b", 5).await;

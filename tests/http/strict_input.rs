@@ -206,11 +206,16 @@ async fn every_body_schema_refuses_a_field_it_does_not_have() {
     app.shutdown().await;
 }
 
+/// Posts `body` to `path` and asserts a 422 whose detail is exactly `says`.
+async fn assert_post_refused_saying(app: &TestApp, path: &str, body: Value, says: &str) {
+    let (status, problem) = app.post(path, body).await;
+    assert_eq!(status, 422, "{problem}");
+    assert_eq!(problem["detail"], says, "{problem}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_typos_of_the_issue_are_refused_and_move_nothing() {
-    let app = TestApp::spawn(Backend::Embedded).await;
-    app.open_account("alice", 500).await;
-    app.open_account("bob", 0).await;
+    let app = TestApp::spawn_with_accounts(Backend::Embedded, [("alice", 500), ("bob", 0)]).await;
 
     // `amt` on a capture would have captured the whole hold.
     let (status, _) = app
@@ -241,62 +246,29 @@ async fn the_typos_of_the_issue_are_refused_and_move_nothing() {
     assert!(hold.get("captured_amount").is_none(), "{hold}");
 
     // `Hold` would have made an ordinary transfer that moved the money at once.
-    let (status, problem) = app
-        .post(
-            "/transfers",
-            json!({"id": "t-1", "from": "alice", "to": "bob",
-            "amount": 100, "Hold": true}),
-        )
-        .await;
-    assert_eq!(status, 422, "{problem}");
-    assert_eq!(
-        problem["detail"],
-        "`Hold` is not a field of a transfer; did you mean `hold`?"
-    );
+    let ordinary = json!({"id": "t-1", "from": "alice", "to": "bob", "amount": 100, "Hold": true});
+    let says = "`Hold` is not a field of a transfer; did you mean `hold`?";
+    assert_post_refused_saying(&app, "/transfers", ordinary, says).await;
     assert_eq!(app.status("/transfers/t-1").await, 404);
     let after = (app.balance("alice").await, app.balance("bob").await);
     assert_eq!(after, before, "nothing moved");
 
     // `flor` and `curency` would have opened the account without them.
     for (field, meant) in [("flor", "floor"), ("curency", "currency")] {
-        let (status, problem) = app
-            .post(
-                "/accounts",
-                json!({"id": "carol", "balance": 0, field: "x"}),
-            )
-            .await;
-        assert_eq!(status, 422, "{problem}");
-        assert_eq!(
-            problem["detail"],
-            format!("`{field}` is not a field of an account; did you mean `{meant}`?")
-        );
+        let account = json!({"id": "carol", "balance": 0, field: "x"});
+        let says = format!("`{field}` is not a field of an account; did you mean `{meant}`?");
+        assert_post_refused_saying(&app, "/accounts", account, &says).await;
         assert_eq!(app.status("/accounts/carol").await, 404);
     }
 
     // A leg's typo names the leg; a field like none names the fields there are.
-    let (status, problem) = app
-        .post(
-            "/transfers",
-            json!({"id": "t-2", "legs": [{"from": "alice", "to": "bob", "amount": 1},
-            {"from": "alice", "to": "bob", "amonut": 1}]}),
-        )
-        .await;
-    assert_eq!(status, 422, "{problem}");
-    assert_eq!(
-        problem["detail"],
-        "`legs[1].amonut` is not a field of a leg; did you mean `amount`?"
-    );
-    let (status, problem) = app
-        .post(
-            "/transfers/batch",
-            json!({"transfers": [], "colour": "red"}),
-        )
-        .await;
-    assert_eq!(status, 422, "{problem}");
-    assert_eq!(
-        problem["detail"],
-        "`colour` is not a field of a batch; its fields are `transfers`"
-    );
+    let legs = json!({"id": "t-2", "legs": [{"from": "alice", "to": "bob", "amount": 1},
+        {"from": "alice", "to": "bob", "amonut": 1}]});
+    let says = "`legs[1].amonut` is not a field of a leg; did you mean `amount`?";
+    assert_post_refused_saying(&app, "/transfers", legs, says).await;
+    let batch = json!({"transfers": [], "colour": "red"});
+    let says = "`colour` is not a field of a batch; its fields are `transfers`";
+    assert_post_refused_saying(&app, "/transfers/batch", batch, says).await;
     assert_eq!(app.status("/transfers/t-2").await, 404);
     app.shutdown().await;
 }
@@ -386,9 +358,7 @@ async fn send(app: &TestApp, route: &Route, request: &Request, query: &str) -> (
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_route_refuses_an_unknown_or_repeated_query_parameter() {
-    let app = TestApp::spawn(Backend::Embedded).await;
-    app.open_account("A", 1_000_000).await;
-    app.open_account("B", 0).await;
+    let app = TestApp::spawn_with_accounts(Backend::Embedded, [("A", 1_000_000), ("B", 0)]).await;
     // `GET /transfers/batch` reads the transfer named `batch`.
     app.transfer_accepted("batch", "A", "B", 1).await;
     let mut n = 0;
@@ -458,9 +428,7 @@ async fn every_route_refuses_an_unknown_or_repeated_query_parameter() {
 /// Each refusal says what was received, what is accepted, and an example.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_say_what_was_received_and_what_is_accepted() {
-    let app = TestApp::spawn(Backend::Embedded).await;
-    app.open_account("A", 100).await;
-    app.open_account("B", 0).await;
+    let app = TestApp::spawn_with_accounts(Backend::Embedded, [("A", 100), ("B", 0)]).await;
     let hold = |expires: &str| json!({"from": "A", "to": "B", "amount": 5, "hold": true, "hold_expires_in": expires});
     for (body, expected) in [
         (
@@ -509,9 +477,7 @@ async fn refusals_say_what_was_received_and_what_is_accepted() {
 /// exception, wherever an id is read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_id_of_dots_is_refused_naming_the_exception() {
-    let app = TestApp::spawn(Backend::Embedded).await;
-    app.open_account("A", 10).await;
-    app.open_account("B", 0).await;
+    let app = TestApp::spawn_with_accounts(Backend::Embedded, [("A", 10), ("B", 0)]).await;
     let exception = "not `.` or `..`";
     for (path, body) in [
         ("/accounts", json!({"id": "..", "balance": 0})),

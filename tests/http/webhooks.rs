@@ -231,8 +231,7 @@ mod cases {
             config.webhooks.webhook_retry_period = Duration::from_secs(5);
         })
         .await;
-        app.open_account("a", 100).await;
-        app.open_account("b", 0).await;
+        app.open_accounts([("a", 100), ("b", 0)]).await;
         // Ids of their own per backend: the log lines of every test of this binary are shared.
         let lost = format!("lost-{b:?}");
         let lost_event = format!("{lost}/transfer.finished");
@@ -287,8 +286,7 @@ mod cases {
             config.webhooks.webhook_timeout = Duration::from_secs(3600);
         })
         .await;
-        app.open_account("a", 1000).await;
-        app.open_account("b", 0).await;
+        app.open_accounts([("a", 1000), ("b", 0)]).await;
         let ids: Vec<String> = (0..40).map(|n| format!("t{n}")).collect();
         let items: Vec<Value> = ids
             .iter()
@@ -390,8 +388,7 @@ async fn a_terminal_event_comes_by_the_fast_path_before_the_feeds_horizon(backen
         lease_held(&[&app]).await == [true]
     })
     .await;
-    app.open_account("fast-a", 100).await;
-    app.open_account("fast-b", 0).await;
+    app.open_accounts([("fast-a", 100), ("fast-b", 0)]).await;
     app.transfer_accepted("fast-t", "fast-a", "fast-b", 10)
         .await;
     assert_eq!(app.settled("fast-t").await["state"], "finished");
@@ -532,8 +529,7 @@ async fn each_instance_delivers_its_writes_fast_and_the_holder_only_the_rest(bac
     )
     .await;
     let writer = TestApp::spawn_with(Backend::Embedded, on_shared).await;
-    writer.open_account("w-a", 100).await;
-    writer.open_account("w-b", 0).await;
+    writer.open_accounts([("w-a", 100), ("w-b", 0)]).await;
     let ids: Vec<String> = (0..10).map(|n| format!("w-{n}")).collect();
     for id in &ids {
         writer.transfer_accepted(id, "w-a", "w-b", 1).await;
@@ -607,8 +603,7 @@ async fn the_api_guides_python_verifier_accepts_a_real_delivery_and_refuses_a_fo
 
     let receiver = Receiver::start().await;
     let app = TestApp::spawn_with(Backend::Embedded, hooks(&receiver, &TERMINAL)).await;
-    app.open_account("a", 10).await;
-    app.open_account("b", 0).await;
+    app.open_accounts([("a", 10), ("b", 0)]).await;
     app.transfer_accepted("t1", "a", "b", 3).await;
     let delivery = wait::until_some("a delivery", || async {
         receiver.delivered().into_iter().next()
@@ -692,8 +687,7 @@ async fn the_oldest_undelivered_age_grows_while_the_feed_cannot_be_read() {
 async fn a_new_url_starts_at_the_beginning_or_with_webhook_start_now_at_the_end() {
     let first = TestApp::spawn(Backend::Emulator).await;
     let url = first.emulator().url.clone();
-    first.open_account("a", 100).await;
-    first.open_account("b", 0).await;
+    first.open_accounts([("a", 100), ("b", 0)]).await;
     for id in ["old-1", "old-2"] {
         first.transfer_accepted(id, "a", "b", 1).await;
         first.settled(id).await;
@@ -754,8 +748,7 @@ async fn a_saved_cursor_not_of_this_stores_feed_is_refused_and_delivery_starts_o
             config.data_dir = dir.path().to_owned();
         };
         let first = TestApp::spawn_with(Backend::Embedded, on_dir).await;
-        first.open_account("a", 10).await;
-        first.open_account("b", 0).await;
+        first.open_accounts([("a", 10), ("b", 0)]).await;
         for id in ["t-1", "t-2"] {
             first.transfer_accepted(id, "a", "b", 1).await;
             first.settled(id).await;

@@ -91,6 +91,16 @@ impl TestApp {
         Self::spawn_with(backend, |_| {}).await
     }
 
+    /// [`TestApp::spawn`], with these accounts opened (each with its balance, in order).
+    pub async fn spawn_with_accounts<const N: usize>(
+        backend: Backend,
+        accounts: [(&str, i64); N],
+    ) -> TestApp {
+        let app = TestApp::spawn(backend).await;
+        app.open_accounts(accounts).await;
+        app
+    }
+
     /// The application on `backend` with a tweaked configuration, ready.
     pub async fn spawn_with(backend: Backend, tweak: impl FnOnce(&mut Config)) -> TestApp {
         let app = Self::start(backend, tweak).await;
@@ -223,6 +233,12 @@ impl TestApp {
         self.client.get(self.url(path)).send().await.expect("GET")
     }
 
+    /// The raw response of a GET sending the header `name: value`.
+    pub async fn get_with_header(&self, path: &str, name: &str, value: &str) -> reqwest::Response {
+        let request = self.client.get(self.url(path)).header(name, value);
+        request.send().await.expect("GET")
+    }
+
     /// The status of a GET, or 0 when the request got no answer.
     pub async fn status(&self, path: &str) -> u16 {
         match self.client.get(self.url(path)).send().await {
@@ -325,6 +341,13 @@ impl TestApp {
             .post("/accounts", json!({"id": id, "balance": balance}))
             .await;
         assert_eq!(status, 201, "open {id}: {body}");
+    }
+
+    /// Opens each of these accounts with its balance, in order.
+    pub async fn open_accounts<const N: usize>(&self, accounts: [(&str, i64); N]) {
+        for (id, balance) in accounts {
+            self.open_account(id, balance).await;
+        }
     }
 
     pub async fn balance(&self, id: &str) -> i64 {

@@ -13,6 +13,11 @@ pub fn assert_problem(status: u16, body: &Value, want: u16) {
     }
 }
 
+/// [`assert_problem`] of an answer as the test app's requests return it: (status, body).
+pub fn assert_answer_is_problem((status, body): (u16, Value), want: u16) {
+    assert_problem(status, &body, want);
+}
+
 /// A 422 `invalid-field` problem whose detail says `says`.
 pub fn assert_422_saying(status: u16, body: &Value, says: &str) {
     assert_eq!(status, 422, "{body}");
