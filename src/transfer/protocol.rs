@@ -407,6 +407,25 @@ pub struct AccountStep<'a> {
     pub filed: &'a [u64],
 }
 
+impl<'a> AccountStep<'a> {
+    /// `transfer_id`'s step `op` of `amount` on its `side`, with nothing more to it: all of
+    /// it settles, any currency, no mark, not a hold, nothing filed yet. The other fields
+    /// are set by struct update (`AccountStep { hold: true, ..AccountStep::plain(..) }`).
+    pub fn plain(transfer_id: &'a str, op: AccountOp, side: Side, amount: i64) -> Self {
+        AccountStep {
+            transfer_id,
+            amount,
+            settle_amount: amount,
+            side,
+            op,
+            currency: CurrencyRule::Any,
+            mark: None,
+            hold: false,
+            filed: &[],
+        }
+    }
+}
+
 /// Decides one account step.
 pub fn decide_account(
     account: &AccountDoc,
@@ -685,19 +704,17 @@ fn remove(
     give_back: i128,
     entries: Entries<'_>,
 ) -> Result<AccountDoc, Refusal> {
+    let balance =
+        i64::try_from(account.balance as i128 - give_back).map_err(|_| Refusal::Overflow)?;
     let mut next = account.clone();
-    let balance = account.balance as i128 - give_back;
-    next.balance = i64::try_from(balance).map_err(|_| Refusal::Overflow)?;
-    // Never below zero, even on a document whose sums an older version did not keep.
-    next.pending_credits = next.pending_credits.saturating_sub(change.credit).max(0);
-    next.pending_debits = next.pending_debits.saturating_sub(change.debit).max(0);
-    let applied = next.remove_pending(entries.transfer_id);
-    entries.settle_applied(&mut next, applied);
     // `give_back` fits an i64: the balance it moved did.
-    let given_back = -(give_back as i64);
-    if let Some(entry) = entries.record(&mut next, given_back, EntryKind::Release) {
-        next.keep_unfiled(&entry);
-    }
+    forget_pending(
+        &mut next,
+        balance,
+        change,
+        (-(give_back as i64), EntryKind::Release),
+        entries,
+    );
     Ok(next)
 }
 
@@ -709,29 +726,43 @@ fn undo(
     pending: bool,
     entries: Entries<'_>,
 ) -> Result<AccountDoc, Refusal> {
-    let transfer_id = entries.transfer_id;
     let mut next = account.clone();
     next.drop_filed(entries.filed);
     if pending {
-        let Some(balance) = account.balance.checked_sub(change.delta) else {
-            return Err(Refusal::Overflow);
-        };
-        next.balance = balance;
-        // Never below zero, even on a document whose sums an older version did not keep.
-        next.pending_credits = account.pending_credits.saturating_sub(change.credit).max(0);
-        next.pending_debits = account.pending_debits.saturating_sub(change.debit).max(0);
-        let applied = next.remove_pending(transfer_id);
-        entries.settle_applied(&mut next, applied);
-        let kind = EntryKind::of_undo(entries.hold);
-        if let Some(entry) = entries.record(&mut next, -change.delta, kind) {
-            next.keep_unfiled(&entry);
-        }
+        let balance = account
+            .balance
+            .checked_sub(change.delta)
+            .ok_or(Refusal::Overflow)?;
+        let undone = (-change.delta, EntryKind::of_undo(entries.hold));
+        forget_pending(&mut next, balance, change, undone, entries);
     }
     // Applied or not, the account is written. Not applied: a worker that stalled before its
     // apply then fails its conditional write (the version moved); one that reads the
     // account afterwards and applies late is given back by the sweep (the transfer is
     // terminal) or by this undo run again (`docs/design.md §9`, "The fence").
     Ok(next)
+}
+
+/// What a settle and an undo share: the balance becomes `balance`, the transfer's entry
+/// leaves the pending list and sums, its apply's balance entry is dropped or kept
+/// ([`Entries::settle_applied`]), and the change of balance this write makes (`moved`, of
+/// its kind) is an entry kept until a transfer files it.
+fn forget_pending(
+    next: &mut AccountDoc,
+    balance: i64,
+    change: Change,
+    (moved, kind): (i64, EntryKind),
+    entries: Entries<'_>,
+) {
+    next.balance = balance;
+    // Never below zero, even on a document whose sums an older version did not keep.
+    next.pending_credits = next.pending_credits.saturating_sub(change.credit).max(0);
+    next.pending_debits = next.pending_debits.saturating_sub(change.debit).max(0);
+    let applied = next.remove_pending(entries.transfer_id);
+    entries.settle_applied(next, applied);
+    if let Some(entry) = entries.record(next, moved, kind) {
+        next.keep_unfiled(&entry);
+    }
 }
 
 /// The account invariants every decision keeps (checked in debug builds, after each one):

@@ -13,8 +13,8 @@ use transfer_service::store::{Index, Store, WriteOutcome};
 use transfer_service::transfer::clock::{Clock, SystemClock};
 use transfer_service::transfer::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
 use transfer_service::transfer::protocol::{
-    decide_account, plan, transition, AccountDecision, AccountOp, AccountStep, CurrencyRule, Now,
-    Retention, Side, Step,
+    decide_account, plan, transition, AccountDecision, AccountOp, AccountStep, Now, Retention,
+    Side, Step,
 };
 
 use TransferState::*;
@@ -276,15 +276,8 @@ async fn write_account_step(
     };
     let a = docs.iter_mut().find(|a| a.account_id == id).unwrap();
     let step = AccountStep {
-        transfer_id: &t.transaction_id,
-        amount,
         settle_amount,
-        side,
-        op,
-        currency: CurrencyRule::Any,
-        mark: None,
-        hold: false,
-        filed: &[],
+        ..AccountStep::plain(&t.transaction_id, op, side, amount)
     };
     match decide_account(a, step, now, retention) {
         AccountDecision::Write(next) => {

@@ -40,17 +40,7 @@ fn account(balance: i64) -> AccountDoc {
 }
 
 fn step(op: AccountOp, side: Side, amount: i64) -> AccountStep<'static> {
-    AccountStep {
-        transfer_id: "t1",
-        amount,
-        settle_amount: amount,
-        side,
-        op,
-        currency: CurrencyRule::Any,
-        mark: None,
-        hold: false,
-        filed: &[],
-    }
+    AccountStep::plain("t1", op, side, amount)
 }
 
 fn decide(a: &AccountDoc, op: AccountOp, side: Side, amount: i64) -> AccountDecision {
