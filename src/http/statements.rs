@@ -1,7 +1,8 @@
 //! `GET /accounts/{id}/entries` and `GET /accounts/{id}/balance?at=`: an account's statement
 //! (`docs/api.md`, "Statements"), as JSON or, for spreadsheets, CSV.
 
-use axum::extract::State;
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -117,12 +118,11 @@ impl QuerySpec for BalanceQuery {
         StoreUnavailable,
     ))]
 pub async fn list_entries(
-    State(state): State<AppState>,
-    PathId(id): PathId,
+    account: AccountStatement,
     QueryParams(params, _, _): QueryParams<EntriesQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let id = id.ok_or_else(no_such_account)?;
+    let (statements, id) = account.of_valid_id()?;
     let mut query = StatementQuery {
         limit: DEFAULT_LIMIT as u64,
         ..StatementQuery::default()
@@ -141,9 +141,7 @@ pub async fn list_entries(
             }
         }
     }
-    let page = Statements::new(state.engine.store().clone())
-        .page(&id, &query)
-        .await;
+    let page = statements.page(&id, &query).await;
     let page = page.map_err(|e| no_account(e, &id))?;
     Ok(if wants_csv(&headers) {
         csv(page).into_response()
@@ -166,11 +164,10 @@ pub async fn list_entries(
         StoreUnavailable,
     ))]
 pub async fn balance_at(
-    State(state): State<AppState>,
-    PathId(id): PathId,
+    account: AccountStatement,
     QueryParams(params, _, _): QueryParams<BalanceQuery>,
 ) -> Result<Json<BalanceAt>, ApiError> {
-    let id = id.ok_or_else(no_such_account)?;
+    let (statements, id) = account.of_valid_id()?;
     let at = match params.iter().find(|(key, _)| key.as_str() == "at") {
         Some((_, value)) => instant(value, "at")?,
         None => {
@@ -179,9 +176,7 @@ pub async fn balance_at(
             ))
         }
     };
-    let found = Statements::new(state.engine.store().clone())
-        .balance_at(&id, at)
-        .await;
+    let found = statements.balance_at(&id, at).await;
     let found = found.map_err(|e| no_account(e, &id))?;
     Ok(Json(BalanceAt {
         balance: found.balance,
@@ -210,8 +205,31 @@ fn cursor(value: &str) -> Result<u64, ApiError> {
 }
 
 /// A path id that is no account id: the same 404 as an account that does not exist.
-fn no_such_account() -> ApiError {
-    ApiError::NotFound("no account with this id".into())
+/// The statement of the account a route's `{id}` names, read from the store.
+pub struct AccountStatement {
+    id: Option<String>,
+    statements: Statements,
+}
+
+impl FromRequestParts<AppState> for AccountStatement {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let PathId(id) = PathId::from_request_parts(parts, state).await?;
+        let statements = Statements::new(state.engine.store().clone());
+        Ok(Self { id, statements })
+    }
+}
+
+impl AccountStatement {
+    /// The statements and the account id; 404 for an id no account can have (checked in the
+    /// handler, after the query's names, as on every route).
+    fn of_valid_id(self) -> Result<(Statements, String), ApiError> {
+        let id = self
+            .id
+            .ok_or_else(|| ApiError::NotFound("no account with this id".into()))?;
+        Ok((self.statements, id))
+    }
 }
 
 fn no_account(error: ServiceError, id: &str) -> ApiError {
