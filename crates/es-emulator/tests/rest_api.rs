@@ -4,6 +4,7 @@
 //! Near-real-time tests use `refresh_interval: None` and explicit refreshes, except one that
 //! waits (with a deadline) for a short scheduled interval.
 
+use std::fmt;
 use std::time::Duration;
 
 use reqwest::Method;
@@ -23,6 +24,73 @@ struct Reply {
     body: Value,
 }
 
+/// One request to the emulator: built by `get`, `put`, `bulk`… so that tables of cases can
+/// hold them, and shown when a row of such a table fails.
+struct Request {
+    method: Method,
+    path: String,
+    body: Body,
+}
+
+enum Body {
+    Empty,
+    Json(Value),
+    /// A `_bulk` body, sent as `application/x-ndjson`.
+    Ndjson(String),
+    /// Text sent as `application/json` as it is, to send what is not JSON.
+    Raw(String),
+}
+
+fn get(path: &str) -> Request {
+    request(Method::GET, path, Body::Empty)
+}
+
+fn put(path: &str, body: Value) -> Request {
+    request(Method::PUT, path, Body::Json(body))
+}
+
+fn post(path: &str, body: Value) -> Request {
+    request(Method::POST, path, Body::Json(body))
+}
+
+fn delete(path: &str) -> Request {
+    request(Method::DELETE, path, Body::Empty)
+}
+
+/// A `_bulk` request of NDJSON `lines`, each ended by a newline.
+fn bulk(path: &str, lines: &[&str]) -> Request {
+    let body = lines.iter().map(|line| format!("{line}\n")).collect();
+    request(Method::POST, path, Body::Ndjson(body))
+}
+
+/// A `_bulk` request whose body is `text` exactly, newlines and all.
+fn bulk_text(path: &str, text: &str) -> Request {
+    request(Method::POST, path, Body::Ndjson(text.to_owned()))
+}
+
+fn raw(method: Method, path: &str, text: &str) -> Request {
+    request(method, path, Body::Raw(text.to_owned()))
+}
+
+fn request(method: Method, path: &str, body: Body) -> Request {
+    Request {
+        method,
+        path: path.to_owned(),
+        body,
+    }
+}
+
+impl fmt::Display for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.method, self.path)?;
+        match &self.body {
+            Body::Empty => Ok(()),
+            Body::Json(body) => write!(f, " {body}"),
+            Body::Ndjson(text) | Body::Raw(text) => write!(f, " {text:?}"),
+        }
+    }
+}
+
 impl Es {
     /// An emulator that refreshes only when asked.
     async fn manual() -> Self {
@@ -40,32 +108,20 @@ impl Es {
         }
     }
 
-    async fn send(&self, method: Method, path: &str, body: Option<Value>) -> Reply {
-        let mut request = self
-            .client
-            .request(method, format!("{}{path}", self.emulator.url));
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        Self::reply(request.send().await.expect("the emulator answers")).await
-    }
-
-    async fn ndjson(&self, path: &str, body: &str) -> Reply {
-        let request = self
-            .client
-            .post(format!("{}{path}", self.emulator.url))
-            .header("content-type", "application/x-ndjson")
-            .body(body.to_owned());
-        Self::reply(request.send().await.expect("the emulator answers")).await
-    }
-
-    async fn raw(&self, method: Method, path: &str, body: &str) -> Reply {
-        let request = self
-            .client
-            .request(method, format!("{}{path}", self.emulator.url))
-            .header("content-type", "application/json")
-            .body(body.to_owned());
-        Self::reply(request.send().await.expect("the emulator answers")).await
+    async fn send_request(&self, request: &Request) -> Reply {
+        let url = format!("{}{}", self.emulator.url, request.path);
+        let sent = self.client.request(request.method.clone(), url);
+        let sent = match &request.body {
+            Body::Empty => sent,
+            Body::Json(body) => sent.json(body),
+            Body::Ndjson(text) => sent
+                .header("content-type", "application/x-ndjson")
+                .body(text.clone()),
+            Body::Raw(text) => sent
+                .header("content-type", "application/json")
+                .body(text.clone()),
+        };
+        Self::reply(sent.send().await.expect("the emulator answers")).await
     }
 
     async fn reply(response: reqwest::Response) -> Reply {
@@ -81,17 +137,30 @@ impl Es {
         }
     }
 
+    async fn send(&self, method: Method, path: &str, body: Option<Value>) -> Reply {
+        let body = body.map_or(Body::Empty, Body::Json);
+        self.send_request(&request(method, path, body)).await
+    }
     async fn get(&self, path: &str) -> Reply {
-        self.send(Method::GET, path, None).await
+        self.send_request(&get(path)).await
     }
     async fn put(&self, path: &str, body: Value) -> Reply {
-        self.send(Method::PUT, path, Some(body)).await
+        self.send_request(&put(path, body)).await
     }
     async fn post(&self, path: &str, body: Value) -> Reply {
-        self.send(Method::POST, path, Some(body)).await
+        self.send_request(&post(path, body)).await
     }
     async fn delete(&self, path: &str) -> Reply {
-        self.send(Method::DELETE, path, None).await
+        self.send_request(&delete(path)).await
+    }
+    async fn raw(&self, method: Method, path: &str, text: &str) -> Reply {
+        self.send_request(&raw(method, path, text)).await
+    }
+    async fn ndjson(&self, path: &str, body: &str) -> Reply {
+        self.send_request(&bulk_text(path, body)).await
+    }
+    async fn bulk(&self, path: &str, lines: &[&str]) -> Reply {
+        self.send_request(&bulk(path, lines)).await
     }
     async fn refresh(&self, index: &str) {
         let reply = self
@@ -126,14 +195,53 @@ fn shards(total: u64) -> Value {
 /// Asserts an error envelope (§0): status, `error.type`, `error.reason`, and a matching
 /// `root_cause`.
 fn assert_error(reply: &Reply, status: u16, kind: &str, reason: &str) {
-    assert_eq!(reply.status, status, "{}", reply.text);
-    assert_eq!(reply.body["status"], status, "{}", reply.text);
-    assert_eq!(reply.body["error"]["type"], kind, "{}", reply.text);
-    assert_eq!(reply.body["error"]["reason"], reason, "{}", reply.text);
+    assert_error_of("", reply, status, kind, reason);
+}
+
+/// `assert_error`, naming in its messages the `request` that was answered.
+fn assert_error_of(request: &str, reply: &Reply, status: u16, kind: &str, reason: &str) {
+    assert_eq!(reply.status, status, "{request} {}", reply.text);
+    assert_eq!(reply.body["status"], status, "{request} {}", reply.text);
+    assert_eq!(
+        reply.body["error"]["type"], kind,
+        "{request} {}",
+        reply.text
+    );
+    assert_eq!(
+        reply.body["error"]["reason"], reason,
+        "{request} {}",
+        reply.text
+    );
     let root = &reply.body["error"]["root_cause"][0];
     assert!(
         root["type"].is_string() && root["reason"].is_string(),
-        "{}",
+        "{request} {}",
+        reply.text
+    );
+}
+
+/// Sends each row's request in order and asserts the error envelope (§0) that refuses it:
+/// `status` and `kind` for every row, and the row's own `error.reason`.
+async fn assert_refused(es: &Es, status: u16, kind: &str, rows: &[(Request, &str)]) {
+    for (request, reason) in rows {
+        let reply = es.send_request(request).await;
+        assert_error_of(&request.to_string(), &reply, status, kind, reason);
+    }
+}
+
+/// The items of a `_bulk` answered 200, after checking its `errors` flag.
+fn bulk_items(reply: &Reply, errors: bool) -> &[Value] {
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.body["errors"], errors, "{}", reply.text);
+    reply.body["items"].as_array().unwrap()
+}
+
+/// Asserts the 400 that refuses what this test double does not model, naming it.
+fn assert_not_modelled(request: &Request, reply: &Reply) {
+    assert_eq!(reply.status, 400, "{request}: {}", reply.text);
+    assert!(
+        reason(reply).contains("is not implemented by es-emulator"),
+        "{request}: {}",
         reply.text
     );
 }
@@ -501,17 +609,13 @@ async fn a_custom_routing_is_refused_only_where_it_would_pick_another_shard() {
         es.put(&format!("/{index}/_doc/a"), json!({})).await;
     }
     assert_eq!(es.get("/one/_doc/a?routing=x").await.status, 200);
-    let not_modelled = |reply: &Reply| {
-        assert_eq!(reply.status, 400, "{}", reply.text);
-        assert!(
-            reason(reply).contains("not implemented by es-emulator"),
-            "{}",
-            reply.text
-        );
-    };
-    not_modelled(&es.get("/three/_doc/a?routing=x").await);
-    not_modelled(&es.delete("/three/_doc/a?routing=x").await);
-    not_modelled(&es.post("/three/_search?routing=x", json!({})).await);
+    for request in [
+        get("/three/_doc/a?routing=x"),
+        delete("/three/_doc/a?routing=x"),
+        post("/three/_search?routing=x", json!({})),
+    ] {
+        assert_not_modelled(&request, &es.send_request(&request).await);
+    }
     let bulk = es
         .ndjson(
             "/_bulk",
@@ -710,18 +814,24 @@ async fn op_type_create_conflicts_and_op_type_index_then_updates() {
 #[tokio::test]
 async fn invalid_create_combinations_are_400() {
     let es = Es::manual().await;
+    let compare_and_set = es
+        .put("/i/_create/1?if_seq_no=0&if_primary_term=1", json!({}))
+        .await;
     assert_error(
-        &es.put("/i/_create/1?if_seq_no=0&if_primary_term=1", json!({})).await,
+        &compare_and_set,
         400,
         "action_request_validation_exception",
         "Validation Failed: 1: create operations do not support compare and set. use index instead;",
     );
+    let as_index = es.put("/i/_create/1?op_type=index", json!({})).await;
     assert_error(
-        &es.put("/i/_create/1?op_type=index", json!({})).await,
+        &as_index,
         400,
         "illegal_argument_exception",
         "opType must be 'create', found: [index]",
     );
+    let no_body = es.raw(Method::PUT, "/i/_doc/1", "").await;
+    assert_error(&no_body, 400, "parse_exception", "request body is required");
     let long_id = "x".repeat(513);
     let too_long = es.put(&format!("/i/_doc/{long_id}"), json!({})).await;
     assert_eq!(too_long.status, 400);
@@ -729,8 +839,6 @@ async fn invalid_create_combinations_are_400() {
         too_long.body["error"]["type"],
         "action_request_validation_exception"
     );
-    let no_body = es.raw(Method::PUT, "/i/_doc/1", "").await;
-    assert_error(&no_body, 400, "parse_exception", "request body is required");
 }
 
 #[tokio::test]
@@ -863,25 +971,26 @@ async fn cas_match_mismatch_and_missing() {
         (json!(2), json!(1))
     );
 
-    assert_error(
-        &es.put("/i/_doc/1?if_seq_no=0&if_primary_term=1", json!({"v": 3})).await,
+    assert_refused(
+        &es,
         409,
         "version_conflict_engine_exception",
-        "[1]: version conflict, required seqNo [0], primary term [1]. current document has seqNo [1] and primary term [1]",
-    );
-    assert_error(
-        &es.put("/i/_doc/1?if_seq_no=1&if_primary_term=2", json!({"v": 3})).await,
-        409,
-        "version_conflict_engine_exception",
-        "[1]: version conflict, required seqNo [1], primary term [2]. current document has seqNo [1] and primary term [1]",
-    );
-    assert_error(
-        &es.put("/i/_doc/2?if_seq_no=1&if_primary_term=1", json!({}))
-            .await,
-        409,
-        "version_conflict_engine_exception",
-        "[2]: version conflict, required seqNo [1], primary term [1]. but no document was found",
-    );
+        &[
+            (
+                put("/i/_doc/1?if_seq_no=0&if_primary_term=1", json!({"v": 3})),
+                "[1]: version conflict, required seqNo [0], primary term [1]. current document has seqNo [1] and primary term [1]",
+            ),
+            (
+                put("/i/_doc/1?if_seq_no=1&if_primary_term=2", json!({"v": 3})),
+                "[1]: version conflict, required seqNo [1], primary term [2]. current document has seqNo [1] and primary term [1]",
+            ),
+            (
+                put("/i/_doc/2?if_seq_no=1&if_primary_term=1", json!({})),
+                "[2]: version conflict, required seqNo [1], primary term [1]. but no document was found",
+            ),
+        ],
+    )
+    .await;
     // Conflicts consume no seq_no.
     assert_eq!(es.put("/i/_doc/3", json!({})).await.body["_seq_no"], 2);
 }
@@ -890,32 +999,35 @@ async fn cas_match_mismatch_and_missing() {
 async fn cas_parameters_are_validated() {
     let es = Es::manual().await;
     es.put("/i/_doc/1", json!({})).await;
-    assert_error(
-        &es.put("/i/_doc/1?if_seq_no=0", json!({})).await,
+    assert_refused(
+        &es,
         400,
         "action_request_validation_exception",
-        "Validation Failed: 1: ifSeqNo is set, but primary term is [0];",
-    );
-    assert_error(
-        &es.put("/i/_doc/1?if_seq_no=0&if_primary_term=0", json!({}))
-            .await,
-        400,
-        "action_request_validation_exception",
-        "Validation Failed: 1: ifSeqNo is set, but primary term is [0];",
-    );
-    assert_error(
-        &es.put("/i/_doc/1?if_primary_term=1", json!({})).await,
-        400,
-        "action_request_validation_exception",
-        "Validation Failed: 1: ifSeqNo is unassigned, but primary term is [1];",
-    );
-    assert_error(
-        &es.put("/i/_doc/1?if_seq_no=-1&if_primary_term=1", json!({}))
-            .await,
+        &[
+            (
+                put("/i/_doc/1?if_seq_no=0", json!({})),
+                "Validation Failed: 1: ifSeqNo is set, but primary term is [0];",
+            ),
+            (
+                put("/i/_doc/1?if_seq_no=0&if_primary_term=0", json!({})),
+                "Validation Failed: 1: ifSeqNo is set, but primary term is [0];",
+            ),
+            (
+                put("/i/_doc/1?if_primary_term=1", json!({})),
+                "Validation Failed: 1: ifSeqNo is unassigned, but primary term is [1];",
+            ),
+        ],
+    )
+    .await;
+    let negative = put("/i/_doc/1?if_seq_no=-1&if_primary_term=1", json!({}));
+    let reason = "sequence numbers must be non negative. got [-1].";
+    assert_refused(
+        &es,
         400,
         "illegal_argument_exception",
-        "sequence numbers must be non negative. got [-1].",
-    );
+        &[(negative, reason)],
+    )
+    .await;
 }
 
 // ---- §5 delete ---------------------------------------------------------------------------
@@ -1025,52 +1137,61 @@ async fn seq_no_is_per_index_and_counts_every_applied_op() {
 async fn bulk_answers_every_item_in_order() {
     let es = Es::manual().await;
     es.put("/i/_doc/a", json!({"n": 1})).await;
-    let body = concat!(
-        "{\"create\":{\"_index\":\"i\",\"_id\":\"b\"}}\n{\"n\":2}\n",
-        "{\"create\":{\"_index\":\"i\",\"_id\":\"a\"}}\n{\"n\":9}\n",
-        "{\"index\":{\"_index\":\"i\",\"_id\":\"a\",\"if_seq_no\":0,\"if_primary_term\":1}}\n{\"n\":3}\n",
-        "{\"index\":{\"_index\":\"i\",\"_id\":\"a\",\"if_seq_no\":0,\"if_primary_term\":1}}\n{\"n\":4}\n",
-        "{\"index\":{\"_index\":\"i\",\"_id\":\"m\",\"if_seq_no\":0,\"if_primary_term\":1}}\n{}\n",
-        "{\"delete\":{\"_index\":\"i\",\"_id\":\"gone\"}}\n",
-        "{\"update\":{\"_index\":\"i\",\"_id\":\"a\"}}\n{\"doc\":{\"n\":5}}\n",
-        "{\"index\":{\"_index\":\"other\",\"_id\":\"x\"}}\n{}\n",
-    );
-    let reply = es.ndjson("/_bulk", body).await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    assert_eq!(reply.body["errors"], true);
+    let lines = [
+        r#"{"create":{"_index":"i","_id":"b"}}"#,
+        r#"{"n":2}"#,
+        r#"{"create":{"_index":"i","_id":"a"}}"#,
+        r#"{"n":9}"#,
+        r#"{"index":{"_index":"i","_id":"a","if_seq_no":0,"if_primary_term":1}}"#,
+        r#"{"n":3}"#,
+        r#"{"index":{"_index":"i","_id":"a","if_seq_no":0,"if_primary_term":1}}"#,
+        r#"{"n":4}"#,
+        r#"{"index":{"_index":"i","_id":"m","if_seq_no":0,"if_primary_term":1}}"#,
+        "{}",
+        r#"{"delete":{"_index":"i","_id":"gone"}}"#,
+        r#"{"update":{"_index":"i","_id":"a"}}"#,
+        r#"{"doc":{"n":5}}"#,
+        r#"{"index":{"_index":"other","_id":"x"}}"#,
+        "{}",
+    ];
+    let reply = es.bulk("/_bulk", &lines).await;
+    let items = bulk_items(&reply, true);
     assert!(reply.body["took"].is_u64());
-    let items = reply.body["items"].as_array().unwrap();
     assert_eq!(items.len(), 8);
     assert_eq!(
         items[0],
         json!({"create": {"_index": "i", "_id": "b", "_version": 1, "result": "created",
             "_shards": shards(2), "_seq_no": 1, "_primary_term": 1, "status": 201}})
     );
-    assert_eq!(items[1]["create"]["status"], 409);
+    let already_exists = &items[1]["create"];
+    assert_eq!(already_exists["status"], 409);
+    let error = &already_exists["error"];
     assert_eq!(
-        items[1]["create"]["error"]["reason"],
+        error["reason"],
         "[a]: version conflict, document already exists (current version [1])"
     );
+    assert_eq!(error["type"], "version_conflict_engine_exception");
+    assert_eq!(error["shard"], "0");
+    let compared_and_set = &items[2]["index"];
+    assert_eq!(compared_and_set["status"], 200);
+    assert_eq!(compared_and_set["_seq_no"], 2);
+    assert_eq!(compared_and_set["_version"], 2);
+    // The same compare-and-set again, then one on a document that does not exist.
+    let stale = &items[3]["index"]["error"]["reason"];
     assert_eq!(
-        items[1]["create"]["error"]["type"],
-        "version_conflict_engine_exception"
-    );
-    assert_eq!(items[1]["create"]["error"]["shard"], "0");
-    assert_eq!(items[2]["index"]["status"], 200);
-    assert_eq!(items[2]["index"]["_seq_no"], 2);
-    assert_eq!(items[2]["index"]["_version"], 2);
-    assert_eq!(
-        items[3]["index"]["error"]["reason"],
+        stale,
         "[a]: version conflict, required seqNo [0], primary term [1]. current document has seqNo [2] and primary term [1]"
     );
+    let missing = &items[4]["index"]["error"]["reason"];
     assert_eq!(
-        items[4]["index"]["error"]["reason"],
+        missing,
         "[m]: version conflict, required seqNo [0], primary term [1]. but no document was found"
     );
-    assert_eq!(items[5]["delete"]["status"], 404);
-    assert_eq!(items[5]["delete"]["result"], "not_found");
-    assert_eq!(items[5]["delete"]["_seq_no"], 3);
-    assert!(items[5]["delete"].get("error").is_none());
+    let absent = &items[5]["delete"];
+    assert_eq!(absent["status"], 404);
+    assert_eq!(absent["result"], "not_found");
+    assert_eq!(absent["_seq_no"], 3);
+    assert!(absent.get("error").is_none());
     assert_eq!(items[6]["update"]["status"], 400);
     assert_eq!(items[7]["index"]["status"], 201);
     assert_eq!(items[7]["index"]["_index"], "other");
@@ -1080,54 +1201,48 @@ async fn bulk_answers_every_item_in_order() {
 #[tokio::test]
 async fn bulk_without_failures_has_errors_false() {
     let es = Es::manual().await;
-    let reply = es
-        .ndjson(
-            "/i/_bulk",
-            "{\"index\":{\"_id\":\"1\"}}\n{}\n{\"delete\":{\"_id\":\"nope\"}}\n",
-        )
-        .await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    assert_eq!(reply.body["errors"], false);
-    assert_eq!(reply.body["items"][0]["index"]["_index"], "i");
+    let lines = [
+        r#"{"index":{"_id":"1"}}"#,
+        "{}",
+        r#"{"delete":{"_id":"nope"}}"#,
+    ];
+    let reply = es.bulk("/i/_bulk", &lines).await;
+    assert_eq!(bulk_items(&reply, false)[0]["index"]["_index"], "i");
 }
 
 #[tokio::test]
 async fn bulk_request_level_errors() {
     let es = Es::manual().await;
-    assert_error(
-        &es.ndjson("/_bulk", "{\"index\":{\"_index\":\"i\"}}\n{}")
-            .await,
+    assert_refused(
+        &es,
         400,
         "illegal_argument_exception",
-        "The bulk request must be terminated by a newline [\\n]",
-    );
-    assert_error(
-        &es.ndjson("/_bulk", "{\"index\":{\"_index\":\"i\"}}\n{}\n{}\n")
-            .await,
-        400,
-        "illegal_argument_exception",
-        "Malformed action/metadata line [3], expected FIELD_NAME but found [END_OBJECT]",
-    );
-    assert_error(
-        &es.ndjson(
-            "/_bulk",
-            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"if_primary_term\":-1}}\n{}\n",
-        )
-        .await,
-        400,
-        "illegal_argument_exception",
-        "primary term must be non negative. got [-1]",
-    );
-    assert_error(
-        &es.ndjson(
-            "/_bulk",
-            "{\"index\":{\"_index\":\"i\",\"_type\":\"t\"}}\n{}\n",
-        )
-        .await,
-        400,
-        "illegal_argument_exception",
-        "Action/metadata line [1] contains an unknown parameter [_type]",
-    );
+        &[
+            (
+                bulk_text("/_bulk", "{\"index\":{\"_index\":\"i\"}}\n{}"),
+                "The bulk request must be terminated by a newline [\\n]",
+            ),
+            (
+                bulk("/_bulk", &[r#"{"index":{"_index":"i"}}"#, "{}", "{}"]),
+                "Malformed action/metadata line [3], expected FIELD_NAME but found [END_OBJECT]",
+            ),
+            (
+                bulk(
+                    "/_bulk",
+                    &[
+                        r#"{"index":{"_index":"i","_id":"1","if_primary_term":-1}}"#,
+                        "{}",
+                    ],
+                ),
+                "primary term must be non negative. got [-1]",
+            ),
+            (
+                bulk("/_bulk", &[r#"{"index":{"_index":"i","_type":"t"}}"#, "{}"]),
+                "Action/metadata line [1] contains an unknown parameter [_type]",
+            ),
+        ],
+    )
+    .await;
     let bad_json = es.ndjson("/_bulk", "{nope\n").await;
     assert_eq!(bad_json.status, 400);
     // Nothing of a refused request is applied.
@@ -1139,18 +1254,22 @@ async fn bulk_request_level_errors() {
 #[tokio::test]
 async fn bulk_an_empty_id_fails_its_item_alone() {
     let es = Es::manual().await;
-    let body = concat!(
-        "{\"index\":{\"_index\":\"test\",\"_id\":\"\"}}\n{\"f\":1}\n",
-        "{\"index\":{\"_index\":\"test\",\"_id\":\"id\"}}\n{\"f\":2}\n",
-        "{\"index\":{\"_index\":\"test\"}}\n{\"f\":3}\n",
-        "{\"create\":{\"_index\":\"test\"}}\n{\"f\":4}\n",
-        "{\"index\":{\"_index\":\"test\",\"op_type\":\"create\"}}\n{\"f\":5}\n",
-        "{\"create\":{\"_index\":\"test\",\"_id\":\"\"}}\n{\"f\":6}\n",
-    );
-    let reply = es.ndjson("/_bulk?refresh=true", body).await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    assert_eq!(reply.body["errors"], true);
-    let items = reply.body["items"].as_array().unwrap();
+    let lines = [
+        r#"{"index":{"_index":"test","_id":""}}"#,
+        r#"{"f":1}"#,
+        r#"{"index":{"_index":"test","_id":"id"}}"#,
+        r#"{"f":2}"#,
+        r#"{"index":{"_index":"test"}}"#,
+        r#"{"f":3}"#,
+        r#"{"create":{"_index":"test"}}"#,
+        r#"{"f":4}"#,
+        r#"{"index":{"_index":"test","op_type":"create"}}"#,
+        r#"{"f":5}"#,
+        r#"{"create":{"_index":"test","_id":""}}"#,
+        r#"{"f":6}"#,
+    ];
+    let reply = es.bulk("/_bulk?refresh=true", &lines).await;
+    let items = bulk_items(&reply, true);
     assert_eq!(items.len(), 6);
     for (item, action) in [(&items[0], "index"), (&items[5], "create")] {
         assert_eq!(
@@ -1187,15 +1306,9 @@ async fn bulk_an_empty_id_fails_its_item_alone() {
 #[tokio::test]
 async fn bulk_an_empty_id_alone_still_creates_its_index() {
     let es = Es::manual().await;
-    let reply = es
-        .ndjson(
-            "/_bulk",
-            "{\"index\":{\"_index\":\"fresh\",\"_id\":\"\"}}\n{}\n",
-        )
-        .await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    assert_eq!(reply.body["errors"], true);
-    assert_eq!(reply.body["items"][0]["index"]["status"], 400);
+    let empty_id = [r#"{"index":{"_index":"fresh","_id":""}}"#, "{}"];
+    let reply = es.bulk("/_bulk", &empty_id).await;
+    assert_eq!(bulk_items(&reply, true)[0]["index"]["status"], 400);
     assert_eq!(es.send(Method::HEAD, "/fresh", None).await.status, 200);
 }
 
@@ -1207,66 +1320,56 @@ async fn bulk_an_empty_id_alone_still_creates_its_index() {
 async fn bulk_item_validation_failures_refuse_the_whole_request() {
     let es = Es::manual().await;
     let long_id = "x".repeat(513);
-    let cases = [
+    let long_id_item = format!(r#"{{"index":{{"_index":"i","_id":"{long_id}"}}}}"#);
+    let too_long = format!(
+        "Validation Failed: 1: id [{long_id}] is too long, must be no longer than 512 bytes but \
+         was: 513;"
+    );
+    let compare_and_set =
+        "Validation Failed: 1: create operations do not support compare and set. use index instead;";
+    let no_id = "Validation Failed: 1: id is missing;";
+    let kind = "action_request_validation_exception";
+    let cases: [(&[&str], &str); 7] = [
+        (&[&long_id_item, "{}"], &too_long),
         (
-            format!("{{\"index\":{{\"_index\":\"i\",\"_id\":\"{long_id}\"}}}}\n{{}}\n"),
-            format!(
-                "Validation Failed: 1: id [{long_id}] is too long, must be no longer than 512 \
-                 bytes but was: 513;"
-            ),
+            &[
+                r#"{"create":{"_index":"i","_id":"1","if_seq_no":0,"if_primary_term":1}}"#,
+                "{}",
+            ],
+            compare_and_set,
         ),
         (
-            "{\"create\":{\"_index\":\"i\",\"_id\":\"1\",\"if_seq_no\":0,\"if_primary_term\":1}}\n{}\n"
-                .to_owned(),
-            "Validation Failed: 1: create operations do not support compare and set. use index \
-             instead;"
-                .to_owned(),
+            &[r#"{"create":{"_index":"i","_id":"1","if_seq_no":0}}"#, "{}"],
+            compare_and_set,
         ),
         (
-            "{\"create\":{\"_index\":\"i\",\"_id\":\"1\",\"if_seq_no\":0}}\n{}\n".to_owned(),
-            "Validation Failed: 1: create operations do not support compare and set. use index \
-             instead;"
-                .to_owned(),
+            &[r#"{"index":{"_index":"i","_id":"1","if_seq_no":0}}"#, "{}"],
+            "Validation Failed: 1: ifSeqNo is set, but primary term is [0];",
         ),
         (
-            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"if_seq_no\":0}}\n{}\n".to_owned(),
-            "Validation Failed: 1: ifSeqNo is set, but primary term is [0];".to_owned(),
+            &[r#"{"delete":{"_index":"i","_id":"1","if_primary_term":2}}"#],
+            "Validation Failed: 1: ifSeqNo is unassigned, but primary term is [2];",
         ),
-        (
-            "{\"delete\":{\"_index\":\"i\",\"_id\":\"1\",\"if_primary_term\":2}}\n".to_owned(),
-            "Validation Failed: 1: ifSeqNo is unassigned, but primary term is [2];".to_owned(),
-        ),
-        (
-            "{\"delete\":{\"_index\":\"i\",\"_id\":\"\"}}\n".to_owned(),
-            "Validation Failed: 1: id is missing;".to_owned(),
-        ),
-        (
-            "{\"delete\":{\"_index\":\"i\"}}\n".to_owned(),
-            "Validation Failed: 1: id is missing;".to_owned(),
-        ),
+        (&[r#"{"delete":{"_index":"i","_id":""}}"#], no_id),
+        (&[r#"{"delete":{"_index":"i"}}"#], no_id),
     ];
+    let valid_item = [r#"{"index":{"_index":"i","_id":"ok"}}"#, "{}"];
     for (bad_item, reason) in cases {
         // A valid item before the bad one: refused with it.
-        let body = format!("{{\"index\":{{\"_index\":\"i\",\"_id\":\"ok\"}}}}\n{{}}\n{bad_item}");
-        let reply = es.ndjson("/_bulk", &body).await;
-        assert_error(&reply, 400, "action_request_validation_exception", &reason);
-        assert_eq!(
-            es.send(Method::HEAD, "/i", None).await.status,
-            404,
-            "{bad_item}"
-        );
+        let request = bulk("/_bulk", &[&valid_item, bad_item].concat());
+        let reply = es.send_request(&request).await;
+        assert_error_of(&request.to_string(), &reply, 400, kind, reason);
+        let head = es.send(Method::HEAD, "/i", None).await;
+        assert_eq!(head.status, 404, "{request}");
     }
     // Messages of several items add up, numbered in request order.
-    let body = concat!(
-        "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"if_seq_no\":3}}\n{}\n",
-        "{\"delete\":{\"_index\":\"i\"}}\n",
-    );
-    assert_error(
-        &es.ndjson("/_bulk", body).await,
-        400,
-        "action_request_validation_exception",
-        "Validation Failed: 1: ifSeqNo is set, but primary term is [0];2: id is missing;",
-    );
+    let lines = [
+        r#"{"index":{"_index":"i","_id":"1","if_seq_no":3}}"#,
+        "{}",
+        r#"{"delete":{"_index":"i"}}"#,
+    ];
+    let both = "Validation Failed: 1: ifSeqNo is set, but primary term is [0];2: id is missing;";
+    assert_refused(&es, 400, kind, &[(bulk("/_bulk", &lines), both)]).await;
 }
 
 /// Parameters and settings that would change the answer in ways this test double does not
@@ -1275,68 +1378,55 @@ async fn bulk_item_validation_failures_refuse_the_whole_request() {
 async fn what_the_emulator_does_not_model_is_refused_as_not_implemented() {
     let es = Es::manual().await;
     es.put("/i", json!({})).await;
+    let item = [r#"{"index":{"_index":"i","_id":"1"}}"#, "{}"];
+    let with_metadata = |metadata: &str| {
+        let action = format!(r#"{{"index":{{"_index":"i","_id":"1",{metadata}}}}}"#);
+        bulk("/_bulk", &[&action, "{}"])
+    };
     let refused = [
-        es.ndjson("/_bulk", "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"routing\":\"r\"}}\n{}\n")
-            .await,
-        es.ndjson("/_bulk", "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"require_alias\":true}}\n{}\n")
-            .await,
-        es.ndjson(
-            "/_bulk",
-            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"dynamic_templates\":{\"f\":\"t\"}}}\n{}\n",
-        )
-        .await,
-        es.ndjson(
-            "/_bulk",
-            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"require_data_stream\":true}}\n{}\n",
-        )
-        .await,
-        es.ndjson(
-            "/_bulk",
-            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"list_executed_pipelines\":true}}\n{}\n",
-        )
-        .await,
-        es.ndjson("/_bulk?routing=r", "{\"index\":{\"_index\":\"i\",\"_id\":\"1\"}}\n{}\n")
-            .await,
-        es.ndjson("/_bulk?require_alias=true", "{\"index\":{\"_index\":\"i\",\"_id\":\"1\"}}\n{}\n")
-            .await,
-        es.ndjson(
-            "/_bulk?wait_for_active_shards=all",
-            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\"}}\n{}\n",
-        )
-        .await,
-        es.put("/i/_doc/1?routing=r", json!({})).await,
-        es.put("/i/_doc/1?require_alias=true", json!({})).await,
-        es.put("/i/_doc/1?wait_for_active_shards=2", json!({})).await,
-        es.delete("/i/_doc/1?wait_for_active_shards=all").await,
-        es.get("/i/_doc/1?stored_fields=f").await,
-        es.get("/i/_doc/1?version=1&version_type=external").await,
-        es.get("/i?flat_settings=true").await,
-        es.get("/i?include_defaults=true").await,
-        es.get("/i?features=mappings").await,
-        es.get("/i/_search?explain=true").await,
-        es.get("/i/_search?expand_wildcards=closed").await,
-        es.get("/_cluster/health?level=indices").await,
-        es.get("/_cluster/health?wait_for_nodes=2").await,
-        es.put("/j", json!({"mappings": {"_source": {"enabled": false}}})).await,
-        es.put("/j", json!({"mappings": {"_routing": {"required": true}}})).await,
-        es.put("/j", json!({"mappings": {"numeric_detection": true}})).await,
-        es.put("/j", json!({"mappings": {"subobjects": false}})).await,
-        es.put("/j", json!({"mappings": {"dynamic_date_formats": ["yyyy"]}})).await,
-        es.put("/j", json!({"settings": {"index": {"blocks": {"write": true}}}})).await,
-        es.put("/j", json!({"settings": {"hidden": true}})).await,
-        es.put("/j", json!({"settings": {"auto_expand_replicas": "0-1"}})).await,
-        es.put("/j?wait_for_active_shards=all", json!({})).await,
+        with_metadata(r#""routing":"r""#),
+        with_metadata(r#""require_alias":true"#),
+        with_metadata(r#""dynamic_templates":{"f":"t"}"#),
+        with_metadata(r#""require_data_stream":true"#),
+        with_metadata(r#""list_executed_pipelines":true"#),
+        bulk("/_bulk?routing=r", &item),
+        bulk("/_bulk?require_alias=true", &item),
+        bulk("/_bulk?wait_for_active_shards=all", &item),
+        put("/i/_doc/1?routing=r", json!({})),
+        put("/i/_doc/1?require_alias=true", json!({})),
+        put("/i/_doc/1?wait_for_active_shards=2", json!({})),
+        delete("/i/_doc/1?wait_for_active_shards=all"),
+        get("/i/_doc/1?stored_fields=f"),
+        get("/i/_doc/1?version=1&version_type=external"),
+        get("/i?flat_settings=true"),
+        get("/i?include_defaults=true"),
+        get("/i?features=mappings"),
+        get("/i/_search?explain=true"),
+        get("/i/_search?expand_wildcards=closed"),
+        get("/_cluster/health?level=indices"),
+        get("/_cluster/health?wait_for_nodes=2"),
+        put("/j", json!({"mappings": {"_source": {"enabled": false}}})),
+        put("/j", json!({"mappings": {"_routing": {"required": true}}})),
+        put("/j", json!({"mappings": {"numeric_detection": true}})),
+        put("/j", json!({"mappings": {"subobjects": false}})),
+        put(
+            "/j",
+            json!({"mappings": {"dynamic_date_formats": ["yyyy"]}}),
+        ),
+        put(
+            "/j",
+            json!({"settings": {"index": {"blocks": {"write": true}}}}),
+        ),
+        put("/j", json!({"settings": {"hidden": true}})),
+        put("/j", json!({"settings": {"auto_expand_replicas": "0-1"}})),
+        put("/j?wait_for_active_shards=all", json!({})),
     ];
-    for reply in &refused {
-        assert_eq!(reply.status, 400, "{}", reply.text);
+    for request in &refused {
+        let reply = es.send_request(request).await;
+        assert_not_modelled(request, &reply);
         assert_eq!(
             reply.body["error"]["type"], "illegal_argument_exception",
-            "{}",
-            reply.text
-        );
-        assert!(
-            reason(reply).contains("is not implemented by es-emulator"),
-            "{}",
+            "{request}: {}",
             reply.text
         );
     }
@@ -1345,36 +1435,35 @@ async fn what_the_emulator_does_not_model_is_refused_as_not_implemented() {
     assert_eq!(es.send(Method::HEAD, "/j", None).await.status, 404);
     // The same parameters with values that change nothing are accepted.
     let accepted = [
-        es.ndjson(
+        bulk(
             "/_bulk?require_alias=false&wait_for_active_shards=1",
-            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"require_alias\":false}}\n{}\n{\"delete\":{\"_index\":\"i\",\"_id\":\"1\",\"routing\":\"r\"}}\n",
-        )
-        .await,
-        es.put("/i/_doc/2?wait_for_active_shards=1", json!({})).await,
-        es.get("/i/_search?expand_wildcards=open,hidden&explain=false").await,
-        es.get("/_cluster/health?level=cluster&wait_for_nodes=1").await,
-        es.put(
+            &[
+                r#"{"index":{"_index":"i","_id":"1","require_alias":false}}"#,
+                "{}",
+                r#"{"delete":{"_index":"i","_id":"1","routing":"r"}}"#,
+            ],
+        ),
+        put("/i/_doc/2?wait_for_active_shards=1", json!({})),
+        get("/i/_search?expand_wildcards=open,hidden&explain=false"),
+        get("/_cluster/health?level=cluster&wait_for_nodes=1"),
+        put(
             "/j",
             json!({"settings": {"hidden": false, "blocks.write": false},
                    "mappings": {"_source": {"enabled": true}, "numeric_detection": false}}),
-        )
-        .await,
+        ),
     ];
-    for reply in &accepted {
-        assert!(reply.status < 300, "{}", reply.text);
-        assert!(reply.body["errors"] != true, "{}", reply.text);
+    for request in &accepted {
+        let reply = es.send_request(request).await;
+        assert!(reply.status < 300, "{request}: {}", reply.text);
+        assert!(reply.body["errors"] != true, "{request}: {}", reply.text);
     }
 }
 
 #[tokio::test]
 async fn bulk_refresh_true_makes_items_searchable() {
     let es = Es::manual().await;
-    let reply = es
-        .ndjson(
-            "/_bulk?refresh=true",
-            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\"}}\n{}\n",
-        )
-        .await;
+    let item = [r#"{"index":{"_index":"i","_id":"1"}}"#, "{}"];
+    let reply = es.bulk("/_bulk?refresh=true", &item).await;
     assert_eq!(reply.body["items"][0]["index"]["forced_refresh"], true);
     assert_eq!(es.ids("i", json!({})).await, ["1"]);
 }
@@ -2103,13 +2192,8 @@ async fn put_mapping_refuses_what_it_does_not_model() {
         json!({"properties": {"ts": {"type": "date", "format": "epoch_millis"}}}),
         json!({"properties": {"s": {"properties": {"x": {"type": "long"}}}}}),
     ] {
-        let reply = es.put("/i/_mapping", body).await;
-        assert_eq!(reply.status, 400, "{}", reply.text);
-        assert!(
-            reason(&reply).contains("is not implemented by es-emulator"),
-            "{}",
-            reply.text
-        );
+        let request = put("/i/_mapping", body);
+        assert_not_modelled(&request, &es.send_request(&request).await);
     }
     let wrong = es.send(Method::DELETE, "/i/_mapping", None).await;
     assert_eq!(wrong.status, 405, "{}", wrong.text);
