@@ -229,6 +229,24 @@ async fn assert_refused(es: &Es, status: u16, kind: &str, rows: &[(Request, &str
     }
 }
 
+/// Asserts the status and `error.type` of an error envelope whose reason is not pinned.
+fn assert_error_type(reply: &Reply, status: u16, kind: &str) {
+    assert_eq!(reply.status, status, "{}", reply.text);
+    assert_eq!(reply.body["error"]["type"], kind, "{}", reply.text);
+}
+
+fn assert_no_such_index(reply: &Reply, index: &str) {
+    let reason = format!("no such index [{index}]");
+    assert_error(reply, 404, "index_not_found_exception", &reason);
+}
+
+/// Asserts a search refused as a whole (400 `search_phase_execution_exception`), and gives
+/// its root cause.
+fn failed_search_root_cause(reply: &Reply) -> &Value {
+    assert_error_type(reply, 400, "search_phase_execution_exception");
+    &reply.body["error"]["root_cause"][0]
+}
+
 /// The items of a `_bulk` answered 200, after checking its `errors` flag.
 fn bulk_items(reply: &Reply, errors: bool) -> &[Value] {
     assert_eq!(reply.status, 200, "{}", reply.text);
@@ -340,11 +358,7 @@ async fn create_index_is_acknowledged_once() {
     );
 
     let again = es.put("/books", json!({})).await;
-    assert_eq!(again.status, 400);
-    assert_eq!(
-        again.body["error"]["type"],
-        "resource_already_exists_exception"
-    );
+    assert_error_type(&again, 400, "resource_already_exists_exception");
     let uuid = again.body["error"]["index_uuid"].as_str().unwrap();
     assert_eq!(
         reason(&again),
@@ -362,16 +376,15 @@ async fn invalid_index_names_are_refused() {
         "invalid_index_name_exception",
         "Invalid index name [Books], must be lowercase",
     );
-    let underscore = es.put("/-x", json!({})).await;
-    assert_eq!(
-        underscore.body["error"]["type"],
-        "invalid_index_name_exception"
-    );
-    let star = es.put("/a%2Ab", json!({})).await;
-    assert_eq!(star.body["error"]["type"], "invalid_index_name_exception");
-    // Writes to an invalid name cannot auto-create it either.
-    let write = es.put("/Upper/_doc/1", json!({})).await;
-    assert_eq!(write.body["error"]["type"], "invalid_index_name_exception");
+    // A leading `-`, a `*`, and (writes cannot auto-create it either) an upper-case letter.
+    for path in ["/-x", "/a%2Ab", "/Upper/_doc/1"] {
+        let reply = es.put(path, json!({})).await;
+        assert_eq!(
+            reply.body["error"]["type"], "invalid_index_name_exception",
+            "{path}: {}",
+            reply.text
+        );
+    }
 }
 
 #[tokio::test]
@@ -409,8 +422,7 @@ async fn unknown_settings_and_impossible_shard_counts_are_refused() {
     let unknown = es
         .put("/x", json!({"settings": {"index.nonsense": 1}}))
         .await;
-    assert_eq!(unknown.status, 400);
-    assert_eq!(unknown.body["error"]["type"], "illegal_argument_exception");
+    assert_error_type(&unknown, 400, "illegal_argument_exception");
     assert!(es.send(Method::HEAD, "/x", None).await.status == 404);
     // Elasticsearch 8.19.21's reasons, each a 400 `illegal_argument_exception`.
     let refused = [
@@ -834,11 +846,7 @@ async fn invalid_create_combinations_are_400() {
     assert_error(&no_body, 400, "parse_exception", "request body is required");
     let long_id = "x".repeat(513);
     let too_long = es.put(&format!("/i/_doc/{long_id}"), json!({})).await;
-    assert_eq!(too_long.status, 400);
-    assert_eq!(
-        too_long.body["error"]["type"],
-        "action_request_validation_exception"
-    );
+    assert_error_type(&too_long, 400, "action_request_validation_exception");
 }
 
 #[tokio::test]
@@ -891,12 +899,7 @@ async fn get_found_missing_doc_and_missing_index() {
     );
 
     let no_index = es.get("/nope/_doc/1").await;
-    assert_error(
-        &no_index,
-        404,
-        "index_not_found_exception",
-        "no such index [nope]",
-    );
+    assert_no_such_index(&no_index, "nope");
     let error = &no_index.body["error"];
     assert_eq!(error["resource.type"], "index_or_alias");
     assert_eq!(error["resource.id"], "nope");
@@ -1052,13 +1055,7 @@ async fn delete_existing_absent_and_missing_index() {
     );
     assert_eq!(es.get("/i/_doc/1").await.status, 404);
 
-    let no_index = es.delete("/nope/_doc/1").await;
-    assert_error(
-        &no_index,
-        404,
-        "index_not_found_exception",
-        "no such index [nope]",
-    );
+    assert_no_such_index(&es.delete("/nope/_doc/1").await, "nope");
     assert_eq!(es.send(Method::HEAD, "/nope", None).await.status, 404);
 }
 
@@ -1736,11 +1733,7 @@ async fn range_on_longs_and_dates() {
     let bad = es
         .search("i", find(json!({"ts": {"gte": "yesterday"}})))
         .await;
-    assert_eq!(bad.status, 400);
-    assert_eq!(
-        bad.body["error"]["type"],
-        "search_phase_execution_exception"
-    );
+    assert_error_type(&bad, 400, "search_phase_execution_exception");
 }
 
 #[tokio::test]
@@ -1784,13 +1777,8 @@ async fn sorting_on_unmapped_text_or_id_fields_is_400() {
     typed_index(&es, "i").await;
     es.put("/dyn/_doc/1", json!({"title": "some text"})).await;
     let unmapped = es.search("i", json!({"sort": ["nowhere"]})).await;
-    assert_eq!(unmapped.status, 400);
     assert_eq!(
-        unmapped.body["error"]["type"],
-        "search_phase_execution_exception"
-    );
-    assert_eq!(
-        unmapped.body["error"]["root_cause"][0]["reason"],
+        failed_search_root_cause(&unmapped)["reason"],
         "No mapping found for [nowhere] in order to sort on"
     );
     let tolerated = es
@@ -1900,13 +1888,8 @@ async fn track_total_hits_and_size_limits() {
     );
 
     let window = es.search("i", json!({"from": 9_990, "size": 11})).await;
-    assert_eq!(window.status, 400);
-    assert_eq!(
-        window.body["error"]["type"],
-        "search_phase_execution_exception"
-    );
     assert!(
-        window.body["error"]["root_cause"][0]["reason"]
+        failed_search_root_cause(&window)["reason"]
             .as_str()
             .unwrap()
             .starts_with("Result window is too large, from + size must be less than or equal to: [10000] but was [10001]"),
@@ -1993,8 +1976,7 @@ async fn documents_are_checked_against_the_mapping() {
     let es = Es::manual().await;
     typed_index(&es, "i").await;
     let bad_long = es.put("/i/_doc/1", json!({"n": "abc"})).await;
-    assert_eq!(bad_long.status, 400);
-    assert_eq!(bad_long.body["error"]["type"], "document_parsing_exception");
+    assert_error_type(&bad_long, 400, "document_parsing_exception");
     let bad_date = es.put("/i/_doc/1", json!({"ts": "not a date"})).await;
     assert_eq!(bad_date.status, 400);
     // dynamic:false stores unmapped fields without indexing them.
@@ -2014,11 +1996,7 @@ async fn documents_are_checked_against_the_mapping() {
     )
     .await;
     let strict = es.put("/strict/_doc/1", json!({"b": 1})).await;
-    assert_eq!(strict.status, 400);
-    assert_eq!(
-        strict.body["error"]["type"],
-        "strict_dynamic_mapping_exception"
-    );
+    assert_error_type(&strict, 400, "strict_dynamic_mapping_exception");
 }
 
 #[tokio::test]
@@ -2089,26 +2067,11 @@ async fn put_mapping_adds_fields_and_is_idempotent() {
 #[tokio::test]
 async fn put_mapping_on_a_missing_index_is_404() {
     let es = Es::manual().await;
-    let reply = es
-        .put(
-            "/nope/_mapping",
-            json!({"properties": {"f": {"type": "keyword"}}}),
-        )
-        .await;
-    assert_error(
-        &reply,
-        404,
-        "index_not_found_exception",
-        "no such index [nope]",
-    );
+    let keyword_f = json!({"properties": {"f": {"type": "keyword"}}});
+    assert_no_such_index(&es.put("/nope/_mapping", keyword_f).await, "nope");
     // Unlike a document write, it does not create the index.
     assert_eq!(es.send(Method::HEAD, "/nope", None).await.status, 404);
-    assert_error(
-        &es.get("/nope/_mapping").await,
-        404,
-        "index_not_found_exception",
-        "no such index [nope]",
-    );
+    assert_no_such_index(&es.get("/nope/_mapping").await, "nope");
 }
 
 #[tokio::test]
@@ -2132,14 +2095,9 @@ async fn put_mapping_cannot_change_a_fields_type() {
     assert_eq!(properties["s"]["type"], "keyword");
     assert!(properties.get("added").is_none(), "{properties}");
     // Bad declarations get the errors of index creation.
-    let unknown = es
-        .put(
-            "/i/_mapping",
-            json!({"properties": {"f": {"type": "nonsense"}}}),
-        )
-        .await;
-    assert_eq!(unknown.status, 400, "{}", unknown.text);
-    assert_eq!(unknown.body["error"]["type"], "mapper_parsing_exception");
+    let nonsense_type = json!({"properties": {"f": {"type": "nonsense"}}});
+    let unknown = es.put("/i/_mapping", nonsense_type).await;
+    assert_error_type(&unknown, 400, "mapper_parsing_exception");
     let no_body = es.send(Method::PUT, "/i/_mapping", None).await;
     assert_eq!(no_body.status, 400, "{}", no_body.text);
 }
@@ -2213,8 +2171,7 @@ async fn malformed_json_is_400() {
     let es = Es::manual().await;
     // A body cut short is an end-of-file error, anything else a parse error (8.19.21).
     let search = es.raw(Method::POST, "/i/_search", "{\"query\":").await;
-    assert_eq!(search.status, 400);
-    assert_eq!(search.body["error"]["type"], "x_content_e_o_f_exception");
+    assert_error_type(&search, 400, "x_content_e_o_f_exception");
     assert_eq!(
         search.body["error"]["caused_by"]["type"],
         "json_e_o_f_exception"
@@ -2228,8 +2185,7 @@ async fn malformed_json_is_400() {
     let index = es.raw(Method::PUT, "/x", "{oops").await;
     assert_eq!(index.body["error"]["type"], "x_content_parse_exception");
     let doc = es.raw(Method::PUT, "/i/_doc/1", "{\"a\":").await;
-    assert_eq!(doc.status, 400);
-    assert_eq!(doc.body["error"]["type"], "document_parsing_exception");
+    assert_error_type(&doc, 400, "document_parsing_exception");
     let unknown_query = es.search("i", json!({"query": {"nonsense": {}}})).await;
     assert_eq!(unknown_query.body["error"]["type"], "parsing_exception");
 }
@@ -2264,13 +2220,8 @@ async fn root_causes_stop_above_exceptions_that_are_not_elasticsearch_ones() {
     let not_a_date = es
         .search("i", json!({"sort": ["ts"], "search_after": ["yesterday"]}))
         .await;
-    assert_eq!(not_a_date.status, 400, "{}", not_a_date.text);
     assert_eq!(
-        not_a_date.body["error"]["type"],
-        "search_phase_execution_exception"
-    );
-    assert_eq!(
-        not_a_date.body["error"]["root_cause"][0]["type"],
+        failed_search_root_cause(&not_a_date)["type"],
         "parse_exception"
     );
 }
@@ -2342,22 +2293,14 @@ async fn injected_failures_are_not_applied() {
     let es = Es::manual().await;
     es.emulator.fail_next(429, 2);
     let rejected = es.put("/i/_doc/1", json!({})).await;
-    assert_eq!(rejected.status, 429);
-    assert_eq!(
-        rejected.body["error"]["type"],
-        "es_rejected_execution_exception"
-    );
+    assert_error_type(&rejected, 429, "es_rejected_execution_exception");
     assert_eq!(es.get("/").await.status, 429);
     assert_eq!(es.get("/").await.status, 200);
     assert_eq!(es.send(Method::HEAD, "/i", None).await.status, 404);
 
     es.emulator.fail_next(503, 1);
     let unavailable = es.put("/i/_doc/1", json!({})).await;
-    assert_eq!(unavailable.status, 503);
-    assert_eq!(
-        unavailable.body["error"]["type"],
-        "unavailable_shards_exception"
-    );
+    assert_error_type(&unavailable, 503, "unavailable_shards_exception");
     es.emulator.fail_next(500, 1);
     let generic = es.get("/").await;
     assert_eq!(generic.status, 500);
