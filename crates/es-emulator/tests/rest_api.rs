@@ -101,6 +101,14 @@ impl Es {
         .await
     }
 
+    /// An emulator that refreshes only when asked, holding one document: `{}` at `/i/_doc/1`.
+    async fn holding_one_document() -> Self {
+        let es = Self::manual().await;
+        let written = es.put("/i/_doc/1", json!({})).await;
+        assert_eq!(written.status, 201, "{}", written.text);
+        es
+    }
+
     async fn with(config: EmulatorConfig) -> Self {
         Es {
             emulator: es_emulator::spawn(config).await,
@@ -168,6 +176,12 @@ impl Es {
             .await;
         assert_eq!(reply.status, 200, "{}", reply.text);
     }
+    /// Creates `index` with `shards` primary shards.
+    async fn index_of_shards(&self, index: &str, shards: u32) {
+        let settings = json!({"settings": {"number_of_shards": shards}});
+        let reply = self.put(&format!("/{index}"), settings).await;
+        assert_eq!(reply.status, 200, "{}", reply.text);
+    }
     async fn search(&self, index: &str, body: Value) -> Reply {
         self.post(&format!("/{index}/_search"), body).await
     }
@@ -176,6 +190,18 @@ impl Es {
         let reply = self.search(index, body).await;
         assert_eq!(reply.status, 200, "{}", reply.text);
         hit_ids(&reply.body)
+    }
+}
+
+impl Reply {
+    /// The status and one field of the body, to compare both at once.
+    fn status_and(&self, field: &str) -> (u16, Value) {
+        (self.status, self.body[field].clone())
+    }
+
+    /// Where a write's answer puts its document: `_version` and `_seq_no`.
+    fn version_and_seq_no(&self) -> (Value, Value) {
+        (self.body["_version"].clone(), self.body["_seq_no"].clone())
     }
 }
 
@@ -233,6 +259,12 @@ async fn assert_refused(es: &Es, status: u16, kind: &str, rows: &[(Request, &str
 fn assert_error_type(reply: &Reply, status: u16, kind: &str) {
     assert_eq!(reply.status, status, "{}", reply.text);
     assert_eq!(reply.body["error"]["type"], kind, "{}", reply.text);
+}
+
+/// Asserts a reply's status and its whole body.
+fn assert_reply(reply: &Reply, status: u16, body: Value) {
+    assert_eq!(reply.status, status, "{}", reply.text);
+    assert_eq!(reply.body, body);
 }
 
 fn assert_no_such_index(reply: &Reply, index: &str) {
@@ -345,16 +377,12 @@ async fn cluster_info_head_and_health() {
 #[tokio::test]
 async fn create_index_is_acknowledged_once() {
     let es = Es::manual().await;
-    let created = es
-        .put(
-            "/books",
-            json!({"settings": {"number_of_shards": 1}, "mappings": {"properties": {"t": {"type": "keyword"}}}}),
-        )
-        .await;
-    assert_eq!(created.status, 200);
-    assert_eq!(
-        created.body,
-        json!({"acknowledged": true, "shards_acknowledged": true, "index": "books"})
+    let keyword_t = json!({"properties": {"t": {"type": "keyword"}}});
+    let settings = json!({"settings": {"number_of_shards": 1}, "mappings": keyword_t});
+    assert_reply(
+        &es.put("/books", settings).await,
+        200,
+        json!({"acknowledged": true, "shards_acknowledged": true, "index": "books"}),
     );
 
     let again = es.put("/books", json!({})).await;
@@ -533,10 +561,8 @@ async fn per_shard(es: &Es, index: &str) -> Vec<(String, u64, i64)> {
 #[tokio::test]
 async fn documents_live_on_the_shards_elasticsearch_puts_them_on() {
     let es = Es::manual().await;
-    es.put("/three", json!({"settings": {"number_of_shards": 3}}))
-        .await;
-    es.put("/five", json!({"settings": {"number_of_shards": 5}}))
-        .await;
+    es.index_of_shards("three", 3).await;
+    es.index_of_shards("five", 5).await;
     // `_seq_no` counts per shard: the n-th write on a shard gets n - 1.
     let mut written = [0i64; 3];
     for (id, on_three, _) in PLACED {
@@ -546,7 +572,7 @@ async fn documents_live_on_the_shards_elasticsearch_puts_them_on() {
         written[on_three] += 1;
     }
     let absent = es.delete("/three/_doc/zz").await;
-    assert_eq!((absent.status, &absent.body["_seq_no"]), (404, &json!(2)));
+    assert_eq!(absent.status_and("_seq_no"), (404, json!(2)));
     let counts = [3, 2, 2];
     let expected: Vec<(String, u64, i64)> = (0..3)
         .map(|shard| {
@@ -581,8 +607,7 @@ async fn documents_live_on_the_shards_elasticsearch_puts_them_on() {
 #[tokio::test]
 async fn shards_are_counted_as_elasticsearch_counts_them() {
     let es = Es::manual().await;
-    es.put("/three", json!({"settings": {"number_of_shards": 3}}))
-        .await;
+    es.index_of_shards("three", 3).await;
     es.put(
         "/two",
         json!({"settings": {"number_of_shards": 2, "number_of_replicas": 0}}),
@@ -613,10 +638,8 @@ async fn shards_are_counted_as_elasticsearch_counts_them() {
 #[tokio::test]
 async fn a_custom_routing_is_refused_only_where_it_would_pick_another_shard() {
     let es = Es::manual().await;
-    es.put("/one", json!({"settings": {"number_of_shards": 1}}))
-        .await;
-    es.put("/three", json!({"settings": {"number_of_shards": 3}}))
-        .await;
+    es.index_of_shards("one", 1).await;
+    es.index_of_shards("three", 3).await;
     for index in ["one", "three"] {
         es.put(&format!("/{index}/_doc/a"), json!({})).await;
     }
@@ -752,8 +775,7 @@ async fn the_capacity_model_serves_one_shard_one_operation_at_a_time() {
     // Over real sockets and the wall clock: only the lower bound is certain on a loaded
     // machine (the exact figures are the `capacity` module's own tests, on paused time).
     let es = Es::manual().await;
-    es.put("/i", json!({"settings": {"number_of_shards": 1}}))
-        .await;
+    es.index_of_shards("i", 1).await;
     let cost = Duration::from_millis(20);
     es.emulator.set_shard_op_cost(cost);
     let started = std::time::Instant::now();
@@ -785,12 +807,11 @@ async fn the_capacity_model_serves_one_shard_one_operation_at_a_time() {
 #[tokio::test]
 async fn create_is_201_then_409_with_the_current_version() {
     let es = Es::manual().await;
-    let created = es.put("/i/_create/1", json!({"a": 1})).await;
-    assert_eq!(created.status, 201, "{}", created.text);
-    assert_eq!(
-        created.body,
+    assert_reply(
+        &es.put("/i/_create/1", json!({"a": 1})).await,
+        201,
         json!({"_index": "i", "_id": "1", "_version": 1, "result": "created",
-               "_shards": shards(2), "_seq_no": 0, "_primary_term": 1})
+               "_shards": shards(2), "_seq_no": 0, "_primary_term": 1}),
     );
     let conflict = es.post("/i/_create/1", json!({"a": 2})).await;
     assert_error(
@@ -883,19 +904,16 @@ async fn ids_are_url_decoded() {
 async fn get_found_missing_doc_and_missing_index() {
     let es = Es::manual().await;
     es.put("/i/_doc/1", json!({"k": "v"})).await;
-    let found = es.get("/i/_doc/1").await;
-    assert_eq!(found.status, 200);
-    assert_eq!(
-        found.body,
+    assert_reply(
+        &es.get("/i/_doc/1").await,
+        200,
         json!({"_index": "i", "_id": "1", "_version": 1, "_seq_no": 0, "_primary_term": 1,
-               "found": true, "_source": {"k": "v"}})
+               "found": true, "_source": {"k": "v"}}),
     );
-
-    let missing = es.get("/i/_doc/2").await;
-    assert_eq!(missing.status, 404);
-    assert_eq!(
-        missing.body,
-        json!({"_index": "i", "_id": "2", "found": false})
+    assert_reply(
+        &es.get("/i/_doc/2").await,
+        404,
+        json!({"_index": "i", "_id": "2", "found": false}),
     );
 
     let no_index = es.get("/nope/_doc/1").await;
@@ -916,8 +934,7 @@ async fn get_is_realtime_unless_realtime_false() {
     assert_eq!(es.get("/i/_doc/1?realtime=false").await.status, 404);
     assert_eq!(es.get("/i/_doc/1?realtime=true").await.status, 200);
     let refreshed = es.get("/i/_doc/1?realtime=false&refresh=true").await;
-    assert_eq!(refreshed.status, 200);
-    assert_eq!(refreshed.body["found"], true);
+    assert_eq!(refreshed.status_and("found"), (200, json!(true)));
 }
 
 #[tokio::test]
@@ -925,8 +942,7 @@ async fn get_returns_the_source_as_sent_and_filters_it() {
     let es = Es::manual().await;
     let source = r#"{"z": 1,  "a": {"b": 2, "c": 3}}"#;
     es.raw(Method::PUT, "/i/_doc/1", source).await;
-    let found = es.get("/i/_doc/1").await;
-    assert!(found.text.contains(source), "{}", found.text);
+    assert_carries_source_as_sent(&es.get("/i/_doc/1").await, source);
     let filtered = es.get("/i/_doc/1?_source_includes=a.b").await;
     assert_eq!(filtered.body["_source"], json!({"a": {"b": 2}}));
     let none = es.get("/i/_doc/1?_source=false").await;
@@ -935,8 +951,7 @@ async fn get_returns_the_source_as_sent_and_filters_it() {
 
 #[tokio::test]
 async fn get_with_a_version_is_a_precondition() {
-    let es = Es::manual().await;
-    es.put("/i/_doc/1", json!({})).await;
+    let es = Es::holding_one_document().await;
     es.put("/i/_doc/1", json!({})).await;
     assert_eq!(es.get("/i/_doc/1?version=2").await.status, 200);
     assert_eq!(es.get("/i/_doc/1?version=1").await.status, 409);
@@ -948,17 +963,10 @@ async fn get_with_a_version_is_a_precondition() {
 async fn index_creates_then_updates_even_with_the_same_body() {
     let es = Es::manual().await;
     let first = es.put("/i/_doc/1", json!({"a": 1})).await;
-    assert_eq!(
-        (first.status, &first.body["result"]),
-        (201, &json!("created"))
-    );
+    assert_eq!(first.status_and("result"), (201, json!("created")));
     let second = es.put("/i/_doc/1", json!({"a": 1})).await;
-    assert_eq!(
-        (second.status, &second.body["result"]),
-        (200, &json!("updated"))
-    );
-    assert_eq!(second.body["_version"], 2);
-    assert_eq!(second.body["_seq_no"], 1);
+    assert_eq!(second.status_and("result"), (200, json!("updated")));
+    assert_eq!(second.version_and_seq_no(), (json!(2), json!(1)));
 }
 
 #[tokio::test]
@@ -969,10 +977,7 @@ async fn cas_match_mismatch_and_missing() {
         .put("/i/_doc/1?if_seq_no=0&if_primary_term=1", json!({"v": 2}))
         .await;
     assert_eq!(ok.status, 200, "{}", ok.text);
-    assert_eq!(
-        (ok.body["_version"].clone(), ok.body["_seq_no"].clone()),
-        (json!(2), json!(1))
-    );
+    assert_eq!(ok.version_and_seq_no(), (json!(2), json!(1)));
 
     assert_refused(
         &es,
@@ -1000,8 +1005,7 @@ async fn cas_match_mismatch_and_missing() {
 
 #[tokio::test]
 async fn cas_parameters_are_validated() {
-    let es = Es::manual().await;
-    es.put("/i/_doc/1", json!({})).await;
+    let es = Es::holding_one_document().await;
     assert_refused(
         &es,
         400,
@@ -1037,21 +1041,18 @@ async fn cas_parameters_are_validated() {
 
 #[tokio::test]
 async fn delete_existing_absent_and_missing_index() {
-    let es = Es::manual().await;
-    es.put("/i/_doc/1", json!({})).await;
-    let deleted = es.delete("/i/_doc/1").await;
-    assert_eq!(deleted.status, 200);
-    assert_eq!(
-        deleted.body,
+    let es = Es::holding_one_document().await;
+    assert_reply(
+        &es.delete("/i/_doc/1").await,
+        200,
         json!({"_index": "i", "_id": "1", "_version": 2, "result": "deleted",
-               "_shards": shards(2), "_seq_no": 1, "_primary_term": 1})
+               "_shards": shards(2), "_seq_no": 1, "_primary_term": 1}),
     );
-    let absent = es.delete("/i/_doc/never").await;
-    assert_eq!(absent.status, 404);
-    assert_eq!(
-        absent.body,
+    assert_reply(
+        &es.delete("/i/_doc/never").await,
+        404,
         json!({"_index": "i", "_id": "never", "_version": 1, "result": "not_found",
-               "_shards": shards(2), "_seq_no": 2, "_primary_term": 1})
+               "_shards": shards(2), "_seq_no": 2, "_primary_term": 1}),
     );
     assert_eq!(es.get("/i/_doc/1").await.status, 404);
 
@@ -1061,34 +1062,24 @@ async fn delete_existing_absent_and_missing_index() {
 
 #[tokio::test]
 async fn delete_with_cas() {
-    let es = Es::manual().await;
-    es.put("/i/_doc/1", json!({})).await;
-    assert_error(
-        &es.delete("/i/_doc/1?if_seq_no=2&if_primary_term=1").await,
-        409,
-        "version_conflict_engine_exception",
-        "[1]: version conflict, required seqNo [2], primary term [1]. current document has seqNo [0] and primary term [1]",
-    );
+    let es = Es::holding_one_document().await;
+    let conflict = "version_conflict_engine_exception";
+    let stale = delete("/i/_doc/1?if_seq_no=2&if_primary_term=1");
+    let changed = "[1]: version conflict, required seqNo [2], primary term [1]. current document has seqNo [0] and primary term [1]";
+    assert_refused(&es, 409, conflict, &[(stale, changed)]).await;
     let ok = es.delete("/i/_doc/1?if_seq_no=0&if_primary_term=1").await;
-    assert_eq!((ok.status, ok.body["_seq_no"].clone()), (200, json!(1)));
-    assert_error(
-        &es.delete("/i/_doc/1?if_seq_no=1&if_primary_term=1").await,
-        409,
-        "version_conflict_engine_exception",
-        "[1]: version conflict, required seqNo [1], primary term [1]. but no document was found",
-    );
+    assert_eq!(ok.status_and("_seq_no"), (200, json!(1)));
+    let once_deleted = delete("/i/_doc/1?if_seq_no=1&if_primary_term=1");
+    let gone =
+        "[1]: version conflict, required seqNo [1], primary term [1]. but no document was found";
+    assert_refused(&es, 409, conflict, &[(once_deleted, gone)]).await;
 }
 
 #[tokio::test]
 async fn a_tombstone_continues_the_version_until_pruned() {
     let es = Es::manual().await;
     es.put("/i/_create/1", json!({})).await;
-    assert_eq!(es.delete("/i/_doc/1").await.body["_version"], 2);
-    let again = es.put("/i/_create/1", json!({})).await;
-    assert_eq!(
-        (again.status, again.body["_version"].clone()),
-        (201, json!(3))
-    );
+    assert_versions_of_delete_then_create(&es, 2, 3).await;
 
     // With gc_deletes 0s the tombstone goes at the next refresh.
     es.put("/g", json!({"settings": {"index.gc_deletes": "0s"}}))
@@ -1103,12 +1094,14 @@ async fn a_tombstone_continues_the_version_until_pruned() {
 async fn a_delete_of_an_absent_id_also_leaves_a_tombstone() {
     let es = Es::manual().await;
     es.put("/i", json!({})).await;
-    assert_eq!(es.delete("/i/_doc/1").await.body["_version"], 1);
-    let created = es.put("/i/_create/1", json!({})).await;
-    assert_eq!(
-        (created.status, created.body["_version"].clone()),
-        (201, json!(2))
-    );
+    assert_versions_of_delete_then_create(&es, 1, 2).await;
+}
+
+/// Deletes `/i/_doc/1` and creates it again, asserting the `_version` each answers with.
+async fn assert_versions_of_delete_then_create(es: &Es, deleted: u64, created: u64) {
+    assert_eq!(es.delete("/i/_doc/1").await.body["_version"], deleted);
+    let again = es.put("/i/_create/1", json!({})).await;
+    assert_eq!(again.status_and("_version"), (201, json!(created)));
 }
 
 // ---- §11 seq_no, primary term, version -------------------------------------------------
@@ -1490,17 +1483,17 @@ async fn search_sees_writes_only_after_a_refresh() {
 async fn refresh_of_a_missing_index_is_404_unless_ignored() {
     let es = Es::manual().await;
     es.put("/a", json!({})).await;
-    let missing = es.post("/a,nope/_refresh", json!({})).await;
-    assert_error(
-        &missing,
-        404,
-        "index_not_found_exception",
-        "no such index [nope]",
-    );
-    let ignored = es
-        .post("/a,nope/_refresh?ignore_unavailable=true", json!({}))
-        .await;
-    assert_eq!(ignored.status, 200);
+    post_where_nope_is_missing(&es, "/a,nope/_refresh").await;
+}
+
+/// Posts `{}` to `path`, which names the missing index `nope`: 404 naming it, but 200 with
+/// `ignore_unavailable`, whose reply this gives.
+async fn post_where_nope_is_missing(es: &Es, path: &str) -> Reply {
+    assert_no_such_index(&es.post(path, json!({})).await, "nope");
+    let ignoring = format!("{path}?ignore_unavailable=true");
+    let ignored = es.post(&ignoring, json!({})).await;
+    assert_eq!(ignored.status, 200, "{}", ignored.text);
+    ignored
 }
 
 #[tokio::test]
@@ -1842,8 +1835,7 @@ async fn search_after_pages_through_ties() {
 
 #[tokio::test]
 async fn seq_no_primary_term_and_version_in_hits() {
-    let es = Es::manual().await;
-    es.put("/i/_doc/1", json!({})).await;
+    let es = Es::holding_one_document().await;
     es.put("/i/_doc/1?refresh=true", json!({})).await;
     let plain = es.search("i", json!({})).await;
     let hit = &plain.body["hits"]["hits"][0];
@@ -1939,17 +1931,7 @@ async fn searching_several_or_missing_indices() {
         es.search("logs-*", json!({})).await.body["hits"]["total"]["value"],
         2
     );
-    let missing = es.search("logs-a,nope", json!({})).await;
-    assert_error(
-        &missing,
-        404,
-        "index_not_found_exception",
-        "no such index [nope]",
-    );
-    let ignored = es
-        .post("/logs-a,nope/_search?ignore_unavailable=true", json!({}))
-        .await;
-    assert_eq!(ignored.status, 200);
+    let ignored = post_where_nope_is_missing(&es, "/logs-a,nope/_search").await;
     assert_eq!(ignored.body["hits"]["total"]["value"], 1);
     let get = es.get("/logs-a/_search").await;
     assert_eq!(get.status, 200);
@@ -2078,14 +2060,9 @@ async fn put_mapping_on_a_missing_index_is_404() {
 async fn put_mapping_cannot_change_a_fields_type() {
     let es = Es::manual().await;
     typed_index(&es, "i").await;
-    let reply = es
-        .put(
-            "/i/_mapping",
-            json!({"properties": {"added": {"type": "keyword"}, "s": {"type": "long"}}}),
-        )
-        .await;
+    let s_as_long = json!({"properties": {"added": {"type": "keyword"}, "s": {"type": "long"}}});
     assert_error(
-        &reply,
+        &es.put("/i/_mapping", s_as_long).await,
         400,
         "illegal_argument_exception",
         "mapper [s] cannot be changed from type [keyword] to [long]",
@@ -2110,12 +2087,8 @@ async fn a_newly_mapped_field_is_searchable_only_in_documents_written_after() {
     es.put("/i/_doc/old", json!({"s": "a", "flag": "x"})).await;
     es.put("/i/_doc/rewritten", json!({"s": "a", "flag": "x"}))
         .await;
-    let put = es
-        .put(
-            "/i/_mapping",
-            json!({"properties": {"flag": {"type": "keyword"}}}),
-        )
-        .await;
+    let keyword_flag = json!({"properties": {"flag": {"type": "keyword"}}});
+    let put = es.put("/i/_mapping", keyword_flag).await;
     assert_eq!(put.status, 200, "{}", put.text);
     es.put("/i/_doc/new", json!({"s": "a", "flag": "x"})).await;
     // Written again after the mapping change: indexed with the new mapping.
@@ -2282,7 +2255,11 @@ async fn hits_carry_the_source_as_sent() {
     let es = Es::manual().await;
     let source = r#"{"zeta":1,"alpha":{"y":2,"b":3}}"#;
     es.raw(Method::PUT, "/i/_doc/1?refresh=true", source).await;
-    let reply = es.search("i", json!({})).await;
+    assert_carries_source_as_sent(&es.search("i", json!({})).await, source);
+}
+
+/// Asserts that `reply` holds `source` byte for byte, not re-encoded.
+fn assert_carries_source_as_sent(reply: &Reply, source: &str) {
     assert!(reply.text.contains(source), "{}", reply.text);
 }
 
