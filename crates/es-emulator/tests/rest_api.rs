@@ -4,6 +4,7 @@
 //! Near-real-time tests use `refresh_interval: None` and explicit refreshes, except one that
 //! waits (with a deadline) for a short scheduled interval.
 
+use std::fmt;
 use std::time::Duration;
 
 use reqwest::Method;
@@ -23,6 +24,73 @@ struct Reply {
     body: Value,
 }
 
+/// One request to the emulator: built by `get`, `put`, `bulk`… so that tables of cases can
+/// hold them, and shown when a row of such a table fails.
+struct Request {
+    method: Method,
+    path: String,
+    body: Body,
+}
+
+enum Body {
+    Empty,
+    Json(Value),
+    /// A `_bulk` body, sent as `application/x-ndjson`.
+    Ndjson(String),
+    /// Text sent as `application/json` as it is, to send what is not JSON.
+    Raw(String),
+}
+
+fn get(path: &str) -> Request {
+    request(Method::GET, path, Body::Empty)
+}
+
+fn put(path: &str, body: Value) -> Request {
+    request(Method::PUT, path, Body::Json(body))
+}
+
+fn post(path: &str, body: Value) -> Request {
+    request(Method::POST, path, Body::Json(body))
+}
+
+fn delete(path: &str) -> Request {
+    request(Method::DELETE, path, Body::Empty)
+}
+
+/// A `_bulk` request of NDJSON `lines`, each ended by a newline.
+fn bulk(path: &str, lines: &[&str]) -> Request {
+    let body = lines.iter().map(|line| format!("{line}\n")).collect();
+    request(Method::POST, path, Body::Ndjson(body))
+}
+
+/// A `_bulk` request whose body is `text` exactly, newlines and all.
+fn bulk_text(path: &str, text: &str) -> Request {
+    request(Method::POST, path, Body::Ndjson(text.to_owned()))
+}
+
+fn raw(method: Method, path: &str, text: &str) -> Request {
+    request(method, path, Body::Raw(text.to_owned()))
+}
+
+fn request(method: Method, path: &str, body: Body) -> Request {
+    Request {
+        method,
+        path: path.to_owned(),
+        body,
+    }
+}
+
+impl fmt::Display for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.method, self.path)?;
+        match &self.body {
+            Body::Empty => Ok(()),
+            Body::Json(body) => write!(f, " {body}"),
+            Body::Ndjson(text) | Body::Raw(text) => write!(f, " {text:?}"),
+        }
+    }
+}
+
 impl Es {
     /// An emulator that refreshes only when asked.
     async fn manual() -> Self {
@@ -33,6 +101,14 @@ impl Es {
         .await
     }
 
+    /// An emulator that refreshes only when asked, holding one document: `{}` at `/i/_doc/1`.
+    async fn holding_one_document() -> Self {
+        let es = Self::manual().await;
+        let written = es.put("/i/_doc/1", json!({})).await;
+        assert_eq!(written.status, 201, "{}", written.text);
+        es
+    }
+
     async fn with(config: EmulatorConfig) -> Self {
         Es {
             emulator: es_emulator::spawn(config).await,
@@ -40,32 +116,20 @@ impl Es {
         }
     }
 
-    async fn send(&self, method: Method, path: &str, body: Option<Value>) -> Reply {
-        let mut request = self
-            .client
-            .request(method, format!("{}{path}", self.emulator.url));
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        Self::reply(request.send().await.expect("the emulator answers")).await
-    }
-
-    async fn ndjson(&self, path: &str, body: &str) -> Reply {
-        let request = self
-            .client
-            .post(format!("{}{path}", self.emulator.url))
-            .header("content-type", "application/x-ndjson")
-            .body(body.to_owned());
-        Self::reply(request.send().await.expect("the emulator answers")).await
-    }
-
-    async fn raw(&self, method: Method, path: &str, body: &str) -> Reply {
-        let request = self
-            .client
-            .request(method, format!("{}{path}", self.emulator.url))
-            .header("content-type", "application/json")
-            .body(body.to_owned());
-        Self::reply(request.send().await.expect("the emulator answers")).await
+    async fn send_request(&self, request: &Request) -> Reply {
+        let url = format!("{}{}", self.emulator.url, request.path);
+        let sent = self.client.request(request.method.clone(), url);
+        let sent = match &request.body {
+            Body::Empty => sent,
+            Body::Json(body) => sent.json(body),
+            Body::Ndjson(text) => sent
+                .header("content-type", "application/x-ndjson")
+                .body(text.clone()),
+            Body::Raw(text) => sent
+                .header("content-type", "application/json")
+                .body(text.clone()),
+        };
+        Self::reply(sent.send().await.expect("the emulator answers")).await
     }
 
     async fn reply(response: reqwest::Response) -> Reply {
@@ -81,22 +145,41 @@ impl Es {
         }
     }
 
+    async fn send(&self, method: Method, path: &str, body: Option<Value>) -> Reply {
+        let body = body.map_or(Body::Empty, Body::Json);
+        self.send_request(&request(method, path, body)).await
+    }
     async fn get(&self, path: &str) -> Reply {
-        self.send(Method::GET, path, None).await
+        self.send_request(&get(path)).await
     }
     async fn put(&self, path: &str, body: Value) -> Reply {
-        self.send(Method::PUT, path, Some(body)).await
+        self.send_request(&put(path, body)).await
     }
     async fn post(&self, path: &str, body: Value) -> Reply {
-        self.send(Method::POST, path, Some(body)).await
+        self.send_request(&post(path, body)).await
     }
     async fn delete(&self, path: &str) -> Reply {
-        self.send(Method::DELETE, path, None).await
+        self.send_request(&delete(path)).await
+    }
+    async fn raw(&self, method: Method, path: &str, text: &str) -> Reply {
+        self.send_request(&raw(method, path, text)).await
+    }
+    async fn ndjson(&self, path: &str, body: &str) -> Reply {
+        self.send_request(&bulk_text(path, body)).await
+    }
+    async fn bulk(&self, path: &str, lines: &[&str]) -> Reply {
+        self.send_request(&bulk(path, lines)).await
     }
     async fn refresh(&self, index: &str) {
         let reply = self
             .send(Method::POST, &format!("/{index}/_refresh"), None)
             .await;
+        assert_eq!(reply.status, 200, "{}", reply.text);
+    }
+    /// Creates `index` with `shards` primary shards.
+    async fn index_of_shards(&self, index: &str, shards: u32) {
+        let settings = json!({"settings": {"number_of_shards": shards}});
+        let reply = self.put(&format!("/{index}"), settings).await;
         assert_eq!(reply.status, 200, "{}", reply.text);
     }
     async fn search(&self, index: &str, body: Value) -> Reply {
@@ -107,6 +190,18 @@ impl Es {
         let reply = self.search(index, body).await;
         assert_eq!(reply.status, 200, "{}", reply.text);
         hit_ids(&reply.body)
+    }
+}
+
+impl Reply {
+    /// The status and one field of the body, to compare both at once.
+    fn status_and(&self, field: &str) -> (u16, Value) {
+        (self.status, self.body[field].clone())
+    }
+
+    /// Where a write's answer puts its document: `_version` and `_seq_no`.
+    fn version_and_seq_no(&self) -> (Value, Value) {
+        (self.body["_version"].clone(), self.body["_seq_no"].clone())
     }
 }
 
@@ -126,14 +221,77 @@ fn shards(total: u64) -> Value {
 /// Asserts an error envelope (§0): status, `error.type`, `error.reason`, and a matching
 /// `root_cause`.
 fn assert_error(reply: &Reply, status: u16, kind: &str, reason: &str) {
-    assert_eq!(reply.status, status, "{}", reply.text);
-    assert_eq!(reply.body["status"], status, "{}", reply.text);
-    assert_eq!(reply.body["error"]["type"], kind, "{}", reply.text);
-    assert_eq!(reply.body["error"]["reason"], reason, "{}", reply.text);
+    assert_error_of("", reply, status, kind, reason);
+}
+
+/// `assert_error`, naming in its messages the `request` that was answered.
+fn assert_error_of(request: &str, reply: &Reply, status: u16, kind: &str, reason: &str) {
+    assert_eq!(reply.status, status, "{request} {}", reply.text);
+    assert_eq!(reply.body["status"], status, "{request} {}", reply.text);
+    assert_eq!(
+        reply.body["error"]["type"], kind,
+        "{request} {}",
+        reply.text
+    );
+    assert_eq!(
+        reply.body["error"]["reason"], reason,
+        "{request} {}",
+        reply.text
+    );
     let root = &reply.body["error"]["root_cause"][0];
     assert!(
         root["type"].is_string() && root["reason"].is_string(),
-        "{}",
+        "{request} {}",
+        reply.text
+    );
+}
+
+/// Sends each row's request in order and asserts the error envelope (§0) that refuses it:
+/// `status` and `kind` for every row, and the row's own `error.reason`.
+async fn assert_refused(es: &Es, status: u16, kind: &str, rows: &[(Request, &str)]) {
+    for (request, reason) in rows {
+        let reply = es.send_request(request).await;
+        assert_error_of(&request.to_string(), &reply, status, kind, reason);
+    }
+}
+
+/// Asserts the status and `error.type` of an error envelope whose reason is not pinned.
+fn assert_error_type(reply: &Reply, status: u16, kind: &str) {
+    assert_eq!(reply.status, status, "{}", reply.text);
+    assert_eq!(reply.body["error"]["type"], kind, "{}", reply.text);
+}
+
+/// Asserts a reply's status and its whole body.
+fn assert_reply(reply: &Reply, status: u16, body: Value) {
+    assert_eq!(reply.status, status, "{}", reply.text);
+    assert_eq!(reply.body, body);
+}
+
+fn assert_no_such_index(reply: &Reply, index: &str) {
+    let reason = format!("no such index [{index}]");
+    assert_error(reply, 404, "index_not_found_exception", &reason);
+}
+
+/// Asserts a search refused as a whole (400 `search_phase_execution_exception`), and gives
+/// its root cause.
+fn failed_search_root_cause(reply: &Reply) -> &Value {
+    assert_error_type(reply, 400, "search_phase_execution_exception");
+    &reply.body["error"]["root_cause"][0]
+}
+
+/// The items of a `_bulk` answered 200, after checking its `errors` flag.
+fn bulk_items(reply: &Reply, errors: bool) -> &[Value] {
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.body["errors"], errors, "{}", reply.text);
+    reply.body["items"].as_array().unwrap()
+}
+
+/// Asserts the 400 that refuses what this test double does not model, naming it.
+fn assert_not_modelled(request: &Request, reply: &Reply) {
+    assert_eq!(reply.status, 400, "{request}: {}", reply.text);
+    assert!(
+        reason(reply).contains("is not implemented by es-emulator"),
+        "{request}: {}",
         reply.text
     );
 }
@@ -219,24 +377,16 @@ async fn cluster_info_head_and_health() {
 #[tokio::test]
 async fn create_index_is_acknowledged_once() {
     let es = Es::manual().await;
-    let created = es
-        .put(
-            "/books",
-            json!({"settings": {"number_of_shards": 1}, "mappings": {"properties": {"t": {"type": "keyword"}}}}),
-        )
-        .await;
-    assert_eq!(created.status, 200);
-    assert_eq!(
-        created.body,
-        json!({"acknowledged": true, "shards_acknowledged": true, "index": "books"})
+    let keyword_t = json!({"properties": {"t": {"type": "keyword"}}});
+    let settings = json!({"settings": {"number_of_shards": 1}, "mappings": keyword_t});
+    assert_reply(
+        &es.put("/books", settings).await,
+        200,
+        json!({"acknowledged": true, "shards_acknowledged": true, "index": "books"}),
     );
 
     let again = es.put("/books", json!({})).await;
-    assert_eq!(again.status, 400);
-    assert_eq!(
-        again.body["error"]["type"],
-        "resource_already_exists_exception"
-    );
+    assert_error_type(&again, 400, "resource_already_exists_exception");
     let uuid = again.body["error"]["index_uuid"].as_str().unwrap();
     assert_eq!(
         reason(&again),
@@ -254,16 +404,15 @@ async fn invalid_index_names_are_refused() {
         "invalid_index_name_exception",
         "Invalid index name [Books], must be lowercase",
     );
-    let underscore = es.put("/-x", json!({})).await;
-    assert_eq!(
-        underscore.body["error"]["type"],
-        "invalid_index_name_exception"
-    );
-    let star = es.put("/a%2Ab", json!({})).await;
-    assert_eq!(star.body["error"]["type"], "invalid_index_name_exception");
-    // Writes to an invalid name cannot auto-create it either.
-    let write = es.put("/Upper/_doc/1", json!({})).await;
-    assert_eq!(write.body["error"]["type"], "invalid_index_name_exception");
+    // A leading `-`, a `*`, and (writes cannot auto-create it either) an upper-case letter.
+    for path in ["/-x", "/a%2Ab", "/Upper/_doc/1"] {
+        let reply = es.put(path, json!({})).await;
+        assert_eq!(
+            reply.body["error"]["type"], "invalid_index_name_exception",
+            "{path}: {}",
+            reply.text
+        );
+    }
 }
 
 #[tokio::test]
@@ -301,8 +450,7 @@ async fn unknown_settings_and_impossible_shard_counts_are_refused() {
     let unknown = es
         .put("/x", json!({"settings": {"index.nonsense": 1}}))
         .await;
-    assert_eq!(unknown.status, 400);
-    assert_eq!(unknown.body["error"]["type"], "illegal_argument_exception");
+    assert_error_type(&unknown, 400, "illegal_argument_exception");
     assert!(es.send(Method::HEAD, "/x", None).await.status == 404);
     // Elasticsearch 8.19.21's reasons, each a 400 `illegal_argument_exception`.
     let refused = [
@@ -413,10 +561,8 @@ async fn per_shard(es: &Es, index: &str) -> Vec<(String, u64, i64)> {
 #[tokio::test]
 async fn documents_live_on_the_shards_elasticsearch_puts_them_on() {
     let es = Es::manual().await;
-    es.put("/three", json!({"settings": {"number_of_shards": 3}}))
-        .await;
-    es.put("/five", json!({"settings": {"number_of_shards": 5}}))
-        .await;
+    es.index_of_shards("three", 3).await;
+    es.index_of_shards("five", 5).await;
     // `_seq_no` counts per shard: the n-th write on a shard gets n - 1.
     let mut written = [0i64; 3];
     for (id, on_three, _) in PLACED {
@@ -426,7 +572,7 @@ async fn documents_live_on_the_shards_elasticsearch_puts_them_on() {
         written[on_three] += 1;
     }
     let absent = es.delete("/three/_doc/zz").await;
-    assert_eq!((absent.status, &absent.body["_seq_no"]), (404, &json!(2)));
+    assert_eq!(absent.status_and("_seq_no"), (404, json!(2)));
     let counts = [3, 2, 2];
     let expected: Vec<(String, u64, i64)> = (0..3)
         .map(|shard| {
@@ -461,8 +607,7 @@ async fn documents_live_on_the_shards_elasticsearch_puts_them_on() {
 #[tokio::test]
 async fn shards_are_counted_as_elasticsearch_counts_them() {
     let es = Es::manual().await;
-    es.put("/three", json!({"settings": {"number_of_shards": 3}}))
-        .await;
+    es.index_of_shards("three", 3).await;
     es.put(
         "/two",
         json!({"settings": {"number_of_shards": 2, "number_of_replicas": 0}}),
@@ -493,25 +638,19 @@ async fn shards_are_counted_as_elasticsearch_counts_them() {
 #[tokio::test]
 async fn a_custom_routing_is_refused_only_where_it_would_pick_another_shard() {
     let es = Es::manual().await;
-    es.put("/one", json!({"settings": {"number_of_shards": 1}}))
-        .await;
-    es.put("/three", json!({"settings": {"number_of_shards": 3}}))
-        .await;
+    es.index_of_shards("one", 1).await;
+    es.index_of_shards("three", 3).await;
     for index in ["one", "three"] {
         es.put(&format!("/{index}/_doc/a"), json!({})).await;
     }
     assert_eq!(es.get("/one/_doc/a?routing=x").await.status, 200);
-    let not_modelled = |reply: &Reply| {
-        assert_eq!(reply.status, 400, "{}", reply.text);
-        assert!(
-            reason(reply).contains("not implemented by es-emulator"),
-            "{}",
-            reply.text
-        );
-    };
-    not_modelled(&es.get("/three/_doc/a?routing=x").await);
-    not_modelled(&es.delete("/three/_doc/a?routing=x").await);
-    not_modelled(&es.post("/three/_search?routing=x", json!({})).await);
+    for request in [
+        get("/three/_doc/a?routing=x"),
+        delete("/three/_doc/a?routing=x"),
+        post("/three/_search?routing=x", json!({})),
+    ] {
+        assert_not_modelled(&request, &es.send_request(&request).await);
+    }
     let bulk = es
         .ndjson(
             "/_bulk",
@@ -636,8 +775,7 @@ async fn the_capacity_model_serves_one_shard_one_operation_at_a_time() {
     // Over real sockets and the wall clock: only the lower bound is certain on a loaded
     // machine (the exact figures are the `capacity` module's own tests, on paused time).
     let es = Es::manual().await;
-    es.put("/i", json!({"settings": {"number_of_shards": 1}}))
-        .await;
+    es.index_of_shards("i", 1).await;
     let cost = Duration::from_millis(20);
     es.emulator.set_shard_op_cost(cost);
     let started = std::time::Instant::now();
@@ -669,12 +807,11 @@ async fn the_capacity_model_serves_one_shard_one_operation_at_a_time() {
 #[tokio::test]
 async fn create_is_201_then_409_with_the_current_version() {
     let es = Es::manual().await;
-    let created = es.put("/i/_create/1", json!({"a": 1})).await;
-    assert_eq!(created.status, 201, "{}", created.text);
-    assert_eq!(
-        created.body,
+    assert_reply(
+        &es.put("/i/_create/1", json!({"a": 1})).await,
+        201,
         json!({"_index": "i", "_id": "1", "_version": 1, "result": "created",
-               "_shards": shards(2), "_seq_no": 0, "_primary_term": 1})
+               "_shards": shards(2), "_seq_no": 0, "_primary_term": 1}),
     );
     let conflict = es.post("/i/_create/1", json!({"a": 2})).await;
     assert_error(
@@ -710,27 +847,27 @@ async fn op_type_create_conflicts_and_op_type_index_then_updates() {
 #[tokio::test]
 async fn invalid_create_combinations_are_400() {
     let es = Es::manual().await;
+    let compare_and_set = es
+        .put("/i/_create/1?if_seq_no=0&if_primary_term=1", json!({}))
+        .await;
     assert_error(
-        &es.put("/i/_create/1?if_seq_no=0&if_primary_term=1", json!({})).await,
+        &compare_and_set,
         400,
         "action_request_validation_exception",
         "Validation Failed: 1: create operations do not support compare and set. use index instead;",
     );
+    let as_index = es.put("/i/_create/1?op_type=index", json!({})).await;
     assert_error(
-        &es.put("/i/_create/1?op_type=index", json!({})).await,
+        &as_index,
         400,
         "illegal_argument_exception",
         "opType must be 'create', found: [index]",
     );
-    let long_id = "x".repeat(513);
-    let too_long = es.put(&format!("/i/_doc/{long_id}"), json!({})).await;
-    assert_eq!(too_long.status, 400);
-    assert_eq!(
-        too_long.body["error"]["type"],
-        "action_request_validation_exception"
-    );
     let no_body = es.raw(Method::PUT, "/i/_doc/1", "").await;
     assert_error(&no_body, 400, "parse_exception", "request body is required");
+    let long_id = "x".repeat(513);
+    let too_long = es.put(&format!("/i/_doc/{long_id}"), json!({})).await;
+    assert_error_type(&too_long, 400, "action_request_validation_exception");
 }
 
 #[tokio::test]
@@ -767,28 +904,20 @@ async fn ids_are_url_decoded() {
 async fn get_found_missing_doc_and_missing_index() {
     let es = Es::manual().await;
     es.put("/i/_doc/1", json!({"k": "v"})).await;
-    let found = es.get("/i/_doc/1").await;
-    assert_eq!(found.status, 200);
-    assert_eq!(
-        found.body,
+    assert_reply(
+        &es.get("/i/_doc/1").await,
+        200,
         json!({"_index": "i", "_id": "1", "_version": 1, "_seq_no": 0, "_primary_term": 1,
-               "found": true, "_source": {"k": "v"}})
+               "found": true, "_source": {"k": "v"}}),
     );
-
-    let missing = es.get("/i/_doc/2").await;
-    assert_eq!(missing.status, 404);
-    assert_eq!(
-        missing.body,
-        json!({"_index": "i", "_id": "2", "found": false})
+    assert_reply(
+        &es.get("/i/_doc/2").await,
+        404,
+        json!({"_index": "i", "_id": "2", "found": false}),
     );
 
     let no_index = es.get("/nope/_doc/1").await;
-    assert_error(
-        &no_index,
-        404,
-        "index_not_found_exception",
-        "no such index [nope]",
-    );
+    assert_no_such_index(&no_index, "nope");
     let error = &no_index.body["error"];
     assert_eq!(error["resource.type"], "index_or_alias");
     assert_eq!(error["resource.id"], "nope");
@@ -805,8 +934,7 @@ async fn get_is_realtime_unless_realtime_false() {
     assert_eq!(es.get("/i/_doc/1?realtime=false").await.status, 404);
     assert_eq!(es.get("/i/_doc/1?realtime=true").await.status, 200);
     let refreshed = es.get("/i/_doc/1?realtime=false&refresh=true").await;
-    assert_eq!(refreshed.status, 200);
-    assert_eq!(refreshed.body["found"], true);
+    assert_eq!(refreshed.status_and("found"), (200, json!(true)));
 }
 
 #[tokio::test]
@@ -814,8 +942,7 @@ async fn get_returns_the_source_as_sent_and_filters_it() {
     let es = Es::manual().await;
     let source = r#"{"z": 1,  "a": {"b": 2, "c": 3}}"#;
     es.raw(Method::PUT, "/i/_doc/1", source).await;
-    let found = es.get("/i/_doc/1").await;
-    assert!(found.text.contains(source), "{}", found.text);
+    assert_carries_source_as_sent(&es.get("/i/_doc/1").await, source);
     let filtered = es.get("/i/_doc/1?_source_includes=a.b").await;
     assert_eq!(filtered.body["_source"], json!({"a": {"b": 2}}));
     let none = es.get("/i/_doc/1?_source=false").await;
@@ -824,8 +951,7 @@ async fn get_returns_the_source_as_sent_and_filters_it() {
 
 #[tokio::test]
 async fn get_with_a_version_is_a_precondition() {
-    let es = Es::manual().await;
-    es.put("/i/_doc/1", json!({})).await;
+    let es = Es::holding_one_document().await;
     es.put("/i/_doc/1", json!({})).await;
     assert_eq!(es.get("/i/_doc/1?version=2").await.status, 200);
     assert_eq!(es.get("/i/_doc/1?version=1").await.status, 409);
@@ -837,17 +963,10 @@ async fn get_with_a_version_is_a_precondition() {
 async fn index_creates_then_updates_even_with_the_same_body() {
     let es = Es::manual().await;
     let first = es.put("/i/_doc/1", json!({"a": 1})).await;
-    assert_eq!(
-        (first.status, &first.body["result"]),
-        (201, &json!("created"))
-    );
+    assert_eq!(first.status_and("result"), (201, json!("created")));
     let second = es.put("/i/_doc/1", json!({"a": 1})).await;
-    assert_eq!(
-        (second.status, &second.body["result"]),
-        (200, &json!("updated"))
-    );
-    assert_eq!(second.body["_version"], 2);
-    assert_eq!(second.body["_seq_no"], 1);
+    assert_eq!(second.status_and("result"), (200, json!("updated")));
+    assert_eq!(second.version_and_seq_no(), (json!(2), json!(1)));
 }
 
 #[tokio::test]
@@ -858,128 +977,109 @@ async fn cas_match_mismatch_and_missing() {
         .put("/i/_doc/1?if_seq_no=0&if_primary_term=1", json!({"v": 2}))
         .await;
     assert_eq!(ok.status, 200, "{}", ok.text);
-    assert_eq!(
-        (ok.body["_version"].clone(), ok.body["_seq_no"].clone()),
-        (json!(2), json!(1))
-    );
+    assert_eq!(ok.version_and_seq_no(), (json!(2), json!(1)));
 
-    assert_error(
-        &es.put("/i/_doc/1?if_seq_no=0&if_primary_term=1", json!({"v": 3})).await,
+    assert_refused(
+        &es,
         409,
         "version_conflict_engine_exception",
-        "[1]: version conflict, required seqNo [0], primary term [1]. current document has seqNo [1] and primary term [1]",
-    );
-    assert_error(
-        &es.put("/i/_doc/1?if_seq_no=1&if_primary_term=2", json!({"v": 3})).await,
-        409,
-        "version_conflict_engine_exception",
-        "[1]: version conflict, required seqNo [1], primary term [2]. current document has seqNo [1] and primary term [1]",
-    );
-    assert_error(
-        &es.put("/i/_doc/2?if_seq_no=1&if_primary_term=1", json!({}))
-            .await,
-        409,
-        "version_conflict_engine_exception",
-        "[2]: version conflict, required seqNo [1], primary term [1]. but no document was found",
-    );
+        &[
+            (
+                put("/i/_doc/1?if_seq_no=0&if_primary_term=1", json!({"v": 3})),
+                "[1]: version conflict, required seqNo [0], primary term [1]. current document has seqNo [1] and primary term [1]",
+            ),
+            (
+                put("/i/_doc/1?if_seq_no=1&if_primary_term=2", json!({"v": 3})),
+                "[1]: version conflict, required seqNo [1], primary term [2]. current document has seqNo [1] and primary term [1]",
+            ),
+            (
+                put("/i/_doc/2?if_seq_no=1&if_primary_term=1", json!({})),
+                "[2]: version conflict, required seqNo [1], primary term [1]. but no document was found",
+            ),
+        ],
+    )
+    .await;
     // Conflicts consume no seq_no.
     assert_eq!(es.put("/i/_doc/3", json!({})).await.body["_seq_no"], 2);
 }
 
 #[tokio::test]
 async fn cas_parameters_are_validated() {
-    let es = Es::manual().await;
-    es.put("/i/_doc/1", json!({})).await;
-    assert_error(
-        &es.put("/i/_doc/1?if_seq_no=0", json!({})).await,
+    let es = Es::holding_one_document().await;
+    assert_refused(
+        &es,
         400,
         "action_request_validation_exception",
-        "Validation Failed: 1: ifSeqNo is set, but primary term is [0];",
-    );
-    assert_error(
-        &es.put("/i/_doc/1?if_seq_no=0&if_primary_term=0", json!({}))
-            .await,
-        400,
-        "action_request_validation_exception",
-        "Validation Failed: 1: ifSeqNo is set, but primary term is [0];",
-    );
-    assert_error(
-        &es.put("/i/_doc/1?if_primary_term=1", json!({})).await,
-        400,
-        "action_request_validation_exception",
-        "Validation Failed: 1: ifSeqNo is unassigned, but primary term is [1];",
-    );
-    assert_error(
-        &es.put("/i/_doc/1?if_seq_no=-1&if_primary_term=1", json!({}))
-            .await,
+        &[
+            (
+                put("/i/_doc/1?if_seq_no=0", json!({})),
+                "Validation Failed: 1: ifSeqNo is set, but primary term is [0];",
+            ),
+            (
+                put("/i/_doc/1?if_seq_no=0&if_primary_term=0", json!({})),
+                "Validation Failed: 1: ifSeqNo is set, but primary term is [0];",
+            ),
+            (
+                put("/i/_doc/1?if_primary_term=1", json!({})),
+                "Validation Failed: 1: ifSeqNo is unassigned, but primary term is [1];",
+            ),
+        ],
+    )
+    .await;
+    let negative = put("/i/_doc/1?if_seq_no=-1&if_primary_term=1", json!({}));
+    let reason = "sequence numbers must be non negative. got [-1].";
+    assert_refused(
+        &es,
         400,
         "illegal_argument_exception",
-        "sequence numbers must be non negative. got [-1].",
-    );
+        &[(negative, reason)],
+    )
+    .await;
 }
 
 // ---- §5 delete ---------------------------------------------------------------------------
 
 #[tokio::test]
 async fn delete_existing_absent_and_missing_index() {
-    let es = Es::manual().await;
-    es.put("/i/_doc/1", json!({})).await;
-    let deleted = es.delete("/i/_doc/1").await;
-    assert_eq!(deleted.status, 200);
-    assert_eq!(
-        deleted.body,
+    let es = Es::holding_one_document().await;
+    assert_reply(
+        &es.delete("/i/_doc/1").await,
+        200,
         json!({"_index": "i", "_id": "1", "_version": 2, "result": "deleted",
-               "_shards": shards(2), "_seq_no": 1, "_primary_term": 1})
+               "_shards": shards(2), "_seq_no": 1, "_primary_term": 1}),
     );
-    let absent = es.delete("/i/_doc/never").await;
-    assert_eq!(absent.status, 404);
-    assert_eq!(
-        absent.body,
+    assert_reply(
+        &es.delete("/i/_doc/never").await,
+        404,
         json!({"_index": "i", "_id": "never", "_version": 1, "result": "not_found",
-               "_shards": shards(2), "_seq_no": 2, "_primary_term": 1})
+               "_shards": shards(2), "_seq_no": 2, "_primary_term": 1}),
     );
     assert_eq!(es.get("/i/_doc/1").await.status, 404);
 
-    let no_index = es.delete("/nope/_doc/1").await;
-    assert_error(
-        &no_index,
-        404,
-        "index_not_found_exception",
-        "no such index [nope]",
-    );
+    assert_no_such_index(&es.delete("/nope/_doc/1").await, "nope");
     assert_eq!(es.send(Method::HEAD, "/nope", None).await.status, 404);
 }
 
 #[tokio::test]
 async fn delete_with_cas() {
-    let es = Es::manual().await;
-    es.put("/i/_doc/1", json!({})).await;
-    assert_error(
-        &es.delete("/i/_doc/1?if_seq_no=2&if_primary_term=1").await,
-        409,
-        "version_conflict_engine_exception",
-        "[1]: version conflict, required seqNo [2], primary term [1]. current document has seqNo [0] and primary term [1]",
-    );
+    let es = Es::holding_one_document().await;
+    let conflict = "version_conflict_engine_exception";
+    let stale = delete("/i/_doc/1?if_seq_no=2&if_primary_term=1");
+    let changed = "[1]: version conflict, required seqNo [2], primary term [1]. current document has seqNo [0] and primary term [1]";
+    assert_refused(&es, 409, conflict, &[(stale, changed)]).await;
     let ok = es.delete("/i/_doc/1?if_seq_no=0&if_primary_term=1").await;
-    assert_eq!((ok.status, ok.body["_seq_no"].clone()), (200, json!(1)));
-    assert_error(
-        &es.delete("/i/_doc/1?if_seq_no=1&if_primary_term=1").await,
-        409,
-        "version_conflict_engine_exception",
-        "[1]: version conflict, required seqNo [1], primary term [1]. but no document was found",
-    );
+    assert_eq!(ok.status_and("_seq_no"), (200, json!(1)));
+    let once_deleted = delete("/i/_doc/1?if_seq_no=1&if_primary_term=1");
+    let gone =
+        "[1]: version conflict, required seqNo [1], primary term [1]. but no document was found";
+    assert_refused(&es, 409, conflict, &[(once_deleted, gone)]).await;
 }
 
 #[tokio::test]
 async fn a_tombstone_continues_the_version_until_pruned() {
     let es = Es::manual().await;
     es.put("/i/_create/1", json!({})).await;
-    assert_eq!(es.delete("/i/_doc/1").await.body["_version"], 2);
-    let again = es.put("/i/_create/1", json!({})).await;
-    assert_eq!(
-        (again.status, again.body["_version"].clone()),
-        (201, json!(3))
-    );
+    assert_versions_of_delete_then_create(&es, 2, 3).await;
 
     // With gc_deletes 0s the tombstone goes at the next refresh.
     es.put("/g", json!({"settings": {"index.gc_deletes": "0s"}}))
@@ -994,12 +1094,14 @@ async fn a_tombstone_continues_the_version_until_pruned() {
 async fn a_delete_of_an_absent_id_also_leaves_a_tombstone() {
     let es = Es::manual().await;
     es.put("/i", json!({})).await;
-    assert_eq!(es.delete("/i/_doc/1").await.body["_version"], 1);
-    let created = es.put("/i/_create/1", json!({})).await;
-    assert_eq!(
-        (created.status, created.body["_version"].clone()),
-        (201, json!(2))
-    );
+    assert_versions_of_delete_then_create(&es, 1, 2).await;
+}
+
+/// Deletes `/i/_doc/1` and creates it again, asserting the `_version` each answers with.
+async fn assert_versions_of_delete_then_create(es: &Es, deleted: u64, created: u64) {
+    assert_eq!(es.delete("/i/_doc/1").await.body["_version"], deleted);
+    let again = es.put("/i/_create/1", json!({})).await;
+    assert_eq!(again.status_and("_version"), (201, json!(created)));
 }
 
 // ---- §11 seq_no, primary term, version -------------------------------------------------
@@ -1025,52 +1127,61 @@ async fn seq_no_is_per_index_and_counts_every_applied_op() {
 async fn bulk_answers_every_item_in_order() {
     let es = Es::manual().await;
     es.put("/i/_doc/a", json!({"n": 1})).await;
-    let body = concat!(
-        "{\"create\":{\"_index\":\"i\",\"_id\":\"b\"}}\n{\"n\":2}\n",
-        "{\"create\":{\"_index\":\"i\",\"_id\":\"a\"}}\n{\"n\":9}\n",
-        "{\"index\":{\"_index\":\"i\",\"_id\":\"a\",\"if_seq_no\":0,\"if_primary_term\":1}}\n{\"n\":3}\n",
-        "{\"index\":{\"_index\":\"i\",\"_id\":\"a\",\"if_seq_no\":0,\"if_primary_term\":1}}\n{\"n\":4}\n",
-        "{\"index\":{\"_index\":\"i\",\"_id\":\"m\",\"if_seq_no\":0,\"if_primary_term\":1}}\n{}\n",
-        "{\"delete\":{\"_index\":\"i\",\"_id\":\"gone\"}}\n",
-        "{\"update\":{\"_index\":\"i\",\"_id\":\"a\"}}\n{\"doc\":{\"n\":5}}\n",
-        "{\"index\":{\"_index\":\"other\",\"_id\":\"x\"}}\n{}\n",
-    );
-    let reply = es.ndjson("/_bulk", body).await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    assert_eq!(reply.body["errors"], true);
+    let lines = [
+        r#"{"create":{"_index":"i","_id":"b"}}"#,
+        r#"{"n":2}"#,
+        r#"{"create":{"_index":"i","_id":"a"}}"#,
+        r#"{"n":9}"#,
+        r#"{"index":{"_index":"i","_id":"a","if_seq_no":0,"if_primary_term":1}}"#,
+        r#"{"n":3}"#,
+        r#"{"index":{"_index":"i","_id":"a","if_seq_no":0,"if_primary_term":1}}"#,
+        r#"{"n":4}"#,
+        r#"{"index":{"_index":"i","_id":"m","if_seq_no":0,"if_primary_term":1}}"#,
+        "{}",
+        r#"{"delete":{"_index":"i","_id":"gone"}}"#,
+        r#"{"update":{"_index":"i","_id":"a"}}"#,
+        r#"{"doc":{"n":5}}"#,
+        r#"{"index":{"_index":"other","_id":"x"}}"#,
+        "{}",
+    ];
+    let reply = es.bulk("/_bulk", &lines).await;
+    let items = bulk_items(&reply, true);
     assert!(reply.body["took"].is_u64());
-    let items = reply.body["items"].as_array().unwrap();
     assert_eq!(items.len(), 8);
     assert_eq!(
         items[0],
         json!({"create": {"_index": "i", "_id": "b", "_version": 1, "result": "created",
             "_shards": shards(2), "_seq_no": 1, "_primary_term": 1, "status": 201}})
     );
-    assert_eq!(items[1]["create"]["status"], 409);
+    let already_exists = &items[1]["create"];
+    assert_eq!(already_exists["status"], 409);
+    let error = &already_exists["error"];
     assert_eq!(
-        items[1]["create"]["error"]["reason"],
+        error["reason"],
         "[a]: version conflict, document already exists (current version [1])"
     );
+    assert_eq!(error["type"], "version_conflict_engine_exception");
+    assert_eq!(error["shard"], "0");
+    let compared_and_set = &items[2]["index"];
+    assert_eq!(compared_and_set["status"], 200);
+    assert_eq!(compared_and_set["_seq_no"], 2);
+    assert_eq!(compared_and_set["_version"], 2);
+    // The same compare-and-set again, then one on a document that does not exist.
+    let stale = &items[3]["index"]["error"]["reason"];
     assert_eq!(
-        items[1]["create"]["error"]["type"],
-        "version_conflict_engine_exception"
-    );
-    assert_eq!(items[1]["create"]["error"]["shard"], "0");
-    assert_eq!(items[2]["index"]["status"], 200);
-    assert_eq!(items[2]["index"]["_seq_no"], 2);
-    assert_eq!(items[2]["index"]["_version"], 2);
-    assert_eq!(
-        items[3]["index"]["error"]["reason"],
+        stale,
         "[a]: version conflict, required seqNo [0], primary term [1]. current document has seqNo [2] and primary term [1]"
     );
+    let missing = &items[4]["index"]["error"]["reason"];
     assert_eq!(
-        items[4]["index"]["error"]["reason"],
+        missing,
         "[m]: version conflict, required seqNo [0], primary term [1]. but no document was found"
     );
-    assert_eq!(items[5]["delete"]["status"], 404);
-    assert_eq!(items[5]["delete"]["result"], "not_found");
-    assert_eq!(items[5]["delete"]["_seq_no"], 3);
-    assert!(items[5]["delete"].get("error").is_none());
+    let absent = &items[5]["delete"];
+    assert_eq!(absent["status"], 404);
+    assert_eq!(absent["result"], "not_found");
+    assert_eq!(absent["_seq_no"], 3);
+    assert!(absent.get("error").is_none());
     assert_eq!(items[6]["update"]["status"], 400);
     assert_eq!(items[7]["index"]["status"], 201);
     assert_eq!(items[7]["index"]["_index"], "other");
@@ -1080,54 +1191,48 @@ async fn bulk_answers_every_item_in_order() {
 #[tokio::test]
 async fn bulk_without_failures_has_errors_false() {
     let es = Es::manual().await;
-    let reply = es
-        .ndjson(
-            "/i/_bulk",
-            "{\"index\":{\"_id\":\"1\"}}\n{}\n{\"delete\":{\"_id\":\"nope\"}}\n",
-        )
-        .await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    assert_eq!(reply.body["errors"], false);
-    assert_eq!(reply.body["items"][0]["index"]["_index"], "i");
+    let lines = [
+        r#"{"index":{"_id":"1"}}"#,
+        "{}",
+        r#"{"delete":{"_id":"nope"}}"#,
+    ];
+    let reply = es.bulk("/i/_bulk", &lines).await;
+    assert_eq!(bulk_items(&reply, false)[0]["index"]["_index"], "i");
 }
 
 #[tokio::test]
 async fn bulk_request_level_errors() {
     let es = Es::manual().await;
-    assert_error(
-        &es.ndjson("/_bulk", "{\"index\":{\"_index\":\"i\"}}\n{}")
-            .await,
+    assert_refused(
+        &es,
         400,
         "illegal_argument_exception",
-        "The bulk request must be terminated by a newline [\\n]",
-    );
-    assert_error(
-        &es.ndjson("/_bulk", "{\"index\":{\"_index\":\"i\"}}\n{}\n{}\n")
-            .await,
-        400,
-        "illegal_argument_exception",
-        "Malformed action/metadata line [3], expected FIELD_NAME but found [END_OBJECT]",
-    );
-    assert_error(
-        &es.ndjson(
-            "/_bulk",
-            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"if_primary_term\":-1}}\n{}\n",
-        )
-        .await,
-        400,
-        "illegal_argument_exception",
-        "primary term must be non negative. got [-1]",
-    );
-    assert_error(
-        &es.ndjson(
-            "/_bulk",
-            "{\"index\":{\"_index\":\"i\",\"_type\":\"t\"}}\n{}\n",
-        )
-        .await,
-        400,
-        "illegal_argument_exception",
-        "Action/metadata line [1] contains an unknown parameter [_type]",
-    );
+        &[
+            (
+                bulk_text("/_bulk", "{\"index\":{\"_index\":\"i\"}}\n{}"),
+                "The bulk request must be terminated by a newline [\\n]",
+            ),
+            (
+                bulk("/_bulk", &[r#"{"index":{"_index":"i"}}"#, "{}", "{}"]),
+                "Malformed action/metadata line [3], expected FIELD_NAME but found [END_OBJECT]",
+            ),
+            (
+                bulk(
+                    "/_bulk",
+                    &[
+                        r#"{"index":{"_index":"i","_id":"1","if_primary_term":-1}}"#,
+                        "{}",
+                    ],
+                ),
+                "primary term must be non negative. got [-1]",
+            ),
+            (
+                bulk("/_bulk", &[r#"{"index":{"_index":"i","_type":"t"}}"#, "{}"]),
+                "Action/metadata line [1] contains an unknown parameter [_type]",
+            ),
+        ],
+    )
+    .await;
     let bad_json = es.ndjson("/_bulk", "{nope\n").await;
     assert_eq!(bad_json.status, 400);
     // Nothing of a refused request is applied.
@@ -1139,18 +1244,22 @@ async fn bulk_request_level_errors() {
 #[tokio::test]
 async fn bulk_an_empty_id_fails_its_item_alone() {
     let es = Es::manual().await;
-    let body = concat!(
-        "{\"index\":{\"_index\":\"test\",\"_id\":\"\"}}\n{\"f\":1}\n",
-        "{\"index\":{\"_index\":\"test\",\"_id\":\"id\"}}\n{\"f\":2}\n",
-        "{\"index\":{\"_index\":\"test\"}}\n{\"f\":3}\n",
-        "{\"create\":{\"_index\":\"test\"}}\n{\"f\":4}\n",
-        "{\"index\":{\"_index\":\"test\",\"op_type\":\"create\"}}\n{\"f\":5}\n",
-        "{\"create\":{\"_index\":\"test\",\"_id\":\"\"}}\n{\"f\":6}\n",
-    );
-    let reply = es.ndjson("/_bulk?refresh=true", body).await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    assert_eq!(reply.body["errors"], true);
-    let items = reply.body["items"].as_array().unwrap();
+    let lines = [
+        r#"{"index":{"_index":"test","_id":""}}"#,
+        r#"{"f":1}"#,
+        r#"{"index":{"_index":"test","_id":"id"}}"#,
+        r#"{"f":2}"#,
+        r#"{"index":{"_index":"test"}}"#,
+        r#"{"f":3}"#,
+        r#"{"create":{"_index":"test"}}"#,
+        r#"{"f":4}"#,
+        r#"{"index":{"_index":"test","op_type":"create"}}"#,
+        r#"{"f":5}"#,
+        r#"{"create":{"_index":"test","_id":""}}"#,
+        r#"{"f":6}"#,
+    ];
+    let reply = es.bulk("/_bulk?refresh=true", &lines).await;
+    let items = bulk_items(&reply, true);
     assert_eq!(items.len(), 6);
     for (item, action) in [(&items[0], "index"), (&items[5], "create")] {
         assert_eq!(
@@ -1187,15 +1296,9 @@ async fn bulk_an_empty_id_fails_its_item_alone() {
 #[tokio::test]
 async fn bulk_an_empty_id_alone_still_creates_its_index() {
     let es = Es::manual().await;
-    let reply = es
-        .ndjson(
-            "/_bulk",
-            "{\"index\":{\"_index\":\"fresh\",\"_id\":\"\"}}\n{}\n",
-        )
-        .await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    assert_eq!(reply.body["errors"], true);
-    assert_eq!(reply.body["items"][0]["index"]["status"], 400);
+    let empty_id = [r#"{"index":{"_index":"fresh","_id":""}}"#, "{}"];
+    let reply = es.bulk("/_bulk", &empty_id).await;
+    assert_eq!(bulk_items(&reply, true)[0]["index"]["status"], 400);
     assert_eq!(es.send(Method::HEAD, "/fresh", None).await.status, 200);
 }
 
@@ -1207,66 +1310,56 @@ async fn bulk_an_empty_id_alone_still_creates_its_index() {
 async fn bulk_item_validation_failures_refuse_the_whole_request() {
     let es = Es::manual().await;
     let long_id = "x".repeat(513);
-    let cases = [
+    let long_id_item = format!(r#"{{"index":{{"_index":"i","_id":"{long_id}"}}}}"#);
+    let too_long = format!(
+        "Validation Failed: 1: id [{long_id}] is too long, must be no longer than 512 bytes but \
+         was: 513;"
+    );
+    let compare_and_set =
+        "Validation Failed: 1: create operations do not support compare and set. use index instead;";
+    let no_id = "Validation Failed: 1: id is missing;";
+    let kind = "action_request_validation_exception";
+    let cases: [(&[&str], &str); 7] = [
+        (&[&long_id_item, "{}"], &too_long),
         (
-            format!("{{\"index\":{{\"_index\":\"i\",\"_id\":\"{long_id}\"}}}}\n{{}}\n"),
-            format!(
-                "Validation Failed: 1: id [{long_id}] is too long, must be no longer than 512 \
-                 bytes but was: 513;"
-            ),
+            &[
+                r#"{"create":{"_index":"i","_id":"1","if_seq_no":0,"if_primary_term":1}}"#,
+                "{}",
+            ],
+            compare_and_set,
         ),
         (
-            "{\"create\":{\"_index\":\"i\",\"_id\":\"1\",\"if_seq_no\":0,\"if_primary_term\":1}}\n{}\n"
-                .to_owned(),
-            "Validation Failed: 1: create operations do not support compare and set. use index \
-             instead;"
-                .to_owned(),
+            &[r#"{"create":{"_index":"i","_id":"1","if_seq_no":0}}"#, "{}"],
+            compare_and_set,
         ),
         (
-            "{\"create\":{\"_index\":\"i\",\"_id\":\"1\",\"if_seq_no\":0}}\n{}\n".to_owned(),
-            "Validation Failed: 1: create operations do not support compare and set. use index \
-             instead;"
-                .to_owned(),
+            &[r#"{"index":{"_index":"i","_id":"1","if_seq_no":0}}"#, "{}"],
+            "Validation Failed: 1: ifSeqNo is set, but primary term is [0];",
         ),
         (
-            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"if_seq_no\":0}}\n{}\n".to_owned(),
-            "Validation Failed: 1: ifSeqNo is set, but primary term is [0];".to_owned(),
+            &[r#"{"delete":{"_index":"i","_id":"1","if_primary_term":2}}"#],
+            "Validation Failed: 1: ifSeqNo is unassigned, but primary term is [2];",
         ),
-        (
-            "{\"delete\":{\"_index\":\"i\",\"_id\":\"1\",\"if_primary_term\":2}}\n".to_owned(),
-            "Validation Failed: 1: ifSeqNo is unassigned, but primary term is [2];".to_owned(),
-        ),
-        (
-            "{\"delete\":{\"_index\":\"i\",\"_id\":\"\"}}\n".to_owned(),
-            "Validation Failed: 1: id is missing;".to_owned(),
-        ),
-        (
-            "{\"delete\":{\"_index\":\"i\"}}\n".to_owned(),
-            "Validation Failed: 1: id is missing;".to_owned(),
-        ),
+        (&[r#"{"delete":{"_index":"i","_id":""}}"#], no_id),
+        (&[r#"{"delete":{"_index":"i"}}"#], no_id),
     ];
+    let valid_item = [r#"{"index":{"_index":"i","_id":"ok"}}"#, "{}"];
     for (bad_item, reason) in cases {
         // A valid item before the bad one: refused with it.
-        let body = format!("{{\"index\":{{\"_index\":\"i\",\"_id\":\"ok\"}}}}\n{{}}\n{bad_item}");
-        let reply = es.ndjson("/_bulk", &body).await;
-        assert_error(&reply, 400, "action_request_validation_exception", &reason);
-        assert_eq!(
-            es.send(Method::HEAD, "/i", None).await.status,
-            404,
-            "{bad_item}"
-        );
+        let request = bulk("/_bulk", &[&valid_item, bad_item].concat());
+        let reply = es.send_request(&request).await;
+        assert_error_of(&request.to_string(), &reply, 400, kind, reason);
+        let head = es.send(Method::HEAD, "/i", None).await;
+        assert_eq!(head.status, 404, "{request}");
     }
     // Messages of several items add up, numbered in request order.
-    let body = concat!(
-        "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"if_seq_no\":3}}\n{}\n",
-        "{\"delete\":{\"_index\":\"i\"}}\n",
-    );
-    assert_error(
-        &es.ndjson("/_bulk", body).await,
-        400,
-        "action_request_validation_exception",
-        "Validation Failed: 1: ifSeqNo is set, but primary term is [0];2: id is missing;",
-    );
+    let lines = [
+        r#"{"index":{"_index":"i","_id":"1","if_seq_no":3}}"#,
+        "{}",
+        r#"{"delete":{"_index":"i"}}"#,
+    ];
+    let both = "Validation Failed: 1: ifSeqNo is set, but primary term is [0];2: id is missing;";
+    assert_refused(&es, 400, kind, &[(bulk("/_bulk", &lines), both)]).await;
 }
 
 /// Parameters and settings that would change the answer in ways this test double does not
@@ -1275,68 +1368,55 @@ async fn bulk_item_validation_failures_refuse_the_whole_request() {
 async fn what_the_emulator_does_not_model_is_refused_as_not_implemented() {
     let es = Es::manual().await;
     es.put("/i", json!({})).await;
+    let item = [r#"{"index":{"_index":"i","_id":"1"}}"#, "{}"];
+    let with_metadata = |metadata: &str| {
+        let action = format!(r#"{{"index":{{"_index":"i","_id":"1",{metadata}}}}}"#);
+        bulk("/_bulk", &[&action, "{}"])
+    };
     let refused = [
-        es.ndjson("/_bulk", "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"routing\":\"r\"}}\n{}\n")
-            .await,
-        es.ndjson("/_bulk", "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"require_alias\":true}}\n{}\n")
-            .await,
-        es.ndjson(
-            "/_bulk",
-            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"dynamic_templates\":{\"f\":\"t\"}}}\n{}\n",
-        )
-        .await,
-        es.ndjson(
-            "/_bulk",
-            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"require_data_stream\":true}}\n{}\n",
-        )
-        .await,
-        es.ndjson(
-            "/_bulk",
-            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"list_executed_pipelines\":true}}\n{}\n",
-        )
-        .await,
-        es.ndjson("/_bulk?routing=r", "{\"index\":{\"_index\":\"i\",\"_id\":\"1\"}}\n{}\n")
-            .await,
-        es.ndjson("/_bulk?require_alias=true", "{\"index\":{\"_index\":\"i\",\"_id\":\"1\"}}\n{}\n")
-            .await,
-        es.ndjson(
-            "/_bulk?wait_for_active_shards=all",
-            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\"}}\n{}\n",
-        )
-        .await,
-        es.put("/i/_doc/1?routing=r", json!({})).await,
-        es.put("/i/_doc/1?require_alias=true", json!({})).await,
-        es.put("/i/_doc/1?wait_for_active_shards=2", json!({})).await,
-        es.delete("/i/_doc/1?wait_for_active_shards=all").await,
-        es.get("/i/_doc/1?stored_fields=f").await,
-        es.get("/i/_doc/1?version=1&version_type=external").await,
-        es.get("/i?flat_settings=true").await,
-        es.get("/i?include_defaults=true").await,
-        es.get("/i?features=mappings").await,
-        es.get("/i/_search?explain=true").await,
-        es.get("/i/_search?expand_wildcards=closed").await,
-        es.get("/_cluster/health?level=indices").await,
-        es.get("/_cluster/health?wait_for_nodes=2").await,
-        es.put("/j", json!({"mappings": {"_source": {"enabled": false}}})).await,
-        es.put("/j", json!({"mappings": {"_routing": {"required": true}}})).await,
-        es.put("/j", json!({"mappings": {"numeric_detection": true}})).await,
-        es.put("/j", json!({"mappings": {"subobjects": false}})).await,
-        es.put("/j", json!({"mappings": {"dynamic_date_formats": ["yyyy"]}})).await,
-        es.put("/j", json!({"settings": {"index": {"blocks": {"write": true}}}})).await,
-        es.put("/j", json!({"settings": {"hidden": true}})).await,
-        es.put("/j", json!({"settings": {"auto_expand_replicas": "0-1"}})).await,
-        es.put("/j?wait_for_active_shards=all", json!({})).await,
+        with_metadata(r#""routing":"r""#),
+        with_metadata(r#""require_alias":true"#),
+        with_metadata(r#""dynamic_templates":{"f":"t"}"#),
+        with_metadata(r#""require_data_stream":true"#),
+        with_metadata(r#""list_executed_pipelines":true"#),
+        bulk("/_bulk?routing=r", &item),
+        bulk("/_bulk?require_alias=true", &item),
+        bulk("/_bulk?wait_for_active_shards=all", &item),
+        put("/i/_doc/1?routing=r", json!({})),
+        put("/i/_doc/1?require_alias=true", json!({})),
+        put("/i/_doc/1?wait_for_active_shards=2", json!({})),
+        delete("/i/_doc/1?wait_for_active_shards=all"),
+        get("/i/_doc/1?stored_fields=f"),
+        get("/i/_doc/1?version=1&version_type=external"),
+        get("/i?flat_settings=true"),
+        get("/i?include_defaults=true"),
+        get("/i?features=mappings"),
+        get("/i/_search?explain=true"),
+        get("/i/_search?expand_wildcards=closed"),
+        get("/_cluster/health?level=indices"),
+        get("/_cluster/health?wait_for_nodes=2"),
+        put("/j", json!({"mappings": {"_source": {"enabled": false}}})),
+        put("/j", json!({"mappings": {"_routing": {"required": true}}})),
+        put("/j", json!({"mappings": {"numeric_detection": true}})),
+        put("/j", json!({"mappings": {"subobjects": false}})),
+        put(
+            "/j",
+            json!({"mappings": {"dynamic_date_formats": ["yyyy"]}}),
+        ),
+        put(
+            "/j",
+            json!({"settings": {"index": {"blocks": {"write": true}}}}),
+        ),
+        put("/j", json!({"settings": {"hidden": true}})),
+        put("/j", json!({"settings": {"auto_expand_replicas": "0-1"}})),
+        put("/j?wait_for_active_shards=all", json!({})),
     ];
-    for reply in &refused {
-        assert_eq!(reply.status, 400, "{}", reply.text);
+    for request in &refused {
+        let reply = es.send_request(request).await;
+        assert_not_modelled(request, &reply);
         assert_eq!(
             reply.body["error"]["type"], "illegal_argument_exception",
-            "{}",
-            reply.text
-        );
-        assert!(
-            reason(reply).contains("is not implemented by es-emulator"),
-            "{}",
+            "{request}: {}",
             reply.text
         );
     }
@@ -1345,36 +1425,35 @@ async fn what_the_emulator_does_not_model_is_refused_as_not_implemented() {
     assert_eq!(es.send(Method::HEAD, "/j", None).await.status, 404);
     // The same parameters with values that change nothing are accepted.
     let accepted = [
-        es.ndjson(
+        bulk(
             "/_bulk?require_alias=false&wait_for_active_shards=1",
-            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\",\"require_alias\":false}}\n{}\n{\"delete\":{\"_index\":\"i\",\"_id\":\"1\",\"routing\":\"r\"}}\n",
-        )
-        .await,
-        es.put("/i/_doc/2?wait_for_active_shards=1", json!({})).await,
-        es.get("/i/_search?expand_wildcards=open,hidden&explain=false").await,
-        es.get("/_cluster/health?level=cluster&wait_for_nodes=1").await,
-        es.put(
+            &[
+                r#"{"index":{"_index":"i","_id":"1","require_alias":false}}"#,
+                "{}",
+                r#"{"delete":{"_index":"i","_id":"1","routing":"r"}}"#,
+            ],
+        ),
+        put("/i/_doc/2?wait_for_active_shards=1", json!({})),
+        get("/i/_search?expand_wildcards=open,hidden&explain=false"),
+        get("/_cluster/health?level=cluster&wait_for_nodes=1"),
+        put(
             "/j",
             json!({"settings": {"hidden": false, "blocks.write": false},
                    "mappings": {"_source": {"enabled": true}, "numeric_detection": false}}),
-        )
-        .await,
+        ),
     ];
-    for reply in &accepted {
-        assert!(reply.status < 300, "{}", reply.text);
-        assert!(reply.body["errors"] != true, "{}", reply.text);
+    for request in &accepted {
+        let reply = es.send_request(request).await;
+        assert!(reply.status < 300, "{request}: {}", reply.text);
+        assert!(reply.body["errors"] != true, "{request}: {}", reply.text);
     }
 }
 
 #[tokio::test]
 async fn bulk_refresh_true_makes_items_searchable() {
     let es = Es::manual().await;
-    let reply = es
-        .ndjson(
-            "/_bulk?refresh=true",
-            "{\"index\":{\"_index\":\"i\",\"_id\":\"1\"}}\n{}\n",
-        )
-        .await;
+    let item = [r#"{"index":{"_index":"i","_id":"1"}}"#, "{}"];
+    let reply = es.bulk("/_bulk?refresh=true", &item).await;
     assert_eq!(reply.body["items"][0]["index"]["forced_refresh"], true);
     assert_eq!(es.ids("i", json!({})).await, ["1"]);
 }
@@ -1404,17 +1483,17 @@ async fn search_sees_writes_only_after_a_refresh() {
 async fn refresh_of_a_missing_index_is_404_unless_ignored() {
     let es = Es::manual().await;
     es.put("/a", json!({})).await;
-    let missing = es.post("/a,nope/_refresh", json!({})).await;
-    assert_error(
-        &missing,
-        404,
-        "index_not_found_exception",
-        "no such index [nope]",
-    );
-    let ignored = es
-        .post("/a,nope/_refresh?ignore_unavailable=true", json!({}))
-        .await;
-    assert_eq!(ignored.status, 200);
+    post_where_nope_is_missing(&es, "/a,nope/_refresh").await;
+}
+
+/// Posts `{}` to `path`, which names the missing index `nope`: 404 naming it, but 200 with
+/// `ignore_unavailable`, whose reply this gives.
+async fn post_where_nope_is_missing(es: &Es, path: &str) -> Reply {
+    assert_no_such_index(&es.post(path, json!({})).await, "nope");
+    let ignoring = format!("{path}?ignore_unavailable=true");
+    let ignored = es.post(&ignoring, json!({})).await;
+    assert_eq!(ignored.status, 200, "{}", ignored.text);
+    ignored
 }
 
 #[tokio::test]
@@ -1647,11 +1726,7 @@ async fn range_on_longs_and_dates() {
     let bad = es
         .search("i", find(json!({"ts": {"gte": "yesterday"}})))
         .await;
-    assert_eq!(bad.status, 400);
-    assert_eq!(
-        bad.body["error"]["type"],
-        "search_phase_execution_exception"
-    );
+    assert_error_type(&bad, 400, "search_phase_execution_exception");
 }
 
 #[tokio::test]
@@ -1695,13 +1770,8 @@ async fn sorting_on_unmapped_text_or_id_fields_is_400() {
     typed_index(&es, "i").await;
     es.put("/dyn/_doc/1", json!({"title": "some text"})).await;
     let unmapped = es.search("i", json!({"sort": ["nowhere"]})).await;
-    assert_eq!(unmapped.status, 400);
     assert_eq!(
-        unmapped.body["error"]["type"],
-        "search_phase_execution_exception"
-    );
-    assert_eq!(
-        unmapped.body["error"]["root_cause"][0]["reason"],
+        failed_search_root_cause(&unmapped)["reason"],
         "No mapping found for [nowhere] in order to sort on"
     );
     let tolerated = es
@@ -1765,8 +1835,7 @@ async fn search_after_pages_through_ties() {
 
 #[tokio::test]
 async fn seq_no_primary_term_and_version_in_hits() {
-    let es = Es::manual().await;
-    es.put("/i/_doc/1", json!({})).await;
+    let es = Es::holding_one_document().await;
     es.put("/i/_doc/1?refresh=true", json!({})).await;
     let plain = es.search("i", json!({})).await;
     let hit = &plain.body["hits"]["hits"][0];
@@ -1811,13 +1880,8 @@ async fn track_total_hits_and_size_limits() {
     );
 
     let window = es.search("i", json!({"from": 9_990, "size": 11})).await;
-    assert_eq!(window.status, 400);
-    assert_eq!(
-        window.body["error"]["type"],
-        "search_phase_execution_exception"
-    );
     assert!(
-        window.body["error"]["root_cause"][0]["reason"]
+        failed_search_root_cause(&window)["reason"]
             .as_str()
             .unwrap()
             .starts_with("Result window is too large, from + size must be less than or equal to: [10000] but was [10001]"),
@@ -1867,17 +1931,7 @@ async fn searching_several_or_missing_indices() {
         es.search("logs-*", json!({})).await.body["hits"]["total"]["value"],
         2
     );
-    let missing = es.search("logs-a,nope", json!({})).await;
-    assert_error(
-        &missing,
-        404,
-        "index_not_found_exception",
-        "no such index [nope]",
-    );
-    let ignored = es
-        .post("/logs-a,nope/_search?ignore_unavailable=true", json!({}))
-        .await;
-    assert_eq!(ignored.status, 200);
+    let ignored = post_where_nope_is_missing(&es, "/logs-a,nope/_search").await;
     assert_eq!(ignored.body["hits"]["total"]["value"], 1);
     let get = es.get("/logs-a/_search").await;
     assert_eq!(get.status, 200);
@@ -1904,8 +1958,7 @@ async fn documents_are_checked_against_the_mapping() {
     let es = Es::manual().await;
     typed_index(&es, "i").await;
     let bad_long = es.put("/i/_doc/1", json!({"n": "abc"})).await;
-    assert_eq!(bad_long.status, 400);
-    assert_eq!(bad_long.body["error"]["type"], "document_parsing_exception");
+    assert_error_type(&bad_long, 400, "document_parsing_exception");
     let bad_date = es.put("/i/_doc/1", json!({"ts": "not a date"})).await;
     assert_eq!(bad_date.status, 400);
     // dynamic:false stores unmapped fields without indexing them.
@@ -1925,11 +1978,7 @@ async fn documents_are_checked_against_the_mapping() {
     )
     .await;
     let strict = es.put("/strict/_doc/1", json!({"b": 1})).await;
-    assert_eq!(strict.status, 400);
-    assert_eq!(
-        strict.body["error"]["type"],
-        "strict_dynamic_mapping_exception"
-    );
+    assert_error_type(&strict, 400, "strict_dynamic_mapping_exception");
 }
 
 #[tokio::test]
@@ -2000,40 +2049,20 @@ async fn put_mapping_adds_fields_and_is_idempotent() {
 #[tokio::test]
 async fn put_mapping_on_a_missing_index_is_404() {
     let es = Es::manual().await;
-    let reply = es
-        .put(
-            "/nope/_mapping",
-            json!({"properties": {"f": {"type": "keyword"}}}),
-        )
-        .await;
-    assert_error(
-        &reply,
-        404,
-        "index_not_found_exception",
-        "no such index [nope]",
-    );
+    let keyword_f = json!({"properties": {"f": {"type": "keyword"}}});
+    assert_no_such_index(&es.put("/nope/_mapping", keyword_f).await, "nope");
     // Unlike a document write, it does not create the index.
     assert_eq!(es.send(Method::HEAD, "/nope", None).await.status, 404);
-    assert_error(
-        &es.get("/nope/_mapping").await,
-        404,
-        "index_not_found_exception",
-        "no such index [nope]",
-    );
+    assert_no_such_index(&es.get("/nope/_mapping").await, "nope");
 }
 
 #[tokio::test]
 async fn put_mapping_cannot_change_a_fields_type() {
     let es = Es::manual().await;
     typed_index(&es, "i").await;
-    let reply = es
-        .put(
-            "/i/_mapping",
-            json!({"properties": {"added": {"type": "keyword"}, "s": {"type": "long"}}}),
-        )
-        .await;
+    let s_as_long = json!({"properties": {"added": {"type": "keyword"}, "s": {"type": "long"}}});
     assert_error(
-        &reply,
+        &es.put("/i/_mapping", s_as_long).await,
         400,
         "illegal_argument_exception",
         "mapper [s] cannot be changed from type [keyword] to [long]",
@@ -2043,14 +2072,9 @@ async fn put_mapping_cannot_change_a_fields_type() {
     assert_eq!(properties["s"]["type"], "keyword");
     assert!(properties.get("added").is_none(), "{properties}");
     // Bad declarations get the errors of index creation.
-    let unknown = es
-        .put(
-            "/i/_mapping",
-            json!({"properties": {"f": {"type": "nonsense"}}}),
-        )
-        .await;
-    assert_eq!(unknown.status, 400, "{}", unknown.text);
-    assert_eq!(unknown.body["error"]["type"], "mapper_parsing_exception");
+    let nonsense_type = json!({"properties": {"f": {"type": "nonsense"}}});
+    let unknown = es.put("/i/_mapping", nonsense_type).await;
+    assert_error_type(&unknown, 400, "mapper_parsing_exception");
     let no_body = es.send(Method::PUT, "/i/_mapping", None).await;
     assert_eq!(no_body.status, 400, "{}", no_body.text);
 }
@@ -2063,12 +2087,8 @@ async fn a_newly_mapped_field_is_searchable_only_in_documents_written_after() {
     es.put("/i/_doc/old", json!({"s": "a", "flag": "x"})).await;
     es.put("/i/_doc/rewritten", json!({"s": "a", "flag": "x"}))
         .await;
-    let put = es
-        .put(
-            "/i/_mapping",
-            json!({"properties": {"flag": {"type": "keyword"}}}),
-        )
-        .await;
+    let keyword_flag = json!({"properties": {"flag": {"type": "keyword"}}});
+    let put = es.put("/i/_mapping", keyword_flag).await;
     assert_eq!(put.status, 200, "{}", put.text);
     es.put("/i/_doc/new", json!({"s": "a", "flag": "x"})).await;
     // Written again after the mapping change: indexed with the new mapping.
@@ -2103,13 +2123,8 @@ async fn put_mapping_refuses_what_it_does_not_model() {
         json!({"properties": {"ts": {"type": "date", "format": "epoch_millis"}}}),
         json!({"properties": {"s": {"properties": {"x": {"type": "long"}}}}}),
     ] {
-        let reply = es.put("/i/_mapping", body).await;
-        assert_eq!(reply.status, 400, "{}", reply.text);
-        assert!(
-            reason(&reply).contains("is not implemented by es-emulator"),
-            "{}",
-            reply.text
-        );
+        let request = put("/i/_mapping", body);
+        assert_not_modelled(&request, &es.send_request(&request).await);
     }
     let wrong = es.send(Method::DELETE, "/i/_mapping", None).await;
     assert_eq!(wrong.status, 405, "{}", wrong.text);
@@ -2129,8 +2144,7 @@ async fn malformed_json_is_400() {
     let es = Es::manual().await;
     // A body cut short is an end-of-file error, anything else a parse error (8.19.21).
     let search = es.raw(Method::POST, "/i/_search", "{\"query\":").await;
-    assert_eq!(search.status, 400);
-    assert_eq!(search.body["error"]["type"], "x_content_e_o_f_exception");
+    assert_error_type(&search, 400, "x_content_e_o_f_exception");
     assert_eq!(
         search.body["error"]["caused_by"]["type"],
         "json_e_o_f_exception"
@@ -2144,8 +2158,7 @@ async fn malformed_json_is_400() {
     let index = es.raw(Method::PUT, "/x", "{oops").await;
     assert_eq!(index.body["error"]["type"], "x_content_parse_exception");
     let doc = es.raw(Method::PUT, "/i/_doc/1", "{\"a\":").await;
-    assert_eq!(doc.status, 400);
-    assert_eq!(doc.body["error"]["type"], "document_parsing_exception");
+    assert_error_type(&doc, 400, "document_parsing_exception");
     let unknown_query = es.search("i", json!({"query": {"nonsense": {}}})).await;
     assert_eq!(unknown_query.body["error"]["type"], "parsing_exception");
 }
@@ -2180,13 +2193,8 @@ async fn root_causes_stop_above_exceptions_that_are_not_elasticsearch_ones() {
     let not_a_date = es
         .search("i", json!({"sort": ["ts"], "search_after": ["yesterday"]}))
         .await;
-    assert_eq!(not_a_date.status, 400, "{}", not_a_date.text);
     assert_eq!(
-        not_a_date.body["error"]["type"],
-        "search_phase_execution_exception"
-    );
-    assert_eq!(
-        not_a_date.body["error"]["root_cause"][0]["type"],
+        failed_search_root_cause(&not_a_date)["type"],
         "parse_exception"
     );
 }
@@ -2247,7 +2255,11 @@ async fn hits_carry_the_source_as_sent() {
     let es = Es::manual().await;
     let source = r#"{"zeta":1,"alpha":{"y":2,"b":3}}"#;
     es.raw(Method::PUT, "/i/_doc/1?refresh=true", source).await;
-    let reply = es.search("i", json!({})).await;
+    assert_carries_source_as_sent(&es.search("i", json!({})).await, source);
+}
+
+/// Asserts that `reply` holds `source` byte for byte, not re-encoded.
+fn assert_carries_source_as_sent(reply: &Reply, source: &str) {
     assert!(reply.text.contains(source), "{}", reply.text);
 }
 
@@ -2258,22 +2270,14 @@ async fn injected_failures_are_not_applied() {
     let es = Es::manual().await;
     es.emulator.fail_next(429, 2);
     let rejected = es.put("/i/_doc/1", json!({})).await;
-    assert_eq!(rejected.status, 429);
-    assert_eq!(
-        rejected.body["error"]["type"],
-        "es_rejected_execution_exception"
-    );
+    assert_error_type(&rejected, 429, "es_rejected_execution_exception");
     assert_eq!(es.get("/").await.status, 429);
     assert_eq!(es.get("/").await.status, 200);
     assert_eq!(es.send(Method::HEAD, "/i", None).await.status, 404);
 
     es.emulator.fail_next(503, 1);
     let unavailable = es.put("/i/_doc/1", json!({})).await;
-    assert_eq!(unavailable.status, 503);
-    assert_eq!(
-        unavailable.body["error"]["type"],
-        "unavailable_shards_exception"
-    );
+    assert_error_type(&unavailable, 503, "unavailable_shards_exception");
     es.emulator.fail_next(500, 1);
     let generic = es.get("/").await;
     assert_eq!(generic.status, 500);
