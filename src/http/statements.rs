@@ -204,8 +204,8 @@ fn cursor(value: &str) -> Result<u64, ApiError> {
         .ok_or_else(|| ApiError::Invalid("`cursor` is not one this service issued".into()))
 }
 
-/// A path id that is no account id: the same 404 as an account that does not exist.
-/// The statement of the account a route's `{id}` names, read from the store.
+/// The statement of the account a route's `{id}` names: the id (`None` for one no account
+/// can have, a 404 like an account that does not exist) and the statements to read it from.
 pub struct AccountStatement {
     id: Option<String>,
     statements: Statements,

@@ -54,7 +54,10 @@ pub(super) const CREATION_ENTRIES_FROM: &str = "creation_entries:from";
 /// A run is due this long after its first pending entry...
 const RUN_AFTER: Duration = Duration::from_secs(1);
 
-/// ... or once this many transfers' creation entries and account entries are pending.
+/// ... or once this many are pending, counting a transfer's creation entries as one and each
+/// account entry as one (a one-leg transfer settled in one transaction adds three): a bound
+/// on what waits in memory; below some 21,000 such transfers a second, [`RUN_AFTER`] comes
+/// first.
 const RUN_TRANSFERS: usize = 65_536;
 
 /// Entries written after each group while a run is being written: twice what the group

@@ -92,7 +92,17 @@ pub(super) const TX_METADATA: TableDefinition<(&str, i64, &str), ()> =
 /// the number as well, not mapped to it: should two documents ever file the same
 /// `(account, seq)`, both are found (as Elasticsearch would find both), and one losing it
 /// does not take the other's.
-pub(super) const TX_ENTRIES: TableDefinition<&[u8], ()> = TableDefinition::new("tx_entries");
+///
+/// Named `statement_entries`: versions before the byte key (up to `6df5583`) kept the same
+/// rows keyed by the tuple in `tx_entries` ([`TUPLE_KEYED_ENTRIES`]), which a store they
+/// wrote still holds, and redb opens a table only with the key type it was made with.
+pub(super) const TX_ENTRIES: TableDefinition<&[u8], ()> = TableDefinition::new("statement_entries");
+
+/// The statement index as versions up to `6df5583` kept it, keyed by the tuple `(account,
+/// seq, number)`, and its marker in [`META`]: removed once by [`build_entries_index`].
+pub(super) const TUPLE_KEYED_ENTRIES: TableDefinition<(&str, u64, u64), ()> =
+    TableDefinition::new("tx_entries");
+pub(super) const TUPLE_KEYED_ENTRIES_BUILT: &str = "built:tx_entries";
 
 /// The key of a [`TX_ENTRIES`] row: the account's bytes, a 0, then the seq and the number,
 /// 8 bytes each, big endian. Bytes compare as the tuple `(account, seq, number)` would (an
@@ -160,7 +170,7 @@ pub(super) const NUMBERED: &str = "built:numbered";
 pub(super) const METADATA_BUILT: &str = "built:tx_metadata";
 
 /// The key in [`META`] that says [`TX_ENTRIES`] holds every transfer's entries.
-pub(super) const ENTRIES_BUILT: &str = "built:tx_entries";
+pub(super) const ENTRIES_BUILT: &str = "built:statement_entries";
 
 /// The entry of [`TX_METADATA`] for one pair.
 pub(super) fn metadata_entry(key: &str, value: &str) -> String {
@@ -212,6 +222,7 @@ pub(super) fn build_metadata_index(txn: &WriteTransaction) -> StoreResult<()> {
 /// in its feed entry, under the `seq_no` of its latest write. Afterwards every write keeps
 /// the table up to date.
 pub(super) fn build_entries_index(txn: &WriteTransaction) -> StoreResult<()> {
+    forget_tuple_keyed_entries(txn)?;
     let mut index = txn.open_table(TX_ENTRIES).map_err(permanent)?;
     let changes = txn.open_table(TX_CHANGES).map_err(permanent)?;
     build_once(txn, ENTRIES_BUILT, |_, seq_no, keys| {
@@ -231,6 +242,23 @@ pub(super) fn build_entries_index(txn: &WriteTransaction) -> StoreResult<()> {
         Ok(())
     })
     .map(drop)
+}
+
+/// A store holding [`TUPLE_KEYED_ENTRIES`] was last opened by a version up to `6df5583`,
+/// which filed its transfers' entries there and not in [`TX_ENTRIES`] (also after this
+/// version had built it, on a downgrade and upgrade again). That table goes, with its marker
+/// (so such a version, opened again, builds its own from the documents), and so does
+/// [`TX_ENTRIES`]'s marker: [`build_entries_index`] then adds every document's entries. Rows
+/// already there stay: the engine never takes an entry from a transfer, and a row found
+/// is checked against its document before a statement uses it.
+fn forget_tuple_keyed_entries(txn: &WriteTransaction) -> StoreResult<()> {
+    if !txn.delete_table(TUPLE_KEYED_ENTRIES).map_err(permanent)? {
+        return Ok(());
+    }
+    let mut meta = txn.open_table(META).map_err(permanent)?;
+    meta.remove(TUPLE_KEYED_ENTRIES_BUILT).map_err(permanent)?;
+    meta.remove(ENTRIES_BUILT).map_err(permanent)?;
+    Ok(())
 }
 
 /// Numbers every stored transfer, once: a store written before numbers holds its listing

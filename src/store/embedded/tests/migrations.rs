@@ -139,6 +139,82 @@ async fn a_store_holding_entries_without_their_index_gets_it_built_when_opened()
     assert_eq!(entry_rows(&store), built);
 }
 
+#[tokio::test]
+async fn a_store_holding_the_tuple_keyed_statement_index_is_opened_and_its_index_rebuilt() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let filing = |id: &str, values: Value| {
+        let mut doc = transfer(id, "finished", 1);
+        doc[fields::ENTRIES] = values;
+        doc
+    };
+    let seq = |account: &str, n: u64| format!("{account}/{n:020}/1/-1/0/d");
+    {
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        store
+            .create(
+                Index::Transactions,
+                "t1",
+                filing("t1", json!([seq("a", 1)])).into(),
+            )
+            .await
+            .unwrap();
+        // As a version up to 6df5583 left it after this one had built the index: it filed
+        // t2's entries only in its own table, keyed by the tuple, under its own marker.
+        store
+            .create(
+                Index::Transactions,
+                "t2",
+                filing("t2", json!([seq("a", 2)])).into(),
+            )
+            .await
+            .unwrap();
+        settle(&store);
+        let txn = store.db.begin_write().unwrap();
+        let number = number_of(&txn, "t2");
+        let t2 = EntryKey::new("a", 2, number);
+        txn.open_table(TX_ENTRIES)
+            .unwrap()
+            .remove(t2.as_bytes())
+            .unwrap();
+        txn.open_table(TUPLE_KEYED_ENTRIES)
+            .unwrap()
+            .insert(("a", 2, number), ())
+            .unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .insert(TUPLE_KEYED_ENTRIES_BUILT, 1)
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(filing_entries_of(&store, "a").await, ["t1", "t2"]);
+    let row = |n, id: &str| ("a".to_owned(), n, id.to_owned());
+    assert_eq!(entry_rows(&store), [row(1, "t1"), row(2, "t2")]);
+    // The old table and its marker are gone: a version up to 6df5583 opened again builds
+    // its own from the documents.
+    let txn = store.db.begin_read().unwrap();
+    let names: Vec<String> = txn
+        .list_tables()
+        .unwrap()
+        .map(|t| t.name().to_owned())
+        .collect();
+    assert!(!names.contains(&"tx_entries".to_owned()), "{names:?}");
+    let meta = txn.open_table(META).unwrap();
+    assert!(meta.get(TUPLE_KEYED_ENTRIES_BUILT).unwrap().is_none());
+}
+
+/// The number of transfer `id` ([`TX_IDS`]).
+fn number_of(txn: &redb::WriteTransaction, id: &str) -> u64 {
+    let ids = txn.open_table(TX_IDS).unwrap();
+    let number = ids
+        .iter()
+        .unwrap()
+        .map(Result::unwrap)
+        .find(|(_, v)| v.value() == id)
+        .map(|(number, _)| number.value());
+    number.expect("numbered")
+}
+
 /// As a version before numbers left the store: listing and feed entries by id, in tables of
 /// their own (given an entry each here, to see them go), and no transfer numbered.
 fn unnumber(store: &EmbeddedStore) {
