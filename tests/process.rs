@@ -42,6 +42,9 @@ mod partitions;
 #[path = "process/rolling_upgrade.rs"]
 mod rolling_upgrade;
 
+#[path = "process/embedded_upgrade.rs"]
+mod embedded_upgrade;
+
 #[path = "process/grow_shards.rs"]
 mod grow_shards;
 

@@ -1,8 +1,11 @@
-//! The service as an older commit of this repository built it, for the rolling-upgrade test
-//! (`tests/process/rolling_upgrade.rs`): its sources are taken from git (`git archive`) into
-//! `target/old-version/<commit>/src` and built there with a target directory of their own
-//! (`cargo build` would wait on this build's lock in `target/`). The first run builds it (a
-//! few minutes on two cores); later runs reuse it.
+//! The service as an older commit of this repository built it, for the upgrade tests
+//! (`tests/process/rolling_upgrade.rs`, `tests/process/embedded_upgrade.rs`): its sources are
+//! taken from git (`git archive`) into `target/old-version/<commit>/src` and built there, its
+//! binary copied to `target/old-version/<commit>/transfer-service`. Every older commit builds
+//! in one target directory of their own, `target/old-version/target` (`cargo build` would
+//! wait on this build's lock in `target/`), so the dependencies they share are built once.
+//! The first run builds each (a few minutes on two cores for the first); later runs reuse
+//! them.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,6 +17,10 @@ use super::skip;
 /// tombstones, entries carry no marks (`docs/design.md` §9, "The fence").
 pub const BEFORE_MARKS: &str = "1f9c7dc714b716527e3d278571340fbf1b1bb03a";
 
+/// The last version whose embedded store kept the statements' index keyed by a tuple
+/// (`tx_entries`), which redb opens under that key type only.
+pub const TUPLE_KEYED_STATEMENTS: &str = "6df5583e7dd1fe71af5298230e1322bed3a6c70c";
+
 /// The `transfer-service` binary built from `commit`, or `None` (said loudly) when this
 /// clone does not hold that commit (a shallow clone).
 pub fn binary(commit: &str) -> Option<PathBuf> {
@@ -22,7 +29,7 @@ pub fn binary(commit: &str) -> Option<PathBuf> {
     let _one = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = root.join("target/old-version").join(commit);
-    let bin = dir.join("target/debug/transfer-service");
+    let bin = dir.join("transfer-service");
     if bin.is_file() {
         return Some(bin);
     }
@@ -37,13 +44,18 @@ pub fn binary(commit: &str) -> Option<PathBuf> {
     if !src.join("Cargo.toml").is_file() {
         extract(root, commit, &src);
     }
+    let target = root.join("target/old-version/target");
     let built = Command::new(env!("CARGO"))
         .args(["build", "--bin", "transfer-service"])
         .current_dir(&src)
-        .env("CARGO_TARGET_DIR", dir.join("target"))
+        .env("CARGO_TARGET_DIR", &target)
         .status()
         .expect("run cargo");
     assert!(built.success(), "building {commit} failed");
+    // Copied beside, then renamed: a copy cut short never passes for the binary.
+    let partial = bin.with_extension("partial");
+    std::fs::copy(target.join("debug/transfer-service"), &partial).expect("copy the binary");
+    std::fs::rename(&partial, &bin).expect("move the binary in place");
     Some(bin)
 }
 
