@@ -85,10 +85,11 @@ fn request(n: u64) -> NewTransfer {
         new = new.with_currency(Some(Currency::parse(currency.to_owned()).expect("valid")));
     }
     if n % 6 == 5 {
-        new = new.with_metadata(Metadata::from([
+        let labels = vec![
             ("order_id".into(), format!("ord-{}", 31_000 + n)),
             ("channel".into(), "web".into()),
-        ]));
+        ];
+        new = new.with_metadata(Metadata::parse(labels).expect("valid labels"));
     }
     if n % 25 == 11 {
         new = new.with_hold(Some(Hold {

@@ -37,7 +37,7 @@ pub struct Account {
     pub currency: Option<String>,
     /// Its labels, as given when it was opened; absent when it has none.
     #[serde(skip_serializing_if = "crate::transfer::model::Metadata::is_empty")]
-    #[schema(value_type = Option<crate::transfer::validated::MetadataSchema>, nullable = false)]
+    #[schema(value_type = Option<crate::transfer::validated::Metadata>, nullable = false)]
     pub metadata: crate::transfer::model::Metadata,
     /// When it was opened: RFC 3339, UTC, millisecond precision.
     #[schema(format = DateTime)]
@@ -86,7 +86,7 @@ json_fields! {
         currency: Text,
         /// Labels (such as an owner): at most 16 keys of `[a-z0-9_.-]{1,40}`, string values of
         /// at most 256 characters; absent or null: none. Part of the replay comparison.
-        #[schema(value_type = Option<crate::transfer::validated::MetadataSchema>)]
+        #[schema(value_type = Option<crate::transfer::validated::Metadata>)]
         metadata: MetadataField,
     }
 }

@@ -547,11 +547,7 @@ pub(crate) mod field {
                 }
             }
         }
-        crate::transfer::validated::valid_metadata(
-            strings.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-        )
-        .map_err(ApiError::Invalid)?;
-        Ok(strings.into_iter().collect())
+        crate::transfer::model::Metadata::parse(strings).map_err(ApiError::Invalid)
     }
 
     /// A currency code (`valid_currency`); absent or null: none.

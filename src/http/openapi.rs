@@ -37,7 +37,7 @@ use super::AppState;
 use crate::auth::Scope;
 use crate::transfer::history::EventKind;
 use crate::transfer::model::TransferState;
-use crate::transfer::validated::{AccountId, Currency, HoldExpiry, MetadataSchema, TransferId};
+use crate::transfer::validated::{AccountId, Currency, HoldExpiry, Metadata, TransferId};
 
 /// Declares the bearer keys and, on every operation the server can protect, the scope it
 /// needs and its `401` and `403` answers. The requirement is optional (`[{}, bearer]`): the
@@ -337,7 +337,7 @@ impl Modify for EventTypes {
         super::events::list_events,
         super::health::livez, super::health::healthz, super::health::readyz, super::health::metrics,
     ),
-    components(schemas(super::Problem, AccountId, TransferId, HoldExpiry, Wait, Cursor, FeedCursor, IdempotencyKey, BatchIdempotencyKey, Attention, Currency, MetadataSchema, MetadataFilter)),
+    components(schemas(super::Problem, AccountId, TransferId, HoldExpiry, Wait, Cursor, FeedCursor, IdempotencyKey, BatchIdempotencyKey, Attention, Currency, Metadata, MetadataFilter)),
     modifiers(&BearerKeys, &StrictQueries, &OptionalBodies, &TransferShapes, &EventTypes),
     tags(
         (name = "accounts", description = "Accounts and their balances"),

@@ -79,7 +79,7 @@ json_fields! {
         /// Labels (such as an order id): at most 16 keys of `[a-z0-9_.-]{1,40}`, string values
         /// of at most 256 characters; absent or null: none. Part of the replay comparison, and
         /// filterable: `GET /transfers?metadata=<key>:<value>`.
-        #[schema(value_type = Option<crate::transfer::validated::MetadataSchema>)]
+        #[schema(value_type = Option<crate::transfer::validated::Metadata>)]
         metadata: MetadataField,
     }
 }

@@ -1,6 +1,5 @@
 //! The documents of the protocol, with the post's field names (`docs/design.md §2`).
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -323,7 +322,7 @@ impl TransferDoc {
             hold_expires_at: None,
             captured_amount: None,
             currency: None,
-            metadata: Metadata::new(),
+            metadata: Metadata::default(),
             history: String::new(),
             created_by: None,
             settled_by: None,
@@ -699,4 +698,4 @@ impl AccountDoc {
 }
 
 /// Metadata: string labels by key, in key order (so equal maps encode to equal bytes).
-pub type Metadata = BTreeMap<String, String>;
+pub use super::validated::Metadata;

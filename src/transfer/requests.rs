@@ -73,7 +73,7 @@ impl NewAccount {
             balance,
             floor,
             currency: None,
-            metadata: Metadata::new(),
+            metadata: Metadata::default(),
         })
     }
 
@@ -296,7 +296,7 @@ impl NewTransfer {
             movement,
             hold: None,
             currency: None,
-            metadata: Metadata::new(),
+            metadata: Metadata::default(),
         }
     }
 

@@ -296,11 +296,37 @@ pub fn valid_metadata<'a>(
     Ok(())
 }
 
-/// Metadata: at most 16 keys of `[a-z0-9_.-]{1,40}`, string values of at most 256
-/// characters.
-pub struct MetadataSchema;
+/// Labels of a transfer or an account: at most 16 keys of `[a-z0-9_.-]{1,40}`, each value a
+/// string of at most 256 characters. Made only by [`Metadata::parse`], which refuses any
+/// other, or read back from a document this service wrote (stored as a plain JSON object).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct Metadata(std::collections::BTreeMap<String, String>);
 
-impl utoipa::PartialSchema for MetadataSchema {
+impl Metadata {
+    /// The labels `pairs` if they keep the rules ([`valid_metadata`]); `Err` says which
+    /// they break, for the client. A key given twice keeps its last value.
+    pub fn parse(pairs: Vec<(String, String)>) -> Result<Self, String> {
+        valid_metadata(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
+        Ok(Metadata(pairs.into_iter().collect()))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The value of `key`, if labelled.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(String::as_str)
+    }
+
+    /// Every label, by key.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+}
+
+impl utoipa::PartialSchema for Metadata {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
         let key = utoipa::openapi::ObjectBuilder::new()
             .schema_type(utoipa::openapi::Type::String)
@@ -324,7 +350,7 @@ impl utoipa::PartialSchema for MetadataSchema {
     }
 }
 
-impl utoipa::ToSchema for MetadataSchema {
+impl utoipa::ToSchema for Metadata {
     fn name() -> std::borrow::Cow<'static, str> {
         "Metadata".into()
     }

@@ -71,7 +71,7 @@ pub struct Transfer {
     pub currency: Option<String>,
     /// Its labels, as given; absent when it has none.
     #[serde(skip_serializing_if = "Metadata::is_empty")]
-    #[schema(value_type = Option<super::validated::MetadataSchema>, nullable = false)]
+    #[schema(value_type = Option<super::validated::Metadata>, nullable = false)]
     pub metadata: Metadata,
 }
 
