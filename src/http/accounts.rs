@@ -108,16 +108,8 @@ pub async fn create_account(
     _: QueryParams,
     JsonFields(body): JsonFields<CreateAccount>,
 ) -> Result<Response, ApiError> {
-    field::known_and_once(&body)?;
-    let id = field::account_id(body.id, "id")?;
-    let balance = field::required_integer(body.balance, "balance")?;
-    let floor = field::integer(body.floor, "floor")?.unwrap_or(0);
-    let currency = field::currency(body.currency, "currency")?;
-    let metadata = field::metadata(body.metadata, "metadata")?;
-    let new = NewAccount::open(id.clone(), balance, floor)
-        .map_err(|refused| ApiError::Invalid(refused.to_string()))?
-        .with_currency(currency)
-        .with_metadata(metadata);
+    let new = NewAccount::try_from(body)?;
+    let id = new.id().clone();
     Ok(match state.engine.create_account(new).await? {
         Created::New(doc) => {
             (StatusCode::CREATED, Json(Account::from_doc(id.into(), doc))).into_response()
@@ -126,6 +118,24 @@ pub async fn create_account(
             (StatusCode::OK, Json(Account::from_doc(id.into(), doc))).into_response()
         }
     })
+}
+
+impl TryFrom<CreateAccount> for NewAccount {
+    type Error = ApiError;
+
+    /// The body, each field read once into its validated value (422 on the first invalid
+    /// one), and an opening balance not below the floor.
+    fn try_from(body: CreateAccount) -> Result<Self, ApiError> {
+        field::known_and_once(&body)?;
+        let id = field::account_id(body.id, "id")?;
+        let balance = field::required_integer(body.balance, "balance")?;
+        let floor = field::integer(body.floor, "floor")?.unwrap_or(0);
+        let currency = field::currency(body.currency, "currency")?;
+        let metadata = field::metadata(body.metadata, "metadata")?;
+        let new = NewAccount::open(id, balance, floor)
+            .map_err(|refused| ApiError::Invalid(refused.to_string()))?;
+        Ok(new.with_currency(currency).with_metadata(metadata))
+    }
 }
 
 /// An account's balance and pending transfers.
