@@ -102,12 +102,6 @@ async fn a_store_holding_metadata_without_its_index_gets_it_built_when_opened() 
 #[tokio::test]
 async fn a_store_holding_entries_without_their_index_gets_it_built_when_opened() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let filing = |id: &str, values: Value| {
-        let mut doc = transfer(id, "finished", 1);
-        doc[fields::ENTRIES] = values;
-        doc
-    };
-    let seq = |account: &str, n: u64| format!("{account}/{n:020}/1/-1/0/d");
     {
         let store = EmbeddedStore::open(dir.path()).unwrap();
         for (id, doc) in [
@@ -142,12 +136,6 @@ async fn a_store_holding_entries_without_their_index_gets_it_built_when_opened()
 #[tokio::test]
 async fn a_store_holding_the_tuple_keyed_statement_index_is_opened_and_its_index_rebuilt() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let filing = |id: &str, values: Value| {
-        let mut doc = transfer(id, "finished", 1);
-        doc[fields::ENTRIES] = values;
-        doc
-    };
-    let seq = |account: &str, n: u64| format!("{account}/{n:020}/1/-1/0/d");
     {
         let store = EmbeddedStore::open(dir.path()).unwrap();
         store
@@ -201,6 +189,18 @@ async fn a_store_holding_the_tuple_keyed_statement_index_is_opened_and_its_index
     assert!(!names.contains(&"tx_entries".to_owned()), "{names:?}");
     let meta = txn.open_table(META).unwrap();
     assert!(meta.get(TUPLE_KEYED_ENTRIES_BUILT).unwrap().is_none());
+}
+
+/// Transfer `id`, finished, filing the account entries `values`.
+fn filing(id: &str, values: Value) -> Value {
+    let mut doc = transfer(id, "finished", 1);
+    doc[fields::ENTRIES] = values;
+    doc
+}
+
+/// The filed form of `account`'s entry `n` (a debit of 1 leaving 0).
+fn seq(account: &str, n: u64) -> String {
+    format!("{account}/{n:020}/1/-1/0/d")
 }
 
 /// The number of transfer `id` ([`TX_IDS`]).
