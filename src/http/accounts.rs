@@ -1,5 +1,6 @@
 //! `POST /accounts`, `GET /accounts/{id}`.
 
+use crate::transfer::validated::AccountId;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -149,14 +150,14 @@ impl TryFrom<CreateAccount> for NewAccount {
     ))]
 pub async fn get_account(
     State(state): State<AppState>,
-    PathId(id): PathId,
+    PathId(id): PathId<AccountId>,
     _: QueryParams,
 ) -> Result<Json<Account>, ApiError> {
     let Some(id) = id else {
         return Err(ApiError::NotFound("no account with this id".into()));
     };
     match state.engine.get_account(&id).await? {
-        Some(doc) => Ok(Json(Account::from_doc(id, doc))),
+        Some(doc) => Ok(Json(Account::from_doc(id.into(), doc))),
         None => Err(ApiError::NotFound(format!("no account {id}"))),
     }
 }

@@ -6,6 +6,7 @@
 //! the whole request (400, 413, 415, 422), and admission control, which admits the batch
 //! whole or not at all (503 with `Retry-After`).
 
+use crate::transfer::validated::TransferId;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -314,5 +315,5 @@ async fn get_transfer_named_batch(
     state: State<AppState>,
     query: QueryParams<super::transfers::WaitQuery>,
 ) -> Result<Json<Transfer>, ApiError> {
-    super::transfers::get_transfer(state, PathId(Some("batch".into())), query).await
+    super::transfers::get_transfer(state, PathId(TransferId::parse("batch".into())), query).await
 }

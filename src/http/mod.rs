@@ -35,7 +35,7 @@ use tower_http::trace::TraceLayer;
 
 use crate::metrics::Metrics;
 use crate::trace_context;
-use crate::transfer::validated::valid_id;
+use crate::transfer::validated::{AccountId, TransferId};
 use crate::transfer::Engine;
 pub use error::{ApiError, ErrorLogged, Problem};
 
@@ -273,17 +273,36 @@ impl<S: Send + Sync, T: body::Fields> FromRequest<S> for OptionalJsonFields<T> {
     }
 }
 
-/// The `{id}` of a route: `Some` only for a valid id (see `valid_id`). Anything else (odd
-/// characters, `.` or `..`, too long, not UTF-8 once percent-decoded) cannot name a
-/// resource, so handlers answer 404 without asking the store.
-pub struct PathId(pub Option<String>);
+/// The `{id}` of a route, parsed into the id it names (`AccountId`, `TransferId`): `Some`
+/// only for a valid id (see `valid_id`). Anything else (odd characters, `.` or `..`, too
+/// long, not UTF-8 once percent-decoded) cannot name a resource, so handlers answer 404
+/// without asking the store.
+pub struct PathId<Id>(pub Option<Id>);
 
-impl<S: Send + Sync> FromRequestParts<S> for PathId {
+/// An id a route's path names.
+pub trait PathIdKind: Sized {
+    /// `text` as this id, if it is one.
+    fn parse(text: String) -> Option<Self>;
+}
+
+impl PathIdKind for AccountId {
+    fn parse(text: String) -> Option<Self> {
+        AccountId::parse(text)
+    }
+}
+
+impl PathIdKind for TransferId {
+    fn parse(text: String) -> Option<Self> {
+        TransferId::parse(text)
+    }
+}
+
+impl<S: Send + Sync, Id: PathIdKind> FromRequestParts<S> for PathId<Id> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         match Path::<String>::from_request_parts(parts, state).await {
-            Ok(Path(id)) => Ok(PathId(valid_id(&id).then_some(id))),
+            Ok(Path(id)) => Ok(PathId(Id::parse(id))),
             // A client's path that does not decode to a string (e.g. `%FF`): no id is that.
             Err(PathRejection::FailedToDeserializePathParams(e))
                 if e.status().is_client_error() =>

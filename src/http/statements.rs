@@ -1,6 +1,7 @@
 //! `GET /accounts/{id}/entries` and `GET /accounts/{id}/balance?at=`: an account's statement
 //! (`docs/api.md`, "Statements"), as JSON or, for spreadsheets, CSV.
 
+use crate::transfer::validated::AccountId;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap};
@@ -207,7 +208,7 @@ fn cursor(value: &str) -> Result<u64, ApiError> {
 /// The statement of the account a route's `{id}` names: the id (`None` for one no account
 /// can have, a 404 like an account that does not exist) and the statements to read it from.
 pub struct AccountStatement {
-    id: Option<String>,
+    id: Option<AccountId>,
     statements: Statements,
 }
 
@@ -215,7 +216,7 @@ impl FromRequestParts<AppState> for AccountStatement {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let PathId(id) = PathId::from_request_parts(parts, state).await?;
+        let PathId(id) = PathId::<AccountId>::from_request_parts(parts, state).await?;
         let statements = Statements::new(state.engine.store().clone());
         Ok(Self { id, statements })
     }
@@ -224,7 +225,7 @@ impl FromRequestParts<AppState> for AccountStatement {
 impl AccountStatement {
     /// The statements and the account id; 404 for an id no account can have (checked in the
     /// handler, after the query's names, as on every route).
-    fn of_valid_id(self) -> Result<(Statements, String), ApiError> {
+    fn of_valid_id(self) -> Result<(Statements, AccountId), ApiError> {
         let id = self
             .id
             .ok_or_else(|| ApiError::NotFound("no account with this id".into()))?;

@@ -352,7 +352,7 @@ impl QuerySpec for WaitQuery {
     ))]
 pub async fn get_transfer(
     State(state): State<AppState>,
-    PathId(id): PathId,
+    PathId(id): PathId<TransferId>,
     QueryParams(query, _, _): QueryParams<WaitQuery>,
 ) -> Result<Json<Transfer>, ApiError> {
     let wait = query
@@ -439,7 +439,7 @@ impl Wait {
     ))]
 pub async fn cancel_transfer(
     State(state): State<AppState>,
-    PathId(id): PathId,
+    PathId(id): PathId<TransferId>,
     _: QueryParams,
 ) -> Result<Json<Transfer>, ApiError> {
     let Some(id) = id else {
@@ -485,7 +485,7 @@ fn no_transfer(error: crate::transfer::operations::ServiceError, id: &str) -> Ap
     ))]
 pub async fn capture_transfer(
     State(state): State<AppState>,
-    PathId(id): PathId,
+    PathId(id): PathId<TransferId>,
     _: QueryParams,
     OptionalJsonFields(body): OptionalJsonFields<CaptureHold>,
 ) -> Result<Json<Transfer>, ApiError> {

@@ -116,6 +116,12 @@ macro_rules! id_schema {
                 length: 1..=MAX_ID_LEN,
             }
         }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
     };
 }
 
