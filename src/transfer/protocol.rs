@@ -472,7 +472,7 @@ pub fn decide_account(
         ),
         AccountOp::Remove if !pending => return AccountDecision::AlreadyDone,
         AccountOp::Remove if is_late(account, transfer_id, mark) => {
-            undo(account, change, true, entries)
+            undo(account, Some(change), entries)
         }
         AccountOp::Remove => remove(
             account,
@@ -485,7 +485,7 @@ pub fn decide_account(
         AccountOp::Undo if mark.is_some_and(|m| account.pending_mark(transfer_id) != Some(m)) => {
             return AccountDecision::AlreadyDone
         }
-        AccountOp::Undo => undo(account, change, pending, entries),
+        AccountOp::Undo => undo(account, pending.then_some(change), entries),
     };
     match decided {
         Ok(mut next) => {
@@ -718,17 +718,17 @@ fn remove(
     Ok(next)
 }
 
-/// Rollback steps 2/3: take the delta back if it was applied. The account is written either
-/// way (the caller stamps it).
+/// Rollback steps 2/3: take the delta back if it was applied (`applied`: the change, when
+/// the transfer's entry is pending on the account). The account is written either way (the
+/// caller stamps it).
 fn undo(
     account: &AccountDoc,
-    change: Change,
-    pending: bool,
+    applied: Option<Change>,
     entries: Entries<'_>,
 ) -> Result<AccountDoc, Refusal> {
     let mut next = account.clone();
     next.drop_filed(entries.filed);
-    if pending {
+    if let Some(change) = applied {
         let balance = account
             .balance
             .checked_sub(change.delta)
