@@ -84,7 +84,7 @@ pub fn auth_from_config(config: &Config, metrics: &Arc<Metrics>) -> Result<Auth,
 /// What opening a store does about migrations, which also says who opens it (and so which
 /// timeouts apply; see [`open_store`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Migrations {
+pub enum MigrationMode {
     /// Apply them (retried in the background until the cluster answers), creating the store
     /// if there is none: the service.
     Apply,
@@ -98,13 +98,13 @@ pub enum Migrations {
 /// in a quarter lease (a worker writes on their answers); the pages of its recovery and
 /// late-apply sweeps get `RECOVERY_PAGE_TIMEOUT` instead, whatever the lease. The auditor
 /// holds no lease: `STORE_TIMEOUT` whole, and `AUDIT_PAGE_TIMEOUT` for its pages.
-fn es_timeouts(config: &Config, migrations: Migrations) -> (Duration, Duration) {
+fn es_timeouts(config: &Config, migrations: MigrationMode) -> (Duration, Duration) {
     match migrations {
-        Migrations::Apply => (
+        MigrationMode::Apply => (
             engine_config(config).request_timeout,
             config.recovery_page_timeout,
         ),
-        Migrations::Verify => (config.store_timeout, config.audit_page_timeout),
+        MigrationMode::Verify => (config.store_timeout, config.audit_page_timeout),
     }
 }
 
@@ -113,12 +113,12 @@ fn es_timeouts(config: &Config, migrations: Migrations) -> (Duration, Duration) 
 pub async fn open_store(
     config: &Config,
     metrics: &Arc<Metrics>,
-    migrations: Migrations,
+    migrations: MigrationMode,
 ) -> Result<DynStore, StoreError> {
     let backend: DynStore = match &config.elasticsearch_url {
         Some(url) => {
             let store = Arc::new(connect_elasticsearch(config, url, migrations).await?);
-            if migrations == Migrations::Verify {
+            if migrations == MigrationMode::Verify {
                 store.verify_migrated().await?;
             } else if let Err(error) = store.migrate().await {
                 // Refused credentials or privileges will not fix themselves: say so and stop,
@@ -147,7 +147,7 @@ pub async fn open_store(
                 bulks_in_flight(config),
             ))
         }
-        None if migrations == Migrations::Verify => Arc::new(ReadOnlyEmbeddedStore::open(
+        None if migrations == MigrationMode::Verify => Arc::new(ReadOnlyEmbeddedStore::open(
             &config.data_dir,
             config.embedded_cache_mib,
         )?),
@@ -182,7 +182,7 @@ fn bulks_in_flight(config: &Config) -> usize {
 pub async fn connect_elasticsearch(
     config: &Config,
     url: &str,
-    migrations: Migrations,
+    migrations: MigrationMode,
 ) -> Result<ElasticsearchStore, StoreError> {
     let (request_timeout, page_timeout) = es_timeouts(config, migrations);
     let security = config.elasticsearch_security.settings().load()?;
@@ -231,7 +231,7 @@ impl Application {
         // Checked before the store is opened: a wrong setting stops the start at once.
         webhooks_from_config(&config)?;
         let metrics = Metrics::new();
-        let store = open_store(&config, &metrics, Migrations::Apply).await?;
+        let store = open_store(&config, &metrics, MigrationMode::Apply).await?;
         Self::build_with_store(config, store, metrics).await
     }
 
@@ -382,7 +382,7 @@ fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
 /// nothing, and audits it (`crate::audit`); exit 2 if it cannot be opened.
 pub async fn audit(config: Config) -> std::process::ExitCode {
     let metrics = Metrics::new();
-    let store = match open_store(&config, &metrics, Migrations::Verify).await {
+    let store = match open_store(&config, &metrics, MigrationMode::Verify).await {
         Ok(store) => store,
         Err(error) => {
             eprintln!("audit: cannot open the store: {error}");
@@ -402,7 +402,7 @@ pub async fn grow_shards(config: Config, to: u32, dry_run: bool) -> std::process
         return std::process::ExitCode::from(2);
     };
     let grown = async {
-        let store = connect_elasticsearch(&config, &url, Migrations::Verify).await?;
+        let store = connect_elasticsearch(&config, &url, MigrationMode::Verify).await?;
         store.verify_migrated().await?;
         store.grow_shards(to, dry_run).await
     };
@@ -462,11 +462,11 @@ mod tests {
         config.recovery_page_timeout = Duration::from_secs(20);
         config.audit_page_timeout = Duration::from_secs(40);
         assert_eq!(
-            es_timeouts(&config, Migrations::Apply),
+            es_timeouts(&config, MigrationMode::Apply),
             (Duration::from_millis(50), Duration::from_secs(20))
         );
         assert_eq!(
-            es_timeouts(&config, Migrations::Verify),
+            es_timeouts(&config, MigrationMode::Verify),
             (Duration::from_secs(5), Duration::from_secs(40))
         );
     }

@@ -79,9 +79,9 @@ pub struct BalanceAt {
 }
 
 /// The query of `GET /accounts/{id}/entries`.
-pub struct EntriesQuery;
+pub struct EntriesPageQuery;
 
-impl QuerySpec for EntriesQuery {
+impl QuerySpec for EntriesPageQuery {
     const NAMES: &'static [&'static str] = &["after", "before", "limit", "cursor"];
     const EXAMPLE: &'static str = "?after=2026-10-01T00:00:00Z&limit=100";
 }
@@ -120,7 +120,7 @@ impl QuerySpec for BalanceQuery {
     ))]
 pub async fn list_entries(
     account: AccountStatement,
-    QueryParams(params, _, _): QueryParams<EntriesQuery>,
+    QueryParams(params, _, _): QueryParams<EntriesPageQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (statements, id) = account.of_valid_id()?;

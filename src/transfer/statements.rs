@@ -42,7 +42,7 @@ pub struct StatementPage {
 
 /// The balance at an instant, and the entry that left it (none: the account's opening).
 #[derive(Debug, Clone)]
-pub struct BalanceAt {
+pub struct PastBalance {
     pub balance: i64,
     pub entry: Option<Entry>,
 }
@@ -102,7 +102,7 @@ impl Statements {
     /// `account`'s balance at `at` (epoch ms): after its last entry made at or before then.
     /// `Invalid` when the account was opened later, or its statement begins later (it was
     /// opened before this version kept statements).
-    pub async fn balance_at(&self, account: &str, at: i64) -> Result<BalanceAt, ServiceError> {
+    pub async fn balance_at(&self, account: &str, at: i64) -> Result<PastBalance, ServiceError> {
         let reading = self.reading(account).await?;
         let opened = parse_millis(&reading.account.creation_time).unwrap_or(i64::MIN);
         if at < opened {
@@ -114,7 +114,7 @@ impl Statements {
         let after = reading.first_at_or_after(at + 1).await?;
         if after > reading.account.statement_seqs().start {
             let entry = reading.one(after - 1).await?;
-            return Ok(BalanceAt {
+            return Ok(PastBalance {
                 balance: entry.balance_after,
                 entry: Some(entry),
             });
@@ -216,7 +216,7 @@ impl Reading<'_> {
 
     /// The balance before the first entry: the opening balance, when the statement starts
     /// there.
-    async fn opening_balance(&self) -> Result<BalanceAt, ServiceError> {
+    async fn opening_balance(&self) -> Result<PastBalance, ServiceError> {
         let account = &self.account;
         let seqs = account.statement_seqs();
         let before_first = if seqs.is_empty() {
@@ -232,7 +232,7 @@ impl Reading<'_> {
                 account.account_id
             )));
         }
-        Ok(BalanceAt {
+        Ok(PastBalance {
             balance: before_first,
             entry: None,
         })

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use transfer_service::time::format_millis;
 
 use serde_json::{json, Value};
-use transfer_service::app::{open_store, Migrations};
+use transfer_service::app::{open_store, MigrationMode};
 use transfer_service::config::Config;
 use transfer_service::metrics::Metrics;
 use transfer_service::store::elasticsearch::ElasticsearchStore;
@@ -137,7 +137,7 @@ async fn recovery_pages_through_a_store_of_ten_thousand_transfers_with_a_short_l
     fill(&emulator.url, &prefix, stale, now - 60_000).await;
     let dir = tempfile::tempdir().expect("temp dir");
     let config = config_on(&emulator.url, &prefix, dir.path());
-    let store = open_store(&config, &Metrics::new(), Migrations::Apply)
+    let store = open_store(&config, &Metrics::new(), MigrationMode::Apply)
         .await
         .expect("open the service's store");
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use es_emulator::RunningEmulator;
 use serde_json::{json, Value};
-use transfer_service::app::{open_store, Application, Migrations};
+use transfer_service::app::{open_store, Application, MigrationMode};
 use transfer_service::config::Config;
 use transfer_service::http::auth::Auth;
 use transfer_service::http::{self, AppState};
@@ -136,7 +136,7 @@ impl TestApp {
     ) -> TestApp {
         let (dir, config, emulator) = configure(backend, tweak).await;
         let metrics = Metrics::new();
-        let store = open_store(&config, &metrics, Migrations::Apply)
+        let store = open_store(&config, &metrics, MigrationMode::Apply)
             .await
             .expect("open store");
         let app = Application::build_with_store(config.clone(), wrap(store), metrics)
@@ -155,7 +155,7 @@ impl TestApp {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = Config::for_tests(dir.path().join("data"));
         let metrics = Metrics::new();
-        let store = open_store(&config, &metrics, Migrations::Apply)
+        let store = open_store(&config, &metrics, MigrationMode::Apply)
             .await
             .expect("open store");
         let engine = Engine::new(

@@ -22,7 +22,7 @@
 //! first ([`CreationEntries::write_all`], with the commit it already asks for), so listings
 //! and statements stay realtime.
 //!
-//! **Why this is safe.** Creation entries never change once a transfer is created (its
+//! **Why this is safe.** NewTransferEntries entries never change once a transfer is created (its
 //! creation time and accounts are fixed), and a transfer's account entries only grow (the
 //! engine adds values to a transfer's `entries`, never takes one away), so writing one late
 //! or twice is the same as writing it once. [`META`] holds [`CREATION_ENTRIES_FROM`]: every
@@ -67,15 +67,15 @@ const CHUNK_ENTRIES: usize = 256;
 
 /// The creation entries of one new transfer, which name it by its number ([`TX_IDS`]).
 #[derive(Debug)]
-pub(super) struct Creation {
+pub(super) struct NewTransferEntries {
     number: u64,
     created: i64,
     accounts: Vec<Box<str>>,
 }
 
-impl Creation {
+impl NewTransferEntries {
     pub(super) fn of(number: u64, keys: &TransferKeys<'_>) -> Self {
-        Creation {
+        NewTransferEntries {
             number,
             created: keys.created,
             accounts: keys.parties().into_iter().map(|p| p.into()).collect(),
@@ -111,7 +111,7 @@ impl Creation {
 #[derive(Debug, Default)]
 pub(super) struct GroupEntries {
     /// The creation entries of the transfers it created.
-    pub(super) created: Vec<Creation>,
+    pub(super) created: Vec<NewTransferEntries>,
     /// The account entries ([`TX_ENTRIES`]) its writes added to transfers.
     pub(super) filed: Vec<EntryKey>,
     /// Transfers whose creation time or accounts it changed (their entries were written at
@@ -185,9 +185,9 @@ fn retain_tail<T>(segment: &mut Vec<T>, written: usize, keep: impl Fn(&T) -> boo
     segment.len()
 }
 
-/// Creation and account entries not in the tables yet: pending, and the run being written.
+/// NewTransferEntries and account entries not in the tables yet: pending, and the run being written.
 pub(super) struct CreationEntries {
-    pending: Vec<Creation>,
+    pending: Vec<NewTransferEntries>,
     /// Account entries ([`TX_ENTRIES`]) pending.
     pending_filed: Vec<EntryKey>,
     pending_since: Option<Instant>,
@@ -315,7 +315,7 @@ impl CreationEntries {
         self.pending_since = None;
         let mut by_created = Vec::with_capacity(pending.len());
         let mut by_account = Vec::with_capacity(pending.len() * 2);
-        for Creation {
+        for NewTransferEntries {
             number,
             created,
             accounts,
@@ -422,7 +422,7 @@ pub(super) fn catch_up_creation_entries(txn: &WriteTransaction) -> StoreResult<(
                 let filed: Vec<EntryKey> = (keys.entry_keys().iter())
                     .map(|(account, seq)| EntryKey::new(account, *seq, number))
                     .collect();
-                Some((Creation::of(number, &keys), filed))
+                Some((NewTransferEntries::of(number, &keys), filed))
             });
             drop(id);
             if let Some((creation, filed)) = entries {

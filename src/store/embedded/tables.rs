@@ -277,7 +277,7 @@ pub(super) fn number_transfers(txn: &WriteTransaction) -> StoreResult<()> {
         numbered += 1;
         ids.insert(seq_no, id).map_err(permanent)?;
         changes.insert(seq_no, seq_no).map_err(permanent)?;
-        Creation::of(seq_no, keys)
+        NewTransferEntries::of(seq_no, keys)
             .insert_into(&mut by_created, &mut by_account)
             .map_err(permanent)
     })?;
@@ -591,7 +591,7 @@ pub(super) fn update_transfer_indexes(
                 ..moved
             };
             move_entries(t, (id, number), new, &now, EntryOp::Insert)?;
-            deferred.created.push(Creation::of(number, new));
+            deferred.created.push(NewTransferEntries::of(number, new));
         }
         None => move_entries(t, (id, number), new, &moved, EntryOp::Insert)?,
     }

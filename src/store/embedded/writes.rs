@@ -336,7 +336,7 @@ pub(super) fn write_checked(
         )?;
         if let (Some(keys), Some(number)) = (moved, number) {
             writes.deferred.moved(number);
-            Creation::of(number, &keys).write(tables)?;
+            NewTransferEntries::of(number, &keys).write(tables)?;
         }
     }
     writes.record.push(index, id, &value);
