@@ -321,8 +321,9 @@ impl Leases {
     /// or released when `next` is terminal, written conditionally on the held version.
     /// Retryable failures are retried while `go_on()` holds and the lease has room for one
     /// more request: a write whose outcome is unknown is simply sent again, and if the first
-    /// one was applied the retry conflicts. `Ok(false)`: someone else wrote the transfer (or
-    /// we did, unacknowledged); read it again.
+    /// one was applied the retry conflicts, which a read then shows to be our own write
+    /// ([`Leases::written_after_all`]). `Ok(false)`: someone else wrote the transfer; read it
+    /// again.
     pub async fn write(
         &self,
         leased: &mut Leased,
@@ -365,6 +366,7 @@ impl Leases {
         })
         .await;
         let outcome = match outcome {
+            Ok(WriteOutcome::Conflict) => self.written_after_all(&next).await,
             Ok(outcome) => outcome,
             Err(error) => {
                 self.restamp_if_applied_unanswered(&next).await;
@@ -373,6 +375,24 @@ impl Leases {
         };
         let outcome = self.restamp_if_late(&mut next, outcome, sent).await;
         Ok(self.update(leased, next, outcome, sent))
+    }
+
+    /// After a state write answered with a conflict: whether it was applied after all. A
+    /// retry of a write whose first attempt was applied unanswered conflicts with it, and so
+    /// does a request an Elasticsearch coordinator retried after its primary had applied it
+    /// (elastic/elasticsearch#9967). If the transfer now holds exactly `sent` (our stamp, our
+    /// lease token, the state we wrote), no one else wrote it: it is our write, at the version
+    /// read (vouched for, as a re-read is). Otherwise, or if the read fails, a conflict: the
+    /// caller reads the transfer again and decides again, as before.
+    async fn written_after_all(&self, sent: &TransferDoc) -> WriteOutcome {
+        match self
+            .docs
+            .get_vouched::<TransferDoc>(&sent.transaction_id)
+            .await
+        {
+            Ok(Some(found)) if found.doc == *sent => WriteOutcome::Written(found.version),
+            _ => WriteOutcome::Conflict,
+        }
     }
 
     /// Renews the lease without changing anything else. Conditional like every write, so it

@@ -109,6 +109,36 @@ async fn state_writes_applied_but_unacknowledged_are_recovered() {
     }
 }
 
+/// A state write applied but answered with a conflict (a retry of a write whose first
+/// attempt was applied unanswered, or Elasticsearch's own retry, elastic/elasticsearch#9967)
+/// is the worker's own write: read back, it is taken as written and counted as the
+/// transition it is, and the transfer goes on.
+#[tokio::test(start_paused = true)]
+async fn a_state_write_applied_but_answered_as_a_conflict_is_taken_as_written() {
+    let w = world(10, Duration::ZERO);
+    let e = two_phase_instance(&w, w.faulty.clone(), Duration::from_secs(5));
+    open_a_and_b(&e).await;
+    let pending_write = Matcher::writes(Index::Transactions).moving_to("pending");
+    w.faulty.inject(pending_write, Fault::ConflictAfter, 1);
+    start_transfer(&e, "t1", "a", "b", 30).await;
+    assert_ends_by_itself(&e, "t1", TransferState::Finished).await;
+    assert_eq!(w.faulty.fired.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let counted = |from, to| {
+        e.metrics
+            .transfer_state_transitions_total
+            .with_label_values(&[from, to])
+            .get()
+    };
+    assert_eq!(
+        counted("created", "pending"),
+        1,
+        "the pending write counted"
+    );
+    assert_eq!(counted("pending", "committed"), 1);
+    assert_eq!(balances_of_a_and_b(&e).await, (70, 30));
+    assert_invariants(&w.base).await;
+}
+
 /// Two instances debit one hot account concurrently. Within an instance the steps for the
 /// account are merged into fewer writes; between instances the merged writes conflict and
 /// are read, decided and written again. The result is exact.
