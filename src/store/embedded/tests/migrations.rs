@@ -138,24 +138,15 @@ async fn a_store_holding_the_tuple_keyed_statement_index_is_opened_and_its_index
     let dir = tempfile::tempdir().expect("temp dir");
     {
         let store = EmbeddedStore::open(dir.path()).unwrap();
-        store
-            .create(
-                Index::Transactions,
-                "t1",
-                filing("t1", json!([seq("a", 1)])).into(),
-            )
-            .await
-            .unwrap();
+        for (id, n) in [("t1", 1), ("t2", 2)] {
+            let doc = filing(id, json!([seq("a", n)]));
+            store
+                .create(Index::Transactions, id, doc.into())
+                .await
+                .unwrap();
+        }
         // As a version up to 6df5583 left it after this one had built the index: it filed
         // t2's entries only in its own table, keyed by the tuple, under its own marker.
-        store
-            .create(
-                Index::Transactions,
-                "t2",
-                filing("t2", json!([seq("a", 2)])).into(),
-            )
-            .await
-            .unwrap();
         settle(&store);
         let txn = store.db.begin_write().unwrap();
         let number = number_of(&txn, "t2");
