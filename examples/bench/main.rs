@@ -102,6 +102,14 @@ struct Args {
     /// (a flood from misbehaving clients rather than a crowd of well-behaved ones).
     #[arg(long)]
     ignore_retry_after: bool,
+    /// Post at this many requests a second in all, the clients taking turns on a fixed
+    /// schedule (an open load), instead of each posting its next request as soon as the last
+    /// is answered. Two builds compared at one rate do the same work a second and group their
+    /// writes alike, so their CPU a transfer compares; at full speed the faster one also
+    /// batches more. A client behind its schedule posts at once; the report's rate shows
+    /// whether the service kept up.
+    #[arg(long, conflicts_with = "connections", value_parser = clap::value_parser!(u32).range(1..))]
+    rate: Option<u32>,
     /// How long the clients post.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     duration: Duration,
@@ -571,10 +579,14 @@ async fn run_load(args: &Args, base: &str, run: &str) -> Tally {
             };
             let (ready, duration) = (ready.clone(), args.duration);
             let honour = !args.ignore_retry_after;
+            let (rate, clients) = (args.rate, args.clients());
             tokio::spawn(async move {
                 let _ = poster.connection.get("/healthz").await;
                 ready.wait().await;
-                poster.post_until(Instant::now() + duration, honour).await
+                let pace = rate.map(|rate| Pace::of_client(c, clients, rate));
+                poster
+                    .post_until(Instant::now() + duration, honour, pace)
+                    .await
             })
         })
         .collect();
@@ -596,13 +608,25 @@ struct Poster {
 }
 
 impl Poster {
-    /// Posts until `until`, one request at a time. A client that honours `Retry-After`
-    /// waits as long as a 503 asks (cut at `until`) before its next request; one that does
-    /// not posts again at once.
-    async fn post_until(mut self, until: Instant, honour_retry_after: bool) -> Tally {
+    /// Posts until `until`, one request at a time, each as soon as the last is answered or,
+    /// with a `pace`, at its time on the schedule (at once when behind it). A client that
+    /// honours `Retry-After` waits as long as a 503 asks (cut at `until`) before its next
+    /// request; one that does not posts again at once.
+    async fn post_until(
+        mut self,
+        until: Instant,
+        honour_retry_after: bool,
+        mut pace: Option<Pace>,
+    ) -> Tally {
         let mut tally = Tally::new();
         let mut n = 0u64;
         while Instant::now() < until {
+            if let Some(pace) = pace.as_mut() {
+                tokio::time::sleep_until(pace.next().min(until).into()).await;
+                if Instant::now() >= until {
+                    break;
+                }
+            }
             let sent = Instant::now();
             let outcome = match self.batch {
                 None => self.post_single(&mut n).await,
@@ -692,6 +716,30 @@ fn outcome_of_items(items: &[BatchItem]) -> Outcome {
         accepted,
         shed,
         refused: items.len() as u64 - accepted - shed,
+    }
+}
+
+/// One client's turns on the schedule of `--rate`: every `clients / rate` seconds from when
+/// the clients start together, the clients' turns spread evenly over that interval.
+struct Pace {
+    next: Instant,
+    every: Duration,
+}
+
+impl Pace {
+    fn of_client(client: usize, clients: usize, rate: u32) -> Self {
+        let every = Duration::from_secs_f64(clients as f64 / f64::from(rate));
+        Pace {
+            next: Instant::now() + every.mul_f64(client as f64 / clients as f64),
+            every,
+        }
+    }
+
+    /// The time of the next turn; the one after is a turn later.
+    fn next(&mut self) -> Instant {
+        let turn = self.next;
+        self.next += self.every;
+        turn
     }
 }
 

@@ -10,6 +10,8 @@ pub struct Report {
     clients: usize,
     /// Whether `clients` are `--connections` (the overload scenario).
     overload: bool,
+    /// The requests a second the clients were paced at (`--rate`); `None`: as fast as answered.
+    paced_rate: Option<u32>,
     batch: Option<u32>,
     posting_s: f64,
     /// `ELASTICSEARCH_SHARDS` given to the service (`--shards`).
@@ -190,6 +192,11 @@ impl Report {
                 ),
             ),
             (self.clients_label(), shape),
+            (
+                "requests paced at (/s)",
+                self.paced_rate
+                    .map_or("- (as answered)".into(), |r| r.to_string()),
+            ),
             ("transfers per POST", batch),
             ("posting (s)", format!("{:.1}", self.posting_s)),
         ]
@@ -443,6 +450,7 @@ impl Report {
             accounts: args.accounts,
             clients: args.clients(),
             overload: args.connections.is_some(),
+            paced_rate: args.rate,
             batch: args.batch,
             posting_s,
             transfers_per_s,
