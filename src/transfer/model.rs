@@ -699,3 +699,84 @@ impl AccountDoc {
 
 /// Metadata: string labels by key, in key order (so equal maps encode to equal bytes).
 pub use super::validated::Metadata;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leg(from: &str, to: &str, amount: i64) -> Leg {
+        Leg {
+            from: from.into(),
+            to: to.into(),
+            amount,
+        }
+    }
+
+    fn one_leg() -> TransferDoc {
+        TransferDoc {
+            transaction_state: TransferState::Finished,
+            history: "p1764220800124 c1764220800124 m1764220800124 f1764220800125".into(),
+            created_by: Some("d7ae77b61df64efa83dc5a89758fe561".into()),
+            settled_by: Some("7744929b3213/178830".into()),
+            modification_time: "2026-11-27T05:20:00.125Z".into(),
+            ..TransferDoc::created("t1", "acct-17", "acct-842", 250, "2026-11-27T05:20:00.123Z")
+        }
+    }
+
+    fn multi_leg() -> TransferDoc {
+        TransferDoc {
+            legs: vec![leg("a", "b", 10), leg("a", "c", 5), leg("b", "c", 3)],
+            accounts: vec!["a".into(), "b".into(), "c".into()],
+            transaction_state: TransferState::Pending,
+            lease_owner: Some("i1/w7".into()),
+            lease_expires_at: Some("2026-01-01T00:00:30.000Z".into()),
+            ..TransferDoc::created("t2", "", "", 18, "2026-01-01T00:00:00.000Z")
+        }
+    }
+
+    /// A hold with every optional field set.
+    fn full_hold() -> TransferDoc {
+        TransferDoc {
+            transaction_state: TransferState::RolledBack,
+            reason: Some(RollbackReason::Expired),
+            modification_time: "2026-01-02T00:00:00.001Z".into(),
+            lease_owner: Some(PARKED_OWNER.into()),
+            lease_expires_at: Some("2026-01-02T00:00:00.000Z".into()),
+            attention: Some("look".into()),
+            failed_account: Some("a".into()),
+            hold_expires_at: Some("2026-01-02T00:00:00.000Z".into()),
+            captured_amount: Some(7),
+            currency: Some("EUR".into()),
+            metadata: Metadata::parse(vec![("order".into(), "42".into())]).unwrap(),
+            history: "p1767225600001 r1767312000001".into(),
+            created_by: Some("token".into()),
+            settled_by: Some("i1/3".into()),
+            applied_marks: vec!["m1".into(), "m2".into()],
+            traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
+            entries: vec!["a/5/x".into()],
+            ..TransferDoc::created("t3", "a", "b", 9, "2026-01-01T00:00:00.000Z")
+        }
+    }
+
+    /// The stored JSON, byte for byte: older versions and Elasticsearch's mappings read it.
+    #[test]
+    fn the_stored_form_is_pinned() {
+        for (doc, json) in [
+            (
+                one_leg(),
+                r#"{"transaction_id":"t1","src_acct":"acct-17","dest_acct":"acct-842","amount":250,"transaction_state":"finished","creation_time":"2026-11-27T05:20:00.123Z","modification_time":"2026-11-27T05:20:00.125Z","history":"p1764220800124 c1764220800124 m1764220800124 f1764220800125","created_by":"d7ae77b61df64efa83dc5a89758fe561","settled_by":"7744929b3213/178830"}"#,
+            ),
+            (
+                multi_leg(),
+                r#"{"transaction_id":"t2","amount":18,"legs":[{"from":"a","to":"b","amount":10},{"from":"a","to":"c","amount":5},{"from":"b","to":"c","amount":3}],"accounts":["a","b","c"],"transaction_state":"pending","creation_time":"2026-01-01T00:00:00.000Z","modification_time":"2026-01-01T00:00:00.000Z","lease_owner":"i1/w7","lease_expires_at":"2026-01-01T00:00:30.000Z"}"#,
+            ),
+            (
+                full_hold(),
+                r#"{"transaction_id":"t3","src_acct":"a","dest_acct":"b","amount":9,"transaction_state":"rolled-back","reason":"expired","creation_time":"2026-01-01T00:00:00.000Z","modification_time":"2026-01-02T00:00:00.001Z","lease_owner":"hold","lease_expires_at":"2026-01-02T00:00:00.000Z","attention":"look","failed_account":"a","hold_expires_at":"2026-01-02T00:00:00.000Z","captured_amount":7,"currency":"EUR","metadata":{"order":"42"},"history":"p1767225600001 r1767312000001","created_by":"token","settled_by":"i1/3","applied_marks":["m1","m2"],"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01","entries":["a/5/x"]}"#,
+            ),
+        ] {
+            assert_eq!(serde_json::to_string(&doc).unwrap(), json);
+            assert_eq!(serde_json::from_str::<TransferDoc>(json).unwrap(), doc);
+        }
+    }
+}
