@@ -6,6 +6,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use super::entries::{Entry, EntryKind};
+use crate::time::Timestamp;
 
 pub use super::tombstones::Tombstones;
 
@@ -171,18 +172,22 @@ pub struct TransferDoc {
     pub transaction_state: TransferState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<RollbackReason>,
-    /// RFC 3339, millisecond precision, UTC.
-    pub creation_time: String,
-    /// RFC 3339; recovery treats a transfer untouched for `RECOVERY_STALE_AFTER` as stale.
-    pub modification_time: String,
+    /// When it was accepted (stored as RFC 3339 UTC text, millisecond precision, like every
+    /// [`Timestamp`]).
+    pub creation_time: Timestamp,
+    /// When it was last written; recovery treats a transfer untouched for
+    /// `RECOVERY_STALE_AFTER` as stale.
+    pub modification_time: Timestamp,
     /// The worker that may act on this transfer until `lease_expires_at` (the lock owner of
     /// the Kestra lock post; see `docs/design.md §9`). Written only by
     /// [`crate::transfer::lease`]. `None` once the transfer is terminal or its owner released
     /// it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_owner: Option<String>,
+    /// Until when `lease_owner` may act on it (on the writers' wall clocks, give or take the
+    /// skew margin).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lease_expires_at: Option<String>,
+    pub lease_expires_at: Option<Timestamp>,
     /// Why a person must look at this transfer: its documents contradict each other (for
     /// example `pending` while an account already holds its settled tombstone, which only a
     /// lost acknowledged write can cause). Such a transfer is left exactly as it is: no
@@ -196,12 +201,12 @@ pub struct TransferDoc {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed_account: Option<String>,
     /// Present on a hold only (`"hold": true` at creation): when it rolls back with
-    /// `expired` unless captured or cancelled first (RFC 3339). A hold is driven to
+    /// `expired` unless captured or cancelled first. A hold is driven to
     /// `pending` (both accounts applied, the credit not spendable) and waits there, parked
     /// ([`crate::transfer::lease`]), instead of committing; `TRANSFER_TIMEOUT` does not apply
     /// to it (`docs/design.md §3`, "Holds").
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hold_expires_at: Option<String>,
+    pub hold_expires_at: Option<Timestamp>,
     /// A hold's capture: the units that move (0 < n ≤ `amount`); the rest goes back to the
     /// source when the accounts settle (core 5/6). Written once, before `committed`, and
     /// never changed after: every settle step reads the same value.
@@ -300,10 +305,10 @@ pub struct Posting<'a> {
 }
 
 impl TransferDoc {
-    /// A new one-leg transfer of `amount` from `from` to `to`, `created` at `time` (RFC 3339),
+    /// A new one-leg transfer of `amount` from `from` to `to`, `created` at `time`,
     /// nothing else set: the one place its fields are listed. Give the rest with struct
     /// update syntax (`TransferDoc { legs, ..TransferDoc::created(..) }`).
-    pub fn created(id: &str, from: &str, to: &str, amount: i64, time: &str) -> Self {
+    pub fn created(id: &str, from: &str, to: &str, amount: i64, time: Timestamp) -> Self {
         Self {
             transaction_id: id.to_owned(),
             src_acct: from.to_owned(),
@@ -313,8 +318,8 @@ impl TransferDoc {
             accounts: Vec::new(),
             transaction_state: TransferState::Created,
             reason: None,
-            creation_time: time.to_owned(),
-            modification_time: time.to_owned(),
+            creation_time: time,
+            modification_time: time,
             lease_owner: None,
             lease_expires_at: None,
             attention: None,
@@ -437,14 +442,6 @@ impl TransferDoc {
     /// The units that move when it commits: the captured amount of a hold, else `amount`.
     pub fn settle_amount(&self) -> i64 {
         self.captured_amount.unwrap_or(self.amount)
-    }
-
-    /// A hold's expiry in epoch milliseconds; a stored value that does not parse reads as
-    /// already expired (the hold is released rather than kept for ever).
-    pub fn hold_expires_millis(&self) -> Option<i64> {
-        self.hold_expires_at
-            .as_deref()
-            .map(|text| crate::time::parse_millis(text).unwrap_or(i64::MIN))
     }
 }
 
@@ -704,6 +701,10 @@ pub use super::validated::Metadata;
 mod tests {
     use super::*;
 
+    fn at(text: &str) -> Timestamp {
+        Timestamp::parse(text).expect("a time")
+    }
+
     fn leg(from: &str, to: &str, amount: i64) -> Leg {
         Leg {
             from: from.into(),
@@ -718,8 +719,14 @@ mod tests {
             history: "p1764220800124 c1764220800124 m1764220800124 f1764220800125".into(),
             created_by: Some("d7ae77b61df64efa83dc5a89758fe561".into()),
             settled_by: Some("7744929b3213/178830".into()),
-            modification_time: "2026-11-27T05:20:00.125Z".into(),
-            ..TransferDoc::created("t1", "acct-17", "acct-842", 250, "2026-11-27T05:20:00.123Z")
+            modification_time: at("2026-11-27T05:20:00.125Z"),
+            ..TransferDoc::created(
+                "t1",
+                "acct-17",
+                "acct-842",
+                250,
+                at("2026-11-27T05:20:00.123Z"),
+            )
         }
     }
 
@@ -729,8 +736,8 @@ mod tests {
             accounts: vec!["a".into(), "b".into(), "c".into()],
             transaction_state: TransferState::Pending,
             lease_owner: Some("i1/w7".into()),
-            lease_expires_at: Some("2026-01-01T00:00:30.000Z".into()),
-            ..TransferDoc::created("t2", "", "", 18, "2026-01-01T00:00:00.000Z")
+            lease_expires_at: Some(at("2026-01-01T00:00:30.000Z")),
+            ..TransferDoc::created("t2", "", "", 18, at("2026-01-01T00:00:00.000Z"))
         }
     }
 
@@ -739,12 +746,12 @@ mod tests {
         TransferDoc {
             transaction_state: TransferState::RolledBack,
             reason: Some(RollbackReason::Expired),
-            modification_time: "2026-01-02T00:00:00.001Z".into(),
+            modification_time: at("2026-01-02T00:00:00.001Z"),
             lease_owner: Some(PARKED_OWNER.into()),
-            lease_expires_at: Some("2026-01-02T00:00:00.000Z".into()),
+            lease_expires_at: Some(at("2026-01-02T00:00:00.000Z")),
             attention: Some("look".into()),
             failed_account: Some("a".into()),
-            hold_expires_at: Some("2026-01-02T00:00:00.000Z".into()),
+            hold_expires_at: Some(at("2026-01-02T00:00:00.000Z")),
             captured_amount: Some(7),
             currency: Some("EUR".into()),
             metadata: Metadata::parse(vec![("order".into(), "42".into())]).unwrap(),
@@ -754,7 +761,7 @@ mod tests {
             applied_marks: vec!["m1".into(), "m2".into()],
             traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
             entries: vec!["a/5/x".into()],
-            ..TransferDoc::created("t3", "a", "b", 9, "2026-01-01T00:00:00.000Z")
+            ..TransferDoc::created("t3", "a", "b", 9, at("2026-01-01T00:00:00.000Z"))
         }
     }
 
@@ -777,6 +784,27 @@ mod tests {
         ] {
             assert_eq!(serde_json::to_string(&doc).unwrap(), json);
             assert_eq!(serde_json::from_str::<TransferDoc>(json).unwrap(), doc);
+        }
+    }
+
+    /// A time that does not parse makes the document unreadable (it is not taken as some
+    /// other time).
+    #[test]
+    fn a_document_with_an_unparsable_time_is_refused() {
+        let stored = serde_json::to_value(full_hold()).unwrap();
+        for field in [
+            "creation_time",
+            "modification_time",
+            "lease_expires_at",
+            "hold_expires_at",
+        ] {
+            let mut broken = stored.clone();
+            broken[field] = "last tuesday".into();
+            let refused = serde_json::from_value::<TransferDoc>(broken).unwrap_err();
+            assert!(
+                refused.to_string().contains("last tuesday"),
+                "{field}: {refused}"
+            );
         }
     }
 }

@@ -15,6 +15,7 @@ use super::retry::retry;
 use super::settlement::Creation;
 use super::Engine;
 use crate::store::{SortKey, StoreError, TransferFilter, WriteOutcome};
+use crate::time::Timestamp;
 
 /// Failures the API maps to answers.
 #[derive(Debug, thiserror::Error)]
@@ -348,14 +349,15 @@ impl Engine {
                 CapturePlan::Record => {
                     let mut next = current.doc.clone();
                     next.captured_amount = Some(n);
-                    next.modification_time = self.clock.now().text;
+                    next.modification_time = self.clock.timestamp();
                     match self.write_for_client(current, next, None).await? {
                         Ok(_) => break,
                         Err(now) => now,
                     }
                 }
                 CapturePlan::Expire(to) => {
-                    let expires = current.doc.hold_expires_at.clone().unwrap_or_default();
+                    let expires = current.doc.hold_expires_at.map(|at| at.to_string());
+                    let expires = expires.unwrap_or_default();
                     match self
                         .rollback_for_client(current, to, RollbackReason::Expired)
                         .await?
@@ -443,7 +445,7 @@ fn capture_plan(doc: &TransferDoc, n: i64, now_millis: i64) -> Result<CapturePla
             "transfer {id} needs attention ({why}); it is left as it is for a person"
         )));
     }
-    let Some(expires) = doc.hold_expires_millis() else {
+    let Some(expires) = doc.hold_expires_at.map(Timestamp::millis) else {
         return Err(ServiceError::Conflict(format!(
             "transfer {id} is not a hold; only a hold can be captured"
         )));

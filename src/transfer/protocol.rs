@@ -32,6 +32,7 @@
 pub use super::clock::Now;
 use super::entries::{Entry, EntryKind};
 use super::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
+use crate::time::Timestamp;
 
 /// Which account of the transfer a step touches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,7 +185,7 @@ pub fn deadline_transition(
     now_millis: i64,
     timeout_millis: i64,
 ) -> Option<(TransferState, RollbackReason)> {
-    let Some(expires) = transfer.hold_expires_millis() else {
+    let Some(expires) = transfer.hold_expires_at.map(Timestamp::millis) else {
         return timeout_transition(transfer, created_millis, now_millis, timeout_millis)
             .map(|to| (to, RollbackReason::TimedOut));
     };
@@ -852,7 +853,7 @@ fn move_along(
     if reason.is_some() {
         transfer.reason = reason;
     }
-    transfer.modification_time.clone_from(&now.text);
+    transfer.modification_time = now.timestamp();
 }
 
 #[cfg(test)]

@@ -8,7 +8,6 @@ use std::time::Duration;
 use super::clock::Now;
 use super::model::{AccountDoc, Leg, Metadata, Tombstones, TransferDoc};
 use super::validated::{AccountId, Currency, PositiveAmount, TransferId};
-use crate::time::{format_millis, parse_millis};
 use crate::trace_context;
 
 /// `with_currency` and `with_metadata` of a request (`$kind`) that states a currency and
@@ -336,12 +335,12 @@ impl NewTransfer {
             legs: legs.to_vec(),
             hold_expires_at: self
                 .hold_millis(hold_timeout)
-                .map(|millis| format_millis(now.millis + millis)),
+                .map(|millis| now.timestamp().plus_millis(millis)),
             currency: self.currency.clone().map(String::from),
             metadata: self.metadata.clone(),
             // The creating request's span: the transfer's later spans join its trace.
             traceparent: trace_context::traceparent_of(&tracing::Span::current()),
-            ..TransferDoc::created(&self.id, from, to, amount, &now.text)
+            ..TransferDoc::created(&self.id, from, to, amount, now.timestamp())
         };
         if doc.is_multi_leg() {
             doc.accounts = doc
@@ -360,9 +359,9 @@ impl NewTransfer {
         let (from, to, amount, legs) = self.movement.stored();
         let same_hold = match (&existing.hold_expires_at, self.hold_millis(hold_timeout)) {
             (None, None) => true,
-            (Some(expires), Some(millis)) => parse_millis(&existing.creation_time)
-                .zip(parse_millis(expires))
-                .is_some_and(|(created, expires)| expires - created == millis),
+            (Some(expires), Some(millis)) => {
+                expires.millis() - existing.creation_time.millis() == millis
+            }
             _ => false,
         };
         existing.src_acct == from

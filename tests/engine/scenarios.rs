@@ -1078,7 +1078,7 @@ async fn settle_to_waiting_holds(
                     && t.transaction_state == TransferState::Pending
                     && t.captured_amount.is_none()
                     && t.lease_owner.as_deref() == Some(transfer_service::transfer::lease::PARKED)
-                    && t.hold_expires_millis().unwrap() > w.now_millis();
+                    && t.hold_expires_at.unwrap().millis() > w.now_millis();
                 if legitimately_waiting {
                     waiting.push(t.transaction_id);
                 } else {
