@@ -5,8 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::reader::Loaded;
 use super::{AuditReport, ViolationKind};
-use crate::transfer::model::{AccountDoc, TransferDoc, TransferState};
+use crate::transfer::model::{AccountDoc, Legs, TransferDoc, TransferState};
 use crate::transfer::protocol::Side;
+use crate::transfer::requests::Movement;
 
 /// The balance changes a transfer makes once settled, one per account (a multi-leg
 /// transaction's net change on each): (side, account, delta). A hold settles its captured
@@ -47,35 +48,33 @@ pub(super) fn check_transfer(
             format!("transfer {id} says its id is {}", t.transaction_id),
         );
     }
-    if t.is_multi_leg() {
-        let total = crate::transfer::requests::Movement::legs(t.legs.clone()).map(|m| m.amount());
-        let listed: Vec<&str> = t.postings().iter().map(|p| p.account).collect();
-        if total != Ok(t.amount)
-            || t.legs.len() < 2
-            || !t.src_acct.is_empty()
-            || !t.dest_acct.is_empty()
-            || t.accounts != listed
-        {
-            report.violation(
-                MalformedTransfer,
-                format!(
-                    "transfer {id} has {} legs that no request can create \
-                     (legs {:?}, amount {}, accounts {:?})",
-                    t.legs.len(),
-                    total,
-                    t.amount,
-                    t.accounts
-                ),
-            );
+    match &t.legs {
+        Legs::MultiLeg {
+            legs,
+            accounts,
+            amount,
+        } => {
+            let total = Movement::legs(legs.clone()).map(|m| m.amount());
+            let listed: Vec<&str> = t.postings().iter().map(|p| p.account).collect();
+            if total != Ok(*amount) || legs.len() < 2 || *accounts != listed {
+                report.violation(
+                    MalformedTransfer,
+                    format!(
+                        "transfer {id} has {} legs that no request can create \
+                         (legs {total:?}, amount {amount}, accounts {accounts:?})",
+                        legs.len(),
+                    ),
+                );
+            }
         }
-    } else if t.amount <= 0 || t.src_acct == t.dest_acct {
-        report.violation(
+        Legs::OneLeg(leg) if leg.amount <= 0 || leg.from == leg.to => report.violation(
             MalformedTransfer,
             format!(
                 "transfer {id} moves {} from {} to {}: no request can create it",
-                t.amount, t.src_acct, t.dest_acct
+                leg.amount, leg.from, leg.to
             ),
-        );
+        ),
+        Legs::OneLeg(_) => {}
     }
     if let Some(why) = &t.attention {
         report.violation(
@@ -319,7 +318,7 @@ fn pending_transfer<'t>(
             format!(
                 "account {id} has {tid} pending, but the transfer moves {} between {} \
                  (its balance, pending sums and conservation are not checked)",
-                t.amount,
+                t.amount(),
                 t.postings()
                     .iter()
                     .map(|p| p.account)

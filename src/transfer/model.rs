@@ -10,6 +10,8 @@ use crate::time::Timestamp;
 
 pub use super::tombstones::Tombstones;
 
+mod stored_transfer;
+
 /// The state of a transfer. A background worker moves it along
 /// `created → pending → committed → finished`, or rolls it back along
 /// `created → rolled-back` or `pending → terminating → rolled-back`.
@@ -146,31 +148,20 @@ impl RollbackReason {
 
 /// `transactions/{id}`. The id itself is the document id; `transaction_id` repeats it for
 /// sorting (Elasticsearch 8 cannot sort on `_id`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Typed: a one-leg transfer and a multi-leg transaction are told apart by [`Legs`], times are
+/// [`Timestamp`]s. The stored JSON is a private wire form (`stored_transfer`) with the fields
+/// every version reads, byte for byte as before the types: `src_acct`, `dest_acct`, `amount`,
+/// `legs` and `accounts` for the legs, RFC 3339 text for the times; an optional field is
+/// written only when set (or non-empty). A document whose fields contradict the shape (legs
+/// beside `src_acct`) or whose time does not parse is refused as it is read.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "stored_transfer::StoredTransfer")]
 pub struct TransferDoc {
     pub transaction_id: String,
-    /// The source of a one-leg transfer; empty (and not written) on a multi-leg one, which
-    /// names its accounts in `legs`.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub src_acct: String,
-    /// The destination of a one-leg transfer; empty (and not written) on a multi-leg one.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub dest_acct: String,
-    /// The units a one-leg transfer moves; on a multi-leg one, the sum of its legs' amounts
-    /// (at most 2^63−1, so every account's net change fits too).
-    pub amount: i64,
-    /// The legs of a multi-leg transaction (2 to [`MAX_LEGS`]), all applied or none; empty
-    /// (and not written) for a one-leg transfer, which keeps `src_acct`/`dest_acct`/`amount`
-    /// (`docs/design.md §3`, "Multi-leg transactions").
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub legs: Vec<Leg>,
-    /// Every account a multi-leg transaction touches, once each, in the order of
-    /// [`TransferDoc::postings`]: what the listing by account finds it by. Empty (and not
-    /// written) for a one-leg transfer.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub accounts: Vec<String>,
+    /// What it moves, between which accounts: one leg, or several applied together.
+    pub legs: Legs,
     pub transaction_state: TransferState,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<RollbackReason>,
     /// When it was accepted (stored as RFC 3339 UTC text, millisecond precision, like every
     /// [`Timestamp`]).
@@ -182,55 +173,45 @@ pub struct TransferDoc {
     /// the Kestra lock post; see `docs/design.md §9`). Written only by
     /// [`crate::transfer::lease`]. `None` once the transfer is terminal or its owner released
     /// it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_owner: Option<String>,
     /// Until when `lease_owner` may act on it (on the writers' wall clocks, give or take the
     /// skew margin).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_expires_at: Option<Timestamp>,
     /// Why a person must look at this transfer: its documents contradict each other (for
     /// example `pending` while an account already holds its settled tombstone, which only a
     /// lost acknowledged write can cause). Such a transfer is left exactly as it is: no
     /// worker, recovery, timeout or cancel acts on it (`docs/design.md §9` gives the manual
     /// procedure).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention: Option<String>,
     /// The account whose apply was refused, with `reason` (`insufficient_funds`,
     /// `account_not_found`, `balance_overflow`, `account_busy`, `currency_mismatch`): which
     /// account, and so which legs, caused the rollback. Absent otherwise.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed_account: Option<String>,
     /// Present on a hold only (`"hold": true` at creation): when it rolls back with
     /// `expired` unless captured or cancelled first. A hold is driven to
     /// `pending` (both accounts applied, the credit not spendable) and waits there, parked
     /// ([`crate::transfer::lease`]), instead of committing; `TRANSFER_TIMEOUT` does not apply
     /// to it (`docs/design.md §3`, "Holds").
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold_expires_at: Option<Timestamp>,
-    /// A hold's capture: the units that move (0 < n ≤ `amount`); the rest goes back to the
+    /// A hold's capture: the units that move (0 < n ≤ [`TransferDoc::amount`]); the rest goes back to the
     /// source when the accounts settle (core 5/6). Written once, before `committed`, and
     /// never changed after: every settle step reads the same value.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub captured_amount: Option<i64>,
     /// The currency the client stated ([`valid_currency`]); every account must have it.
     /// Absent: the accounts must merely share one (or all have none).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub currency: Option<String>,
     /// The client's labels ([`valid_metadata`]); empty (and not written) for most transfers.
-    #[serde(default, skip_serializing_if = "Metadata::is_empty")]
     pub metadata: Metadata,
     /// The outbox of the change feed: every transition after `created`, written in the same
     /// conditional write as the transition itself (`docs/design.md §11`). A compact string,
     /// `<code><epoch ms>` per transition, space-separated ([`history`] has the codes);
     /// appended only by [`TransferDoc::note_transitions`], which `src/transfer/lease.rs`
     /// calls before every transfer write. Empty (and not written) while `created`.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub history: String,
     /// A token unique to the request that created the transfer in one store transaction
     /// (`docs/design.md §3`, "In one transaction"): a create whose answer was lost finds its
     /// own token on the retry and answers `201`, not a replay's `200`. Absent on transfers
     /// created otherwise (the lease owner's token serves them).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_by: Option<String>,
     /// Which terminal write of which instance this is, `<instance>/<n>` (numbered by
     /// [`crate::transfer::lease`], 1, 2, ... in each process): the webhooks' fast path of
@@ -238,14 +219,12 @@ pub struct TransferDoc {
     /// instance reading the feed for a receiver does not deliver them again (`docs/design.md
     /// §11`). Absent before the transfer is terminal, and when it was settled in one store
     /// transaction.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settled_by: Option<String>,
     /// The marks of the pending entries the commit was decided on, one per account in the
     /// order of [`TransferDoc::postings`] (`AccountDoc::pending_marks`): written with
     /// `committed`, read by each settle to tell that entry from a late apply. Empty (and not
     /// written) before the commit, and on a transfer committed before marks, whose settles
     /// take whatever entry they find.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub applied_marks: Vec<String>,
     /// The W3C `traceparent` of the request that created the transfer, when traces are
     /// exported (`crate::trace_context`): the spans of its worker, of recovery and of its
@@ -253,15 +232,51 @@ pub struct TransferDoc {
     /// by the create and kept by every later write; not compared by a replay. Absent (and not
     /// written) when tracing is off; an older version that rewrites the document drops it,
     /// which costs the trace its later spans, nothing else.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
     /// Account entries filed here (`<account>/<seq>/...`, [`super::entries`]): this
     /// transfer's, and others' it carried from its accounts' `unfiled`; indexed by their
     /// `<account>/<seq>` start, which is what a statement finds them by. Added by the writes
     /// after the applies (commit, park, `terminating`), or all at once by a transfer settled
     /// in one transaction; never removed. Empty (and not written) before then.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub entries: Vec<String>,
+}
+
+/// What a transfer moves: one leg, or several applied together (`docs/design.md §3`,
+/// "Multi-leg transactions"). Stored as `src_acct`, `dest_acct` and `amount` for one leg,
+/// exactly as before legs existed, and as `amount`, `legs` and `accounts` for several: never
+/// both.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Legs {
+    /// A one-leg transfer: `amount` units from `from` to `to`.
+    OneLeg(Leg),
+    /// A multi-leg transaction: 2 to [`MAX_LEGS`] legs, all applied or none.
+    MultiLeg {
+        legs: Vec<Leg>,
+        /// Every account the legs touch, once each, in the order of [`TransferDoc::postings`]:
+        /// what the listing by account finds it by.
+        accounts: Vec<String>,
+        /// The sum of the legs' amounts (at most 2^63−1, so every account's net change fits
+        /// too).
+        amount: i64,
+    },
+}
+
+impl Legs {
+    /// A multi-leg transaction of `legs`, `amount` in all (their sum), listing the accounts
+    /// they touch in the order they first appear (`from` before `to`): the postings' order.
+    pub fn multi_leg(legs: Vec<Leg>, amount: i64) -> Self {
+        let mut accounts: Vec<String> = Vec::with_capacity(legs.len() + 1);
+        for account in legs.iter().flat_map(|leg| [&leg.from, &leg.to]) {
+            if !accounts.contains(account) {
+                accounts.push(account.clone());
+            }
+        }
+        Legs::MultiLeg {
+            legs,
+            accounts,
+            amount,
+        }
+    }
 }
 
 /// For `skip_serializing_if` on counters that start at zero.
@@ -305,17 +320,24 @@ pub struct Posting<'a> {
 }
 
 impl TransferDoc {
-    /// A new one-leg transfer of `amount` from `from` to `to`, `created` at `time`,
-    /// nothing else set: the one place its fields are listed. Give the rest with struct
-    /// update syntax (`TransferDoc { legs, ..TransferDoc::created(..) }`).
+    /// A new one-leg transfer of `amount` from `from` to `to`, `created` at `time`, nothing
+    /// else set. Give the rest with struct update syntax
+    /// (`TransferDoc { currency, ..TransferDoc::created(..) }`).
     pub fn created(id: &str, from: &str, to: &str, amount: i64, time: Timestamp) -> Self {
+        let leg = Leg {
+            from: from.to_owned(),
+            to: to.to_owned(),
+            amount,
+        };
+        Self::created_moving(id, Legs::OneLeg(leg), time)
+    }
+
+    /// A new transfer of `legs`, `created` at `time`, nothing else set: the one place its
+    /// fields are listed.
+    pub fn created_moving(id: &str, legs: Legs, time: Timestamp) -> Self {
         Self {
             transaction_id: id.to_owned(),
-            src_acct: from.to_owned(),
-            dest_acct: to.to_owned(),
-            amount,
-            legs: Vec::new(),
-            accounts: Vec::new(),
+            legs,
             transaction_state: TransferState::Created,
             reason: None,
             creation_time: time,
@@ -339,19 +361,22 @@ impl TransferDoc {
 
     /// Whether this is a multi-leg transaction (else a one-leg transfer).
     pub fn is_multi_leg(&self) -> bool {
-        !self.legs.is_empty()
+        matches!(self.legs, Legs::MultiLeg { .. })
+    }
+
+    /// The units it moves: a one-leg transfer's amount, the sum of a multi-leg one's legs.
+    pub fn amount(&self) -> i64 {
+        match &self.legs {
+            Legs::OneLeg(leg) => leg.amount,
+            Legs::MultiLeg { amount, .. } => *amount,
+        }
     }
 
     /// The legs as the API shows them: the stored ones, or the one leg of a plain transfer.
     pub fn leg_list(&self) -> Vec<Leg> {
-        if self.is_multi_leg() {
-            self.legs.clone()
-        } else {
-            vec![Leg {
-                from: self.src_acct.clone(),
-                to: self.dest_acct.clone(),
-                amount: self.amount,
-            }]
+        match &self.legs {
+            Legs::OneLeg(leg) => vec![leg.clone()],
+            Legs::MultiLeg { legs, .. } => legs.clone(),
         }
     }
 
@@ -359,74 +384,31 @@ impl TransferDoc {
     /// first appear in its legs (`from` before `to`): for a one-leg transfer, the source then
     /// the destination. The first account's apply fixes the currency the others must have.
     pub fn postings(&self) -> Vec<Posting<'_>> {
-        use super::protocol::Side;
-        if !self.is_multi_leg() {
-            let settle = self.settle_amount();
-            return vec![
-                Posting {
-                    account: &self.src_acct,
-                    side: Side::Source,
-                    amount: self.amount,
-                    settle_amount: settle,
-                },
-                Posting {
-                    account: &self.dest_acct,
-                    side: Side::Destination,
-                    amount: self.amount,
-                    settle_amount: settle,
-                },
-            ];
-        }
-        let mut nets: Vec<(&str, i128)> = Vec::with_capacity(self.legs.len() * 2);
-        for leg in &self.legs {
-            for (account, delta) in [
-                (leg.from.as_str(), -(leg.amount as i128)),
-                (leg.to.as_str(), leg.amount as i128),
-            ] {
-                match nets.iter_mut().find(|(a, _)| *a == account) {
-                    Some((_, net)) => *net += delta,
-                    None => nets.push((account, delta)),
-                }
+        match &self.legs {
+            Legs::OneLeg(leg) => {
+                let settle = self.settle_amount();
+                vec![
+                    one_leg_posting(leg, super::protocol::Side::Source, settle),
+                    one_leg_posting(leg, super::protocol::Side::Destination, settle),
+                ]
             }
+            Legs::MultiLeg { legs, .. } => net_postings(legs),
         }
-        nets.into_iter()
-            .map(|(account, net)| {
-                // Within i64 for every transfer `check_legs` accepted; a document that breaks
-                // it saturates (and the audit reports it).
-                let amount = i64::try_from(net.unsigned_abs()).unwrap_or(i64::MAX);
-                let side = if net < 0 {
-                    Side::Source
-                } else {
-                    Side::Destination
-                };
-                Posting {
-                    account,
-                    side,
-                    amount,
-                    settle_amount: amount,
-                }
-            })
-            .collect()
     }
 
     /// The `index`-th of [`TransferDoc::postings`]; for a one-leg transfer without building
     /// the list (the hot path).
     pub fn posting(&self, index: usize) -> Option<Posting<'_>> {
         use super::protocol::Side;
-        if self.is_multi_leg() {
+        let Legs::OneLeg(leg) = &self.legs else {
             return self.postings().get(index).copied();
-        }
-        let (account, side) = match index {
-            0 => (&self.src_acct, Side::Source),
-            1 => (&self.dest_acct, Side::Destination),
+        };
+        let side = match index {
+            0 => Side::Source,
+            1 => Side::Destination,
             _ => return None,
         };
-        Some(Posting {
-            account,
-            side,
-            amount: self.amount,
-            settle_amount: self.settle_amount(),
-        })
+        Some(one_leg_posting(leg, side, self.settle_amount()))
     }
 
     /// The posting of `account`, if the transfer touches it.
@@ -441,8 +423,61 @@ impl TransferDoc {
 
     /// The units that move when it commits: the captured amount of a hold, else `amount`.
     pub fn settle_amount(&self) -> i64 {
-        self.captured_amount.unwrap_or(self.amount)
+        self.captured_amount.unwrap_or(self.amount())
     }
+}
+
+/// The posting of a one-leg transfer's `side`: its account, the leg's amount, and `settle`
+/// staying when it settles.
+fn one_leg_posting(leg: &Leg, side: super::protocol::Side, settle: i64) -> Posting<'_> {
+    use super::protocol::Side;
+    let account = match side {
+        Side::Source => &leg.from,
+        Side::Destination => &leg.to,
+    };
+    Posting {
+        account,
+        side,
+        amount: leg.amount,
+        settle_amount: settle,
+    }
+}
+
+/// The postings of a multi-leg transaction: each account's net change over all `legs`, in
+/// the order accounts first appear. A multi-leg transaction is captured whole, so each
+/// settles its whole amount.
+fn net_postings(legs: &[Leg]) -> Vec<Posting<'_>> {
+    use super::protocol::Side;
+    let mut nets: Vec<(&str, i128)> = Vec::with_capacity(legs.len() * 2);
+    for leg in legs {
+        for (account, delta) in [
+            (leg.from.as_str(), -(leg.amount as i128)),
+            (leg.to.as_str(), leg.amount as i128),
+        ] {
+            match nets.iter_mut().find(|(a, _)| *a == account) {
+                Some((_, net)) => *net += delta,
+                None => nets.push((account, delta)),
+            }
+        }
+    }
+    nets.into_iter()
+        .map(|(account, net)| {
+            // Within i64 for every transfer `check_legs` accepted; a document that breaks
+            // it saturates (and the audit reports it).
+            let amount = i64::try_from(net.unsigned_abs()).unwrap_or(i64::MAX);
+            let side = if net < 0 {
+                Side::Source
+            } else {
+                Side::Destination
+            };
+            Posting {
+                account,
+                side,
+                amount,
+                settle_amount: amount,
+            }
+        })
+        .collect()
 }
 
 /// One settled transfer id remembered by an account, in the form versions before the compact
@@ -732,8 +767,11 @@ mod tests {
 
     fn multi_leg() -> TransferDoc {
         TransferDoc {
-            legs: vec![leg("a", "b", 10), leg("a", "c", 5), leg("b", "c", 3)],
-            accounts: vec!["a".into(), "b".into(), "c".into()],
+            legs: Legs::MultiLeg {
+                legs: vec![leg("a", "b", 10), leg("a", "c", 5), leg("b", "c", 3)],
+                accounts: vec!["a".into(), "b".into(), "c".into()],
+                amount: 18,
+            },
             transaction_state: TransferState::Pending,
             lease_owner: Some("i1/w7".into()),
             lease_expires_at: Some(at("2026-01-01T00:00:30.000Z")),
@@ -784,6 +822,38 @@ mod tests {
         ] {
             assert_eq!(serde_json::to_string(&doc).unwrap(), json);
             assert_eq!(serde_json::from_str::<TransferDoc>(json).unwrap(), doc);
+        }
+    }
+
+    /// A multi-leg transaction lists its accounts once each, in the order of its postings.
+    #[test]
+    fn a_multi_leg_transaction_lists_its_accounts_as_its_postings() {
+        let legs = vec![leg("c", "a", 1), leg("b", "c", 2), leg("a", "d", 3)];
+        let doc = TransferDoc {
+            legs: Legs::multi_leg(legs, 6),
+            ..multi_leg()
+        };
+        let Legs::MultiLeg { accounts, .. } = &doc.legs else {
+            panic!("multi-leg");
+        };
+        let posted: Vec<&str> = doc.postings().iter().map(|p| p.account).collect();
+        assert_eq!(posted, ["c", "a", "b", "d"]);
+        assert_eq!(*accounts, posted);
+        assert_eq!(
+            multi_leg().legs,
+            Legs::multi_leg(multi_leg().leg_list(), 18)
+        );
+    }
+
+    /// No version writes a document that is both one-leg and multi-leg: one is refused.
+    #[test]
+    fn a_document_both_one_leg_and_multi_leg_is_refused() {
+        let mut with_source = serde_json::to_value(multi_leg()).unwrap();
+        with_source["src_acct"] = "a".into();
+        let mut with_accounts = serde_json::to_value(one_leg()).unwrap();
+        with_accounts["accounts"] = serde_json::json!(["acct-17", "acct-842"]);
+        for mixed in [with_source, with_accounts] {
+            assert!(serde_json::from_value::<TransferDoc>(mixed).is_err());
         }
     }
 

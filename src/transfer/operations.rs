@@ -343,7 +343,7 @@ impl Engine {
             let Some(current) = read else {
                 return Err(ServiceError::NotFound);
             };
-            let n = amount.unwrap_or(current.doc.amount);
+            let n = amount.unwrap_or(current.doc.amount());
             let lost = match capture_plan(&current.doc, n, self.clock.wall_millis())? {
                 CapturePlan::Answer => break,
                 CapturePlan::Record => {
@@ -450,17 +450,17 @@ fn capture_plan(doc: &TransferDoc, n: i64, now_millis: i64) -> Result<CapturePla
             "transfer {id} is not a hold; only a hold can be captured"
         )));
     };
-    if doc.is_multi_leg() && n != doc.amount {
+    if doc.is_multi_leg() && n != doc.amount() {
         return Err(ServiceError::Invalid(format!(
             "transfer {id} is a multi-leg hold: it is captured whole (send no `amount`, or \
              the sum of its legs, {})",
-            doc.amount
+            doc.amount()
         )));
     }
-    if n <= 0 || n > doc.amount {
+    if n <= 0 || n > doc.amount() {
         return Err(ServiceError::Invalid(format!(
             "`amount` must be from 1 to the held amount {}",
-            doc.amount
+            doc.amount()
         )));
     }
     match doc.captured_amount {

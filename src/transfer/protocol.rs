@@ -31,7 +31,7 @@
 
 pub use super::clock::Now;
 use super::entries::{Entry, EntryKind};
-use super::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
+use super::model::{AccountDoc, Legs, RollbackReason, TransferDoc, TransferState};
 use crate::time::Timestamp;
 
 /// Which account of the transfer a step touches.
@@ -42,10 +42,15 @@ pub enum Side {
 }
 
 impl Side {
+    /// This side's account of a one-leg transfer (`""` for a multi-leg one, whose accounts
+    /// are its postings').
     pub fn account(self, transfer: &TransferDoc) -> &str {
+        let Legs::OneLeg(leg) = &transfer.legs else {
+            return "";
+        };
         match self {
-            Side::Source => &transfer.src_acct,
-            Side::Destination => &transfer.dest_acct,
+            Side::Source => &leg.from,
+            Side::Destination => &leg.to,
         }
     }
 

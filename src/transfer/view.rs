@@ -8,7 +8,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::feed::FeedEvent;
-use super::model::{Leg, Metadata, RollbackReason, TransferDoc, TransferState};
+use super::model::{Leg, Legs, Metadata, RollbackReason, TransferDoc, TransferState};
 use crate::time::{format_millis, Timestamp};
 
 /// A transfer as the API shows it.
@@ -77,13 +77,21 @@ pub struct Transfer {
 
 impl From<TransferDoc> for Transfer {
     fn from(doc: TransferDoc) -> Self {
-        let legs = doc.leg_list();
-        let one_leg = !doc.is_multi_leg();
+        let (from, to, amount, legs) = match doc.legs {
+            // A one-leg transfer shows its leg twice: as from/to/amount and as `legs`.
+            Legs::OneLeg(leg) => (
+                Some(leg.from.clone()),
+                Some(leg.to.clone()),
+                Some(leg.amount),
+                vec![leg],
+            ),
+            Legs::MultiLeg { legs, .. } => (None, None, None, legs),
+        };
         Self {
             id: doc.transaction_id,
-            from: one_leg.then_some(doc.src_acct),
-            to: one_leg.then_some(doc.dest_acct),
-            amount: one_leg.then_some(doc.amount),
+            from,
+            to,
+            amount,
             legs,
             state: doc.transaction_state,
             reason: doc.reason,

@@ -11,7 +11,9 @@ use transfer_service::audit::{audit, AuditReport, ViolationKind};
 use transfer_service::store::embedded::EmbeddedStore;
 use transfer_service::store::{Index, Store, WriteOutcome};
 use transfer_service::transfer::clock::{Clock, SystemClock};
-use transfer_service::transfer::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
+use transfer_service::transfer::model::{
+    AccountDoc, Legs, RollbackReason, TransferDoc, TransferState,
+};
 use transfer_service::transfer::protocol::{
     decide_account, plan, transition, AccountDecision, AccountOp, AccountStep, Now, Retention,
     Side, Step,
@@ -233,7 +235,7 @@ async fn walk(accounts: &[(&str, i64)], transfers: &[TransferDoc], script: &[(us
                 let posting = (
                     side.account(t).to_owned(),
                     side,
-                    t.amount,
+                    t.amount(),
                     t.settle_amount(),
                 );
                 write_account_step(&w, &mut docs, (i, t, op), posting, &now).await;
@@ -680,15 +682,11 @@ fn leg_steps(states: &[TransferState]) -> Vec<(usize, Step)> {
 /// A multi-leg transaction of `legs` in `state`, as the service stores it.
 fn multi_leg(id: &str, legs: &[(&str, &str, i64)], state: TransferState) -> TransferDoc {
     let legs = crate::support::engine::leg_list(legs);
-    let mut t = TransferDoc {
-        src_acct: String::new(),
-        dest_acct: String::new(),
-        amount: legs.iter().map(|leg| leg.amount).sum(),
-        legs,
+    let amount = legs.iter().map(|leg| leg.amount).sum();
+    TransferDoc {
+        legs: Legs::multi_leg(legs, amount),
         ..transfer(id, "", "", 0, state)
-    };
-    t.accounts = t.postings().iter().map(|p| p.account.to_owned()).collect();
-    t
+    }
 }
 
 #[tokio::test]
@@ -758,10 +756,14 @@ async fn malformed_or_mixed_currency_multi_leg_transactions_are_reported() {
     }
     // Legs whose sum is not the amount, and one whose accounts list is wrong.
     let mut wrong_sum = multi_leg("sum", &[("a", "b", 1), ("b", "c", 1)], RolledBack);
-    wrong_sum.amount = 3;
+    if let Legs::MultiLeg { amount, .. } = &mut wrong_sum.legs {
+        *amount = 3;
+    }
     w.transfer(&wrong_sum).await;
     let mut wrong_accounts = multi_leg("acc", &[("a", "b", 1), ("b", "c", 1)], RolledBack);
-    wrong_accounts.accounts.pop();
+    if let Legs::MultiLeg { accounts, .. } = &mut wrong_accounts.legs {
+        accounts.pop();
+    }
     w.transfer(&wrong_accounts).await;
     assert_kinds(&w.audit().await, &[MalformedTransfer, MalformedTransfer]);
     let w = World::new();

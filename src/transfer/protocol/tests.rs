@@ -145,11 +145,9 @@ fn multi(legs: &[(&str, &str, i64)]) -> TransferDoc {
             amount: *a,
         })
         .collect();
+    let amount = legs.iter().map(|leg| leg.amount).sum();
     TransferDoc {
-        src_acct: String::new(),
-        dest_acct: String::new(),
-        amount: legs.iter().map(|leg| leg.amount).sum(),
-        legs,
+        legs: crate::transfer::model::Legs::multi_leg(legs, amount),
         ..transfer(Pending)
     }
 }
