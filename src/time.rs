@@ -63,7 +63,7 @@ impl Timestamp {
 impl std::fmt::Display for Timestamp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(self.0.max(0) as u64);
-        humantime::format_rfc3339_millis(t).fmt(f)
+        std::fmt::Display::fmt(&humantime::format_rfc3339_millis(t), f)
     }
 }
 

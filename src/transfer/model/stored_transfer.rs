@@ -110,7 +110,7 @@ struct StoredTransferRef<'a> {
 /// Why a stored transfer does not make a [`TransferDoc`]: its fields mix a one-leg transfer
 /// with a multi-leg one, which no version writes.
 #[derive(Debug, thiserror::Error)]
-#[error("a transfer document with `legs` names no `src_acct`/`dest_acct`, and one without lists no `accounts`")]
+#[error("the document mixes one leg (`src_acct`, `dest_acct`) and several (`legs`, `accounts`)")]
 pub(super) struct MixedLegs;
 
 impl TryFrom<StoredTransfer> for TransferDoc {
@@ -171,15 +171,7 @@ impl StoredTransfer {
 
 impl Serialize for TransferDoc {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let (src_acct, dest_acct, amount, legs, accounts): (&str, &str, i64, &[Leg], &[String]) =
-            match &self.legs {
-                Legs::OneLeg(leg) => (&leg.from, &leg.to, leg.amount, &[], &[]),
-                Legs::MultiLeg {
-                    legs,
-                    accounts,
-                    amount,
-                } => ("", "", *amount, legs, accounts),
-            };
+        let (src_acct, dest_acct, amount, legs, accounts) = stored_legs(&self.legs);
         StoredTransferRef {
             transaction_id: &self.transaction_id,
             src_acct,
@@ -207,5 +199,18 @@ impl Serialize for TransferDoc {
             entries: &self.entries,
         }
         .serialize(serializer)
+    }
+}
+
+/// The stored fields of `legs`: `src_acct`, `dest_acct`, `amount`, `legs` and `accounts`, the
+/// ones a one-leg transfer or a multi-leg one does not have empty (so not written).
+fn stored_legs(legs: &Legs) -> (&str, &str, i64, &[Leg], &[String]) {
+    match legs {
+        Legs::OneLeg(leg) => (&leg.from, &leg.to, leg.amount, &[], &[]),
+        Legs::MultiLeg {
+            legs,
+            accounts,
+            amount,
+        } => ("", "", *amount, legs, accounts),
     }
 }
