@@ -20,8 +20,74 @@ pub fn parse_millis(text: &str) -> Option<i64> {
 /// assert_eq!(parse_millis("yesterday"), None);
 /// ```
 pub fn format_millis(millis: i64) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(millis.max(0) as u64);
-    humantime::format_rfc3339_millis(t).to_string()
+    Timestamp(millis).to_string()
+}
+
+/// An instant as the transfer documents store it: epoch milliseconds, written as the text
+/// [`format_millis`] gives (RFC 3339 UTC, millisecond precision: sortable as text, a `date`
+/// for Elasticsearch) and read with [`parse_millis`]. Text that does not parse is refused
+/// with a serde error, so a document holding one does not decode. Ordered as instants.
+///
+/// ```
+/// use transfer_service::time::Timestamp;
+/// let at = Timestamp::from_millis(1_795_314_861_601);
+/// assert_eq!(serde_json::to_string(&at).unwrap(), r#""2026-11-22T02:34:21.601Z""#);
+/// assert_eq!(serde_json::from_str::<Timestamp>(r#""2026-11-22T02:34:21.601Z""#).unwrap(), at);
+/// assert!(serde_json::from_str::<Timestamp>(r#""yesterday""#).is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp(i64);
+
+impl Timestamp {
+    pub const fn from_millis(millis: i64) -> Self {
+        Timestamp(millis)
+    }
+
+    /// Epoch milliseconds.
+    pub const fn millis(self) -> i64 {
+        self.0
+    }
+
+    /// `millis` later (earlier when negative), saturating.
+    pub const fn plus_millis(self, millis: i64) -> Self {
+        Timestamp(self.0.saturating_add(millis))
+    }
+
+    /// The text [`format_millis`] writes, read back; `None` for anything else.
+    pub fn parse(text: &str) -> Option<Self> {
+        parse_millis(text).map(Timestamp)
+    }
+}
+
+/// The stored text: exactly [`format_millis`]'s, written without an intermediate `String`.
+impl std::fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(self.0.max(0) as u64);
+        std::fmt::Display::fmt(&humantime::format_rfc3339_millis(t), f)
+    }
+}
+
+impl serde::Serialize for Timestamp {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Timestamp {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Rfc3339;
+        impl serde::de::Visitor<'_> for Rfc3339 {
+            type Value = Timestamp;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an RFC 3339 time such as \"2026-01-01T00:00:00.000Z\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Timestamp, E> {
+                Timestamp::parse(text)
+                    .ok_or_else(|| E::invalid_value(serde::de::Unexpected::Str(text), &self))
+            }
+        }
+        deserializer.deserialize_str(Rfc3339)
+    }
 }
 
 /// A duration setting (`LEASE_DURATION=30s`): its name, the range it takes and an example.

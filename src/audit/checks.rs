@@ -5,9 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::reader::Loaded;
 use super::{AuditReport, ViolationKind};
-use crate::time::parse_millis;
-use crate::transfer::model::{AccountDoc, TransferDoc, TransferState};
+use crate::transfer::model::{AccountDoc, Legs, TransferDoc, TransferState};
 use crate::transfer::protocol::Side;
+use crate::transfer::requests::Movement;
 
 /// The balance changes a transfer makes once settled, one per account (a multi-leg
 /// transaction's net change on each): (side, account, delta). A hold settles its captured
@@ -48,35 +48,33 @@ pub(super) fn check_transfer(
             format!("transfer {id} says its id is {}", t.transaction_id),
         );
     }
-    if t.is_multi_leg() {
-        let total = crate::transfer::requests::Movement::legs(t.legs.clone()).map(|m| m.amount());
-        let listed: Vec<&str> = t.postings().iter().map(|p| p.account).collect();
-        if total != Ok(t.amount)
-            || t.legs.len() < 2
-            || !t.src_acct.is_empty()
-            || !t.dest_acct.is_empty()
-            || t.accounts != listed
-        {
-            report.violation(
-                MalformedTransfer,
-                format!(
-                    "transfer {id} has {} legs that no request can create \
-                     (legs {:?}, amount {}, accounts {:?})",
-                    t.legs.len(),
-                    total,
-                    t.amount,
-                    t.accounts
-                ),
-            );
+    match &t.legs {
+        Legs::MultiLeg {
+            legs,
+            accounts,
+            amount,
+        } => {
+            let total = Movement::legs(legs.clone()).map(|m| m.amount());
+            let listed: Vec<&str> = t.postings().iter().map(|p| p.account).collect();
+            if total != Ok(*amount) || legs.len() < 2 || *accounts != listed {
+                report.violation(
+                    MalformedTransfer,
+                    format!(
+                        "transfer {id} has {} legs that no request can create \
+                         (legs {total:?}, amount {amount}, accounts {accounts:?})",
+                        legs.len(),
+                    ),
+                );
+            }
         }
-    } else if t.amount <= 0 || t.src_acct == t.dest_acct {
-        report.violation(
+        Legs::OneLeg(leg) if leg.amount <= 0 || leg.from == leg.to => report.violation(
             MalformedTransfer,
             format!(
                 "transfer {id} moves {} from {} to {}: no request can create it",
-                t.amount, t.src_acct, t.dest_acct
+                leg.amount, leg.from, leg.to
             ),
-        );
+        ),
+        Legs::OneLeg(_) => {}
     }
     if let Some(why) = &t.attention {
         report.violation(
@@ -89,8 +87,7 @@ pub(super) fn check_transfer(
     }
 }
 
-/// An in-flight transfer must not be older than `stuck_after_millis`, and its age must be
-/// readable.
+/// An in-flight transfer must not be older than `stuck_after_millis`.
 fn check_not_stuck(
     report: &mut AuditReport,
     id: &str,
@@ -100,27 +97,17 @@ fn check_not_stuck(
 ) {
     let state = t.transaction_state;
     // A hold waits by design until it expires: its age counts from then.
-    let since = match (parse_millis(&t.creation_time), t.hold_expires_millis()) {
-        (Some(created), Some(expires)) => Some(created.max(expires)),
-        (created, _) => created,
-    };
-    match since {
-        Some(since) if now.saturating_sub(since) > stuck_after_millis => report.violation(
+    let since = t
+        .hold_expires_at
+        .map_or(t.creation_time, |expires| expires.max(t.creation_time));
+    if now.saturating_sub(since.millis()) > stuck_after_millis {
+        report.violation(
             ViolationKind::Stuck,
             format!(
                 "transfer {id} is stuck in {state} since {}",
                 t.creation_time
             ),
-        ),
-        Some(_) => {}
-        None => report.violation(
-            ViolationKind::UnreadableTime,
-            format!(
-                "transfer {id} is {state} and its creation_time {:?} does not parse: \
-                 cannot tell whether it is stuck",
-                t.creation_time
-            ),
-        ),
+        );
     }
 }
 
@@ -331,7 +318,7 @@ fn pending_transfer<'t>(
             format!(
                 "account {id} has {tid} pending, but the transfer moves {} between {} \
                  (its balance, pending sums and conservation are not checked)",
-                t.amount,
+                t.amount(),
                 t.postings()
                     .iter()
                     .map(|p| p.account)

@@ -35,10 +35,10 @@
 //! `rolled-back` one may name a missing account: `account_not_found`; an in-flight one may
 //! too, until it rolls back); when in flight (`created`, `pending`, `committed`,
 //! `terminating`), it is not stuck (in flight longer than `stuck_after`: `TRANSFER_TIMEOUT`
-//! plus two stale periods for the command; a hold counts from its expiry), and a `creation_time` that does not parse is
-//! itself a violation. Every document must decode (an unreadable one is reported once, not
-//! again by the checks that would need it; a committed or finished transfer that does not
-//! decode can still surface as a balance mismatch of its accounts).
+//! plus two stale periods for the command; a hold counts from its expiry). Every document must
+//! decode, a transfer's times included (an unreadable one is reported once, not again by the
+//! checks that would need it; a committed or finished transfer that does not decode can still
+//! surface as a balance mismatch of its accounts).
 //!
 //! **Reading a large store.** Documents are read a page at a time (at most [`PAGE`]), each
 //! page with its own time limit (`AUDIT_PAGE_TIMEOUT` on Elasticsearch). A page that fails
@@ -106,9 +106,6 @@ pub enum ViolationKind {
     MissingAccount,
     /// A transfer in flight for longer than `stuck_after`.
     Stuck,
-    /// An in-flight transfer whose `creation_time` does not parse (so it cannot be told
-    /// whether it is stuck).
-    UnreadableTime,
     /// A transfer the service flagged because its documents contradict each other
     /// (`attention`): left alone for a person (`docs/design.md §9`).
     NeedsAttention,

@@ -24,6 +24,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::time::Timestamp;
+
 /// Time since an arbitrary origin that counts suspension: what lease deadlines are kept on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct BootTime(Duration);
@@ -67,6 +69,10 @@ pub trait Clock: Send + Sync + fmt::Debug {
     /// The current time in both forms documents use.
     fn now(&self) -> Now {
         Now::at(self.wall_millis())
+    }
+    /// Wall-clock time as a transfer document stores it.
+    fn timestamp(&self) -> Timestamp {
+        Timestamp::from_millis(self.wall_millis())
     }
 }
 
@@ -213,6 +219,11 @@ impl Now {
             millis,
             text: crate::time::format_millis(millis),
         }
+    }
+
+    /// The moment as a transfer document stores it.
+    pub fn timestamp(&self) -> Timestamp {
+        Timestamp::from_millis(self.millis)
     }
 }
 

@@ -22,7 +22,6 @@ use super::retry::backoff;
 use super::settlement::{Resumed, Settlement};
 use super::{step_span, transfer_span, Shared};
 use crate::store::StoreError;
-use crate::time::parse_millis;
 
 /// Back-offs of an apply refused because its account is full of young tombstones, before it
 /// gives up (about 4 s in all).
@@ -224,7 +223,7 @@ impl Worker {
     /// Runs the remaining steps of the current state, ending with its state write.
     async fn run_state(&self, leased: &mut Leased) -> Result<(), Interrupt> {
         let now = self.shared.clock.wall_millis();
-        let created = parse_millis(&leased.doc.creation_time).unwrap_or(now);
+        let created = leased.doc.creation_time.millis();
         let timeout = self.shared.config.transfer_timeout.as_millis() as i64;
         if let Some((to, reason)) = deadline_transition(&leased.doc, created, now, timeout) {
             info!(to = %to, reason = reason.as_str(), "transfer ran out of time before committing; rolling back");
@@ -527,8 +526,10 @@ impl Worker {
                 .inc();
             let secs = match took {
                 Some(took) => Some(took.as_secs_f64()),
-                None => parse_millis(&doc.creation_time)
-                    .map(|created| (now_millis - created).max(0) as f64 / 1000.0),
+                None => {
+                    let created = doc.creation_time.millis();
+                    Some((now_millis - created).max(0) as f64 / 1000.0)
+                }
             };
             if let Some(secs) = secs {
                 self.shared.metrics.transfer_duration_seconds.observe(secs);

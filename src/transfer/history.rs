@@ -7,7 +7,6 @@
 //! `t` terminating, `r` rolled-back, `c` captured (a hold's capture was recorded).
 
 use super::model::{TransferDoc, TransferState};
-use crate::time::parse_millis;
 
 /// What an event says happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,7 +90,7 @@ impl TransferDoc {
     /// Every event this document records, oldest first: `created` (at `creation_time`),
     /// then its history. An entry that does not parse is skipped.
     pub fn events(&self) -> Vec<HistoryEntry> {
-        let created = parse_millis(&self.creation_time).unwrap_or(0);
+        let created = self.creation_time.millis();
         let mut events = vec![HistoryEntry {
             kind: EventKind::State(TransferState::Created),
             at: created,

@@ -48,13 +48,13 @@ use std::time::Duration;
 
 use tracing::warn;
 
-use super::clock::{BootTime, DynClock, JumpDetector, Now};
+use super::clock::{BootTime, DynClock, JumpDetector};
 use super::documents::{Documents, Versioned};
 use super::model::{TransferDoc, TransferState};
 use super::retry::retry;
 use crate::metrics::Metrics;
 use crate::store::{StoreResult, Version, WriteOutcome};
-use crate::time::{format_millis, parse_millis};
+use crate::time::Timestamp;
 
 /// The owner of a parked hold's lease: the hold itself, not a worker (no worker token lacks
 /// the `/`). The stored token is [`PARKED_OWNER`](super::model::PARKED_OWNER).
@@ -227,9 +227,7 @@ impl Leases {
         doc.lease_owner.is_some()
             && doc
                 .lease_expires_at
-                .as_deref()
-                .and_then(parse_millis)
-                .is_some_and(|expires| expires + margin > now)
+                .is_some_and(|expires| expires.millis() + margin > now)
     }
 
     /// Whether `doc` is a parked hold: its lease belongs to no worker, so a capture or a
@@ -246,10 +244,10 @@ impl Leases {
         let mut next = leased.doc.clone();
         debug_assert!(next.is_hold() && next.captured_amount.is_none());
         next.lease_owner = Some(PARKED.to_owned());
-        next.lease_expires_at = next.hold_expires_at.clone();
+        next.lease_expires_at = next.hold_expires_at;
         let sent = self.sent();
-        let now = self.clock.now();
-        stamp(&mut next, &now);
+        let now = self.clock.timestamp();
+        stamp(&mut next, now);
         let outcome = self.docs.replace_if(&next, leased.version).await?;
         match self.restamp_if_late(&mut next, outcome, sent).await {
             WriteOutcome::Written(version) => {
@@ -283,9 +281,9 @@ impl Leases {
         // The deadline is timed from before the expiry is stamped, so a pause between the two
         // can only shorten the lease we believe we hold, never stretch it.
         let sent = self.sent();
-        let now = self.clock.now();
-        self.grant(&mut doc, &owner, &now);
-        stamp(&mut doc, &now);
+        let now = self.clock.timestamp();
+        self.grant(&mut doc, &owner, now);
+        stamp(&mut doc, now);
         let written = retry(
             CLAIM_ATTEMPTS,
             || true,
@@ -351,14 +349,14 @@ impl Leases {
             next.transaction_state
         );
         let sent = self.sent();
-        let now = self.clock.now();
+        let now = self.clock.timestamp();
         if next.transaction_state.is_terminal() {
             self.seal(&mut next);
         } else {
             let owner = leased.owner.clone();
-            self.grant(&mut next, &owner, &now);
+            self.grant(&mut next, &owner, now);
         }
-        stamp(&mut next, &now);
+        stamp(&mut next, now);
         let version = leased.version;
         let room = || go_on() && self.has_left(leased, self.times.request_timeout);
         let outcome = retry(self.times.attempts, room, || {
@@ -400,11 +398,11 @@ impl Leases {
     /// safe even when our lease already ran out.
     pub async fn renew(&self, leased: &mut Leased) -> StoreResult<bool> {
         let sent = self.sent();
-        let now = self.clock.now();
+        let now = self.clock.timestamp();
         let mut next = leased.doc.clone();
         let owner = leased.owner.clone();
-        self.grant(&mut next, &owner, &now);
-        stamp(&mut next, &now);
+        self.grant(&mut next, &owner, now);
+        stamp(&mut next, now);
         let outcome = self.docs.replace_if(&next, leased.version).await?;
         let outcome = self.restamp_if_late(&mut next, outcome, sent).await;
         Ok(self.update(leased, next, outcome, sent))
@@ -448,7 +446,7 @@ impl Leases {
             }
             let mut next = current.doc.clone();
             release(&mut next);
-            stamp(&mut next, &self.clock.now());
+            stamp(&mut next, self.clock.timestamp());
             match self.docs.replace_if(&next, current.version).await {
                 Ok(WriteOutcome::Conflict) => match self.docs.get::<TransferDoc>(leased.id()).await
                 {
@@ -471,8 +469,8 @@ impl Leases {
         let sent = self.sent();
         let mut next = leased.doc.clone();
         next.attention = Some(why);
-        let now = self.clock.now();
-        stamp(&mut next, &now);
+        let now = self.clock.timestamp();
+        stamp(&mut next, now);
         release(&mut next);
         let outcome = self.docs.replace_if(&next, leased.version).await?;
         let outcome = self.restamp_if_late(&mut next, outcome, sent).await;
@@ -490,7 +488,7 @@ impl Leases {
             self.seal(&mut next);
         }
         let sent = self.sent();
-        stamp(&mut next, &self.clock.now());
+        stamp(&mut next, self.clock.timestamp());
         let outcome = self.docs.replace_if(&next, version).await?;
         Ok(self.restamp_if_late(&mut next, outcome, sent).await)
     }
@@ -515,7 +513,7 @@ impl Leases {
         if took <= self.times.request_timeout {
             return outcome;
         }
-        let late_stamp = std::mem::replace(&mut next.modification_time, self.clock.now().text);
+        let late_stamp = std::mem::replace(&mut next.modification_time, self.clock.timestamp());
         match self.docs.replace_if(next, version).await {
             Ok(restamped @ WriteOutcome::Written(_)) => {
                 self.metrics.transfers_restamped_total.inc();
@@ -544,7 +542,7 @@ impl Leases {
             return;
         }
         let mut next = found.doc;
-        next.modification_time = self.clock.now().text;
+        next.modification_time = self.clock.timestamp();
         if let Ok(WriteOutcome::Written(_)) = self.docs.replace_if(&next, found.version).await {
             self.metrics.transfers_restamped_total.inc();
         }
@@ -555,13 +553,13 @@ impl Leases {
     /// this host's wall clock it is re-stamped (see [`Leases::restamp_if_late`]); a younger
     /// stamp was applied (it is read) within that bound of its stamp already.
     async fn restamp_if_old(&self, found: Versioned<TransferDoc>) {
-        let stamped = parse_millis(&found.doc.modification_time).unwrap_or(0);
-        let now = self.clock.now();
-        if now.millis - stamped <= self.times.request_timeout.as_millis() as i64 {
+        let stamped = found.doc.modification_time.millis();
+        let now = self.clock.timestamp();
+        if now.millis() - stamped <= self.times.request_timeout.as_millis() as i64 {
             return;
         }
         let mut next = found.doc;
-        next.modification_time = now.text;
+        next.modification_time = now;
         if let Ok(WriteOutcome::Written(_)) = self.docs.replace_if(&next, found.version).await {
             self.metrics.transfers_restamped_total.inc();
         }
@@ -581,11 +579,9 @@ impl Leases {
         sent + self.times.duration.saturating_sub(self.times.skew_margin)
     }
 
-    fn grant(&self, doc: &mut TransferDoc, owner: &Owner, now: &Now) {
+    fn grant(&self, doc: &mut TransferDoc, owner: &Owner, now: Timestamp) {
         doc.lease_owner = Some(owner.0.clone());
-        doc.lease_expires_at = Some(format_millis(
-            now.millis + self.times.duration.as_millis() as i64,
-        ));
+        doc.lease_expires_at = Some(now.plus_millis(self.times.duration.as_millis() as i64));
     }
 
     fn leased(&self, doc: TransferDoc, version: Version, owner: Owner, sent: Sent) -> Leased {
@@ -629,15 +625,15 @@ struct Sent {
 
 /// Stamps a transfer about to be written: `modification_time` now (after the write's send
 /// time was taken, see the module docs) and any transition its history lacks.
-fn stamp(doc: &mut TransferDoc, now: &Now) {
-    doc.modification_time = now.text.clone();
-    doc.note_transitions(now.millis);
+fn stamp(doc: &mut TransferDoc, now: Timestamp) {
+    doc.modification_time = now;
+    doc.note_transitions(now.millis());
 }
 
 /// A terminal transfer about to be written in one store transaction (`super::one_transaction`): its
 /// lease released and its stamp taken. That write needs no lease timing: it is conditional,
 /// in the transaction, on the version the holder last wrote.
-pub(super) fn seal_terminal(doc: &mut TransferDoc, now: &Now) {
+pub(super) fn seal_terminal(doc: &mut TransferDoc, now: Timestamp) {
     debug_assert!(doc.transaction_state.is_terminal());
     release(doc);
     stamp(doc, now);
@@ -726,7 +722,7 @@ mod tests {
     }
 
     fn created(f: &Fixture, id: &str) -> TransferDoc {
-        TransferDoc::created(id, "a", "b", 1, &f.clock.now().text)
+        TransferDoc::created(id, "a", "b", 1, f.clock.timestamp())
     }
 
     async fn claim_new(f: &Fixture, id: &str) -> Leased {
@@ -749,7 +745,7 @@ mod tests {
             leased.doc.lease_owner.as_deref(),
             Some(leased.owner().as_str())
         );
-        let expires = parse_millis(leased.doc.lease_expires_at.as_deref().unwrap()).unwrap();
+        let expires = leased.doc.lease_expires_at.unwrap().millis();
         assert_eq!(expires, f.clock.wall_millis() + LEASE.as_millis() as i64);
         assert_ne!(
             f.leases.new_owner(),
@@ -830,7 +826,7 @@ mod tests {
             f.leases.has_left(&leased, Duration::from_secs(1)),
             "renewed"
         );
-        let expires = parse_millis(leased.doc.lease_expires_at.as_deref().unwrap()).unwrap();
+        let expires = leased.doc.lease_expires_at.unwrap().millis();
         assert_eq!(expires, f.clock.wall_millis() + LEASE.as_millis() as i64);
     }
 
@@ -839,11 +835,11 @@ mod tests {
         let f = fixture();
         let mut doc = created(&f, "t");
         assert!(!f.leases.may_be_live(&doc));
-        doc.lease_expires_at = Some(format_millis(f.clock.wall_millis() + 60_000));
+        doc.lease_expires_at = Some(f.clock.timestamp().plus_millis(60_000));
         assert!(!f.leases.may_be_live(&doc), "an expiry without an owner");
         doc.lease_owner = Some("w".into());
-        doc.lease_expires_at = Some("not a date".into());
-        assert!(!f.leases.may_be_live(&doc), "an unreadable expiry");
+        doc.lease_expires_at = None;
+        assert!(!f.leases.may_be_live(&doc), "an owner without an expiry");
     }
 
     #[tokio::test(start_paused = true)]
@@ -956,10 +952,7 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(
-            (
-                now.doc.lease_owner.clone(),
-                now.doc.lease_expires_at.clone()
-            ),
+            (now.doc.lease_owner.clone(), now.doc.lease_expires_at),
             (None, None)
         );
         assert!(!f.leases.may_be_live(&now.doc));

@@ -6,8 +6,11 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use super::entries::{Entry, EntryKind};
+use crate::time::Timestamp;
 
 pub use super::tombstones::Tombstones;
+
+mod stored_transfer;
 
 /// The state of a transfer. A background worker moves it along
 /// `created → pending → committed → finished`, or rolls it back along
@@ -145,87 +148,70 @@ impl RollbackReason {
 
 /// `transactions/{id}`. The id itself is the document id; `transaction_id` repeats it for
 /// sorting (Elasticsearch 8 cannot sort on `_id`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Typed: a one-leg transfer and a multi-leg transaction are told apart by [`Legs`], times are
+/// [`Timestamp`]s. The stored JSON is a private wire form (`stored_transfer`) with the fields
+/// every version reads, byte for byte as before the types: `src_acct`, `dest_acct`, `amount`,
+/// `legs` and `accounts` for the legs, RFC 3339 text for the times; an optional field is
+/// written only when set (or non-empty). A document whose fields contradict the shape (legs
+/// beside `src_acct`) or whose time does not parse is refused as it is read.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "stored_transfer::StoredTransfer")]
 pub struct TransferDoc {
     pub transaction_id: String,
-    /// The source of a one-leg transfer; empty (and not written) on a multi-leg one, which
-    /// names its accounts in `legs`.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub src_acct: String,
-    /// The destination of a one-leg transfer; empty (and not written) on a multi-leg one.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub dest_acct: String,
-    /// The units a one-leg transfer moves; on a multi-leg one, the sum of its legs' amounts
-    /// (at most 2^63−1, so every account's net change fits too).
-    pub amount: i64,
-    /// The legs of a multi-leg transaction (2 to [`MAX_LEGS`]), all applied or none; empty
-    /// (and not written) for a one-leg transfer, which keeps `src_acct`/`dest_acct`/`amount`
-    /// (`docs/design.md §3`, "Multi-leg transactions").
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub legs: Vec<Leg>,
-    /// Every account a multi-leg transaction touches, once each, in the order of
-    /// [`TransferDoc::postings`]: what the listing by account finds it by. Empty (and not
-    /// written) for a one-leg transfer.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub accounts: Vec<String>,
+    /// What it moves, between which accounts: one leg, or several applied together.
+    pub legs: Legs,
     pub transaction_state: TransferState,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<RollbackReason>,
-    /// RFC 3339, millisecond precision, UTC.
-    pub creation_time: String,
-    /// RFC 3339; recovery treats a transfer untouched for `RECOVERY_STALE_AFTER` as stale.
-    pub modification_time: String,
+    /// When it was accepted (stored as RFC 3339 UTC text, millisecond precision, like every
+    /// [`Timestamp`]).
+    pub creation_time: Timestamp,
+    /// When it was last written; recovery treats a transfer untouched for
+    /// `RECOVERY_STALE_AFTER` as stale.
+    pub modification_time: Timestamp,
     /// The worker that may act on this transfer until `lease_expires_at` (the lock owner of
     /// the Kestra lock post; see `docs/design.md §9`). Written only by
     /// [`crate::transfer::lease`]. `None` once the transfer is terminal or its owner released
     /// it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_owner: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lease_expires_at: Option<String>,
+    /// Until when `lease_owner` may act on it (on the writers' wall clocks, give or take the
+    /// skew margin).
+    pub lease_expires_at: Option<Timestamp>,
     /// Why a person must look at this transfer: its documents contradict each other (for
     /// example `pending` while an account already holds its settled tombstone, which only a
     /// lost acknowledged write can cause). Such a transfer is left exactly as it is: no
     /// worker, recovery, timeout or cancel acts on it (`docs/design.md §9` gives the manual
     /// procedure).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention: Option<String>,
     /// The account whose apply was refused, with `reason` (`insufficient_funds`,
     /// `account_not_found`, `balance_overflow`, `account_busy`, `currency_mismatch`): which
     /// account, and so which legs, caused the rollback. Absent otherwise.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed_account: Option<String>,
     /// Present on a hold only (`"hold": true` at creation): when it rolls back with
-    /// `expired` unless captured or cancelled first (RFC 3339). A hold is driven to
+    /// `expired` unless captured or cancelled first. A hold is driven to
     /// `pending` (both accounts applied, the credit not spendable) and waits there, parked
     /// ([`crate::transfer::lease`]), instead of committing; `TRANSFER_TIMEOUT` does not apply
     /// to it (`docs/design.md §3`, "Holds").
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hold_expires_at: Option<String>,
-    /// A hold's capture: the units that move (0 < n ≤ `amount`); the rest goes back to the
+    pub hold_expires_at: Option<Timestamp>,
+    /// A hold's capture: the units that move (0 < n ≤ [`TransferDoc::amount`]); the rest goes back to the
     /// source when the accounts settle (core 5/6). Written once, before `committed`, and
     /// never changed after: every settle step reads the same value.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub captured_amount: Option<i64>,
     /// The currency the client stated ([`valid_currency`]); every account must have it.
     /// Absent: the accounts must merely share one (or all have none).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub currency: Option<String>,
     /// The client's labels ([`valid_metadata`]); empty (and not written) for most transfers.
-    #[serde(default, skip_serializing_if = "Metadata::is_empty")]
     pub metadata: Metadata,
     /// The outbox of the change feed: every transition after `created`, written in the same
     /// conditional write as the transition itself (`docs/design.md §11`). A compact string,
     /// `<code><epoch ms>` per transition, space-separated ([`history`] has the codes);
     /// appended only by [`TransferDoc::note_transitions`], which `src/transfer/lease.rs`
     /// calls before every transfer write. Empty (and not written) while `created`.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub history: String,
     /// A token unique to the request that created the transfer in one store transaction
     /// (`docs/design.md §3`, "In one transaction"): a create whose answer was lost finds its
     /// own token on the retry and answers `201`, not a replay's `200`. Absent on transfers
     /// created otherwise (the lease owner's token serves them).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_by: Option<String>,
     /// Which terminal write of which instance this is, `<instance>/<n>` (numbered by
     /// [`crate::transfer::lease`], 1, 2, ... in each process): the webhooks' fast path of
@@ -233,14 +219,12 @@ pub struct TransferDoc {
     /// instance reading the feed for a receiver does not deliver them again (`docs/design.md
     /// §11`). Absent before the transfer is terminal, and when it was settled in one store
     /// transaction.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settled_by: Option<String>,
     /// The marks of the pending entries the commit was decided on, one per account in the
     /// order of [`TransferDoc::postings`] (`AccountDoc::pending_marks`): written with
     /// `committed`, read by each settle to tell that entry from a late apply. Empty (and not
     /// written) before the commit, and on a transfer committed before marks, whose settles
     /// take whatever entry they find.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub applied_marks: Vec<String>,
     /// The W3C `traceparent` of the request that created the transfer, when traces are
     /// exported (`crate::trace_context`): the spans of its worker, of recovery and of its
@@ -248,15 +232,51 @@ pub struct TransferDoc {
     /// by the create and kept by every later write; not compared by a replay. Absent (and not
     /// written) when tracing is off; an older version that rewrites the document drops it,
     /// which costs the trace its later spans, nothing else.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
     /// Account entries filed here (`<account>/<seq>/...`, [`super::entries`]): this
     /// transfer's, and others' it carried from its accounts' `unfiled`; indexed by their
     /// `<account>/<seq>` start, which is what a statement finds them by. Added by the writes
     /// after the applies (commit, park, `terminating`), or all at once by a transfer settled
     /// in one transaction; never removed. Empty (and not written) before then.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub entries: Vec<String>,
+}
+
+/// What a transfer moves: one leg, or several applied together (`docs/design.md §3`,
+/// "Multi-leg transactions"). Stored as `src_acct`, `dest_acct` and `amount` for one leg,
+/// exactly as before legs existed, and as `amount`, `legs` and `accounts` for several: never
+/// both.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Legs {
+    /// A one-leg transfer: `amount` units from `from` to `to`.
+    OneLeg(Leg),
+    /// A multi-leg transaction: 2 to [`MAX_LEGS`] legs, all applied or none.
+    MultiLeg {
+        legs: Vec<Leg>,
+        /// Every account the legs touch, once each, in the order of [`TransferDoc::postings`]:
+        /// what the listing by account finds it by.
+        accounts: Vec<String>,
+        /// The sum of the legs' amounts (at most 2^63−1, so every account's net change fits
+        /// too).
+        amount: i64,
+    },
+}
+
+impl Legs {
+    /// A multi-leg transaction of `legs`, `amount` in all (their sum), listing the accounts
+    /// they touch in the order they first appear (`from` before `to`): the postings' order.
+    pub fn multi_leg(legs: Vec<Leg>, amount: i64) -> Self {
+        let mut accounts: Vec<String> = Vec::with_capacity(legs.len() + 1);
+        for account in legs.iter().flat_map(|leg| [&leg.from, &leg.to]) {
+            if !accounts.contains(account) {
+                accounts.push(account.clone());
+            }
+        }
+        Legs::MultiLeg {
+            legs,
+            accounts,
+            amount,
+        }
+    }
 }
 
 /// For `skip_serializing_if` on counters that start at zero.
@@ -300,21 +320,28 @@ pub struct Posting<'a> {
 }
 
 impl TransferDoc {
-    /// A new one-leg transfer of `amount` from `from` to `to`, `created` at `time` (RFC 3339),
-    /// nothing else set: the one place its fields are listed. Give the rest with struct
-    /// update syntax (`TransferDoc { legs, ..TransferDoc::created(..) }`).
-    pub fn created(id: &str, from: &str, to: &str, amount: i64, time: &str) -> Self {
+    /// A new one-leg transfer of `amount` from `from` to `to`, `created` at `time`, nothing
+    /// else set. Give the rest with struct update syntax
+    /// (`TransferDoc { currency, ..TransferDoc::created(..) }`).
+    pub fn created(id: &str, from: &str, to: &str, amount: i64, time: Timestamp) -> Self {
+        let leg = Leg {
+            from: from.to_owned(),
+            to: to.to_owned(),
+            amount,
+        };
+        Self::created_moving(id, Legs::OneLeg(leg), time)
+    }
+
+    /// A new transfer of `legs`, `created` at `time`, nothing else set: the one place its
+    /// fields are listed.
+    pub fn created_moving(id: &str, legs: Legs, time: Timestamp) -> Self {
         Self {
             transaction_id: id.to_owned(),
-            src_acct: from.to_owned(),
-            dest_acct: to.to_owned(),
-            amount,
-            legs: Vec::new(),
-            accounts: Vec::new(),
+            legs,
             transaction_state: TransferState::Created,
             reason: None,
-            creation_time: time.to_owned(),
-            modification_time: time.to_owned(),
+            creation_time: time,
+            modification_time: time,
             lease_owner: None,
             lease_expires_at: None,
             attention: None,
@@ -334,19 +361,22 @@ impl TransferDoc {
 
     /// Whether this is a multi-leg transaction (else a one-leg transfer).
     pub fn is_multi_leg(&self) -> bool {
-        !self.legs.is_empty()
+        matches!(self.legs, Legs::MultiLeg { .. })
+    }
+
+    /// The units it moves: a one-leg transfer's amount, the sum of a multi-leg one's legs.
+    pub fn amount(&self) -> i64 {
+        match &self.legs {
+            Legs::OneLeg(leg) => leg.amount,
+            Legs::MultiLeg { amount, .. } => *amount,
+        }
     }
 
     /// The legs as the API shows them: the stored ones, or the one leg of a plain transfer.
     pub fn leg_list(&self) -> Vec<Leg> {
-        if self.is_multi_leg() {
-            self.legs.clone()
-        } else {
-            vec![Leg {
-                from: self.src_acct.clone(),
-                to: self.dest_acct.clone(),
-                amount: self.amount,
-            }]
+        match &self.legs {
+            Legs::OneLeg(leg) => vec![leg.clone()],
+            Legs::MultiLeg { legs, .. } => legs.clone(),
         }
     }
 
@@ -354,74 +384,31 @@ impl TransferDoc {
     /// first appear in its legs (`from` before `to`): for a one-leg transfer, the source then
     /// the destination. The first account's apply fixes the currency the others must have.
     pub fn postings(&self) -> Vec<Posting<'_>> {
-        use super::protocol::Side;
-        if !self.is_multi_leg() {
-            let settle = self.settle_amount();
-            return vec![
-                Posting {
-                    account: &self.src_acct,
-                    side: Side::Source,
-                    amount: self.amount,
-                    settle_amount: settle,
-                },
-                Posting {
-                    account: &self.dest_acct,
-                    side: Side::Destination,
-                    amount: self.amount,
-                    settle_amount: settle,
-                },
-            ];
-        }
-        let mut nets: Vec<(&str, i128)> = Vec::with_capacity(self.legs.len() * 2);
-        for leg in &self.legs {
-            for (account, delta) in [
-                (leg.from.as_str(), -(leg.amount as i128)),
-                (leg.to.as_str(), leg.amount as i128),
-            ] {
-                match nets.iter_mut().find(|(a, _)| *a == account) {
-                    Some((_, net)) => *net += delta,
-                    None => nets.push((account, delta)),
-                }
+        match &self.legs {
+            Legs::OneLeg(leg) => {
+                let settle = self.settle_amount();
+                vec![
+                    one_leg_posting(leg, super::protocol::Side::Source, settle),
+                    one_leg_posting(leg, super::protocol::Side::Destination, settle),
+                ]
             }
+            Legs::MultiLeg { legs, .. } => net_postings(legs),
         }
-        nets.into_iter()
-            .map(|(account, net)| {
-                // Within i64 for every transfer `check_legs` accepted; a document that breaks
-                // it saturates (and the audit reports it).
-                let amount = i64::try_from(net.unsigned_abs()).unwrap_or(i64::MAX);
-                let side = if net < 0 {
-                    Side::Source
-                } else {
-                    Side::Destination
-                };
-                Posting {
-                    account,
-                    side,
-                    amount,
-                    settle_amount: amount,
-                }
-            })
-            .collect()
     }
 
     /// The `index`-th of [`TransferDoc::postings`]; for a one-leg transfer without building
     /// the list (the hot path).
     pub fn posting(&self, index: usize) -> Option<Posting<'_>> {
         use super::protocol::Side;
-        if self.is_multi_leg() {
+        let Legs::OneLeg(leg) = &self.legs else {
             return self.postings().get(index).copied();
-        }
-        let (account, side) = match index {
-            0 => (&self.src_acct, Side::Source),
-            1 => (&self.dest_acct, Side::Destination),
+        };
+        let side = match index {
+            0 => Side::Source,
+            1 => Side::Destination,
             _ => return None,
         };
-        Some(Posting {
-            account,
-            side,
-            amount: self.amount,
-            settle_amount: self.settle_amount(),
-        })
+        Some(one_leg_posting(leg, side, self.settle_amount()))
     }
 
     /// The posting of `account`, if the transfer touches it.
@@ -436,16 +423,61 @@ impl TransferDoc {
 
     /// The units that move when it commits: the captured amount of a hold, else `amount`.
     pub fn settle_amount(&self) -> i64 {
-        self.captured_amount.unwrap_or(self.amount)
+        self.captured_amount.unwrap_or(self.amount())
     }
+}
 
-    /// A hold's expiry in epoch milliseconds; a stored value that does not parse reads as
-    /// already expired (the hold is released rather than kept for ever).
-    pub fn hold_expires_millis(&self) -> Option<i64> {
-        self.hold_expires_at
-            .as_deref()
-            .map(|text| crate::time::parse_millis(text).unwrap_or(i64::MIN))
+/// The posting of a one-leg transfer's `side`: its account, the leg's amount, and `settle`
+/// staying when it settles.
+fn one_leg_posting(leg: &Leg, side: super::protocol::Side, settle: i64) -> Posting<'_> {
+    use super::protocol::Side;
+    let account = match side {
+        Side::Source => &leg.from,
+        Side::Destination => &leg.to,
+    };
+    Posting {
+        account,
+        side,
+        amount: leg.amount,
+        settle_amount: settle,
     }
+}
+
+/// The postings of a multi-leg transaction: each account's net change over all `legs`, in
+/// the order accounts first appear. A multi-leg transaction is captured whole, so each
+/// settles its whole amount.
+fn net_postings(legs: &[Leg]) -> Vec<Posting<'_>> {
+    use super::protocol::Side;
+    let mut nets: Vec<(&str, i128)> = Vec::with_capacity(legs.len() * 2);
+    for leg in legs {
+        for (account, delta) in [
+            (leg.from.as_str(), -(leg.amount as i128)),
+            (leg.to.as_str(), leg.amount as i128),
+        ] {
+            match nets.iter_mut().find(|(a, _)| *a == account) {
+                Some((_, net)) => *net += delta,
+                None => nets.push((account, delta)),
+            }
+        }
+    }
+    nets.into_iter()
+        .map(|(account, net)| {
+            // Within i64 for every transfer `check_legs` accepted; a document that breaks
+            // it saturates (and the audit reports it).
+            let amount = i64::try_from(net.unsigned_abs()).unwrap_or(i64::MAX);
+            let side = if net < 0 {
+                Side::Source
+            } else {
+                Side::Destination
+            };
+            Posting {
+                account,
+                side,
+                amount,
+                settle_amount: amount,
+            }
+        })
+        .collect()
 }
 
 /// One settled transfer id remembered by an account, in the form versions before the compact
@@ -699,3 +731,150 @@ impl AccountDoc {
 
 /// Metadata: string labels by key, in key order (so equal maps encode to equal bytes).
 pub use super::validated::Metadata;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(text: &str) -> Timestamp {
+        Timestamp::parse(text).expect("a time")
+    }
+
+    fn leg(from: &str, to: &str, amount: i64) -> Leg {
+        Leg {
+            from: from.into(),
+            to: to.into(),
+            amount,
+        }
+    }
+
+    fn one_leg() -> TransferDoc {
+        TransferDoc {
+            transaction_state: TransferState::Finished,
+            history: "p1764220800124 c1764220800124 m1764220800124 f1764220800125".into(),
+            created_by: Some("d7ae77b61df64efa83dc5a89758fe561".into()),
+            settled_by: Some("7744929b3213/178830".into()),
+            modification_time: at("2026-11-27T05:20:00.125Z"),
+            ..TransferDoc::created(
+                "t1",
+                "acct-17",
+                "acct-842",
+                250,
+                at("2026-11-27T05:20:00.123Z"),
+            )
+        }
+    }
+
+    fn multi_leg() -> TransferDoc {
+        TransferDoc {
+            legs: Legs::MultiLeg {
+                legs: vec![leg("a", "b", 10), leg("a", "c", 5), leg("b", "c", 3)],
+                accounts: vec!["a".into(), "b".into(), "c".into()],
+                amount: 18,
+            },
+            transaction_state: TransferState::Pending,
+            lease_owner: Some("i1/w7".into()),
+            lease_expires_at: Some(at("2026-01-01T00:00:30.000Z")),
+            ..TransferDoc::created("t2", "", "", 18, at("2026-01-01T00:00:00.000Z"))
+        }
+    }
+
+    /// A hold with every optional field set.
+    fn full_hold() -> TransferDoc {
+        TransferDoc {
+            transaction_state: TransferState::RolledBack,
+            reason: Some(RollbackReason::Expired),
+            modification_time: at("2026-01-02T00:00:00.001Z"),
+            lease_owner: Some(PARKED_OWNER.into()),
+            lease_expires_at: Some(at("2026-01-02T00:00:00.000Z")),
+            attention: Some("look".into()),
+            failed_account: Some("a".into()),
+            hold_expires_at: Some(at("2026-01-02T00:00:00.000Z")),
+            captured_amount: Some(7),
+            currency: Some("EUR".into()),
+            metadata: Metadata::parse(vec![("order".into(), "42".into())]).unwrap(),
+            history: "p1767225600001 r1767312000001".into(),
+            created_by: Some("token".into()),
+            settled_by: Some("i1/3".into()),
+            applied_marks: vec!["m1".into(), "m2".into()],
+            traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
+            entries: vec!["a/5/x".into()],
+            ..TransferDoc::created("t3", "a", "b", 9, at("2026-01-01T00:00:00.000Z"))
+        }
+    }
+
+    /// The stored JSON, byte for byte: older versions and Elasticsearch's mappings read it.
+    #[test]
+    fn the_stored_form_is_pinned() {
+        for (doc, json) in [
+            (
+                one_leg(),
+                r#"{"transaction_id":"t1","src_acct":"acct-17","dest_acct":"acct-842","amount":250,"transaction_state":"finished","creation_time":"2026-11-27T05:20:00.123Z","modification_time":"2026-11-27T05:20:00.125Z","history":"p1764220800124 c1764220800124 m1764220800124 f1764220800125","created_by":"d7ae77b61df64efa83dc5a89758fe561","settled_by":"7744929b3213/178830"}"#,
+            ),
+            (
+                multi_leg(),
+                r#"{"transaction_id":"t2","amount":18,"legs":[{"from":"a","to":"b","amount":10},{"from":"a","to":"c","amount":5},{"from":"b","to":"c","amount":3}],"accounts":["a","b","c"],"transaction_state":"pending","creation_time":"2026-01-01T00:00:00.000Z","modification_time":"2026-01-01T00:00:00.000Z","lease_owner":"i1/w7","lease_expires_at":"2026-01-01T00:00:30.000Z"}"#,
+            ),
+            (
+                full_hold(),
+                r#"{"transaction_id":"t3","src_acct":"a","dest_acct":"b","amount":9,"transaction_state":"rolled-back","reason":"expired","creation_time":"2026-01-01T00:00:00.000Z","modification_time":"2026-01-02T00:00:00.001Z","lease_owner":"hold","lease_expires_at":"2026-01-02T00:00:00.000Z","attention":"look","failed_account":"a","hold_expires_at":"2026-01-02T00:00:00.000Z","captured_amount":7,"currency":"EUR","metadata":{"order":"42"},"history":"p1767225600001 r1767312000001","created_by":"token","settled_by":"i1/3","applied_marks":["m1","m2"],"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01","entries":["a/5/x"]}"#,
+            ),
+        ] {
+            assert_eq!(serde_json::to_string(&doc).unwrap(), json);
+            assert_eq!(serde_json::from_str::<TransferDoc>(json).unwrap(), doc);
+        }
+    }
+
+    /// A multi-leg transaction lists its accounts once each, in the order of its postings.
+    #[test]
+    fn a_multi_leg_transaction_lists_its_accounts_as_its_postings() {
+        let legs = vec![leg("c", "a", 1), leg("b", "c", 2), leg("a", "d", 3)];
+        let doc = TransferDoc {
+            legs: Legs::multi_leg(legs, 6),
+            ..multi_leg()
+        };
+        let Legs::MultiLeg { accounts, .. } = &doc.legs else {
+            panic!("multi-leg");
+        };
+        let posted: Vec<&str> = doc.postings().iter().map(|p| p.account).collect();
+        assert_eq!(posted, ["c", "a", "b", "d"]);
+        assert_eq!(*accounts, posted);
+        assert_eq!(
+            multi_leg().legs,
+            Legs::multi_leg(multi_leg().leg_list(), 18)
+        );
+    }
+
+    /// No version writes a document that is both one-leg and multi-leg: one is refused.
+    #[test]
+    fn a_document_both_one_leg_and_multi_leg_is_refused() {
+        let mut with_source = serde_json::to_value(multi_leg()).unwrap();
+        with_source["src_acct"] = "a".into();
+        let mut with_accounts = serde_json::to_value(one_leg()).unwrap();
+        with_accounts["accounts"] = serde_json::json!(["acct-17", "acct-842"]);
+        for mixed in [with_source, with_accounts] {
+            assert!(serde_json::from_value::<TransferDoc>(mixed).is_err());
+        }
+    }
+
+    /// A time that does not parse makes the document unreadable (it is not taken as some
+    /// other time).
+    #[test]
+    fn a_document_with_an_unparsable_time_is_refused() {
+        let stored = serde_json::to_value(full_hold()).unwrap();
+        for field in [
+            "creation_time",
+            "modification_time",
+            "lease_expires_at",
+            "hold_expires_at",
+        ] {
+            let mut broken = stored.clone();
+            broken[field] = "last tuesday".into();
+            let refused = serde_json::from_value::<TransferDoc>(broken).unwrap_err();
+            assert!(
+                refused.to_string().contains("last tuesday"),
+                "{field}: {refused}"
+            );
+        }
+    }
+}

@@ -306,7 +306,7 @@ fn decide(
     let Some(mut next) = moved_along(transfer, &FINISH, None, now) else {
         return Decided::TwoPhase;
     };
-    seal_terminal(&mut next, now);
+    seal_terminal(&mut next, now.timestamp());
     next.entries = filed;
     let queued = write_transfer(txn, &next, start, &FINISH).and_then(|()| {
         changed
@@ -438,7 +438,7 @@ fn roll_back(
         return Decided::TwoPhase;
     };
     next.failed_account = Some(failed);
-    seal_terminal(&mut next, now);
+    seal_terminal(&mut next, now.timestamp());
     match write_transfer(txn, &next, start, &ROLL_BACK) {
         Ok(()) => Decided::Settled {
             transfer: Box::new(next),

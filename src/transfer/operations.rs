@@ -15,6 +15,7 @@ use super::retry::retry;
 use super::settlement::Creation;
 use super::Engine;
 use crate::store::{SortKey, StoreError, TransferFilter, WriteOutcome};
+use crate::time::Timestamp;
 
 /// Failures the API maps to answers.
 #[derive(Debug, thiserror::Error)]
@@ -342,20 +343,21 @@ impl Engine {
             let Some(current) = read else {
                 return Err(ServiceError::NotFound);
             };
-            let n = amount.unwrap_or(current.doc.amount);
+            let n = amount.unwrap_or(current.doc.amount());
             let lost = match capture_plan(&current.doc, n, self.clock.wall_millis())? {
                 CapturePlan::Answer => break,
                 CapturePlan::Record => {
                     let mut next = current.doc.clone();
                     next.captured_amount = Some(n);
-                    next.modification_time = self.clock.now().text;
+                    next.modification_time = self.clock.timestamp();
                     match self.write_for_client(current, next, None).await? {
                         Ok(_) => break,
                         Err(now) => now,
                     }
                 }
                 CapturePlan::Expire(to) => {
-                    let expires = current.doc.hold_expires_at.clone().unwrap_or_default();
+                    let expires = current.doc.hold_expires_at.map(|at| at.to_string());
+                    let expires = expires.unwrap_or_default();
                     match self
                         .rollback_for_client(current, to, RollbackReason::Expired)
                         .await?
@@ -443,22 +445,22 @@ fn capture_plan(doc: &TransferDoc, n: i64, now_millis: i64) -> Result<CapturePla
             "transfer {id} needs attention ({why}); it is left as it is for a person"
         )));
     }
-    let Some(expires) = doc.hold_expires_millis() else {
+    let Some(expires) = doc.hold_expires_at.map(Timestamp::millis) else {
         return Err(ServiceError::Conflict(format!(
             "transfer {id} is not a hold; only a hold can be captured"
         )));
     };
-    if doc.is_multi_leg() && n != doc.amount {
+    if doc.is_multi_leg() && n != doc.amount() {
         return Err(ServiceError::Invalid(format!(
             "transfer {id} is a multi-leg hold: it is captured whole (send no `amount`, or \
              the sum of its legs, {})",
-            doc.amount
+            doc.amount()
         )));
     }
-    if n <= 0 || n > doc.amount {
+    if n <= 0 || n > doc.amount() {
         return Err(ServiceError::Invalid(format!(
             "`amount` must be from 1 to the held amount {}",
-            doc.amount
+            doc.amount()
         )));
     }
     match doc.captured_amount {

@@ -31,7 +31,8 @@
 
 pub use super::clock::Now;
 use super::entries::{Entry, EntryKind};
-use super::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
+use super::model::{AccountDoc, Legs, RollbackReason, TransferDoc, TransferState};
+use crate::time::Timestamp;
 
 /// Which account of the transfer a step touches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,10 +42,15 @@ pub enum Side {
 }
 
 impl Side {
+    /// This side's account of a one-leg transfer (`""` for a multi-leg one, whose accounts
+    /// are its postings').
     pub fn account(self, transfer: &TransferDoc) -> &str {
+        let Legs::OneLeg(leg) = &transfer.legs else {
+            return "";
+        };
         match self {
-            Side::Source => &transfer.src_acct,
-            Side::Destination => &transfer.dest_acct,
+            Side::Source => &leg.from,
+            Side::Destination => &leg.to,
         }
     }
 
@@ -184,7 +190,7 @@ pub fn deadline_transition(
     now_millis: i64,
     timeout_millis: i64,
 ) -> Option<(TransferState, RollbackReason)> {
-    let Some(expires) = transfer.hold_expires_millis() else {
+    let Some(expires) = transfer.hold_expires_at.map(Timestamp::millis) else {
         return timeout_transition(transfer, created_millis, now_millis, timeout_millis)
             .map(|to| (to, RollbackReason::TimedOut));
     };
@@ -852,7 +858,7 @@ fn move_along(
     if reason.is_some() {
         transfer.reason = reason;
     }
-    transfer.modification_time.clone_from(&now.text);
+    transfer.modification_time = now.timestamp();
 }
 
 #[cfg(test)]

@@ -213,7 +213,7 @@ impl Recovery {
             return Ok(None);
         }
         let mut next = current.doc;
-        next.modification_time = self.shared.clock.now().text;
+        next.modification_time = self.shared.clock.timestamp();
         match self
             .shared
             .leases

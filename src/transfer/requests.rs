@@ -6,9 +6,8 @@
 use std::time::Duration;
 
 use super::clock::Now;
-use super::model::{AccountDoc, Leg, Metadata, Tombstones, TransferDoc};
+use super::model::{AccountDoc, Leg, Legs, Metadata, Tombstones, TransferDoc};
 use super::validated::{AccountId, Currency, PositiveAmount, TransferId};
-use crate::time::{format_millis, parse_millis};
 use crate::trace_context;
 
 /// `with_currency` and `with_metadata` of a request (`$kind`) that states a currency and
@@ -277,13 +276,23 @@ impl Movement {
         &self.legs
     }
 
-    /// The fields a transfer document stores it in: `src_acct`, `dest_acct`, `amount` and
-    /// `legs` (a one-leg transfer: its leg's accounts and no `legs`; several: empty accounts,
-    /// the sum, and the legs).
-    fn stored(&self) -> (&str, &str, i64, &[Leg]) {
+    /// How a transfer document holds it: one leg, or several with their sum and accounts.
+    fn stored(&self) -> Legs {
         match self.legs.as_slice() {
-            [one] => (&one.from, &one.to, one.amount, &[]),
-            several => ("", "", self.total, several),
+            [one] => Legs::OneLeg(one.clone()),
+            several => Legs::multi_leg(several.to_vec(), self.total),
+        }
+    }
+
+    /// Whether `stored` moves what this does: the same one leg, or the same legs in the same
+    /// order and their sum (the accounts follow from the legs).
+    fn is_stored_as(&self, stored: &Legs) -> bool {
+        match (stored, self.legs.as_slice()) {
+            (Legs::OneLeg(leg), [one]) => leg == one,
+            (Legs::MultiLeg { legs, amount, .. }, several) => {
+                several.len() > 1 && legs == several && *amount == self.total
+            }
+            _ => false,
         }
     }
 }
@@ -331,44 +340,30 @@ impl NewTransfer {
     /// The document this request creates at `now`: `created`, a hold expiring after its own
     /// `hold_expires_in` or else `hold_timeout`, a multi-leg transaction listing its accounts.
     pub fn document(&self, now: &Now, hold_timeout: Duration) -> TransferDoc {
-        let (from, to, amount, legs) = self.movement.stored();
-        let mut doc = TransferDoc {
-            legs: legs.to_vec(),
+        TransferDoc {
             hold_expires_at: self
                 .hold_millis(hold_timeout)
-                .map(|millis| format_millis(now.millis + millis)),
+                .map(|millis| now.timestamp().plus_millis(millis)),
             currency: self.currency.clone().map(String::from),
             metadata: self.metadata.clone(),
             // The creating request's span: the transfer's later spans join its trace.
             traceparent: trace_context::traceparent_of(&tracing::Span::current()),
-            ..TransferDoc::created(&self.id, from, to, amount, &now.text)
-        };
-        if doc.is_multi_leg() {
-            doc.accounts = doc
-                .postings()
-                .iter()
-                .map(|p| p.account.to_owned())
-                .collect();
+            ..TransferDoc::created_moving(&self.id, self.movement.stored(), now.timestamp())
         }
-        doc
     }
 
     /// Whether `existing`, stored under this request's id, is what this request would have
     /// stored (then a create is a replay; otherwise a conflict). Holds compare by duration:
     /// the stored expiry is the creation time plus it, to the millisecond.
     pub fn is_replay_of(&self, existing: &TransferDoc, hold_timeout: Duration) -> bool {
-        let (from, to, amount, legs) = self.movement.stored();
         let same_hold = match (&existing.hold_expires_at, self.hold_millis(hold_timeout)) {
             (None, None) => true,
-            (Some(expires), Some(millis)) => parse_millis(&existing.creation_time)
-                .zip(parse_millis(expires))
-                .is_some_and(|(created, expires)| expires - created == millis),
+            (Some(expires), Some(millis)) => {
+                expires.millis() - existing.creation_time.millis() == millis
+            }
             _ => false,
         };
-        existing.src_acct == from
-            && existing.dest_acct == to
-            && existing.amount == amount
-            && existing.legs == legs
+        self.movement.is_stored_as(&existing.legs)
             && same_hold
             && existing.currency.as_deref() == self.currency.as_deref().map(String::as_str)
             && existing.metadata == self.metadata

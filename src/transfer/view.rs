@@ -8,8 +8,8 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::feed::FeedEvent;
-use super::model::{Leg, Metadata, RollbackReason, TransferDoc, TransferState};
-use crate::time::format_millis;
+use super::model::{Leg, Legs, Metadata, RollbackReason, TransferDoc, TransferState};
+use crate::time::{format_millis, Timestamp};
 
 /// A transfer as the API shows it.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -42,11 +42,11 @@ pub struct Transfer {
     #[schema(value_type = Option<super::validated::AccountId>, nullable = false)]
     pub failed_account: Option<String>,
     /// When it was accepted: RFC 3339, UTC, millisecond precision.
-    #[schema(format = DateTime)]
-    pub created_at: String,
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: Timestamp,
     /// When it was last written (RFC 3339, UTC): a state change, or a worker taking it over.
-    #[schema(format = DateTime)]
-    pub updated_at: String,
+    #[schema(value_type = String, format = DateTime)]
+    pub updated_at: Timestamp,
     /// Present when its documents contradict each other (only a lost acknowledged write in
     /// the store can do that): the service leaves it exactly as it is, for an operator.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -58,8 +58,8 @@ pub struct Transfer {
     pub hold: bool,
     /// A hold's expiry (RFC 3339, UTC): uncaptured then, it rolls back with `expired`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false, format = DateTime)]
-    pub hold_expires_at: Option<String>,
+    #[schema(value_type = Option<String>, nullable = false, format = DateTime)]
+    pub hold_expires_at: Option<Timestamp>,
     /// A captured hold's units that move (the rest goes back to `from`); a multi-leg hold is
     /// captured whole: the sum of its legs.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -77,13 +77,21 @@ pub struct Transfer {
 
 impl From<TransferDoc> for Transfer {
     fn from(doc: TransferDoc) -> Self {
-        let legs = doc.leg_list();
-        let one_leg = !doc.is_multi_leg();
+        let (from, to, amount, legs) = match doc.legs {
+            // A one-leg transfer shows its leg twice: as from/to/amount and as `legs`.
+            Legs::OneLeg(leg) => (
+                Some(leg.from.clone()),
+                Some(leg.to.clone()),
+                Some(leg.amount),
+                vec![leg],
+            ),
+            Legs::MultiLeg { legs, .. } => (None, None, None, legs),
+        };
         Self {
             id: doc.transaction_id,
-            from: one_leg.then_some(doc.src_acct),
-            to: one_leg.then_some(doc.dest_acct),
-            amount: one_leg.then_some(doc.amount),
+            from,
+            to,
+            amount,
             legs,
             state: doc.transaction_state,
             reason: doc.reason,

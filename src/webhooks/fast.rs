@@ -348,6 +348,7 @@ impl FastPath {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::time::Timestamp;
 
     fn delivered(numbers: &[u64]) -> Delivered {
         let mut d = Delivered::default();
@@ -388,7 +389,7 @@ mod tests {
 
     #[test]
     fn a_terminal_write_names_its_instance_and_number() {
-        let mut doc = TransferDoc::created("t", "a", "b", 1, "2026-01-01T00:00:00.000Z");
+        let mut doc = TransferDoc::created("t", "a", "b", 1, Timestamp::from_millis(0));
         assert_eq!(settled_by(&doc), None);
         doc.settled_by = Some("0123456789ab/42".into());
         assert_eq!(settled_by(&doc), Some(("0123456789ab", 42)));

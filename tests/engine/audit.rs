@@ -11,7 +11,9 @@ use transfer_service::audit::{audit, AuditReport, ViolationKind};
 use transfer_service::store::embedded::EmbeddedStore;
 use transfer_service::store::{Index, Store, WriteOutcome};
 use transfer_service::transfer::clock::{Clock, SystemClock};
-use transfer_service::transfer::model::{AccountDoc, RollbackReason, TransferDoc, TransferState};
+use transfer_service::transfer::model::{
+    AccountDoc, Legs, RollbackReason, TransferDoc, TransferState,
+};
 use transfer_service::transfer::protocol::{
     decide_account, plan, transition, AccountDecision, AccountOp, AccountStep, Now, Retention,
     Side, Step,
@@ -122,7 +124,7 @@ fn account_with(
 fn transfer(id: &str, src: &str, dest: &str, amount: i64, state: TransferState) -> TransferDoc {
     TransferDoc {
         transaction_state: state,
-        ..TransferDoc::created(id, src, dest, amount, &now_text())
+        ..TransferDoc::created(id, src, dest, amount, SystemClock.timestamp())
     }
 }
 
@@ -233,7 +235,7 @@ async fn walk(accounts: &[(&str, i64)], transfers: &[TransferDoc], script: &[(us
                 let posting = (
                     side.account(t).to_owned(),
                     side,
-                    t.amount,
+                    t.amount(),
                     t.settle_amount(),
                 );
                 write_account_step(&w, &mut docs, (i, t, op), posting, &now).await;
@@ -310,7 +312,7 @@ async fn every_state_of_a_commit_is_clean() {
 /// A hold of 30, captured for `captured`.
 fn captured_hold(id: &str, src: &str, dest: &str, captured: i64) -> TransferDoc {
     TransferDoc {
-        hold_expires_at: Some(format_millis(SystemClock.wall_millis() + 3_600_000)),
+        hold_expires_at: Some(SystemClock.timestamp().plus_millis(3_600_000)),
         captured_amount: Some(captured),
         ..transfer(id, src, dest, 30, Created)
     }
@@ -364,11 +366,11 @@ async fn a_waiting_hold_is_stuck_only_past_its_expiry() {
     t.captured_amount = None;
     t.transaction_state = Pending;
     // Created long ago (past any transfer timeout), waiting an hour more: not stuck.
-    t.creation_time = format_millis(SystemClock.wall_millis() - 10 * STUCK_AFTER);
+    t.creation_time = SystemClock.timestamp().plus_millis(-10 * STUCK_AFTER);
     w.transfer(&t).await;
     w.accounts(&[a_with_t_applied(), b_with_t_applied()]).await;
     assert_kinds(&w.audit().await, &[]);
-    t.hold_expires_at = Some(format_millis(SystemClock.wall_millis() - 2 * STUCK_AFTER));
+    t.hold_expires_at = Some(SystemClock.timestamp().plus_millis(-2 * STUCK_AFTER));
     w.transfer(&t).await;
     assert_kinds(&w.audit().await, &[Stuck]);
 }
@@ -610,20 +612,21 @@ async fn a_committed_or_finished_transfer_needs_both_accounts() {
 #[tokio::test]
 async fn a_stuck_transfer_is_detected() {
     let mut t = t_of_30(Pending);
-    t.creation_time = format_millis(SystemClock.wall_millis() - 2 * STUCK_AFTER);
+    t.creation_time = SystemClock.timestamp().plus_millis(-2 * STUCK_AFTER);
     // Old but settled: not stuck.
     let mut done = transfer("old", "a", "b", 1, RolledBack);
-    done.creation_time = t.creation_time.clone();
+    done.creation_time = t.creation_time;
     let w = World::with(&[t, done], &a_and_b()).await;
     assert_kinds_saying(&w.audit().await, &[Stuck], "transfer t ");
 }
 
 #[tokio::test]
-async fn an_unreadable_creation_time_is_detected() {
-    let mut t = t_of_30(Created);
-    t.creation_time = "last tuesday".into();
-    let w = World::with(&[t], &a_and_b()).await;
-    assert_kinds(&w.audit().await, &[UnreadableTime]);
+async fn an_unreadable_creation_time_makes_an_unreadable_document() {
+    let w = World::with(&[], &a_and_b()).await;
+    let mut t = serde_json::to_value(t_of_30(Created)).unwrap();
+    t["creation_time"] = json!("last tuesday");
+    w.put(Index::Transactions, "t", t).await;
+    assert_kinds(&w.audit().await, &[UnreadableDocument]);
 }
 
 #[tokio::test]
@@ -679,15 +682,11 @@ fn leg_steps(states: &[TransferState]) -> Vec<(usize, Step)> {
 /// A multi-leg transaction of `legs` in `state`, as the service stores it.
 fn multi_leg(id: &str, legs: &[(&str, &str, i64)], state: TransferState) -> TransferDoc {
     let legs = crate::support::engine::leg_list(legs);
-    let mut t = TransferDoc {
-        src_acct: String::new(),
-        dest_acct: String::new(),
-        amount: legs.iter().map(|leg| leg.amount).sum(),
-        legs,
+    let amount = legs.iter().map(|leg| leg.amount).sum();
+    TransferDoc {
+        legs: Legs::multi_leg(legs, amount),
         ..transfer(id, "", "", 0, state)
-    };
-    t.accounts = t.postings().iter().map(|p| p.account.to_owned()).collect();
-    t
+    }
 }
 
 #[tokio::test]
@@ -757,10 +756,14 @@ async fn malformed_or_mixed_currency_multi_leg_transactions_are_reported() {
     }
     // Legs whose sum is not the amount, and one whose accounts list is wrong.
     let mut wrong_sum = multi_leg("sum", &[("a", "b", 1), ("b", "c", 1)], RolledBack);
-    wrong_sum.amount = 3;
+    if let Legs::MultiLeg { amount, .. } = &mut wrong_sum.legs {
+        *amount = 3;
+    }
     w.transfer(&wrong_sum).await;
     let mut wrong_accounts = multi_leg("acc", &[("a", "b", 1), ("b", "c", 1)], RolledBack);
-    wrong_accounts.accounts.pop();
+    if let Legs::MultiLeg { accounts, .. } = &mut wrong_accounts.legs {
+        accounts.pop();
+    }
     w.transfer(&wrong_accounts).await;
     assert_kinds(&w.audit().await, &[MalformedTransfer, MalformedTransfer]);
     let w = World::new();

@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::time::Duration;
-use transfer_service::time::parse_millis;
 
 use transfer_service::store::Index;
 use transfer_service::transfer::model::{TransferDoc, TransferState};
@@ -236,7 +235,7 @@ async fn a_write_answered_later_than_the_store_timeout_is_written_again_with_a_f
     }
     // The history keeps the stamp of the write that recorded `finished`; the document's stamp
     // is the re-stamp's, a request timeout later.
-    let stamp_of = |doc: &TransferDoc| parse_millis(&doc.modification_time).unwrap();
+    let stamp_of = |doc: &TransferDoc| doc.modification_time.millis();
     let finished_at = |doc: &TransferDoc| doc.events().last().unwrap().at;
     let late_doc = transfer_doc(&e, "late").await;
     assert!(

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use transfer_service::transfer::entries::EntryKind;
 use transfer_service::transfer::lease::PARKED;
-use transfer_service::transfer::model::{AccountDoc, RollbackReason, TransferState};
+use transfer_service::transfer::model::{AccountDoc, Legs, RollbackReason, TransferState};
 use transfer_service::transfer::operations::{Created, ServiceError};
 use transfer_service::transfer::requests::{NewAccount, NewTransfer};
 use transfer_service::transfer::{Engine, EngineConfig};
@@ -98,8 +98,15 @@ async fn two_and_sixteen_legs_commit_with_every_account_exact() {
         assert!(account(&e, n).await.pending_transactions.is_empty());
     }
     let t = transfer_doc(&e, "sixteen").await;
-    assert_eq!((t.amount, t.legs.len(), t.accounts.len()), (80, 16, 17));
-    assert!(t.src_acct.is_empty() && t.dest_acct.is_empty());
+    let Legs::MultiLeg {
+        legs,
+        accounts,
+        amount,
+    } = &t.legs
+    else {
+        panic!("sixteen legs make a multi-leg transaction: {t:?}");
+    };
+    assert_eq!((*amount, legs.len(), accounts.len()), (80, 16, 17));
     assert_invariants(&w.base).await;
 }
 

@@ -14,7 +14,7 @@ use tokio::sync::Semaphore;
 use transfer_service::store::{DynStore, Index, Source};
 use transfer_service::transfer::documents::decode;
 use transfer_service::transfer::lease::PARKED;
-use transfer_service::transfer::model::{AccountDoc, Leg, RollbackReason, TransferState};
+use transfer_service::transfer::model::{AccountDoc, Leg, Legs, RollbackReason, TransferState};
 use transfer_service::transfer::operations::{Created, ServiceError};
 use transfer_service::transfer::protocol::Retention;
 use transfer_service::transfer::recovery::RecoveryReport;
@@ -352,14 +352,12 @@ async fn assert_each_id_is_one_transfer_as_requested(a: &Instance, requests: &[R
     let mut seen = HashMap::new();
     for (id, from, to, amount) in requests {
         let t = transfer_doc(a, id).await;
-        assert_eq!(
-            (t.src_acct.as_str(), t.dest_acct.as_str(), t.amount),
-            (
-                format!("acct{from}").as_str(),
-                format!("acct{to}").as_str(),
-                *amount
-            )
-        );
+        let requested = Leg {
+            from: format!("acct{from}"),
+            to: format!("acct{to}"),
+            amount: *amount,
+        };
+        assert_eq!(t.legs, Legs::OneLeg(requested));
         assert!(seen.insert(id.clone(), t.transaction_state).is_none());
     }
 }
@@ -841,7 +839,7 @@ async fn capture_and_record(e: &Instance, id: &str, n: Option<i64>, answers: &Sh
     let asked = match n {
         Some(n) => n,
         None => match e.get_transfer(id).await.expect("read") {
-            Some(t) => t.amount,
+            Some(t) => t.amount(),
             None => return,
         },
     };
@@ -1035,7 +1033,7 @@ async fn run_holds_schedule(seed: u64, ops: Vec<HoldOp>) {
                 capture_and_record(&b, id, None, &answers).await
             }
             1 => {
-                let half = (transfer_doc(&b, id).await.amount / 2).max(1);
+                let half = (transfer_doc(&b, id).await.amount() / 2).max(1);
                 capture_and_record(&b, id, Some(half), &answers).await
             }
             2 => cancel_and_record(&b, id, &answers).await,
@@ -1078,7 +1076,7 @@ async fn settle_to_waiting_holds(
                     && t.transaction_state == TransferState::Pending
                     && t.captured_amount.is_none()
                     && t.lease_owner.as_deref() == Some(transfer_service::transfer::lease::PARKED)
-                    && t.hold_expires_millis().unwrap() > w.now_millis();
+                    && t.hold_expires_at.unwrap().millis() > w.now_millis();
                 if legitimately_waiting {
                     waiting.push(t.transaction_id);
                 } else {
@@ -1119,7 +1117,7 @@ async fn assert_holds_outcomes(
             (
                 t.leg_list(),
                 t.is_multi_leg(),
-                t.amount,
+                t.amount(),
                 t.currency.as_deref(),
                 t.is_hold()
             ),
@@ -1157,9 +1155,13 @@ async fn assert_holds_outcomes(
             );
             if state == TransferState::Finished {
                 let n = t.captured_amount.expect("a finished hold was captured");
-                assert!(0 < n && n <= t.amount, "{id}: captured {n} of {}", t.amount);
+                assert!(
+                    0 < n && n <= t.amount(),
+                    "{id}: captured {n} of {}",
+                    t.amount()
+                );
                 if is_multi_leg(new) {
-                    assert_eq!(n, t.amount, "{id}: a multi-leg hold captured in part");
+                    assert_eq!(n, t.amount(), "{id}: a multi-leg hold captured in part");
                 }
                 for (asked, _) in &captures {
                     assert_eq!(*asked, n, "{id}: a capture of another amount answered 200");
@@ -1231,7 +1233,7 @@ async fn assert_holds_outcomes(
         }
         let shape = if is_multi_leg(new) { "legs " } else { "" };
         let kind = match (new.hold().is_some(), t.captured_amount, t.reason) {
-            (true, Some(n), _) if n < t.amount => format!("{shape}hold captured in part"),
+            (true, Some(n), _) if n < t.amount() => format!("{shape}hold captured in part"),
             (true, Some(_), _) => format!("{shape}hold captured whole"),
             (hold, _, reason) => format!(
                 "{shape}{} {state} {}",
