@@ -368,11 +368,11 @@ impl CreationEntries {
                     .by_account
                     .insert((&**account, *created, *number), ())
                     .map_err(storage)?;
-            } else {
-                let key = run.filed[i - filed_from].as_bytes();
-                tables.entries.insert(key, ()).map_err(storage)?;
             }
         }
+        // The statement entries in this chunk, a block at a time.
+        let filed = run.written.max(filed_from) - filed_from..end.max(filed_from) - filed_from;
+        statement_index::add(&mut tables.entries, &run.filed[filed]).map_err(storage)?;
         let written = end - run.written;
         run.written = end;
         if end == run.len() {
@@ -425,14 +425,10 @@ pub(super) fn catch_up_creation_entries(txn: &WriteTransaction) -> StoreResult<(
                 Some((NewTransferEntries::of(number, &keys), filed))
             });
             drop(id);
-            if let Some((creation, filed)) = entries {
+            if let Some((creation, mut filed)) = entries {
                 creation.write(&mut tables)?;
-                for key in filed {
-                    tables
-                        .entries
-                        .insert(key.as_bytes(), ())
-                        .map_err(permanent)?;
-                }
+                filed.sort_unstable();
+                statement_index::add(&mut tables.entries, &filed).map_err(permanent)?;
             }
         }
         if !changed.is_empty() {

@@ -70,6 +70,7 @@ mod listing_entries;
 mod read_only;
 mod recent_writes;
 mod search;
+mod statement_index;
 mod tables;
 #[cfg(test)]
 mod tests;

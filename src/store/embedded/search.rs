@@ -87,21 +87,9 @@ pub(super) fn entries_blocking(db: &Database, q: &EntriesQuery) -> StoreResult<V
     let ids = txn.open_table(TX_IDS).map_err(storage)?;
     let docs = txn.open_table(DOCS).map_err(storage)?;
     let account = q.account.as_str();
-    // No entry is of an account holding a 0 (and its bounds would not be this account's).
-    if account.as_bytes().contains(&0) {
-        return Ok(out);
-    }
-    let from = EntryKey::new(account, q.seqs.start, 0);
-    let to = EntryKey::new(account, q.seqs.end, 0);
     let mut seen = std::collections::HashSet::new();
-    for entry in entries
-        .range(from.as_bytes()..to.as_bytes())
-        .map_err(storage)?
-    {
-        let (key, _) = entry.map_err(storage)?;
-        let Some((_, _, number)) = EntryKey::parse(key.value()) else {
-            continue;
-        };
+    let filing = statement_index::numbers_filing(&entries, account, &q.seqs).map_err(storage)?;
+    for (_, number) in filing {
         if !seen.insert(number) {
             continue;
         }

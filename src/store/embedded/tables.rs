@@ -82,35 +82,41 @@ pub(super) const TX_ATTENTION: TableDefinition<(i64, &str), ()> =
 pub(super) const TX_METADATA: TableDefinition<(&str, i64, &str), ()> =
     TableDefinition::new("tx_metadata");
 
-/// Account entries by `(account, seq, number)` ([`TX_IDS`]), laid out by [`EntryKey`]: one
-/// per well-formed value of a transfer's `entries` ([`crate::store::entries`]), the
-/// statement's range scan ([`super::search::entries_blocking`]). A write that adds values to
-/// a transfer's `entries` leaves their rows to a sorted run ([`super::listing_entries`],
-/// which a statement's search has written first); a value gone (never, from the engine)
-/// takes its row at once; transfers without entries have none (and their writes never
-/// touch the table). Keyed on
-/// the number as well, not mapped to it: should two documents ever file the same
-/// `(account, seq)`, both are found (as Elasticsearch would find both), and one losing it
-/// does not take the other's.
+/// The statements' index: which transfers ([`TX_IDS`]) file which account entries (the
+/// values of their `entries`, [`crate::store::entries`]), in blocks of consecutive seqs of
+/// one account ([`super::statement_index`], which has the layout): the statement's range
+/// scan ([`super::search::entries_blocking`]). A write that adds values to a transfer's
+/// `entries` leaves them to a sorted run ([`super::listing_entries`], which a statement's
+/// search has written first); a value gone (never, from the engine) leaves its block at
+/// once; transfers without entries have none (and their writes never touch the table).
 ///
-/// Named `statement_entries`: versions before the byte key (up to `6df5583`) kept the same
-/// rows keyed by the tuple in `tx_entries` ([`TUPLE_KEYED_ENTRIES`]), which a store they
-/// wrote still holds, and redb opens a table only with the key type it was made with.
-pub(super) const TX_ENTRIES: TableDefinition<&[u8], ()> = TableDefinition::new("statement_entries");
+/// Named `statement_blocks`: earlier versions kept a row per entry, in `statement_entries`
+/// ([`ROW_KEYED_ENTRIES`], up to `8173fe6`) or `tx_entries` ([`TUPLE_KEYED_ENTRIES`], up to
+/// `6df5583`), which a store they wrote still holds, and redb opens a table only with the
+/// key and value types it was made with.
+pub(super) const TX_ENTRIES: TableDefinition<&[u8], &[u8]> =
+    TableDefinition::new("statement_blocks");
 
-/// The statement index as versions up to `6df5583` kept it, keyed by the tuple `(account,
-/// seq, number)`, and its marker in [`META`]: removed once by [`build_entries_index`].
+/// The statement index as versions up to `6df5583` kept it, a row per entry keyed by the
+/// tuple `(account, seq, number)`, and its marker in [`META`]: removed once by
+/// [`build_entries_index`].
 pub(super) const TUPLE_KEYED_ENTRIES: TableDefinition<(&str, u64, u64), ()> =
     TableDefinition::new("tx_entries");
 pub(super) const TUPLE_KEYED_ENTRIES_BUILT: &str = "built:tx_entries";
 
-/// The key of a [`TX_ENTRIES`] row: the account's bytes, a 0, then the seq and the number,
-/// 8 bytes each, big endian. Bytes compare as the tuple `(account, seq, number)` would (an
-/// account id never holds a 0, [`crate::store::entries::parse`], so the 0 ends it and a
-/// shorter account sorts before a longer one it starts), but a redb key comparison is then
-/// one `memcmp`: as a tuple of `(&str, u64, u64)`, each comparison decoded the lengths of
-/// the tuple's parts first, and the table is searched from its root for every key a write
-/// inserts.
+/// The statement index as versions up to `8173fe6` kept it, a row per entry keyed by
+/// [`EntryKey`]'s bytes, and its marker in [`META`]: removed once by [`build_entries_index`].
+pub(super) const ROW_KEYED_ENTRIES: TableDefinition<&[u8], ()> =
+    TableDefinition::new("statement_entries");
+pub(super) const ROW_KEYED_ENTRIES_BUILT: &str = "built:statement_entries";
+
+/// One account entry filed by a transfer, as a run sorts them and as [`ROW_KEYED_ENTRIES`]
+/// keyed its rows: the account's bytes, a 0, then the seq and the transfer's number, 8 bytes
+/// each, big endian. Bytes compare as the tuple `(account, seq, number)` would (an account
+/// id never holds a 0, [`crate::store::entries::parse`], so the 0 ends it and a shorter
+/// account sorts before a longer one it starts), so a run's sort is one `memcmp` a
+/// comparison, and its keys come out grouped by account and block for
+/// [`super::statement_index::add`].
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct EntryKey(Vec<u8>);
 
@@ -128,8 +134,14 @@ impl EntryKey {
         EntryKey(key)
     }
 
+    #[cfg(test)]
     pub(super) fn as_bytes(&self) -> &[u8] {
         &self.0
+    }
+
+    /// Its `(account, seq, number)`.
+    pub(super) fn parts(&self) -> (&str, u64, u64) {
+        Self::parse(&self.0).expect("a key made by EntryKey::new")
     }
 
     /// The `(account, seq, number)` of a stored key; `None` if it is not of this layout.
@@ -170,7 +182,7 @@ pub(super) const NUMBERED: &str = "built:numbered";
 pub(super) const METADATA_BUILT: &str = "built:tx_metadata";
 
 /// The key in [`META`] that says [`TX_ENTRIES`] holds every transfer's entries.
-pub(super) const ENTRIES_BUILT: &str = "built:statement_entries";
+pub(super) const ENTRIES_BUILT: &str = "built:statement_blocks";
 
 /// The entry of [`TX_METADATA`] for one pair.
 pub(super) fn metadata_entry(key: &str, value: &str) -> String {
@@ -222,7 +234,7 @@ pub(super) fn build_metadata_index(txn: &WriteTransaction) -> StoreResult<()> {
 /// in its feed entry, under the `seq_no` of its latest write. Afterwards every write keeps
 /// the table up to date.
 pub(super) fn build_entries_index(txn: &WriteTransaction) -> StoreResult<()> {
-    forget_tuple_keyed_entries(txn)?;
+    forget_older_entry_indexes(txn)?;
     let mut index = txn.open_table(TX_ENTRIES).map_err(permanent)?;
     let changes = txn.open_table(TX_CHANGES).map_err(permanent)?;
     build_once(txn, ENTRIES_BUILT, |_, seq_no, keys| {
@@ -235,29 +247,36 @@ pub(super) fn build_entries_index(txn: &WriteTransaction) -> StoreResult<()> {
         let Some(number) = changes.get(seq_no).map_err(permanent)?.map(|n| n.value()) else {
             return Ok(());
         };
-        for (account, seq) in entries {
-            let key = EntryKey::new(&account, seq, number);
-            index.insert(key.as_bytes(), ()).map_err(permanent)?;
-        }
-        Ok(())
+        let keys: Vec<EntryKey> = (entries.iter())
+            .map(|(account, seq)| EntryKey::new(account, *seq, number))
+            .collect();
+        statement_index::add(&mut index, &keys).map_err(permanent)
     })
     .map(drop)
 }
 
-/// A store holding [`TUPLE_KEYED_ENTRIES`] was last opened by a version up to `6df5583`,
-/// which filed its transfers' entries there and not in [`TX_ENTRIES`] (also after this
-/// version had built it, on a downgrade and upgrade again). That table goes, with its marker
-/// (so such a version, opened again, builds its own from the documents), and so does
-/// [`TX_ENTRIES`]'s marker: [`build_entries_index`] then adds every document's entries. Rows
-/// already there stay: the engine never takes an entry from a transfer, and a row found
-/// is checked against its document before a statement uses it.
-fn forget_tuple_keyed_entries(txn: &WriteTransaction) -> StoreResult<()> {
-    if !txn.delete_table(TUPLE_KEYED_ENTRIES).map_err(permanent)? {
+/// A store holding [`TUPLE_KEYED_ENTRIES`] or [`ROW_KEYED_ENTRIES`] was last opened by a
+/// version up to `6df5583` or `8173fe6`, which filed its transfers' entries there and not in
+/// [`TX_ENTRIES`] (also after this version had built it, on a downgrade and upgrade again).
+/// Such a table goes, with its marker (so such a version, opened again, builds its own from
+/// the documents), and so does [`TX_ENTRIES`]'s marker: [`build_entries_index`] then adds
+/// every document's entries. Entries already there stay: the engine never takes an entry
+/// from a transfer, and one found is checked against its document before a statement uses
+/// it.
+fn forget_older_entry_indexes(txn: &WriteTransaction) -> StoreResult<()> {
+    let tuple_keyed = txn.delete_table(TUPLE_KEYED_ENTRIES).map_err(permanent)?;
+    let row_keyed = txn.delete_table(ROW_KEYED_ENTRIES).map_err(permanent)?;
+    if !(tuple_keyed || row_keyed) {
         return Ok(());
     }
     let mut meta = txn.open_table(META).map_err(permanent)?;
-    meta.remove(TUPLE_KEYED_ENTRIES_BUILT).map_err(permanent)?;
-    meta.remove(ENTRIES_BUILT).map_err(permanent)?;
+    for marker in [
+        TUPLE_KEYED_ENTRIES_BUILT,
+        ROW_KEYED_ENTRIES_BUILT,
+        ENTRIES_BUILT,
+    ] {
+        meta.remove(marker).map_err(permanent)?;
+    }
     Ok(())
 }
 
@@ -342,7 +361,7 @@ pub(super) struct Tables<'txn> {
     pub(super) released: Table<'txn, (&'static str, &'static str), ()>,
     pub(super) attention: Table<'txn, (i64, &'static str), ()>,
     pub(super) metadata: Table<'txn, (&'static str, i64, &'static str), ()>,
-    pub(super) entries: Table<'txn, &'static [u8], ()>,
+    pub(super) entries: Table<'txn, &'static [u8], &'static [u8]>,
     pub(super) changes: Table<'txn, u64, u64>,
 }
 
@@ -681,7 +700,7 @@ fn move_account_entries(
     let after = new.entry_keys();
     for (account, seq) in before.difference(&after) {
         let key = EntryKey::new(account, *seq, number);
-        t.entries.remove(key.as_bytes()).map_err(storage)?;
+        statement_index::remove(&mut t.entries, &key).map_err(storage)?;
         if let Some(deferred) = deferred.as_deref_mut() {
             deferred.unfile(key);
         }
@@ -690,11 +709,7 @@ fn move_account_entries(
         let key = EntryKey::new(account, *seq, number);
         match deferred.as_deref_mut() {
             Some(deferred) => deferred.file(key),
-            None => t
-                .entries
-                .insert(key.as_bytes(), ())
-                .map(drop)
-                .map_err(storage)?,
+            None => statement_index::add(&mut t.entries, &[key]).map_err(storage)?,
         }
     }
     Ok(())

@@ -220,12 +220,12 @@ async fn a_failure_while_writing_entries_stops_writing_and_the_restart_catches_u
     assert_eq!(created_index_ids(&reopened).len(), count as usize + 1);
 }
 
-/// The rows of `TX_ENTRIES` as redb's tables hold them now, without writing anything.
+/// The entries `TX_ENTRIES` holds as redb's tables hold them now, without writing anything.
 fn statement_entries_in_tables(store: &EmbeddedStore) -> usize {
     committer_idle(store);
     let txn = store.db.begin_read().unwrap();
     let table = txn.open_table(TX_ENTRIES).unwrap();
-    table.len().unwrap() as usize
+    statement_index::all_rows(&table).len()
 }
 
 /// Writes `entries` (`(account, seq)`) as transfer `id`'s, creating it if `version` is none.

@@ -135,8 +135,41 @@ async fn a_store_holding_entries_without_their_index_gets_it_built_when_opened()
 
 #[tokio::test]
 async fn a_store_holding_the_tuple_keyed_statement_index_is_opened_and_its_index_rebuilt() {
+    // As a version up to 6df5583 left it after this one had built the index: it filed t2's
+    // entries only in its own table, keyed by the tuple, under its own marker.
+    let file_as_before = |txn: &redb::WriteTransaction, number: u64| {
+        (txn.open_table(TUPLE_KEYED_ENTRIES).unwrap())
+            .insert(("a", 2, number), ())
+            .unwrap();
+        TUPLE_KEYED_ENTRIES_BUILT
+    };
+    an_older_statement_index_is_forgotten_and_rebuilt("tx_entries", file_as_before).await;
+}
+
+#[tokio::test]
+async fn a_store_holding_the_row_keyed_statement_index_is_opened_and_its_index_rebuilt() {
+    // As a version up to 8173fe6 left it after this one had built the index: it filed t2's
+    // entries only in its own table, a row per entry, under its own marker.
+    let file_as_before = |txn: &redb::WriteTransaction, number: u64| {
+        (txn.open_table(ROW_KEYED_ENTRIES).unwrap())
+            .insert(EntryKey::new("a", 2, number).as_bytes(), ())
+            .unwrap();
+        ROW_KEYED_ENTRIES_BUILT
+    };
+    an_older_statement_index_is_forgotten_and_rebuilt("statement_entries", file_as_before).await;
+}
+
+/// Two transfers file entries of account `a`; then, as an older version left the store, the
+/// second's entry is missing from this version's index and filed instead (by
+/// `file_as_before`, which answers its marker) in the older one's table `old_table`. Opened
+/// again, the store answers both, holds no `old_table` and no marker of it (so that older
+/// version, opened again, builds its own from the documents).
+async fn an_older_statement_index_is_forgotten_and_rebuilt(
+    old_table: &str,
+    file_as_before: impl Fn(&redb::WriteTransaction, u64) -> &'static str,
+) {
     let dir = tempfile::tempdir().expect("temp dir");
-    {
+    let marker = {
         let store = EmbeddedStore::open(dir.path()).unwrap();
         for (id, n) in [("t1", 1), ("t2", 2)] {
             let doc = filing(id, json!([seq("a", n)]));
@@ -145,41 +178,29 @@ async fn a_store_holding_the_tuple_keyed_statement_index_is_opened_and_its_index
                 .await
                 .unwrap();
         }
-        // As a version up to 6df5583 left it after this one had built the index: it filed
-        // t2's entries only in its own table, keyed by the tuple, under its own marker.
         settle(&store);
         let txn = store.db.begin_write().unwrap();
         let number = number_of(&txn, "t2");
         let t2 = EntryKey::new("a", 2, number);
-        txn.open_table(TX_ENTRIES)
-            .unwrap()
-            .remove(t2.as_bytes())
-            .unwrap();
-        txn.open_table(TUPLE_KEYED_ENTRIES)
-            .unwrap()
-            .insert(("a", 2, number), ())
-            .unwrap();
-        txn.open_table(META)
-            .unwrap()
-            .insert(TUPLE_KEYED_ENTRIES_BUILT, 1)
-            .unwrap();
+        statement_index::remove(&mut txn.open_table(TX_ENTRIES).unwrap(), &t2).unwrap();
+        let marker = file_as_before(&txn, number);
+        txn.open_table(META).unwrap().insert(marker, 1).unwrap();
         txn.commit().unwrap();
-    }
+        marker
+    };
     let store = EmbeddedStore::open(dir.path()).unwrap();
     assert_eq!(filing_entries_of(&store, "a").await, ["t1", "t2"]);
     let row = |n, id: &str| ("a".to_owned(), n, id.to_owned());
     assert_eq!(entry_rows(&store), [row(1, "t1"), row(2, "t2")]);
-    // The old table and its marker are gone: a version up to 6df5583 opened again builds
-    // its own from the documents.
     let txn = store.db.begin_read().unwrap();
     let names: Vec<String> = txn
         .list_tables()
         .unwrap()
         .map(|t| t.name().to_owned())
         .collect();
-    assert!(!names.contains(&"tx_entries".to_owned()), "{names:?}");
+    assert!(!names.contains(&old_table.to_owned()), "{names:?}");
     let meta = txn.open_table(META).unwrap();
-    assert!(meta.get(TUPLE_KEYED_ENTRIES_BUILT).unwrap().is_none());
+    assert!(meta.get(marker).unwrap().is_none());
 }
 
 /// Transfer `id`, finished, filing the account entries `values`.

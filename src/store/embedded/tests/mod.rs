@@ -286,25 +286,17 @@ fn index_rows(
     rows
 }
 
-/// The rows of [`TX_ENTRIES`], as `(account, seq, transfer id)`.
+/// The entries [`TX_ENTRIES`] holds, as `(account, seq, transfer id)`, in order.
 fn entry_rows(store: &EmbeddedStore) -> Vec<(String, u64, String)> {
     settle(store);
     let txn = store.db.begin_read().unwrap();
     let table = txn.open_table(TX_ENTRIES).unwrap();
     let ids = txn.open_table(TX_IDS).unwrap();
-    let rows = table
-        .iter()
-        .unwrap()
-        .map(|entry| {
-            let key = entry.unwrap().0;
-            let (account, seq, number) = EntryKey::parse(key.value()).expect("an entry key");
-            let id = ids
-                .get(number)
-                .unwrap()
-                .expect("numbered")
-                .value()
-                .to_owned();
-            (account.to_owned(), seq, id)
+    let rows = statement_index::all_rows(&table)
+        .into_iter()
+        .map(|(account, seq, number)| {
+            let id = ids.get(number).unwrap().expect("numbered");
+            (account, seq, id.value().to_owned())
         })
         .collect();
     rows

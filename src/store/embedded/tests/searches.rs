@@ -316,3 +316,69 @@ async fn account_entries_of_an_account_holding_a_zero_are_none() {
         .unwrap()
         .is_empty());
 }
+
+/// A redb table of the statement index's layout in a fresh database, for `work`.
+fn with_statement_index(work: impl FnOnce(&mut redb::Table<'_, &'static [u8], &'static [u8]>)) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = redb::Database::create(dir.path().join("index.redb")).unwrap();
+    let txn = db.begin_write().unwrap();
+    work(&mut txn.open_table(TX_ENTRIES).unwrap());
+    txn.commit().unwrap();
+}
+
+#[test]
+fn the_statement_index_finds_each_filed_entry_once_across_blocks_and_chunks() {
+    use redb::ReadableTableMetadata as _;
+    use statement_index::{add, all_rows, numbers_filing, remove, BLOCK_SEQS};
+    let b = BLOCK_SEQS;
+    // Account "a": seqs around two block boundaries, seq b filed by two transfers (7 and 8);
+    // "a-b" starts with "a" and must stay apart; added in two chunks, one repeated.
+    let key = |account, seq, number| EntryKey::new(account, seq, number);
+    let mut first = vec![
+        key("a", 1, 1),
+        key("a", b - 1, 2),
+        key("a", b, 7),
+        key("a-b", 3, 9),
+    ];
+    let mut second = vec![key("a", b, 8), key("a", 2 * b, 3), key("a", b, 7)];
+    first.sort();
+    second.sort();
+    with_statement_index(|table| {
+        add(table, &first).unwrap();
+        add(table, &second).unwrap();
+        add(table, &first).unwrap();
+        let row = |account: &str, seq, number| (account.to_owned(), seq, number);
+        assert_eq!(
+            all_rows(table),
+            [
+                row("a", 1, 1),
+                row("a", b - 1, 2),
+                row("a", b, 7),
+                row("a", b, 8),
+                row("a", 2 * b, 3),
+                row("a-b", 3, 9),
+            ]
+        );
+        let find = |table: &redb::Table<'_, &'static [u8], &'static [u8]>, seqs| {
+            numbers_filing(table, "a", &seqs).unwrap()
+        };
+        assert_eq!(
+            find(table, 0..u64::MAX),
+            [(1, 1), (b - 1, 2), (b, 7), (b, 8), (2 * b, 3)]
+        );
+        // Ranges that start and end inside blocks and on their edges.
+        assert_eq!(find(table, b - 1..b + 1), [(b - 1, 2), (b, 7), (b, 8)]);
+        assert_eq!(find(table, b..2 * b), [(b, 7), (b, 8)]);
+        assert_eq!(find(table, 2..b - 1), []);
+        assert_eq!(find(table, 5..5), []);
+        assert_eq!(numbers_filing(table, "a-b", &(0..10)).unwrap(), [(3, 9)]);
+        assert_eq!(numbers_filing(table, "b", &(0..10)).unwrap(), []);
+        // A removal takes that transfer's entry only; the block's last takes the row.
+        remove(table, &key("a", b, 7)).unwrap();
+        assert_eq!(find(table, b..b + 1), [(b, 8)]);
+        remove(table, &key("a", 2 * b, 3)).unwrap();
+        remove(table, &key("a", 2 * b, 3)).unwrap();
+        assert_eq!(find(table, 2 * b..3 * b), []);
+        assert_eq!(table.len().unwrap(), 3, "blocks a/0, a/1 and a-b/0");
+    });
+}
