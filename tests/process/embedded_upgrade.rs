@@ -1,14 +1,26 @@
 //! The embedded store across versions (`docs/operations.md`, "The embedded store's files"): a
-//! store written by the last version that kept the statements' index keyed by a tuple opens
-//! in this one with every statement whole, and that version opens it again afterwards with
-//! this one's entries in its statements (it builds its own index again from the documents).
+//! store written by the last version of each earlier layout of the statements' index (keyed
+//! by a tuple, then a row per entry) opens in this one with every statement whole, and that
+//! version opens it again afterwards with this one's entries in its statements (it builds its
+//! own index again from the documents).
 
 use super::*;
+use support::old_version::{ROW_KEYED_STATEMENTS, TUPLE_KEYED_STATEMENTS};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_of_the_tuple_keyed_index_keeps_its_statements_up_and_down_again() {
-    let Some(older) = support::old_version::binary(support::old_version::TUPLE_KEYED_STATEMENTS)
-    else {
+    keeps_its_statements_up_and_down_again(TUPLE_KEYED_STATEMENTS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_of_the_row_keyed_index_keeps_its_statements_up_and_down_again() {
+    keeps_its_statements_up_and_down_again(ROW_KEYED_STATEMENTS).await;
+}
+
+/// The older version `commit` writes three transfers' entries, this one opens its store and
+/// adds a fourth, and `commit` opens it again: every statement is the same on both.
+async fn keeps_its_statements_up_and_down_again(commit: &str) {
+    let Some(older) = support::old_version::binary(commit) else {
         return;
     };
     let dir = tempfile::tempdir().expect("temp dir");

@@ -21,6 +21,10 @@ pub const BEFORE_MARKS: &str = "1f9c7dc714b716527e3d278571340fbf1b1bb03a";
 /// (`tx_entries`), which redb opens under that key type only.
 pub const TUPLE_KEYED_STATEMENTS: &str = "6df5583e7dd1fe71af5298230e1322bed3a6c70c";
 
+/// The last version whose embedded store kept the statements' index a row per entry
+/// (`statement_entries`), before it was kept in blocks of seqs.
+pub const ROW_KEYED_STATEMENTS: &str = "8173fe6bb71c3c6a9bfc62ffc6067f12eb6039d6";
+
 /// The `transfer-service` binary built from `commit`, or `None` (said loudly) when this
 /// clone does not hold that commit (a shallow clone).
 pub fn binary(commit: &str) -> Option<PathBuf> {
