@@ -759,7 +759,12 @@ async fn a_saved_cursor_not_of_this_stores_feed_is_refused_and_delivery_starts_o
         .await;
         first.shutdown().await;
         {
-            let store = EmbeddedStore::open(dir.path()).expect("open the stopped app's store");
+            // The stopped app's last tasks may still hold the store for a moment (the file's
+            // lock goes with its last handle).
+            let store = wait::until_some("the stopped app's store to open", || async {
+                EmbeddedStore::open(dir.path()).ok()
+            })
+            .await;
             tamper_with_the_saved_cursor(&store, tampering).await;
         }
         let errors_before = cursor_refusals();
