@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
+use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::clock::{BootTime, Clock, DynClock};
@@ -167,6 +168,9 @@ pub struct AccountSteps {
     /// The last copy of each account this process wrote, with its version.
     cache: Mutex<HashMap<String, Versioned<AccountDoc>>>,
     marks: Arc<Marks>,
+    /// The engine's tasks: a flusher is one of them, so a shutdown waits for the batch it is
+    /// writing, and the store is no longer in use once the engine is idle.
+    tasks: TaskTracker,
 }
 
 impl AccountSteps {
@@ -176,6 +180,7 @@ impl AccountSteps {
         retention: Retention,
         (max_conflicts, max_store_attempts): (u32, u32),
         in_transactions: bool,
+        tasks: TaskTracker,
     ) -> Arc<Self> {
         Arc::new(Self {
             in_transactions: in_transactions && docs.has_transactions(),
@@ -187,6 +192,7 @@ impl AccountSteps {
             queues: Mutex::new(HashMap::new()),
             cache: Mutex::new(HashMap::new()),
             marks: Arc::new(Marks::new()),
+            tasks,
         })
     }
 
@@ -224,8 +230,9 @@ impl AccountSteps {
         if start_flusher {
             let this = self.clone();
             let account = account.to_owned();
-            // Its own task, so a worker that stops waiting cannot strand the queue.
-            tokio::spawn(async move { this.flush(account).await });
+            // Its own task, so a worker that stops waiting cannot strand the queue; tracked, so
+            // that the engine is idle only once the queue is served.
+            self.tasks.spawn(async move { this.flush(account).await });
         }
         result.await.unwrap_or_else(|_| {
             (

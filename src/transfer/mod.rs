@@ -285,12 +285,14 @@ impl Engine {
             docs.clone(),
             metrics.clone(),
         ));
+        let tasks = TaskTracker::new();
         let accounts = accounts::AccountSteps::new(
             docs.clone(),
             clock.clone(),
             config.retention,
             (config.max_conflicts, config.max_store_attempts),
             config.one_transaction,
+            tasks.clone(),
         );
         let admission = admission::Admission::new(
             config.max_in_flight,
@@ -311,7 +313,6 @@ impl Engine {
             request_timeout: config.request_timeout,
             skew_margin: config.skew_margin,
         }));
-        let tasks = TaskTracker::new();
         let shared = Shared {
             docs: docs.clone(),
             leases: leases.clone(),
@@ -390,13 +391,14 @@ impl Engine {
         self.shutdown.clone()
     }
 
-    /// Waits until every worker and the recovery loop have stopped, at most `limit`.
+    /// Waits until every worker, account flusher and the recovery loop have stopped, at most
+    /// `limit`.
     pub async fn wait_idle(&self, limit: Duration) -> bool {
         self.tasks.close();
         tokio::time::timeout(limit, self.tasks.wait()).await.is_ok()
     }
 
-    /// Drivers and loops running in this engine.
+    /// Drivers, account flushers and loops running in this engine.
     pub fn running_tasks(&self) -> usize {
         self.tasks.len()
     }
