@@ -272,7 +272,8 @@ impl Application {
     }
 
     /// Serves until `signal` resolves, then shuts down gracefully: stop accepting, let
-    /// drivers reach a step boundary and release their leases, stop recovery.
+    /// drivers reach a step boundary and release their leases and account flushers write the
+    /// batch they hold, stop recovery.
     pub async fn run_until(
         self,
         signal: impl Future<Output = ()> + Send + 'static,

@@ -108,6 +108,80 @@ fn named<'a>(spans: &'a [Span], name: &str) -> &'a Span {
         .unwrap_or_else(|| panic!("no span {name:?} in {:#?}", names(spans)))
 }
 
+/// The last span named `name`: of a step run more than once, the attempt that went through.
+fn last_named<'a>(spans: &'a [Span], name: &str) -> &'a Span {
+    spans
+        .iter()
+        .rfind(|s| s.name == name)
+        .unwrap_or_else(|| panic!("no span {name:?} in {:#?}", names(spans)))
+}
+
+/// The phase of the protocol a step belongs to (`apply a` and `apply b` are one phase).
+fn phase(step: &str) -> usize {
+    let phase = step.split(' ').next().unwrap_or(step);
+    [
+        "create",
+        "pending",
+        "apply",
+        "committed",
+        "settle",
+        "finished",
+    ]
+    .iter()
+    .position(|p| *p == phase)
+    .unwrap_or_else(|| panic!("{step:?} is no step of the protocol"))
+}
+
+/// Every step of the protocol, below the request, in the protocol's order, the last attempt
+/// of each `ok`. A step may run more than once: when one is cut off (a write answered with a
+/// conflict, as a loaded cluster of several nodes does to a write of its own that it
+/// retried, or a store that kept failing), the worker reads the transfer again and runs its
+/// state's steps again, each attempt a span of its own. So a repeat is allowed only after an
+/// attempt that says why it was cut off, and never goes back to an earlier phase.
+fn assert_steps_in_the_protocols_order(spans: &[Span], request: &Span) {
+    let steps: Vec<&Span> = spans
+        .iter()
+        .filter(|s| STEPS.contains(&s.name.as_str()))
+        .collect();
+    let order: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
+    let mut first_attempts = order.clone();
+    let mut seen = std::collections::HashSet::new();
+    first_attempts.retain(|name| seen.insert(*name));
+    assert_eq!(first_attempts, STEPS, "the steps in order: {order:?}");
+    assert!(
+        order.windows(2).all(|w| phase(w[0]) <= phase(w[1])),
+        "a step went back to an earlier phase: {order:?}"
+    );
+    let cut_off: Vec<&&Span> = steps
+        .iter()
+        .filter(|s| s.tag("outcome").as_deref() != Some("ok"))
+        .collect();
+    for step in &cut_off {
+        assert!(
+            matches!(
+                step.tag("outcome").as_deref(),
+                Some("conflict" | "unavailable")
+            ),
+            "a step cut off for no reason a retry follows: {step:?}"
+        );
+    }
+    assert!(
+        order.len() == STEPS.len() || !cut_off.is_empty(),
+        "a step ran again though none was cut off: {order:?}"
+    );
+    for name in STEPS {
+        let last = last_named(spans, name);
+        assert_eq!(last.tag("outcome").as_deref(), Some("ok"), "{last:?}");
+    }
+    for step in &steps {
+        assert!(
+            descends_from(spans, step, request),
+            "{} under the request",
+            step.name
+        );
+    }
+}
+
 fn names(spans: &[Span]) -> Vec<&str> {
     spans.iter().map(|s| s.name.as_str()).collect()
 }
@@ -147,31 +221,14 @@ fn assert_one_trace_from_request_to_webhook(
         Some("201")
     );
     assert_eq!(request.tag("http.route").as_deref(), Some("/transfers"));
-    // Every step once, in the protocol's order, each ok and below the request.
-    let steps: Vec<&Span> = spans
-        .iter()
-        .filter(|s| STEPS.contains(&s.name.as_str()))
-        .collect();
+    assert_steps_in_the_protocols_order(spans, request);
     assert_eq!(
-        steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
-        STEPS,
-        "the steps in order"
-    );
-    for step in &steps {
-        assert_eq!(step.tag("outcome").as_deref(), Some("ok"), "{step:?}");
-        assert!(
-            descends_from(spans, step, request),
-            "{} under the request",
-            step.name
-        );
-    }
-    assert_eq!(
-        named(spans, "finished").tag("state").as_deref(),
+        last_named(spans, "finished").tag("state").as_deref(),
         Some("finished")
     );
     // The state writes' store calls, as client spans of the store, inside their steps.
     for state in ["pending", "committed", "finished"] {
-        let step = named(spans, state);
+        let step = last_named(spans, state);
         let call = spans
             .iter()
             .find(|s| s.parent.as_deref() == Some(step.id.as_str()))
@@ -185,7 +242,7 @@ fn assert_one_trace_from_request_to_webhook(
     }
     // Each account step's store requests (a batch of one step here) are inside it.
     for step in ["apply a", "apply b", "settle a", "settle b"] {
-        let step = named(spans, step);
+        let step = last_named(spans, step);
         assert!(
             spans.iter().any(|s| descends_from(spans, s, step)
                 && s.tag("db.collection.name").as_deref() == Some("accounts")
