@@ -104,6 +104,9 @@ struct Service {
     /// Its last ERROR lines whole (but the `503`s, which tests provoke), shown when a test
     /// fails: a `500` the test saw is explained there.
     errors: Arc<Mutex<std::collections::VecDeque<String>>>,
+    /// Its log lines that name a trace (`trace_id` in a span), whole: only a traced service
+    /// logs them.
+    traced: Arc<Mutex<Vec<Value>>>,
 }
 
 /// How many of a service's last ERROR lines a failing test shows.
@@ -157,6 +160,8 @@ impl Service {
         let logged = messages.clone();
         let errors: Arc<Mutex<std::collections::VecDeque<String>>> = Arc::default();
         let logged_errors = errors.clone();
+        let traced: Arc<Mutex<Vec<Value>>> = Arc::default();
+        let logged_traced = traced.clone();
         std::thread::spawn(move || {
             let mut sent = false;
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -178,6 +183,9 @@ impl Service {
                     if v["message"] == LATE_APPLY_UNDONE {
                         undone.fetch_add(1, Ordering::Relaxed);
                     }
+                    if line.contains("\"trace_id\"") {
+                        logged_traced.lock().unwrap().push(v);
+                    }
                 }
                 if std::env::var("TEST_LOG").is_ok() {
                     eprintln!("{line}");
@@ -193,7 +201,18 @@ impl Service {
             late_applies_undone,
             messages,
             errors,
+            traced,
         }
+    }
+
+    /// Its log lines so far whose innermost span names trace `trace_id`.
+    fn lines_in_trace(&self, trace_id: &str) -> Vec<Value> {
+        let traced = self.traced.lock().unwrap();
+        traced
+            .iter()
+            .filter(|line| line["span"]["trace_id"] == trace_id)
+            .cloned()
+            .collect()
     }
 
     /// Waits until `/readyz` answers 200: on Elasticsearch the process serves before its
@@ -323,6 +342,48 @@ async fn post(
         .ok()?;
     let status = response.status().as_u16();
     Some((status, response.json().await.unwrap_or(Value::Null)))
+}
+
+/// POSTs `body` to `{base}{path}` with `headers` until it is answered with something other
+/// than a `503` (the store did not answer in time, which a loaded cluster does), as the HTTP
+/// contract asks of a client: the same body again, whose id makes the replay safe. A lost
+/// answer is asked again too, for up to [`support::wait::DEADLINE`].
+async fn post_answered(
+    client: &reqwest::Client,
+    base: &str,
+    path: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> (u16, Value) {
+    let deadline = Instant::now() + support::wait::DEADLINE;
+    loop {
+        let mut request = client.post(format!("{base}{path}")).json(body);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let answer = match request.timeout(Duration::from_secs(5)).send().await {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                Some((status, response.json().await.unwrap_or(Value::Null)))
+            }
+            Err(_) => None,
+        };
+        match answer {
+            Some((503, problem)) if Instant::now() < deadline => {
+                // Shown if the test fails: why the service could not answer.
+                eprintln!("POST {path} answered 503, asking again: {problem}");
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            None if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Some(answered) => return answered,
+            None => panic!(
+                "POST {path}: no answer within {:?}",
+                support::wait::DEADLINE
+            ),
+        }
+    }
 }
 
 /// `GET {base}{path}`'s `200` body. A `503` (the store did not answer in time, which a
@@ -1348,15 +1409,9 @@ async fn wall_clock_offset_of(base: &str, probe: &str) -> (i64, i64) {
     let client = reqwest::Client::new();
     let body = json!({"id": probe, "balance": 0});
     let before = std::time::SystemTime::now();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let account = loop {
-        match post(&client, base, "/accounts", &body).await {
-            Some((200 | 201, account)) => break account,
-            Some((503, _)) | None if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
-            other => panic!("cannot open the probe account {probe}: {other:?}"),
-        }
+    let account = match post_answered(&client, base, "/accounts", &body, &[]).await {
+        (200 | 201, account) => account,
+        other => panic!("cannot open the probe account {probe}: {other:?}"),
     };
     let after = std::time::SystemTime::now();
     support::faketime::offset_of(account["created_at"].as_str().unwrap(), before, after)
