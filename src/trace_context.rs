@@ -12,11 +12,10 @@
 //! context: [`traceparent_of`] answers `None`, [`continue_from`] does nothing, and no header is
 //! written.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
-use opentelemetry::trace::TraceContextExt;
+use opentelemetry::trace::{SpanContext, TraceContextExt, TraceFlags};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
@@ -55,12 +54,20 @@ pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
         return None;
     }
     let context = span.context();
-    if !context.span().span_context().is_valid() {
-        return None;
-    }
-    let mut carrier = HashMap::new();
-    TraceContextPropagator::new().inject_context(&context, &mut carrier);
-    carrier.remove(TRACEPARENT)
+    let span = context.span();
+    let span_context = span.span_context();
+    span_context.is_valid().then(|| traceparent(span_context))
+}
+
+/// `span_context` as a version-00 `traceparent`, as the propagator writes it
+/// ([`inject_into_headers`]) but without its map of headers: this runs for every transfer.
+fn traceparent(span_context: &SpanContext) -> String {
+    format!(
+        "00-{:032x}-{:016x}-{:02x}",
+        span_context.trace_id(),
+        span_context.span_id(),
+        span_context.trace_flags() & TraceFlags::SAMPLED
+    )
 }
 
 /// Makes `span` a child of the span `traceparent` names (stored in a transfer's document).
@@ -73,8 +80,7 @@ pub fn continue_from(span: &tracing::Span, traceparent: Option<&str>) {
     let Some(traceparent) = traceparent.filter(|t| t.len() <= LONGEST_TRACEPARENT) else {
         return;
     };
-    let carrier = HashMap::from([(TRACEPARENT.to_owned(), traceparent.to_owned())]);
-    continue_from_carrier(span, &carrier);
+    continue_from_carrier(span, &StoredTraceparent(traceparent));
 }
 
 /// Makes `span` a child of the caller's span named by the request's `traceparent` and
@@ -133,6 +139,19 @@ fn continue_from_carrier(span: &tracing::Span, carrier: &dyn Extractor) {
     }
 }
 
+/// A `traceparent` recorded in a document, read as a carrier of the trace context.
+struct StoredTraceparent<'a>(&'a str);
+
+impl Extractor for StoredTraceparent<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        (key == TRACEPARENT).then_some(self.0)
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        vec![TRACEPARENT]
+    }
+}
+
 /// Request headers read as a carrier of the trace context.
 struct HeaderCarrier<'a>(&'a http::HeaderMap);
 
@@ -173,6 +192,28 @@ mod tests {
         let mut headers = http::HeaderMap::new();
         inject_into_headers(&span, &mut headers);
         assert!(headers.is_empty());
+    }
+
+    #[test]
+    fn a_recorded_traceparent_is_what_the_propagator_writes_and_reads_back() {
+        use opentelemetry::trace::{SpanId, TraceId, TraceState};
+        for flags in [TraceFlags::SAMPLED, TraceFlags::default()] {
+            let span_context = SpanContext::new(
+                TraceId::from(0x0af7651916cd43dd8448eb211c80319c),
+                SpanId::from(0x00f067aa0ba902b7),
+                flags,
+                true,
+                TraceState::default(),
+            );
+            let context =
+                opentelemetry::Context::new().with_remote_span_context(span_context.clone());
+            let mut written = std::collections::HashMap::new();
+            TraceContextPropagator::new().inject_context(&context, &mut written);
+            assert_eq!(Some(&traceparent(&span_context)), written.get(TRACEPARENT));
+            let read = TraceContextPropagator::new()
+                .extract(&StoredTraceparent(&traceparent(&span_context)));
+            assert_eq!(read.span().span_context(), &span_context);
+        }
     }
 
     #[test]

@@ -167,8 +167,11 @@ fn export_state_series(metrics: &Metrics) {
     }
 }
 
-/// The span every line about one transfer's progress is logged in.
-pub(crate) fn transfer_span(transfer: &model::TransferDoc) -> tracing::Span {
+/// The span of a transfer settled inside the request that creates it (one transaction, the
+/// default protocol): a child of the request's span, in `tracing`'s tree as in the trace, so
+/// it needs no recorded `traceparent` read back, and its log lines name the request's trace
+/// and span ids (the request's span, listed under `spans`, carries them).
+pub(crate) fn transfer_span_in_request(transfer: &model::TransferDoc) -> tracing::Span {
     let transfer_id = transfer.transaction_id.as_str();
     if !crate::trace_context::is_on() {
         return tracing::info_span!(
@@ -176,6 +179,23 @@ pub(crate) fn transfer_span(transfer: &model::TransferDoc) -> tracing::Span {
             transfer_id = %transfer_id,
             recovered = tracing::field::Empty,
         );
+    }
+    tracing::info_span!(
+        "transfer",
+        transfer_id = %transfer_id,
+        recovered = tracing::field::Empty,
+        otel.name = %format_args!("transfer {}", transfer.transaction_state),
+        transfer.id = %transfer_id,
+    )
+}
+
+/// The span every line about one transfer's progress is logged in, when a worker or recovery
+/// drives it.
+pub(crate) fn transfer_span(transfer: &model::TransferDoc) -> tracing::Span {
+    let transfer_id = transfer.transaction_id.as_str();
+    if !crate::trace_context::is_on() {
+        // Untraced, the two are the same span.
+        return transfer_span_in_request(transfer);
     }
     // Traced: a child of the request that created the transfer (its recorded `traceparent`),
     // whichever process or restart runs it, so the transfer's whole life is one trace. Not a

@@ -42,7 +42,7 @@ use super::protocol::{
 };
 use super::retry::retry;
 use super::settlement::{Creation, Resumed, Settlement};
-use super::transfer_span;
+use super::transfer_span_in_request;
 use super::two_phase::TwoPhase;
 use crate::store::{StoreError, StoreResult, TxnOutcome, Version};
 use crate::transfer::clock::Now;
@@ -149,7 +149,7 @@ impl OneTransaction {
         let mut ours = transfer.clone();
         ours.created_by = Some(uuid::Uuid::new_v4().simple().to_string());
         let going = || !shared.shutdown.is_cancelled();
-        let span = transfer_span(transfer);
+        let span = transfer_span_in_request(transfer);
         let attempt = retry(CREATE_ATTEMPTS, going, || {
             let transfer = ours.clone();
             let now = now.clone();
