@@ -27,17 +27,31 @@ fn callers_traceparent() -> (String, String, String) {
     (trace_id, span_id, traceparent)
 }
 
+/// The service exporting its spans to `jaeger`.
+fn exporting_to(jaeger: &Jaeger) -> Vec<(&'static str, String)> {
+    vec![("OTEL_EXPORTER_OTLP_ENDPOINT", jaeger.otlp.clone())]
+}
+
 /// The service exporting its spans to `jaeger`, and delivering webhooks to `receiver`.
 fn traced_env(
     jaeger: &Jaeger,
     receiver: &support::receiver::Receiver,
 ) -> Vec<(&'static str, String)> {
-    let mut env = vec![
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", jaeger.otlp.clone()),
-        ("OTEL_SERVICE_NAME", "transfer-service-test".to_owned()),
-    ];
+    let mut env = exporting_to(jaeger);
+    env.push(("OTEL_SERVICE_NAME", "transfer-service-test".to_owned()));
     env.extend(webhook_env(receiver));
     env
+}
+
+/// The service with `env` on an embedded store of its own, ready, after the store's
+/// directory (bound in this order, the service is stopped before its directory goes).
+async fn on_the_embedded_store(
+    mut env: Vec<(&'static str, String)>,
+) -> (tempfile::TempDir, Service) {
+    let data = tempfile::tempdir().unwrap();
+    env.push(("DATA_DIR", data.path().display().to_string()));
+    let service = Service::start_ready(&env).await;
+    (data, service)
 }
 
 /// Opens each of `ids` with `balance`.
@@ -367,12 +381,10 @@ async fn a_transfer_is_one_trace_from_the_callers_request_to_the_webhook() {
         return;
     };
     let receiver = support::receiver::Receiver::start().await;
-    let data = tempfile::tempdir().unwrap();
     let mut env = traced_env(&jaeger, &receiver);
-    env.push(("DATA_DIR", data.path().display().to_string()));
     // The two-phase path, where every step of the protocol is a write of its own.
     env.push(("PROTOCOL", "two-phase".to_owned()));
-    let service = Service::start_ready(&env).await;
+    let (_data, service) = on_the_embedded_store(env).await;
     let (id, trace_id, caller_span) = post_traced_transfer(&service.base).await;
     let delivered = delivery_of(&receiver, &id).await;
     let spans = whole_trace(&jaeger, &trace_id).await;
@@ -385,13 +397,8 @@ async fn settled_in_one_transaction_a_transfer_is_one_trace_under_the_callers_re
     let Some(jaeger) = Jaeger::start().await else {
         return;
     };
-    let data = tempfile::tempdir().unwrap();
     // The default protocol: the request settles the transfer in one store transaction.
-    let env = [
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", jaeger.otlp.clone()),
-        ("DATA_DIR", data.path().display().to_string()),
-    ];
-    let service = Service::start_ready(&env).await;
+    let (_data, service) = on_the_embedded_store(exporting_to(&jaeger)).await;
     let (id, trace_id, caller_span) = post_traced_transfer(&service.base).await;
     let transact_under = |spans: &[Span], parent: &Span| {
         spans.iter().any(|s| {
@@ -462,12 +469,7 @@ async fn what_recovery_does_to_a_transfer_is_in_its_creating_requests_trace() {
     let Some(jaeger) = Jaeger::start().await else {
         return;
     };
-    let data = tempfile::tempdir().unwrap();
-    let env = [
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", jaeger.otlp.clone()),
-        ("DATA_DIR", data.path().display().to_string()),
-    ];
-    let service = Service::start_ready(&env).await;
+    let (_data, service) = on_the_embedded_store(exporting_to(&jaeger)).await;
     let client = reqwest::Client::new();
     open(&service.base, &["a", "b"], 100).await;
     // A hold left to expire: its worker parks it, and recovery rolls it back at its expiry.
@@ -521,13 +523,9 @@ async fn a_collector_that_stops_costs_spans_counted_not_transfers() {
     let Some(mut jaeger) = Jaeger::start().await else {
         return;
     };
-    let data = tempfile::tempdir().unwrap();
-    let env = [
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", jaeger.otlp.clone()),
-        ("DATA_DIR", data.path().display().to_string()),
-        ("PROTOCOL", "two-phase".to_owned()),
-    ];
-    let service = Service::start_ready(&env).await;
+    let mut env = exporting_to(&jaeger);
+    env.push(("PROTOCOL", "two-phase".to_owned()));
+    let (_data, service) = on_the_embedded_store(env).await;
     let client = reqwest::Client::new();
     open(&service.base, &["acct0", "acct1"], 1000).await;
     let transfer =
