@@ -61,7 +61,7 @@ impl InstrumentedStore {
         tracing::debug_span!(
             target: trace_context::TARGET,
             "store",
-            otel.name = %format_args!("{op} {collection}"),
+            otel.name = %SpanName { op, collection },
             otel.kind = "client",
             otel.status_code = tracing::field::Empty,
             db.system.name = system,
@@ -69,6 +69,22 @@ impl InstrumentedStore {
             db.collection.name = collection,
             outcome = tracing::field::Empty,
         )
+    }
+}
+
+/// A store request's span name: the operation and the index it is on (`get accounts`), or the
+/// operation alone when it spans indices (`transact`, `bulk`).
+struct SpanName<'a> {
+    op: &'a str,
+    collection: &'a str,
+}
+
+impl std::fmt::Display for SpanName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.collection {
+            "" => f.write_str(self.op),
+            collection => write!(f, "{} {collection}", self.op),
+        }
     }
 }
 

@@ -429,6 +429,7 @@ async fn settled_in_one_transaction_a_transfer_is_one_trace_under_the_callers_re
         .iter()
         .find(|s| s.parent.as_deref() == Some(transfer.id.as_str()))
         .expect("the store transaction under the transfer");
+    assert_eq!(transact.name, "transact");
     assert_eq!(transact.tag("span.kind").as_deref(), Some("client"));
     assert_eq!(transact.tag("db.system.name").as_deref(), Some("redb"));
     assert_eq!(transact.tag("outcome").as_deref(), Some("ok"));
