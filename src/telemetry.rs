@@ -94,6 +94,7 @@ where
     let spans = Targets::new()
         .with_target(trace_context::TARGET, tracing::Level::TRACE)
         .with_target("transfer_service::transfer::recovery", tracing::Level::WARN)
+        .with_target(trace_context::IN_REQUEST, tracing::Level::WARN)
         .with_default(tracing::Level::INFO);
     let exported = tracing_opentelemetry::layer()
         .with_tracer(tracer)

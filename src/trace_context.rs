@@ -24,6 +24,11 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 /// exported whatever the log filter when tracing is on (`crate::telemetry::traces`).
 pub const TARGET: &str = "transfer_service::traces";
 
+/// The target of the spans only the log lines need (a transfer settled inside its request,
+/// `crate::transfer::transfer_span_in_request`): never exported, whatever the level. A span
+/// made inside one joins the exported span it is in ([`in_trace`]).
+pub const IN_REQUEST: &str = "transfer_service::transfer::in_request";
+
 /// Whether this process exports traces (set once at start by `crate::telemetry`).
 static ON: AtomicBool = AtomicBool::new(false);
 
@@ -104,15 +109,14 @@ pub fn inject_into_headers(span: &tracing::Span, headers: &mut http::HeaderMap) 
     }
 }
 
-/// Whether the current span is part of an exported trace (what a store request or an outgoing
-/// call joins); always `false` when tracing is off.
+/// Whether the code running now is inside an exported trace (what a store request or an
+/// outgoing call joins); always `false` when tracing is off. It asks OpenTelemetry's current
+/// context, which `tracing-opentelemetry` sets as an exported span is entered: the innermost
+/// exported span entered, past any span the exporter does not see ([`IN_REQUEST`], the
+/// recovery loop's), with no `tracing` span cloned or looked up.
 pub fn in_trace() -> bool {
     is_on()
-        && tracing::Span::current()
-            .context()
-            .span()
-            .span_context()
-            .is_valid()
+        && opentelemetry::Context::map_current(|context| context.span().span_context().is_valid())
 }
 
 /// Records `span`'s trace id and span id in its fields `trace_id` and `span_id` (declared

@@ -131,6 +131,7 @@ pub fn router_with_timeout(state: AppState, request_timeout: Duration) -> Router
                         http.route = route,
                         url.path = request.uri().path(),
                         http.response.status_code = tracing::field::Empty,
+                        transfer.id = tracing::field::Empty,
                         trace_id = tracing::field::Empty,
                         span_id = tracing::field::Empty,
                     );

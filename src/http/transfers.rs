@@ -164,6 +164,11 @@ pub async fn create_transfer(
     if let Some(key) = &key {
         idempotency::check_same(new.id(), key)?;
     }
+    if crate::trace_context::is_on() {
+        // The request's span names the transfer: on the default protocol it holds the whole
+        // settlement (`crate::transfer::transfer_span_in_request`).
+        tracing::Span::current().record("transfer.id", new.id().as_str());
+    }
     let created = state
         .engine
         .create_transfer(new)

@@ -168,24 +168,16 @@ fn export_state_series(metrics: &Metrics) {
 }
 
 /// The span of a transfer settled inside the request that creates it (one transaction, the
-/// default protocol): a child of the request's span, in `tracing`'s tree as in the trace, so
-/// it needs no recorded `traceparent` read back, and its log lines name the request's trace
-/// and span ids (the request's span, listed under `spans`, carries them).
+/// default protocol): for its log lines, a child of the request's span, whose `trace_id` and
+/// `span_id` they carry with tracing on. Never exported
+/// ([`crate::trace_context::IN_REQUEST`]): the request's span already names the transfer
+/// (`transfer.id`), and the store's transaction is its child.
 pub(crate) fn transfer_span_in_request(transfer: &model::TransferDoc) -> tracing::Span {
-    let transfer_id = transfer.transaction_id.as_str();
-    if !crate::trace_context::is_on() {
-        return tracing::info_span!(
-            "transfer",
-            transfer_id = %transfer_id,
-            recovered = tracing::field::Empty,
-        );
-    }
     tracing::info_span!(
+        target: crate::trace_context::IN_REQUEST,
         "transfer",
-        transfer_id = %transfer_id,
+        transfer_id = %transfer.transaction_id.as_str(),
         recovered = tracing::field::Empty,
-        otel.name = %format_args!("transfer {}", transfer.transaction_state),
-        transfer.id = %transfer_id,
     )
 }
 
@@ -194,8 +186,11 @@ pub(crate) fn transfer_span_in_request(transfer: &model::TransferDoc) -> tracing
 pub(crate) fn transfer_span(transfer: &model::TransferDoc) -> tracing::Span {
     let transfer_id = transfer.transaction_id.as_str();
     if !crate::trace_context::is_on() {
-        // Untraced, the two are the same span.
-        return transfer_span_in_request(transfer);
+        return tracing::info_span!(
+            "transfer",
+            transfer_id = %transfer_id,
+            recovered = tracing::field::Empty,
+        );
     }
     // Traced: a child of the request that created the transfer (its recorded `traceparent`),
     // whichever process or restart runs it, so the transfer's whole life is one trace. Not a
