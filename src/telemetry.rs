@@ -7,7 +7,8 @@
 //! fields (`message`, `status`, `latency_us`, `from`, `to`, ...) are at the top level.
 //!
 //! Traces ([`traces`]): with an OTLP endpoint configured, the same spans are exported as
-//! OpenTelemetry spans, and the request and transfer spans carry `trace_id` and `span_id`.
+//! OpenTelemetry spans, and a JSON line written inside an exported span carries that span's
+//! `trace_id` and `span_id` at its top level ([`WithTraceIds`]).
 
 use std::io::IsTerminal;
 
@@ -20,11 +21,15 @@ pub enum LogFormat {
     Json,
 }
 
+use opentelemetry::trace::TraceContextExt;
 use opentelemetry_sdk::trace::SdkTracer;
 use tracing::Subscriber;
 use tracing_subscriber::filter::Targets;
+use tracing_subscriber::fmt::format::{JsonFields, Writer};
 use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
@@ -113,17 +118,63 @@ where
         .with_ansi(ansi && format == LogFormat::Pretty);
     let registry = tracing_subscriber::registry().with(exported);
     match format {
-        LogFormat::Json => Box::new(
-            registry.with(
-                lines
-                    .json()
-                    .flatten_event(true)
-                    .with_current_span(true)
-                    .with_span_list(true)
-                    .with_filter(filter),
-            ),
-        ),
+        LogFormat::Json => {
+            let json = tracing_subscriber::fmt::format()
+                .json()
+                .flatten_event(true)
+                .with_current_span(true)
+                .with_span_list(true);
+            Box::new(
+                registry.with(
+                    lines
+                        .fmt_fields(JsonFields::new())
+                        .event_format(WithTraceIds(json))
+                        .with_filter(filter),
+                ),
+            )
+        }
         LogFormat::Pretty => Box::new(registry.with(lines.with_filter(filter))),
+    }
+}
+
+/// A JSON line with the ids of the trace it belongs to, `trace_id` and `span_id` at its top
+/// level, when it is written inside an exported span: read, as the line is written, from
+/// OpenTelemetry's current context (the innermost exported span entered, which the layer
+/// sets as it is entered: context activation, its default), so that no span records them.
+/// A line outside any trace is written as the JSON format writes it.
+struct WithTraceIds<F>(F);
+
+impl<S, N, F> FormatEvent<S, N> for WithTraceIds<F>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let ids = opentelemetry::Context::map_current(|context| {
+            let span = context.span();
+            let ids = span.span_context();
+            ids.is_valid().then(|| (ids.trace_id(), ids.span_id()))
+        });
+        let Some((trace_id, span_id)) = ids else {
+            return self.0.format_event(ctx, writer, event);
+        };
+        let mut line = String::new();
+        self.0.format_event(ctx, Writer::new(&mut line), event)?;
+        // One JSON object and its newline: the ids go in before the object's last brace.
+        let Some(end) = line.rfind('}') else {
+            return writer.write_str(&line);
+        };
+        let (object, rest) = line.split_at(end);
+        write!(
+            writer,
+            "{object},\"trace_id\":\"{trace_id:032x}\",\"span_id\":\"{span_id:016x}\"{rest}"
+        )
     }
 }
 
@@ -151,5 +202,76 @@ where
                 .finish(),
         ),
         LogFormat::Pretty => Box::new(builder.finish()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn is_hex_id(value: &serde_json::Value, digits: usize) -> bool {
+        value.as_str().is_some_and(|id| {
+            id.len() == digits
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+                && id.bytes().any(|b| b != b'0')
+        })
+    }
+
+    #[test]
+    fn a_json_line_inside_an_exported_span_names_its_trace_and_one_outside_names_none() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let tracer = SdkTracerProvider::builder().build().tracer("test");
+        let subscriber = subscriber(
+            LogFormat::Json,
+            EnvFilter::new("info"),
+            move || writer.clone(),
+            false,
+            Some(tracer),
+        );
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!("outside");
+            let span = tracing::info_span!("request", route = "/transfers");
+            let _in = span.enter();
+            // A brace and a quote in a field: the ids still go after the object's own fields.
+            tracing::info!(detail = "a } and a \"", "inside");
+        });
+        let bytes = captured.0.lock().unwrap().clone();
+        let lines: Vec<serde_json::Value> = String::from_utf8(bytes)
+            .unwrap()
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+            .collect();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert_eq!(lines[0]["message"], "outside");
+        assert!(lines[0].get("trace_id").is_none(), "{}", lines[0]);
+        let inside = &lines[1];
+        assert_eq!(inside["message"], "inside");
+        assert_eq!(inside["detail"], "a } and a \"");
+        assert_eq!(inside["span"]["route"], "/transfers");
+        assert!(is_hex_id(&inside["trace_id"], 32), "{inside}");
+        assert!(is_hex_id(&inside["span_id"], 16), "{inside}");
     }
 }

@@ -119,21 +119,6 @@ pub fn in_trace() -> bool {
         && opentelemetry::Context::map_current(|context| context.span().span_context().is_valid())
 }
 
-/// Records `span`'s trace id and span id in its fields `trace_id` and `span_id` (declared
-/// `Empty` where it is made), so its log lines and those inside it name the trace. Call it
-/// after [`continue_from`]: it starts the span's OpenTelemetry side.
-pub fn record_ids(span: &tracing::Span) {
-    if !is_on() {
-        return;
-    }
-    let context = span.context();
-    let span_context = context.span().span_context().clone();
-    if span_context.is_valid() {
-        span.record("trace_id", span_context.trace_id().to_string());
-        span.record("span_id", span_context.span_id().to_string());
-    }
-}
-
 fn continue_from_carrier(span: &tracing::Span, carrier: &dyn Extractor) {
     let parent = TraceContextPropagator::new().extract(carrier);
     if parent.span().span_context().is_valid() {

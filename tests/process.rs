@@ -104,8 +104,7 @@ struct Service {
     /// Its last ERROR lines whole (but the `503`s, which tests provoke), shown when a test
     /// fails: a `500` the test saw is explained there.
     errors: Arc<Mutex<std::collections::VecDeque<String>>>,
-    /// Its log lines that name a trace (`trace_id` in a span), whole: only a traced service
-    /// logs them.
+    /// Its log lines that name a trace (`trace_id`), whole: only a traced service logs them.
     traced: Arc<Mutex<Vec<Value>>>,
 }
 
@@ -205,12 +204,12 @@ impl Service {
         }
     }
 
-    /// Its log lines so far whose innermost span names trace `trace_id`.
+    /// Its log lines so far in trace `trace_id`.
     fn lines_in_trace(&self, trace_id: &str) -> Vec<Value> {
         let traced = self.traced.lock().unwrap();
         traced
             .iter()
-            .filter(|line| line["span"]["trace_id"] == trace_id)
+            .filter(|line| line["trace_id"] == trace_id)
             .cloned()
             .collect()
     }

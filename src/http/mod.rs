@@ -116,8 +116,8 @@ pub fn router_with_timeout(state: AppState, request_timeout: Duration) -> Router
                         );
                     }
                     // Traced: the same span with OpenTelemetry's fields (`otel.*`, the HTTP
-                    // semantic conventions), a child of the caller's `traceparent`, and the
-                    // trace's ids for the log lines (`crate::trace_context`).
+                    // semantic conventions), a child of the caller's `traceparent`
+                    // (`crate::trace_context`).
                     let span = tracing::info_span!(
                         "request",
                         method = %request.method(),
@@ -132,11 +132,8 @@ pub fn router_with_timeout(state: AppState, request_timeout: Duration) -> Router
                         url.path = request.uri().path(),
                         http.response.status_code = tracing::field::Empty,
                         transfer.id = tracing::field::Empty,
-                        trace_id = tracing::field::Empty,
-                        span_id = tracing::field::Empty,
                     );
                     trace_context::continue_from_headers(&span, request.headers());
-                    trace_context::record_ids(&span);
                     span
                 })
                 .on_response(log_response)

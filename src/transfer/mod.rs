@@ -169,7 +169,7 @@ fn export_state_series(metrics: &Metrics) {
 
 /// The span of a transfer settled inside the request that creates it (one transaction, the
 /// default protocol): for its log lines, a child of the request's span, whose `trace_id` and
-/// `span_id` they carry with tracing on. Never exported
+/// `span_id` they carry with tracing on (`crate::telemetry`). Never exported
 /// ([`crate::trace_context::IN_REQUEST`]): the request's span already names the transfer
 /// (`transfer.id`), and the store's transaction is its child.
 pub(crate) fn transfer_span_in_request(transfer: &model::TransferDoc) -> tracing::Span {
@@ -203,11 +203,8 @@ pub(crate) fn transfer_span(transfer: &model::TransferDoc) -> tracing::Span {
         recovered = tracing::field::Empty,
         otel.name = %format_args!("transfer {}", transfer.transaction_state),
         transfer.id = %transfer_id,
-        trace_id = tracing::field::Empty,
-        span_id = tracing::field::Empty,
     );
     crate::trace_context::continue_from(&span, transfer.traceparent.as_deref());
-    crate::trace_context::record_ids(&span);
     span
 }
 

@@ -352,7 +352,7 @@ async fn assert_request_logged_in_its_trace(service: &Service, spans: &[Span], t
         })
     })
     .await;
-    let span_id = line["span"]["span_id"].as_str().unwrap_or_default();
+    let span_id = line["span_id"].as_str().unwrap_or_default();
     assert!(
         spans
             .iter()
