@@ -9,7 +9,7 @@
 //!
 //! Everything here works on `tracing` spans through `tracing-opentelemetry`. When tracing is
 //! off (no exporter configured, `docs/operations.md`, "Tracing") no span has an OpenTelemetry
-//! context: [`traceparent_of`] answers `None`, [`continue_from`] does nothing, and no header is
+//! context: [`current_traceparent`] answers `None`, [`continue_from`] does nothing, and no header is
 //! written.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,16 +52,19 @@ pub const TRACESTATE: &str = "tracestate";
 /// versions may append fields). A longer one is ignored, as the W3C text allows.
 const LONGEST_TRACEPARENT: usize = 256;
 
-/// The `traceparent` that makes `span` the parent of whatever continues from it, or `None`
-/// when `span` is not traced (tracing off, or not sampled and not recorded).
-pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
+/// The `traceparent` that makes the exported span the code runs in (the innermost one
+/// entered, as [`in_trace`] reads it) the parent of whatever continues from here: a request
+/// to the engine, a transfer's later spans. `None` outside a trace (tracing off, or not
+/// sampled and not recorded).
+pub fn current_traceparent() -> Option<String> {
     if !is_on() {
         return None;
     }
-    let context = span.context();
-    let span = context.span();
-    let span_context = span.span_context();
-    span_context.is_valid().then(|| traceparent(span_context))
+    opentelemetry::Context::map_current(|context| {
+        let span = context.span();
+        let span_context = span.span_context();
+        span_context.is_valid().then(|| traceparent(span_context))
+    })
 }
 
 /// `span_context` as a version-00 `traceparent`, as the propagator writes it
@@ -177,7 +180,8 @@ mod tests {
     #[test]
     fn an_untraced_span_has_no_traceparent_and_writes_no_header() {
         let span = tracing::info_span!("untraced");
-        assert_eq!(traceparent_of(&span), None);
+        let _in = span.enter();
+        assert_eq!(current_traceparent(), None);
         let mut headers = http::HeaderMap::new();
         inject_into_headers(&span, &mut headers);
         assert!(headers.is_empty());

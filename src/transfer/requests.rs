@@ -347,7 +347,7 @@ impl NewTransfer {
             currency: self.currency.clone().map(String::from),
             metadata: self.metadata.clone(),
             // The creating request's span: the transfer's later spans join its trace.
-            traceparent: trace_context::traceparent_of(&tracing::Span::current()),
+            traceparent: trace_context::current_traceparent(),
             ..TransferDoc::created_moving(&self.id, self.movement.stored(), now.timestamp())
         }
     }

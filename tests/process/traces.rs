@@ -457,6 +457,52 @@ async fn on_real_elasticsearch_a_transfer_is_one_trace_from_the_callers_request_
     assert_request_logged_in_its_trace(&service, &spans, &trace_id).await;
 }
 
+/// The trace carries on into the engine: the emulator keeps the `traceparent` headers it
+/// receives, as an engine's own tracing would read them, and a traced transfer's requests to
+/// it carry the transfer's trace, each naming as its parent one of the service's store calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_to_the_engine_carry_the_transfers_trace() {
+    let Some(jaeger) = Jaeger::start().await else {
+        return;
+    };
+    let emulator = support::stores::emulator().await;
+    let mut env = exporting_to(&jaeger);
+    env.push(("ELASTICSEARCH_URL", emulator.url.clone()));
+    env.push(("INDEX_PREFIX", support::stores::unique_prefix("traced")));
+    let service = Service::start_ready(&env).await;
+    let (_, trace_id, _) = post_traced_transfer(&service.base).await;
+    // `00-<trace id>-<parent span id>-<flags>`: the parent of each request in the trace.
+    let parents: Vec<String> = emulator
+        .traceparents()
+        .iter()
+        .filter_map(
+            |traceparent| match traceparent.split('-').collect::<Vec<_>>()[..] {
+                ["00", trace, parent, _] if trace == trace_id => Some(parent.to_owned()),
+                _ => None,
+            },
+        )
+        .collect();
+    assert!(
+        !parents.is_empty(),
+        "no request to the engine carried the trace"
+    );
+    let spans = trace_once(&jaeger, &trace_id, |spans| {
+        parents
+            .iter()
+            .all(|parent| spans.iter().any(|s| s.id == *parent))
+    })
+    .await;
+    for parent in &parents {
+        let span = spans.iter().find(|s| s.id == *parent).expect("waited for");
+        assert_eq!(span.tag("span.kind").as_deref(), Some("client"), "{span:?}");
+        assert_eq!(
+            span.tag("db.system.name").as_deref(),
+            Some("elasticsearch"),
+            "{span:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_recovery_does_to_a_transfer_is_in_its_creating_requests_trace() {
     let Some(jaeger) = Jaeger::start().await else {

@@ -235,7 +235,13 @@ pub struct Shared {
     shard_operations: AtomicU64,
     /// Every request's time from arrival to answer, added up ([`RunningEmulator::request_time`]).
     request_nanos: AtomicU64,
+    /// The last [`TRACEPARENTS_KEPT`] `traceparent` headers received, oldest first
+    /// ([`RunningEmulator::traceparents`]).
+    traceparents: Mutex<std::collections::VecDeque<String>>,
 }
+
+/// How many of the last `traceparent` headers the emulator keeps.
+const TRACEPARENTS_KEPT: usize = 1_000;
 
 impl Shared {
     fn new(config: &EmulatorConfig, cancel: CancellationToken) -> Self {
@@ -250,7 +256,18 @@ impl Shared {
             wake: capacity::Wake::default(),
             shard_operations: AtomicU64::new(0),
             request_nanos: AtomicU64::new(0),
+            traceparents: Mutex::default(),
         }
+    }
+
+    /// Keeps a request's `traceparent` header (W3C Trace Context), as a tracing engine would
+    /// read it: the test of a traced service finds its context here.
+    pub fn record_traceparent(&self, traceparent: &str) {
+        let mut kept = self.traceparents.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.len() == TRACEPARENTS_KEPT {
+            kept.pop_front();
+        }
+        kept.push_back(traceparent.to_owned());
     }
 
     /// The cluster. Never hold the guard across an `.await`.
@@ -329,6 +346,15 @@ impl RunningEmulator {
     }
 
     /// Every request received, failed ones included.
+    /// The last `traceparent` headers requests carried (up to 1,000), oldest first.
+    pub fn traceparents(&self) -> Vec<String> {
+        let kept = self.shared.traceparents.lock();
+        kept.unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
     pub fn request_count(&self) -> u64 {
         self.shared.total.load(Ordering::Relaxed)
     }

@@ -327,6 +327,9 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         Err(_) => Route::NoHandler,
     };
     shared.count(kind_of(&route, &method, &params));
+    if let Some(traceparent) = parts.headers.get("traceparent") {
+        shared.record_traceparent(traceparent.to_str().unwrap_or_default());
+    }
 
     let principal = match &shared.security {
         None => Ok(None),

@@ -38,7 +38,7 @@ pub(super) use traced;
 
 /// The `traceparent` header of the current span, if it is traced.
 pub(super) fn trace_header() -> Option<(HeaderName, HeaderValue)> {
-    let traceparent = trace_context::traceparent_of(&tracing::Span::current())?;
+    let traceparent = trace_context::current_traceparent()?;
     let value = HeaderValue::from_str(&traceparent).ok()?;
     Some((HeaderName::from_static(trace_context::TRACEPARENT), value))
 }
