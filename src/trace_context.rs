@@ -9,8 +9,8 @@
 //!
 //! Everything here works on `tracing` spans through `tracing-opentelemetry`. When tracing is
 //! off (no exporter configured, `docs/operations.md`, "Tracing") no span has an OpenTelemetry
-//! context: [`current_traceparent`] answers `None`, [`continue_from`] does nothing, and no header is
-//! written.
+//! context: [`current_traceparent`] answers `None`, [`continue_from`] does nothing, and no
+//! header is written.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -345,7 +345,6 @@ impl RunningEmulator {
         Duration::from_nanos(self.shared.request_nanos.load(Ordering::Relaxed))
     }
 
-    /// Every request received, failed ones included.
     /// The last `traceparent` headers requests carried (up to 1,000), oldest first.
     pub fn traceparents(&self) -> Vec<String> {
         let kept = self.shared.traceparents.lock();
@@ -355,6 +354,7 @@ impl RunningEmulator {
             .collect()
     }
 
+    /// Every request received, failed ones included.
     pub fn request_count(&self) -> u64 {
         self.shared.total.load(Ordering::Relaxed)
     }
